@@ -1,0 +1,51 @@
+"""The Typer app and options shared by several commands."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+app = typer.Typer(
+    name="cascade-repro",
+    help=(
+        "Reproduce and guard against vLLM's cascade-attention repetition bug.\n\n"
+        "Runs the same prompts behind a long shared system prompt with cascade attention on and off, "
+        "across tensor-parallel sizes and batch sizes, and judges each cascade run against its flat twin "
+        "and a measured flat-vs-flat noise floor. Start with `cascade-repro matrix --dry-run`."
+    ),
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+RunDirArg = Annotated[
+    Path, typer.Argument(help="A run directory, e.g. results/hf-smollm2-135m-instruct-1a2b3c4d5e6f.", show_default=False)
+]
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn a UsageError into one line on stderr and exit code 2; Ctrl-C into a resume hint."""
+    from cascade_repro.errors import UsageError
+
+    try:
+        yield
+    except UsageError as e:
+        err_console().print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        err_console().print("interrupted: finished cells are kept; rerun the same command to resume")
+        raise typer.Exit(130) from None
+
+
+def err_console():
+    from rich.console import Console
+
+    return Console(stderr=True)

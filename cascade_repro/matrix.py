@@ -1,0 +1,307 @@
+"""Matrix specification → cells, grouped by engine key so one engine serves all its batch sizes."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cascade_repro.errors import UsageError
+
+ENGINES = ("hf", "vllm")
+INJECTIONS = ("lse-layout",)
+ARM_SWITCHES = ("toggle", "restart")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+FAIL_ON = ("regression", "error", "never")
+
+
+@dataclass
+class MatrixSpec:
+    """Everything that defines a matrix run. Lists are axes; scalars apply to every cell."""
+
+    engine: str = "hf"
+    model: str = "embedded"
+    prompts: str = "ko-ifeval-style"
+    system_prompt: str = "ko"
+    limit: int | None = None
+    tp: list[int] = field(default_factory=lambda: [1])
+    batch: list[int] = field(default_factory=lambda: [1, 8, 16])
+    cascade: list[bool] = field(default_factory=lambda: [True, False])
+    seeds: list[int] = field(default_factory=lambda: [0])
+    dtypes: list[str] = field(default_factory=lambda: ["auto"])
+    fa_versions: list[int | None] = field(default_factory=lambda: [None])
+    backends: list[str] = field(default_factory=lambda: ["FLASH_ATTN"])
+    rerun: bool = False
+    max_tokens: int = 64
+    topk: int = 5
+    inject: str | None = None
+    arm_switch: str = "toggle"
+    enforce_eager: bool = False
+    load_format: str = "auto"
+    hf_overrides: dict[str, Any] = field(default_factory=dict)
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.5
+    trust_remote_code: bool = False
+    engine_timeout: float = 1800.0
+    device: str = "auto"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> MatrixSpec:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise UsageError(f"{source}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+        spec = cls(**data)
+        spec.validate(source)
+        return spec
+
+    def validate(self, source: str = "options") -> None:
+        """Raise UsageError on the first invalid value, naming it."""
+
+        def bad(msg: str) -> None:
+            raise UsageError(f"{source}: {msg}")
+
+        if self.engine not in ENGINES:
+            bad(f"engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
+        for name in ("tp", "batch", "cascade", "seeds", "dtypes", "fa_versions", "backends"):
+            val = getattr(self, name)
+            if not isinstance(val, list) or not val:
+                bad(f"{name} must be a non-empty list")
+            if len(set(map(repr, val))) != len(val):
+                bad(f"{name} has duplicate values: {val}")
+        for name in ("tp", "batch"):
+            for v in getattr(self, name):
+                if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                    bad(f"{name} values must be positive integers, got {v!r}")
+        if not all(isinstance(c, bool) for c in self.cascade):
+            bad("cascade values must be on/off")
+        for d in self.dtypes:
+            if d not in DTYPES:
+                bad(f"dtype must be one of {', '.join(DTYPES)}, not {d!r}")
+        for fa in self.fa_versions:
+            if fa not in (None, 2, 3, 4):
+                bad(f"fa version must be 2, 3, 4 or default, not {fa!r}")
+        if self.limit is not None and (not isinstance(self.limit, int) or self.limit <= 0):
+            bad(f"limit must be a positive integer, got {self.limit!r}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
+            bad(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if not isinstance(self.topk, int) or not 1 <= self.topk <= 20:
+            bad(f"topk must be between 1 and 20, got {self.topk!r}")
+        if self.inject is not None and self.inject not in INJECTIONS:
+            bad(f"inject must be one of {', '.join(INJECTIONS)}, not {self.inject!r}")
+        if self.arm_switch not in ARM_SWITCHES:
+            bad(f"arm_switch must be one of {', '.join(ARM_SWITCHES)}, not {self.arm_switch!r}")
+        if self.engine == "hf" and any(t != 1 for t in self.tp):
+            bad("the hf engine runs on one device: use --tp 1 (tensor parallelism needs --engine vllm)")
+        if self.engine_timeout <= 0:
+            bad("engine_timeout must be positive")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            bad("gpu_memory_utilization must be in (0, 1]")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (engine key, batch size, arm, rerun) combination: a set of samples over all prompts."""
+
+    cell_id: str
+    engine_key: str
+    tp: int
+    batch: int
+    arm: str  # "cascade" | "flat"
+    rerun: int
+    seed: int
+    dtype: str
+    fa_version: int | None
+    backend: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class EnginePlan:
+    """Everything one worker process needs: the engine to build and the cells it serves, in order."""
+
+    key: str
+    tp: int
+    seed: int
+    dtype: str
+    fa_version: int | None
+    backend: str
+    arm: str | None  # None: the engine serves both arms (toggled per cell)
+    cells: list[Cell] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["cells"] = [c.cell_id for c in self.cells]
+        return d
+
+
+def _engine_key(engine: str, tp: int, seed: int, dtype: str, fa: int | None, backend: str, arm: str | None) -> str:
+    parts = [engine, f"tp{tp}", dtype, f"fa{fa or 'default'}", backend.lower().replace("_", ""), f"s{seed}"]
+    if arm:
+        parts.append(arm)
+    return "-".join(parts)
+
+
+def plan(spec: MatrixSpec) -> dict[str, EnginePlan]:
+    """Return engine plans keyed by engine key, each with its cells in run order.
+
+    The hf engine always toggles arms inside one model; vLLM does so unless ``arm_switch`` is
+    ``restart``, in which case each arm gets its own engine (the real ``disable_cascade_attn`` flag).
+    """
+    varying = {
+        "seed": len(spec.seeds) > 1,
+        "dtype": len(spec.dtypes) > 1,
+        "fa": len(spec.fa_versions) > 1,
+        "backend": len(spec.backends) > 1,
+    }
+    restart = spec.engine == "vllm" and spec.arm_switch == "restart"
+    arms = ["cascade" if c else "flat" for c in spec.cascade]
+    engines: dict[str, EnginePlan] = {}
+    for tp in spec.tp:
+        for seed in spec.seeds:
+            for dtype in spec.dtypes:
+                for fa in spec.fa_versions:
+                    for backend in spec.backends:
+                        for batch in spec.batch:
+                            for arm in arms:
+                                reruns = [0, 1] if (spec.rerun and arm == "flat") else [0]
+                                for r in reruns:
+                                    eng_arm = arm if restart else None
+                                    key = _engine_key(spec.engine, tp, seed, dtype, fa, backend, eng_arm)
+                                    ep = engines.get(key) or engines.setdefault(
+                                        key, EnginePlan(key, tp, seed, dtype, fa, backend, eng_arm)
+                                    )
+                                    parts = [f"tp{tp}", f"b{batch}", arm]
+                                    if varying["seed"]:
+                                        parts.append(f"s{seed}")
+                                    if varying["dtype"]:
+                                        parts.append(dtype)
+                                    if varying["fa"]:
+                                        parts.append(f"fa{fa or 'default'}")
+                                    if varying["backend"]:
+                                        parts.append(backend.lower())
+                                    if r:
+                                        parts.append(f"r{r}")
+                                    cell_id = "-".join(parts)
+                                    ep.cells.append(Cell(cell_id, key, tp, batch, arm, r, seed, dtype, fa, backend))
+    return engines
+
+
+def all_cells(engines: dict[str, EnginePlan]) -> list[Cell]:
+    return [c for ep in engines.values() for c in ep.cells]
+
+
+def waves(n_prompts: int, batch: int) -> list[list[tuple[int, bool]]]:
+    """Split prompt indices into waves of exactly ``batch`` requests.
+
+    Each entry is ``(prompt_index, real)``. The last wave is topped up with filler requests taken
+    cyclically from the start, so every wave runs at the batch size it is labelled with; fillers are
+    generated but not recorded.
+    """
+    if n_prompts <= 0 or batch <= 0:
+        return []
+    out = []
+    for start in range(0, n_prompts, batch):
+        wave = [(i, True) for i in range(start, min(start + batch, n_prompts))]
+        j = 0
+        while len(wave) < batch:
+            wave.append((j % n_prompts, False))
+            j += 1
+        out.append(wave)
+    return out
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    """Read a matrix TOML file (top-level keys or a [matrix] table) into MatrixSpec field values."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"config file not found: {path}") from None
+    except OSError as e:
+        raise UsageError(f"cannot read config file {path}: {e.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: not UTF-8 at byte {e.start}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"{path}: invalid TOML: {e}") from None
+    if "matrix" in data:
+        if not isinstance(data["matrix"], dict):
+            raise UsageError(f"{path}: [matrix] must be a table")
+        data = data["matrix"]
+    # Friendly aliases matching the CLI flags.
+    aliases = {"seed": "seeds", "dtype": "dtypes", "fa_version": "fa_versions", "backend": "backends"}
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        k = k.replace("-", "_")
+        k = aliases.get(k, k)
+        if k in ("tp", "batch", "seeds", "dtypes", "fa_versions", "backends", "cascade") and not isinstance(v, list):
+            v = [v]
+        if k == "cascade":
+            v = [_parse_onoff(x, f"{path}: cascade") for x in v]
+        if k == "fa_versions":
+            v = [None if x in ("default", "", 0) else x for x in v]
+        out[k] = v
+    return out
+
+
+def _parse_onoff(x: Any, where: str) -> bool:
+    if isinstance(x, bool):
+        return x
+    s = str(x).strip().lower()
+    if s in ("on", "true", "1", "yes", "cascade"):
+        return True
+    if s in ("off", "false", "0", "no", "flat"):
+        return False
+    raise UsageError(f"{where}: expected on/off, got {x!r}")
+
+
+def parse_int_list(text: str, name: str) -> list[int]:
+    """Parse ``"1,8,16"``; reject non-integers and values <= 0 with a one-line error."""
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            v = int(part)
+        except ValueError:
+            raise UsageError(f"--{name}: {part!r} is not an integer") from None
+        if v <= 0:
+            raise UsageError(f"--{name}: values must be positive, got {v}")
+        out.append(v)
+    if not out:
+        raise UsageError(f"--{name}: give at least one value")
+    return out
+
+
+def parse_onoff_list(text: str, name: str) -> list[bool]:
+    return [_parse_onoff(p, f"--{name}") for p in text.split(",") if p.strip()]
+
+
+def parse_fa_list(text: str) -> list[int | None]:
+    out: list[int | None] = []
+    for p in text.split(","):
+        p = p.strip().lower()
+        if p in ("default", "auto", ""):
+            out.append(None)
+        elif p in ("2", "3", "4", "fa2", "fa3", "fa4"):
+            out.append(int(p[-1]))
+        else:
+            raise UsageError(f"--fa-version: expected 2, 3, 4 or default, got {p!r}")
+    return out
+
+
+def spec_hash(spec: MatrixSpec) -> str:
+    """Return a short stable hash of the spec: a resumed run must have the same one."""
+    blob = json.dumps(spec.to_dict(), sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]

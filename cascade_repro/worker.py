@@ -1,0 +1,212 @@
+"""Worker process: build one engine for one engine key and run all its unfinished cells.
+
+Started by the runner as ``python -m cascade_repro.worker RUN_DIR ENGINE_KEY``. It reads the plan
+from ``run.json`` and the prompts from ``prompts.jsonl``, and appends records to
+``samples/<key>.jsonl`` (flushed after every wave). One engine per process: vLLM cannot build a
+second engine in a process that held one, and a crash or hang stays contained.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from cascade_repro import runstore
+from cascade_repro.matrix import waves
+
+# Exit codes the runner understands.
+EXIT_OK = 0
+EXIT_CELL_ERRORS = 3
+EXIT_FATAL = 4
+
+FATAL_MARKERS = ("CUDA out of memory", "CUDA error", "NCCL", "OutOfMemoryError", "cudaErrorLaunchFailure")
+
+
+def load_prompts(run_dir: Path) -> list[dict[str, Any]]:
+    with open(run_dir / "prompts.jsonl", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def build_engine(run: dict[str, Any], eplan: dict[str, Any]):
+    """Construct the engine named by the spec for this engine plan."""
+    spec = run["spec"]
+    if spec["engine"] == "hf":
+        from cascade_repro.engines.hf import HFEngine, default_threads
+
+        default_threads()
+        return HFEngine(
+            run["model_path"],
+            dtype=eplan["dtype"],
+            device=spec.get("device", "auto"),
+            topk=spec["topk"],
+            inject=spec.get("inject"),
+            trust_remote_code=spec.get("trust_remote_code", False),
+            seed=eplan["seed"],
+        )
+    from cascade_repro.engines.vllm import VLLMEngine
+
+    return VLLMEngine(run["model_path"], spec, eplan, run_dir=Path(run["run_dir"]))
+
+
+def run_engine(run_dir: Path, engine_key: str) -> int:
+    """Run every unfinished cell of ``engine_key``; return the process exit code."""
+    run = runstore.read_run_json(run_dir)
+    run["run_dir"] = str(run_dir)
+    eplan = run["plan"]["engines"][engine_key]
+    cells = {c["cell_id"]: c for c in run["plan"]["cells"]}
+    spec = run["spec"]
+    out_path = runstore.samples_path(run_dir, engine_key)
+    done = runstore.read_progress(out_path).done
+    todo = [cells[cid] for cid in eplan["cells"] if cid not in done]
+    if not todo:
+        return EXIT_OK
+
+    prompts = load_prompts(run_dir)
+    writer = runstore.JsonlWriter(out_path)
+    t0 = time.time()
+    engine = build_engine(run, eplan)
+    from cascade_repro.chat import prompt_hash, render_all
+
+    system_prompt = run["prompt_set"].get("system_prompt_text", "")
+    rendered, shared = render_all(engine.tokenizer(), system_prompt, [p["prompt"] for p in prompts])
+    writer.write(
+        {
+            "type": "engine",
+            "engine_key": engine_key,
+            "effective": engine.effective(),
+            "shared_prefix_tokens": shared,
+            "start_s": round(time.time() - t0, 3),
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+    )
+    writer.flush()
+    hashes = [prompt_hash(r) for r in rendered]
+    status = EXIT_OK
+    for cell in todo:
+        cid = cell["cell_id"]
+        writer.write({"type": "cell_start", "cell_id": cid})
+        writer.flush()
+        c0 = time.time()
+        n = 0
+        try:
+            for w, wave in enumerate(waves(len(prompts), cell["batch"])):
+                _maybe_fault(cid, w)
+                w0 = time.time()
+                comps, stats = engine.run_wave(
+                    [rendered[i] for i, _ in wave], cell["arm"], spec["max_tokens"], prefix_len=shared
+                )
+                tokens = 0
+                for (i, real), c in zip(wave, comps, strict=True):
+                    if not real:
+                        continue
+                    n += 1
+                    tokens += len(c.token_ids)
+                    writer.write(
+                        {
+                            "type": "sample",
+                            "cell_id": cid,
+                            "wave": w,
+                            "prompt_index": i,
+                            "prompt_key": prompts[i]["key"],
+                            "prompt_hash": hashes[i],
+                            "prompt_tokens": len(rendered[i]),
+                            "token_ids": c.token_ids,
+                            "text": c.text,
+                            "finish_reason": c.finish_reason,
+                            "logprobs": c.logprobs,
+                            "topk": c.topk,
+                        }
+                    )
+                writer.write(
+                    {
+                        "type": "wave",
+                        "cell_id": cid,
+                        "wave": w,
+                        "batch": len(wave),
+                        "n_real": sum(1 for _, r in wave if r),
+                        "cascade_steps": stats.cascade_steps,
+                        "total_steps": stats.total_steps,
+                        "cascade_calls": stats.cascade_calls,
+                        "common_prefix_len": stats.common_prefix_len,
+                        "wall_s": round(time.time() - w0, 4),
+                        "tokens": tokens,
+                        **({"extra": stats.extra} if stats.extra else {}),
+                    }
+                )
+                writer.flush()
+        except Exception as e:  # noqa: BLE001 - recorded for the report, then decide whether to go on
+            reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]
+            traceback.print_exc(file=sys.stderr)
+            writer.write({"type": "cell_error", "cell_id": cid, "reason": reason})
+            writer.flush()
+            status = EXIT_CELL_ERRORS
+            if any(m in reason for m in FATAL_MARKERS):
+                # The device context is unusable after these; the runner marks the rest.
+                writer.close()
+                return EXIT_FATAL
+            continue
+        writer.write({"type": "cell_done", "cell_id": cid, "n_samples": n, "wall_s": round(time.time() - c0, 3)})
+        writer.flush()
+    writer.close()
+    engine.close()
+    return status
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this worker when the runner dies, so a kill -9 leaves no orphan writer."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import os
+    import signal
+
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        return
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _maybe_fault(cell_id: str, wave: int) -> None:
+    """Test hook: CASCADE_REPRO_FAULT="KIND:CELL_ID[:WAVE]" makes the worker fail on purpose.
+
+    KIND is ``exit`` (exit 9), ``hang`` (sleep forever), ``oom`` (raise a CUDA-OOM-like error) or
+    ``raise`` (an ordinary exception). Used by the crash-isolation tests on CPU.
+    """
+    import os
+
+    spec = os.environ.get("CASCADE_REPRO_FAULT", "")
+    if not spec:
+        return
+    kind, _, rest = spec.partition(":")
+    target, _, w = rest.partition(":")
+    if target != cell_id or (w and int(w) != wave):
+        return
+    if kind == "exit":
+        os._exit(9)
+    if kind == "hang":
+        while True:
+            time.sleep(3600)
+    if kind == "oom":
+        raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB (simulated)")
+    if kind == "raise":
+        raise RuntimeError("simulated failure")
+
+
+def main(argv: list[str] | None = None) -> int:
+    _die_with_parent()
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m cascade_repro.worker RUN_DIR ENGINE_KEY", file=sys.stderr)
+        return 2
+    return run_engine(Path(argv[0]), argv[1])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
