@@ -145,7 +145,10 @@ class EnginePlan:
 
 
 def _engine_key(engine: str, tp: int, seed: int, dtype: str, fa: int | None, backend: str, arm: str | None) -> str:
-    parts = [engine, f"tp{tp}", dtype, f"fa{fa or 'default'}", backend.lower().replace("_", ""), f"s{seed}"]
+    parts = [engine, f"tp{tp}", dtype]
+    if engine == "vllm":  # the hf engine has no FlashAttention version or backend to choose
+        parts += [f"fa{fa or 'default'}", backend.lower().replace("_", "")]
+    parts.append(f"s{seed}")
     if arm:
         parts.append(arm)
     return "-".join(parts)

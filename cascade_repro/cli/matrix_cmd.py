@@ -11,7 +11,7 @@ import typer
 
 from cascade_repro.cli.app import app, err_console, user_errors
 
-M, P, E, O, V, D = "Matrix", "Prompts", "Engine", "Output", "Verdicts", "Debug"
+M, P, E, OUT, V, D = "Matrix", "Prompts", "Engine", "Output", "Verdicts", "Debug"
 
 
 def _opt(help: str, panel: str, **kw: Any) -> Any:
@@ -46,11 +46,11 @@ def matrix(
     trust_remote_code: Annotated[bool | None, _opt("Allow model code from the Hub (off unless you ask).", E)] = None,
     engine_timeout: Annotated[float | None, _opt("Seconds a worker may go without progress before it is killed and its unfinished cells marked error. [default: 1800]", E)] = None,
     device: Annotated[str | None, _opt("hf engine device: auto, cpu, cuda. [default: auto]", E)] = None,
-    results_dir: Annotated[Path, _opt("Where run directories go. [default: results]", O, envvar="CASCADE_REPRO_RESULTS_DIR")] = Path("results"),
-    run_id: Annotated[str | None, _opt("Name of the run directory (default: engine-model-<hash of the matrix>, so the same command resumes).", O)] = None,
-    fresh: Annotated[bool, _opt("Discard earlier samples of this run directory instead of resuming.", O)] = False,
-    fail_on: Annotated[str, _opt("Exit 1 on: `regression`, `error` (regression or error cells), `never`.", O)] = "regression",
-    quiet: Annotated[bool, _opt("No progress bars.", O)] = False,
+    results_dir: Annotated[Path, _opt("Where run directories go. [default: results]", OUT, envvar="CASCADE_REPRO_RESULTS_DIR")] = Path("results"),
+    run_id: Annotated[str | None, _opt("Name of the run directory (default: engine-model-<hash of the matrix>, so the same command resumes).", OUT)] = None,
+    fresh: Annotated[bool, _opt("Discard earlier samples of this run directory instead of resuming.", OUT)] = False,
+    fail_on: Annotated[str, _opt("Exit 1 on: `regression`, `error` (regression or error cells), `never`.", OUT)] = "regression",
+    quiet: Annotated[bool, _opt("No progress bars.", OUT)] = False,
     alpha: Annotated[float, _opt("Significance level of the Fisher tests against the noise floor.", V)] = 0.01,
     rep_delta: Annotated[float, _opt("Minimum seq-rep-4 increase (CI lower bound) that counts as repetition.", V)] = 0.02,
     min_topk_violations: Annotated[int, _opt("Divergences outside top-k needed (besides significance) to flag.", V)] = 1,

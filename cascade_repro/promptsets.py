@@ -1,0 +1,525 @@
+"""Prompt sets and system prompts: built-in names, local files and Hub datasets.
+
+Why this module exists: every run sends many short prompts behind one long, shared system prompt,
+because a long common prefix is what makes vLLM pick cascade attention. Prompts come from three
+kinds of places (the sets shipped in ``prompts/``, a user's JSONL/CSV/parquet file, or a Hugging Face
+dataset) and this module turns all of them into one validated, immutable :class:`PromptSet`.
+
+Design rules:
+
+* Files are streamed one line, row or parquet batch at a time, so a 10,000-line file is held in
+  memory once (as the final tuple of records) and never twice.
+* Every user mistake becomes a :class:`~cascade_repro.errors.UsageError` whose message is one line
+  naming the file, the line or row and the field, so a typo in a data file never surfaces as a
+  traceback from deep inside a run.
+* Records follow Google IFEval (``key``, ``prompt``, ``instruction_id_list``, ``kwargs``) so that
+  instruction-following verifiers can score the outputs later; only ``prompt`` is required.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from importlib import resources
+from importlib.resources.abc import Traversable
+from itertools import islice
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from cascade_repro.errors import UsageError
+
+PACKAGE_DATA = "cascade_repro.prompts_data"
+"""The package that ships ``prompts/`` (pyproject maps the folder to it)."""
+
+BUILTIN_SETS: dict[str, str] = {"ko-ifeval-style": "ko-ifeval-style.jsonl"}
+"""Built-in prompt-set name -> file name in ``prompts/``."""
+
+BUILTIN_SYSTEM_PROMPTS: dict[str, str] = {"ko": "system_ko.txt", "en": "system_en.txt"}
+"""Built-in system-prompt name -> file name in ``prompts/``."""
+
+NO_SYSTEM_PROMPT = "none"
+HUB_PREFIX = "hf:"
+HUB_DEFAULT_SPLIT = "train"
+HUB_OFFLINE_HINT = "these machines may be offline, set HF_HUB_OFFLINE=0 and check network"
+
+_JSONL_SUFFIXES = (".jsonl", ".json")
+_CSV_SUFFIXES = (".csv",)
+_PARQUET_SUFFIXES = (".parquet",)
+_FIELDS = ("key", "prompt", "instruction_id_list", "kwargs", "lang")
+_LIST_FIELDS = ("instruction_id_list", "kwargs")
+_PARQUET_BATCH_ROWS = 1024
+_BOM = "\ufeff"
+
+PromptPath = str | os.PathLike[str] | Traversable
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    """One prompt, plus the IFEval instructions (parallel ``instruction_id_list``/``kwargs``) it carries."""
+
+    key: str
+    prompt: str
+    instruction_id_list: tuple[str, ...] = ()
+    kwargs: tuple[dict, ...] = ()
+    lang: str = ""
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """A named, validated, ordered set of prompts; ``source`` says where it was read from."""
+
+    name: str
+    source: str
+    records: tuple[PromptRecord, ...]
+
+
+@dataclass(frozen=True)
+class _Where:
+    """Where a record came from, so error messages can point at it (``file line 7``, ``file row 3``)."""
+
+    source: str
+    unit: str
+    number: int
+
+    @property
+    def short(self) -> str:
+        return f"{self.unit} {self.number}"
+
+    def __str__(self) -> str:
+        return f"{self.source} {self.short}"
+
+
+# --------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------
+
+
+def load_prompt_set(spec: str, limit: int | None = None) -> PromptSet:
+    """Load a built-in name, a local ``.jsonl``/``.json``/``.csv``/``.parquet`` file or ``hf:owner/name[:split]``.
+
+    ``limit`` keeps the first N records (and stops reading there). Keys must be unique, and an
+    empty set is an error, because a run over zero prompts would report nothing while looking green.
+    """
+    _check_limit(limit)
+    name, source, display, located = _resolve_set(spec)
+    records = tuple(islice(_unique_keys(located), limit))
+    if not records:
+        raise UsageError(f"no prompts in {display}")
+    return PromptSet(name=name, source=source, records=records)
+
+
+def load_system_prompt(spec: str) -> str:
+    """Return the system prompt for a built-in name (``ko``, ``en``; ``none`` gives ``""``) or a text file.
+
+    Leading and trailing whitespace is stripped: an editor's final newline should not change the
+    tokenized prefix that the cascade-vs-flat comparison depends on.
+    """
+    if spec == NO_SYSTEM_PROMPT:
+        return ""
+    if spec in BUILTIN_SYSTEM_PROMPTS:
+        file = _shipped(BUILTIN_SYSTEM_PROMPTS[spec])
+        return _read_system_prompt(file, str(file))
+    path = Path(spec)
+    if not path.is_file():
+        if _looks_like_path(spec):
+            raise UsageError(f"system prompt file not found: {spec}")
+        builtins = ", ".join([*BUILTIN_SYSTEM_PROMPTS, NO_SYSTEM_PROMPT])
+        raise UsageError(
+            f"unknown system prompt {spec!r}; built-in: {builtins}; or give a path to a text file"
+        )
+    return _read_system_prompt(path, spec)
+
+
+def iter_prompt_records(path: PromptPath) -> Iterator[PromptRecord]:
+    """Stream validated records from a local file, one at a time (keys are not checked for duplicates)."""
+    for _where, record in _file_records(_as_file(path), str(path)):
+        yield record
+
+
+def list_builtin_sets() -> list[PromptSet]:
+    """Load every shipped prompt set, in the order of :data:`BUILTIN_SETS`."""
+    return [load_prompt_set(name) for name in BUILTIN_SETS]
+
+
+# --------------------------------------------------------------------------------------------
+# Resolving a spec
+# --------------------------------------------------------------------------------------------
+
+
+def _resolve_set(spec: str) -> tuple[str, str, str, Iterator[tuple[_Where, PromptRecord]]]:
+    """Return (set name, source, name for messages, located records) for any kind of spec."""
+    if spec in BUILTIN_SETS:
+        file = _shipped(BUILTIN_SETS[spec])
+        return spec, str(file), str(file), _file_records(file, str(file))
+    if spec.startswith(HUB_PREFIX):
+        return spec, spec, spec, _hub_records(spec)
+    path = Path(spec)
+    if not path.exists() and not _looks_like_path(spec):
+        raise UsageError(
+            f"unknown prompt set {spec!r}; built-in sets: {', '.join(BUILTIN_SETS)}; "
+            "or give a .jsonl, .json, .csv or .parquet file, or hf:owner/name[:split]"
+        )
+    return path.stem, str(path.resolve()), spec, _file_records(path, spec)
+
+
+def _looks_like_path(spec: str) -> bool:
+    """A spec with a folder or an extension was meant as a file, so 'not found' beats 'unknown name'."""
+    return "/" in spec or os.sep in spec or bool(Path(spec).suffix)
+
+
+def _shipped(file_name: str) -> Traversable:
+    return resources.files(PACKAGE_DATA).joinpath(file_name)
+
+
+def _as_file(path: PromptPath) -> Path | Traversable:
+    return Path(path) if isinstance(path, str | os.PathLike) else path
+
+
+def _check_limit(limit: int | None) -> None:
+    if limit is None:
+        return
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
+        raise UsageError(f"limit must be a positive number of prompts, got {limit!r}")
+
+
+def _unique_keys(located: Iterable[tuple[_Where, PromptRecord]]) -> Iterator[PromptRecord]:
+    """Reject a repeated key: results are joined on it, so a duplicate would silently mix two prompts."""
+    seen: dict[str, _Where] = {}
+    for where, record in located:
+        first = seen.setdefault(record.key, where)
+        if first is not where:
+            raise UsageError(f"{where}: duplicate key {record.key!r} (first used on {first.short})")
+        yield record
+
+
+# --------------------------------------------------------------------------------------------
+# Local files
+# --------------------------------------------------------------------------------------------
+
+
+def _file_records(file: Path | Traversable, display: str) -> Iterator[tuple[_Where, PromptRecord]]:
+    """Stream (location, record) pairs from a local or shipped file of any supported format."""
+    if not file.is_file():
+        raise UsageError(f"prompt file not found: {display}")
+    read_rows = _reader_for(file.name, display)
+    stem = Path(file.name).stem
+    try:
+        for index, (where, row) in enumerate(read_rows(file, display)):
+            yield where, _to_record(row, where, default_key=f"{stem}-{index:04d}")
+    except OSError as exc:  # permissions, a vanished file, an I/O error mid-read
+        raise UsageError(f"cannot read {display}: {_one_line(exc)}") from None
+
+
+def _reader_for(file_name: str, display: str):
+    suffix = Path(file_name).suffix.lower()
+    if suffix in _JSONL_SUFFIXES:
+        return _jsonl_rows
+    if suffix in _CSV_SUFFIXES:
+        return _csv_rows
+    if suffix in _PARQUET_SUFFIXES:
+        return _parquet_rows
+    raise UsageError(
+        f"unsupported prompt file type {suffix or '(none)'!r} for {display}; use .jsonl, .json, .csv or .parquet"
+    )
+
+
+def _decoded_lines(stream: BinaryIO, display: str) -> Iterator[str]:
+    """Decode a byte stream line by line so bad UTF-8 is reported with its line and byte offset."""
+    offset = 0
+    for number, raw in enumerate(stream, 1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise UsageError(
+                f"{display} line {number}: not valid UTF-8 (byte offset {offset + exc.start} in the file)"
+            ) from None
+        offset += len(raw)
+        yield text.removeprefix(_BOM) if number == 1 else text
+
+
+def _jsonl_rows(file: Path | Traversable, display: str) -> Iterator[tuple[_Where, dict]]:
+    """JSON Lines: one object per line; blank lines are skipped."""
+    with file.open("rb") as stream:
+        for number, line in enumerate(_decoded_lines(stream, display), 1):
+            if line.strip():
+                where = _Where(display, "line", number)
+                yield where, _parse_json_object(line, where)
+
+
+def _parse_json_object(line: str, where: _Where) -> dict:
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{where}: malformed JSON at column {exc.colno}: {exc.msg}") from None
+    except (ValueError, RecursionError) as exc:
+        raise UsageError(f"{where}: cannot parse JSON: {_one_line(exc)}") from None
+    if not isinstance(value, dict):
+        hint = " (this loader reads JSON Lines: one object per line)" if isinstance(value, list) else ""
+        raise UsageError(f"{where}: expected a JSON object, got {_type_name(value)}{hint}")
+    return value
+
+
+def _csv_rows(file: Path | Traversable, display: str) -> Iterator[tuple[_Where, dict]]:
+    """CSV with a header row; list columns may hold JSON text. Line numbers count the header as line 1."""
+    with file.open("rb") as stream:
+        reader = csv.DictReader(_decoded_lines(stream, display), strict=True)
+        header = _next_csv(reader, display, lambda: reader.fieldnames)
+        if header is None:
+            return
+        if "prompt" not in header:
+            raise UsageError(f"{display} line 1: no 'prompt' column (columns: {', '.join(header)})")
+        while (row := _next_csv(reader, display, lambda: next(reader, None))) is not None:
+            where = _Where(display, "line", reader.line_num)
+            if None in row:
+                raise UsageError(f"{where}: row has more fields than the header ({len(header)})")
+            yield where, _table_row(row, where)
+
+
+def _next_csv(reader: csv.DictReader, display: str, step):
+    """Run one csv step; csv.Error carries no file or line, so add both."""
+    try:
+        return step()
+    except csv.Error as exc:
+        raise UsageError(f"{display} line {reader.line_num}: malformed CSV: {_one_line(exc)}") from None
+
+
+def _parquet_rows(file: Path | Traversable, display: str) -> Iterator[tuple[_Where, dict]]:
+    """Parquet, read one batch at a time and only the columns this module knows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with file.open("rb") as stream:
+        try:
+            parquet = pq.ParquetFile(stream)
+            names = parquet.schema_arrow.names
+            columns = [name for name in _FIELDS if name in names]
+            batches = parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=columns)
+        except (pa.ArrowException, OSError) as exc:
+            raise UsageError(f"{display}: not a readable parquet file: {_one_line(exc)}") from None
+        if "prompt" not in names:
+            raise UsageError(f"{display}: no 'prompt' column (columns: {', '.join(names)})")
+        number = 0
+        while (batch := _next_batch(batches, display, number)) is not None:
+            for row in batch.to_pylist():
+                number += 1
+                where = _Where(display, "row", number)
+                yield where, _table_row(row, where)
+
+
+def _next_batch(batches, display: str, rows_read: int):
+    """Next parquet batch or None; a corrupt page is reported at the first row it would have held."""
+    import pyarrow as pa
+
+    try:
+        return next(batches, None)
+    except (pa.ArrowException, OSError) as exc:
+        raise UsageError(
+            f"{display} row {rows_read + 1}: unreadable parquet data: {_one_line(exc)}"
+        ) from None
+
+
+# --------------------------------------------------------------------------------------------
+# Hugging Face Hub
+# --------------------------------------------------------------------------------------------
+
+
+def _parse_hub_spec(spec: str) -> tuple[str, str]:
+    """``hf:owner/name[:split]`` -> (``owner/name``, split); the split defaults to ``train``."""
+    name, sep, split = spec.removeprefix(HUB_PREFIX).partition(":")
+    owner, slash, dataset = name.partition("/")
+    if not (owner and slash and dataset) or "/" in dataset or (sep and not split):
+        raise UsageError(f"bad Hub dataset spec {spec!r}; expected hf:owner/name or hf:owner/name:split")
+    return name, split or HUB_DEFAULT_SPLIT
+
+
+def _hub_records(spec: str) -> Iterator[tuple[_Where, PromptRecord]]:
+    """Rows of a Hub dataset split. ``datasets`` is imported only here: most runs never touch the Hub.
+
+    The split is downloaded (not streamed) so that a second run can reuse the local cache offline.
+    """
+    name, split = _parse_hub_spec(spec)
+    try:
+        import datasets
+
+        dataset = datasets.load_dataset(name, split=split)
+    except Exception as exc:
+        # Any network, auth, missing-dataset or import failure means the same thing to the user.
+        raise UsageError(f"could not load Hub dataset {name}: {_one_line(exc)}; {HUB_OFFLINE_HINT}") from None
+    if "prompt" not in dataset.column_names:
+        raise UsageError(f"{spec}: no 'prompt' column (columns: {', '.join(dataset.column_names)})")
+    stem = name.rpartition("/")[2]
+    for index, row in enumerate(dataset):
+        where = _Where(spec, "row", index + 1)
+        yield where, _to_record(_table_row(row, where), where, default_key=f"{stem}-{index:04d}")
+
+
+# --------------------------------------------------------------------------------------------
+# Record validation
+# --------------------------------------------------------------------------------------------
+
+
+def _table_row(row: Mapping[str, Any], where: _Where) -> dict:
+    """Normalise a CSV/parquet/Hub row: blank cells count as absent, list columns may hold JSON text."""
+    fields: dict[str, Any] = {}
+    for field in _FIELDS:
+        value = row.get(field)
+        if value is None or (value == "" and field != "prompt"):
+            continue
+        if field in _LIST_FIELDS and isinstance(value, str):
+            value = _json_cell(value, where, field)
+        fields[field] = value
+    return fields
+
+
+def _json_cell(text: str, where: _Where, field: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        raise UsageError(f"{where}: field {field!r} is not valid JSON (expected a JSON list)") from None
+
+
+def _to_record(row: Mapping[str, Any], where: _Where, default_key: str) -> PromptRecord:
+    """Validate one row (already a mapping) and build its record."""
+    ids = _instruction_ids(row.get("instruction_id_list"), where)
+    return PromptRecord(
+        key=_key(row.get("key"), where, default_key),
+        prompt=_prompt(row, where),
+        instruction_id_list=ids,
+        kwargs=_kwargs(row.get("kwargs"), where, len(ids)),
+        lang=_optional_text(row.get("lang"), where, "lang"),
+    )
+
+
+def _prompt(row: Mapping[str, Any], where: _Where) -> str:
+    value = row.get("prompt")
+    if value is None:
+        raise UsageError(f"{where}: field 'prompt' is missing")
+    if not isinstance(value, str):
+        raise UsageError(f"{where}: field 'prompt' must be a string, got {_type_name(value)}")
+    if not value.strip():
+        raise UsageError(f"{where}: field 'prompt' is empty")
+    return _encodable(value, where, "prompt")
+
+
+def _key(value: Any, where: _Where, default: str) -> str:
+    """Keys may be strings or integers (Google IFEval uses integers); absent or blank -> a default."""
+    if value is None or value == "":
+        return default
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str):
+        raise UsageError(f"{where}: field 'key' must be a string or an integer, got {_type_name(value)}")
+    return _encodable(value, where, "key")
+
+
+def _optional_text(value: Any, where: _Where, field: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise UsageError(f"{where}: field {field!r} must be a string, got {_type_name(value)}")
+    return _encodable(value, where, field)
+
+
+def _instruction_ids(value: Any, where: _Where) -> tuple[str, ...]:
+    items = _list_field(value, where, "instruction_id_list")
+    for position, item in enumerate(items):
+        if not isinstance(item, str):
+            raise UsageError(
+                f"{where}: field 'instruction_id_list' item {position} must be a string, got {_type_name(item)}"
+            )
+        _encodable(item, where, "instruction_id_list")
+    return tuple(items)
+
+
+def _kwargs(value: Any, where: _Where, n_instructions: int) -> tuple[dict, ...]:
+    """IFEval kwargs, one object per instruction id; absent kwargs mean ``{}`` for each id.
+
+    Keys whose value is null are dropped: Arrow struct columns (parquet, the Hub's google/IFEval)
+    fill every absent key with null, and verifiers expect only the keys their instruction takes.
+    """
+    items = _list_field(value, where, "kwargs")
+    if not items:
+        return tuple({} for _ in range(n_instructions))
+    if len(items) != n_instructions:
+        raise UsageError(
+            f"{where}: field 'kwargs' has {len(items)} entries but 'instruction_id_list' has {n_instructions}"
+        )
+    result = []
+    for position, item in enumerate(items):
+        if item is None:
+            item = {}
+        if not isinstance(item, dict):
+            raise UsageError(
+                f"{where}: field 'kwargs' item {position} must be an object, got {_type_name(item)}"
+            )
+        result.append({name: arg for name, arg in item.items() if arg is not None})
+    return tuple(result)
+
+
+def _list_field(value: Any, where: _Where, field: str) -> list:
+    if value is None:
+        return []
+    if not isinstance(value, list | tuple):
+        raise UsageError(f"{where}: field {field!r} must be a list, got {_type_name(value)}")
+    return list(value)
+
+
+def _encodable(text: str, where: _Where, field: str) -> str:
+    """Reject lone surrogates (e.g. a JSON ``\\ud800`` escape): tokenizers and parquet writers cannot encode them."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(
+            f"{where}: field {field!r} contains an unpaired surrogate and is not valid Unicode"
+        ) from None
+    return text
+
+
+# --------------------------------------------------------------------------------------------
+# System prompts and small helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _read_system_prompt(file: Path | Traversable, display: str) -> str:
+    """Read a whole system prompt (it is small) and strip it; bad UTF-8 is reported by line and byte."""
+    try:
+        raw = file.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read system prompt file {display}: {_one_line(exc)}") from None
+    try:
+        text = raw.decode("utf-8").removeprefix(_BOM).strip()
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise UsageError(
+            f"{display} line {line}: not valid UTF-8 (byte offset {exc.start} in the file)"
+        ) from None
+    if not text:
+        raise UsageError(
+            f"system prompt file {display} is empty; use '{NO_SYSTEM_PROMPT}' for no system prompt"
+        )
+    return text
+
+
+_JSON_TYPE_NAMES = {
+    dict: "object",
+    list: "array",
+    str: "string",
+    bool: "boolean",
+    int: "number",
+    float: "number",
+}
+
+
+def _type_name(value: Any) -> str:
+    """Name a value's type the way a JSON/CSV author thinks of it."""
+    if value is None:
+        return "null"
+    return _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+def _one_line(exc: BaseException) -> str:
+    """Collapse an exception message to one line: UsageError messages are printed as a single line."""
+    return " ".join(str(exc).split()) or type(exc).__name__

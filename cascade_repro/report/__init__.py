@@ -1,0 +1,99 @@
+"""Reports rendered from the files of a run directory alone: markdown, HTML, JSON summary, JUnit."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterable
+from enum import Enum
+from pathlib import Path
+from typing import assert_never
+
+from cascade_repro.errors import UsageError
+from cascade_repro.report.base import ReportFormatter
+from cascade_repro.report.content import exit_status
+from cascade_repro.report.html import HtmlFormatter
+from cascade_repro.report.json import JsonFormatter
+from cascade_repro.report.junit import JunitFormatter
+from cascade_repro.report.load import Example, RunData, load_run
+from cascade_repro.report.markdown import MarkdownFormatter
+
+__all__ = [
+    "Example",
+    "ReportFormat",
+    "ReportFormatter",
+    "RunData",
+    "exit_code",
+    "formatter_for",
+    "load_run",
+    "write_reports",
+]
+
+
+class ReportFormat(str, Enum):  # noqa: UP042 - the agreed CLI contract; StrEnum would change str(member)
+    """Output formats of `cascade-repro report`."""
+
+    markdown = "markdown"
+    html = "html"
+    json = "json"
+    junit = "junit"
+
+
+def formatter_for(fmt: ReportFormat) -> ReportFormatter:
+    """Return the formatter of one format."""
+    match fmt:
+        case ReportFormat.markdown:
+            return MarkdownFormatter()
+        case ReportFormat.html:
+            return HtmlFormatter()
+        case ReportFormat.json:
+            return JsonFormatter()
+        case ReportFormat.junit:
+            return JunitFormatter()
+        case _:
+            assert_never(fmt)
+
+
+def write_reports(
+    run_dir: Path, formats: Iterable[ReportFormat | str] = tuple(ReportFormat), n_examples: int = 3
+) -> dict[ReportFormat, Path]:
+    """Load run_dir once and write one file per format into it, each replaced atomically."""
+    run_dir = Path(run_dir)
+    data = load_run(run_dir, n_examples=n_examples)
+    written: dict[ReportFormat, Path] = {}
+    for fmt in dict.fromkeys(_parse_format(f) for f in formats):
+        formatter = formatter_for(fmt)
+        path = run_dir / formatter.filename
+        _write_atomic(path, formatter.render(data))
+        written[fmt] = path
+    return written
+
+
+def _parse_format(f: ReportFormat | str) -> ReportFormat:
+    try:
+        return ReportFormat(f)
+    except ValueError:
+        names = ", ".join(m.value for m in ReportFormat)
+        raise UsageError(f"unknown report format {f!r}: expected one of {names}") from None
+
+
+def exit_code(data: RunData, fail_on: str) -> int:
+    """Return 1 when fail_on says the run's verdicts should fail CI, else 0."""
+    return exit_status(data, fail_on)[0]
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    # A reader (or a crash) sees the old file or the new one, never half of one.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; reports are meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise

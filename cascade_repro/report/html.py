@@ -1,0 +1,121 @@
+"""Self-contained HTML report: inline CSS and SVG, no JavaScript, every run-supplied string escaped."""
+
+from __future__ import annotations
+
+from html import escape
+
+from cascade_repro.report import content as c
+from cascade_repro.report import svg
+from cascade_repro.report.base import ReportFormatter
+from cascade_repro.report.load import Example, RunData
+from cascade_repro.report.text import clean, one_line
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#1f2328;background:#fff}
+main{max-width:1280px;margin:0 auto;padding:16px 24px}
+h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #d0d7de}
+table{border-collapse:collapse;margin:8px 0 16px;font-size:13px}
+th,td{border:1px solid #d0d7de;padding:3px 8px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
+th{background:#f6f8fa}
+pre,code{font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
+pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f6f8fa;padding:8px;border-radius:6px}
+.warn li{color:#9a6700}.cap{color:#59636e;font-size:12px;margin-top:0}.nodata{color:#59636e;font-style:italic}
+strong.v{color:#d1242f}
+.sbs{display:grid;grid-template-columns:1fr 1fr;gap:12px}
+.sbs>div{min-width:0}
+summary{cursor:pointer;font-weight:600}
+svg.plot{max-width:100%;height:auto}
+""".strip()
+# No script may run from this file even if escaping were ever missed.
+CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
+
+
+def html_table(table: c.Table, empty: str) -> str:
+    """Render a table, or a note when it has no rows."""
+    if not table.rows:
+        return f'<p class="nodata">{escape(empty)}</p>'
+
+    def cell(v: str) -> str:
+        text = escape(one_line(v))
+        return f'<strong class="v">{text}</strong>' if isinstance(v, c.Strong) else text
+
+    head = "".join(f"<th>{escape(h)}</th>" for h in table.headers)
+    body = "\n".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>" for row in table.rows)
+    return f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody>\n</table>"
+
+
+def _pre(text: str | None) -> str:
+    if text is None:
+        return '<p class="nodata">sample text not found in samples/*.jsonl</p>'
+    return f"<pre>{escape(clean(text))}</pre>"
+
+
+def _example(ex: Example) -> str:
+    return (
+        f"<details>\n<summary>{escape(c.example_title(ex))}</summary>\n"
+        f"{html_table(c.example_table(ex), 'no token data')}\n"
+        '<div class="sbs">\n'
+        f"<div><h4>cascade (test) <code>{escape(ex.test_cell)}</code></h4>{_pre(ex.test_text)}</div>\n"
+        f"<div><h4>flat (ref) <code>{escape(ex.ref_cell)}</code></h4>{_pre(ex.ref_text)}</div>\n"
+        "</div>\n</details>"
+    )
+
+
+def _code(s: str) -> str:
+    return f"<code>{escape(one_line(s))}</code>"
+
+
+class HtmlFormatter(ReportFormatter):
+    """Render report.html."""
+
+    name = "html"
+    filename = "report.html"
+
+    def render(self, data: RunData) -> str:
+        """Return the HTML report."""
+        title = escape(c.headline(data))
+        out = [
+            "<!DOCTYPE html>",
+            '<html lang="en">',
+            "<head>",
+            '<meta charset="utf-8">',
+            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
+            f"<title>{title}</title>",
+            f"<style>\n{CSS}\n</style>",
+            "</head>",
+            "<body><main>",
+            f"<h1>{title}</h1>",
+            f"<p>{c.intro(data, _code)}</p>",
+        ]
+        if warns := c.warnings(data):
+            out += [
+                "<h2>Warnings</h2>",
+                '<ul class="warn">',
+                *(f"<li>{escape(w)}</li>" for w in warns),
+                "</ul>",
+            ]
+        out += ["<h2>Verdicts</h2>", html_table(c.verdict_table(data), "no cascade pairs")]
+        out += [
+            "<h2>Plots</h2>",
+            svg.first_divergence_plot(data),
+            '<p class="cap">Non-identical prompts only: dot = median, whiskers = min–max, small dots = '
+            "each prompt. Cascade divergence far earlier than the noise controls points at cascade attention.</p>",
+            svg.seq_rep_plot(data),
+            '<p class="cap">One small dot per finished cell; a cascade arm above its flat arm means more '
+            "repeated 4-grams.</p>",
+        ]
+        out += ["<h2>Noise floor</h2>", html_table(c.noise_table(data), "no control pairs")]
+        out += ["<h2>Cells</h2>", html_table(c.cell_table(data), "no cells")]
+        if data.examples:
+            out += ["<h2>Most divergent prompts</h2>", *(_example(ex) for ex in data.examples)]
+        env = "\n".join(f"{k}: {v}" for k, v in c.env_lines(data))
+        out += ["<h2>Environment</h2>", f"<pre>{escape(env)}</pre>", "<h2>Reproduce</h2>"]
+        cmd = c.command(data)
+        out.append(
+            f"<pre><code>{escape(cmd)}</code></pre>"
+            if cmd
+            else '<p class="nodata">command not recorded in run.json</p>'
+        )
+        out += ["</main></body>", "</html>"]
+        return "\n".join(out) + "\n"

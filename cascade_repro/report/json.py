@@ -1,0 +1,69 @@
+"""Machine-readable summary.json for CI: stable keys, NaN as null."""
+
+from __future__ import annotations
+
+import json
+
+from cascade_repro.report import content as c
+from cascade_repro.report.base import ReportFormatter
+from cascade_repro.report.load import RunData
+from cascade_repro.report.text import as_int, plain
+
+PAIR_FIELDS = (
+    "pair_id",
+    "tp",
+    "batch",
+    "verdict",
+    "n_diverged",
+    "n",
+    "noise_n_diverged",
+    "p_divergence",
+    "p_topk",
+    "cascade_steps",
+    "reasons",
+)
+CELL_FIELDS = (
+    "cell_id",
+    "status",
+    "tp",
+    "batch",
+    "arm",
+    "tokens_per_s",
+    "seq_rep_4",
+    "cascade_steps",
+    "error",
+)
+
+# Parquet stores an integer column holding a null as float; counts should still read 3, not 3.0.
+INT_FIELDS = {"tp", "batch", "n", "n_diverged", "noise_n_diverged", "cascade_steps"}
+
+
+def _row(r: dict, fields: tuple[str, ...]) -> dict:
+    return {k: as_int(r.get(k)) if k in INT_FIELDS else r.get(k) for k in fields}
+
+
+class JsonFormatter(ReportFormatter):
+    """Render summary.json."""
+
+    name = "json"
+    filename = "summary.json"
+
+    def render(self, data: RunData) -> str:
+        """Return the summary as sorted, indented JSON."""
+        fail_on = str(data.run.get("fail_on") or "regression")
+        code, reason = c.exit_status(data, fail_on if fail_on in c.FAIL_ON else "regression")
+        summary = {
+            "run_id": data.run.get("run_id"),
+            "headline": c.headline(data),
+            "counts": c.verdict_counts(data),
+            "fail_on": fail_on,
+            "exit_code": code,
+            "exit_reason": reason,
+            "pairs": [_row(r, PAIR_FIELDS) for r in c.cascade_pairs(data)],
+            "cells": [_row(r, CELL_FIELDS) for r in c.cells(data)],
+            "env": c.section(data.run, "env"),
+        }
+        # allow_nan=False: plain() must already have turned every NaN into null.
+        return (
+            json.dumps(plain(summary), sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+        )

@@ -1,0 +1,102 @@
+"""junit.xml: one testcase per cascade pair so CI systems show regressions as failing tests."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+from cascade_repro.report import content as c
+from cascade_repro.report.base import ReportFormatter
+from cascade_repro.report.load import RunData
+from cascade_repro.report.text import fmt_ci, fmt_int, fmt_p, fmt_ratio, one_line, text_of, xml_safe
+
+SUITE = "cascade-repro"
+
+
+def _el(parent: ET.Element, tag: str, text: str | None = None, **attrs: str) -> ET.Element:
+    # ElementTree escapes markup but writes XML-invalid characters as-is, so strip them here.
+    e = ET.SubElement(parent, tag, {k: xml_safe(v) for k, v in attrs.items()})
+    if text is not None:
+        e.text = xml_safe(text)
+    return e
+
+
+def _details(r: dict) -> str:
+    return "\n".join(
+        [
+            f"diverged {fmt_ratio(r.get('n_diverged'), r.get('n'))} vs noise "
+            f"{fmt_ratio(r.get('noise_n_diverged'), r.get('noise_n'))} (p={fmt_p(r.get('p_divergence'))})",
+            f"top-k violations {fmt_int(r.get('topk_violations'))} vs noise "
+            f"{fmt_int(r.get('noise_topk_violations'))} (p={fmt_p(r.get('p_topk'))})",
+            f"delta seq-rep-4 {fmt_ci(r.get('d_seq_rep_4_mean'), r.get('d_seq_rep_4_lo'), r.get('d_seq_rep_4_hi'))}",
+            f"cascade steps {fmt_ratio(r.get('cascade_steps'), r.get('total_steps'))}",
+            f"test cell {text_of(r.get('test_cell'))}, ref cell {text_of(r.get('ref_cell'))}",
+        ]
+    )
+
+
+class JunitFormatter(ReportFormatter):
+    """Render junit.xml."""
+
+    name = "junit"
+    filename = "junit.xml"
+
+    def render(self, data: RunData) -> str:
+        """Return the JUnit XML document."""
+        cell_status = {r["cell_id"]: r for r in c.cells(data)}
+        suites = ET.Element("testsuites", name=SUITE)
+        suite = _el(suites, "testsuite", name=SUITE)
+        props = _el(suite, "properties")
+        spec = c.section(data.run, "spec")
+        for k, v in (
+            ("run_id", data.run.get("run_id")),
+            ("engine", spec.get("engine")),
+            ("model", spec.get("model")),
+            ("inject", spec.get("inject")),
+        ):
+            if v:
+                _el(props, "property", name=k, value=str(v))
+        counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+        for r in c.cascade_pairs(data):
+            counts["tests"] += 1
+            case = _el(
+                suite,
+                "testcase",
+                classname=f"cascade.tp{fmt_int(r.get('tp'))}",
+                name=f"batch{fmt_int(r.get('batch'))}-{text_of(r.get('pair_id'))}",
+            )
+            verdict = text_of(r.get("verdict"))
+            failed = [
+                cell_status[k]
+                for k in (r.get("test_cell"), r.get("ref_cell"))
+                if k in cell_status and cell_status[k].get("status") == "error"
+            ]
+            if verdict == "error" or failed:
+                counts["errors"] += 1
+                msg = "; ".join(f"cell {f['cell_id']} failed: {text_of(f.get('error'))}" for f in failed)
+                _el(
+                    case,
+                    "error",
+                    _details(r),
+                    message=one_line(msg or text_of(r.get("reasons"))),
+                    type="error",
+                )
+            elif verdict == "regression":
+                counts["failures"] += 1
+                _el(
+                    case,
+                    "failure",
+                    _details(r),
+                    message=one_line(text_of(r.get("reasons"))),
+                    type="regression",
+                )
+            elif verdict == "not exercised":
+                counts["skipped"] += 1
+                _el(case, "skipped", message="cascade never fired")
+        total = c.section(data.run, "timings").get("total_s")
+        for el in (suites, suite):
+            for k, v in counts.items():
+                el.set(k, str(v))
+            if isinstance(total, int | float):
+                el.set("time", f"{total:.3f}")
+        ET.indent(suites, space="  ")
+        return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"

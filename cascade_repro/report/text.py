@@ -1,0 +1,152 @@
+"""Formatting primitives shared by every report format: numbers, p-values, safe text."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+MISSING = "—"
+
+# Bidi overrides can make displayed text differ from its bytes ("Trojan Source"); drop them.
+_BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+_CONTROL = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_BIDI}]")
+_CONTROL_ALL = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI}]")
+_XML_INVALID = re.compile("[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+_BACKTICKS = re.compile("`+")
+# Only what could open a tag, comment or entity; a bare "<1e-6" stays readable in the raw file.
+_MD_TAG = re.compile(r"<(?=[A-Za-z/!?])")
+_MD_ENTITY = re.compile(r"&(?=#?[A-Za-z0-9]+;)")
+
+
+def is_missing(v: Any) -> bool:
+    """Return True for None, NaN and pandas NA."""
+    if v is None:
+        return True
+    if isinstance(v, float):
+        return math.isnan(v)
+    # pd.NA / NaT compare as neither equal nor unequal to themselves.
+    try:
+        return bool(v != v)
+    except (TypeError, ValueError):
+        return False
+
+
+def plain(v: Any) -> Any:
+    """Convert numpy/pandas scalars and containers to JSON-safe Python values (NaN → None)."""
+    if isinstance(v, dict):
+        return {str(k): plain(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [plain(x) for x in v]
+    if hasattr(v, "tolist") and not isinstance(v, str):
+        return plain(v.tolist())
+    if is_missing(v):
+        return None
+    if isinstance(v, float) and math.isinf(v):
+        return None
+    return v
+
+
+def as_int(v: Any) -> int | None:
+    """Return v as int, or None when missing or not a whole number."""
+    if is_missing(v):
+        return None
+    if isinstance(v, bool):
+        return int(v)
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return int(f) if math.isfinite(f) and f.is_integer() else None
+
+
+def fmt_int(v: Any) -> str:
+    """Format a count; fall back to str() for non-integers."""
+    i = as_int(v)
+    if i is not None:
+        return str(i)
+    return MISSING if is_missing(v) else str(v)
+
+
+def fmt_float(v: Any, spec: str = ".3f") -> str:
+    """Format a float with a format spec, or the missing marker."""
+    if is_missing(v):
+        return MISSING
+    try:
+        return format(float(v), spec)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def fmt_p(p: Any) -> str:
+    """Format a p-value with 3 significant digits; tiny values read `<1e-6`."""
+    if is_missing(p):
+        return MISSING
+    p = float(p)
+    return "<1e-6" if p < 1e-6 else f"{p:.3g}"
+
+
+def fmt_ratio(k: Any, n: Any) -> str:
+    """Format `k/n`, or the missing marker when either side is missing."""
+    if is_missing(k) or is_missing(n):
+        return MISSING
+    return f"{fmt_int(k)}/{fmt_int(n)}"
+
+
+def fmt_ci(mean: Any, lo: Any, hi: Any) -> str:
+    """Format a signed mean with its 95% interval."""
+    if is_missing(mean):
+        return MISSING
+    s = fmt_float(mean, "+.3f")
+    if not (is_missing(lo) or is_missing(hi)):
+        s += f" [{fmt_float(lo, '+.3f')}, {fmt_float(hi, '+.3f')}]"
+    return s
+
+
+def text_of(v: Any) -> str:
+    """Return str(v), or the missing marker."""
+    return MISSING if is_missing(v) else str(v)
+
+
+def clean(s: str) -> str:
+    """Drop control and bidi characters but keep newlines and tabs."""
+    return _CONTROL.sub("", s.replace("\r\n", "\n").replace("\r", "\n"))
+
+
+def one_line(s: str) -> str:
+    """Collapse newlines and tabs into spaces and drop every other control character."""
+    s = re.sub(r"[\r\n\t]+", " ", s)
+    return _CONTROL_ALL.sub("", s)
+
+
+def truncate(s: str, limit: int) -> str:
+    """Cut s to at most limit characters, ending with an ellipsis when cut."""
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def md_cell(v: Any, limit: int = 160) -> str:
+    """Make any value safe inside one GitHub markdown table cell."""
+    s = truncate(one_line(text_of(v)), limit)
+    # Truncate first so an escape sequence is never cut in half.
+    return md_escape_html(s).replace("\\", "\\\\").replace("|", "\\|")
+
+
+def md_escape_html(s: str) -> str:
+    """Neutralise HTML tags and entities in markdown text without touching plain `<` or `&`."""
+    return _MD_TAG.sub("&lt;", _MD_ENTITY.sub("&amp;", s))
+
+
+def fence_for(text: str, minimum: int = 3) -> str:
+    """Return a backtick fence longer than any backtick run inside text."""
+    longest = max((len(m) for m in _BACKTICKS.findall(text)), default=0)
+    return "`" * max(minimum, longest + 1)
+
+
+def xml_safe(s: str) -> str:
+    """Drop characters that XML 1.0 cannot carry, even escaped."""
+    return _XML_INVALID.sub("", s)
+
+
+def plural(n: int, word: str) -> str:
+    """Return `n word` with a plain English plural `s` when n != 1."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"

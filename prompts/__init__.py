@@ -1,0 +1,1 @@
+"""Shipped prompt sets and system prompts (data only)."""
