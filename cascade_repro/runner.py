@@ -289,7 +289,8 @@ def _run_worker(run_dir: Path, key: str, timeout: float, progress: Any, t_cells:
     rc = proc.returncode
     if rc in (0, 3):
         return rc, ""
-    return rc, _last_error_line(log_path) or f"worker exited with code {rc}"
+    line = _last_error_line(log_path)
+    return rc, f"worker exited with code {rc}" + (f": {line}" if line else "")
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -309,7 +310,7 @@ def _last_error_line(log_path: Path) -> str:
     for line in reversed(lines):
         if re.search(r"(Error|Exception|Killed|out of memory)", line):
             return line.strip()[:300]
-    return lines[-1].strip()[:300] if lines else ""
+    return ""
 
 
 def finalize(run_dir: Path, thresholds: Thresholds | None = None) -> tuple[Path, Any]:

