@@ -13,9 +13,10 @@ from typing import Any
 REDACTED = "<redacted>"
 # Names whose values are secrets whatever they hold.
 _SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|CREDENTIAL|PRIVATE_KEY|AUTH)", re.I)
-_URL_CREDS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/\s:@]+(:[^/\s@]*)?@", re.I)
+# Up to the last '@' of the authority, as urllib splits it, so a password holding '@' is not half-kept.
+_URL_CREDS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/?#\s]*@", re.I)
 # Values that look like tokens even under innocent names (HF, OpenAI, GitHub, AWS, Slack styles).
-_TOKEN_VALUE = re.compile(r"\b(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|AKIA[0-9A-Z]{16}|xox[abpr]-[A-Za-z0-9-]{10,})\b")
+_TOKEN_VALUE = re.compile(r"(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|AKIA[0-9A-Z]{16}|xox[abpr]-[A-Za-z0-9-]{10,})\w*")
 ENV_PREFIXES = ("VLLM_", "CUDA_", "NCCL_", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "CASCADE_REPRO_", "PYTORCH_")
 
 
@@ -96,3 +97,38 @@ def capture(include_gpu: bool = True) -> dict[str, Any]:
             info["gpu_count"] = "0"
     info["vllm_env"] = relevant_env()
     return info
+
+
+def gpu_devices() -> list[dict[str, Any]]:
+    """Return one dict per visible CUDA device: index, name, sm_count, compute_capability, memory_gib.
+
+    Uses torch (which initialises CUDA in this process); falls back to ``nvidia-smi`` names without
+    SM counts when torch sees no GPU. Empty on CPU-only machines.
+    """
+    out: list[dict[str, Any]] = []
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            for i in range(torch.cuda.device_count()):
+                p = torch.cuda.get_device_properties(i)
+                out.append(
+                    {
+                        "index": i,
+                        "name": p.name,
+                        "sm_count": int(p.multi_processor_count),
+                        "compute_capability": f"{p.major}.{p.minor}",
+                        "memory_gib": round(p.total_memory / 2**30, 1),
+                    }
+                )
+            return out
+    except Exception:  # noqa: BLE001 - a broken CUDA install must not stop the caller
+        out = []
+    try:
+        lines = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip().splitlines()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [{"index": i, "name": n.strip(), "sm_count": None, "compute_capability": None} for i, n in enumerate(lines)]

@@ -74,8 +74,12 @@ class MatrixSpec:
             val = getattr(self, name)
             if not isinstance(val, list) or not val:
                 bad(f"{name} must be a non-empty list")
-            if len(set(map(repr, val))) != len(val):
+            norm = [v.upper() if isinstance(v, str) else repr(v) for v in val]
+            if len(set(norm)) != len(val):
                 bad(f"{name} has duplicate values: {val}")
+        if not all(isinstance(b, str) for b in self.backends):
+            bad("backends must be names such as FLASH_ATTN")
+        self.backends = [b.upper() for b in self.backends]
         for name in ("tp", "batch"):
             for v in getattr(self, name):
                 if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -88,9 +92,9 @@ class MatrixSpec:
         for fa in self.fa_versions:
             if fa not in (None, 2, 3, 4):
                 bad(f"fa version must be 2, 3, 4 or default, not {fa!r}")
-        if self.limit is not None and (not isinstance(self.limit, int) or self.limit <= 0):
+        if self.limit is not None and (not isinstance(self.limit, int) or isinstance(self.limit, bool) or self.limit <= 0):
             bad(f"limit must be a positive integer, got {self.limit!r}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
+        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens <= 0:
             bad(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         if not isinstance(self.topk, int) or not 1 <= self.topk <= 20:
             bad(f"topk must be between 1 and 20, got {self.topk!r}")
@@ -100,6 +104,10 @@ class MatrixSpec:
             bad(f"arm_switch must be one of {', '.join(ARM_SWITCHES)}, not {self.arm_switch!r}")
         if self.engine == "hf" and any(t != 1 for t in self.tp):
             bad("the hf engine runs on one device: use --tp 1 (tensor parallelism needs --engine vllm)")
+        for name in ("engine_timeout", "gpu_memory_utilization"):
+            v = getattr(self, name)
+            if not isinstance(v, int | float) or isinstance(v, bool):
+                bad(f"{name} must be a number, got {v!r}")
         if self.engine_timeout <= 0:
             bad("engine_timeout must be positive")
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -252,7 +260,7 @@ def load_toml(path: Path) -> dict[str, Any]:
         if k == "cascade":
             v = [_parse_onoff(x, f"{path}: cascade") for x in v]
         if k == "fa_versions":
-            v = [None if x in ("default", "", 0) else x for x in v]
+            v = parse_fa_list(",".join(str(x) for x in v))
         out[k] = v
     return out
 
@@ -295,7 +303,7 @@ def parse_fa_list(text: str) -> list[int | None]:
     out: list[int | None] = []
     for p in text.split(","):
         p = p.strip().lower()
-        if p in ("default", "auto", ""):
+        if p in ("default", "auto", "", "none", "0"):
             out.append(None)
         elif p in ("2", "3", "4", "fa2", "fa3", "fa4"):
             out.append(int(p[-1]))

@@ -135,7 +135,9 @@ def read_progress(path: Path) -> CellProgress:
     for _, rec in _iter_control(path):
         t, cid = rec.get("type"), rec.get("cell_id")
         if t == "cell_start":
-            prog.waves[cid] = []  # a new attempt: earlier waves of this cell no longer count
+            # A new attempt: the earlier attempt's waves and error no longer describe this cell.
+            prog.waves[cid] = []
+            prog.errors.pop(cid, None)
         elif t == "cell_done":
             prog.done.add(cid)
             prog.errors.pop(cid, None)

@@ -38,7 +38,7 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except UsageError as e:
-        err_console().print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        err_console().print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
         err_console().print("interrupted: finished cells are kept; rerun the same command to resume")

@@ -47,7 +47,7 @@ def matrix(
     engine_timeout: Annotated[float | None, _opt("Seconds a worker may go without progress before it is killed and its unfinished cells marked error. [default: 1800]", E)] = None,
     device: Annotated[str | None, _opt("hf engine device: auto, cpu, cuda. [default: auto]", E)] = None,
     results_dir: Annotated[Path, _opt("Where run directories go. [default: results]", OUT, envvar="CASCADE_REPRO_RESULTS_DIR")] = Path("results"),
-    run_id: Annotated[str | None, _opt("Name of the run directory (default: engine-model-<hash of the matrix>, so the same command resumes).", OUT)] = None,
+    run_id: Annotated[str | None, _opt("Name of the run directory (default: ENGINE-MODEL-HASH, the hash of the matrix, so the same command resumes).", OUT)] = None,
     fresh: Annotated[bool, _opt("Discard earlier samples of this run directory instead of resuming.", OUT)] = False,
     fail_on: Annotated[str, _opt("Exit 1 on: `regression`, `error` (regression or error cells), `never`.", OUT)] = "regression",
     quiet: Annotated[bool, _opt("No progress bars.", OUT)] = False,
@@ -158,8 +158,9 @@ def _print_plan(spec: Any) -> None:
     from rich.table import Table
 
     from cascade_repro.matrix import plan
-    from cascade_repro.promptsets import load_prompt_set
+    from cascade_repro.promptsets import load_prompt_set, load_system_prompt
 
+    load_system_prompt(spec.system_prompt)  # a bad --system-prompt fails here, not hours later
     n = len(load_prompt_set(spec.prompts, spec.limit).records)
     engines = plan(spec)
     table = Table(title=f"{spec.engine} matrix over {n} prompts")

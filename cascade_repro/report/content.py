@@ -328,13 +328,16 @@ def env_lines(data: RunData) -> list[tuple[str, str]]:
     run = data.run
     spec, ps, env = section(run, "spec"), section(run, "prompt_set"), section(run, "env")
     out: list[tuple[str, str]] = []
-    for k in ("run_id", "created_at", "tool_version", "fail_on"):
+    for k in ("run_id", "created_at", "tool_version", "model_name", "arm_switch", "fail_on"):
         if k in run:
             out.append((k, _flat(run[k])))
+    skip = _VLLM_ONLY if spec.get("engine") == "hf" else ()
     for k in sorted(spec):
-        out.append((f"spec.{k}", _flat(spec[k])))
+        if k not in skip:
+            out.append((f"spec.{k}", _flat(spec[k])))
     for k in sorted(ps):
-        out.append((f"prompt_set.{k}", _flat(ps[k])))
+        if k != "system_prompt_text":  # kilobytes of text; the prompt set name identifies it
+            out.append((f"prompt_set.{k}", _flat(ps[k])))
     for k in sorted(env):
         if isinstance(env[k], dict):
             out.extend((f"{k}.{kk}", _flat(vv)) for kk, vv in sorted(env[k].items()))
@@ -351,6 +354,13 @@ def env_lines(data: RunData) -> list[tuple[str, str]]:
     out.extend((f"timings.{k}", _flat(v)) for k, v in sorted(section(run, "timings").items()))
     # A system prompt or a long error can be kilobytes; the environment block is for versions and flags.
     return [(one_line(k), truncate(one_line(v), ENV_VALUE_MAX)) for k, v in out]
+
+
+# Spec keys that mean nothing to the hf engine; left out of its reports to keep them readable.
+_VLLM_ONLY = (
+    "arm_switch", "backends", "enforce_eager", "fa_versions", "gpu_memory_utilization", "hf_overrides",
+    "load_format", "max_model_len",
+)  # fmt: skip
 
 
 def _flat(v) -> str:

@@ -1,0 +1,77 @@
+"""`cascade-repro doctor`: check that cascade attention can fire here and that the probe can see it."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from cascade_repro.cli.app import app, user_errors
+
+STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}
+
+
+@app.command()
+def doctor(
+    model: Annotated[
+        str, typer.Option(help="`embedded`, a local HF folder, or a Hub id.", envvar="CASCADE_REPRO_MODEL")
+    ] = "embedded",
+    tp: Annotated[int, typer.Option(help="Tensor-parallel size to check.")] = 1,
+    system_prompt: Annotated[
+        str, typer.Option(help="Shared system prompt: `ko`, `en`, `none`, or a text file.")
+    ] = "ko",
+    prompts: Annotated[
+        str, typer.Option(help="Prompt set whose shared prefix is measured.")
+    ] = "ko-ifeval-style",
+    hf_overrides: Annotated[
+        str | None, typer.Option(help="JSON dict of config overrides, as for `matrix`.", show_default=False)
+    ] = None,
+    trust_remote_code: Annotated[bool, typer.Option(help="Allow model code from the Hub.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Check vLLM, GPUs, tensor parallelism, FlashAttention, env switches, prefix length and model config.
+
+    Every check is ok, warn or fail, with a fix hint. Exit code 0 when nothing fails, 1 otherwise.
+    """
+    import json
+
+    with user_errors():
+        from cascade_repro.doctor import doctor as run_doctor
+        from cascade_repro.errors import UsageError
+
+        overrides = None
+        if hf_overrides is not None:
+            try:
+                overrides = json.loads(hf_overrides)
+            except json.JSONDecodeError as e:
+                raise UsageError(f"--hf-overrides is not valid JSON: {e.msg} at column {e.colno}") from None
+            if not isinstance(overrides, dict):
+                raise UsageError("--hf-overrides must be a JSON object")
+        checks, code = run_doctor(
+            model=model,
+            tp=tp,
+            system_prompt=system_prompt,
+            prompts=prompts,
+            hf_overrides=overrides,
+            trust_remote_code=trust_remote_code,
+        )
+    if json_out:
+        typer.echo(json.dumps({"checks": [c.to_dict() for c in checks], "exit_code": code}, indent=2))
+        raise typer.Exit(code)
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title="cascade-repro doctor", show_lines=False)
+    for col in ("check", "status", "detail", "fix"):
+        table.add_column(col, overflow="fold")
+    for c in checks:
+        table.add_row(
+            escape(c.name), f"[{STYLE.get(c.status, '')}]{c.status}[/]", escape(c.detail), escape(c.fix)
+        )
+    console = Console()
+    console.print(table)
+    n_fail = sum(c.status == "fail" for c in checks)
+    n_warn = sum(c.status == "warn" for c in checks)
+    console.print(f"{n_fail} fail, {n_warn} warn, {len(checks) - n_fail - n_warn} ok")
+    raise typer.Exit(code)

@@ -1,0 +1,517 @@
+"""`cascade-repro doctor`: can cascade attention fire here, and can the harness see and steer it?
+
+Facts are gathered first (:func:`gather_facts`, each by a small function that tests replace), then
+judged by pure rules (:func:`run_checks`). Every rule cites the vLLM 0.26 code it mirrors:
+
+- ``vllm/v1/attention/backends/flash_attn.py`` ``use_cascade_attention``: prefix >= 256 tokens,
+  >= 8 requests, no ALiBi, no sliding window, no chunked local attention, no DCP.
+- ``vllm/config/model.py``: ``disable_cascade_attn`` defaults to True (the harness passes False).
+- ``vllm/config/vllm.py``: ``VLLM_BATCH_INVARIANT=1`` forces ``disable_cascade_attn=True``;
+  ``use_v2_model_runner`` follows ``VLLM_USE_V2_MODEL_RUNNER`` (the V2 runner has no cascade path).
+- ``vllm/config/model.py`` ``verify_with_parallel_config``: attention heads divisible by TP;
+  ``vllm/model_executor/layers/linear.py`` ``QKVParallelLinear``: KV heads divisible by TP, or TP a
+  multiple of the KV heads (replication).
+- ``vllm/v1/attention/backends/fa_utils.py`` ``get_flash_attn_version``: FA3 on compute
+  capability 9.x, FA4 on 10.x, FA2 otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+MIN_PREFIX = 256
+MIN_REQUESTS = 8
+TESTED_VLLM = "0.26.0"
+PLUGIN_NAME = "cascade_repro_probe"
+PLUGIN_GROUP = "vllm.general_plugins"
+INSTALL_VLLM = "pip install 'cascade-repro[vllm]'"
+TRUE_VALUES = ("1", "true", "yes", "on")
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # ok | warn | fail
+    detail: str
+    fix: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+@dataclass
+class Facts:
+    """Everything the checks look at; ``None`` means "could not be determined" (see the *_error)."""
+
+    tp: int = 1
+    model: str = "embedded"
+    vllm_version: str | None = None
+    vllm_error: str | None = None
+    plugin_registered: bool | None = None
+    probe_targets: dict[str, bool] | None = None
+    probe_targets_error: str | None = None
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+    fa_support: dict[int, str | None] | None = None  # version -> None if supported, else the reason
+    fa_default: int | None = None
+    fa_error: str | None = None
+    model_config: dict[str, Any] | None = None
+    model_error: str | None = None
+    shared_prefix: int | None = None
+    block_size: int = 16
+    prefix_error: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------------
+# Fact gathering (each function is replaceable in tests)
+# --------------------------------------------------------------------------------------------
+
+
+def _one_line(e: BaseException) -> str:
+    s = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {s[0]}" if s else type(e).__name__
+
+
+def import_vllm() -> str:
+    """Import vLLM and return its version (raises ImportError and friends)."""
+    import vllm
+
+    return str(getattr(vllm, "__version__", "unknown"))
+
+
+def plugin_registered() -> bool:
+    from importlib.metadata import entry_points
+
+    return any(ep.name == PLUGIN_NAME for ep in entry_points(group=PLUGIN_GROUP))
+
+
+def probe_targets() -> dict[str, bool]:
+    """Which names the probe patches exist in this vLLM (imports the flash_attn backend)."""
+    import importlib
+
+    from cascade_repro import probe
+
+    fa = importlib.import_module(probe.FLASH_ATTN_MODULE)
+    wb = importlib.import_module(probe.WORKER_BASE_MODULE)
+    builder = getattr(fa, "FlashAttentionMetadataBuilder", None)
+    return {
+        "use_cascade_attention": callable(getattr(fa, "use_cascade_attention", None)),
+        "cascade_attention": callable(getattr(fa, "cascade_attention", None)),
+        "merge_attn_states": callable(getattr(fa, "merge_attn_states", None)),
+        "FlashAttentionImpl": isinstance(getattr(fa, "FlashAttentionImpl", None), type),
+        "FlashAttentionMetadataBuilder.use_cascade_attention": callable(
+            getattr(builder, "use_cascade_attention", None)
+        ),
+        "WorkerWrapperBase": isinstance(getattr(wb, "WorkerWrapperBase", None), type),
+    }
+
+
+def gpus() -> list[dict[str, Any]]:
+    from cascade_repro import envinfo
+
+    return envinfo.gpu_devices()
+
+
+def fa_support() -> tuple[dict[int, str | None], int | None]:
+    """FlashAttention versions this vLLM build can run here, and the one vLLM picks by default."""
+    from vllm.vllm_flash_attn.flash_attn_interface import (
+        fa_version_unsupported_reason,
+        is_fa_version_supported,
+    )
+
+    out: dict[int, str | None] = {}
+    for v in (2, 3, 4):
+        try:
+            out[v] = (
+                None if is_fa_version_supported(v) else (fa_version_unsupported_reason(v) or "unsupported")
+            )
+        except Exception as e:  # noqa: BLE001 - unknown versions in older builds
+            out[v] = _one_line(e)
+    default = None
+    for mod in ("vllm.v1.attention.backends.fa_utils", "vllm.attention.utils.fa_utils"):
+        try:
+            import importlib
+
+            default = importlib.import_module(mod).get_flash_attn_version()
+            break
+        except Exception:  # noqa: BLE001 - moved between releases
+            continue
+    return out, default
+
+
+def model_config(model: str, hf_overrides: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    from cascade_repro.models import load_config, resolve_model
+
+    path, _ = resolve_model(model)
+    cfg = dict(load_config(path))
+    cfg.update(hf_overrides or {})
+    return path, cfg
+
+
+def shared_prefix(model_path: str, system_prompt: str, prompts: str, trust_remote_code: bool = False) -> int:
+    from cascade_repro.chat import render_all
+    from cascade_repro.promptsets import load_prompt_set, load_system_prompt
+    from cascade_repro.runner import _load_tokenizer
+
+    pset = load_prompt_set(prompts)
+    text = load_system_prompt(system_prompt)
+    tok = _load_tokenizer(model_path, trust_remote_code)
+    _, shared = render_all(tok, text, [r.prompt for r in pset.records])
+    return shared
+
+
+def gather_facts(
+    model: str = "embedded",
+    tp: int = 1,
+    system_prompt: str = "ko",
+    prompts: str = "ko-ifeval-style",
+    hf_overrides: dict[str, Any] | None = None,
+    trust_remote_code: bool = False,
+) -> Facts:
+    f = Facts(tp=tp, model=model)
+    f.env = {k: v for k, v in os.environ.items() if k.startswith("VLLM_")}
+    try:
+        f.vllm_version = import_vllm()
+    except Exception as e:  # noqa: BLE001 - ImportError, or a broken install raising anything
+        f.vllm_error = _one_line(e)
+    try:
+        f.plugin_registered = plugin_registered()
+    except Exception:  # noqa: BLE001
+        f.plugin_registered = None
+    try:
+        f.gpus = gpus()
+    except Exception:  # noqa: BLE001
+        f.gpus = []
+    if f.vllm_error is None:
+        try:
+            f.probe_targets = probe_targets()
+        except Exception as e:  # noqa: BLE001 - e.g. no CUDA platform on this machine
+            f.probe_targets_error = _one_line(e)
+        try:
+            f.fa_support, f.fa_default = fa_support()
+        except Exception as e:  # noqa: BLE001
+            f.fa_error = _one_line(e)
+    path = None
+    try:
+        path, f.model_config = model_config(model, hf_overrides)
+    except Exception as e:  # noqa: BLE001 - UsageError for unknown models, OSError, ...
+        f.model_error = _one_line(e)
+    if path is not None:
+        try:
+            f.shared_prefix = shared_prefix(path, system_prompt, prompts, trust_remote_code)
+        except Exception as e:  # noqa: BLE001
+            f.prefix_error = _one_line(e)
+    return f
+
+
+# --------------------------------------------------------------------------------------------
+# Rules
+# --------------------------------------------------------------------------------------------
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    out = []
+    for part in v.split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
+
+
+def _env_true(env: dict[str, str], name: str) -> bool:
+    return env.get(name, "").strip().lower() in TRUE_VALUES
+
+
+def check_vllm(f: Facts) -> Check:
+    if f.vllm_error:
+        return Check("vLLM", FAIL, f"not importable ({f.vllm_error})", INSTALL_VLLM)
+    v = f.vllm_version or "unknown"
+    vt = _version_tuple(v)
+    if vt and vt < (0, 10):
+        return Check(
+            "vLLM",
+            WARN,
+            f"vLLM {v}: older than 0.10, untested",
+            f"{INSTALL_VLLM} (tested with {TESTED_VLLM})",
+        )
+    if vt and vt[:2] > _version_tuple(TESTED_VLLM)[:2]:
+        return Check(
+            "vLLM",
+            WARN,
+            f"vLLM {v}: newer than the tested {TESTED_VLLM}; the probe checks below say whether it still fits",
+        )
+    return Check("vLLM", OK, f"vLLM {v}")
+
+
+def check_plugin(f: Facts) -> Check:
+    allowed = f.env.get("VLLM_PLUGINS")
+    if allowed is not None and PLUGIN_NAME not in [p.strip() for p in allowed.split(",")]:
+        return Check(
+            "probe plugin",
+            FAIL,
+            f"VLLM_PLUGINS={allowed!r} excludes {PLUGIN_NAME}: decisions cannot be counted or toggled",
+            f"add {PLUGIN_NAME} to VLLM_PLUGINS or unset it",
+        )
+    if f.plugin_registered is False:
+        return Check(
+            "probe plugin",
+            FAIL,
+            f"no '{PLUGIN_GROUP}' entry point named {PLUGIN_NAME} in this environment",
+            "install cascade-repro into the same environment as vLLM (pip install -e . or the wheel)",
+        )
+    if f.plugin_registered is None:
+        return Check("probe plugin", WARN, "could not read the installed entry points")
+    return Check("probe plugin", OK, f"{PLUGIN_GROUP}: {PLUGIN_NAME} registered")
+
+
+def check_probe_targets(f: Facts) -> Check:
+    if f.vllm_error:
+        return Check("probe targets", WARN, "skipped: vLLM is not importable", INSTALL_VLLM)
+    if f.probe_targets is None:
+        return Check(
+            "probe targets",
+            WARN,
+            f"could not import vLLM's FlashAttention backend ({f.probe_targets_error or 'unknown'})",
+            "run doctor on the GPU machine",
+        )
+    missing = [k for k, ok in f.probe_targets.items() if not ok]
+    if missing:
+        return Check(
+            "probe targets",
+            FAIL,
+            f"this vLLM lacks {', '.join(missing)}: the probe cannot count or steer cascade",
+            f"use vLLM {TESTED_VLLM}, or --arm-switch restart (no counters)",
+        )
+    return Check(
+        "probe targets",
+        OK,
+        "use_cascade_attention, cascade_attention, merge_attn_states, FlashAttentionImpl found",
+    )
+
+
+def check_gpus(f: Facts) -> Check:
+    if not f.gpus:
+        return Check(
+            "GPUs",
+            FAIL,
+            "no CUDA GPU visible",
+            "vLLM's cascade path needs an NVIDIA GPU; on CPU use --engine hf",
+        )
+    groups: dict[str, int] = {}
+    for g in f.gpus:
+        desc = str(g.get("name", "GPU"))
+        extra = []
+        if g.get("sm_count"):
+            extra.append(f"{g['sm_count']} SMs")
+        if g.get("compute_capability"):
+            extra.append(f"sm {g['compute_capability']}")
+        if extra:
+            desc += f" ({', '.join(extra)})"
+        groups[desc] = groups.get(desc, 0) + 1
+    return Check("GPUs", OK, "; ".join(f"{n} x {d}" for d, n in groups.items()))
+
+
+def _divisors(n: int, limit: int = 8) -> list[int]:
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+def check_tp(f: Facts) -> Check:
+    tp = f.tp
+    problems = []
+    fixes = []
+    if tp < 1:
+        return Check("tensor parallel", FAIL, f"--tp {tp} is not a positive integer", "use --tp 1, 2, 4 or 8")
+    if tp > len(f.gpus) and (f.gpus or tp > 1):  # no GPU at all is the GPUs check's failure
+        problems.append(f"--tp {tp} needs {tp} GPUs, {len(f.gpus)} visible")
+        fixes.append(f"use --tp {max(1, len(f.gpus))} or a machine with {tp} GPUs")
+    cfg = f.model_config
+    if cfg is None:
+        detail = "; ".join(problems) or f"tp {tp}"
+        return Check(
+            "tensor parallel",
+            FAIL if problems else WARN,
+            detail + f" (model config unavailable: {f.model_error or 'unknown'})",
+            "; ".join(fixes),
+        )
+    heads = cfg.get("num_attention_heads") or cfg.get("n_head") or cfg.get("num_heads")
+    kv = cfg.get("num_key_value_heads") or cfg.get("num_kv_heads") or heads
+    if isinstance(heads, int) and heads % tp:
+        problems.append(f"{heads} heads not divisible by {tp}")
+        fixes.append(
+            f"use --tp in {_divisors(heads)}, or reshape with --load-format dummy --hf-overrides "
+            '\'{"num_attention_heads": 8, "num_key_value_heads": 2}\''
+        )
+    if isinstance(kv, int) and kv > 0 and isinstance(heads, int) and not heads % tp:
+        if kv >= tp and kv % tp:
+            problems.append(f"{kv} KV heads not divisible by {tp}")
+            fixes.append(f"use --tp in {_divisors(kv)}")
+        elif kv < tp and tp % kv:
+            problems.append(
+                f"--tp {tp} is not a multiple of the {kv} KV heads (vLLM replicates whole KV heads)"
+            )
+            fixes.append(f"use --tp in {_divisors(kv)} or a multiple of {kv}")
+    if problems:
+        return Check("tensor parallel", FAIL, "; ".join(problems), "; ".join(fixes))
+    return Check("tensor parallel", OK, f"tp {tp}: {heads} heads, {kv} KV heads")
+
+
+def check_fa(f: Facts) -> Check:
+    if f.vllm_error:
+        return Check("FlashAttention", WARN, "skipped: vLLM is not importable", INSTALL_VLLM)
+    if f.fa_support is None:
+        return Check("FlashAttention", WARN, f"could not query vllm_flash_attn ({f.fa_error or 'unknown'})")
+    ok = [v for v, why in f.fa_support.items() if why is None]
+    parts = [
+        f"FA{v} {'yes' if why is None else 'no (' + why + ')'}" for v, why in sorted(f.fa_support.items())
+    ]
+    detail = ", ".join(parts)
+    if f.fa_default:
+        detail += f"; default FA{f.fa_default}"
+    if not ok:
+        return Check(
+            "FlashAttention",
+            FAIL,
+            detail,
+            "the FLASH_ATTN backend (the only one with cascade) cannot run here",
+        )
+    majors = {str(g.get("compute_capability") or "").split(".")[0] for g in f.gpus}
+    if "9" in majors and 3 not in ok:
+        return Check(
+            "FlashAttention",
+            WARN,
+            detail + "; Hopper GPU but no FA3",
+            "FA3 needs a vLLM build with _vllm_fa3_C",
+        )
+    if 3 in ok and "9" not in majors:
+        detail += " (FA3 needs compute capability 9.x)"
+    if 2 not in ok:
+        return Check("FlashAttention", WARN, detail + "; FA2 (where the field bug lived) unavailable")
+    return Check("FlashAttention", OK, detail)
+
+
+def check_model_runner(f: Facts) -> Check:
+    raw = f.env.get("VLLM_USE_V2_MODEL_RUNNER")
+    if raw is not None and raw.strip().lower() in TRUE_VALUES:
+        return Check(
+            "model runner",
+            WARN,
+            f"VLLM_USE_V2_MODEL_RUNNER={raw}: the V2 model runner has no cascade attention; cascade-repro's "
+            "vllm engine sets it to 0 for its own workers, other vLLM runs here would never use cascade",
+            "unset VLLM_USE_V2_MODEL_RUNNER",
+        )
+    return Check("model runner", OK, "V1 (the vllm engine sets VLLM_USE_V2_MODEL_RUNNER=0)")
+
+
+def check_batch_invariant(f: Facts) -> Check:
+    if _env_true(f.env, "VLLM_BATCH_INVARIANT"):
+        return Check(
+            "batch invariance",
+            FAIL,
+            "VLLM_BATCH_INVARIANT is set: vLLM forces disable_cascade_attn=True, so cascade never fires",
+            "unset VLLM_BATCH_INVARIANT",
+        )
+    return Check("batch invariance", OK, "VLLM_BATCH_INVARIANT not set")
+
+
+def check_backend_env(f: Facts) -> Check | None:
+    b = f.env.get("VLLM_ATTENTION_BACKEND")
+    if b and b.strip().upper() not in ("FLASH_ATTN", "FLASH_ATTN_VLLM_V1"):
+        return Check(
+            "attention backend",
+            WARN,
+            f"VLLM_ATTENTION_BACKEND={b}: only FLASH_ATTN has cascade attention (the matrix passes --backend explicitly)",
+            "unset VLLM_ATTENTION_BACKEND",
+        )
+    return None
+
+
+def check_prefix(f: Facts) -> Check:
+    if f.shared_prefix is None:
+        why = f.prefix_error or f.model_error or "unknown"
+        return Check(
+            "shared prefix",
+            WARN,
+            f"could not measure the shared prefix ({why})",
+            "check --model and --prompts",
+        )
+    n = f.shared_prefix
+    aligned = n // f.block_size * f.block_size
+    if aligned < MIN_PREFIX:
+        return Check(
+            "shared prefix",
+            FAIL,
+            f"{n} shared tokens ({aligned} block-aligned) < {MIN_PREFIX}: use_cascade_attention always says no",
+            "use a longer --system-prompt (the built-in ko and en prompts are about 2,000 tokens)",
+        )
+    return Check(
+        "shared prefix",
+        OK,
+        f"{n} shared tokens (cascade can use {aligned}); it also needs >= {MIN_REQUESTS} requests per step",
+    )
+
+
+def check_attention_variant(f: Facts) -> Check:
+    cfg = f.model_config
+    if cfg is None:
+        return Check("attention variant", WARN, f"model config unavailable ({f.model_error or 'unknown'})")
+    blockers = []
+    partial = []
+    model_type = str(cfg.get("model_type", ""))
+    attn_cfg = cfg.get("attn_config") if isinstance(cfg.get("attn_config"), dict) else {}
+    if cfg.get("alibi") or attn_cfg.get("alibi") or (model_type == "bloom"):
+        blockers.append("ALiBi")
+    sw = cfg.get("sliding_window")
+    layer_types = cfg.get("layer_types") or []
+    sliding_layers = [t for t in layer_types if "sliding" in str(t)]
+    if sliding_layers and len(sliding_layers) < len(layer_types):
+        partial.append(f"sliding window on {len(sliding_layers)}/{len(layer_types)} layers")
+    elif sliding_layers or (sw and cfg.get("use_sliding_window", True) is not False):
+        blockers.append(f"sliding window ({sw})")
+    if cfg.get("attention_chunk_size"):
+        blockers.append(f"chunked local attention ({cfg['attention_chunk_size']})")
+    if blockers:
+        return Check(
+            "attention variant",
+            FAIL,
+            f"{', '.join(blockers)}: use_cascade_attention returns False, cascade never fires",
+            "pick a model with plain global attention",
+        )
+    if partial:
+        return Check(
+            "attention variant",
+            WARN,
+            f"{'; '.join(partial)}: cascade can only fire in the full-attention layers",
+        )
+    return Check("attention variant", OK, "global attention, no ALiBi, no sliding window")
+
+
+def run_checks(f: Facts) -> list[Check]:
+    checks = [
+        check_vllm(f),
+        check_plugin(f),
+        check_probe_targets(f),
+        check_gpus(f),
+        check_tp(f),
+        check_fa(f),
+        check_model_runner(f),
+        check_batch_invariant(f),
+    ]
+    backend = check_backend_env(f)
+    if backend is not None:
+        checks.append(backend)
+    checks += [check_prefix(f), check_attention_variant(f)]
+    return checks
+
+
+def exit_code(checks: list[Check]) -> int:
+    return 1 if any(c.status == FAIL for c in checks) else 0
+
+
+def doctor(**kwargs: Any) -> tuple[list[Check], int]:
+    """Gather the facts, run every check, return (checks, exit code)."""
+    checks = run_checks(gather_facts(**kwargs))
+    return checks, exit_code(checks)

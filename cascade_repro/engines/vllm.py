@@ -1,0 +1,466 @@
+"""vLLM engine: one ``vllm.LLM`` per worker process, greedy waves, per-step top-k logprobs.
+
+Written against vLLM 0.26.0 (``vllm/entrypoints/llm.py``, ``vllm/engine/arg_utils.py``,
+``vllm/config/model.py``, ``vllm/config/attention.py``, ``vllm/config/vllm.py``,
+``vllm/v1/worker/gpu_model_runner.py``), with fallbacks for older releases that have no
+``attention_config`` (backend and FlashAttention version then go through ``VLLM_ATTENTION_BACKEND``
+and ``VLLM_FLASH_ATTN_VERSION``).
+
+Cascade attention in vLLM 0.26 needs all of: the V1 model runner (the V2 runner in
+``vllm/v1/worker/gpu/`` has no cascade path), ``disable_cascade_attn=False`` (the default is True,
+``vllm/config/model.py``), prefix caching, the FLASH_ATTN backend, a shared prefix of at least 256
+tokens already in the prefix cache, and at least 8 requests in the step. Each wave therefore resets
+the prefix cache and re-warms the shared prefix with one request before the wave is submitted.
+
+Arms: with ``arm_switch="toggle"`` one engine (cascade enabled) serves both arms, and the probe
+plugin (``cascade_repro/probe.py``) forces ``use_cascade_attention`` to False during flat waves;
+with ``"restart"`` each engine serves one arm and the flat one is started with
+``disable_cascade_attn=True``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from cascade_repro import probe
+from cascade_repro.engines.base import Completion, WaveStats
+from cascade_repro.errors import UsageError
+
+RPC_TIMEOUT_S = 120.0
+
+
+def _jsonable(v: Any) -> Any:
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, (list, tuple, set)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    name = getattr(v, "name", None)  # enums
+    if isinstance(name, str):
+        return name
+    return str(v).replace("torch.", "")
+
+
+def _engine_arg_names() -> set[str]:
+    from vllm.engine.arg_utils import EngineArgs
+
+    try:
+        return {f.name for f in dataclasses.fields(EngineArgs)}
+    except TypeError:
+        import inspect
+
+        return set(inspect.signature(EngineArgs).parameters)
+
+
+def _prepare_probe_dir(path: Path) -> None:
+    """Create the probe directory for this engine and remove files left by an earlier start."""
+    if path.exists():
+        for p in path.iterdir():
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+    path.mkdir(parents=True, exist_ok=True)
+
+
+class VLLMEngine:
+    """One ``vllm.LLM``; arms toggled per wave through the probe, or fixed at start."""
+
+    name = "vllm"
+
+    def __init__(
+        self, model_path: str, spec: dict[str, Any], eplan: dict[str, Any], run_dir: Path | str
+    ) -> None:
+        self.model_path = model_path
+        self.spec = spec
+        self.eplan = eplan
+        self.run_dir = Path(run_dir)
+        self.key = str(eplan.get("key") or "engine")
+        self.engine_arm: str | None = eplan.get("arm")
+        self.topk = int(spec.get("topk", 5))
+        self.seed = int(eplan.get("seed", 0))
+        self.inject = spec.get("inject")
+        self._wave_seq = 0
+        self._ctl_seq = 0
+        self._rpc_ok: bool | None = None
+        self._env_notes: dict[str, Any] = {}
+
+        # --- environment, before vLLM is imported (spawned engine/worker processes inherit it) ---
+        self.probe_dir = self.run_dir / "probe" / self.key
+        _prepare_probe_dir(self.probe_dir)
+        prev_v2 = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
+        if prev_v2 not in (None, "0"):
+            self._env_notes["VLLM_USE_V2_MODEL_RUNNER_was"] = prev_v2
+        # The V2 model runner has no cascade attention (vllm/v1/worker/gpu/model_runner.py).
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        os.environ[probe.ENV_VAR] = str(self.probe_dir)
+        # flashinfer may be absent from slim installs; the PyTorch sampler is exact for greedy.
+        os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+        # VLLM_ENABLE_V1_MULTIPROCESSING keeps vLLM's default (on): the model runs in the engine-core
+        # process (TP=1) or in worker processes (TP>1); the probe reaches them through
+        # collective_rpc and its counts files.
+        probe.write_control(self.probe_dir, None, False, None, self._next_ctl())
+
+        try:
+            import vllm
+            from vllm import LLM
+        except ImportError as e:
+            raise UsageError(f"the vllm engine needs vLLM: pip install 'cascade-repro[vllm]' ({e})") from None
+        self.vllm_version = getattr(vllm, "__version__", "unknown")
+
+        backend = str(eplan.get("backend") or "FLASH_ATTN")
+        fa = eplan.get("fa_version")
+        names = _engine_arg_names()
+        max_batch = max([int(b) for b in spec.get("batch", [1])] or [1])
+        kwargs: dict[str, Any] = {
+            "model": model_path,
+            "tensor_parallel_size": int(eplan.get("tp", 1)),
+            "dtype": eplan.get("dtype") or "auto",
+            "seed": self.seed,
+            "enable_prefix_caching": True,
+            "enforce_eager": bool(spec.get("enforce_eager", False)),
+            "load_format": spec.get("load_format") or "auto",
+            "hf_overrides": dict(spec.get("hf_overrides") or {}) or None,
+            "gpu_memory_utilization": float(spec.get("gpu_memory_utilization", 0.5)),
+            "trust_remote_code": bool(spec.get("trust_remote_code", False)),
+            # Every wave must fit in one scheduler step: max_num_seqs >= the largest batch.
+            "max_num_seqs": max(max_batch, 1),
+        }
+        max_model_len = spec.get("max_model_len") or self._auto_max_model_len()
+        if max_model_len:
+            kwargs["max_model_len"] = int(max_model_len)
+        if "disable_cascade_attn" in names:
+            kwargs["disable_cascade_attn"] = self.engine_arm == "flat"
+        else:
+            self._env_notes["disable_cascade_attn"] = "not an EngineArgs field in this vLLM"
+        self.legacy_attention_env = "attention_config" not in names
+        if not self.legacy_attention_env:
+            attn: dict[str, Any] = {"backend": backend}
+            if fa:
+                attn["flash_attn_version"] = int(fa)
+            kwargs["attention_config"] = attn
+        else:
+            self._set_legacy_attention_env(backend, fa)
+        if kwargs["hf_overrides"] is None:
+            kwargs.pop("hf_overrides")
+        self.requested = dict(kwargs)
+
+        try:
+            self.llm = LLM(**kwargs)
+        except TypeError as e:
+            if "attention_config" not in str(e) or "attention_config" not in kwargs:
+                raise
+            # An older vLLM without attention_config that still listed it somewhere: use the env.
+            kwargs.pop("attention_config")
+            self._set_legacy_attention_env(backend, fa)
+            self.legacy_attention_env = True
+            self.llm = LLM(**kwargs)
+
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self._SamplingParams = SamplingParams
+        self._TokensPrompt = TokensPrompt
+        self.start_facts = self._check_probe()
+
+    # --------------------------------------------------------------------------------------
+    def _set_legacy_attention_env(self, backend: str, fa: Any) -> None:
+        os.environ["VLLM_ATTENTION_BACKEND"] = backend
+        if fa:
+            os.environ["VLLM_FLASH_ATTN_VERSION"] = str(int(fa))
+
+    def _next_ctl(self) -> int:
+        self._ctl_seq += 1
+        return self._ctl_seq
+
+    def _auto_max_model_len(self) -> int | None:
+        """Longest rendered prompt + max_tokens + 1, rounded up to 256 (None: vLLM's default)."""
+        try:
+            import json
+
+            from cascade_repro.chat import render_all
+            from cascade_repro.runner import _load_tokenizer
+
+            run = json.loads((self.run_dir / "run.json").read_text(encoding="utf-8"))
+            with open(self.run_dir / "prompts.jsonl", encoding="utf-8") as f:
+                prompts = [json.loads(line)["prompt"] for line in f if line.strip()]
+            tok = _load_tokenizer(self.model_path, bool(self.spec.get("trust_remote_code", False)))
+            rendered, _ = render_all(tok, run.get("prompt_set", {}).get("system_prompt_text", ""), prompts)
+            need = max(len(r) for r in rendered) + int(self.spec.get("max_tokens", 64)) + 1
+            need = -(-need // 256) * 256
+            limit = None
+            try:
+                from cascade_repro.models import load_config
+
+                cfg = load_config(self.model_path)
+                cfg.update(self.spec.get("hf_overrides") or {})
+                limit = cfg.get("max_position_embeddings")
+            except Exception:  # noqa: BLE001 - the limit is only a cap
+                limit = None
+            if isinstance(limit, int) and limit > 0 and need > limit:
+                return None  # let vLLM use (and enforce) the model's own limit
+            return need
+        except Exception:  # noqa: BLE001 - a best-effort default; vLLM's own default is fine too
+            return None
+
+    def _rpc(self, wave: str | None) -> list[dict[str, Any]] | None:
+        """Flush and read every worker's probe counters through collective_rpc (None if unavailable)."""
+        if self._rpc_ok is False:
+            return None
+        try:
+            res = self.llm.collective_rpc(probe.RPC_METHOD, timeout=RPC_TIMEOUT_S, args=(wave,))
+        except Exception as e:  # noqa: BLE001 - fall back to the counts files
+            self._rpc_ok = False
+            self._env_notes["probe_rpc_error"] = (
+                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+            )
+            return None
+        snaps = [r for r in (res or []) if isinstance(r, dict)]
+        if not snaps:
+            self._rpc_ok = False
+            return None
+        self._rpc_ok = True
+        return snaps
+
+    def _snapshots(self, wave: str | None) -> tuple[list[dict[str, Any]], str]:
+        snaps = self._rpc(wave)
+        if snaps is not None:
+            return snaps, "rpc"
+        time.sleep(0.05)
+        # This process's own file is kept: with VLLM_ENABLE_V1_MULTIPROCESSING=0 the model runs here.
+        return probe.read_count_files(self.probe_dir), "files"
+
+    def _check_probe(self) -> dict[str, Any]:
+        """Make sure the probe runs where the model runs; the toggled flat arm depends on it."""
+        snaps, source = self._snapshots(None)
+        facts = probe.process_facts(snaps)
+        facts["source"] = source
+        # Over RPC every answer comes from a model worker. From files, the probe counts as running
+        # where the model runs if a FlashAttention layer was built under it, or another process
+        # (the engine core or a worker) announced itself.
+        me = os.getpid()
+        active = (
+            bool(snaps) if source == "rpc" else any(s.get("attn_impls") or s.get("pid") != me for s in snaps)
+        )
+        facts["active"] = active
+        if not active and self.engine_arm is None:
+            self.close()
+            raise RuntimeError(
+                "the cascade_repro vLLM plugin did not load in vLLM's engine processes, so the flat arm "
+                "cannot be toggled: install this project into the same environment as vLLM (its "
+                "'vllm.general_plugins' entry point registers the probe; check VLLM_PLUGINS does not "
+                "exclude 'cascade_repro_probe'), or use --arm-switch restart"
+            )
+        return facts
+
+    # --- Engine interface ------------------------------------------------------------------
+    def tokenizer(self) -> Any:
+        try:
+            return self.llm.get_tokenizer()
+        except Exception:  # noqa: BLE001 - e.g. skip_tokenizer_init; render with transformers instead
+            from cascade_repro.runner import _load_tokenizer
+
+            return _load_tokenizer(self.model_path, bool(self.spec.get("trust_remote_code", False)))
+
+    def effective(self) -> dict[str, Any]:
+        cfg = self.llm.llm_engine.vllm_config
+        mc, pc, cc = cfg.model_config, cfg.parallel_config, cfg.cache_config
+        ac = getattr(cfg, "attention_config", None)
+        sc = getattr(cfg, "scheduler_config", None)
+        comp = getattr(cfg, "compilation_config", None)
+        v2 = getattr(cfg, "use_v2_model_runner", None)
+        if not isinstance(v2, bool):
+            v2 = os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0").lower() in ("1", "true")
+        if ac is not None:
+            backend = getattr(ac, "backend", None)
+            fa_req = getattr(ac, "flash_attn_version", None)
+        else:
+            backend = os.environ.get("VLLM_ATTENTION_BACKEND")
+            fa_req = os.environ.get("VLLM_FLASH_ATTN_VERSION")
+        facts = self.start_facts
+        fa_used = facts.get("fa_versions") or []
+        out = {
+            "engine": "vllm",
+            "vllm": self.vllm_version,
+            "model_runner": "V2" if v2 else "V1",
+            "dtype": _jsonable(getattr(mc, "dtype", None)),
+            "tp": getattr(pc, "tensor_parallel_size", None),
+            "enable_prefix_caching": getattr(cc, "enable_prefix_caching", None),
+            "block_size": getattr(cc, "block_size", None),
+            "disable_cascade_attn": getattr(mc, "disable_cascade_attn", None),
+            "attention_backend": _jsonable(backend),
+            "attention_config_via": "env (legacy vLLM)" if self.legacy_attention_env else "attention_config",
+            "flash_attn_version_requested": _jsonable(fa_req),
+            "flash_attn_version": fa_used[0] if len(fa_used) == 1 else (fa_used or None),
+            "attention_impls": facts.get("attn_impls", []),
+            "enforce_eager": getattr(mc, "enforce_eager", None),
+            "cudagraph_mode": _jsonable(getattr(comp, "cudagraph_mode", None)),
+            "async_scheduling": getattr(sc, "async_scheduling", None),
+            "max_num_seqs": getattr(sc, "max_num_seqs", None),
+            "max_model_len": getattr(mc, "max_model_len", None),
+            "seed": getattr(mc, "seed", None),
+            "gpu_memory_utilization": getattr(cc, "gpu_memory_utilization", None),
+            "arm_switch": "toggle" if self.engine_arm is None else "restart",
+            "engine_arm": self.engine_arm or "both",
+            "inject": self.inject or "none",
+            "probe": facts.get("source") if facts.get("active") else "inactive",
+            "probe_procs": facts.get("procs", 0),
+            "probe_patched": facts.get("patched", []),
+            "probe_dir": str(self.probe_dir),
+            "multiprocessing": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1"),
+            "env": {
+                k: os.environ[k]
+                for k in (
+                    "VLLM_USE_V2_MODEL_RUNNER",
+                    "VLLM_USE_FLASHINFER_SAMPLER",
+                    "VLLM_BATCH_INVARIANT",
+                    "VLLM_ATTENTION_BACKEND",
+                    "VLLM_FLASH_ATTN_VERSION",
+                    "VLLM_PLUGINS",
+                )
+                if k in os.environ
+            },
+            **({"notes": self._env_notes} if self._env_notes else {}),
+        }
+        if facts.get("errors"):
+            out["probe_errors"] = facts["errors"]
+        return _jsonable(out)
+
+    def run_wave(
+        self, prompts: list[list[int]], arm: str, max_tokens: int, prefix_len: int | None = None
+    ) -> tuple[list[Completion], WaveStats]:
+        """Reset the prefix cache, re-warm the shared prefix, then submit all prompts at once."""
+        from cascade_repro.chat import common_prefix_len
+
+        if arm not in ("cascade", "flat"):
+            raise ValueError(f"arm must be 'cascade' or 'flat', not {arm!r}")
+        if self.engine_arm is not None and arm != self.engine_arm:
+            raise RuntimeError(
+                f"engine {self.key} was started for the {self.engine_arm} arm, asked for {arm}"
+            )
+        self._wave_seq += 1
+        wave_id = f"{self.key}/w{self._wave_seq:05d}-{arm}"
+        force_off = arm == "flat"
+        inject = self.inject if arm == "cascade" else None
+        p = common_prefix_len(prompts) if prefix_len is None else prefix_len
+        p = max(0, min(p, min(len(x) for x in prompts) - 1))
+        extra: dict[str, Any] = {}
+
+        # 1. No counting during the reset and the warm-up.
+        probe.write_control(self.probe_dir, None, force_off, None, self._next_ctl())
+        reset_ok = bool(self.llm.reset_prefix_cache())
+        if not reset_ok:  # requests still being freed: try again briefly
+            for _ in range(20):
+                time.sleep(0.05)
+                if self.llm.reset_prefix_cache():
+                    reset_ok = True
+                    break
+        extra["prefix_cache_reset"] = reset_ok
+        greedy = dict(temperature=0.0, seed=self.seed, ignore_eos=False)
+        if p > 0:
+            self.llm.generate(
+                [self._TokensPrompt(prompt_token_ids=list(prompts[0][: p + 1]))],
+                self._SamplingParams(max_tokens=1, **greedy),
+                use_tqdm=False,
+            )
+
+        # 2. The wave itself, counted under its own id.
+        probe.write_control(self.probe_dir, wave_id, force_off, inject, self._next_ctl())
+        self._rpc(wave_id)  # applies the control in every worker now (the stat check would too)
+        params = self._SamplingParams(max_tokens=max_tokens, logprobs=self.topk, **greedy)
+        outs = self.llm.generate(
+            [self._TokensPrompt(prompt_token_ids=list(x)) for x in prompts], params, use_tqdm=False
+        )
+
+        # 3. Counters of this wave from every process that runs the model.
+        snaps, source = self._snapshots(wave_id)
+        probe.write_control(self.probe_dir, None, False, None, self._next_ctl())
+        agg = probe.aggregate(snaps, wave_id)
+        extra.update(
+            probe=source,
+            probe_procs=agg["procs"],
+            forced_off=agg["forced_off"],
+            seen_prefix_len_max=agg["seen_prefix_len_max"],
+            max_reqs=agg["max_reqs"],
+        )
+        if agg["fa_versions"]:
+            extra["fa_versions"] = agg["fa_versions"]
+        if inject:
+            extra["inject_calls"] = agg["inject_calls"]
+        if agg["procs"] > 1:
+            extra["cascade_calls_sum"] = agg["cascade_calls_sum"]
+        stats = WaveStats(
+            cascade_steps=agg["decisions_true"],
+            total_steps=agg["decisions_true"] + agg["decisions_false"],
+            cascade_calls=agg["cascade_calls"],
+            common_prefix_len=agg["max_common_prefix_len"],
+            extra=extra,
+        )
+        return [self._completion(o) for o in outs], stats
+
+    def _completion(self, out: Any) -> Completion:
+        c = out.outputs[0]
+        token_ids = [int(t) for t in c.token_ids]
+        finish = "stop" if c.finish_reason == "stop" else "length"
+        lps: list[float] = []
+        topk: list[list[list[float]]] = []
+        steps = c.logprobs
+        for i, tid in enumerate(token_ids):
+            d = steps[i] if steps is not None and i < len(steps) else None
+            chosen, top = topk_entries(d, tid, self.topk)
+            lps.append(chosen)
+            topk.append(top)
+        return Completion(token_ids, c.text, finish, lps, topk)
+
+    def close(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        self.llm = None
+        try:
+            core = getattr(llm.llm_engine, "engine_core", None)
+            if core is not None and hasattr(core, "shutdown"):
+                core.shutdown()
+        except Exception:  # noqa: BLE001 - best effort
+            pass
+        del llm
+        gc.collect()
+        try:
+            from vllm.distributed.parallel_state import (
+                destroy_distributed_environment,
+                destroy_model_parallel,
+            )
+
+            destroy_model_parallel()
+            destroy_distributed_environment()
+        except Exception:  # noqa: BLE001 - best effort
+            pass
+
+
+def topk_entries(step: Any, token_id: int, k: int) -> tuple[float, list[list[float]]]:
+    """Return (logprob of ``token_id``, the k most likely [id, logprob] sorted by logprob desc).
+
+    ``step`` is vLLM's per-position dict ``{token_id: Logprob(logprob, rank, decoded_token)}``; it
+    holds the top-k and, in addition, the sampled token when that one ranks below k.
+    """
+    if not step:
+        return float("nan"), []
+    items = []
+    for tid, lp in step.items():
+        val = float(getattr(lp, "logprob", lp))
+        rank = getattr(lp, "rank", None)
+        items.append((int(tid), val, rank if isinstance(rank, int) else None))
+    chosen = next((v for t, v, _ in items if t == token_id), float("nan"))
+    if any(r is not None for _, _, r in items):
+        ranked = [x for x in items if x[2] is not None and x[2] <= k]
+        ranked.sort(key=lambda x: (-x[1], x[2]))
+    else:
+        ranked = sorted(items, key=lambda x: -x[1])
+    return chosen, [[t, v] for t, v, _ in ranked[:k]]

@@ -1,0 +1,618 @@
+"""vLLM general plugin: count cascade-attention decisions and executions; force the flat arm; inject faults.
+
+vLLM calls :func:`register` (entry point ``vllm.general_plugins`` -> ``cascade_repro_probe``) in every
+process it starts: the ``LLM`` process (``EngineArgs.__post_init__``), the engine-core process
+(``EngineCore.__init__``) and every tensor-parallel worker (``WorkerWrapperBase.init_worker``); see
+``vllm/plugins/__init__.py``, ``vllm/engine/arg_utils.py``, ``vllm/v1/engine/core.py`` and
+``vllm/v1/worker/worker_base.py`` in vLLM 0.26.0. It does nothing unless ``CASCADE_REPRO_PROBE``
+names a directory; the vLLM engine (``engines/vllm.py``) sets it before importing vLLM, so the
+spawned processes inherit it.
+
+What is patched (vLLM 0.26.0, ``vllm/v1/attention/backends/flash_attn.py``):
+
+- ``use_cascade_attention`` (module function). The model runner decides per step through
+  ``attn_metadata_builder.use_cascade_attention(...)`` (``vllm/v1/worker/gpu_model_runner.py``,
+  ``_compute_cascade_attn_prefix_len``), and ``FlashAttentionMetadataBuilder.use_cascade_attention``
+  calls the module-level function by its global name, so replacing the module attribute covers it.
+  It is only called when the scheduler reports shared prefix blocks. The wrapper counts decisions
+  and, when the control file says ``force_off``, returns False without asking the heuristic (the
+  flat arm of an engine that serves both arms).
+- ``cascade_attention`` (module function, called by ``FlashAttentionImpl.forward`` by its global
+  name; ``flash_attn_diffkv.py`` imports it by name, which the patch also replaces): counts
+  executions (once per attention layer per cascade step) and records ``fa_version``.
+- ``merge_attn_states`` as imported into that module (from ``vllm/v1/attention/ops/merge_attn_states.py``;
+  ``cascade_attention`` calls it by its global name): with ``inject == "lse-layout"`` and only
+  inside ``cascade_attention``, the suffix LSE is handed over in the transposed memory layout
+  (see :func:`misread_lse`).
+- ``FlashAttentionImpl.__init__``: records the FlashAttention version each layer really uses.
+- ``WorkerWrapperBase`` (``vllm/v1/worker/worker_base.py``) gains the method
+  ``cascade_repro_probe_sync`` so the engine can flush and read the counters of every worker
+  synchronously with ``LLM.collective_rpc`` (``run_method`` resolves a string with ``getattr`` on
+  the wrapper, ``vllm/v1/serial_utils.py`` and ``vllm/v1/executor/multiproc_executor.py``).
+
+The flash_attn module is not imported here: its class body evaluates ``get_flash_attn_version()``
+at import time, under whatever vLLM config is current, so importing it earlier than vLLM does could
+change its CUDA-graph support class. Instead a post-import hook (``sys.meta_path``) patches it right
+after vLLM imports it (or at once if it is already imported).
+
+Control protocol (files under the probe directory):
+
+- ``control.json`` (written by the engine, atomically): ``{"wave": str|null, "force_off": bool,
+  "inject": null|"lse-layout", "seq": int}``. The decision wrapper re-reads it when its
+  ``(inode, mtime_ns, size)`` changes; a ``null`` wave means "do not count" (the warm-up request).
+- ``counts-<pid>.json`` (written by each process, atomically): process facts plus counters per
+  wave; written on a wave change, every ``FLUSH_EVERY`` decisions, on the sync RPC and at exit.
+
+Only the standard library is imported at module level, so this file loads without vLLM or torch.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import importlib.abc
+import importlib.util
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ENV_VAR = "CASCADE_REPRO_PROBE"
+FLASH_ATTN_MODULE = "vllm.v1.attention.backends.flash_attn"
+WORKER_BASE_MODULE = "vllm.v1.worker.worker_base"
+RPC_METHOD = "cascade_repro_probe_sync"
+CONTROL_FILE = "control.json"
+COUNTS_PREFIX = "counts-"
+FLUSH_EVERY = 64  # decisions between two writes of the counts file
+INJECTIONS = ("lse-layout",)
+_MARK = "_cascade_repro_original"
+
+COUNTER_KEYS = (
+    "decisions_true",
+    "decisions_false",
+    "forced_off",
+    "cascade_calls",
+    "last_common_prefix_len",
+    "max_common_prefix_len",
+    "seen_prefix_len_max",
+    "max_reqs",
+    "inject_calls",
+)
+
+
+def new_counters() -> dict[str, Any]:
+    out: dict[str, Any] = dict.fromkeys(COUNTER_KEYS, 0)
+    out["fa_versions"] = []
+    return out
+
+
+def _write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, sort_keys=True)
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------------------------
+# Per-process state
+# --------------------------------------------------------------------------------------------
+
+
+class ProbeState:
+    """Counters of one process, the control values it last read, and its counts file."""
+
+    def __init__(self, directory: str | os.PathLike[str], flush_every: int = FLUSH_EVERY) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.pid = os.getpid()
+        self.control_path = self.dir / CONTROL_FILE
+        self.counts_path = self.dir / f"{COUNTS_PREFIX}{self.pid}.json"
+        self.flush_every = flush_every
+        self.wave: str | None = None
+        self.force_off = False
+        self.inject: str | None = None
+        self.seq = 0
+        self.waves: dict[str, dict[str, Any]] = {}
+        self.fa_versions: set[int] = set()
+        self.attn_impls: set[str] = set()
+        self.patched: list[str] = []
+        self.errors: list[str] = []
+        self.in_cascade = False
+        self._ctl_sig: tuple[int, int, int] | None = None
+        self._since_flush = 0
+        self._dirty = True  # the first flush announces the process
+
+    # control ------------------------------------------------------------------------------
+    def refresh(self, force: bool = False) -> None:
+        """Re-read control.json if it changed since the last read (one stat call otherwise)."""
+        try:
+            st = os.stat(self.control_path)
+        except OSError:
+            return
+        sig = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if sig == self._ctl_sig and not force:
+            return
+        try:
+            with open(self.control_path, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            return  # retried on the next call (the signature is not stored)
+        self._ctl_sig = sig
+        wave = data.get("wave")
+        wave = None if wave is None else str(wave)
+        if wave != self.wave:
+            self.flush()
+            self.wave = wave
+        self.force_off = bool(data.get("force_off", False))
+        inject = data.get("inject")
+        self.inject = inject if inject in INJECTIONS else None
+        self.seq = int(data.get("seq", 0) or 0)
+
+    def counters(self) -> dict[str, Any] | None:
+        if self.wave is None:
+            return None
+        c = self.waves.get(self.wave)
+        if c is None:
+            c = self.waves[self.wave] = new_counters()
+        return c
+
+    # recording (hot paths: keep them cheap) ---------------------------------------------------
+    def record_decision(self, use: bool, forced: bool, common_prefix_len: int, num_reqs: int) -> None:
+        c = self.counters()
+        if c is not None:
+            if use:
+                c["decisions_true"] += 1
+                c["last_common_prefix_len"] = common_prefix_len
+                if common_prefix_len > c["max_common_prefix_len"]:
+                    c["max_common_prefix_len"] = common_prefix_len
+            else:
+                c["decisions_false"] += 1
+            if forced:
+                c["forced_off"] += 1
+            if common_prefix_len > c["seen_prefix_len_max"]:
+                c["seen_prefix_len_max"] = common_prefix_len
+            if num_reqs > c["max_reqs"]:
+                c["max_reqs"] = num_reqs
+            self._dirty = True
+        self._since_flush += 1
+        if self._since_flush >= self.flush_every:
+            self.flush()
+
+    def record_call(self, fa_version: Any) -> None:
+        c = self.counters()
+        if c is not None:
+            c["cascade_calls"] += 1
+            if isinstance(fa_version, int) and fa_version not in c["fa_versions"]:
+                c["fa_versions"].append(fa_version)
+            self._dirty = True
+
+    def record_inject(self) -> None:
+        c = self.counters()
+        if c is not None:
+            c["inject_calls"] += 1
+            self._dirty = True
+
+    def note_impl(self, name: str, fa_version: Any) -> None:
+        new = name not in self.attn_impls or (
+            isinstance(fa_version, int) and fa_version not in self.fa_versions
+        )
+        self.attn_impls.add(name)
+        if isinstance(fa_version, int):
+            self.fa_versions.add(fa_version)
+        if new:
+            self._dirty = True
+            self.flush()
+
+    # output -------------------------------------------------------------------------------
+    def snapshot(self, wave: str | None = None, all_waves: bool = True) -> dict[str, Any]:
+        if all_waves:
+            waves = self.waves
+        else:
+            waves = {wave: self.waves[wave]} if wave is not None and wave in self.waves else {}
+        return {
+            "pid": self.pid,
+            "ppid": os.getppid(),
+            "updated": time.time(),
+            "wave": self.wave,
+            "seq": self.seq,
+            "force_off": self.force_off,
+            "inject": self.inject,
+            "fa_versions": sorted(self.fa_versions),
+            "attn_impls": sorted(self.attn_impls),
+            "patched": list(self.patched),
+            "errors": self.errors[-5:],
+            "waves": {k: dict(v, fa_versions=list(v["fa_versions"])) for k, v in waves.items()},
+        }
+
+    def flush(self) -> None:
+        self._since_flush = 0
+        if not self._dirty:
+            return
+        try:
+            _write_json_atomic(self.counts_path, self.snapshot())
+            self._dirty = False
+        except OSError as e:  # a full or vanished directory must not stop generation
+            self._note_error(f"flush: {e}")
+
+    def sync(self, wave: str | None = None) -> dict[str, Any]:
+        """Apply the current control file, write the counts file, return this wave's counters."""
+        self.refresh(force=True)
+        self._dirty = True
+        self.flush()
+        return self.snapshot(wave, all_waves=False)
+
+    def _note_error(self, msg: str) -> None:
+        if len(self.errors) < 50:
+            self.errors.append(msg)
+
+
+# --------------------------------------------------------------------------------------------
+# Wrappers and patching (work on any module object that has the same function names)
+# --------------------------------------------------------------------------------------------
+
+
+def misread_lse(lse: Any) -> Any:
+    """Return the LSE as the merge reads it when the kernel wrote it token-major (the FA2 split-KV bug).
+
+    vLLM's LSEs are ``[num_heads, num_tokens]`` and ``merge_attn_states``'s CUDA kernel indexes the
+    raw buffer as ``lse[head * num_tokens + token]`` (``csrc/attention/merge_attn_states.cu``), ignoring
+    strides. The result is a *contiguous* ``[H, T]`` tensor whose memory holds the values in
+    token-major order (``t * H + h``), so the kernel reads the wrong value for almost every
+    (head, token). This is the same reinterpretation as
+    ``cascade_attention.transpose_lse_layout`` for one batch row. (A strided ``.t()`` view would not
+    do: the kernel ignores strides and would read the original memory unchanged.)
+    """
+    if getattr(lse, "dim", None) is None or lse.dim() != 2:
+        return lse
+    h, t = lse.shape
+    return lse.t().contiguous().view(h, t)
+
+
+def _original(fn: Any) -> Any:
+    return getattr(fn, _MARK, fn)
+
+
+def wrap_decision(orig: Callable[..., Any], state: ProbeState) -> Callable[..., Any]:
+    orig = _original(orig)
+
+    @functools.wraps(orig)
+    def use_cascade_attention(*args: Any, **kwargs: Any) -> Any:
+        state.refresh()
+        common = kwargs.get("common_prefix_len", args[0] if args else 0)
+        query_lens = kwargs.get("query_lens", args[1] if len(args) > 1 else ())
+        try:
+            common_i = int(common)
+            n_reqs = len(query_lens)
+        except (TypeError, ValueError):
+            common_i, n_reqs = 0, 0
+        if state.force_off:
+            state.record_decision(False, True, common_i, n_reqs)
+            return False
+        result = orig(*args, **kwargs)
+        state.record_decision(bool(result), False, common_i, n_reqs)
+        return result
+
+    setattr(use_cascade_attention, _MARK, orig)
+    return use_cascade_attention
+
+
+def wrap_cascade(orig: Callable[..., Any], state: ProbeState) -> Callable[..., Any]:
+    orig = _original(orig)
+
+    @functools.wraps(orig)
+    def cascade_attention(*args: Any, **kwargs: Any) -> Any:
+        state.record_call(kwargs.get("fa_version"))
+        state.in_cascade = True
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            state.in_cascade = False
+
+    setattr(cascade_attention, _MARK, orig)
+    return cascade_attention
+
+
+SUFFIX_LSE_POS = 4  # merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, ...)
+
+
+def wrap_merge(orig: Callable[..., Any], state: ProbeState) -> Callable[..., Any]:
+    orig = _original(orig)
+
+    @functools.wraps(orig)
+    def merge_attn_states(*args: Any, **kwargs: Any) -> Any:
+        if state.in_cascade and state.inject == "lse-layout":
+            if "suffix_lse" in kwargs:
+                kwargs["suffix_lse"] = misread_lse(kwargs["suffix_lse"])
+            elif len(args) > SUFFIX_LSE_POS:
+                args = (
+                    *args[:SUFFIX_LSE_POS],
+                    misread_lse(args[SUFFIX_LSE_POS]),
+                    *args[SUFFIX_LSE_POS + 1 :],
+                )
+            state.record_inject()
+        return orig(*args, **kwargs)
+
+    setattr(merge_attn_states, _MARK, orig)
+    return merge_attn_states
+
+
+def _wrap_impl_init(cls: type, state: ProbeState) -> None:
+    orig = _original(cls.__dict__.get("__init__", cls.__init__))
+
+    @functools.wraps(orig)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        orig(self, *args, **kwargs)
+        try:
+            state.note_impl(type(self).__name__, getattr(self, "vllm_flash_attn_version", None))
+        except Exception as e:  # noqa: BLE001 - bookkeeping must never break model construction
+            state._note_error(f"note_impl: {e}")
+
+    setattr(__init__, _MARK, orig)
+    cls.__init__ = __init__
+
+
+WRAPPERS: dict[str, Callable[[Callable[..., Any], ProbeState], Callable[..., Any]]] = {
+    "use_cascade_attention": wrap_decision,
+    "cascade_attention": wrap_cascade,
+    "merge_attn_states": wrap_merge,
+}
+
+
+# Names other modules may have imported from flash_attn and that must see the wrapper too.
+# merge_attn_states is deliberately not rebound elsewhere: other backends import the same function
+# from vllm/v1/attention/ops/merge_attn_states.py and must stay untouched.
+REBIND = ("use_cascade_attention", "cascade_attention")
+
+
+def patch_flash_attn(
+    module: ModuleType, state: ProbeState, rebind: Iterable[ModuleType] | None = None
+) -> list[str]:
+    """Replace the cascade functions of ``module`` with counting wrappers; return what was patched.
+
+    Other modules that imported ``use_cascade_attention`` or ``cascade_attention`` by name
+    (``rebind``; by default every loaded ``vllm.*`` module, e.g. ``flash_attn_diffkv``) get the
+    wrapper too. Patching twice wraps the originals, not the wrappers.
+    """
+    done: list[str] = []
+    replaced: dict[int, tuple[Any, Any]] = {}
+    mod_name = getattr(module, "__name__", "?")
+    for name, make in WRAPPERS.items():
+        fn = module.__dict__.get(name)
+        if fn is None:
+            continue
+        orig = _original(fn)
+        wrapper = make(orig, state)
+        setattr(module, name, wrapper)
+        replaced[id(orig)] = (orig, wrapper)
+        done.append(f"{mod_name}.{name}")
+    impl = module.__dict__.get("FlashAttentionImpl")
+    if isinstance(impl, type):
+        _wrap_impl_init(impl, state)
+        done.append(f"{mod_name}.FlashAttentionImpl.__init__")
+    if rebind is None:
+        rebind = [
+            m for n, m in list(sys.modules.items()) if n.startswith("vllm.") and isinstance(m, ModuleType)
+        ]
+    for other in rebind:
+        d = getattr(other, "__dict__", None)
+        if other is module or not isinstance(d, dict):
+            continue
+        for name in REBIND:
+            val = d.get(name)
+            if val is None:
+                continue
+            hit = replaced.get(id(_original(val)))
+            if hit is not None and hit[0] is _original(val):
+                setattr(other, name, hit[1])
+                done.append(f"{getattr(other, '__name__', '?')}.{name}")
+    state.patched.extend(done)
+    return done
+
+
+def patch_worker_base(module: ModuleType, state: ProbeState) -> list[str]:
+    """Give ``WorkerWrapperBase`` the sync method the engine calls through ``collective_rpc``."""
+    cls = module.__dict__.get("WorkerWrapperBase")
+    if not isinstance(cls, type):
+        return []
+
+    def cascade_repro_probe_sync(self: Any, wave: str | None = None) -> dict[str, Any]:
+        snap = state.sync(wave)
+        snap["rpc_rank"] = getattr(self, "rpc_rank", None)
+        snap["global_rank"] = getattr(self, "global_rank", None)
+        return snap
+
+    setattr(cls, RPC_METHOD, cascade_repro_probe_sync)
+    state.patched.append(f"{module.__name__}.WorkerWrapperBase.{RPC_METHOD}")
+    return [RPC_METHOD]
+
+
+# --------------------------------------------------------------------------------------------
+# Post-import hook
+# --------------------------------------------------------------------------------------------
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """Delegates to the real loader, then runs the hook on the freshly executed module."""
+
+    def __init__(self, loader: Any, hook: Callable[[ModuleType], Any]) -> None:
+        self._loader = loader
+        self._hook = hook
+
+    def create_module(self, spec: Any) -> ModuleType | None:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        try:
+            self._hook(module)
+        except Exception as e:  # noqa: BLE001 - a failed patch must not fail vLLM's import
+            print(f"cascade_repro.probe: patching {module.__name__} failed: {e!r}", file=sys.stderr)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, is_package, ...
+        return getattr(self._loader, name)
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    def __init__(self) -> None:
+        self.hooks: dict[str, list[Callable[[ModuleType], Any]]] = {}
+        self._busy: set[str] = set()
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        hooks = self.hooks.get(fullname)
+        if not hooks or fullname in self._busy:
+            return None
+        self._busy.add(fullname)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        except (ImportError, ValueError):
+            return None
+        finally:
+            self._busy.discard(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return None
+
+        def run_all(module: ModuleType) -> None:
+            for hook in list(self.hooks.get(fullname, ())):
+                hook(module)
+
+        spec.loader = _PatchingLoader(spec.loader, run_all)
+        return spec
+
+
+_FINDER: _PostImportFinder | None = None
+
+
+def when_imported(name: str, hook: Callable[[ModuleType], Any]) -> None:
+    """Run ``hook(module)`` now if ``name`` is imported, else right after it is first imported."""
+    global _FINDER
+    mod = sys.modules.get(name)
+    if mod is not None:
+        hook(mod)
+        return
+    if _FINDER is None or _FINDER not in sys.meta_path:
+        _FINDER = _PostImportFinder()
+        sys.meta_path.insert(0, _FINDER)
+    _FINDER.hooks.setdefault(name, []).append(hook)
+
+
+# --------------------------------------------------------------------------------------------
+# Entry point
+# --------------------------------------------------------------------------------------------
+
+_STATE: ProbeState | None = None
+
+
+def state() -> ProbeState | None:
+    return _STATE
+
+
+def activate(directory: str | os.PathLike[str]) -> ProbeState:
+    """Start probing in this process (idempotent): counters, hooks on flash_attn and worker_base."""
+    global _STATE
+    if _STATE is not None and _STATE.dir == Path(directory) and _STATE.pid == os.getpid():
+        return _STATE
+    st = ProbeState(directory)
+    _STATE = st
+    st.flush()
+    atexit.register(st.flush)
+    when_imported(FLASH_ATTN_MODULE, lambda m: patch_flash_attn(m, st))
+    when_imported(WORKER_BASE_MODULE, lambda m: patch_worker_base(m, st))
+    return st
+
+
+def register() -> None:
+    """vLLM general-plugin entry point. Inactive unless ``CASCADE_REPRO_PROBE`` is set."""
+    directory = os.environ.get(ENV_VAR, "").strip()
+    if not directory:
+        return
+    try:
+        activate(directory)
+    except Exception as e:  # noqa: BLE001 - never break vLLM's startup
+        print(f"cascade_repro.probe: not active: {e!r}", file=sys.stderr)
+
+
+# --------------------------------------------------------------------------------------------
+# Engine side: control file, reading counts back
+# --------------------------------------------------------------------------------------------
+
+
+def write_control(
+    directory: str | os.PathLike[str], wave: str | None, force_off: bool, inject: str | None, seq: int
+) -> None:
+    _write_json_atomic(
+        Path(directory) / CONTROL_FILE,
+        {
+            "wave": wave,
+            "force_off": bool(force_off),
+            "inject": inject,
+            "seq": int(seq),
+            "engine_pid": os.getpid(),
+        },
+    )
+
+
+def read_count_files(
+    directory: str | os.PathLike[str], exclude_pid: int | None = None
+) -> list[dict[str, Any]]:
+    """Return the snapshots in ``counts-*.json`` (unreadable files skipped)."""
+    out = []
+    for p in sorted(Path(directory).glob(f"{COUNTS_PREFIX}*.json")):
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.get("pid") != exclude_pid:
+            out.append(data)
+    return out
+
+
+def aggregate(snapshots: Iterable[dict[str, Any] | None], wave: str) -> dict[str, Any]:
+    """Combine the counters of ``wave`` over processes.
+
+    Every tensor-parallel rank takes the same decisions and runs ``cascade_attention`` for its own
+    shard of every layer, so the per-rank value (the maximum over processes) is what a step count
+    means; sums are kept under ``*_sum`` for the record. Processes without this wave (the LLM
+    process, the engine core when workers are separate) do not count.
+    """
+    per = [
+        s["waves"][wave] for s in snapshots if s and isinstance(s.get("waves"), dict) and wave in s["waves"]
+    ]
+    out: dict[str, Any] = {"procs": len(per)}
+    for k in COUNTER_KEYS:
+        vals = [int(c.get(k, 0) or 0) for c in per]
+        out[k] = max(vals) if vals else 0
+        if k in ("decisions_true", "decisions_false", "cascade_calls"):
+            out[k + "_sum"] = sum(vals)
+    fas: set[int] = set()
+    for c in per:
+        fas.update(v for v in c.get("fa_versions", []) if isinstance(v, int))
+    out["fa_versions"] = sorted(fas)
+    return out
+
+
+def process_facts(snapshots: Iterable[dict[str, Any] | None]) -> dict[str, Any]:
+    """FlashAttention versions and attention implementations seen by any process, and patch status."""
+    fas: set[int] = set()
+    impls: set[str] = set()
+    patched: set[str] = set()
+    errors: list[str] = []
+    n = 0
+    for s in snapshots:
+        if not s:
+            continue
+        n += 1
+        fas.update(v for v in s.get("fa_versions", []) if isinstance(v, int))
+        impls.update(str(v) for v in s.get("attn_impls", []))
+        patched.update(str(v) for v in s.get("patched", []))
+        errors.extend(str(v) for v in s.get("errors", []))
+    return {
+        "procs": n,
+        "fa_versions": sorted(fas),
+        "attn_impls": sorted(impls),
+        "patched": sorted(patched),
+        "errors": errors[:5],
+    }

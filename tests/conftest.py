@@ -1,0 +1,32 @@
+"""Keep every test away from the user's cache and results directories.
+
+The model cache is one directory per test session, so the embedded model is converted (about 30 s)
+at most once per session and every test that needs it shares the result. It is set by a
+session-scoped fixture so module-scoped fixtures (which run before function-scoped ones) see it too.
+Results go to a fresh directory per test.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_cache(tmp_path_factory: pytest.TempPathFactory):
+    """CASCADE_REPRO_CACHE for the whole session (shared converted model)."""
+    mp = pytest.MonkeyPatch()
+    cache = tmp_path_factory.mktemp("cascade-repro-cache")
+    mp.setenv("CASCADE_REPRO_CACHE", str(cache))
+    mp.setenv("CASCADE_REPRO_RESULTS_DIR", str(tmp_path_factory.mktemp("session-results")))
+    yield cache
+    mp.undo()
+
+
+@pytest.fixture(autouse=True)
+def results_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """CASCADE_REPRO_RESULTS_DIR: a fresh directory for each test."""
+    path = tmp_path / "results"
+    monkeypatch.setenv("CASCADE_REPRO_RESULTS_DIR", str(path))
+    return path

@@ -1,0 +1,253 @@
+"""The `cascade-repro` command line (Typer), driven in-process with CliRunner.
+
+Contract: `--help` is instant (no torch import), `matrix --dry-run` shows the plan without loading a
+model, and every user mistake ends with exit code 2 and one `error: ...` line on stderr, never a
+traceback. Nothing here loads a model.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cascade_repro.cli import app
+
+WIDE = {"COLUMNS": "250"}  # so Rich does not wrap the lines we match on
+
+
+def invoke(*args: str, env: dict[str, str] | None = None):
+    return CliRunner().invoke(app, list(args), env={**WIDE, **(env or {})})
+
+
+def flat(text: str) -> str:
+    """Whitespace-normalized text, for matching across Rich's line wrapping."""
+    return " ".join(text.split())
+
+
+# --- help ---------------------------------------------------------------------------------------
+
+
+def test_top_level_help_lists_every_command():
+    res = invoke("--help")
+    assert res.exit_code == 0
+    for command in ("matrix", "report", "prompts", "env"):
+        assert f"│ {command} " in res.stdout
+    assert "Start with cascade-repro matrix --dry-run" in flat(res.stdout)
+    assert invoke("-h").stdout == res.stdout
+
+
+def test_no_arguments_shows_help():
+    res = invoke()
+    assert "Usage: cascade-repro" in res.output
+    assert "matrix" in res.output
+
+
+def test_matrix_help_groups_options_in_panels():
+    res = invoke("matrix", "--help")
+    assert res.exit_code == 0
+    for panel in ("Matrix", "Prompts", "Engine", "Output", "Verdicts", "Debug"):
+        assert f"╭─ {panel} ─" in res.stdout, panel
+    for option in (
+        "--batch",
+        "--tp",
+        "--cascade",
+        "--dry-run",
+        "--prompts",
+        "--arm-switch",
+        "--results-dir",
+        "--alpha",
+        "--inject",
+    ):
+        assert option in res.stdout
+    assert "Exit codes: 0 clean, 1 regression (per --fail-on), 2 usage error." in flat(res.stdout)
+
+
+def test_run_id_help_explains_the_default_name():
+    assert "hash" in invoke("matrix", "--help").stdout
+
+
+@pytest.mark.parametrize("args", [["--help"], ["matrix", "--help"], ["report", "--help"]])
+def test_help_does_not_import_torch(args):
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from cascade_repro.cli import app\n"
+        f"res = CliRunner().invoke(app, {args!r})\n"
+        "assert res.exit_code == 0, res.output\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'pandas', 'vllm') if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+# --- dry runs -----------------------------------------------------------------------------------
+
+
+def test_dry_run_prints_every_cell_and_one_engine_start_for_hf():
+    res = invoke("matrix", "--dry-run", "--limit", "8", "--batch", "1,8")
+    assert res.exit_code == 0, res.output
+    out = res.stdout
+    for cell in ("tp1-b1-cascade", "tp1-b1-flat", "tp1-b8-cascade", "tp1-b8-flat"):
+        assert cell in out
+    assert "hf matrix over 8 prompts" in out
+    assert "4 cells, 1 engine start" in out
+    assert "engine starts" not in out
+    rows = {line.split("│")[1].strip(): line for line in out.splitlines() if "│ tp1-" in line}
+    assert rows["tp1-b1-flat"].split("│")[6].strip() == "8"  # waves: 8 prompts at batch 1
+    assert rows["tp1-b8-flat"].split("│")[6].strip() == "1"
+
+
+def test_dry_run_vllm_restart_needs_an_engine_per_arm():
+    res = invoke(
+        "matrix", "--dry-run", "--limit", "8", "--engine", "vllm", "--arm-switch", "restart", "--batch", "1,8"
+    )
+    assert res.exit_code == 0, res.output
+    assert "4 cells, 2 engine starts" in res.stdout
+    assert "vllm-tp1-auto-fadefault-flashattn-s0-cascade" in res.stdout
+    assert "vllm-tp1-auto-fadefault-flashattn-s0-flat" in res.stdout
+
+
+def test_dry_run_vllm_toggle_starts_one_engine_per_tp_size():
+    res = invoke(
+        "matrix", "--dry-run", "--limit", "4", "--engine", "vllm", "--tp", "1,2", "--batch", "8", "--rerun"
+    )
+    assert res.exit_code == 0, res.output
+    assert "6 cells, 2 engine starts" in res.stdout
+    assert "tp2-b8-flat-r1" in res.stdout
+
+
+def test_config_file_feeds_the_matrix_and_flags_win(tmp_path):
+    cfg = tmp_path / "m.toml"
+    cfg.write_text('[matrix]\nbatch = [1, 8, 16]\ncascade = "on"\nlimit = 4\n')
+    res = invoke("matrix", "--dry-run", "--config", str(cfg))
+    assert res.exit_code == 0, res.output
+    assert "3 cells, 1 engine start" in res.stdout
+
+    res = invoke("matrix", "--dry-run", "--config", str(cfg), "--batch", "8")
+    assert res.exit_code == 0, res.output
+    assert "1 cells, 1 engine start" in res.stdout
+    assert "tp1-b8-cascade" in res.stdout and "tp1-b1-cascade" not in res.stdout
+
+
+def test_engine_can_come_from_the_environment():
+    res = invoke("matrix", "--dry-run", "--limit", "4", "--batch", "8", env={"CASCADE_REPRO_ENGINE": "vllm"})
+    assert res.exit_code == 0, res.output
+    assert "vllm matrix over 4 prompts" in res.stdout
+
+
+# --- user errors: exit 2, one line, no traceback --------------------------------------------------
+
+
+def assert_user_error(res, *fragments: str) -> None:
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit)
+    err = flat(res.stderr)
+    assert err.startswith("error: ")
+    for fragment in fragments:
+        assert fragment in err
+    assert res.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["--batch", "0"], ["--batch: values must be positive, got 0"]),
+        (["--batch", "x"], ["--batch: 'x' is not an integer"]),
+        (["--batch", "1,8,x"], ["--batch: 'x' is not an integer"]),
+        (["--tp", "two"], ["--tp: 'two' is not an integer"]),
+        (["--engine", "foo"], ["engine must be one of hf, vllm, not 'foo'"]),
+        (["--tp", "2"], ["the hf engine runs on one device: use --tp 1"]),
+        (["--dtype", "fp8"], ["dtype must be one of auto, float32, float16, bfloat16, not 'fp8'"]),
+        (["--cascade", "maybe"], ["--cascade: expected on/off, got 'maybe'"]),
+        (["--fa-version", "9"], ["--fa-version: expected 2, 3, 4 or default, got '9'"]),
+        (["--inject", "bitflip"], ["inject must be one of lse-layout"]),
+        (["--fail-on", "sometimes"], ["--fail-on must be one of regression, error, never"]),
+        (["--hf-overrides", "{bad"], ["--hf-overrides is not valid JSON"]),
+        (["--hf-overrides", "[1]"], ["--hf-overrides must be a JSON object"]),
+        (["--seed", "a"], ["--seed: expected integers, got 'a'"]),
+        (["--prompts", "/nonexistent.jsonl", "--dry-run"], ["prompt file not found: /nonexistent.jsonl"]),
+        (["--limit", "0", "--dry-run"], ["limit must be a positive"]),
+    ],
+)
+def test_bad_flags_exit_2_with_a_message(args, fragments):
+    assert_user_error(invoke("matrix", *args), *fragments)
+
+
+def test_invalid_toml_config_names_the_file(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("batch = [1, 8\n")
+    assert_user_error(invoke("matrix", "--config", str(bad)), f"{bad}: invalid TOML")
+
+
+def test_unknown_config_key_is_named(tmp_path):
+    cfg = tmp_path / "m.toml"
+    cfg.write_text("batches = [1, 8]\n")
+    assert_user_error(invoke("matrix", "--config", str(cfg), "--dry-run"), f"{cfg}: unknown key(s) batches")
+
+
+def test_missing_config_file(tmp_path):
+    assert_user_error(invoke("matrix", "--config", str(tmp_path / "nope.toml")), "config file not found")
+
+
+def test_empty_prompt_file(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert_user_error(invoke("matrix", "--prompts", str(empty), "--dry-run"), f"no prompts in {empty}")
+
+
+def test_malformed_prompt_file_names_the_line(tmp_path):
+    p = tmp_path / "prompts.jsonl"
+    p.write_text('{"prompt": "first"}\n{"prompt": "second",}\n{"prompt": "third"}\n')
+    assert_user_error(invoke("matrix", "--prompts", str(p), "--dry-run"), f"{p} line 2: malformed JSON")
+
+
+def test_report_on_a_missing_directory():
+    assert_user_error(invoke("report", "/nonexistent"), "not a cascade-repro run directory: /nonexistent")
+
+
+def test_report_on_a_directory_that_is_not_a_run(tmp_path):
+    assert_user_error(invoke("report", str(tmp_path)), f"not a cascade-repro run directory: {tmp_path}")
+
+
+def test_error_message_stays_on_one_line_in_a_narrow_terminal():
+    res = CliRunner().invoke(app, ["matrix", "--tp", "2"], env={"COLUMNS": "80"})
+    assert res.exit_code == 2
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_non_numeric_timeout_in_config_is_a_user_error(tmp_path):
+    cfg = tmp_path / "m.toml"
+    cfg.write_text('engine_timeout = "30m"\n')
+    res = invoke("matrix", "--config", str(cfg), "--dry-run")
+    assert res.exit_code == 2
+    assert "engine_timeout" in res.stderr
+
+
+# --- env ----------------------------------------------------------------------------------------
+
+
+def test_env_json_redacts_planted_secrets():
+    token = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345"
+    res = invoke(
+        "env", "--json",
+        env={"VLLM_INNOCENT": token, "VLLM_API_KEY": "k-123456", "VLLM_ATTENTION_BACKEND": "FLASH_ATTN"},
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.stdout)
+    assert info["vllm_env"]["VLLM_ATTENTION_BACKEND"] == "FLASH_ATTN"
+    assert info["vllm_env"]["VLLM_INNOCENT"] == "<redacted>"
+    assert token not in res.stdout and "k-123456" not in res.stdout
+
+
+def test_results_dir_defaults_to_the_environment(results_dir: Path):
+    """conftest points CASCADE_REPRO_RESULTS_DIR at a per-test directory; a dry run writes nothing there."""
+    res = invoke("matrix", "--dry-run", "--limit", "2", "--batch", "1")
+    assert res.exit_code == 0
+    assert not results_dir.exists()

@@ -1,0 +1,162 @@
+"""`cascade-repro doctor` on CPU: the rules over monkeypatched facts, and the command's exit code."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from cascade_repro import doctor
+from cascade_repro.doctor import FAIL, OK, WARN, Facts
+
+H200 = {"index": 0, "name": "NVIDIA H200", "sm_count": 132, "compute_capability": "9.0", "memory_gib": 139.8}
+SMOLLM2 = {
+    "model_type": "llama",
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "max_position_embeddings": 8192,
+}
+
+
+def healthy(**over) -> Facts:
+    f = Facts(
+        tp=1,
+        vllm_version="0.26.0",
+        plugin_registered=True,
+        probe_targets={"use_cascade_attention": True, "cascade_attention": True, "merge_attn_states": True},
+        gpus=[dict(H200, index=i) for i in range(2)],
+        fa_support={2: None, 3: None, 4: "FA4 is only supported on devices with compute capability 10.x"},
+        fa_default=3,
+        model_config=dict(SMOLLM2),
+        shared_prefix=2096,
+    )
+    for k, v in over.items():
+        setattr(f, k, v)
+    return f
+
+
+def by_name(checks):
+    return {c.name: c for c in checks}
+
+
+def test_healthy_machine_passes():
+    checks = doctor.run_checks(healthy())
+    assert doctor.exit_code(checks) == 0
+    assert all(c.status == OK for c in checks), [c for c in checks if c.status != OK]
+    assert "2 x NVIDIA H200 (132 SMs, sm 9.0)" in by_name(checks)["GPUs"].detail
+    assert "FA2 yes, FA3 yes, FA4 no" in by_name(checks)["FlashAttention"].detail
+
+
+def test_no_vllm_fails_with_install_hint(monkeypatch):
+    def no_vllm():
+        raise ModuleNotFoundError("No module named 'vllm'")
+
+    monkeypatch.setattr(doctor, "import_vllm", no_vllm)
+    monkeypatch.setattr(doctor, "gpus", lambda: [])
+    monkeypatch.setattr(doctor, "plugin_registered", lambda: True)
+    monkeypatch.setattr(doctor, "model_config", lambda model, ov=None: ("/m", dict(SMOLLM2)))
+    monkeypatch.setattr(doctor, "shared_prefix", lambda *a, **k: 2096)
+    checks, code = doctor.doctor(model="embedded", tp=1)
+    c = by_name(checks)["vLLM"]
+    assert c.status == FAIL and "pip install cascade-repro[vllm]" in c.fix.replace("'", "")
+    assert "No module named 'vllm'" in c.detail
+    assert by_name(checks)["FlashAttention"].status == WARN  # skipped, not failed twice
+    assert code == 1
+
+
+def test_tp2_on_a_9_head_model_fails():
+    c = by_name(doctor.run_checks(healthy(tp=2)))["tensor parallel"]
+    assert c.status == FAIL and "9 heads not divisible by 2" in c.detail
+    assert "[1, 3]" in c.fix
+
+
+def test_tp_checks_gpus_and_kv_heads():
+    c = by_name(
+        doctor.run_checks(healthy(tp=4, model_config={"num_attention_heads": 8, "num_key_value_heads": 2}))
+    )
+    assert c["tensor parallel"].status == FAIL and "needs 4 GPUs, 2 visible" in c["tensor parallel"].detail
+    ok = by_name(
+        doctor.run_checks(healthy(tp=2, model_config={"num_attention_heads": 8, "num_key_value_heads": 2}))
+    )
+    assert ok["tensor parallel"].status == OK
+    # 2 KV heads over 4 GPUs: whole-head replication is fine; 3 KV heads over 2 GPUs is not.
+    gpus4 = [dict(H200, index=i) for i in range(4)]
+    rep = healthy(tp=4, gpus=gpus4, model_config={"num_attention_heads": 8, "num_key_value_heads": 2})
+    assert by_name(doctor.run_checks(rep))["tensor parallel"].status == OK
+    bad = healthy(tp=2, model_config={"num_attention_heads": 12, "num_key_value_heads": 3})
+    assert "3 KV heads not divisible by 2" in by_name(doctor.run_checks(bad))["tensor parallel"].detail
+
+
+def test_env_switches():
+    c = by_name(
+        doctor.run_checks(healthy(env={"VLLM_BATCH_INVARIANT": "1", "VLLM_USE_V2_MODEL_RUNNER": "1"}))
+    )
+    assert c["batch invariance"].status == FAIL and c["batch invariance"].fix == "unset VLLM_BATCH_INVARIANT"
+    assert c["model runner"].status == WARN
+    c = by_name(doctor.run_checks(healthy(env={"VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_PLUGINS": "other"})))
+    assert c["model runner"].status == OK
+    assert c["probe plugin"].status == FAIL and "cascade_repro_probe" in c["probe plugin"].fix
+    c = by_name(doctor.run_checks(healthy(env={"VLLM_ATTENTION_BACKEND": "FLASHINFER"})))
+    assert c["attention backend"].status == WARN
+
+
+def test_short_prefix_fails():
+    c = by_name(doctor.run_checks(healthy(shared_prefix=250)))["shared prefix"]
+    assert c.status == FAIL and "240 block-aligned" in c.detail and "--system-prompt" in c.fix
+    assert (
+        by_name(doctor.run_checks(healthy(shared_prefix=None, prefix_error="x")))["shared prefix"].status
+        == WARN
+    )
+
+
+@pytest.mark.parametrize(
+    ("cfg", "status"),
+    [
+        ({"sliding_window": 4096}, FAIL),
+        ({"sliding_window": 32768, "use_sliding_window": False}, OK),
+        ({"alibi": True}, FAIL),
+        ({"model_type": "bloom"}, FAIL),
+        ({"attention_chunk_size": 8192}, FAIL),
+        ({"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 512}, WARN),
+    ],
+)
+def test_attention_variants(cfg, status):
+    c = by_name(doctor.run_checks(healthy(model_config={**SMOLLM2, **cfg})))["attention variant"]
+    assert c.status == status, c
+
+
+def test_missing_probe_targets_and_plugin():
+    c = by_name(
+        doctor.run_checks(healthy(probe_targets={"use_cascade_attention": False, "cascade_attention": True}))
+    )
+    assert c["probe targets"].status == FAIL and "use_cascade_attention" in c["probe targets"].detail
+    assert by_name(doctor.run_checks(healthy(plugin_registered=False)))["probe plugin"].status == FAIL
+
+
+def test_fa_on_hopper_without_fa3_warns():
+    c = by_name(doctor.run_checks(healthy(fa_support={2: None, 3: "no _vllm_fa3_C", 4: "no"})))[
+        "FlashAttention"
+    ]
+    assert c.status == WARN
+    c = by_name(doctor.run_checks(healthy(fa_support={2: "x", 3: "y", 4: "z"})))["FlashAttention"]
+    assert c.status == FAIL
+
+
+def test_command_exit_codes(monkeypatch):
+    import cascade_repro.cli.doctor_cmd  # noqa: F401 - registers the command on the shared app
+    from cascade_repro.cli.app import app
+
+    runner = CliRunner()
+    monkeypatch.setattr(doctor, "gather_facts", lambda **kw: healthy(tp=kw["tp"]))
+    res = runner.invoke(app, ["doctor", "--json"])
+    assert res.exit_code == 0, res.output
+    assert all(c["status"] == "ok" for c in json.loads(res.output)["checks"])
+    res = runner.invoke(app, ["doctor", "--tp", "2", "--json"])
+    assert res.exit_code == 1
+    tp = {c["name"]: c for c in json.loads(res.output)["checks"]}["tensor parallel"]
+    assert tp["status"] == "fail" and "9 heads not divisible by 2" in tp["detail"]
+    res = runner.invoke(app, ["doctor", "--tp", "2"])  # the table form exits the same way
+    assert res.exit_code == 1 and "fail" in res.output
+    res = runner.invoke(app, ["doctor", "--hf-overrides", "[1]"])
+    assert res.exit_code == 2

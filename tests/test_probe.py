@@ -1,0 +1,387 @@
+"""The vLLM probe plugin on CPU: a fake flash_attn module, the control file, counters, injection."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+
+from cascade_repro import probe
+
+torch = pytest.importorskip("torch")
+
+# Mirrors the call structure of vllm/v1/attention/backends/flash_attn.py in vLLM 0.26: the builder
+# method and FlashAttentionImpl.forward call the module functions by their global names, and
+# cascade_attention calls merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse).
+FAKE_FLASH_ATTN = '''
+import torch
+from cascade_repro.engines import cascade_attention as _ca
+
+heuristic_calls = []
+merge_seen = []
+
+
+def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None):
+    """Logical merge (outputs [T, H, D], LSEs [H, T])."""
+    merge_seen.append(suffix_lse)
+    output.copy_(_ca.merge_attn_states(prefix_output, prefix_lse.t(), suffix_output, suffix_lse.t()))
+
+
+def use_cascade_attention(common_prefix_len, query_lens, num_query_heads, num_kv_heads, use_alibi,
+                          use_sliding_window, use_local_attention, num_sms, dcp_world_size):
+    heuristic_calls.append(common_prefix_len)
+    return common_prefix_len >= 256 and len(query_lens) >= 8
+
+
+def cascade_attention(output, prefix_output, prefix_lse, suffix_output, suffix_lse, *, common_prefix_len,
+                      fa_version):
+    merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse)
+    return output
+
+
+class FlashAttentionMetadataBuilder:
+    def use_cascade_attention(self, *args, **kwargs):
+        return use_cascade_attention(*args, **kwargs)
+
+
+class FlashAttentionImpl:
+    def __init__(self, version):
+        self.vllm_flash_attn_version = version
+
+    def forward(self, *args, **kwargs):
+        return cascade_attention(*args, **kwargs)
+'''
+
+
+def make_fake(name: str = "fake_flash_attn") -> types.ModuleType:
+    mod = types.ModuleType(name)
+    exec(compile(FAKE_FLASH_ATTN, f"<{name}>", "exec"), mod.__dict__)
+    return mod
+
+
+def decide(mod: types.ModuleType, prefix: int, n_reqs: int):
+    return mod.FlashAttentionMetadataBuilder().use_cascade_attention(
+        common_prefix_len=prefix,
+        query_lens=[1] * n_reqs,
+        num_query_heads=9,
+        num_kv_heads=3,
+        use_alibi=False,
+        use_sliding_window=False,
+        use_local_attention=False,
+        num_sms=132,
+        dcp_world_size=1,
+    )
+
+
+def tensors(h: int = 3, t: int = 5, d: int = 8, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    po = torch.randn(t, h, d, generator=g)
+    so = torch.randn(t, h, d, generator=g)
+    pl = torch.randn(h, t, generator=g)
+    sl = torch.randn(h, t, generator=g)
+    return torch.empty(t, h, d), po, pl, so, sl
+
+
+def run_cascade(mod: types.ModuleType, seed: int = 0) -> torch.Tensor:
+    out, po, pl, so, sl = tensors(seed=seed)
+    mod.FlashAttentionImpl(2).forward(out, po, pl, so, sl, common_prefix_len=512, fa_version=2)
+    return out
+
+
+@pytest.fixture
+def patched(tmp_path: Path):
+    mod = make_fake()
+    st = probe.ProbeState(tmp_path / "probe")
+    done = probe.patch_flash_attn(mod, st, rebind=[])
+    return mod, st, done
+
+
+def control(st: probe.ProbeState, wave, force_off=False, inject=None, seq=[0]) -> None:  # noqa: B006
+    seq[0] += 1
+    probe.write_control(st.dir, wave, force_off, inject, seq[0])
+
+
+def test_patch_reports_what_it_wrapped(patched):
+    mod, st, done = patched
+    assert done == [
+        "fake_flash_attn.use_cascade_attention",
+        "fake_flash_attn.cascade_attention",
+        "fake_flash_attn.merge_attn_states",
+        "fake_flash_attn.FlashAttentionImpl.__init__",
+    ]
+    assert st.patched == done
+
+
+def test_counts_decisions_and_executions_per_wave(patched):
+    mod, st, _ = patched
+    control(st, "cell-a/0")
+    assert decide(mod, 512, 8) is True
+    assert decide(mod, 512, 4) is False  # too few requests: the heuristic says no
+    for _ in range(3):
+        run_cascade(mod)
+    snap = st.sync("cell-a/0")
+    c = snap["waves"]["cell-a/0"]
+    assert (c["decisions_true"], c["decisions_false"], c["forced_off"], c["cascade_calls"]) == (1, 1, 0, 3)
+    assert c["max_common_prefix_len"] == 512 and c["last_common_prefix_len"] == 512
+    assert c["max_reqs"] == 8 and c["fa_versions"] == [2]
+    # A new wave starts from zero; the old one stays in the counts file.
+    control(st, "cell-a/1")
+    decide(mod, 256, 8)
+    st.sync()
+    files = probe.read_count_files(st.dir)
+    assert len(files) == 1 and files[0]["pid"] == st.pid
+    assert files[0]["waves"]["cell-a/0"]["decisions_true"] == 1
+    assert files[0]["waves"]["cell-a/1"]["decisions_true"] == 1
+    assert files[0]["waves"]["cell-a/1"]["cascade_calls"] == 0
+
+
+def test_force_off_skips_the_heuristic_and_counts_false(patched):
+    mod, st, _ = patched
+    control(st, "flat/0", force_off=True)
+    before = len(mod.heuristic_calls)
+    assert decide(mod, 1024, 64) is False
+    assert len(mod.heuristic_calls) == before  # the original was not asked
+    c = st.sync()["waves"]
+    assert c == {}  # all_waves=False and no wave named
+    c = st.sync("flat/0")["waves"]["flat/0"]
+    assert (c["decisions_true"], c["decisions_false"], c["forced_off"]) == (0, 1, 1)
+    # Switching back restores the heuristic.
+    control(st, "casc/0", force_off=False)
+    assert decide(mod, 1024, 64) is True
+    assert len(mod.heuristic_calls) == before + 1
+
+
+def test_no_wave_means_no_counting(patched):
+    mod, st, _ = patched
+    control(st, None)
+    decide(mod, 512, 8)
+    run_cascade(mod)
+    assert st.sync()["waves"] == {} and st.waves == {}
+
+
+def test_control_file_change_is_seen_without_sync(patched):
+    mod, st, _ = patched
+    control(st, "w/0", force_off=True)
+    assert decide(mod, 512, 8) is False
+    control(st, "w/1", force_off=False)
+    assert decide(mod, 512, 8) is True  # the wrapper's stat check picked up the new file
+    assert st.wave == "w/1" and st.waves["w/0"]["forced_off"] == 1
+
+
+def test_counts_file_is_written_every_n_decisions(tmp_path):
+    mod = make_fake()
+    st = probe.ProbeState(tmp_path, flush_every=2)
+    probe.patch_flash_attn(mod, st, rebind=[])
+    probe.write_control(tmp_path, "w", False, None, 1)
+    decide(mod, 512, 8)
+    decide(mod, 512, 8)
+    data = json.loads(st.counts_path.read_text())
+    assert data["waves"]["w"]["decisions_true"] == 2
+    assert not list(tmp_path.glob(".*.tmp"))  # atomic writes leave no temp files
+
+
+def test_impl_init_records_fa_version(patched):
+    mod, st, _ = patched
+    mod.FlashAttentionImpl(3)
+    assert st.fa_versions == {3} and st.attn_impls == {"FlashAttentionImpl"}
+    assert json.loads(st.counts_path.read_text())["fa_versions"] == [3]
+
+
+def test_patching_twice_wraps_the_originals(patched, tmp_path):
+    mod, st, _ = patched
+    orig = mod.use_cascade_attention._cascade_repro_original
+    st2 = probe.ProbeState(tmp_path / "second")
+    probe.patch_flash_attn(mod, st2, rebind=[])
+    assert mod.use_cascade_attention._cascade_repro_original is orig
+    control(st2, "w")
+    decide(mod, 512, 8)
+    assert st2.sync("w")["waves"]["w"]["decisions_true"] == 1
+    assert st.waves == {}
+
+
+def test_names_imported_elsewhere_are_rebound(tmp_path):
+    mod = make_fake()
+    other = types.ModuleType("vllm_fake_other")
+    other.cascade_attention = mod.cascade_attention
+    other.use_cascade_attention = mod.use_cascade_attention
+    other.merge_attn_states = mod.merge_attn_states
+    keep = mod.merge_attn_states
+    st = probe.ProbeState(tmp_path)
+    done = probe.patch_flash_attn(mod, st, rebind=[other])
+    assert other.cascade_attention is mod.cascade_attention
+    assert other.use_cascade_attention is mod.use_cascade_attention
+    assert other.merge_attn_states is keep  # other backends' merge stays untouched
+    assert "vllm_fake_other.cascade_attention" in done
+
+
+def test_misread_lse_matches_the_reference_injection():
+    from cascade_repro.engines.cascade_attention import transpose_lse_layout
+
+    lse = torch.randn(6, 10)  # [H, T]
+    got = probe.misread_lse(lse)
+    assert got.shape == lse.shape and got.is_contiguous()
+    assert torch.equal(got, transpose_lse_layout(lse[None])[0])
+    assert not torch.equal(got, lse)
+    # vLLM's CUDA merge kernel reads lse[h * T + t] from the raw buffer, ignoring strides.
+    h, t = lse.shape
+
+    def kernel_read(x):
+        return torch.as_strided(x, (h, t), (t, 1), x.storage_offset())
+
+    assert torch.equal(kernel_read(got), transpose_lse_layout(lse[None])[0])
+    # A strided transposed view would be read unchanged by such a kernel: no injection at all.
+    strided = lse.contiguous().view(-1).view(t, h).t()
+    assert torch.equal(kernel_read(strided), lse)
+    assert probe.misread_lse(torch.randn(2, 3, 4)).shape == (2, 3, 4)  # not [H, T]: untouched
+
+
+def test_inject_passes_the_transposed_suffix_lse_only_inside_cascade(patched):
+    mod, st, _ = patched
+    control(st, "clean")
+    clean = run_cascade(mod)
+    _, _, _, _, sl = tensors()
+    assert torch.equal(mod.merge_seen[-1], sl)
+
+    control(st, "inj", inject="lse-layout")
+    assert decide(mod, 512, 8) is True  # as in vLLM, the step's decision re-reads the control file
+    injected = run_cascade(mod)
+    seen = mod.merge_seen[-1]
+    assert seen.is_contiguous() and torch.equal(seen, probe.misread_lse(sl))
+    assert not torch.allclose(clean, injected)
+    assert st.sync("inj")["waves"]["inj"]["inject_calls"] == 1
+
+    # merge_attn_states called outside cascade_attention (e.g. the DCP path) is left alone.
+    out, po, pl, so, sl2 = tensors(seed=1)
+    mod.merge_attn_states(out, po, pl, so, sl2)
+    assert mod.merge_seen[-1] is sl2
+    # keyword form
+    with_kw = []
+    orig = mod.merge_attn_states._cascade_repro_original
+    wrapped = probe.wrap_merge(lambda *a, **k: with_kw.append(k["suffix_lse"]), st)
+    st.in_cascade = True
+    wrapped(out, po, pl, so, suffix_lse=sl2)
+    st.in_cascade = False
+    assert torch.equal(with_kw[-1], probe.misread_lse(sl2))
+    assert orig is not None
+
+
+def test_flat_arm_never_injects(patched):
+    mod, st, _ = patched
+    control(st, "flat", force_off=True, inject=None)
+    assert decide(mod, 512, 8) is False
+    run_cascade(mod)
+    _, _, _, _, sl = tensors()
+    assert torch.equal(mod.merge_seen[-1], sl)
+
+
+def test_worker_base_gets_the_sync_method(tmp_path):
+    wb = types.ModuleType("fake_worker_base")
+
+    class WorkerWrapperBase:
+        def __init__(self):
+            self.rpc_rank = 1
+
+    wb.WorkerWrapperBase = WorkerWrapperBase
+    st = probe.ProbeState(tmp_path)
+    assert probe.patch_worker_base(wb, st) == [probe.RPC_METHOD]
+    probe.write_control(tmp_path, "w", False, None, 1)
+    st.refresh()
+    st.record_decision(True, False, 512, 8)
+    snap = getattr(WorkerWrapperBase(), probe.RPC_METHOD)("w")
+    assert snap["rpc_rank"] == 1 and snap["waves"]["w"]["decisions_true"] == 1
+    json.dumps(snap)  # travels through msgpack/pickle as plain data
+
+
+def test_aggregate_takes_the_per_rank_value():
+    a = {
+        "pid": 1,
+        "waves": {
+            "w": {
+                **probe.new_counters(),
+                "decisions_true": 3,
+                "decisions_false": 7,
+                "cascade_calls": 90,
+                "max_common_prefix_len": 2080,
+                "fa_versions": [3],
+            }
+        },
+    }
+    b = {
+        "pid": 2,
+        "waves": {
+            "w": {
+                **probe.new_counters(),
+                "decisions_true": 3,
+                "decisions_false": 7,
+                "cascade_calls": 90,
+                "max_common_prefix_len": 2080,
+                "fa_versions": [3],
+            }
+        },
+    }
+    c = {"pid": 3, "waves": {}}  # the LLM process: no model, no counts
+    agg = probe.aggregate([a, b, c, None], "w")
+    assert agg["procs"] == 2
+    assert (agg["decisions_true"], agg["decisions_false"], agg["cascade_calls"]) == (3, 7, 90)
+    assert agg["cascade_calls_sum"] == 180 and agg["fa_versions"] == [3]
+    assert probe.aggregate([c], "w")["decisions_true"] == 0
+    facts = probe.process_facts([{"pid": 1, "fa_versions": [2], "attn_impls": ["FlashAttentionImpl"]}, None])
+    assert facts["fa_versions"] == [2] and facts["procs"] == 1
+
+
+@pytest.fixture
+def clean_hooks(monkeypatch):
+    monkeypatch.setattr(probe, "_STATE", None)
+    monkeypatch.setattr(probe, "_FINDER", None)
+    before = list(sys.meta_path)
+    yield
+    sys.meta_path[:] = before
+
+
+def test_register_is_inert_without_the_env(monkeypatch, clean_hooks):
+    monkeypatch.delenv(probe.ENV_VAR, raising=False)
+    probe.register()
+    assert probe.state() is None
+
+
+def test_register_activates_and_announces_the_process(monkeypatch, tmp_path, clean_hooks):
+    monkeypatch.setenv(probe.ENV_VAR, str(tmp_path / "p"))
+    probe.register()
+    st = probe.state()
+    assert st is not None and st.dir == tmp_path / "p"
+    files = probe.read_count_files(tmp_path / "p")
+    assert [f["pid"] for f in files] == [st.pid]
+    probe.register()  # a second call in the same process changes nothing
+    assert probe.state() is st
+
+
+def test_post_import_hook_patches_a_module_when_it_is_imported(tmp_path, monkeypatch, clean_hooks):
+    pkg = tmp_path / "crp_fakepkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "flash_attn.py").write_text(textwrap.dedent(FAKE_FLASH_ATTN))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    st = probe.ProbeState(tmp_path / "probe")
+    seen = []
+    probe.when_imported(
+        "crp_fakepkg.flash_attn", lambda m: seen.append(probe.patch_flash_attn(m, st, rebind=[]))
+    )
+    assert not seen
+    try:
+        mod = importlib.import_module("crp_fakepkg.flash_attn")
+        assert seen and hasattr(mod.use_cascade_attention, "_cascade_repro_original")
+        assert mod.__loader__.get_filename("crp_fakepkg.flash_attn").endswith("flash_attn.py")
+        probe.write_control(st.dir, "w", True, None, 1)
+        assert decide(mod, 512, 8) is False and st.waves["w"]["forced_off"] == 1
+        # Already imported: the hook runs at once.
+        again = []
+        probe.when_imported("crp_fakepkg.flash_attn", again.append)
+        assert again == [mod]
+    finally:
+        for name in ("crp_fakepkg.flash_attn", "crp_fakepkg"):
+            sys.modules.pop(name, None)

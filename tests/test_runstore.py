@@ -1,0 +1,380 @@
+"""cascade_repro.runstore: append-only JSONL that survives crashes, resume bookkeeping, the run lock.
+
+A worker can die at any byte (kill -9, OOM, a GPU fault). The rules these tests pin down:
+
+* a last line without a newline is a torn write: readers ignore it, the next writer cuts it off;
+* a cell counts only when its ``cell_done`` line is present, and only the samples written by the
+  attempt that reached ``cell_done`` (after the last ``cell_start`` before it) belong to the cell.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cascade_repro import runstore
+from cascade_repro.errors import RunLockedError, UsageError
+from cascade_repro.runstore import (
+    JsonlWriter,
+    RunLock,
+    finished_spans,
+    iter_records,
+    iter_samples,
+    read_progress,
+    read_run_json,
+    truncate_torn_tail,
+    write_json_atomic,
+)
+
+
+def write_records(path: Path, records: list[dict]) -> None:
+    w = JsonlWriter(path)
+    for r in records:
+        w.write(r)
+    w.close()
+
+
+def append_raw(path: Path, data: bytes) -> None:
+    with open(path, "ab") as f:
+        f.write(data)
+
+
+def sample(cell: str, i: int, attempt: int = 1) -> dict:
+    return {
+        "type": "sample",
+        "cell_id": cell,
+        "wave": 0,
+        "prompt_index": i,
+        "token_ids": [attempt, i],
+        "text": "",
+    }
+
+
+# --- JsonlWriter and torn tails --------------------------------------------------------------------
+
+
+def test_writer_writes_one_compact_json_object_per_line_type_first(tmp_path):
+    path = tmp_path / "samples" / "k.jsonl"  # parent directories are created
+    write_records(
+        path, [{"type": "engine", "engine_key": "k"}, {"type": "cell_done", "cell_id": "c", "text": "한"}]
+    )
+
+    assert path.read_text(encoding="utf-8") == (
+        '{"type":"engine","engine_key":"k"}\n{"type":"cell_done","cell_id":"c","text":"한"}\n'
+    )
+
+
+def test_reopening_cuts_a_torn_last_line_and_appends_whole_lines(tmp_path):
+    path = tmp_path / "k.jsonl"
+    write_records(path, [{"type": "cell_start", "cell_id": "a"}, sample("a", 0)])
+    whole = path.read_bytes()
+    append_raw(path, b'{"type":"sample","cell_id":"a","wave":0,"prompt_in')  # crash mid-write
+
+    w = JsonlWriter(path)
+    assert path.read_bytes() == whole  # the partial line is gone before anything is appended
+    w.write({"type": "cell_done", "cell_id": "a"})
+    w.close()
+
+    lines = path.read_bytes().split(b"\n")
+    assert lines[-1] == b""  # file ends with a newline
+    assert [json.loads(x)["type"] for x in lines[:-1]] == ["cell_start", "sample", "cell_done"]
+
+
+def test_torn_tail_longer_than_the_scan_chunk_is_cut(tmp_path):
+    path = tmp_path / "k.jsonl"
+    write_records(path, [{"type": "engine"}])
+    whole = path.read_bytes()
+    append_raw(path, b'{"type":"sample","text":"' + b"x" * 200_000)
+
+    truncate_torn_tail(path)
+    assert path.read_bytes() == whole
+
+
+def test_a_file_that_is_all_torn_becomes_empty_and_clean_files_are_untouched(tmp_path):
+    torn = tmp_path / "torn.jsonl"
+    torn.write_bytes(b'{"type":"eng')
+    truncate_torn_tail(torn)
+    assert torn.read_bytes() == b""
+
+    clean = tmp_path / "clean.jsonl"
+    clean.write_bytes(b'{"a":1}\n')
+    truncate_torn_tail(clean)
+    assert clean.read_bytes() == b'{"a":1}\n'
+
+    truncate_torn_tail(tmp_path / "missing.jsonl")  # nothing to do
+    assert not (tmp_path / "missing.jsonl").exists()
+
+
+def test_iter_records_skips_a_torn_tail_and_undecodable_lines(tmp_path):
+    path = tmp_path / "k.jsonl"
+    path.write_bytes(b'{"n":1}\nnot json\n\xff\xfe\n{"n":2}\n{"n":3')
+
+    assert list(iter_records(path)) == [{"n": 1}, {"n": 2}]
+    assert list(iter_records(tmp_path / "missing.jsonl")) == []
+
+
+# --- read_progress ---------------------------------------------------------------------------------
+
+
+def test_read_progress_reports_done_errors_waves_and_engine(tmp_path):
+    path = tmp_path / "k.jsonl"
+    write_records(
+        path,
+        [
+            {"type": "engine", "engine_key": "k", "effective": {"dtype": "float32"}},
+            {"type": "cell_start", "cell_id": "a"},
+            sample("a", 0),
+            {"type": "wave", "cell_id": "a", "wave": 0, "cascade_steps": 3},
+            {"type": "wave", "cell_id": "a", "wave": 1, "cascade_steps": 4},
+            {"type": "cell_done", "cell_id": "a"},
+            {"type": "cell_start", "cell_id": "b"},
+            {"type": "cell_error", "cell_id": "b", "reason": "RuntimeError: boom"},
+            {"type": "cell_start", "cell_id": "c"},
+            {"type": "wave", "cell_id": "c", "wave": 0},
+        ],
+    )
+    append_raw(path, b'{"type":"cell_done","cell_id":"c"')  # torn: c is not done
+
+    prog = read_progress(path)
+    assert prog.done == {"a"}
+    assert prog.errors == {"b": "RuntimeError: boom"}
+    assert [w["cascade_steps"] for w in prog.waves["a"]] == [3, 4]
+    assert prog.waves["b"] == []
+    assert [w["wave"] for w in prog.waves["c"]] == [0]
+    assert prog.engine["effective"] == {"dtype": "float32"}
+
+
+def test_a_new_cell_start_resets_that_cells_waves_only(tmp_path):
+    path = tmp_path / "k.jsonl"
+    write_records(
+        path,
+        [
+            {"type": "cell_start", "cell_id": "a"},
+            {"type": "wave", "cell_id": "a", "wave": 0, "attempt": 1},
+            {"type": "wave", "cell_id": "a", "wave": 1, "attempt": 1},
+            {"type": "cell_start", "cell_id": "b"},
+            {"type": "wave", "cell_id": "b", "wave": 0, "attempt": 1},
+            # resume: a starts over
+            {"type": "cell_start", "cell_id": "a"},
+            {"type": "wave", "cell_id": "a", "wave": 0, "attempt": 2},
+            {"type": "cell_done", "cell_id": "a"},
+        ],
+    )
+    prog = read_progress(path)
+    assert [(w["wave"], w["attempt"]) for w in prog.waves["a"]] == [(0, 2)]
+    assert [(w["wave"], w["attempt"]) for w in prog.waves["b"]] == [(0, 1)]
+    assert prog.done == {"a"}
+
+
+def test_cell_done_after_an_error_clears_the_error(tmp_path):
+    path = tmp_path / "k.jsonl"
+    write_records(
+        path,
+        [
+            {"type": "cell_start", "cell_id": "a"},
+            {"type": "cell_error", "cell_id": "a", "reason": "worker exited -9"},
+            {"type": "cell_start", "cell_id": "a"},
+            {"type": "cell_done", "cell_id": "a"},
+        ],
+    )
+    prog = read_progress(path)
+    assert prog.done == {"a"}
+    assert prog.errors == {}
+
+
+def test_a_new_cell_start_also_clears_the_previous_attempts_error(tmp_path):
+    path = tmp_path / "k.jsonl"
+    write_records(
+        path,
+        [
+            {"type": "cell_start", "cell_id": "a"},
+            {"type": "cell_error", "cell_id": "a", "reason": "CUDA error: out of memory"},
+            {"type": "cell_start", "cell_id": "a"},  # resume retries the cell, then the worker is killed
+            {"type": "wave", "cell_id": "a", "wave": 0},
+        ],
+    )
+    assert "a" not in read_progress(path).errors
+
+
+def test_read_progress_of_a_missing_file_is_empty(tmp_path):
+    prog = read_progress(tmp_path / "missing.jsonl")
+    assert (prog.done, prog.errors, prog.waves, prog.engine) == (set(), {}, {}, {})
+
+
+# --- iter_samples ----------------------------------------------------------------------------------
+
+
+def test_iter_samples_yields_only_the_attempt_that_finished_each_cell(tmp_path):
+    path = tmp_path / "k.jsonl"
+    write_records(
+        path,
+        [
+            {"type": "engine", "engine_key": "k"},
+            {"type": "cell_start", "cell_id": "a"},
+            sample("a", 0, attempt=1),
+            sample("a", 1, attempt=1),
+        ],
+    )
+    append_raw(path, b'{"type":"sample","cell_id":"a","wave":0,"prompt_index":2,"tok')  # crash
+    write_records(  # the resumed worker reopens the file: the torn line is cut
+        path,
+        [
+            {"type": "engine", "engine_key": "k"},
+            {"type": "cell_start", "cell_id": "a"},
+            sample("a", 0, attempt=2),
+            sample("a", 1, attempt=2),
+            sample("a", 2, attempt=2),
+            {"type": "cell_done", "cell_id": "a", "n_samples": 3},
+            {"type": "cell_start", "cell_id": "b"},
+            sample("b", 0, attempt=2),
+        ],
+    )  # b has no cell_done: unfinished
+
+    got = list(iter_samples(path))
+    assert [(s["cell_id"], s["prompt_index"], s["token_ids"][0]) for s in got] == [
+        ("a", 0, 2),
+        ("a", 1, 2),
+        ("a", 2, 2),
+    ]
+
+
+def test_a_finished_cell_rerun_without_cell_done_keeps_the_finished_attempt(tmp_path):
+    path = tmp_path / "k.jsonl"
+    write_records(
+        path,
+        [
+            {"type": "cell_start", "cell_id": "a"},
+            sample("a", 0, attempt=1),
+            {"type": "cell_done", "cell_id": "a"},
+            {"type": "cell_start", "cell_id": "a"},
+            sample("a", 0, attempt=2),
+        ],
+    )
+    assert [s["token_ids"][0] for s in iter_samples(path)] == [1]
+
+
+def test_iter_samples_filters_by_cell_and_yields_nothing_for_unfinished_cells(tmp_path):
+    path = tmp_path / "k.jsonl"
+    write_records(
+        path,
+        [
+            {"type": "cell_start", "cell_id": "a"},
+            sample("a", 0),
+            {"type": "cell_done", "cell_id": "a"},
+            {"type": "cell_start", "cell_id": "b"},
+            sample("b", 0),
+            {"type": "cell_done", "cell_id": "b"},
+            {"type": "cell_start", "cell_id": "c"},
+            sample("c", 0),
+        ],
+    )
+    assert [s["cell_id"] for s in iter_samples(path)] == ["a", "b"]
+    assert [s["cell_id"] for s in iter_samples(path, cells={"b", "c"})] == ["b"]
+    assert list(iter_samples(path, cells={"c"})) == []
+    assert list(iter_samples(tmp_path / "missing.jsonl")) == []
+    assert finished_spans(path) == {"a": (0, 2), "b": (3, 5)}
+
+
+# --- run.json and atomic writes --------------------------------------------------------------------
+
+
+def test_write_json_atomic_replaces_the_file_and_leaves_no_temp_files(tmp_path):
+    path = tmp_path / "run" / "run.json"
+    write_json_atomic(path, {"b": 1, "a": Path("/x")})
+    write_json_atomic(path, {"spec": {"batch": [1, 8]}})
+
+    assert json.loads(path.read_text()) == {"spec": {"batch": [1, 8]}}
+    assert sorted(p.name for p in path.parent.iterdir()) == ["run.json"]
+    assert read_run_json(path.parent) == {"spec": {"batch": [1, 8]}}
+
+
+def test_write_json_atomic_keeps_the_old_file_and_no_temp_file_when_encoding_fails(tmp_path):
+    path = tmp_path / "run.json"
+    write_json_atomic(path, {"ok": True})
+    with pytest.raises(ValueError):
+        write_json_atomic(path, {"bad": float("nan"), "cycle": _cycle()})
+    assert json.loads(path.read_text()) == {"ok": True}
+    assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
+
+
+def _cycle() -> list:
+    x: list = []
+    x.append(x)
+    return x
+
+
+def test_read_run_json_errors_are_usage_errors(tmp_path):
+    with pytest.raises(UsageError, match="not a cascade-repro run directory: .*missing run.json"):
+        read_run_json(tmp_path)
+    (tmp_path / "run.json").write_text('{"spec":\n  [1,,]}')
+    with pytest.raises(UsageError, match="corrupt JSON at line 2"):
+        read_run_json(tmp_path)
+
+
+def test_new_run_id_is_sortable_date_dash_time():
+    assert runstore.new_run_id("2026-11-30T05:30:12") == "20261130-053012"
+    assert runstore.new_run_id("2026-11-30T05:30:12.123456+00:00") == "20261130-053012"
+
+
+def test_paths_follow_the_documented_layout(tmp_path):
+    assert runstore.samples_path(tmp_path, "hf-tp1-auto-s0") == tmp_path / "samples" / "hf-tp1-auto-s0.jsonl"
+    assert runstore.worker_log(tmp_path, "hf-tp1-auto-s0") == tmp_path / "worker-hf-tp1-auto-s0.log"
+
+
+# --- RunLock ---------------------------------------------------------------------------------------
+
+
+def test_lock_file_holds_our_pid_and_release_removes_it(tmp_path):
+    lock = RunLock(tmp_path / "run")
+    lock.acquire()
+    assert (tmp_path / "run" / ".lock").read_text() == str(os.getpid())
+    lock.release()
+    assert not (tmp_path / "run" / ".lock").exists()
+    lock.release()  # releasing twice is harmless
+
+
+def test_second_acquire_while_held_is_refused_with_a_clear_message(tmp_path):
+    with RunLock(tmp_path):
+        with pytest.raises(RunLockedError) as exc:
+            RunLock(tmp_path).acquire()
+        msg = str(exc.value)
+        assert f"{tmp_path} is in use by another cascade-repro run (pid {os.getpid()})" in msg
+        assert "--results-dir" in msg
+        assert isinstance(exc.value, UsageError)  # the CLI turns it into exit 2
+        assert (tmp_path / ".lock").exists()  # the refused attempt did not break the holder's lock
+    assert not (tmp_path / ".lock").exists()
+
+
+def test_a_refused_lock_does_not_delete_the_holders_file_on_release(tmp_path):
+    holder = RunLock(tmp_path)
+    holder.acquire()
+    other = RunLock(tmp_path)
+    with pytest.raises(RunLockedError):
+        other.acquire()
+    other.release()  # never held: must not remove the holder's lock
+    assert (tmp_path / ".lock").read_text() == str(os.getpid())
+    holder.release()
+
+
+def test_a_stale_lock_of_a_dead_process_is_taken_over(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead_pid = int(proc.stdout)
+    (tmp_path / ".lock").write_text(str(dead_pid))
+
+    with RunLock(tmp_path):
+        assert (tmp_path / ".lock").read_text() == str(os.getpid())
+    assert not (tmp_path / ".lock").exists()
+
+
+@pytest.mark.parametrize("content", ["", "not a pid", "0"])
+def test_an_unreadable_lock_file_is_treated_as_stale(tmp_path, content):
+    (tmp_path / ".lock").write_text(content)
+    with RunLock(tmp_path):
+        assert (tmp_path / ".lock").read_text() == str(os.getpid())
