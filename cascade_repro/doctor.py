@@ -27,7 +27,7 @@ MIN_REQUESTS = 8
 TESTED_VLLM = "0.26.0"
 PLUGIN_NAME = "cascade_repro_probe"
 PLUGIN_GROUP = "vllm.general_plugins"
-INSTALL_VLLM = "pip install 'cascade-repro[vllm]'"
+INSTALL_VLLM = "pip install cascade-repro[vllm]"
 TRUE_VALUES = ("1", "true", "yes", "on")
 
 

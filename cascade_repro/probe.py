@@ -126,6 +126,23 @@ class ProbeState:
         self._since_flush = 0
         self._dirty = True  # the first flush announces the process
 
+    def after_fork(self) -> None:
+        """In a forked child (vLLM may fork the engine core): own counts file, fresh counters.
+
+        A forked child does not run ``register()`` again (vLLM's ``plugins_loaded`` flag is
+        inherited), so the state carried over from the parent is re-based here. The patches and the
+        import hook are inherited with the memory image.
+        """
+        self.pid = os.getpid()
+        self.counts_path = self.dir / f"{COUNTS_PREFIX}{self.pid}.json"
+        self.waves = {}
+        self.fa_versions = set()
+        self.attn_impls = set()
+        self.errors = []
+        self.in_cascade = False
+        self._since_flush = 0
+        self._dirty = True
+
     # control ------------------------------------------------------------------------------
     def refresh(self, force: bool = False) -> None:
         """Re-read control.json if it changed since the last read (one stat call otherwise)."""
@@ -519,6 +536,8 @@ def activate(directory: str | os.PathLike[str]) -> ProbeState:
     _STATE = st
     st.flush()
     atexit.register(st.flush)
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=st.after_fork)
     when_imported(FLASH_ATTN_MODULE, lambda m: patch_flash_attn(m, st))
     when_imported(WORKER_BASE_MODULE, lambda m: patch_worker_base(m, st))
     return st

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 import textwrap
 import types
@@ -385,3 +386,30 @@ def test_post_import_hook_patches_a_module_when_it_is_imported(tmp_path, monkeyp
     finally:
         for name in ("crp_fakepkg.flash_attn", "crp_fakepkg"):
             sys.modules.pop(name, None)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_writes_its_own_counts(monkeypatch, tmp_path, clean_hooks):
+    d = tmp_path / "p"
+    monkeypatch.setenv(probe.ENV_VAR, str(d))
+    probe.register()
+    st = probe.state()
+    probe.write_control(d, "w", False, None, 1)
+    pid = os.fork()
+    if pid == 0:  # child: vLLM's forked engine core does not call register() again
+        code = 0
+        try:
+            s = probe.state()
+            s.refresh()
+            s.record_decision(True, False, 512, 8)
+            s.sync("w")
+            code = 0 if s.pid == os.getpid() else 3
+        except BaseException:
+            code = 4
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    files = {f["pid"]: f for f in probe.read_count_files(d)}
+    assert set(files) == {st.pid, pid}
+    assert files[pid]["waves"]["w"]["decisions_true"] == 1
+    assert files[st.pid]["waves"] == {}

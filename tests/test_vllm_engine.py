@@ -93,3 +93,225 @@ def test_real_wave_both_arms(tmp_path: Path):
         assert cstats.cascade_steps <= cstats.total_steps
     finally:
         engine.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# The engine's control flow against a fake `vllm` package (CPU): plugin activation through the
+# post-import hook, the control file per wave, collective_rpc counters, Completion building.
+# ------------------------------------------------------------------------------------------------
+
+FAKE_VLLM = {
+    "vllm/__init__.py": """
+__version__ = "0.26.0-fake"
+from vllm.entrypoints.llm import LLM, SamplingParams
+""",
+    "vllm/inputs/__init__.py": """
+def TokensPrompt(prompt_token_ids):
+    return {"prompt_token_ids": prompt_token_ids}
+""",
+    "vllm/engine/__init__.py": "",
+    "vllm/engine/arg_utils.py": """
+import dataclasses
+
+@dataclasses.dataclass
+class EngineArgs:
+    model: str = ""
+    attention_config: dict | None = None
+    disable_cascade_attn: bool = True
+""",
+    "vllm/distributed/__init__.py": "",
+    "vllm/distributed/parallel_state.py": """
+def destroy_model_parallel():
+    pass
+
+def destroy_distributed_environment():
+    pass
+""",
+    "vllm/v1/__init__.py": "",
+    "vllm/v1/worker/__init__.py": "",
+    "vllm/v1/worker/worker_base.py": """
+class WorkerWrapperBase:
+    def __init__(self):
+        self.rpc_rank = 0
+""",
+    "vllm/v1/attention/__init__.py": "",
+    "vllm/v1/attention/backends/__init__.py": "",
+    "vllm/v1/attention/backends/flash_attn.py": """
+merged = []
+
+def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None):
+    merged.append(suffix_lse)
+
+def use_cascade_attention(common_prefix_len, query_lens, num_query_heads, num_kv_heads, use_alibi,
+                          use_sliding_window, use_local_attention, num_sms, dcp_world_size):
+    return common_prefix_len >= 256 and len(query_lens) >= 8
+
+def cascade_attention(output, query, key_cache, value_cache, *, suffix_lse, common_prefix_len, fa_version):
+    merge_attn_states(output, None, None, None, suffix_lse)
+
+class FlashAttentionMetadataBuilder:
+    def use_cascade_attention(self, *args, **kwargs):
+        return use_cascade_attention(*args, **kwargs)
+
+class FlashAttentionImpl:
+    def __init__(self):
+        self.vllm_flash_attn_version = 3
+
+    def forward(self, lse, common_prefix_len):
+        cascade_attention(None, None, None, None, suffix_lse=lse, common_prefix_len=common_prefix_len,
+                          fa_version=self.vllm_flash_attn_version)
+""",
+    "vllm/entrypoints/__init__.py": "",
+    "vllm/entrypoints/llm.py": """
+import importlib
+import types
+
+
+class SamplingParams:
+    def __init__(self, max_tokens=16, temperature=1.0, logprobs=None, seed=None, ignore_eos=False):
+        self.max_tokens, self.temperature, self.logprobs = max_tokens, temperature, logprobs
+
+
+class Lp:
+    def __init__(self, logprob, rank):
+        self.logprob, self.rank, self.decoded_token = logprob, rank, None
+
+
+class LLM:
+    def __init__(self, model, **kwargs):
+        self.kwargs = kwargs
+        from vllm.engine.arg_utils import EngineArgs  # noqa: F401 - load_general_plugins runs here
+        from cascade_repro import probe
+        probe.register()
+        self.fa = importlib.import_module("vllm.v1.attention.backends.flash_attn")
+        self.worker = importlib.import_module("vllm.v1.worker.worker_base").WorkerWrapperBase()
+        self.layers = [self.fa.FlashAttentionImpl() for _ in range(2)]
+        self.resets = 0
+        self.generated = []
+        mc = types.SimpleNamespace(dtype="torch.bfloat16", disable_cascade_attn=kwargs.get("disable_cascade_attn"),
+                                   enforce_eager=False, max_model_len=8192, seed=kwargs.get("seed"))
+        cfg = types.SimpleNamespace(
+            model_config=mc,
+            parallel_config=types.SimpleNamespace(tensor_parallel_size=kwargs.get("tensor_parallel_size")),
+            cache_config=types.SimpleNamespace(enable_prefix_caching=kwargs.get("enable_prefix_caching"),
+                                               block_size=16, gpu_memory_utilization=0.5),
+            attention_config=types.SimpleNamespace(**(kwargs.get("attention_config") or {})),
+            use_v2_model_runner=False,
+        )
+        self.llm_engine = types.SimpleNamespace(vllm_config=cfg)
+
+    def get_tokenizer(self):
+        return "tok"
+
+    def reset_prefix_cache(self):
+        self.resets += 1
+        return True
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        return [getattr(self.worker, method)(*args, **(kwargs or {}))]
+
+    def generate(self, prompts, params, use_tqdm=True):
+        import torch
+        self.generated.append(len(prompts))
+        n = len(prompts)
+        builder = self.fa.FlashAttentionMetadataBuilder()
+        for _ in range(params.max_tokens):
+            use = builder.use_cascade_attention(common_prefix_len=512, query_lens=[1] * n, num_query_heads=9,
+                                                num_kv_heads=3, use_alibi=False, use_sliding_window=False,
+                                                use_local_attention=False, num_sms=132, dcp_world_size=1)
+            if use:
+                for layer in self.layers:
+                    layer.forward(torch.arange(6.0).view(2, 3), 512)
+        outs = []
+        for i in range(n):
+            toks = [10 + i] * params.max_tokens
+            lps = [{t: Lp(-0.5, 1), 99: Lp(-1.5, 2), 98: Lp(-2.5, 3)} for t in toks] if params.logprobs else None
+            c = types.SimpleNamespace(token_ids=toks, text="x", finish_reason="length", logprobs=lps)
+            outs.append(types.SimpleNamespace(outputs=[c]))
+        return outs
+""",
+}
+
+
+@pytest.fixture
+def fake_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import importlib.util
+    import sys
+
+    from cascade_repro import probe
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("a real vLLM is installed; the fake would shadow it")
+    root = tmp_path / "fakevllm"
+    for rel, text in FAKE_VLLM.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.setattr(probe, "_STATE", None)
+    monkeypatch.setattr(probe, "_FINDER", None)
+    for var in (probe.ENV_VAR, "VLLM_USE_V2_MODEL_RUNNER", "VLLM_USE_FLASHINFER_SAMPLER"):
+        monkeypatch.delenv(var, raising=False)
+    meta = list(sys.meta_path)
+    yield root
+    sys.meta_path[:] = meta
+    for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
+        del sys.modules[name]
+
+
+@pytest.mark.parametrize("inject", [None, "lse-layout"])
+def test_engine_flow_with_fake_vllm(fake_vllm, tmp_path: Path, inject):
+    import os
+
+    torch = pytest.importorskip("torch")
+    from cascade_repro import probe
+    from cascade_repro.engines.vllm import VLLMEngine
+    from cascade_repro.matrix import MatrixSpec
+
+    spec = MatrixSpec(engine="vllm", batch=[1, 8], max_tokens=4, topk=2, inject=inject).to_dict()
+    eplan = {
+        "key": "k",
+        "tp": 1,
+        "seed": 0,
+        "dtype": "auto",
+        "fa_version": 2,
+        "backend": "FLASH_ATTN",
+        "arm": None,
+    }
+    run_dir = tmp_path / "run"
+    eng = VLLMEngine("/models/m", spec, eplan, run_dir=run_dir)
+    assert os.environ[probe.ENV_VAR] == str(run_dir / "probe" / "k")
+    assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    kw = eng.llm.kwargs
+    assert kw["disable_cascade_attn"] is False and kw["enable_prefix_caching"] is True
+    assert kw["attention_config"] == {"backend": "FLASH_ATTN", "flash_attn_version": 2}
+    assert "max_num_seqs" not in kw and "hf_overrides" not in kw  # vLLM's default (>= 256) fits batch 8
+    eff = eng.effective()
+    assert eff["probe"] == "rpc" and eff["flash_attn_version"] == 3 and eff["arm_switch"] == "toggle"
+    assert eff["attention_backend"] == "FLASH_ATTN" and eff["model_runner"] == "V1"
+    assert any(p.endswith("use_cascade_attention") for p in eff["probe_patched"])
+
+    prompts = [[1] * 300 + [i] for i in range(8)]
+    comps, st = eng.run_wave(prompts, "flat", 4, prefix_len=300)
+    assert eng.llm.generated == [1, 8]  # warm-up, then the wave
+    assert (st.cascade_steps, st.total_steps, st.cascade_calls) == (0, 4, 0)
+    assert st.extra["forced_off"] == 4 and st.extra["probe"] == "rpc"
+    assert comps[0].topk[0] == [[10, -0.5], [99, -1.5]] and comps[0].logprobs == [-0.5] * 4
+    assert comps[3].token_ids == [13] * 4 and comps[3].finish_reason == "length"
+
+    n_merged = len(eng.llm.fa.merged)
+    comps, st = eng.run_wave(prompts, "cascade", 4, prefix_len=300)
+    assert (st.cascade_steps, st.total_steps, st.cascade_calls) == (4, 4, 8)
+    assert st.common_prefix_len == 512 and st.extra["fa_versions"] == [3]
+    seen = eng.llm.fa.merged[n_merged:]
+    lse = torch.arange(6.0).view(2, 3)
+    if inject:
+        assert st.extra["inject_calls"] == 8 and all(torch.equal(x, probe.misread_lse(lse)) for x in seen)
+    else:
+        assert "inject_calls" not in st.extra and all(torch.equal(x, lse) for x in seen)
+    assert eng.llm.resets == 2
+    files = probe.read_count_files(run_dir / "probe" / "k")
+    waves = files[0]["waves"]
+    assert sorted(waves) == ["k/w00001-flat", "k/w00002-cascade"]  # the warm-ups were not counted
+    eng.close()
+    assert eng.llm is None
