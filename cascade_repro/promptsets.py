@@ -171,7 +171,15 @@ def _looks_like_path(spec: str) -> bool:
 
 
 def _shipped(file_name: str) -> Traversable:
-    return resources.files(PACKAGE_DATA).joinpath(file_name)
+    """Find a shipped file: in the installed wheel, or in prompts/ of a source checkout.
+
+    Running from a checkout (``python -m ...`` in the repo root) imports the source package, where
+    ``prompts_data`` is only a packaging-time alias of ``prompts/``.
+    """
+    try:
+        return resources.files(PACKAGE_DATA).joinpath(file_name)
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent.joinpath("prompts", file_name)
 
 
 def _as_file(path: PromptPath) -> Path | Traversable:
@@ -270,7 +278,7 @@ def _csv_rows(file: Path | Traversable, display: str) -> Iterator[tuple[_Where, 
         if header is None:
             return
         if "prompt" not in header:
-            raise UsageError(f"{display} line 1: no 'prompt' column (columns: {', '.join(header)})")
+            raise UsageError(f"{display} line 1: no 'prompt' column (columns: {', '.join(' '.join(h.splitlines()) for h in header)})")
         while (row := _next_csv(reader, display, lambda: next(reader, None))) is not None:
             where = _Where(display, "line", reader.line_num)
             if None in row:
