@@ -41,6 +41,7 @@ class MatrixSpec:
     inject: str | None = None
     arm_switch: str = "toggle"
     enforce_eager: bool = False
+    graphs_for_batches: bool = False
     load_format: str = "auto"
     hf_overrides: dict[str, Any] = field(default_factory=dict)
     max_model_len: int | None = None
@@ -70,6 +71,16 @@ class MatrixSpec:
 
         if self.engine not in ENGINES:
             bad(f"engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
+        # A config file can hold any TOML type: a number where a name belongs would surface as a
+        # traceback, and a string "false" is truthy (trust_remote_code = "false" would trust).
+        for name in ("model", "prompts", "system_prompt", "load_format", "device"):
+            if not isinstance(getattr(self, name), str):
+                bad(f"{name} must be a string, got {getattr(self, name)!r}")
+        for name in ("rerun", "enforce_eager", "trust_remote_code"):
+            if not isinstance(getattr(self, name), bool):
+                bad(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if not isinstance(self.hf_overrides, dict):
+            bad(f"hf_overrides must be a table of config overrides, got {self.hf_overrides!r}")
         for name in ("tp", "batch", "cascade", "seeds", "dtypes", "fa_versions", "backends"):
             val = getattr(self, name)
             if not isinstance(val, list) or not val:
@@ -84,6 +95,8 @@ class MatrixSpec:
             for v in getattr(self, name):
                 if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                     bad(f"{name} values must be positive integers, got {v!r}")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in self.seeds):
+            bad(f"seeds must be integers, got {self.seeds!r}")
         if not all(isinstance(c, bool) for c in self.cascade):
             bad("cascade values must be on/off")
         for d in self.dtypes:
@@ -96,7 +109,10 @@ class MatrixSpec:
             bad(f"limit must be a positive integer, got {self.limit!r}")
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens <= 0:
             bad(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        if not isinstance(self.topk, int) or not 1 <= self.topk <= 20:
+        mml = self.max_model_len
+        if mml is not None and (not isinstance(mml, int) or isinstance(mml, bool) or mml <= 0):
+            bad(f"max_model_len must be a positive integer, got {mml!r}")
+        if not isinstance(self.topk, int) or isinstance(self.topk, bool) or not 1 <= self.topk <= 20:
             bad(f"topk must be between 1 and 20, got {self.topk!r}")
         if self.inject is not None and self.inject not in INJECTIONS:
             bad(f"inject must be one of {', '.join(INJECTIONS)}, not {self.inject!r}")
@@ -108,7 +124,7 @@ class MatrixSpec:
             v = getattr(self, name)
             if not isinstance(v, int | float) or isinstance(v, bool):
                 bad(f"{name} must be a number, got {v!r}")
-        if self.engine_timeout <= 0:
+        if not self.engine_timeout > 0:  # NaN too: it would never time out
             bad("engine_timeout must be positive")
         if not 0 < self.gpu_memory_utilization <= 1:
             bad("gpu_memory_utilization must be in (0, 1]")
@@ -245,6 +261,8 @@ def load_toml(path: Path) -> dict[str, Any]:
         raise UsageError(f"{path}: not UTF-8 at byte {e.start}") from None
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"{path}: invalid TOML: {e}") from None
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        raise UsageError(f"{path}: invalid TOML: arrays or tables nested too deeply") from None
     if "matrix" in data:
         if not isinstance(data["matrix"], dict):
             raise UsageError(f"{path}: [matrix] must be a table")
@@ -260,7 +278,10 @@ def load_toml(path: Path) -> dict[str, Any]:
         if k == "cascade":
             v = [_parse_onoff(x, f"{path}: cascade") for x in v]
         if k == "fa_versions":
-            v = parse_fa_list(",".join(str(x) for x in v))
+            try:
+                v = parse_fa_list(",".join(str(x) for x in v))
+            except UsageError as e:
+                raise UsageError(f"{path}: {e}") from None
         out[k] = v
     return out
 

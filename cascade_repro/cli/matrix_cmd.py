@@ -39,6 +39,7 @@ def matrix(
     topk: Annotated[int | None, _opt("Top-k logprobs kept per step, for vLLM's check_logprobs_close rule. [default: 5]", P)] = None,
     arm_switch: Annotated[str | None, _opt("vLLM: `toggle` serves both arms from one engine by forcing the cascade decision off for the flat arm (halves engine starts); `restart` starts one engine per arm with disable_cascade_attn. [default: toggle]", E)] = None,
     enforce_eager: Annotated[bool | None, _opt("vLLM: disable CUDA graphs (slower, simpler).", E)] = None,
+    graphs_for_batches: Annotated[bool | None, _opt("vLLM: capture CUDA graphs only for the matrix's batch sizes (a cold engine starts minutes sooner; vLLM's default captures ~50 sizes).", E)] = None,
     load_format: Annotated[str | None, _opt("vLLM load format; `dummy` runs random weights (with --hf-overrides, to reshape heads for TP tests). [default: auto]", E)] = None,
     hf_overrides: Annotated[str | None, _opt('vLLM: JSON dict of config overrides, e.g. \'{"num_attention_heads": 8, "num_key_value_heads": 2}\'.', E)] = None,
     max_model_len: Annotated[int | None, _opt("vLLM max_model_len (default: prompt + max tokens, rounded up).", E)] = None,
@@ -138,7 +139,7 @@ def _flag_values(given: dict[str, Any]) -> dict[str, Any]:
             raise UsageError("--hf-overrides must be a JSON object")
         out["hf_overrides"] = ov
     scalars = (
-        "engine", "model", "prompts", "system_prompt", "limit", "max_tokens", "topk", "arm_switch", "enforce_eager",
+        "engine", "model", "prompts", "system_prompt", "limit", "max_tokens", "topk", "arm_switch", "enforce_eager", "graphs_for_batches",
         "load_format", "max_model_len", "gpu_memory_utilization", "trust_remote_code", "engine_timeout", "device",
         "inject", "rerun",
     )  # fmt: skip

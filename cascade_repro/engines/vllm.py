@@ -152,6 +152,11 @@ class VLLMEngine:
             kwargs["attention_config"] = attn
         else:
             self._set_legacy_attention_env(backend, fa)
+        if spec.get("graphs_for_batches") and not kwargs["enforce_eager"] and "compilation_config" in names:
+            # Capturing graphs for the matrix's batch sizes only cuts a cold start by minutes; decode
+            # steps with fewer running requests are padded up to the next captured size.
+            sizes = sorted({1, *(int(b) for b in spec.get("batch", [1]))})
+            kwargs["compilation_config"] = {"cudagraph_capture_sizes": sizes}
         if kwargs["hf_overrides"] is None:
             kwargs.pop("hf_overrides")
         self.requested = dict(kwargs)

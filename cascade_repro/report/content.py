@@ -184,22 +184,81 @@ def varying_axes(pairs: list[dict]) -> list[str]:
     return [a for a in AXES if len({text_of(r.get(a)) for r in pairs} - {MISSING}) > 1]
 
 
+def predictions(data: RunData) -> dict[str, dict]:
+    """Return run.json's cascade predictions per cell id (``{"cells": {...}}`` or a bare map), or {}."""
+    p = data.run.get("predictions")
+    if not isinstance(p, dict):
+        return {}
+    cells = p.get("cells") if isinstance(p.get("cells"), dict) else p
+    return {str(k): v for k, v in cells.items() if isinstance(v, dict)}
+
+
+def _yes_no(v) -> str:
+    # None: the prediction depends on something not recorded (the decode cost model needs the SM count).
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    return "?" if v is None else MISSING
+
+
+def fmt_prediction(p: dict | None) -> str:
+    """Format one cell's prediction as `prefill/decode`, e.g. `yes/no (decode from 45)`; `?` = unknown."""
+    if not p:
+        return MISSING
+    s = f"{_yes_no(p.get('prefill'))}/{_yes_no(p.get('decode'))}"
+    frm = as_int(p.get("decode_from_batch"))
+    if p.get("decode") is not True and frm is not None:
+        s += f" (decode from {frm})"
+    return s
+
+
+def has_if(rows: list[dict], key: str = "if_n") -> bool:
+    """Return True when any row carries instruction-following scores."""
+    return any((as_int(r.get(key)) or 0) > 0 for r in rows)
+
+
+def fmt_if_pair(r: dict) -> str:
+    """Format IF strict accuracy of a pair: `test vs ref (Δ, McNemar p)`."""
+    if (as_int(r.get("if_n")) or 0) <= 0:
+        return MISSING
+    return (
+        f"{fmt_float(r.get('if_strict_test'))} vs {fmt_float(r.get('if_strict_ref'))} "
+        f"({fmt_float(r.get('if_strict_delta'), '+.3f')}, p={fmt_p(r.get('p_if'))}, n={fmt_int(r.get('if_n'))})"
+    )
+
+
+IF_NOTE = (
+    "IF strict cascade vs flat: prompt-level instruction-following accuracy (Google IFEval strict rules, "
+    "Korean words = space-separated units) of the cascade cell vs its flat twin on the same prompts, "
+    "with McNemar's exact test on the prompts only one side passes. It is informational: it does not "
+    "change the verdict."
+)
+
+
+def if_note(data: RunData) -> str | None:
+    """Return the note under the verdict table when IF accuracy is shown, else None."""
+    return IF_NOTE if has_if(cascade_pairs(data)) else None
+
+
 def verdict_table(data: RunData) -> Table:
     """Build one row per cascade pair."""
     pairs = cascade_pairs(data)
     axes = varying_axes(pairs)
+    preds = predictions(data)
+    show_if = has_if(pairs)
     headers = [
         "pair",
         "tp",
         "batch",
         *axes,
         "cascade steps",
+        *(["predicted (prefill/decode)"] if preds else []),
         "diverged",
         "noise diverged",
         "top-k viol. vs noise",
         "Δseq-rep-4 [95% CI]",
         "p(div)",
         "p(top-k)",
+        *(["IF strict cascade vs flat"] if show_if else []),
         "verdict",
         "reasons",
     ]
@@ -216,12 +275,14 @@ def verdict_table(data: RunData) -> Table:
                 fmt_int(r.get("batch")),
                 *(text_of(r.get(a)) for a in axes),
                 fmt_ratio(r.get("cascade_steps"), r.get("total_steps")),
+                *([fmt_prediction(preds.get(text_of(r.get("test_cell"))))] if preds else []),
                 fmt_ratio(r.get("n_diverged"), r.get("n")),
                 fmt_ratio(r.get("noise_n_diverged"), r.get("noise_n")),
                 topk,
                 fmt_ci(r.get("d_seq_rep_4_mean"), r.get("d_seq_rep_4_lo"), r.get("d_seq_rep_4_hi")),
                 fmt_p(r.get("p_divergence")),
                 fmt_p(r.get("p_topk")),
+                *([fmt_if_pair(r)] if show_if else []),
                 Strong(verdict) if verdict == "regression" else verdict,
                 text_of(r.get("reasons")),
             ]
@@ -279,8 +340,12 @@ def cell_table(data: RunData) -> Table:
         "zlib ratio",
         "tail-loop rate",
     ]
+    rows_in = cells(data)
+    show_if = has_if(rows_in)
+    if show_if:
+        headers += ["IF strict", "IF loose"]
     rows = []
-    for r in cells(data):
+    for r in rows_in:
         status = text_of(r.get("status"))
         rows.append(
             [
@@ -295,6 +360,7 @@ def cell_table(data: RunData) -> Table:
                 fmt_float(r.get("distinct_2")),
                 fmt_float(r.get("zlib_ratio")),
                 fmt_float(r.get("tail_loop_rate")),
+                *([fmt_float(r.get("if_strict")), fmt_float(r.get("if_loose"))] if show_if else []),
             ]
         )
     return Table(headers, rows)
@@ -358,7 +424,7 @@ def env_lines(data: RunData) -> list[tuple[str, str]]:
 
 # Spec keys that mean nothing to the hf engine; left out of its reports to keep them readable.
 _VLLM_ONLY = (
-    "arm_switch", "backends", "enforce_eager", "fa_versions", "gpu_memory_utilization", "hf_overrides",
+    "arm_switch", "backends", "enforce_eager", "fa_versions", "gpu_memory_utilization", "graphs_for_batches", "hf_overrides",
     "load_format", "max_model_len",
 )  # fmt: skip
 
