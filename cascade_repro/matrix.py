@@ -333,6 +333,19 @@ def parse_fa_list(text: str) -> list[int | None]:
     return out
 
 
+def parse_hf_overrides(text: str) -> dict[str, Any]:
+    """Parse ``--hf-overrides`` JSON into a dict; any malformed input is a one-line UsageError."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--hf-overrides is not valid JSON: {e.msg} at column {e.colno}") from None
+    except RecursionError:
+        raise UsageError("--hf-overrides is nested too deeply") from None
+    if not isinstance(value, dict):
+        raise UsageError("--hf-overrides must be a JSON object")
+    return value
+
+
 def spec_hash(spec: MatrixSpec) -> str:
     """Return a short stable hash of the spec: a resumed run must have the same one."""
     blob = json.dumps(spec.to_dict(), sort_keys=True, default=str)

@@ -37,16 +37,9 @@ def doctor(
 
     with user_errors():
         from cascade_repro.doctor import doctor as run_doctor
-        from cascade_repro.errors import UsageError
+        from cascade_repro.matrix import parse_hf_overrides
 
-        overrides = None
-        if hf_overrides is not None:
-            try:
-                overrides = json.loads(hf_overrides)
-            except json.JSONDecodeError as e:
-                raise UsageError(f"--hf-overrides is not valid JSON: {e.msg} at column {e.colno}") from None
-            if not isinstance(overrides, dict):
-                raise UsageError("--hf-overrides must be a JSON object")
+        overrides = parse_hf_overrides(hf_overrides) if hf_overrides is not None else None
         checks, code = run_doctor(
             model=model,
             tp=tp,

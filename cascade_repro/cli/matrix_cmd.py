@@ -107,10 +107,9 @@ def matrix(
 
 def _flag_values(given: dict[str, Any]) -> dict[str, Any]:
     """Turn the flags the user gave into MatrixSpec values (comma lists parsed, JSON decoded)."""
-    import json
 
     from cascade_repro.errors import UsageError
-    from cascade_repro.matrix import parse_fa_list, parse_int_list, parse_onoff_list
+    from cascade_repro.matrix import parse_fa_list, parse_hf_overrides, parse_int_list, parse_onoff_list
 
     out: dict[str, Any] = {}
     lists = {"tp": "tp", "batch": "batch"}
@@ -131,13 +130,7 @@ def _flag_values(given: dict[str, Any]) -> dict[str, Any]:
     if given["backend"] is not None:
         out["backends"] = [x.strip().upper() for x in given["backend"].split(",") if x.strip()]
     if given["hf_overrides"] is not None:
-        try:
-            ov = json.loads(given["hf_overrides"])
-        except json.JSONDecodeError as e:
-            raise UsageError(f"--hf-overrides is not valid JSON: {e.msg} at column {e.colno}") from None
-        if not isinstance(ov, dict):
-            raise UsageError("--hf-overrides must be a JSON object")
-        out["hf_overrides"] = ov
+        out["hf_overrides"] = parse_hf_overrides(given["hf_overrides"])
     scalars = (
         "engine", "model", "prompts", "system_prompt", "limit", "max_tokens", "topk", "arm_switch", "enforce_eager", "graphs_for_batches",
         "load_format", "max_model_len", "gpu_memory_utilization", "trust_remote_code", "engine_timeout", "device",
