@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from cascade_repro.cli import doctor_cmd, env_cmd, matrix_cmd, prompts_cmd, report_cmd  # noqa: F401 - registers commands
+from cascade_repro.cli import (  # noqa: F401 - importing a command module registers its commands
+    doctor_cmd,
+    env_cmd,
+    kernel_cmd,
+    matrix_cmd,
+    prompts_cmd,
+    report_cmd,
+)
 from cascade_repro.cli.app import app
 
 __all__ = ["app", "main"]

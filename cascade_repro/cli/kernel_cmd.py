@@ -1,0 +1,154 @@
+"""`cascade-repro kernel`: vLLM's cascade kernels against float64 on synthetic inputs (GPU + vLLM)."""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from cascade_repro.cli.app import app, err_console, user_errors
+
+G, OUT = "Grid", "Output"
+
+
+def _opt(help: str, panel: str, *decls: str, **kw: Any) -> Any:
+    return typer.Option(*decls, help=help, rich_help_panel=panel, **kw)
+
+
+def _command(quick: bool, fa: tuple[int, ...], dtypes: tuple[str, ...], inject: str | None, factor: float,
+             out: Path, seed: int) -> str:  # fmt: skip
+    args = ["cascade-repro", "kernel"] + (["--quick"] if quick else [])
+    args += ["--fa-version", ",".join(map(str, fa)), "--dtype", ",".join(dtypes)]
+    args += ["--inject", inject] if inject else []
+    args += ["--factor", f"{factor:g}", "--seed", str(seed), "--out", str(out)]
+    return shlex.join(args)
+
+
+@app.command()
+def kernel(
+    quick: Annotated[
+        bool, _opt("Run the quick subset (12 cases for FA2+FA3, under 2 minutes on an H200).", G)
+    ] = False,
+    fa_version: Annotated[str, _opt("FlashAttention versions, comma-separated.", G)] = "2,3",
+    dtype: Annotated[str, _opt("Model dtypes, comma-separated: bf16, fp16.", G)] = "bf16,fp16",
+    inject: Annotated[
+        str | None,
+        _opt(
+            "Fault to inject into the cascade merge: `lse-layout` (the probe's transposed suffix LSE).",
+            G,
+            show_default=False,
+        ),
+    ] = None,  # fmt: skip
+    factor: Annotated[
+        float, _opt("`ok` when cascade's relative error <= factor x the flat path's.", G)
+    ] = 4.0,
+    seed: Annotated[int, _opt("Base seed; each case derives its own from it and its shape.", G)] = 0,
+    out: Annotated[
+        Path | None,
+        _opt(
+            "Directory for report.md, summary.json, junit.xml. [default: results/kernel-YYYYmmdd-HHMMSS]",
+            OUT,
+            show_default=False,
+        ),
+    ] = None,  # fmt: skip
+    dry_run: Annotated[bool, _opt("List the cases and the time estimate; needs no GPU.", OUT)] = False,
+) -> None:
+    """Check vLLM's cascade-attention kernels against exact float64 attention, case by case.
+
+    For every case of a grid (decode-only GQA batches with split-KV, mixed prefill+decode batches,
+    shared prefixes of 256..8192 tokens, 8..256 requests, head dims 64/128, bf16/fp16, FA2/FA3) it
+    builds paged KV caches with a shared prefix, calls vLLM's `cascade_attention` and the flat path
+    (one `flash_attn_varlen_func` call) on the same inputs, and reports the error of each against
+    float64. Exit code 1 on any mismatch or error, 2 without a CUDA GPU or vLLM.
+
+    Examples:
+
+        cascade-repro kernel --quick
+
+        cascade-repro kernel --fa-version 2,3 --inject lse-layout --out results/kernel-inject
+    """
+    with user_errors():
+        from cascade_repro.errors import UsageError
+        from cascade_repro.kernel.grid import build_grid, estimate_seconds, parse_dtypes, parse_fa_versions
+        from cascade_repro.kernel.run import INJECTIONS
+
+        fa = parse_fa_versions(fa_version)
+        dtypes = parse_dtypes(dtype)
+        if inject is not None and inject not in INJECTIONS:
+            raise UsageError(f"unknown --inject {inject!r}: expected one of {', '.join(INJECTIONS)}")
+        if not math.isfinite(factor) or factor <= 0:
+            raise UsageError("--factor must be a positive number")
+        cases = build_grid(quick=quick, fa_versions=fa, dtypes=dtypes, seed=seed)
+        if dry_run:
+            _print_plan(cases, estimate_seconds(cases))
+            return
+        from cascade_repro.kernel.run import load_vllm, require_gpu_and_vllm
+
+        require_gpu_and_vllm()
+        api = load_vllm()
+    started = datetime.now(UTC)
+    if out is None:
+        root = Path(os.environ.get("CASCADE_REPRO_RESULTS_DIR") or "results")
+        out = root / f"kernel-{started:%Y%m%d-%H%M%S}{'-' + inject if inject else ''}"
+    console = err_console()
+    console.print(
+        f"cascade-repro kernel: {len(cases)} cases, vLLM {api.version}, "
+        f"estimated {estimate_seconds(cases):.0f} s at most"
+    )
+
+    def progress(res: Any, i: int, n: int) -> None:
+        ratio = "—" if res.ratio is None else f"{res.ratio:.2f}"
+        console.print(f"[{i + 1}/{n}] {res.case.case_id}: {res.status} (ratio {ratio}, {res.wall_s:.2f} s)",
+                      highlight=False, markup=False)  # fmt: skip
+
+    from cascade_repro.kernel.report import rich_table, summary, write_reports
+    from cascade_repro.kernel.run import run_grid
+
+    t0 = time.perf_counter()
+    results, env = run_grid(cases, inject=inject, factor=factor, api=api, on_result=progress)
+    settings = {"quick": quick, "fa_versions": list(fa), "dtypes": list(dtypes), "inject": inject,
+                "factor": factor, "eps": 1e-6, "seed": seed, "n_cases": len(cases)}  # fmt: skip
+    data = summary(results, settings, env, started.isoformat(timespec="seconds"), time.perf_counter() - t0,
+                   _command(quick, fa, dtypes, inject, factor, out, seed))  # fmt: skip
+    paths = write_reports(data, out)
+    from rich.console import Console
+
+    Console().print(rich_table(data))
+    if data.get("positive_control"):
+        pc = data["positive_control"]
+        console.print(
+            f"positive control: {pc['decode_gqa_mismatches']}/{pc['decode_gqa_cases']} decode-GQA cases mismatch"
+        )
+    for p in paths:
+        console.print(f"wrote {p}", highlight=False)
+    console.print(f"{data['headline']}; exit {data['exit_code']} ({data['exit_reason']})", highlight=False)
+    raise typer.Exit(data["exit_code"])
+
+
+def _print_plan(cases: list[Any], estimate: float) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=f"cascade-repro kernel: {len(cases)} cases")
+    table.add_column("case", overflow="fold")
+    for col in ("seqs", "tokens", "prefix", "max seq", "heads", "d", "dtype", "FA", "splits"):
+        table.add_column(col, no_wrap=True)
+    for c in cases:
+        table.add_row(
+            escape(c.case_id), str(c.num_seqs), str(c.num_tokens), str(c.prefix_len),
+            str(max(c.seq_lens)), c.heads, str(c.head_dim), c.dtype, str(c.fa_version), str(c.max_num_splits),
+        )  # fmt: skip
+    console = Console()
+    console.print(table)
+    flops = sum(c.ref_flops() for c in cases)
+    console.print(
+        f"{len(cases)} cases; float64 reference {flops / 1e12:.1f} TFLOP; estimated at most {estimate:.0f} s "
+        "on one H200 (vLLM import and CUDA start included)"
+    )

@@ -1,0 +1,11 @@
+"""`cascade-repro kernel`: vLLM's cascade kernels on synthetic serving-like inputs, against float64.
+
+The model is out of the picture: for each grid case (``grid.py``) the harness builds paged KV caches
+with a shared prefix (``reference.py``), calls vLLM's own ``cascade_attention`` and, on the same
+inputs, the one ``flash_attn_varlen_func`` call of vLLM's non-cascade forward (``run.py``), and
+compares both with exact attention computed in float64. ``report.py`` renders the verdicts.
+
+Only ``run.py`` imports vLLM, and only inside its functions; everything else runs on a CPU.
+"""
+
+from __future__ import annotations
