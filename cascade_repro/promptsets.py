@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -105,7 +106,9 @@ def load_prompt_set(spec: str, limit: int | None = None) -> PromptSet:
     """
     _check_limit(limit)
     name, source, display, located = _resolve_set(spec)
-    records = tuple(islice(_unique_keys(located), limit))
+    # islice rejects a stop above sys.maxsize; a --limit that large means "all of them".
+    stop = None if limit is None else min(limit, sys.maxsize)
+    records = tuple(islice(_unique_keys(located), stop))
     if not records:
         raise UsageError(f"no prompts in {display}")
     return PromptSet(name=name, source=source, records=records)
@@ -463,7 +466,14 @@ def _kwargs(value: Any, where: _Where, n_instructions: int) -> tuple[dict, ...]:
             raise UsageError(
                 f"{where}: field 'kwargs' item {position} must be an object, got {_type_name(item)}"
             )
-        result.append({name: arg for name, arg in item.items() if arg is not None})
+        item = {name: arg for name, arg in item.items() if arg is not None}
+        try:  # the run directory stores kwargs as JSON: a parquet timestamp or bytes cannot go there
+            json.dumps(item)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise UsageError(
+                f"{where}: field 'kwargs' item {position} is not JSON data: {_one_line(exc)}"
+            ) from None
+        result.append(item)
     return tuple(result)
 
 

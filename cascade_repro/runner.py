@@ -18,6 +18,7 @@ from typing import Any
 from cascade_repro import runstore
 from cascade_repro.errors import UsageError
 from cascade_repro.matrix import MatrixSpec, all_cells, plan, spec_hash
+from cascade_repro.shard import Shard, empty_warning, restrict
 from cascade_repro.verdicts import Thresholds
 
 POLL_S = 0.5
@@ -34,6 +35,7 @@ class RunOptions:
     thresholds: Thresholds = field(default_factory=Thresholds)
     command: str = ""
     progress: bool = True
+    shard: Shard | None = None  # run only this shard's engine keys (see shard.py); not part of the matrix
 
 
 @dataclass
@@ -84,6 +86,9 @@ class PreparedRun:
                 raise UsageError(
                     f"{run_dir} holds a different matrix; pass --fresh to start it over or choose another --run-id"
                 )
+            elif (was := old.get("shard")) != (now := self.run.get("shard")):
+                was, now = (f"shard {s}" if s else "the unsharded run" for s in (was, now))
+                raise UsageError(f"{run_dir} holds {was} of this matrix, not {now}: one --run-id per shard")
         (run_dir / runstore.SAMPLES).mkdir(parents=True, exist_ok=True)
         tmp = run_dir / ".prompts.jsonl.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
@@ -117,10 +122,14 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
     rendered, shared = render_all(tokenizer, system_text, [r.prompt for r in pset.records])
 
     run_id = opts.run_id or default_run_id(spec)
+    if opts.shard and not opts.run_id:
+        run_id += f"-shard{opts.shard.index}of{opts.shard.count}"
     if not re.fullmatch(r"[A-Za-z0-9._-]+", run_id):
         raise UsageError(f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-'")
     run_dir = opts.results_dir / run_id
     engines = plan(spec)
+    if opts.shard and console is not None and (warning := empty_warning(engines, opts.shard)):
+        console.print(f"[yellow]warning:[/] {warning}")
     run = {
         "run_id": run_id,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -152,6 +161,8 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
         "engines": {},
         "timings": {},
     }
+    if opts.shard:
+        run["shard"] = str(opts.shard)  # the plan stays whole: every shard of a matrix has the same one
     if console is not None and shared < MIN_CASCADE_PREFIX:
         console.print(
             f"[yellow]warning:[/] shared prefix is {shared} tokens (< {MIN_CASCADE_PREFIX}): cascade cannot fire"
@@ -202,7 +213,7 @@ def execute(run_dir: Path, show_progress: bool = True, console: Any = None) -> l
     """Run one worker per engine key with unfinished cells; return error lines for the summary."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    run = runstore.read_run_json(run_dir)
+    run = restrict(runstore.read_run_json(run_dir))  # a shard runs only its own engine keys
     spec = run["spec"]
     n_prompts = run["prompt_set"]["n"]
     cells = {c["cell_id"]: c for c in run["plan"]["cells"]}
@@ -321,13 +332,14 @@ def finalize(run_dir: Path, thresholds: Thresholds | None = None) -> tuple[Path,
 
     run = runstore.read_run_json(run_dir)
     th = thresholds or Thresholds(**run.get("thresholds", {}))
-    cells_df, pairs_df, comp_df = build_tables(run, run_dir, th)
+    scored = restrict(run)  # a shard scores its own cells; merge scores them all
+    cells_df, pairs_df, comp_df = build_tables(scored, run_dir, th)
     for name, df in (("cells", cells_df), ("pairs", pairs_df), ("comparisons", comp_df)):
         tmp = run_dir / f".{name}.parquet.tmp"
         df.to_parquet(tmp, index=False)
         os.replace(tmp, run_dir / f"{name}.parquet")
     engines = {}
-    for key in run["plan"]["engines"]:
+    for key in scored["plan"]["engines"]:
         prog = runstore.read_progress(runstore.samples_path(run_dir, key))
         eff = dict(prog.engine.get("effective", {}))
         errs = {c: e for c, e in prog.errors.items()}
@@ -358,6 +370,8 @@ def run_matrix(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> RunOu
         run = runstore.read_run_json(run_dir)
         run["timings"] = {"total_s": round(time.time() - t0, 2)}
         runstore.write_json_atomic(run_dir / runstore.RUN_JSON, run)
+        if not restrict(run)["plan"]["cells"]:  # an empty shard: nothing to score
+            return RunOutcome(run_dir, 0, {}, errors)
         _, data = finalize(run_dir, opts.thresholds)
     counts = {v: int((data.pairs["verdict"] == v).sum()) for v in VERDICTS} if not data.pairs.empty else {}
     return RunOutcome(run_dir, exit_code(data, opts.fail_on), counts, errors)

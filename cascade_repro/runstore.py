@@ -199,39 +199,51 @@ def iter_samples(path: Path, cells: set[str] | None = None) -> Iterator[dict[str
 
 
 class RunLock:
-    """An exclusive lock on a results directory (O_EXCL lock file holding the owner's pid).
+    """An exclusive lock on a results directory: ``flock`` on a lock file holding the owner's pid.
 
-    A lock whose process is gone is stale and taken over, so a kill -9 does not block the rerun.
+    The kernel drops the lock when its holder dies, so a kill -9 does not block the rerun, and
+    two reruns racing over a dead holder's file cannot both win (a pid check followed by
+    unlink-and-recreate could hand the lock to both). The pid is only for the message.
     """
 
     def __init__(self, run_dir: Path) -> None:
         self.path = run_dir / LOCK
-        self._held = False
+        self._fd: int | None = None
 
     def acquire(self) -> None:
+        import fcntl
+
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        for _ in range(2):
+        for _ in range(10):
+            fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
                 pid = _read_pid(self.path)
-                if pid and _alive(pid):
-                    raise RunLockedError(
-                        f"{self.path.parent} is in use by another cascade-repro run (pid {pid}); "
-                        "wait for it or choose another --results-dir"
-                    ) from None
-                self.path.unlink(missing_ok=True)
+                raise RunLockedError(
+                    f"{self.path.parent} is in use by another cascade-repro run (pid {pid or 'unknown'}); "
+                    "wait for it or choose another --results-dir"
+                ) from None
+            # A holder releasing meanwhile unlinks the path: make sure we locked the file that is there.
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:
+                os.close(fd)
                 continue
-            with os.fdopen(fd, "w") as f:
-                f.write(str(os.getpid()))
-            self._held = True
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
+            self._fd = fd
             return
         raise RunLockedError(f"could not lock {self.path.parent}")
 
     def release(self) -> None:
-        if self._held:
-            self.path.unlink(missing_ok=True)
-            self._held = False
+        if self._fd is not None:
+            self.path.unlink(missing_ok=True)  # while still locked, so no one locks a doomed file
+            os.close(self._fd)
+            self._fd = None
 
     def __enter__(self) -> RunLock:
         self.acquire()
@@ -246,13 +258,3 @@ def _read_pid(path: Path) -> int | None:
         return int(path.read_text().strip() or 0) or None
     except (OSError, ValueError):
         return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -104,6 +104,17 @@ RUN = {
     "thresholds": {"alpha": 0.01, "rep_delta": 0.02, "min_topk_violations": 1},
     "fail_on": "regression",
     "timings": {"total_s": 123.4},
+    "predictions": {
+        "rule": "cascade_repro.explain.use_cascade_attention (port of vLLM 0.26.0)",
+        "num_sms": 132,
+        "sms_source": "run.json env.sm_count",
+        "cells": {
+            "tp1-b1-s0-cascade": {"prefill": False, "decode": False, "decode_from_batch": 45},
+            "tp1-b8-s0-cascade": {"prefill": True, "decode": False, "decode_from_batch": 45},
+            "tp1-b8-s1-cascade": {"prefill": True, "decode": None, "decode_from_batch": None},
+            "tp1-b8-s0-flat": {"prefill": False, "decode": False, "decode_from_batch": 45},
+        },
+    },
 }
 
 
@@ -143,6 +154,9 @@ def _cell(batch: int, seed: int, arm: str, **kw) -> dict:
         "tail_loop_rate": 0.0,
         "longest_repeat_mean": 1.5,
         "finish_length_rate": 0.25,
+        "if_n": 4,
+        "if_strict": 0.75,
+        "if_loose": 1.0,
     }
     row.update(kw)
     return row
@@ -166,6 +180,8 @@ CELLS = [
         distinct_2=0.55,
         zlib_ratio=3.4,
         tail_loop_rate=0.5,
+        if_strict=0.25,
+        if_loose=0.5,
     ),
     _cell(8, 0, "flat", tokens_per_s=388.25, seq_rep_4=0.08),
     _cell(
@@ -185,6 +201,9 @@ CELLS = [
         n_prompts=0,
         total_steps=0,
         tokens=0,
+        if_n=0,
+        if_strict=NAN,
+        if_loose=NAN,
     ),
     _cell(8, 1, "flat", tokens_per_s=401.0, seq_rep_4=0.07),
 ]
@@ -224,6 +243,14 @@ def _pair(pair_id: str, kind: str, test: str, ref: str, batch: int, seed: int, *
         "total_steps": 200,
         "verdict": "identical",
         "reasons": "",
+        "if_n": 4,
+        "if_strict_test": 0.75,
+        "if_strict_ref": 0.75,
+        "if_strict_delta": 0.0,
+        "if_loose_delta": 0.0,
+        "if_gained": 0,
+        "if_lost": 0,
+        "p_if": 1.0,
     }
     row.update(kw)
     return row
@@ -264,6 +291,12 @@ PAIRS = [
         total_steps=128,
         verdict="regression",
         reasons="diverged 3/4 vs noise 1/4 | top-k violations 2 vs 0\nseq-rep-4 up \x01+0.23",
+        if_strict_test=0.25,
+        if_strict_ref=0.75,
+        if_strict_delta=-0.5,
+        if_loose_delta=-0.5,
+        if_lost=2,
+        p_if=0.5,
     ),
     _pair(
         "p03",
@@ -287,6 +320,12 @@ PAIRS = [
         total_steps=0,
         verdict="error",
         reasons="test cell tp1-b8-s1-cascade failed",
+        if_n=0,
+        if_strict_test=NAN,
+        if_strict_ref=NAN,
+        if_strict_delta=NAN,
+        if_loose_delta=NAN,
+        p_if=NAN,
     ),
     _pair(
         "n01",
@@ -655,3 +694,42 @@ def test_read_samples_keeps_unconfirmed_records_and_latest(tmp_path: Path) -> No
 def test_unknown_format_is_usage_error(run_dir: Path) -> None:
     with pytest.raises(UsageError, match="unknown report format 'pdf'"):
         write_reports(run_dir, ["pdf"])
+
+
+def test_predictions_and_if_columns_only_when_present(tmp_path: Path) -> None:
+    data = load_run(build_run(tmp_path / "with"))
+    md = MarkdownFormatter().render(data)
+    assert "| predicted (prefill/decode) |" in md and "| IF strict cascade vs flat |" in md
+    assert "| 0/200 | no/no (decode from 45) |" in md  # the prediction sits next to the measured count
+    assert "| yes/? |" in md  # decode unknown without an SM count
+    assert "0.250 vs 0.750 (-0.500, p=0.5, n=4)" in md
+    assert "It is informational: it does not change the verdict." in md
+    assert "it does not change the verdict" in HtmlFormatter().render(data)
+    run = {k: v for k, v in RUN.items() if k != "predictions"}
+    old = build_run(tmp_path / "without", run)
+    pairs = pd.read_parquet(old / "pairs.parquet").drop(columns=[c for c in PAIRS[0] if c.startswith(("if_", "p_if"))])
+    pairs.to_parquet(old / "pairs.parquet", index=False)
+    cells = pd.read_parquet(old / "cells.parquet").drop(columns=["if_n", "if_strict", "if_loose"])
+    cells.to_parquet(old / "cells.parquet", index=False)
+    data = load_run(old)
+    md = MarkdownFormatter().render(data)
+    assert "predicted" not in md and "IF strict" not in md and "informational" not in md
+    summary = json.loads(JsonFormatter().render(data))
+    assert summary["predictions"] == {} and summary["if_note"] is None
+    assert summary["pairs"][1]["if_strict_delta"] is None
+
+
+def test_bare_prediction_map_is_read_too(tmp_path: Path) -> None:
+    run = {**RUN, "predictions": {"tp1-b8-s0-cascade": {"prefill": True, "decode": True, "decode_from_batch": 8}}}
+    md = MarkdownFormatter().render(load_run(build_run(tmp_path, run)))
+    assert "| 120/128 | yes/yes |" in md
+    assert "| 0/200 | — |" in md  # cells without a prediction
+
+
+def test_if_does_not_change_verdicts_or_exit_code(run_dir: Path) -> None:
+    data = load_run(run_dir)
+    before = [exit_code(data, f) for f in ("regression", "error", "never")]
+    data.pairs["p_if"] = 1e-9  # a drastic IF drop everywhere
+    data.pairs["if_strict_delta"] = -1.0
+    assert [exit_code(data, f) for f in ("regression", "error", "never")] == before
+

@@ -52,6 +52,7 @@ def matrix(
     fresh: Annotated[bool, _opt("Discard earlier samples of this run directory instead of resuming.", OUT)] = False,
     fail_on: Annotated[str, _opt("Exit 1 on: `regression`, `error` (regression or error cells), `never`.", OUT)] = "regression",
     quiet: Annotated[bool, _opt("No progress bars.", OUT)] = False,
+    shard: Annotated[str | None, _opt("Run only shard i of n (1-based, e.g. `1/2`): whole engine keys, split deterministically so every machine given the same matrix picks a disjoint part. Combine the shard directories with `cascade-repro merge`.", OUT)] = None,
     alpha: Annotated[float, _opt("Significance level of the Fisher tests against the noise floor.", V)] = 0.01,
     rep_delta: Annotated[float, _opt("Minimum seq-rep-4 increase (CI lower bound) that counts as repetition.", V)] = 0.02,
     min_topk_violations: Annotated[int, _opt("Divergences outside top-k needed (besides significance) to flag.", V)] = 1,
@@ -85,8 +86,11 @@ def matrix(
             from cascade_repro.errors import UsageError
 
             raise UsageError(f"--fail-on must be one of {', '.join(FAIL_ON)}")
+        from cascade_repro.shard import Shard
+
+        shard_ = Shard.parse(shard) if shard is not None else None
         if dry_run:
-            _print_plan(spec)
+            _print_plan(spec, shard_)
             return
         from cascade_repro.runner import RunOptions, run_matrix
 
@@ -98,6 +102,7 @@ def matrix(
             thresholds=Thresholds(alpha=alpha, rep_delta=rep_delta, min_topk_violations=min_topk_violations),
             command=_command_line(),
             progress=not quiet,
+            shard=shard_,
         )
         console = err_console()
         outcome = run_matrix(spec, opts, console)
@@ -146,8 +151,8 @@ def _command_line() -> str:
     return " ".join(["cascade-repro", *map(shlex.quote, sys.argv[1:])])
 
 
-def _print_plan(spec: Any) -> None:
-    """Print every cell, its engine and wave count; then the engine-start count."""
+def _print_plan(spec: Any, shard: Any = None) -> None:
+    """Print every cell (of the shard, if given), its engine and wave count; then the engine-start count."""
     from rich.console import Console
     from rich.table import Table
 
@@ -157,7 +162,16 @@ def _print_plan(spec: Any) -> None:
     load_system_prompt(spec.system_prompt)  # a bad --system-prompt fails here, not hours later
     n = len(load_prompt_set(spec.prompts, spec.limit).records)
     engines = plan(spec)
-    table = Table(title=f"{spec.engine} matrix over {n} prompts")
+    title = f"{spec.engine} matrix over {n} prompts"
+    if shard is not None:
+        from cascade_repro.shard import empty_warning, keys_for
+
+        if warning := empty_warning(engines, shard):
+            Console(stderr=True).print(f"[yellow]warning:[/] {warning}")
+        keep = set(keys_for(engines, shard))
+        engines = {k: ep for k, ep in engines.items() if k in keep}
+        title += f", shard {shard}"
+    table = Table(title=title)
     for col in ("cell", "engine key", "tp", "batch", "arm", "waves"):
         table.add_column(col)
     for key, ep in engines.items():
@@ -176,4 +190,7 @@ def _print_outcome(outcome: Any, console: Any) -> None:
     console.print(f"[{style}]{counts}[/]", highlight=False)
     for e in outcome.errors:
         console.print(f"[red]error[/] {e}", highlight=False)
+    if not (outcome.run_dir / "report.md").exists():  # an empty shard scores nothing
+        console.print(f"run: {outcome.run_dir}")
+        return
     console.print(f"report: {outcome.run_dir / 'report.md'}  (html: {outcome.run_dir / 'report.html'})")

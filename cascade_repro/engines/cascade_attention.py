@@ -94,16 +94,71 @@ def partial_attention(
     Fully masked rows give output 0 and LSE -inf (what the kernels return for empty KV).
     """
     h, kvh = q.shape[1], k.shape[1]
-    g = h // kvh
-    qg = _group(q, kvh).float()
-    scores = torch.matmul(qg, k.float().transpose(-1, -2)) * scale  # [B, KVH, G*Q, L]
-    if mask is not None:
-        scores = scores.masked_fill(~mask.repeat(1, 1, g, 1), float("-inf"))
+    masked_out = None if mask is None else _grouped_mask(mask, h // kvh).logical_not_()
+    out, lse = _partial_grouped(_group(q, kvh), k, v, masked_out, scale)
+    return _ungroup(out, h), _ungroup(lse, h)
+
+
+def _grouped_mask(mask: torch.Tensor, g: int) -> torch.Tensor:
+    """The [B, 1, Q, L] mask for the grouped queries [B, KVH, G*Q, D] of ``_group``: [B, 1, G*Q, L]."""
+    return mask.repeat(1, 1, g, 1)
+
+
+def _partial_grouped(
+    qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked_out: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``partial_attention`` on grouped queries: qg [B, KVH, M, D] -> (out [B, KVH, M, D], lse [B, KVH, M]).
+
+    ``masked_out``: bool [B, 1, M, L], True = masked (the grouped mask, inverted), or None.
+    """
+    b, kvh, m, d = qg.shape
+    fold = k.shape[0] == 1 and b > 1
+    if fold:
+        # One KV copy for every request: fold the batch into each KV head's rows, so the matmuls read
+        # k and v once ([1, KVH, B*M, D] @ [1, KVH, D, L]); a broadcast matmul would copy them B times.
+        qg = qg.transpose(0, 1).reshape(1, kvh, b * m, d)
+        if masked_out is not None:
+            masked_out = masked_out.expand(b, 1, m, masked_out.shape[-1]).reshape(1, 1, b * m, -1)
+    qg, k, v = qg.float(), k.float(), v.float()
+    fused = _fused_partial(qg, k, v, scale) if masked_out is None else None
+    out, lse = fused if fused is not None else _manual_partial(qg, k, v, masked_out, scale)
+    if fold:
+        out = out.reshape(kvh, b, m, d).transpose(0, 1)
+        lse = lse.reshape(kvh, b, m).transpose(0, 1)
+    return out, lse
+
+
+def _fused_partial(
+    qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Unmasked float32 partial attention through PyTorch's CPU flash-attention kernel; None where it does not apply.
+
+    The kernel returns the output and the log-sum-exp of the scaled scores, as the flash-attention
+    kernels of vLLM's cascade path do, without materialising the [M, L] scores: for the prefix pass of
+    a prefill (every query of every request against the whole prefix) that is most of the work.
+    Empty KV (no columns) stays on the reference path, which gives output 0 and LSE -inf.
+    """
+    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if op is None or qg.device.type != "cpu" or k.shape[-2] == 0 or qg.shape[-2] == 0:
+        return None
+    try:
+        out, lse = op(qg, k, v, 0.0, False, scale=scale)
+    except (RuntimeError, TypeError):  # a signature this torch does not have: the reference path still works
+        return None
+    return out, lse
+
+
+def _manual_partial(
+    qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked_out: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference math: scores, masked, log-sum-exp, then the LSE-normalised probabilities times V."""
+    scores = torch.matmul(qg, k.transpose(-1, -2)).mul_(scale)  # [B, KVH, M, L]
+    if masked_out is not None:
+        scores.masked_fill_(masked_out, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     safe_lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
-    probs = torch.exp(scores - safe_lse.unsqueeze(-1))
-    out = torch.matmul(probs, v.float())
-    return _ungroup(out, h), _ungroup(lse, h)
+    probs = scores.sub_(safe_lse.unsqueeze(-1)).exp_()
+    return torch.matmul(probs, v), lse
 
 
 def merge_attn_states(
@@ -151,9 +206,31 @@ def cascade_attention(
 
     q: [B, H, Q, D]; k, v: [B, KVH, L, D]; mask: bool [B, 1, Q, L]. Returns [B, H, Q, D] in q's dtype.
     """
+    suffix_masked_out = _grouped_mask(mask[..., prefix_len:], q.shape[1] // k.shape[1]).logical_not_()
+    return _cascade(q, k, v, suffix_masked_out, scale, prefix_len, inject)
+
+
+def _cascade(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    suffix_masked_out: torch.Tensor,
+    scale: float,
+    prefix_len: int,
+    inject: str | None,
+) -> torch.Tensor:
+    """``cascade_attention`` with the suffix mask already grouped and inverted ([B, 1, G*Q, L - prefix_len])."""
+    h, kvh = q.shape[1], k.shape[1]
+    qg = _group(q, kvh)
     # One copy of the prefix KV serves every request: row 0's (all rows hold the same prefix).
-    p_out, p_lse = partial_attention(q, k[:1, :, :prefix_len], v[:1, :, :prefix_len], None, scale)
-    s_out, s_lse = partial_attention(q, k[:, :, prefix_len:], v[:, :, prefix_len:], mask[..., prefix_len:], scale)
+    p_out, p_lse = _partial_grouped(qg, k[:1, :, :prefix_len], v[:1, :, :prefix_len], None, scale)
+    s_out, s_lse = _partial_grouped(qg, k[:, :, prefix_len:], v[:, :, prefix_len:], suffix_masked_out, scale)
+    p_out, p_lse, s_out, s_lse = (
+        _ungroup(p_out, h),
+        _ungroup(p_lse, h),
+        _ungroup(s_out, h),
+        _ungroup(s_lse, h),
+    )
     # The kernels hand back outputs in the model dtype and LSEs in float32; so do we.
     p_out, s_out = p_out.to(q.dtype), s_out.to(q.dtype)
     if inject == "lse-layout":
@@ -161,11 +238,58 @@ def cascade_attention(
     return merge_attn_states(p_out, p_lse, s_out, s_lse).to(q.dtype)
 
 
-def flat_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+def flat_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
     """Ordinary attention over all keys (PyTorch SDPA), GQA without copying KV heads."""
+    return _flat(q, k, v, _additive_mask(_grouped_mask(mask, q.shape[1] // k.shape[1]), q.dtype), scale)
+
+
+def _additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask as the additive one SDPA turns it into (0 = attend, -inf = masked), same values."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+        mask.logical_not(), float("-inf")
+    )
+
+
+def _flat(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grouped_add_mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """``flat_attention`` with the mask already grouped ([B, 1, G*Q, L]) and additive."""
     h, kvh = q.shape[1], k.shape[1]
-    out = F.scaled_dot_product_attention(_group(q, kvh), k, v, attn_mask=mask.repeat(1, 1, h // kvh, 1), scale=scale)
+    out = F.scaled_dot_product_attention(_group(q, kvh), k, v, attn_mask=grouped_add_mask, scale=scale)
     return _ungroup(out, h)
+
+
+class _StepMasks:
+    """The masks derived from the engine's mask, built once per forward step instead of once per layer.
+
+    Every layer of one forward receives the same mask object; the derived masks are kept for that
+    object and rebuilt when another one arrives.
+    """
+
+    def __init__(self) -> None:
+        self.src: torch.Tensor | None = None
+        self.built: dict[tuple, torch.Tensor] = {}
+
+    def get(self, mask: torch.Tensor, key: tuple, build) -> torch.Tensor:
+        if mask is not self.src:
+            self.src, self.built = mask, {}
+        got = self.built.get(key)
+        if got is None:
+            got = self.built[key] = build()
+        return got
+
+    def clear(self) -> None:
+        self.src, self.built = None, {}
+
+
+_STEP_MASKS = _StepMasks()
+
+
+def release_step_masks() -> None:
+    """Drop the masks kept for the last forward (the engine calls this when a wave ends)."""
+    _STEP_MASKS.clear()
 
 
 def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -173,12 +297,23 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
     if attention_mask is None or attention_mask.dim() != 4 or attention_mask.dtype != torch.bool:
         raise RuntimeError("cascade_repro attention expects the engine's 4-D boolean mask")
+    g = query.shape[1] // key.shape[1]
     if STATE.use_now:
         STATE.calls += 1
         aligned = STATE.common_prefix_len
-        out = cascade_attention(query, key, value, attention_mask, scale, aligned, STATE.inject)
+        suffix_masked_out = _STEP_MASKS.get(
+            attention_mask,
+            ("cascade", g, aligned),
+            lambda: _grouped_mask(attention_mask[..., aligned:], g).logical_not_(),
+        )
+        out = _cascade(query, key, value, suffix_masked_out, scale, aligned, STATE.inject)
     else:
-        out = flat_attention(query, key, value, attention_mask, scale)
+        add_mask = _STEP_MASKS.get(
+            attention_mask,
+            ("flat", g, query.dtype),
+            lambda: _additive_mask(_grouped_mask(attention_mask, g), query.dtype),
+        )
+        out = _flat(query, key, value, add_mask, scale)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -13,6 +13,8 @@ arm attend to one copy of it. Both arms see the same cache, positions and mask.
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import os
 from typing import Any
 
@@ -74,6 +76,11 @@ class HFEngine:
         self.pad_id = pad if pad is not None else next(iter(self.eos_ids))
         self._prefix_key: tuple[int, ...] | None = None
         self._prefix_cache: Any = None
+        # transformers 5.x renames forward's ``past_key_values`` to ``cache`` (the old name warns, then
+        # goes); ``logits_to_keep`` (lm_head on the last position only) is absent from some models.
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kw = "past_key_values" if "past_key_values" in params else "cache"
+        self._last_logits = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
     def tokenizer(self) -> Any:
         return self._tok
@@ -109,7 +116,15 @@ class HFEngine:
                 n = len(prefix)
                 mask = torch.ones(1, 1, n, n, dtype=torch.bool, device=self.device).tril()
                 ca.STATE.use_now = False
-                self.model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+                # Only the KV cache is kept: no logits are needed (lm_head on one position, not n).
+                self.model(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    use_cache=True,
+                    **{self._cache_kw: cache},
+                    **self._last_logits,
+                )
+            ca.release_step_masks()
             self._prefix_key, self._prefix_cache = key, cache
         return self._prefix_cache
 
@@ -128,40 +143,49 @@ class HFEngine:
         state.prefix_len, state.inject = p, self.inject
         state.reset_counters()
 
-        cache = copy.deepcopy(self._prefix(prompts[0][:p]))
-        if p:
-            cache.batch_repeat_interleave(b)
         suffixes = [x[p:] for x in prompts]
         s = max(len(x) for x in suffixes)
+        cache = _wave_cache(self._prefix(prompts[0][:p]), b, p + s + max_tokens)
         dev = self.device
         ids = torch.full((b, s), self.pad_id, dtype=torch.long)
-        valid = torch.zeros((b, p + s), dtype=torch.bool)
-        valid[:, :p] = True
+        # Every column the wave can reach, allocated once: the generated columns are valid from the start.
+        valid = torch.ones((b, p + s + max_tokens), dtype=torch.bool)
+        valid[:, p : p + s] = False
         pos = torch.full((b, s), p, dtype=torch.long)
         for i, suf in enumerate(suffixes):
             n = len(suf)
             ids[i, s - n :] = torch.tensor(suf)
-            valid[i, p + s - n :] = True
+            valid[i, p + s - n : p + s] = True
             pos[i, s - n :] = torch.arange(p, p + n)
         ids, valid, pos = ids.to(dev), valid.to(dev), pos.to(dev)
 
-        finished = torch.zeros(b, dtype=torch.bool, device=dev)
+        finished = [False] * b
         out_tokens: list[list[int]] = [[] for _ in range(b)]
         out_lps: list[list[float]] = [[] for _ in range(b)]
         out_topk: list[list[list[list[float]]]] = [[] for _ in range(b)]
         reasons = ["length"] * b
         q_ids, q_pos = ids, pos
-        for _step in range(max_tokens):
-            q = q_ids.shape[1]
-            total = valid.shape[1]
-            cols = torch.arange(total, device=dev)
-            qcol = torch.arange(total - q, total, device=dev)
-            causal = cols[None, :] <= qcol[:, None]  # [Q, L]
-            own = cols[None, :] == qcol[:, None]  # a pad query sees itself, so no row is empty
-            mask = ((causal[None] & valid[:, None, :]) | own[None])[:, None]  # [B, 1, Q, L]
-            state.begin_step(int((~finished).sum()))
+        total = p + s
+        for step in range(max_tokens):
+            if step == 0:
+                # The padded suffix block: causal within it, pads masked out, and a pad query sees itself.
+                cols = torch.arange(total, device=dev)
+                qcol = torch.arange(total - s, total, device=dev)
+                causal = cols[None, :] <= qcol[:, None]  # [Q, L]
+                own = cols[None, :] == qcol[:, None]  # a pad query sees itself, so no row is empty
+                mask = ((causal[None] & valid[:, None, :total]) | own[None])[:, None]  # [B, 1, Q, L]
+            else:
+                # One query per row at the last column: causal is all True and the query's own column
+                # is a generated (valid) one, so the mask is the valid row itself.
+                mask = valid[:, None, None, :total]  # [B, 1, 1, L]
+            state.begin_step(b - sum(finished))
             logits = self.model(
-                input_ids=q_ids, position_ids=q_pos, attention_mask=mask, past_key_values=cache, use_cache=True
+                input_ids=q_ids,
+                position_ids=q_pos,
+                attention_mask=mask,
+                use_cache=True,
+                **{self._cache_kw: cache},
+                **self._last_logits,
             ).logits[:, -1, :]
             lps = torch.log_softmax(logits.float(), dim=-1)
             nxt = lps.argmax(dim=-1)
@@ -178,11 +202,13 @@ class HFEngine:
                 if nxt_l[i] in self.eos_ids:
                     reasons[i] = "stop"
                     finished[i] = True
-            if bool(finished.all()):
+            if all(finished):
                 break
-            valid = torch.cat([valid, torch.ones((b, 1), dtype=torch.bool, device=dev)], dim=1)
+            total += 1
             q_pos = q_pos[:, -1:] + 1
             q_ids = nxt[:, None]
+        del cache, mask
+        ca.release_step_masks()
 
         tok = self._tok
         completions = []
@@ -190,10 +216,90 @@ class HFEngine:
             toks = out_tokens[i]
             text_toks = toks[:-1] if reasons[i] == "stop" else toks
             completions.append(
-                Completion(toks, tok.decode(text_toks, skip_special_tokens=True), reasons[i], out_lps[i], out_topk[i])
+                Completion(
+                    toks, tok.decode(text_toks, skip_special_tokens=True), reasons[i], out_lps[i], out_topk[i]
+                )
             )
-        stats = WaveStats(state.steps_cascade, state.steps_total, state.calls, p if state.steps_cascade else 0)
+        stats = WaveStats(
+            state.steps_cascade, state.steps_total, state.calls, p if state.steps_cascade else 0
+        )
         return completions, stats
+
+
+@functools.cache
+def _inplace_layer_class() -> type:
+    """A transformers ``DynamicLayer`` that grows in place inside a buffer allocated once per wave.
+
+    ``DynamicLayer.update`` concatenates the new columns onto the whole cache (``torch.cat``), so every
+    step copies all of every layer's KV once more. This layer writes the new columns into room set
+    aside for them instead; ``keys``/``values`` are views of the filled columns, so attention reads the
+    same numbers, in the same shape, as from a ``DynamicLayer``.
+    """
+    from transformers.cache_utils import DynamicLayer
+
+    class InPlaceLayer(DynamicLayer):
+        def __init__(
+            self,
+            capacity: int,
+            batch: int | None = None,
+            keys: torch.Tensor | None = None,
+            values: torch.Tensor | None = None,
+        ) -> None:
+            super().__init__()
+            self.capacity = capacity
+            self._kbuf: torch.Tensor | None = None
+            self._vbuf: torch.Tensor | None = None
+            self._len = 0
+            if batch is not None and keys is not None and values is not None:
+                self._allocate(keys, values, batch)
+                self._write(keys, values)  # a batch-1 prefix broadcasts into every row
+
+        def _allocate(self, k: torch.Tensor, v: torch.Tensor, batch: int) -> None:
+            self._kbuf = k.new_empty((batch, *k.shape[1:-2], self.capacity, k.shape[-1]))
+            self._vbuf = v.new_empty((batch, *v.shape[1:-2], self.capacity, v.shape[-1]))
+            self.device, self.dtype, self.is_initialized = k.device, k.dtype, True
+
+        def _write(self, k: torch.Tensor, v: torch.Tensor) -> None:
+            n, end = self._len, self._len + k.shape[-2]
+            if end > self.capacity:  # more columns than planned for: move to a larger buffer
+                old_k, old_v = self._kbuf[..., :n, :], self._vbuf[..., :n, :]
+                self.capacity = max(end, 2 * self.capacity)
+                self._allocate(old_k, old_v, old_k.shape[0])
+                self._kbuf[..., :n, :].copy_(old_k)
+                self._vbuf[..., :n, :].copy_(old_v)
+            self._kbuf[..., n:end, :].copy_(k)
+            self._vbuf[..., n:end, :].copy_(v)
+            self._len = end
+            self.keys, self.values = self._kbuf[..., :end, :], self._vbuf[..., :end, :]
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+            if self._kbuf is None:
+                self._allocate(key_states, value_states, key_states.shape[0])
+            self._write(key_states, value_states)
+            return self.keys, self.values
+
+    return InPlaceLayer
+
+
+def _wave_cache(prefix_cache: Any, batch: int, capacity: int) -> Any:
+    """A wave's KV cache: the batch-1 prefix cache in every row, with room for ``capacity`` columns.
+
+    The same contents as ``deepcopy(prefix_cache)`` then ``batch_repeat_interleave(batch)``, laid out so
+    the wave's new columns are written in place instead of concatenated.
+    """
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    layers = list(getattr(prefix_cache, "layers", None) or [])
+    if any(type(layer) is not DynamicLayer or getattr(layer, "keys", None) is None for layer in layers):
+        cache = copy.deepcopy(prefix_cache)  # not the cache _prefix builds: grow it the usual way
+        cache.batch_repeat_interleave(batch)
+        return cache
+    layer_cls = _inplace_layer_class()
+    cache = DynamicCache()
+    cache.layers = [layer_cls(capacity, batch, layer.keys, layer.values) for layer in layers]
+    cache.layer_class_to_replicate = functools.partial(layer_cls, capacity)
+    return cache
 
 
 def default_threads() -> None:

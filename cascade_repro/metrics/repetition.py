@@ -54,6 +54,49 @@ def _ngram_counts(tokens: list[int], n: int) -> tuple[int, int]:
     return len(set(zip(*(tokens[i:] for i in range(n)), strict=False))), total
 
 
+_PACK_BITS = np.uint64(16)
+_PACK_LIMIT = 1 << 16
+_NUMPY_MIN_LEN = 24  # below this, Python sets beat numpy's per-call overhead
+
+
+def _distinct_sorted(keys: np.ndarray) -> int:
+    s = np.sort(keys)
+    return 1 + int(np.count_nonzero(s[1:] != s[:-1]))
+
+
+def _unique_ngrams_upto4(t: list[int]) -> tuple[list[int], np.ndarray | None]:
+    """#unique n-grams for n = 1..4 (exact), and the tokens as an int64 array when one was built.
+
+    Long sequences go through numpy: the tokens (or, for ids outside ``[0, 2**16)``, their dense
+    ranks, which are < len(t)) are packed 16 bits per token into one uint64 key per n-gram, so each
+    count is one sort of ``len(t)`` integers instead of a set of tuples. If the (n-1)-grams are all
+    distinct the n-grams are too, so the count stops early.
+    """
+    n = len(t)
+    if n < _NUMPY_MIN_LEN or n > _PACK_LIMIT:
+        return [_ngram_counts(t, k)[0] for k in (1, 2, 3, 4)], None
+    try:
+        arr = np.fromiter(t, dtype=np.int64, count=n)
+    except (OverflowError, TypeError, ValueError):  # ids beyond int64, or not numbers at all
+        arr = None
+    if arr is None or arr.tolist() != t:  # fromiter also accepts 1.5 or "1" (as 1): not token ids
+        return [_ngram_counts(t, k)[0] for k in (1, 2, 3, 4)], None
+    if int(arr.min()) >= 0 and int(arr.max()) < _PACK_LIMIT:
+        a = arr.view(np.uint64)
+    else:
+        a = np.unique(arr, return_inverse=True)[1].astype(np.uint64).reshape(-1)
+    uniques = [_distinct_sorted(a)]
+    key = a
+    for k in (2, 3, 4):
+        total = n - k + 1
+        if uniques[-1] == n - k + 2:  # every (k-1)-gram distinct: every k-gram distinct
+            uniques.append(total)
+            continue
+        key = (key[:-1] << _PACK_BITS) | a[k - 1 :]
+        uniques.append(_distinct_sorted(key))
+    return uniques, arr
+
+
 def seq_rep_n(tokens: Sequence[int], n: int) -> float:
     """Fraction of repeated n-grams: ``1 - unique/total``; 0.0 when there are no n-grams."""
     unique, total = _ngram_counts(_as_list(tokens), n)
@@ -191,14 +234,14 @@ def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
     return pw, ipw
 
 
-def _longest_repeated_span(t: list[int], lo: int = 0) -> int:
+def _longest_repeated_span(t: list[int], lo: int = 0, arr: np.ndarray | None = None) -> int:
     """Longest repeated span of ``t``, given that a span of length ``lo`` is known to repeat.
 
     Galloping then binary search on the length, each probe one sort of the window hashes
     (O(n log n)): O(n log^2 n) overall. Hash equality is necessary for span equality, so a probe
     that sees no duplicate hash is exact; a duplicate may be a collision, so the final length is
     verified on the tokens, and on a (practically impossible) failed verification the exact
-    doubling algorithm decides.
+    doubling algorithm decides. ``arr``: ``t`` as an int64 array, when the caller already has it.
     """
     n = len(t)
     if n < 2:
@@ -208,7 +251,9 @@ def _longest_repeated_span(t: list[int], lo: int = 0) -> int:
             return 0
         lo = 1
     pw, ipw = _powers(n)
-    x = np.asarray(t, dtype=np.int64).view(np.uint64) * _MIX
+    if arr is None:
+        arr = np.asarray(t, dtype=np.int64)
+    x = arr.view(np.uint64) * _MIX
     x *= ipw[:n]
     prefix = np.zeros(n + 1, dtype=np.uint64)
     np.cumsum(x, out=prefix[1:])  # prefix[i] = sum_{j<i} x_j B^-j
@@ -264,27 +309,30 @@ def repetition_metrics(tokens: Sequence[int], text: str, finish_reason: str = ""
     tail_loop_period (int, 0 if none), longest_repeat, finish_length (finish_reason == "length")``.
     """
     t = _as_list(tokens)
-    out: dict = {"length": len(t)}
-    reps = {}
-    dists = {}
+    n = len(t)
+    out: dict = {"length": n}
+    uniques, arr = _unique_ngrams_upto4(t)
     repeated = 0  # largest n <= 4 whose n-grams repeat: a lower bound for longest_repeat
-    for n in (1, 2, 3, 4):
-        unique, total = _ngram_counts(t, n)
-        if total:
-            reps[f"seq_rep_{n}"] = (total - unique) / total
-            dists[f"distinct_{n}"] = unique / total
+    for k, unique in zip((1, 2, 3, 4), uniques, strict=True):
+        total = n - k + 1
+        if total > 0:
+            out[_SEQ_REP[k]] = (total - unique) / total
             if unique < total:
-                repeated = n
+                repeated = k
         else:
-            reps[f"seq_rep_{n}"] = 0.0
-            dists[f"distinct_{n}"] = 1.0
-    out.update(reps)
-    out.update(dists)
+            out[_SEQ_REP[k]] = 0.0
+    for k, unique in zip((1, 2, 3, 4), uniques, strict=True):
+        total = n - k + 1
+        out[_DISTINCT[k]] = unique / total if total > 0 else 1.0
     out["zlib_ratio"] = compression_ratio(text)
     period = tail_loop(t)
     out["tail_loop"] = period > 0
     out["tail_loop_period"] = period
     # No repeated 4-gram means no longer repeat either: the n-gram counts already give the answer.
-    out["longest_repeat"] = repeated if repeated < 4 else _longest_repeated_span(t, lo=4)
+    out["longest_repeat"] = repeated if repeated < 4 else _longest_repeated_span(t, lo=4, arr=arr)
     out["finish_length"] = finish_reason == "length"
     return out
+
+
+_SEQ_REP = {k: f"seq_rep_{k}" for k in (1, 2, 3, 4)}
+_DISTINCT = {k: f"distinct_{k}" for k in (1, 2, 3, 4)}

@@ -96,6 +96,8 @@ class HtmlFormatter(ReportFormatter):
                 "</ul>",
             ]
         out += ["<h2>Verdicts</h2>", html_table(c.verdict_table(data), "no cascade pairs")]
+        if note := c.if_note(data):
+            out.append(f'<p class="cap">{escape(note)}</p>')
         out += [
             "<h2>Plots</h2>",
             svg.first_divergence_plot(data),

@@ -21,6 +21,12 @@ PAIR_FIELDS = (
     "p_topk",
     "cascade_steps",
     "reasons",
+    "if_n",
+    "if_strict_test",
+    "if_strict_ref",
+    "if_strict_delta",
+    "if_loose_delta",
+    "p_if",
 )
 CELL_FIELDS = (
     "cell_id",
@@ -32,10 +38,12 @@ CELL_FIELDS = (
     "seq_rep_4",
     "cascade_steps",
     "error",
+    "if_strict",
+    "if_loose",
 )
 
 # Parquet stores an integer column holding a null as float; counts should still read 3, not 3.0.
-INT_FIELDS = {"tp", "batch", "n", "n_diverged", "noise_n_diverged", "cascade_steps"}
+INT_FIELDS = {"tp", "batch", "n", "n_diverged", "noise_n_diverged", "cascade_steps", "if_n"}
 
 
 def _row(r: dict, fields: tuple[str, ...]) -> dict:
@@ -61,6 +69,9 @@ class JsonFormatter(ReportFormatter):
             "exit_reason": reason,
             "pairs": [_row(r, PAIR_FIELDS) for r in c.cascade_pairs(data)],
             "cells": [_row(r, CELL_FIELDS) for r in c.cells(data)],
+            # Informational: neither changes a verdict or the exit code.
+            "predictions": c.predictions(data),
+            "if_note": c.if_note(data),
             "env": c.section(data.run, "env"),
         }
         # allow_nan=False: plain() must already have turned every NaN into null.

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+import os
+import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from cascade_repro.errors import UsageError
@@ -101,18 +104,48 @@ def _read_table(path: Path, columns: list[str]) -> pd.DataFrame:
 
 
 def pick_examples(pairs: pd.DataFrame, comparisons: pd.DataFrame, n: int) -> list[Example]:
-    """Rank non-exact prompts of cascade pairs and keep n, one per pair before repeating a pair."""
+    """Rank non-exact prompts of cascade pairs and keep n, one per pair before repeating a pair.
+
+    The candidate filter and the rank keys are computed column-wise (a run can hold 100k+ rows);
+    only the rows that are walked in rank order become dicts.
+    """
     if n <= 0 or comparisons.empty or pairs.empty:
         return []
     cascade = {r["pair_id"]: r for r in pairs.to_dict("records") if r.get("kind") == "cascade"}
-    rows = []
-    for r in comparisons.to_dict("records"):
-        if r["pair_id"] not in cascade or as_int(r["prompt_index"]) is None:
-            continue
-        exact = r["exact"]
-        if (not is_missing(exact) and bool(exact)) or (is_missing(exact) and is_missing(r["first_div"])):
-            continue
-        rows.append(r)
+    cols = {c: comparisons[c].to_numpy(dtype=object) for c in ("pair_id", "prompt_index", "exact", "first_div",
+                                                                 "topk_ok", "edit_distance")}  # fmt: skip
+    keep = [
+        i
+        for i, (pid, pi, exact, fd) in enumerate(
+            zip(cols["pair_id"], cols["prompt_index"], cols["exact"], cols["first_div"], strict=True)
+        )
+        if pid in cascade
+        and as_int(pi) is not None
+        and not ((not is_missing(exact) and bool(exact)) or (is_missing(exact) and is_missing(fd)))
+    ]
+    if not keep:
+        return []
+    fd_key = np.array([_fd_key(cols["first_div"][i]) for i in keep], dtype=float)
+    ed_key = np.array([_ed_key(cols["edit_distance"][i]) for i in keep], dtype=float)
+    topk_key = np.array([_topk_key(cols["topk_ok"][i]) for i in keep], dtype=np.int64)
+    keys = list(zip(topk_key.tolist(), fd_key.tolist(), (-ed_key).tolist(), strict=True))
+    # Only the n best rows (on these numeric keys, ties included) and each pair's best rows can be
+    # chosen below: the walk takes each pair's best row first, then fills from the top of the ranking.
+    if len(keep) > 4 * n:
+        cut_key = keys[int(np.lexsort((-ed_key, fd_key, topk_key))[n - 1])]
+        head = [j for j, k in enumerate(keys) if k <= cut_key]
+    else:
+        head = list(range(len(keep)))
+    best: dict[Any, tuple] = {}
+    for j, k in enumerate(keys):
+        pid = cols["pair_id"][keep[j]]
+        b = best.get(pid)
+        if b is None or k < b:
+            best[pid] = k
+    # Every row tied with its pair's best numeric key: the exact rank below breaks the tie.
+    tied = [j for j, k in enumerate(keys) if k == best[cols["pair_id"][keep[j]]]]
+    cand = sorted(set(head) | set(tied))
+    rows = comparisons.iloc[[keep[j] for j in cand]].to_dict("records")
     rows.sort(key=_rank)
     chosen: list[dict] = []
     seen: set[str] = set()
@@ -142,11 +175,21 @@ def pick_examples(pairs: pd.DataFrame, comparisons: pd.DataFrame, n: int) -> lis
     return out
 
 
+def _topk_key(v: Any) -> int:
+    return 0 if not is_missing(v) and not bool(v) else 1
+
+
+def _fd_key(v: Any) -> float:
+    return math.inf if is_missing(v) else float(v)
+
+
+def _ed_key(v: Any) -> float:
+    return 0.0 if is_missing(v) else float(v)
+
+
 def _rank(r: dict) -> tuple:
-    topk_bad = 0 if not is_missing(r["topk_ok"]) and not bool(r["topk_ok"]) else 1
-    fd = math.inf if is_missing(r["first_div"]) else float(r["first_div"])
-    ed = 0.0 if is_missing(r["edit_distance"]) else float(r["edit_distance"])
-    return (topk_bad, fd, -ed, str(r["pair_id"]), as_int(r["prompt_index"]))
+    return (_topk_key(r["topk_ok"]), _fd_key(r["first_div"]), -_ed_key(r["edit_distance"]), str(r["pair_id"]),
+            as_int(r["prompt_index"]))  # fmt: skip
 
 
 def _attach_samples(run_dir: Path, examples: list[Example]) -> None:
@@ -167,28 +210,72 @@ def _attach_samples(run_dir: Path, examples: list[Example]) -> None:
             e.ref_token, e.ref_logprob, e.ref_topk = _at(r, e.first_div)
 
 
+# The head of a sample line as the worker writes it (runstore.JsonlWriter: compact JSON, keys in
+# the order type, cell_id, [wave,] prompt_index); whitespace is tolerated. A line whose head does not
+# match is handled by the general path, so other layouts stay readable, only slower.
+_SAMPLE_HEAD = re.compile(
+    rb'\{\s*"type"\s*:\s*"sample"\s*,\s*"cell_id"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,'
+    rb'(?:\s*"wave"\s*:\s*-?\d+\s*,)?\s*"prompt_index"\s*:\s*(-?\d+)\s*[,}]'
+)
+_CACHE_MIN_BYTES = 64 << 20
+_cache: dict[tuple, dict[tuple[str, int], dict]] = {}
+
+
 def read_samples(paths: Iterable[Path], wanted: set[tuple[str, int]]) -> dict[tuple[str, int], dict]:
     """Stream sample records of the wanted (cell_id, prompt_index) keys from JSONL files.
 
     A torn last line is skipped, later records replace earlier ones, and records of a cell are
     preferred once its `cell_done` line confirms them.
+
+    Cost: one pass over the bytes. A sample line in the worker's layout is judged by its head alone
+    (cell id and prompt index), so only the wanted records are decoded; any other line that names a
+    wanted cell goes through ``json.loads`` (control records are short). Results for large files
+    are remembered per process, keyed by each file's size, mtime and inode, so a second
+    ``load_run`` of the same run (``report`` renders, then computes the exit code) does not scan again.
     """
+    paths = list(paths)
+    wanted = set(wanted)
+    total, sig = 0, []
+    for p in paths:
+        try:
+            st = os.stat(p)
+        except OSError:
+            sig = None
+            break
+        total += st.st_size
+        sig.append((str(p), st.st_size, st.st_mtime_ns, st.st_ino))
+    key = (tuple(sig), frozenset(wanted)) if sig is not None else None
+    if key is not None and key in _cache:
+        return dict(_cache[key])
+    out = _read_samples(paths, wanted)
+    if key is not None and total >= _CACHE_MIN_BYTES:
+        _cache.clear()
+        _cache[key] = dict(out)
+    return out
+
+
+def _read_samples(paths: list[Path], wanted: set[tuple[str, int]]) -> dict[tuple[str, int], dict]:
     cells = {c for c, _ in wanted}
     # Both spellings: raw, and as json.dumps escapes it with ensure_ascii.
-    needles = {c for cid in cells for c in (cid, json.dumps(cid)[1:-1])}
+    needles = {c.encode("utf-8", "surrogatepass") for cid in cells for c in (cid, json.dumps(cid)[1:-1])}
+    head_ids: dict[bytes, str | None] = {}  # the JSON string body of a cell id in a head -> the id
     pending: dict[tuple[str, int], dict] = {}
     done: dict[tuple[str, int], dict] = {}
+    match = _SAMPLE_HEAD.match
     for path in paths:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if not line.endswith("\n"):
-                    break  # torn write: the worker died mid-line
-                if not any(n in line for n in needles):
+        with open(path, "rb") as f:
+            for buf, start, end in _lines(f):
+                m = match(buf, start, end)
+                if m is not None:
+                    body = m.group(1)
+                    cid = head_ids.get(body, "")
+                    if cid == "":
+                        cid = head_ids[body] = _json_string(body)
+                    if cid not in cells or (cid, int(m.group(2))) not in wanted:
+                        continue  # a sample nobody asked for: not decoded, not even copied
+                elif not any(buf.find(n, start, end) >= 0 for n in needles):
                     continue  # cheap filter before paying for json.loads
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
+                rec = _loads(bytes(buf[start:end]))
                 if not isinstance(rec, dict) or rec.get("cell_id") not in cells:
                     continue
                 cid = rec["cell_id"]
@@ -201,6 +288,55 @@ def read_samples(paths: Iterable[Path], wanted: set[tuple[str, int]]) -> dict[tu
                         done[key] = pending.pop(key)
     # Runs without cell_done lines (old or interrupted) still show their last record.
     return {**pending, **done}
+
+
+def _lines(f: Any, chunk: int = 1 << 24) -> Iterator[tuple[bytearray, int, int]]:
+    """Yield ``(buffer, start, end)`` per complete line of a binary file (``end`` is past its newline).
+
+    Lines are found with ``bytearray.find`` inside one reused buffer (grown for a longer line), so a
+    line that is not wanted is never copied. A last line without a newline (a torn write) is not
+    yielded. The buffer is only valid until the next line is requested.
+    """
+    buf = bytearray(chunk)
+    filled = start = 0
+    while True:
+        if start:
+            buf[: filled - start] = buf[start:filled]  # keep the partial line, same size: no resize
+            filled -= start
+            start = 0
+        if filled == len(buf):
+            buf.extend(bytes(len(buf)))
+        with memoryview(buf) as view:
+            n = f.readinto(view[filled:])
+        if not n:
+            return
+        filled += n
+        find = buf.find
+        while True:
+            nl = find(b"\n", start, filled)
+            if nl < 0:
+                break
+            yield buf, start, nl + 1
+            start = nl + 1
+
+
+def _json_string(body: bytes) -> str | None:
+    try:
+        return json.loads(b'"' + body + b'"')
+    except ValueError:
+        return None
+
+
+def _loads(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except UnicodeDecodeError:  # as the text-mode reader did: undecodable bytes become U+FFFD
+        try:
+            return json.loads(raw.decode("utf-8", errors="replace"))
+        except ValueError:
+            return None
+    except ValueError:
+        return None
 
 
 def _at(rec: dict, i: int | None) -> tuple[int | None, float | None, list[tuple[int, float]]]:

@@ -82,6 +82,8 @@ class MarkdownFormatter(ReportFormatter):
         if warns := c.warnings(data):
             out += ["### Warnings", "", *(f"- **warning:** {md_text(w)}" for w in warns), ""]
         out += ["### Verdicts", "", *md_table(c.verdict_table(data), "no cascade pairs"), ""]
+        if note := c.if_note(data):
+            out += [f"_{md_text(note)}_", ""]
         out += ["### Noise floor", "", *md_table(c.noise_table(data), "no control pairs"), ""]
         out += ["### Cells", "", *md_table(c.cell_table(data), "no cells"), ""]
         if data.examples:

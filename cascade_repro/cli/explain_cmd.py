@@ -1,0 +1,181 @@
+"""`cascade-repro explain`: will cascade attention fire in each planned cell? Decided before any GPU time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from cascade_repro.cli.app import app, user_errors
+
+M, G, OUT = "Matrix", "GPU", "Output"
+
+
+def _opt(help: str, panel: str, *decls: str, **kw: Any) -> Any:
+    return typer.Option(*decls, help=help, rich_help_panel=panel, show_default=False, **kw)
+
+
+@app.command()
+def explain(
+    engine: Annotated[
+        str | None,
+        _opt(
+            "Engine whose decision to predict: `vllm` (vLLM's rule with its cost model) or `hf` (hard conditions only). [default: vllm]",
+            M,
+        ),
+    ] = None,
+    model: Annotated[
+        str | None,
+        _opt(
+            "`embedded`, a local HF folder, or a Hub id, as for `matrix`. [default: embedded]",
+            M,
+            envvar="CASCADE_REPRO_MODEL",
+        ),
+    ] = None,
+    tp: Annotated[str | None, _opt("Tensor-parallel sizes, comma-separated. [default: 1]", M)] = None,
+    batch: Annotated[
+        str | None, _opt("Batch sizes (concurrent requests per wave). [default: 1,8,16]", M)
+    ] = None,
+    cascade: Annotated[
+        str | None, _opt("Cascade arms, as for `matrix` (flat cells never fire). [default: on,off]", M)
+    ] = None,
+    backend: Annotated[
+        str | None, _opt("vLLM attention backends (only FLASH_ATTN has cascade). [default: FLASH_ATTN]", M)
+    ] = None,
+    hf_overrides: Annotated[
+        str | None,
+        _opt("JSON dict of config overrides, as for `matrix`, e.g. '{\"num_key_value_heads\": 1}'.", M),
+    ] = None,
+    config: Annotated[
+        Path | None, _opt("Matrix TOML file (the same one `matrix --config` reads; flags here win).", M)
+    ] = None,
+    prompts: Annotated[str | None, _opt("Prompt set, as for `matrix`. [default: ko-ifeval-style]", M)] = None,
+    system_prompt: Annotated[
+        str | None, _opt("Shared system prompt: `ko`, `en`, `none`, or a text file. [default: ko]", M)
+    ] = None,
+    limit: Annotated[int | None, _opt("Use only the first N prompts.", M)] = None,
+    trust_remote_code: Annotated[bool | None, _opt("Allow model code from the Hub (tokenizer).", M)] = None,
+    prefix_tokens: Annotated[
+        int | None, _opt("Shared prefix length in tokens; skips tokenizing the prompts.", M)
+    ] = None,
+    gpu: Annotated[
+        str | None,
+        _opt(
+            "GPU by name when none is visible here: H200, H100 (SXM), H100-PCIe, A100, L40S, L4, A10, RTX4090.",
+            G,
+        ),
+    ] = None,
+    sm_count: Annotated[int | None, _opt("Multiprocessor count (wins over --gpu and detection).", G)] = None,
+    block_size: Annotated[
+        int, _opt("KV-cache block size: the prefix is rounded down to it. [default: 16]", G)
+    ] = 16,
+    dcp: Annotated[int, _opt("Decode-context-parallel size (> 1 disables cascade). [default: 1]", G)] = 1,
+    json_out: Annotated[bool, _opt("Print JSON instead of tables.", OUT, "--json")] = False,
+) -> None:
+    """Predict, per planned cell, whether vLLM's cascade attention fires on prefill and on decode steps.
+
+    Uses vLLM's own `use_cascade_attention` when vLLM is importable, else a line-by-line port of
+    vLLM 0.26's rule (flash_attn.py): shared prefix >= 256 tokens (block-aligned), >= 8 requests in
+    the step, no ALiBi / sliding window / chunked local attention / decode context parallelism;
+    decode-only steps of a GQA model then go through a cost model (cascade vs flash-decoding CTAs
+    on the GPU's SMs). Prints, per TP, the number of concurrent requests from which decode steps
+    choose cascade.
+
+    Examples:
+
+        cascade-repro explain --gpu H200 --batch 8,32,64,128
+
+        cascade-repro explain --tp 1,3 --sm-count 108 --prefix-tokens 1597
+    """
+    import json
+
+    flags = {k: v for k, v in locals().items()}
+    with user_errors():
+        from cascade_repro.cli.matrix_cmd import _flag_values
+        from cascade_repro.explain import explain_spec, threshold_lines
+        from cascade_repro.matrix import MatrixSpec, load_toml
+
+        # matrix's own parser; flags `explain` does not have read as "not given".
+        given = _NotGiven({k: flags[k] for k in _SHARED_FLAGS})
+        values: dict[str, Any] = load_toml(config) if config else {}
+        values = {k: v for k, v in values.items() if k in _SPEC_FIELDS}
+        values.update(_flag_values(given))
+        values.setdefault("engine", "vllm")
+        spec = MatrixSpec.from_dict(values, source="options")
+        ex = explain_spec(
+            spec,
+            gpu=gpu,
+            sm_count=sm_count,
+            block_size=block_size,
+            dcp_world_size=dcp,
+            prefix_tokens=prefix_tokens,
+        )
+    if json_out:
+        typer.echo(json.dumps(ex.to_dict(), indent=2, ensure_ascii=False))
+        return
+    _print(ex, threshold_lines(ex))
+
+
+class _NotGiven(dict):
+    """Flags of `matrix` that `explain` does not take read as None (not given)."""
+
+    def __missing__(self, key: str) -> None:
+        return None
+
+
+# The flags shared with `matrix` (parsed by its _flag_values), and the spec fields a TOML may set here.
+_SHARED_FLAGS = (
+    "engine", "model", "tp", "batch", "cascade", "backend", "hf_overrides", "prompts", "system_prompt", "limit",
+    "trust_remote_code",
+)  # fmt: skip
+_SPEC_FIELDS = (
+    "engine", "model", "prompts", "system_prompt", "limit", "tp", "batch", "cascade", "seeds", "dtypes", "fa_versions",
+    "backends", "rerun", "hf_overrides", "trust_remote_code",
+)  # fmt: skip
+
+
+def _yes(v: bool | None) -> str:
+    return "?" if v is None else ("[green]yes[/]" if v else "no")
+
+
+def _print(ex: Any, lines: list[str]) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console()
+    a = ex.attention
+    console.print(
+        f"model: {escape(ex.model)}  ({a.num_attention_heads} query heads, {a.num_kv_heads} KV heads)"
+    )
+    if a.notes:
+        console.print(f"attention: {escape('; '.join(a.notes))}")
+    console.print(
+        f"shared prefix: {ex.shared_prefix_tokens} tokens -> {ex.prefix_tokens} after rounding down to "
+        f"block size {ex.block_size}"
+    )
+    if ex.engine == "vllm":
+        console.print(f"SMs: {ex.num_sms if ex.num_sms is not None else '?'} ({escape(ex.sms_source)})")
+    console.print(f"rule: {escape(ex.rule_source)}")
+    for line in lines:
+        console.print(f"[bold]{escape(line)}[/]")
+    table = Table(title=f"cascade predictions ({ex.engine})")
+    for col in ("cell", "tp", "batch", "heads q/kv per GPU", "prefill", "decode", "why (decode)"):
+        table.add_column(col, overflow="fold")
+    flat = 0
+    for c in ex.cells:
+        if c.arm != "cascade":
+            flat += 1
+            continue
+        table.add_row(
+            escape(c.cell_id), str(c.tp), str(c.batch), f"{c.q_heads}/{c.kv_heads}", _yes(c.prefill),
+            _yes(c.decode), escape(c.decode_reason + (f" [{'; '.join(c.notes)}]" if c.notes else "")),
+        )  # fmt: skip
+    console.print(table)
+    if flat:
+        console.print(f"{flat} flat cell{'s' if flat != 1 else ''}: cascade disabled, never fires")
+    console.print(
+        "Decode steps: as requests finish, fewer remain in each step; below the threshold above "
+        "they stop choosing cascade."
+    )

@@ -1,0 +1,47 @@
+"""`cascade-repro merge`: combine the run directories of `matrix --shard i/n` into one scored run."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cascade_repro.cli.app import app, err_console, user_errors
+
+
+@app.command()
+def merge(
+    out_dir: Annotated[Path, typer.Argument(help="The merged run directory to write (new, or an earlier merge of the same matrix).", show_default=False)],
+    shard_dirs: Annotated[list[Path], typer.Argument(help="The shard run directories (`matrix --shard i/n`), in any order.", show_default=False)],
+    fail_on: Annotated[str, typer.Option(help="Exit 1 on `regression`, `error` or `never`.")] = "regression",
+    link: Annotated[bool, typer.Option(help="Hard-link samples and logs instead of copying (same filesystem only).")] = False,
+) -> None:  # fmt: skip
+    """Merge shard directories of one matrix into OUT_DIR, then score it and write every report.
+
+    The shards must come from the same matrix (same spec hash and plan, same prompts) and be
+    different shards; a missing shard is allowed (warned): its cells show as `pending` and its
+    pairs as `error`. Samples and worker logs are copied, run.json lists every shard with its
+    environment, and the merged run is scored exactly like an unsharded one.
+
+    Example (two CI runners, artifacts downloaded into shards/):
+
+        cascade-repro merge results/ci-1234 shards/shard-1 shards/shard-2
+
+    Exit codes: as for `report`: 0 clean, 1 regression (per --fail-on), 2 usage error.
+    """
+    console = err_console()
+    with user_errors():
+        from cascade_repro.merge import merge as merge_shards
+
+        command = " ".join(["cascade-repro", *map(shlex.quote, sys.argv[1:])])
+        outcome = merge_shards(out_dir, shard_dirs, fail_on=fail_on, link=link, command=command)
+    for w in outcome.warnings:
+        console.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
+    counts = ", ".join(f"{v}: {n}" for v, n in outcome.counts.items() if n) or "no cascade pairs"
+    style = "bold red" if outcome.counts.get("regression") else "bold green"
+    console.print(f"[{style}]{counts}[/]", highlight=False)
+    console.print(f"report: {outcome.run_dir / 'report.md'}  (html: {outcome.run_dir / 'report.html'})")
+    raise typer.Exit(outcome.exit_code)

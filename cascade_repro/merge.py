@@ -1,0 +1,274 @@
+"""Merge the run directories of ``--shard i/n`` runs into one run, then score and report it.
+
+Every shard of a matrix holds the same plan (``run.json``) and samples for its own engine keys
+only (see shard.py). Merging checks that the shards belong together, copies each shard's samples
+and worker logs for its engine keys into the output directory, writes a merged ``run.json`` and
+runs ``runner.finalize`` on it, so the merged run is scored exactly like an unsharded one.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cascade_repro import runstore
+from cascade_repro.errors import UsageError
+from cascade_repro.shard import Shard, assign
+
+# Outputs of an earlier merge into the same directory, replaced by this one.
+_OUTPUTS = ("cells.parquet", "pairs.parquet", "comparisons.parquet", "report.md", "report.html", "summary.json",
+            "junit.xml", "prompts.jsonl")  # fmt: skip
+
+
+@dataclass
+class MergeOutcome:
+    run_dir: Path
+    exit_code: int
+    counts: dict[str, int]
+    warnings: list[str] = field(default_factory=list)
+    data: Any = None
+
+
+@dataclass
+class _ShardDir:
+    path: Path
+    run: dict[str, Any]
+    shard: Shard
+    prompts_sha: str
+
+
+def _read_shard(path: Path) -> _ShardDir:
+    if not path.is_dir():
+        raise UsageError(f"{path}: not a directory")
+    run = runstore.read_run_json(path)
+    text = run.get("shard")
+    if not text:
+        raise UsageError(f"{path} is not a shard (it was run without --shard); merge combines --shard runs")
+    try:
+        shard = Shard.parse(text)
+    except UsageError:
+        raise UsageError(f"{path}: run.json has an invalid shard {text!r}") from None
+    if not isinstance(run.get("plan"), dict) or "spec_hash" not in run:
+        raise UsageError(f"{path}: run.json has no plan or spec_hash")
+    prompts = path / "prompts.jsonl"
+    try:
+        sha = hashlib.sha256(prompts.read_bytes()).hexdigest()
+    except OSError:
+        raise UsageError(f"{path}: missing prompts.jsonl") from None
+    if _locked(path):
+        raise UsageError(
+            f"{path}: shard {shard} is still running (its lock is held); merge when it has finished"
+        )
+    return _ShardDir(path, run, shard, sha)
+
+
+def _locked(run_dir: Path) -> bool:
+    """True when another process holds the run's lock; reads only (a shard dir may be read-only)."""
+    import fcntl
+
+    try:
+        fd = os.open(run_dir / runstore.LOCK, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def check_shards(dirs: list[Path]) -> tuple[list[_ShardDir], list[str]]:
+    """Read and cross-check shard directories; return them sorted by index, and warnings.
+
+    Errors (UsageError, one line): not a shard, different matrix, different plan or prompts,
+    different shard counts, the same shard twice. Missing shards are a warning.
+    """
+    if not dirs:
+        raise UsageError("merge: give at least one shard directory")
+    shards = [_read_shard(Path(d)) for d in dirs]
+    first = shards[0]
+    for s in shards[1:]:
+        if s.run["spec_hash"] != first.run["spec_hash"] or s.run.get("spec") != first.run.get("spec"):
+            raise UsageError(
+                f"{s.path} is a different matrix from {first.path} "
+                f"(spec hash {s.run['spec_hash']} vs {first.run['spec_hash']})"
+            )
+        if s.run["plan"] != first.run["plan"]:
+            raise UsageError(
+                f"{s.path} and {first.path} have the same spec but different plans (another tool version?)"
+            )
+        if s.shard.count != first.shard.count:
+            raise UsageError(
+                f"{s.path} is shard {s.shard} but {first.path} is shard {first.shard}: use the same n"
+            )
+        if s.prompts_sha != first.prompts_sha:
+            raise UsageError(f"{s.path} and {first.path} ran different prompts (prompts.jsonl differs)")
+    seen: dict[int, Path] = {}
+    for s in shards:
+        if s.shard.index in seen:
+            raise UsageError(f"duplicate shard {s.shard}: {seen[s.shard.index]} and {s.path}")
+        seen[s.shard.index] = s.path
+    shards.sort(key=lambda s: s.shard.index)
+
+    warnings: list[str] = []
+    n = first.shard.count
+    per_shard = assign(first.run["plan"]["engines"], n)
+    for i in range(1, n + 1):
+        if i not in seen:
+            n_cells = sum(len(first.run["plan"]["engines"][k]["cells"]) for k in per_shard[i - 1])
+            warnings.append(f"shard {i}/{n} is missing: its {n_cells} cells show as pending")
+    for what in ("tool_version", "thresholds", "model_name"):
+        values = {repr(s.run.get(what)) for s in shards}
+        if len(values) > 1:
+            warnings.append(f"shards differ in {what}: {', '.join(sorted(values))}")
+    gpus = {_gpu_line(s.run) for s in shards}
+    if len(gpus) > 1:
+        warnings.append(f"shards ran on different hardware/software: {'; '.join(sorted(gpus))}")
+    return shards, warnings
+
+
+def _gpu_line(run: dict[str, Any]) -> str:
+    """A short identity of a shard's environment (envinfo.capture keys): GPU and the versions that matter."""
+    env = run.get("env") if isinstance(run.get("env"), dict) else {}
+    keys = ("gpu_name", "gpu_count", "driver", "cuda", "torch", "transformers", "vllm", "vllm_flash_attn")
+    return ", ".join(f"{k}={env[k]}" for k in keys if env.get(k)) or "unknown"
+
+
+def _prepare_out(out_dir: Path, shards: list[_ShardDir]) -> None:
+    """Refuse an output directory that is a shard or holds something else; clear an earlier merge."""
+    out = out_dir.resolve()
+    for s in shards:
+        if s.path.resolve() == out:
+            raise UsageError(f"the output directory {out_dir} is one of the shards: choose a new directory")
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise UsageError(f"{out_dir} exists and is not a directory")
+    if (out_dir / runstore.RUN_JSON).exists():
+        old = runstore.read_run_json(out_dir)
+        if "shards" not in old or old.get("spec_hash") != shards[0].run["spec_hash"]:
+            raise UsageError(
+                f"{out_dir} holds another run, not a merge of this matrix: choose a new directory"
+            )
+        shutil.rmtree(out_dir / runstore.SAMPLES, ignore_errors=True)
+        for p in out_dir.glob("worker-*.log"):
+            p.unlink()
+        for name in _OUTPUTS:
+            (out_dir / name).unlink(missing_ok=True)
+    elif any(p.name != runstore.LOCK for p in out_dir.iterdir()):
+        raise UsageError(f"{out_dir} exists and is not empty: choose a new directory")
+
+
+def _copy(src: Path, dst: Path, link: bool) -> None:
+    if link:
+        try:
+            os.link(src, dst)
+            return
+        except OSError:
+            pass  # another filesystem: copy
+    shutil.copy2(src, dst)
+
+
+def _unsharded_command(command: Any) -> str:
+    """The shard's command line without ``--shard``: the command that runs the whole matrix."""
+    text = shlex.join(str(c) for c in command) if isinstance(command, list) else str(command or "")
+    return re.sub(r"\s--shard(?:=|\s+)\S+", "", text)
+
+
+def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = "regression", link: bool = False,
+          command: str = "") -> MergeOutcome:  # fmt: skip
+    """Merge shard run directories into ``out_dir``, score it and write every report.
+
+    Exit code as for ``cascade-repro report``: 1 when ``fail_on`` says the verdicts fail.
+    """
+    from cascade_repro.matrix import FAIL_ON
+    from cascade_repro.report import exit_code
+    from cascade_repro.runner import finalize
+    from cascade_repro.verdicts import VERDICTS
+
+    if fail_on not in FAIL_ON:
+        raise UsageError(f"--fail-on must be one of {', '.join(FAIL_ON)}")
+    out_dir = Path(out_dir)
+    shards, warnings = check_shards([Path(d) for d in shard_dirs])
+    first = shards[0]
+    engines_plan = first.run["plan"]["engines"]
+    per_shard = assign(engines_plan, first.shard.count)
+    _prepare_out(out_dir, shards)
+    with runstore.RunLock(out_dir):
+        (out_dir / runstore.SAMPLES).mkdir(parents=True, exist_ok=True)
+        shutil.copy2(first.path / "prompts.jsonl", out_dir / "prompts.jsonl")
+        engines: dict[str, Any] = {}
+        listed = []
+        for s in shards:
+            keys = per_shard[s.shard.index - 1]
+            for key in keys:
+                src = runstore.samples_path(s.path, key)
+                if src.is_file():
+                    _copy(src, runstore.samples_path(out_dir, key), link)
+                else:
+                    warnings.append(
+                        f"shard {s.shard} ({s.path}) has no samples for engine {key}: its cells show as pending"
+                    )
+                log = runstore.worker_log(s.path, key)
+                if log.is_file():
+                    _copy(log, runstore.worker_log(out_dir, key), link)
+                if isinstance(s.run.get("engines"), dict) and key in s.run["engines"]:
+                    engines[key] = s.run["engines"][key]
+            stray = sorted(
+                p.stem for p in (s.path / runstore.SAMPLES).glob("*.jsonl") if p.stem in engines_plan and p.stem not in keys
+            )  # fmt: skip
+            if stray:
+                warnings.append(
+                    f"{s.path}: ignored samples of engine(s) outside shard {s.shard}: {', '.join(stray)}"
+                )
+            listed.append(
+                {
+                    "shard": str(s.shard),
+                    "source": str(s.path),
+                    "run_id": s.run.get("run_id"),
+                    "created_at": s.run.get("created_at"),
+                    "command": s.run.get("command"),
+                    "tool_version": s.run.get("tool_version"),
+                    "engine_keys": keys,
+                    "env": s.run.get("env"),
+                    "timings": s.run.get("timings"),
+                }
+            )
+        run = copy.deepcopy(first.run)
+        run.pop("shard", None)
+        totals = [
+            t for s in shards if isinstance(t := (s.run.get("timings") or {}).get("total_s"), int | float)
+        ]
+        run.update(
+            run_id=out_dir.resolve().name,
+            created_at=min((str(s.run.get("created_at") or "") for s in shards), default=""),
+            merged_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            command=_unsharded_command(first.run.get("command")),
+            merge_command=command,
+            shards=listed,
+            shards_expected=first.shard.count,
+            shards_missing=[
+                f"{i}/{first.shard.count}"
+                for i in range(1, first.shard.count + 1)
+                if i not in {s.shard.index for s in shards}
+            ],  # fmt: skip
+            engines=engines,
+            fail_on=fail_on,
+            # Wall time of the parallel run (the slowest shard), and the machine time it took in all.
+            timings={"total_s": max(totals, default=0.0), "shards_sum_s": round(sum(totals), 2)},
+            merge_warnings=warnings,
+        )
+        runstore.write_json_atomic(out_dir / runstore.RUN_JSON, run)
+        _, data = finalize(out_dir)
+    counts = {v: int((data.pairs["verdict"] == v).sum()) for v in VERDICTS} if not data.pairs.empty else {}
+    return MergeOutcome(out_dir, exit_code(data, fail_on), counts, warnings, data)

@@ -1,0 +1,112 @@
+"""Split one matrix across machines by engine key: ``cascade-repro matrix --shard i/n``.
+
+The unit of a shard is the engine key: one worker process, one engine start, all its cells. An
+engine key is never split, so a shard never starts an engine another shard also starts.
+
+Assignment (deterministic, a pure function of the plan and ``n``): engine keys are taken heaviest
+first (most cells; ties by key name, ascending) and each goes to the shard with the fewest cells so
+far (ties: the lowest shard index). This is the classic longest-processing-time rule: with equal
+keys it is round-robin over the sorted keys, and with unequal keys (``--arm-switch restart
+--rerun`` gives the flat engine twice the cells of the cascade one) it keeps the cell counts of the
+shards within one key's worth of each other. Every shard of a matrix computes the same assignment
+from the same plan, so no coordination is needed. More shards than engine keys leaves some empty:
+allowed (a CI matrix of fixed width over a smaller run), with a warning.
+
+The shard is not part of the matrix: it lives in ``RunOptions``, not ``MatrixSpec``, so every shard
+of a matrix has the same ``spec_hash`` and the same plan, and ``cascade-repro merge`` checks exactly
+that. Each shard's run directory holds the full plan in ``run.json`` plus ``"shard": "i/n"``, and
+samples only for its own engine keys. Scoring a shard alone (its own reports) covers only its own
+cells, so pairs whose two cells ran in different shards appear only in the merged report.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cascade_repro.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Shard ``index`` (1-based) of ``count``."""
+
+    index: int
+    count: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.index <= self.count:
+            raise UsageError(f"--shard {self.index}/{self.count}: i must be between 1 and n")
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+    @classmethod
+    def parse(cls, text: str) -> Shard:
+        """Parse ``"i/n"``; a one-line UsageError otherwise."""
+        m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
+        if not m:
+            raise UsageError(f"--shard: expected i/n (e.g. 1/2), got {text!r}")
+        index, count = int(m.group(1)), int(m.group(2))
+        if count < 1:
+            raise UsageError(f"--shard {text}: n must be at least 1")
+        return cls(index, count)
+
+
+def _n_cells(plan: Any) -> int:
+    cells = plan["cells"] if isinstance(plan, Mapping) else plan.cells
+    return len(cells)
+
+
+def assign(engines: Mapping[str, Any], count: int) -> list[list[str]]:
+    """Return the engine keys of each shard (index 0 is shard 1), each list in plan order.
+
+    ``engines`` maps engine key to an ``EnginePlan`` or its run.json form (a dict with ``cells``).
+    """
+    if count < 1:
+        raise UsageError("--shard: n must be at least 1")
+    weights = {k: _n_cells(ep) for k, ep in engines.items()}
+    loads = [0] * count
+    owner: dict[str, int] = {}
+    for key in sorted(weights, key=lambda k: (-weights[k], k)):
+        j = min(range(count), key=lambda s: (loads[s], s))
+        owner[key] = j
+        loads[j] += weights[key]
+    return [[k for k in engines if owner[k] == j] for j in range(count)]
+
+
+def keys_for(engines: Mapping[str, Any], shard: Shard) -> list[str]:
+    """Return the engine keys that ``shard`` runs, in plan order (possibly none)."""
+    return assign(engines, shard.count)[shard.index - 1]
+
+
+def empty_warning(engines: Mapping[str, Any], shard: Shard) -> str | None:
+    """Return a warning when ``shard`` gets no engine key (more shards than keys), else None."""
+    if keys_for(engines, shard):
+        return None
+    n = len(engines)
+    return (
+        f"shard {shard} has nothing to run: the matrix has {n} engine key{'s' if n != 1 else ''} "
+        f"for {shard.count} shards (a shard is a whole engine key)"
+    )
+
+
+def restrict(run: dict[str, Any]) -> dict[str, Any]:
+    """Return ``run`` with its plan cut down to its shard's engine keys; ``run`` itself if unsharded.
+
+    Used to execute and score one shard; run.json on disk keeps the full plan.
+    """
+    text = run.get("shard")
+    if not text:
+        return run
+    engines = run["plan"]["engines"]
+    keep = set(keys_for(engines, Shard.parse(text)))
+    out = dict(run)
+    out["plan"] = {
+        **run["plan"],
+        "engines": {k: v for k, v in engines.items() if k in keep},
+        "cells": [c for c in run["plan"]["cells"] if c["engine_key"] in keep],
+    }
+    return out

