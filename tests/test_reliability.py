@@ -206,13 +206,14 @@ def reference(tmp_path_factory, prompts_file):
     lock_seen = {}
 
     def locked() -> bool:
+        # The lock holds the pid, and run.json (written last by the locked setup) is in place.
         locks = list((cwd / "results").glob("*/.lock"))
-        if locks and locks[0].read_text().strip():
+        if locks and locks[0].read_text().strip() and (locks[0].parent / runstore.RUN_JSON).exists():
             lock_seen["path"] = locks[0]
             return True
         return False
 
-    _wait_for(locked, 120, "the first run's .lock", first)
+    _wait_for(locked, 120, "the first run's .lock and run.json", first)
     run_dir = lock_seen["path"].parent
     os.kill(first.pid, signal.SIGSTOP)
     try:

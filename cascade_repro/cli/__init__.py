@@ -5,8 +5,10 @@ from __future__ import annotations
 from cascade_repro.cli import (  # noqa: F401 - importing a command module registers its commands
     doctor_cmd,
     env_cmd,
+    explain_cmd,
     kernel_cmd,
     matrix_cmd,
+    merge_cmd,
     prompts_cmd,
     report_cmd,
 )
