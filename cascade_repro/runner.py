@@ -163,6 +163,9 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
     }
     if opts.shard:
         run["shard"] = str(opts.shard)  # the plan stays whole: every shard of a matrix has the same one
+    from cascade_repro.explain import predictions_for
+
+    run["predictions"] = predictions_for(run)  # what vLLM's rule says, shown next to the probe's counts
     if console is not None and shared < MIN_CASCADE_PREFIX:
         console.print(
             f"[yellow]warning:[/] shared prefix is {shared} tokens (< {MIN_CASCADE_PREFIX}): cascade cannot fire"

@@ -135,7 +135,9 @@ def test_worker_crash_is_isolated_and_resume_keeps_finished_cells(tmp_path, monk
 
 
 def test_hung_worker_is_killed_after_engine_timeout(tmp_path, monkeypatch):
-    spec = MatrixSpec(limit=8, batch=[8], cascade=[True, False], max_tokens=4, engine_timeout=25)
+    # Inactivity timeout: long enough for a model load on a busy 2-core runner (which logs nothing
+    # for tens of seconds), short enough to keep the test under two minutes.
+    spec = MatrixSpec(limit=8, batch=[8], cascade=[True, False], max_tokens=4, engine_timeout=75)
     monkeypatch.setenv("CASCADE_REPRO_FAULT", "hang:tp1-b8-flat")
     out = run_matrix(spec, RunOptions(results_dir=tmp_path, progress=False))
     cells = pd.read_parquet(out.run_dir / "cells.parquet").set_index("cell_id")
