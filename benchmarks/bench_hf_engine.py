@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -124,11 +125,13 @@ def main() -> None:
             old = Path(tmp) / "before"
             old.mkdir()
             archive = subprocess.run(
-                ["git", "-C", str(ROOT), "archive", args.before, "cascade_repro"],
+                ["git", "-C", str(ROOT), "archive", args.before, "cascade_repro", "prompts"],
                 check=True,
                 capture_output=True,
             ).stdout
             subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+            # prompts/ ships inside the installed package as cascade_repro.prompts_data.
+            shutil.copytree(old / "prompts", old / "cascade_repro" / "prompts_data", dirs_exist_ok=True)
             print(f"before: {args.before}", file=sys.stderr)
             sides["before"] = run_side(old, batches, args.steps, args.threads, args.model, args.clock)
         print("after: working tree", file=sys.stderr)

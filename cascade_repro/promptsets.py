@@ -311,13 +311,30 @@ def _parquet_rows(file: Path | Traversable, display: str) -> Iterator[tuple[_Whe
         except (pa.ArrowException, OSError) as exc:
             raise UsageError(f"{display}: not a readable parquet file: {_one_line(exc)}") from None
         if "prompt" not in names:
-            raise UsageError(f"{display}: no 'prompt' column (columns: {', '.join(names)})")
+            raise UsageError(f"{display}: no 'prompt' column (columns: {', '.join(' '.join(n.splitlines()) for n in names)})")
         number = 0
         while (batch := _next_batch(batches, display, number)) is not None:
-            for row in batch.to_pylist():
+            for row in _batch_rows(batch, display, number):
                 number += 1
                 where = _Where(display, "row", number)
                 yield where, _table_row(row, where)
+
+
+def _batch_rows(batch, display: str, rows_before: int) -> list[dict]:
+    """Rows of a parquet batch as dicts; a string column holding bad UTF-8 is named by its row."""
+    try:
+        return batch.to_pylist()
+    except UnicodeDecodeError:
+        pass
+    # Only on failure: convert row by row to say which row carries the bad bytes.
+    for i in range(batch.num_rows):
+        try:
+            batch.slice(i, 1).to_pylist()
+        except UnicodeDecodeError as exc:
+            raise UsageError(
+                f"{display} row {rows_before + i + 1}: text is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+            ) from None
+    raise UsageError(f"{display}: text is not valid UTF-8")
 
 
 def _next_batch(batches, display: str, rows_read: int):

@@ -512,9 +512,18 @@ def test_atheris_harness_finds_no_crash(tmp_path):
         (corpus / name).write_bytes(data)
     env = {**os.environ, **OFFLINE}
     proc = subprocess.run(
-        [sys.executable, str(harness), "-runs=4000", "-max_total_time=40", "-max_len=2048",
+        [sys.executable, str(harness), "-seed=1", "-runs=4000", "-max_total_time=40", "-max_len=2048",
          f"-artifact_prefix={tmp_path}/", str(corpus)],
         capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Done" in proc.stderr or "DONE" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_parquet_with_invalid_utf8_text_is_a_usage_error(tmp_path):
+    """Found by the atheris harness: pyarrow raised UnicodeDecodeError out of the loader."""
+    path = tmp_path / "bad.parquet"
+    bad = pa.array([b"fine", b"\xa7broken"], type=pa.binary()).view(pa.string())
+    pq.write_table(pa.table({"prompt": bad}), path)
+    msg = load_error(str(path))
+    assert msg == f"{path} row 2: text is not valid UTF-8 (invalid start byte at byte 0)"

@@ -1,9 +1,9 @@
 """Reliability of the run directory under crashes, faults and concurrent runs (issue 7, items 1-3 and 6).
 
 Every run here is the real ``cascade-repro matrix`` command in a subprocess, on the embedded model
-(CPU, ``hf`` engine) with tiny settings: 8 short prompts, no system prompt, 4 new tokens, batch 4
-and 8. The runs share one environment that plants secrets (item 6), so every run directory this
-module writes is also checked for leaks.
+(CPU, ``hf`` engine) with tiny settings: 8 short prompts behind a ~320-token system prompt (so
+cascade fires at batch 8), 4 new tokens, batch 4 and 8. The runs share one environment that plants
+secrets (item 6), so every run directory this module writes is also checked for leaks.
 
 * item 1 — ``test_kill_9_of_the_parent_then_rerun_resumes_to_the_same_report``
 * item 2 — ``test_worker_exit_is_an_error_cell_whose_reason_every_report_shows``
@@ -35,9 +35,11 @@ from cascade_repro.errors import RunLockedError
 
 RUN_ID_KEY = "hf-tp1-auto-s0"  # the hf engine serves every cell from one engine key
 PROMPTS = [f"Write one short sentence about the number {i}." for i in range(8)]
+# ~320 shared tokens: enough for cascade to fire at batch 8, short enough for a ~1 s wave on CPU.
+SYSTEM = ("You are a careful assistant. Answer briefly and follow every instruction exactly. " * 22).strip()
 ARGS = [
-    "matrix", "--system-prompt", "none", "--limit", "8", "--batch", "4,8", "--cascade", "on,off",
-    "--max-tokens", "4", "--results-dir", "results", "--quiet",
+    "matrix", "--limit", "8", "--batch", "4,8", "--cascade", "on,off", "--max-tokens", "4",
+    "--results-dir", "results", "--quiet",
 ]  # fmt: skip
 CELLS = ["tp1-b4-cascade", "tp1-b4-flat", "tp1-b8-cascade", "tp1-b8-flat"]
 
@@ -88,7 +90,8 @@ def _start(cwd: Path, prompts: Path, *extra_args: str, **extra_env: str) -> subp
     cwd.mkdir(parents=True, exist_ok=True)
     code = "import sys; from cascade_repro.cli import main; sys.argv[0] = 'cascade-repro'; main()"
     return subprocess.Popen(
-        [sys.executable, "-c", code, *ARGS, "--prompts", str(prompts), *extra_args],
+        [sys.executable, "-c", code, *ARGS, "--prompts", str(prompts),
+         "--system-prompt", str(prompts.with_name("system.txt")), *extra_args],
         cwd=cwd, env=_env(**extra_env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
@@ -190,6 +193,7 @@ def _masked_report(text: str) -> str:
 def prompts_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("prompts") / "short.jsonl"
     path.write_text("".join(json.dumps({"key": f"p{i}", "prompt": p}) + "\n" for i, p in enumerate(PROMPTS)))
+    path.with_name("system.txt").write_text(SYSTEM)
     return path
 
 
@@ -222,7 +226,7 @@ def reference(tmp_path_factory, prompts_file):
         second = subprocess.run(
             [sys.executable, "-c",
              "import sys; from cascade_repro.cli import main; sys.argv[0] = 'cascade-repro'; main()",
-             *ARGS, "--prompts", str(prompts_file)],
+             *ARGS, "--prompts", str(prompts_file), "--system-prompt", str(prompts_file.with_name("system.txt"))],
             cwd=cwd, env=_env(), capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         second_s = time.monotonic() - t0
@@ -247,7 +251,7 @@ def reference(tmp_path_factory, prompts_file):
 def test_second_run_into_a_locked_dir_is_refused_in_one_line(reference):
     second = reference["second"]
     assert second.returncode == 2, second.stderr
-    # The prepare step's warning (no system prompt: cascade cannot fire) may come first.
+    # A warning from the prepare step (e.g. a short shared prefix) may come first; the error is one line.
     lines = [ln for ln in second.stderr.splitlines() if ln.strip() and not ln.startswith("warning: ")]
     assert len(lines) == 1, second.stderr
     assert "Traceback" not in second.stderr
@@ -405,6 +409,8 @@ def test_kill_9_of_the_parent_then_rerun_resumes_to_the_same_report(tmp_path, pr
     assert run_dir.name == ref_dir.name  # the run id is the matrix's hash: the same command
     pairs, ref_pairs = (pd.read_parquet(d / "pairs.parquet") for d in (run_dir, ref_dir))
     pd.testing.assert_frame_equal(pairs, ref_pairs)
+    b8 = pairs.set_index("pair_id").loc["tp1-b8-cascade~flat"]
+    assert b8["cascade_steps"] > 0 and b8["verdict"] in ("identical", "within noise")  # a real verdict
     comp, ref_comp = (pd.read_parquet(d / "comparisons.parquet") for d in (run_dir, ref_dir))
     pd.testing.assert_frame_equal(comp, ref_comp)
     cells, ref_cells = (pd.read_parquet(d / "cells.parquet").drop(columns=["wall_s", "tokens_per_s"])

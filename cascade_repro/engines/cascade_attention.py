@@ -11,6 +11,11 @@ and the request's own suffix:
 
 The flat arm is ordinary attention (PyTorch SDPA) over the same keys and mask.
 
+Speed (CPU): the masks each layer needs (grouped for GQA, additive for SDPA) are derived once per
+forward step, not once per layer; the prefix pass folds the batch into the rows of each KV head, so
+the one prefix copy is read once rather than broadcast B times, and on CPU it runs in PyTorch's flash
+kernel, which returns the LSE (the suffix pass, masked, keeps the explicit reference math).
+
 ``inject="lse-layout"`` reads the suffix LSE in the transposed layout before the merge: vLLM keeps
 LSEs as ``[num_heads, num_tokens]``; FA2's split-KV decode path produced ``[num_tokens, num_heads]``
 (vllm-project/flash-attention PR #87). Reinterpreting that memory mixes heads and tokens, which is
@@ -91,7 +96,8 @@ def partial_attention(
     """Return (output [B, H, Q, D], lse [B, H, Q]) of softmax attention, computed in float32.
 
     q: [B, H, Q, D]; k, v: [B or 1, KVH, L, D]; mask: bool [B, 1, Q, L] or None, True = attend.
-    Fully masked rows give output 0 and LSE -inf (what the kernels return for empty KV).
+    Fully masked rows give output 0 and LSE -inf (what the kernels return for empty KV). K/V of batch 1
+    serve every row without being copied; an unmasked pass on CPU runs in PyTorch's flash kernel.
     """
     h, kvh = q.shape[1], k.shape[1]
     masked_out = None if mask is None else _grouped_mask(mask, h // kvh).logical_not_()
@@ -131,12 +137,13 @@ def _partial_grouped(
 def _fused_partial(
     qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Unmasked float32 partial attention through PyTorch's CPU flash-attention kernel; None where it does not apply.
+    """Unmasked float32 partial attention by PyTorch's CPU flash-attention kernel; None where it does not apply.
 
-    The kernel returns the output and the log-sum-exp of the scaled scores, as the flash-attention
-    kernels of vLLM's cascade path do, without materialising the [M, L] scores: for the prefix pass of
-    a prefill (every query of every request against the whole prefix) that is most of the work.
-    Empty KV (no columns) stays on the reference path, which gives output 0 and LSE -inf.
+    The kernel returns the output and the log-sum-exp of the scaled scores, like the flash-attention
+    kernels of vLLM's cascade path, without materialising the [M, L] scores: for the prefix pass of a
+    prefill (every query of every request against the whole prefix) that is most of the work. Its LSE
+    agrees with ``_manual_partial``'s to float32 rounding. Empty KV (no columns) stays on the reference
+    path, which gives output 0 and LSE -inf (the kernel would give LSE 0).
     """
     op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     if op is None or qg.device.type != "cpu" or k.shape[-2] == 0 or qg.shape[-2] == 0:
@@ -225,12 +232,7 @@ def _cascade(
     # One copy of the prefix KV serves every request: row 0's (all rows hold the same prefix).
     p_out, p_lse = _partial_grouped(qg, k[:1, :, :prefix_len], v[:1, :, :prefix_len], None, scale)
     s_out, s_lse = _partial_grouped(qg, k[:, :, prefix_len:], v[:, :, prefix_len:], suffix_masked_out, scale)
-    p_out, p_lse, s_out, s_lse = (
-        _ungroup(p_out, h),
-        _ungroup(p_lse, h),
-        _ungroup(s_out, h),
-        _ungroup(s_lse, h),
-    )
+    p_out, p_lse, s_out, s_lse = (_ungroup(x, h) for x in (p_out, p_lse, s_out, s_lse))
     # The kernels hand back outputs in the model dtype and LSEs in float32; so do we.
     p_out, s_out = p_out.to(q.dtype), s_out.to(q.dtype)
     if inject == "lse-layout":
