@@ -8,6 +8,10 @@ The shared prefix is prefilled once per engine with batch 1 (what vLLM's prefix 
 wave after its warm-up request) and copied into every row; padding sits between the prefix and
 the suffix so the prefix occupies the same columns in every row, which is what lets the cascade
 arm attend to one copy of it. Both arms see the same cache, positions and mask.
+
+Speed (CPU): a wave's cache is allocated once for every column the wave can reach and written in
+place (``DynamicCache`` would ``torch.cat`` all of every layer's KV on every step), the decode mask is
+a view of the wave's valid columns, and lm_head runs on the last position only (``logits_to_keep``).
 """
 
 from __future__ import annotations
