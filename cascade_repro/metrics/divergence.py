@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from cascade_repro.metrics.repetition import _as_list  # one list conversion for both metric families
+
 __all__ = [
     "common_prefix_ratio",
     "divergence_metrics",
@@ -25,16 +27,6 @@ __all__ = [
 TopK = Sequence[Sequence[Sequence[float]]]  # per step: [[token_id, logprob], ...]
 
 _CHUNK = 32
-
-
-def _as_list(tokens: Sequence[int]) -> list[int]:
-    """Plain list (both sides must have the same type for the slice compares below)."""
-    if type(tokens) is list:
-        return tokens
-    tolist = getattr(tokens, "tolist", None)
-    if tolist is not None:
-        return tolist()
-    return list(tokens)
 
 
 def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
