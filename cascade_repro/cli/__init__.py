@@ -9,6 +9,7 @@ from cascade_repro.cli import (  # noqa: F401 - importing a command module regis
     kernel_cmd,
     matrix_cmd,
     merge_cmd,
+    minimize_cmd,
     prompts_cmd,
     report_cmd,
 )

@@ -1,0 +1,158 @@
+"""`cascade-repro minimize`: from a `regression` pair to the smallest case, a script and an issue."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cascade_repro import runstore
+from cascade_repro.errors import UsageError
+from cascade_repro.minimize.search import CRITERIA, MIN_REQUESTS, Case, MinimizeResult, Oracle, Trial, search
+
+__all__ = ["CRITERIA", "MinimizeOutput", "minimize_run"]
+
+
+@dataclass
+class MinimizeOutput:
+    result: MinimizeResult
+    out_dir: Path
+    files: dict[str, Path]
+
+
+def _load_prompts(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "prompts.jsonl"
+    if not path.is_file():
+        raise UsageError(f"{run_dir} has no prompts.jsonl")
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def minimize_run(
+    run_dir: Path,
+    pair_id: str | None = None,
+    out_dir: Path | None = None,
+    criterion: str = "topk",
+    max_tests: int = 64,
+    on_trial: Callable[[Trial], None] | None = None,
+    engine_factory: Callable[[dict[str, Any], dict[str, Any]], Any] | None = None,
+) -> MinimizeOutput:
+    """Search the smallest failing case of one pair of ``run_dir`` on one engine; write its files.
+
+    The engine is built as the pair's engine key was, with both arms on it (the flat arm toggled
+    off through the probe, as `--arm-switch toggle` does), whatever arm switch the run used.
+    """
+    from cascade_repro.chat import render_all
+    from cascade_repro.minimize.render import render_issue, render_repro, repro_engine_args, safe_dirname
+    from cascade_repro.minimize.search import pick_pair, start_case
+
+    run_dir = Path(run_dir)
+    if criterion not in CRITERIA:
+        raise UsageError(f"--criterion must be one of {', '.join(CRITERIA)}, not {criterion!r}")
+    if max_tests < 1:
+        raise UsageError("--max-tests must be at least 1")
+    run = runstore.read_run_json(run_dir)
+    pair = pick_pair(run_dir, pair_id)
+    cells = {c["cell_id"]: c for c in run["plan"]["cells"]}
+    test_cell = cells[pair["test_cell"]]
+    eplan = dict(run["plan"]["engines"][test_cell["engine_key"]])
+    eplan["arm"] = None  # both arms on one engine
+    eplan["key"] = f"{eplan.get('key') or test_cell['engine_key']}-minimize"
+    start = start_case(run, run_dir, pair, criterion)
+    if not start.prompt_indices:
+        raise UsageError(f"pair {pair['pair_id']} has no samples to start from")
+    prompts = _load_prompts(run_dir)
+    out_dir = Path(out_dir) if out_dir else run_dir / "minimize" / safe_dirname(pair["pair_id"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    t0 = time.time()
+    run_for_engine = dict(run, run_dir=str(run_dir))
+    if engine_factory is None:
+        from cascade_repro.worker import build_engine
+
+        engine_factory = build_engine
+    engine = engine_factory(run_for_engine, eplan)
+    try:
+        system_prompt = run["prompt_set"].get("system_prompt_text", "")
+        rendered, shared = render_all(engine.tokenizer(), system_prompt, [p["prompt"] for p in prompts])
+        oracle = Oracle(engine, rendered, shared, criterion)
+        if on_trial:
+            inner = oracle.__call__
+
+            def observed(case: Case) -> Trial:
+                t = inner(case)
+                on_trial(t)
+                return t
+
+            call: Callable[[Case], Trial] = observed
+        else:
+            call = oracle
+        final, tests, exhausted = search(
+            call,
+            start,
+            max_tests=max_tests,
+            min_requests=MIN_REQUESTS,
+            full_tokens=int(run["spec"]["max_tokens"]),
+        )
+        effective = engine.effective()
+        requested = getattr(engine, "requested", None)
+    finally:
+        engine.close()
+
+    result = MinimizeResult(
+        pair_id=pair["pair_id"],
+        criterion=criterion,
+        start=start,
+        final=final,
+        tests=tests,
+        exhausted=exhausted,
+        wall_s=round(time.time() - t0, 2),
+        trials=[
+            {
+                "requests": len(t.case.prompt_indices),
+                "max_tokens": t.case.max_tokens,
+                "failed": t.failed,
+                "violations": len(t.violations),
+                "diverged": t.n_diverged,
+                "cascade_steps": t.cascade_steps,
+                "total_steps": t.total_steps,
+                "wall_s": t.wall_s,
+            }
+            for t in oracle.trials
+        ],
+    )
+    files: dict[str, Path] = {}
+    data = result.to_dict() | {"run_id": run.get("run_id"), "engine_key": test_cell["engine_key"]}
+    runstore.write_json_atomic(out_dir / "minimized.json", data)
+    files["json"] = out_dir / "minimized.json"
+    if result.reproduced:
+        assert final is not None
+        inject = run["spec"].get("inject") == "lse-layout"
+        repro = render_repro(
+            model=str(run.get("model_path") or run["spec"]["model"]),
+            system_prompt=run["prompt_set"].get("system_prompt_text", ""),
+            prompts=[prompts[i]["prompt"] for i in final.case.prompt_indices],
+            engine_args=repro_engine_args(run, eplan, requested),
+            max_tokens=final.case.max_tokens,
+            topk=int(run["spec"].get("topk", 5)),
+            seed=int(eplan.get("seed", 0)),
+            inject=inject,
+            header=f"model {run.get('model_name') or run['spec']['model']}; from run {run.get('run_id')}, pair {pair['pair_id']} ({run['spec']['engine']} engine, "
+            f"vLLM {run.get('env', {}).get('vllm', 'unknown')})",
+        )
+        (out_dir / "repro.py").write_text(repro, encoding="utf-8")
+        files["repro"] = out_dir / "repro.py"
+        issue = render_issue(
+            result=data,
+            run=run,
+            effective=effective,
+            repro_src=repro,
+            prompt_keys=[p.get("key", str(i)) for i, p in enumerate(prompts)],
+            inject=inject,
+        )
+        (out_dir / "issue.md").write_text(issue, encoding="utf-8")
+        files["issue"] = out_dir / "issue.md"
+    return MinimizeOutput(result, out_dir, files)

