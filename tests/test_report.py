@@ -30,6 +30,7 @@ from cascade_repro.report import (
     load_run,
     write_reports,
 )
+from cascade_repro.report.content import exit_status
 from cascade_repro.report.html import HtmlFormatter
 from cascade_repro.report.json import JsonFormatter
 from cascade_repro.report.junit import JunitFormatter
@@ -554,6 +555,10 @@ def test_exit_code(run_dir: Path) -> None:
     assert [exit_code(data, f) for f in ("regression", "error", "never")] == [0, 0, 0]
     with pytest.raises(UsageError):
         exit_code(data, "always")
+    # Nothing measured (every cascade pair errored) must not pass a CI guard.
+    data.pairs.loc[data.pairs["kind"] == "cascade", "verdict"] = "error"
+    assert [exit_code(data, f) for f in ("regression", "error", "never")] == [1, 1, 0]
+    assert "nothing was measured" in exit_status(data, "regression")[1]
 
 
 def test_junit_structure(run_dir: Path) -> None:

@@ -72,7 +72,7 @@ def matrix(
 
         cascade-repro matrix --limit 8 --inject lse-layout --results-dir /tmp/r
 
-    Exit codes: 0 clean, 1 regression (per --fail-on), 2 usage error.
+    Exit codes: 0 clean, 1 regression (per --fail-on) or every cascade pair errored, 2 usage error.
     """
     with user_errors():
         from cascade_repro.matrix import FAIL_ON, MatrixSpec, load_toml

@@ -131,6 +131,11 @@ def exit_status(data: RunData, fail_on: str) -> tuple[int, str]:
         return 1, f"{plural(n_reg, 'regression')} (fail_on={fail_on})"
     if fail_on == "error" and errors:
         return 1, f"errors in the run (fail_on={fail_on})"
+    counts = verdict_counts(data)
+    total = sum(counts.values())
+    if fail_on != "never" and total and counts.get("error", 0) == total:
+        # A guard that passes when nothing ran would hide a broken CI runner.
+        return 1, f"every cascade pair errored: nothing was measured (fail_on={fail_on})"
     if fail_on == "never":
         return 0, "fail_on=never: the run never fails"
     return 0, "no regression" + (" or error" if fail_on == "error" else "") + f" (fail_on={fail_on})"
