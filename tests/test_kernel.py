@@ -66,10 +66,11 @@ def small_case(kind: str = "decode", **kw) -> KernelCase:
 
 def test_grid_sizes_and_estimates():
     full, quick = build_grid(False), build_grid(True)
-    assert len(full) == 150 and len(quick) == 12
+    assert len(full) == 138 and len(quick) == 11
     assert len(build_grid(False, fa_versions=(2,))) == 50  # 25 shapes x 2 dtypes x splits {0}
-    assert len(build_grid(False, fa_versions=(3,))) == 100  # x splits {0, 32}
-    assert len(build_grid(False, dtypes=("bf16",))) == 75
+    # splits {0, 32}, 32 only for the 19 shapes of at most 512 tokens (16 decode, 3 mixed)
+    assert len(build_grid(False, fa_versions=(3,))) == 88
+    assert len(build_grid(False, dtypes=("bf16",))) == 69
     assert estimate_seconds(quick) < 120
     assert estimate_seconds(full) < 600
 
@@ -85,7 +86,7 @@ def test_quick_is_a_subset_of_full_and_ids_are_unique():
     # With one dtype the quick grid still picks a case of the full grid for every quick shape.
     fp16 = {c.case_id for c in build_grid(False, dtypes=("fp16",))}
     quick16 = build_grid(True, dtypes=("fp16",))
-    assert len(quick16) == 12 and {c.case_id for c in quick16} <= fp16
+    assert len(quick16) == 11 and {c.case_id for c in quick16} <= fp16
 
 
 @pytest.mark.parametrize("quick", [False, True])
@@ -97,6 +98,10 @@ def test_grid_covers_every_required_dimension(quick):
     assert {c.fa_version for c in cases} == {2, 3}
     decode_gqa = [c for c in cases if c.kind == "decode" and c.gqa]
     assert {c.max_num_splits for c in decode_gqa if c.fa_version == 3} == {0, 32}
+    # vLLM's builder passes max_num_splits > 0 only to steps within the CUDA-graph capture size.
+    assert all(c.num_tokens <= kgrid.CUDAGRAPH_MAX_TOKENS for c in cases if c.max_num_splits > 0)
+    assert any(c.kind == "mixed" and c.max_num_splits == 32 for c in cases)
+    assert any(c.kind == "mixed" and c.num_tokens > kgrid.CUDAGRAPH_MAX_TOKENS for c in cases)
     assert all(c.max_num_splits == 0 for c in cases if c.fa_version == 2)  # FA2 refuses num_splits > 1
     assert all(c.block_size == 16 and c.prefix_len % 16 == 0 for c in cases)
     if not quick:
@@ -435,6 +440,142 @@ def test_run_grid_isolates_failures_and_skips_unsupported(fake_api):
         krun.run_grid(cases, device="cpu", api=fake_api, inject="bogus")
 
 
+# --- the worker process: crashes, lost CUDA contexts, hangs and the time limit ---------------------
+
+# The stand-in again, with faults keyed by the number of requests: 3 kills the process (as a segfault
+# would), 4 hangs, 5 raises what PyTorch raises after an illegal memory access.
+FAULTY_SOURCE = (
+    FAKE_SOURCE
+    + """
+import os
+import signal
+import time
+
+UNSUPPORTED = {3: "FA3 is only supported on devices with compute capability 9.x"}
+_cascade = cascade_attention
+
+
+def cascade_attention(*args, **kwargs):
+    n = kwargs["cu_query_lens"].shape[0] - 1
+    if n == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if n == 4:
+        time.sleep(120)
+    if n == 5:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\\nmore")
+    return _cascade(*args, **kwargs)
+"""
+)
+
+
+@pytest.fixture
+def faulty_module(tmp_path):
+    path = tmp_path / "fake_flash_attn.py"
+    path.write_text(FAULTY_SOURCE)
+    return str(path)
+
+
+def test_worker_isolates_crashes_and_hangs(faulty_module, fake_api):
+    from cascade_repro.kernel import worker
+
+    cases = [
+        small_case(case_id="ok-1"),
+        small_case(case_id="crash", num_seqs=3),
+        small_case("mixed", case_id="ok-2"),
+        small_case(case_id="hang", num_seqs=4),
+        small_case(case_id="raises", num_seqs=5),
+        small_case(case_id="fa3-unsupported", fa_version=3),
+        small_case(case_id="ok-3", seed=7),
+    ]
+    seen = []
+    env: dict = {}
+    results, env_back = worker.run_grid_isolated(
+        cases, device="cpu", fake_module=faulty_module, case_timeout=8, env=env,
+        on_result=lambda r, k, n: seen.append((r.case.case_id, k, n)),
+    )  # fmt: skip
+    assert env_back is env and env["vllm"] == "fake" and env["device"] == "cpu"
+    by_id = {r.case.case_id: r for r in results}
+    assert [r.case.case_id for r in results] == [c.case_id for c in cases]
+    assert [r.status for r in results] == ["ok", "error", "ok", "error", "error", "skipped", "ok"]
+    assert by_id["crash"].reason == "the worker process died (killed by SIGKILL) while running this case"
+    assert by_id["hang"].reason == "timed out after 8 s (worker killed)"
+    assert by_id["raises"].reason == "RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert "compute capability" in by_id["fa3-unsupported"].reason
+    assert seen == [(c.case_id, k, len(cases)) for k, c in enumerate(cases)]
+    # The worker's numbers are the in-process numbers.
+    same = krun.run_case(fake_api, cases[0], device="cpu")
+    assert by_id["ok-1"].cascade == same.cascade and by_id["ok-1"].ratio == same.ratio
+
+
+def test_worker_time_limit_skips_the_rest(faulty_module):
+    from cascade_repro.kernel import worker
+
+    cases = [small_case(case_id="hang", num_seqs=4), small_case(case_id="ok")]
+    results, _ = worker.run_grid_isolated(cases, device="cpu", fake_module=faulty_module, max_seconds=3)
+    assert [r.status for r in results] == ["skipped", "skipped"]
+    assert all("--max-seconds 3" in r.reason for r in results)
+
+
+def test_worker_that_cannot_load_vllm_is_a_missing_requirement(tmp_path):
+    from cascade_repro.kernel import worker
+
+    with pytest.raises(krun.MissingRequirement, match="starting failed"):
+        worker.run_grid_isolated([small_case()], device="cpu", fake_module=str(tmp_path / "absent.py"))
+    with pytest.raises(UsageError, match="unknown --inject"):
+        worker.run_grid_isolated([small_case()], device="cpu", inject="bogus")
+
+
+def test_worker_stops_when_the_cuda_context_is_lost(faulty_module, tmp_path, monkeypatch):
+    from dataclasses import asdict
+
+    from cascade_repro.kernel import worker
+
+    monkeypatch.setattr(worker, "cuda_usable", lambda device: False)
+    cases = [small_case(case_id="raises", num_seqs=5), small_case(case_id="ok")]
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"cases": [asdict(c) for c in cases], "index": [0, 1], "inject": None,
+                                "factor": 4.0, "eps": 1e-6, "device": "cpu", "fake_module": faulty_module}))  # fmt: skip
+    events = tmp_path / "events.jsonl"
+    assert worker.worker_main(str(spec), str(events)) == worker.EXIT_CUDA_LOST
+    evs = [json.loads(line) for line in events.read_text().splitlines()]
+    assert [e["event"] for e in evs] == ["ready", "start", "result"]
+    assert evs[2]["result"]["status"] == "error"
+
+
+def test_cli_runs_through_the_worker_and_writes_three_files(faulty_module, tmp_path, monkeypatch):
+    import functools
+
+    from cascade_repro.kernel import worker
+
+    cases = [small_case(case_id="a"), small_case(case_id="b", num_seqs=5), small_case("mixed", case_id="c")]
+    monkeypatch.setattr(kgrid, "build_grid", lambda **kw: cases)
+    monkeypatch.setattr(krun, "require_gpu_and_vllm", lambda: None)
+    monkeypatch.setattr(
+        worker, "run_grid_isolated",
+        functools.partial(worker.run_grid_isolated, device="cpu", fake_module=faulty_module),
+    )  # fmt: skip
+    out = tmp_path / "out"
+    res = invoke("--fa-version", "2", "--max-seconds", "300", "--out", str(out))
+    assert res.exit_code == 1, res.output
+    assert sorted(p.name for p in out.iterdir()) == ["junit.xml", "report.md", "summary.json"]
+    data = json.loads((out / "summary.json").read_text())
+    assert "partial" not in data and data["counts"] == {"ok": 2, "mismatch": 0, "error": 1, "skipped": 0}
+    assert data["env"]["vllm"] == "fake" and data["settings"]["max_seconds"] == 300
+    assert "--max-seconds 300" in data["command"]
+    assert "[2/3] b: error (ratio —" in res.stderr and "illegal memory access" in res.stderr
+    for name in ("report.md", "summary.json", "junit.xml"):
+        assert f"wrote {out / name}" in res.stderr
+
+
+def test_partial_summary_says_so():
+    results = [krun.CaseResult(small_case(case_id="x"), "skipped", "FA3 unsupported")]
+    data = kreport.summary(results, {"factor": 4.0}, {}, "t", 0.1, total=3)
+    assert data["partial"] == {"done": 1, "total": 3}
+    assert data["exit_code"] == 1 and "1 of 3" in data["exit_reason"]
+    assert data["headline"].endswith("(in progress: 1 of 3 cases done)")
+    assert "partial" not in kreport.summary(results, {"factor": 4.0}, {}, "t", 0.1, total=1)
+
+
 def test_vllm_would_cascade_is_reported(fake_api):
     res = krun.run_case(fake_api, small_case(prefix_len=256), device="cpu", num_sms=132)
     assert res.vllm_would_cascade is True
@@ -534,11 +675,13 @@ def test_cli_without_cuda_or_vllm_is_one_line_exit_2():
 def test_cli_dry_run_and_bad_options():
     res = invoke("--quick", "--dry-run")
     assert res.exit_code == 0, res.output
-    assert "12 cases" in res.stdout and "decode-p8192-b256-h28x4-d128-s64-bf16-fa3-sp32" in res.stdout
+    assert "11 cases" in res.stdout and "decode-p8192-b256-h28x4-d128-s64-bf16-fa3-sp32" in res.stdout
+    assert "mixed-p2048-b8-h9x3-d64-s512-fp16-fa3-sp32" in res.stdout
     res = invoke("--dry-run", "--fa-version", "2", "--dtype", "fp16")
     assert res.exit_code == 0 and "25 cases" in res.stdout
     for args, msg in ((["--fa-version", "4"], "--fa-version"), (["--dtype", "fp8"], "unknown dtype"),
-                      (["--inject", "nope"], "unknown --inject"), (["--factor", "0"], "--factor")):  # fmt: skip
+                      (["--inject", "nope"], "unknown --inject"), (["--factor", "0"], "--factor"),
+                      (["--max-seconds", "0"], "--max-seconds"), (["--case-timeout", "-1"], "--case-timeout")):  # fmt: skip
         res = invoke(*args)
         assert res.exit_code == 2 and msg in res.stderr, (args, res.output)
 
@@ -560,7 +703,7 @@ def test_cli_help_imports_no_torch():
 def _gpu_cases():
     quick = build_grid(True)
     return [c for c in quick if c.kind == "decode" and c.num_seqs == 8] + [
-        c for c in quick if c.kind == "mixed" and c.num_seqs == 64
+        c for c in quick if c.kind == "mixed" and c.num_seqs == 8
     ]
 
 

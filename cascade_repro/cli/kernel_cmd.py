@@ -22,18 +22,20 @@ def _opt(help: str, panel: str, *decls: str, **kw: Any) -> Any:
 
 
 def _command(quick: bool, fa: tuple[int, ...], dtypes: tuple[str, ...], inject: str | None, factor: float,
-             out: Path, seed: int) -> str:  # fmt: skip
+             out: Path, seed: int, max_seconds: float | None = None) -> str:  # fmt: skip
     args = ["cascade-repro", "kernel"] + (["--quick"] if quick else [])
     args += ["--fa-version", ",".join(map(str, fa)), "--dtype", ",".join(dtypes)]
     args += ["--inject", inject] if inject else []
-    args += ["--factor", f"{factor:g}", "--seed", str(seed), "--out", str(out)]
+    args += ["--factor", f"{factor:g}", "--seed", str(seed)]
+    args += ["--max-seconds", f"{max_seconds:g}"] if max_seconds is not None else []
+    args += ["--out", str(out)]
     return shlex.join(args)
 
 
 @app.command()
 def kernel(
     quick: Annotated[
-        bool, _opt("Run the quick subset (12 cases for FA2+FA3, under 2 minutes on an H200).", G)
+        bool, _opt("Run the quick subset (11 cases for FA2+FA3, under 2 minutes on an H200).", G)
     ] = False,
     fa_version: Annotated[str, _opt("FlashAttention versions, comma-separated.", G)] = "2,3",
     dtype: Annotated[str, _opt("Model dtypes, comma-separated: bf16, fp16.", G)] = "bf16,fp16",
@@ -49,10 +51,23 @@ def kernel(
         float, _opt("`ok` when cascade's relative error <= factor x the flat path's.", G)
     ] = 4.0,
     seed: Annotated[int, _opt("Base seed; each case derives its own from it and its shape.", G)] = 0,
+    max_seconds: Annotated[
+        float | None,
+        _opt(
+            "Stop after this many seconds: cases not finished by then are `skipped` and the reports are "
+            "complete. Set it below any hard limit the run is under.",
+            G,
+            show_default=False,
+        ),
+    ] = None,  # fmt: skip
+    case_timeout: Annotated[
+        float, _opt("A case running longer than this (seconds) is an `error`; the rest go on.", G)
+    ] = 180.0,
     out: Annotated[
         Path | None,
         _opt(
-            "Directory for report.md, summary.json, junit.xml. [default: results/kernel-YYYYmmdd-HHMMSS]",
+            "Directory for report.md, summary.json, junit.xml (the only files written; rewritten after "
+            "every case). [default: results/kernel-YYYYmmdd-HHMMSS]",
             OUT,
             show_default=False,
         ),
@@ -65,7 +80,9 @@ def kernel(
     shared prefixes of 256..8192 tokens, 8..256 requests, head dims 64/128, bf16/fp16, FA2/FA3) it
     builds paged KV caches with a shared prefix, calls vLLM's `cascade_attention` and the flat path
     (one `flash_attn_varlen_func` call) on the same inputs, and reports the error of each against
-    float64. Exit code 1 on any mismatch or error, 2 without a CUDA GPU or vLLM.
+    float64. The cases run in a worker process: a case that crashes it, loses the CUDA context or
+    hangs is an `error` row and a new worker runs the rest. Exit code 1 on any mismatch or error,
+    2 without a CUDA GPU or vLLM.
 
     Examples:
 
@@ -84,38 +101,63 @@ def kernel(
             raise UsageError(f"unknown --inject {inject!r}: expected one of {', '.join(INJECTIONS)}")
         if not math.isfinite(factor) or factor <= 0:
             raise UsageError("--factor must be a positive number")
+        if max_seconds is not None and not (math.isfinite(max_seconds) and max_seconds > 0):
+            raise UsageError("--max-seconds must be a positive number")
+        if not math.isfinite(case_timeout) or case_timeout <= 0:
+            raise UsageError("--case-timeout must be a positive number")
         cases = build_grid(quick=quick, fa_versions=fa, dtypes=dtypes, seed=seed)
         if dry_run:
             _print_plan(cases, estimate_seconds(cases))
             return
-        from cascade_repro.kernel.run import load_vllm, require_gpu_and_vllm
+        from cascade_repro.kernel.run import require_gpu_and_vllm, vllm_version
 
         require_gpu_and_vllm()
-        api = load_vllm()
-    started = datetime.now(UTC)
-    if out is None:
-        root = Path(os.environ.get("CASCADE_REPRO_RESULTS_DIR") or "results")
-        out = root / f"kernel-{started:%Y%m%d-%H%M%S}{'-' + inject if inject else ''}"
+        started = datetime.now(UTC)
+        if out is None:
+            root = Path(os.environ.get("CASCADE_REPRO_RESULTS_DIR") or "results")
+            out = root / f"kernel-{started:%Y%m%d-%H%M%S}{'-' + inject if inject else ''}"
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"--out {out}: {e.strerror or e}") from None
     console = err_console()
     console.print(
-        f"cascade-repro kernel: {len(cases)} cases, vLLM {api.version}, "
-        f"estimated {estimate_seconds(cases):.0f} s at most"
+        f"cascade-repro kernel: {len(cases)} cases, vLLM {vllm_version()}, estimated "
+        f"{estimate_seconds(cases):.0f} s at most; writing report.md, summary.json and junit.xml to {out}",
+        highlight=False,
+        markup=False,
     )
+
+    from cascade_repro.kernel.report import rich_table, summary, write_reports
+    from cascade_repro.kernel.run import DEFAULT_EPS
+    from cascade_repro.kernel.worker import run_grid_isolated
+
+    settings = {"quick": quick, "fa_versions": list(fa), "dtypes": list(dtypes), "inject": inject,
+                "factor": factor, "eps": DEFAULT_EPS, "seed": seed, "n_cases": len(cases),
+                "max_seconds": max_seconds, "case_timeout": case_timeout}  # fmt: skip
+    command = _command(quick, fa, dtypes, inject, factor, out, seed, max_seconds)
+    t0 = time.perf_counter()
+    done: list[Any] = []
 
     def progress(res: Any, i: int, n: int) -> None:
         ratio = "—" if res.ratio is None else f"{res.ratio:.2f}"
-        console.print(f"[{i + 1}/{n}] {res.case.case_id}: {res.status} (ratio {ratio}, {res.wall_s:.2f} s)",
-                      highlight=False, markup=False)  # fmt: skip
+        why = f": {res.reason}" if res.reason and res.status != "ok" else ""
+        console.print(f"[{i + 1}/{n}] {res.case.case_id}: {res.status} (ratio {ratio}, {res.wall_s:.2f} s){why}",
+                      highlight=False, markup=False, soft_wrap=True)  # fmt: skip
+        done.append(res)
+        # Rewritten after every case, so a run killed from outside still leaves its reports.
+        write_reports(summary(sorted(done, key=lambda r: order[r.case.case_id]), settings, env_now,
+                              started.isoformat(timespec="seconds"), time.perf_counter() - t0, command,
+                              total=len(cases)), out)  # fmt: skip
 
-    from cascade_repro.kernel.report import rich_table, summary, write_reports
-    from cascade_repro.kernel.run import run_grid
-
-    t0 = time.perf_counter()
-    results, env = run_grid(cases, inject=inject, factor=factor, api=api, on_result=progress)
-    settings = {"quick": quick, "fa_versions": list(fa), "dtypes": list(dtypes), "inject": inject,
-                "factor": factor, "eps": 1e-6, "seed": seed, "n_cases": len(cases)}  # fmt: skip
+    order = {c.case_id: k for k, c in enumerate(cases)}
+    env_now: dict[str, Any] = {}
+    with user_errors():
+        results, env = run_grid_isolated(cases, inject=inject, factor=factor, on_result=progress,
+                                         case_timeout=case_timeout, max_seconds=max_seconds,
+                                         env=env_now)  # fmt: skip
     data = summary(results, settings, env, started.isoformat(timespec="seconds"), time.perf_counter() - t0,
-                   _command(quick, fa, dtypes, inject, factor, out, seed))  # fmt: skip
+                   command)  # fmt: skip
     paths = write_reports(data, out)
     from rich.console import Console
 

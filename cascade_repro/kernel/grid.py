@@ -13,9 +13,12 @@ one cache tensor. The grid covers those:
 - head dims 64 and 128, bf16 and fp16, FA2 and FA3; FA3 with ``max_num_splits`` 0 (FA's heuristic,
   the eager default) and 32 (``flash_attn_max_num_splits_for_cuda_graph``, what vLLM 0.26 passes
   under full CUDA graphs: ``vllm/v1/attention/backends/flash_attn.py`` lines 400-420 and 489-499,
-  ``vllm/config/attention.py`` line 42). FA2 only with 0: vLLM never gives FA2 another value and its
-  interface refuses ``num_splits > 1`` (``vllm/vllm_flash_attn/flash_attn_interface.py`` lines 309-310);
-  with 0, FA2's own heuristic still splits long decode KV.
+  ``vllm/config/attention.py`` line 42). The builder passes 32 only to steps of at most
+  ``max_cudagraph_capture_size`` tokens (default ``min(2 * max_num_seqs, 512)``,
+  ``vllm/config/compilation.py``), and 0 to larger steps, so the grid runs splits 32 only on steps of
+  at most :data:`CUDAGRAPH_MAX_TOKENS` tokens. FA2 only with 0: vLLM never gives FA2 another value
+  and its interface refuses ``num_splits > 1`` (``vllm/vllm_flash_attn/flash_attn_interface.py``
+  lines 309-310); with 0, FA2's own heuristic still splits long decode KV.
 
 Lengths are drawn from each case's seed with :mod:`random`, so a case is the same on every machine;
 the seed depends on the shape alone, so FA2/FA3, the split settings and both dtypes see the same
@@ -43,6 +46,9 @@ DTYPE_ALIASES = {
 }
 # max_num_splits values per FA version (see the module docstring).
 SPLITS = {2: (0,), 3: (0, 32)}
+# vLLM's default max_cudagraph_capture_size: the builder passes max_num_splits > 0 only to steps of
+# at most this many tokens (FlashAttentionMetadataBuilder.build, flash_attn.py lines 489-499).
+CUDAGRAPH_MAX_TOKENS = 512
 
 # (num_q_heads, num_kv_heads, head_dim): Llama-3-8B, SmolLM2-135M, Qwen2.5-7B, an MQA shard.
 DECODE_HEADS = ((32, 8, 128), (9, 3, 64), (28, 4, 128), (16, 1, 64))
@@ -62,7 +68,7 @@ PREFILL_MAX = 256
 QUICK = {
     ("decode", 8192, 256): "bf16",  # 28/4 heads, d128: the big flash-decoding case
     ("decode", 1024, 8): "fp16",  # 9/3 heads, d64, long suffixes
-    ("mixed", 256, 64): "fp16",  # 9/3 heads, d64
+    ("mixed", 2048, 8): "fp16",  # 9/3 heads, d64, 325 tokens: also runs with FA3 splits 32
     ("mixed", 2048, 256): "bf16",  # 32/8 heads, d128
 }
 
@@ -230,17 +236,18 @@ def build_grid(
         for dt in use_dtypes:
             for v in fa_versions:
                 for sp in SPLITS[v]:
-                    cases.append(
-                        KernelCase(
-                            case_id=f"{sid}-{dt}-fa{v}-sp{sp}",
-                            dtype=dt,
-                            fa_version=v,
-                            max_num_splits=sp,
-                            seed=case_seed(seed, sid),
-                            shape_id=sid,
-                            **s,
-                        )
+                    case = KernelCase(
+                        case_id=f"{sid}-{dt}-fa{v}-sp{sp}",
+                        dtype=dt,
+                        fa_version=v,
+                        max_num_splits=sp,
+                        seed=case_seed(seed, sid),
+                        shape_id=sid,
+                        **s,
                     )
+                    if sp > 0 and case.num_tokens > CUDAGRAPH_MAX_TOKENS:
+                        continue  # vLLM passes max_num_splits=0 to a step this large
+                    cases.append(case)
     return cases
 
 

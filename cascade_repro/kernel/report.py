@@ -59,6 +59,9 @@ def headline(data: dict) -> str:
     shown = [plural(n[k], k) for k in ("mismatch", "error", "skipped") if n[k]]
     inject = (data.get("settings") or {}).get("inject")
     tail = f" (injected: {inject})" if inject else ""
+    partial = data.get("partial")
+    if partial:
+        tail += f" (in progress: {partial['done']} of {partial['total']} cases done)"
     return f"cascade-repro kernel: {', '.join(shown) or 'no mismatch'} in {plural(len(cases), 'case')}{tail}"
 
 
@@ -104,11 +107,23 @@ def group_table(cases: list[dict]) -> list[dict]:
 
 
 def summary(
-    results: list[Any], settings: dict, env: dict, started_at: str, wall_s: float, command: str | None = None
+    results: list[Any],
+    settings: dict,
+    env: dict,
+    started_at: str,
+    wall_s: float,
+    command: str | None = None,
+    total: int | None = None,
 ) -> dict:
-    """The summary dictionary every report renders from (CaseResult objects or their dicts)."""
+    """The summary dictionary every report renders from (CaseResult objects or their dicts).
+
+    ``total``: the number of cases of the run, when ``results`` holds only those finished so far (the
+    reports written while the run goes on); the summary then says ``partial``.
+    """
     cases = [r.to_dict() if hasattr(r, "to_dict") else dict(r) for r in results]
     code, reason = exit_status(cases)
+    if total is not None and len(cases) < total:
+        code, reason = 1, f"run not finished ({len(cases)} of {total} cases done)"
     data: dict[str, Any] = {
         "tool": "cascade-repro kernel",
         "settings": settings,
@@ -122,6 +137,8 @@ def summary(
         "command": command,
         "cases": cases,
     }
+    if total is not None and len(cases) < total:
+        data["partial"] = {"done": len(cases), "total": total}
     if settings.get("inject"):
         data["positive_control"] = positive_control(cases)
     data["headline"] = headline(data)

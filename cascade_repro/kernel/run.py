@@ -119,6 +119,16 @@ def missing_requirements() -> list[str]:
     return missing
 
 
+def vllm_version() -> str:
+    """The installed vLLM's version, read without importing it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vllm")
+    except PackageNotFoundError:
+        return "?"
+
+
 def require_gpu_and_vllm() -> None:
     missing = missing_requirements()
     if missing:
@@ -198,6 +208,14 @@ class CaseResult:
     vllm_would_cascade: bool | None = None
     inject_calls: int = 0
     wall_s: float = 0.0
+
+    RESULT_FIELDS = ("status", "reason", "cascade", "flat", "ratio", "seq_ratio", "vllm_would_cascade",
+                     "inject_calls", "wall_s")  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, case: KernelCase, d: dict) -> CaseResult:
+        """The result ``to_dict`` wrote (e.g. in a worker process), attached to its case."""
+        return cls(case=case, **{k: d[k] for k in cls.RESULT_FIELDS if k in d})
 
     def to_dict(self) -> dict:
         return {
@@ -454,33 +472,65 @@ def run_grid(
     on_result: Callable[[CaseResult, int, int], None] | None = None,
 ) -> tuple[list[CaseResult], dict]:
     """Run every case; return the results and the environment. One failing case never stops the rest."""
-    import torch
-
     if inject is not None and inject not in INJECTIONS:
         raise UsageError(f"unknown --inject {inject!r}: expected one of {', '.join(INJECTIONS)}")
     if api is None:
         api = load_vllm()
     env = environment(api, device)
-    num_sms = env.get("sms")
     unsupported = {v: api.unsupported_reason(v) for v in sorted({c.fa_version for c in cases})}
     results = []
     for i, case in enumerate(cases):
-        t0 = time.perf_counter()
-        if unsupported.get(case.fa_version):
-            res = CaseResult(
-                case, "skipped", f"FA{case.fa_version} unsupported: {unsupported[case.fa_version]}"
-            )
-        else:
-            try:
-                with torch.inference_mode():
-                    res = run_case(api, case, device, inject, factor, eps, num_sms)
-            except Exception as e:  # noqa: BLE001 - reported per case; the grid goes on
-                res = CaseResult(case, "error", f"{type(e).__name__}: {e}".splitlines()[0][:300])
-                res.wall_s = time.perf_counter() - t0
-                if device.startswith("cuda"):
-                    with contextlib.suppress(Exception):
-                        torch.cuda.empty_cache()
+        res = run_one(api, case, inject=inject, factor=factor, eps=eps, device=device,
+                      num_sms=env.get("sms"), unsupported=unsupported)  # fmt: skip
         results.append(res)
         if on_result is not None:
             on_result(res, i, len(cases))
     return results, env
+
+
+def error_line(e: BaseException) -> str:
+    """``Type: first line of the message``, at most 300 characters."""
+    text = f"{type(e).__name__}: {e}".strip()
+    return (text.splitlines() or [type(e).__name__])[0][:300]
+
+
+def run_one(
+    api: VllmApi,
+    case: KernelCase,
+    *,
+    inject: str | None,
+    factor: float,
+    eps: float,
+    device: str,
+    num_sms: int | None,
+    unsupported: dict[int, str | None],
+) -> CaseResult:
+    """One case of the grid: skipped when its FA version is unsupported, an error row when it raises."""
+    import torch
+
+    t0 = time.perf_counter()
+    if unsupported.get(case.fa_version):
+        return CaseResult(case, "skipped", f"FA{case.fa_version} unsupported: {unsupported[case.fa_version]}")
+    try:
+        with torch.inference_mode():
+            return run_case(api, case, device, inject, factor, eps, num_sms)
+    except Exception as e:  # noqa: BLE001 - reported per case; the grid goes on
+        res = CaseResult(case, "error", error_line(e))
+        res.wall_s = time.perf_counter() - t0
+        if device.startswith("cuda"):
+            with contextlib.suppress(Exception):
+                torch.cuda.empty_cache()
+        return res
+
+
+def cuda_usable(device: str) -> bool:
+    """Whether the CUDA context still runs work (after an illegal access it never does again)."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return True
+    try:
+        torch.cuda.synchronize(torch.device(device))
+        return float((torch.ones(1, device=device) + 1).item()) == 2.0
+    except Exception:  # noqa: BLE001 - any failure means the context is gone
+        return False
