@@ -64,7 +64,7 @@ def test_matrix_help_groups_options_in_panels():
         "--inject",
     ):
         assert option in res.stdout
-    assert "Exit codes: 0 clean, 1 regression (per --fail-on), 2 usage error." in flat(res.stdout)
+    assert "Exit codes: 0 clean, 1 regression (per --fail-on) or every cascade pair errored, 2 usage error." in flat(res.stdout)
 
 
 def test_run_id_help_explains_the_default_name():
