@@ -142,7 +142,7 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]
             traceback.print_exc(file=sys.stderr)
             writer.write({"type": "cell_error", "cell_id": cid, "reason": reason})
-            writer.flush()
+            writer.sync()
             status = EXIT_CELL_ERRORS
             if any(m in reason for m in FATAL_MARKERS):
                 # The device context is unusable after these; the runner marks the rest.
@@ -150,7 +150,7 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
                 return EXIT_FATAL
             continue
         writer.write({"type": "cell_done", "cell_id": cid, "n_samples": n, "wall_s": round(time.time() - c0, 3)})
-        writer.flush()
+        writer.sync()  # resume trusts cell_done, so it (and the samples before it) must reach the disk
     writer.close()
     engine.close()
     return status

@@ -69,6 +69,24 @@ def test_writer_writes_one_compact_json_object_per_line_type_first(tmp_path):
     )
 
 
+def test_flush_reaches_readers_without_fsync_and_sync_fsyncs(tmp_path, monkeypatch):
+    import os
+
+    synced = []
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd))
+    path = tmp_path / "k.jsonl"
+    w = JsonlWriter(path)
+    w.write({"type": "wave", "cell_id": "a"})
+    w.flush()  # per wave: visible to the runner's tail, no disk round trip
+    assert path.read_text(encoding="utf-8") == '{"type":"wave","cell_id":"a"}\n'
+    assert synced == []
+    w.write({"type": "cell_done", "cell_id": "a"})
+    w.sync()  # what resume trusts goes to the disk
+    assert len(synced) == 1
+    w.close()
+    assert len(synced) == 2
+
+
 def test_reopening_cuts_a_torn_last_line_and_appends_whole_lines(tmp_path):
     path = tmp_path / "k.jsonl"
     write_records(path, [{"type": "cell_start", "cell_id": "a"}, sample("a", 0)])
