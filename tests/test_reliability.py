@@ -460,10 +460,10 @@ def test_worker_exit_is_an_error_cell_whose_reason_every_report_shows(tmp_path, 
     junit = (run_dir / "junit.xml").read_text()
     assert junit.count("<error ") == 2
 
-    # The default --fail-on regression exits 0 on error cells (no regression was found); it is
-    # `report.exit_code`'s documented contract, and the headline and warnings still say "error".
+    # Every cascade pair errored here, so even the default --fail-on regression exits 1: nothing
+    # was measured, and a CI guard must not pass on that. Only `never` exits 0.
     runner = CliRunner()
-    for fail_on, code in (("regression", 0), ("never", 0), ("error", 1)):
+    for fail_on, code in (("regression", 1), ("never", 0), ("error", 1)):
         res = runner.invoke(app, ["report", str(run_dir), "--fail-on", fail_on])
         assert res.exit_code == code, (fail_on, res.output)
 
