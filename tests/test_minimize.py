@@ -107,7 +107,7 @@ def test_search_shrinks_requests_and_tokens():
     rendered = [[0, 0, i] for i in range(32)]
     eng = ScriptedEngine()
     oracle = Oracle(eng, rendered, prefix_len=2, criterion="topk")
-    best, tests, exhausted = search(oracle, Case(list(range(32)), 16), max_tests=64)
+    best, tests, exhausted, conf = search(oracle, Case(list(range(32)), 16), max_tests=64)
     assert best is not None and best.failed
     assert len(best.case.prompt_indices) == 8 and 5 in best.case.prompt_indices
     assert best.case.max_tokens == 3  # first bad token at step 2
@@ -115,20 +115,45 @@ def test_search_shrinks_requests_and_tokens():
     assert (v.prompt_index, v.step, v.cascade_token, v.topk_ok) == (5, 2, 99999, False)
     assert v.cascade_text == "<99999>" and v.flat_lp_of_cascade_token is None
     assert tests == len(oracle.trials) and not exhausted
+    assert conf == [{"requests": 8, "max_tokens": 3, "runs": 3, "fails": 3}]
     # Every test ran both arms with the same requests.
     assert len(eng.waves) == 2 * tests
 
 
 def test_search_reports_not_reproduced():
     oracle = Oracle(ScriptedEngine(), [[0, 0, i] for i in range(16)], prefix_len=2, criterion="topk")
-    best, tests, _ = search(oracle, Case(list(range(6, 14)), 16), max_tests=10)  # no prompt 5
-    assert best is None and tests == 1
+    best, tests, _, conf = search(oracle, Case(list(range(6, 14)), 16), max_tests=10)  # no prompt 5
+    assert best is None and tests == 1 and conf == []
 
 
 def test_search_falls_back_to_the_recorded_length():
     oracle = Oracle(ScriptedEngine(), [[0, 0, i] for i in range(16)], prefix_len=2, criterion="topk")
-    best, tests, _ = search(oracle, Case(list(range(16)), 2), max_tests=20, full_tokens=16)
+    best, tests, _, _ = search(oracle, Case(list(range(16)), 2), max_tests=20, full_tokens=16, confirm=1)
     assert best is not None and best.case.max_tokens == 3
+
+
+class FlakyAtEight(ScriptedEngine):
+    """Cascade fires with exactly 8 requests only on every other wave (a request arrived late)."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def run_wave(self, prompts, arm, max_tokens, prefix_len=None):
+        if arm == "cascade" and len(prompts) == 8:
+            self.n += 1
+            if self.n % 2 == 0:  # the 8th request joined a later step: no step reached the threshold
+                return super().run_wave(prompts, "flat", max_tokens, prefix_len)
+        return super().run_wave(prompts, arm, max_tokens, prefix_len)
+
+
+def test_a_flaky_minimum_falls_back_to_the_next_larger_stable_case():
+    oracle = Oracle(FlakyAtEight(), [[0, 0, i] for i in range(32)], prefix_len=2, criterion="topk")
+    best, _, _, conf = search(oracle, Case(list(range(32)), 3), max_tests=64)
+    assert best is not None and best.failed and 5 in best.case.prompt_indices
+    assert conf[0]["requests"] == 8 and conf[0]["fails"] < conf[0]["runs"]
+    assert len(best.case.prompt_indices) > 8
+    assert conf[-1] == {"requests": len(best.case.prompt_indices), "max_tokens": 3, "runs": 3, "fails": 3}
 
 
 # --------------------------------------------------------------------------- the standalone script
@@ -249,6 +274,7 @@ def test_minimize_injected_hf_run(tmp_path):
     assert final["case"]["max_tokens"] == 1  # the injected fault breaks the very first token
     assert final["cascade_steps"] >= 1 and final["violations"][0]["topk_ok"] is False
     assert data["tests"] == len(data["trials"]) >= 2
+    assert data["stable"] and data["confirmations"][-1]["fails"] == 3
     repro = (tmp_path / "min" / "repro.py").read_text()
     ns: dict = {}
     exec(compile(repro, "repro.py", "exec"), ns)

@@ -20,6 +20,7 @@ def minimize(
     out: Annotated[Path | None, typer.Option(help="Where to write repro.py, issue.md and minimized.json. [default: RUN_DIR/minimize/PAIR]", show_default=False)] = None,
     criterion: Annotated[str, typer.Option(help="When a case still fails: `topk` (a first divergence outside the other arm's top-k; robust to bf16 noise) or `any` (any differing token; for exact fp32 engines).")] = "topk",
     max_tests: Annotated[int, typer.Option(help="Most test runs (each = one wave on each arm) before stopping with the smallest case so far.")] = 64,
+    confirm: Annotated[int, typer.Option(help="Runs of the final case (it must fail in all; near cascade's 8-request threshold a step can start before every request arrives, so the next larger failing case is tried when one passes).")] = 3,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only the summary, not a line per test.")] = False,
 ) -> None:  # fmt: skip
     """Find the smallest case that still shows a pair's fault; write a repro script and an issue body.
@@ -60,7 +61,7 @@ def minimize(
             )
 
         with console.status("building the engine and replaying the failing wave...") if quiet else nullcontext():
-            outcome = minimize_run(run_dir, pair_id=pair, out_dir=out, criterion=criterion, max_tests=max_tests, on_trial=show)
+            outcome = minimize_run(run_dir, pair_id=pair, out_dir=out, criterion=criterion, max_tests=max_tests, confirm=confirm, on_trial=show)
     r = outcome.result
     if not r.reproduced:
         console.print(
@@ -73,6 +74,12 @@ def minimize(
     f = r.final
     assert f is not None
     note = " (stopped by --max-tests: maybe not minimal)" if r.exhausted else ""
+    conf = next(
+        (c for c in r.confirmations if (c["requests"], c["max_tokens"]) == (len(f.case.prompt_indices), f.case.max_tokens)),
+        None,
+    )
+    if conf:
+        note += f"; failed {conf['fails']}/{conf['runs']} runs" + ("" if r.stable else " [yellow](flaky)[/]")
     console.print(
         f"[bold]{r.pair_id}[/]: {len(r.start.prompt_indices)} requests x {r.start.max_tokens} tokens -> "
         f"[bold]{len(f.case.prompt_indices)} requests x {f.case.max_tokens} tokens[/] in {r.tests} test runs, "

@@ -37,6 +37,7 @@ def minimize_run(
     out_dir: Path | None = None,
     criterion: str = "topk",
     max_tests: int = 64,
+    confirm: int = 3,
     on_trial: Callable[[Trial], None] | None = None,
     engine_factory: Callable[[dict[str, Any], dict[str, Any]], Any] | None = None,
 ) -> MinimizeOutput:
@@ -54,6 +55,8 @@ def minimize_run(
         raise UsageError(f"--criterion must be one of {', '.join(CRITERIA)}, not {criterion!r}")
     if max_tests < 1:
         raise UsageError("--max-tests must be at least 1")
+    if confirm < 1:
+        raise UsageError("--confirm must be at least 1")
     run = runstore.read_run_json(run_dir)
     pair = pick_pair(run_dir, pair_id)
     cells = {c["cell_id"]: c for c in run["plan"]["cells"]}
@@ -90,12 +93,13 @@ def minimize_run(
             call: Callable[[Case], Trial] = observed
         else:
             call = oracle
-        final, tests, exhausted = search(
+        final, tests, exhausted, confirmations = search(
             call,
             start,
             max_tests=max_tests,
             min_requests=MIN_REQUESTS,
             full_tokens=int(run["spec"]["max_tokens"]),
+            confirm=confirm,
         )
         effective = engine.effective()
         requested = getattr(engine, "requested", None)
@@ -123,6 +127,7 @@ def minimize_run(
             }
             for t in oracle.trials
         ],
+        confirmations=confirmations,
     )
     files: dict[str, Path] = {}
     data = result.to_dict() | {"run_id": run.get("run_id"), "engine_key": test_cell["engine_key"]}

@@ -181,7 +181,8 @@ def render_issue(
         f"{run['prompt_set'].get('shared_prefix_tokens', '?')} tokens, **{n_tok} generated token(s)**, "
         f"greedy. Found by delta-debugging (cascade-repro `minimize`) from {len(start['prompt_indices'])} "
         f"requests x {start['max_tokens']} tokens in {result['tests']} test runs; "
-        f"cascade ran on {final['cascade_steps']} of {final['total_steps']} engine steps of the final case.",
+        f"cascade ran on {final['cascade_steps']} of {final['total_steps']} engine steps of the final case."
+        + _confirm_text(result),
         "",
         "#### Expected vs actual",
         "",
@@ -238,6 +239,22 @@ def render_issue(
         "",
     ]
     return "\n".join(parts)
+
+
+def _confirm_text(result: dict[str, Any]) -> str:
+    case = result["final"]["case"]
+    for c in result.get("confirmations") or []:
+        if (c["requests"], c["max_tokens"]) == (len(case["prompt_indices"]), case["max_tokens"]):
+            flaky = (
+                ""
+                if c["fails"] == c["runs"]
+                else (
+                    " Not every run fails: with so few requests, cascade runs only when all of them land in one "
+                    "scheduler step."
+                )
+            )
+            return f" The final case failed in {c['fails']} of {c['runs']} runs.{flaky}"
+    return ""
 
 
 def _topk_line(topk: list[list[float]]) -> str:

@@ -79,13 +79,26 @@ class MinimizeResult:
     exhausted: bool
     wall_s: float
     trials: list[dict[str, Any]]
+    # Repeated runs of the smallest failing cases: [{"requests", "max_tokens", "runs", "fails"}].
+    confirmations: list[dict[str, int]] = field(default_factory=list)
+
+    @property
+    def stable(self) -> bool:
+        """The final case failed on every confirmation run."""
+        if self.final is None or not self.confirmations:
+            return False
+        n, m = len(self.final.case.prompt_indices), self.final.case.max_tokens
+        return any(
+            c["requests"] == n and c["max_tokens"] == m and c["fails"] == c["runs"]
+            for c in self.confirmations
+        )
 
     @property
     def reproduced(self) -> bool:
         return self.final is not None and self.final.failed
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"reproduced": self.reproduced}
+        return asdict(self) | {"reproduced": self.reproduced, "stable": self.stable}
 
 
 # --------------------------------------------------------------------------- picking the start
@@ -243,20 +256,33 @@ def search(
     max_tests: int = 64,
     min_requests: int = MIN_REQUESTS,
     full_tokens: int | None = None,
-) -> tuple[Trial | None, int, bool]:
-    """Return (the smallest failing trial found or None, trials run, stopped by max_tests)."""
+    confirm: int = 3,
+) -> tuple[Trial | None, int, bool, list[dict[str, int]]]:
+    """Return (the smallest failing trial found or None, trials run, stopped by max_tests, confirmations).
+
+    Near cascade's thresholds a failure can depend on timing: with 8 requests, cascade runs only
+    when all 8 land in one scheduler step, and the engine may start a step before the last
+    request arrives. So the smallest failing case is run ``confirm`` times in all; if any run
+    passes, the next larger failing case is tried, and the first that fails every time wins
+    (else the one that failed most often). Confirmation runs are not bounded by ``max_tests``
+    but by ``confirm`` x 3 candidates.
+    """
     tests = 0
+    failing: list[Trial] = []
 
     def run(case: Case) -> Trial:
         nonlocal tests
         tests += 1
-        return oracle(case)
+        t = oracle(case)
+        if t.failed:
+            failing.append(t)
+        return t
 
     first = run(start)
     if not first.failed and full_tokens and full_tokens > start.max_tokens:
         first = run(Case(start.prompt_indices, full_tokens))  # the cut was too tight: use the recorded length
     if not first.failed:
-        return None, tests, False
+        return None, tests, False, []
     best = first
     tokens = first.case.max_tokens
 
@@ -273,4 +299,56 @@ def search(
         t = run(Case(best.case.prompt_indices, shorter))
         if t.failed:
             best = t
-    return best, tests, dd.exhausted
+    if confirm <= 1:
+        return (
+            best,
+            tests,
+            dd.exhausted,
+            [
+                {
+                    "requests": len(best.case.prompt_indices),
+                    "max_tokens": best.case.max_tokens,
+                    "runs": 1,
+                    "fails": 1,
+                }
+            ],
+        )
+
+    def key(t: Trial) -> tuple[int, int]:
+        return len(t.case.prompt_indices), t.case.max_tokens
+
+    seen: set[tuple[tuple[int, ...], int]] = set()
+    candidates: list[Trial] = []
+    for t in sorted([best, *failing], key=key):
+        ident = (tuple(t.case.prompt_indices), t.case.max_tokens)
+        if ident not in seen:
+            seen.add(ident)
+            candidates.append(t)
+    confirmations: list[dict[str, int]] = []
+    chosen: Trial | None = None
+    for cand in candidates[:3]:
+        fails_n, last_fail = 1, cand
+        for _ in range(confirm - 1):
+            t = run(cand.case)
+            if t.failed:
+                fails_n += 1
+                last_fail = t
+        confirmations.append(
+            {
+                "requests": len(cand.case.prompt_indices),
+                "max_tokens": cand.case.max_tokens,
+                "runs": confirm,
+                "fails": fails_n,
+            }
+        )
+        if fails_n == confirm:
+            chosen = last_fail
+            break
+    if chosen is None:  # nothing failed every time: the most reliable of those tried, smaller first
+        top = max(confirmations, key=lambda c: (c["fails"], -c["requests"]))
+        chosen = next(
+            t
+            for t in candidates
+            if (len(t.case.prompt_indices), t.case.max_tokens) == (top["requests"], top["max_tokens"])
+        )
+    return chosen, tests, dd.exhausted, confirmations
