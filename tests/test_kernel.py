@@ -723,3 +723,12 @@ def test_vllm_cascade_within_flat_and_injection_caught(case):
     assert clean.status == "ok", clean.reason
     assert bad.status == "mismatch" and bad.inject_calls == 1
     assert api.module.merge_attn_states is not None
+
+
+def test_worker_env_keeps_compiled_kernels_unless_the_user_set_a_cache_size(monkeypatch):
+    from cascade_repro.kernel.worker import _child_env
+
+    monkeypatch.delenv("CUDA_CACHE_MAXSIZE", raising=False)
+    assert _child_env()["CUDA_CACHE_MAXSIZE"] == str(4 << 30)
+    monkeypatch.setenv("CUDA_CACHE_MAXSIZE", "123")
+    assert _child_env()["CUDA_CACHE_MAXSIZE"] == "123"

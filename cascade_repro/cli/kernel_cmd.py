@@ -32,6 +32,10 @@ def _command(quick: bool, fa: tuple[int, ...], dtypes: tuple[str, ...], inject: 
     return shlex.join(args)
 
 
+# A case is 0.01-0.5 s once compiled; one far slower than that is a first call paying compilation.
+SLOW_FIRST_CALL_S = 30.0
+
+
 @app.command()
 def kernel(
     quick: Annotated[
@@ -123,7 +127,8 @@ def kernel(
     console = err_console()
     console.print(
         f"cascade-repro kernel: {len(cases)} cases, vLLM {vllm_version()}, estimated "
-        f"{estimate_seconds(cases):.0f} s at most; writing report.md, summary.json and junit.xml to {out}",
+        f"{estimate_seconds(cases):.0f} s at most once FA2's kernels are compiled (a fresh H200 "
+        f"spent 2-2.5 min on the first FA2 call of each configuration); writing report.md, summary.json and junit.xml to {out}",
         highlight=False,
         markup=False,
     )
@@ -138,12 +143,22 @@ def kernel(
     command = _command(quick, fa, dtypes, inject, factor, out, seed, max_seconds)
     t0 = time.perf_counter()
     done: list[Any] = []
+    slow_noted: list[bool] = []
 
     def progress(res: Any, i: int, n: int) -> None:
         ratio = "—" if res.ratio is None else f"{res.ratio:.2f}"
         why = f": {res.reason}" if res.reason and res.status != "ok" else ""
         console.print(f"[{i + 1}/{n}] {res.case.case_id}: {res.status} (ratio {ratio}, {res.wall_s:.2f} s){why}",
                       highlight=False, markup=False, soft_wrap=True)  # fmt: skip
+        if res.wall_s > SLOW_FIRST_CALL_S and not slow_noted:
+            slow_noted.append(True)
+            console.print(
+                f"note: that case took {res.wall_s:.0f} s. On an H200 with vLLM 0.26 the first FA2 call of each "
+                "configuration took 2-2.5 min (FA3 and later calls: 0.01 s), most likely the driver "
+                "compiling FA2 kernels from PTX; the results stay in CUDA's compute cache (CUDA_CACHE_PATH), "
+                "so a second run is fast. Give a fresh machine a larger --max-seconds.",
+                highlight=False, markup=False, soft_wrap=True,
+            )  # fmt: skip
         done.append(res)
         # Rewritten after every case, so a run killed from outside still leaves its reports.
         write_reports(summary(sorted(done, key=lambda r: order[r.case.case_id]), settings, env_now,
