@@ -78,7 +78,9 @@ def load_cell_samples(
             cs.logprobs[i] = rec.get("logprobs") or []
             cs.topk[i] = compact_topk(rec.get("topk") or [])
             cs.keys[i] = rec.get("prompt_key", str(i))
-            cs.rep[i] = repetition_metrics(rec["token_ids"], rec.get("text", ""), rec.get("finish_reason", ""))
+            cs.rep[i] = repetition_metrics(
+                rec["token_ids"], rec.get("text", ""), rec.get("finish_reason", "")
+            )
             cs.ifs.pop(i, None)  # a later record of the same prompt replaces an earlier one
             if isinstance(i, int) and 0 <= i < len(prompts) and prompts[i].key == cs.keys[i]:
                 sc = score_response(prompts[i], rec.get("text") or "")
@@ -157,6 +159,7 @@ def plan_pairs(cells: list[dict[str, Any]]) -> list[PairSpec]:
     Noise controls: flat at batch B vs flat at the smallest batch (all else equal), and a flat
     rerun vs its first run when the matrix has ``rerun``.
     """
+
     def twin_key(c: dict[str, Any]) -> tuple:
         return tuple(c[a] for a in TWIN_AXES)
 
@@ -182,7 +185,9 @@ def plan_pairs(cells: list[dict[str, Any]]) -> list[PairSpec]:
     return pairs
 
 
-def compare_pair(ps: PairSpec, samples: dict[str, CellSamples]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def compare_pair(
+    ps: PairSpec, samples: dict[str, CellSamples]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Return the pair's aggregate row (without verdict) and its per-prompt rows."""
     a = samples.get(ps.test["cell_id"], CellSamples())
     b = samples.get(ps.ref["cell_id"], CellSamples())
@@ -221,7 +226,9 @@ def compare_pair(ps: PairSpec, samples: dict[str, CellSamples]) -> tuple[dict[st
         "n": len(rows),
         "n_identical": len(rows) - len(diverged),
         "n_diverged": len(diverged),
-        "first_div_median": float(statistics.median([r["first_div"] for r in diverged])) if diverged else float("nan"),
+        "first_div_median": float(statistics.median([r["first_div"] for r in diverged]))
+        if diverged
+        else float("nan"),
         "common_prefix_ratio_mean": _mean([r["common_prefix_ratio"] for r in rows]),
         "edit_distance_mean": _mean([r["edit_distance"] for r in rows]),
         "topk_violations": sum(1 for r in rows if r["topk_ok"] is False),
@@ -279,7 +286,9 @@ def build_tables(
         noise_topk[k] = max(noise_topk.get(k, 0), agg["topk_violations"])
 
     for agg, ps in zip(aggs, pair_specs, strict=True):
-        mean, lo, hi = paired_bootstrap_ci(agg.pop("_deltas"), thresholds.bootstrap, thresholds.ci, thresholds.seed)
+        mean, lo, hi = paired_bootstrap_ci(
+            agg.pop("_deltas"), thresholds.bootstrap, thresholds.ci, thresholds.seed
+        )
         agg.update(d_seq_rep_4_mean=mean, d_seq_rep_4_lo=lo, d_seq_rep_4_hi=hi)
         agg["cascade_steps"] = int(steps.get(ps.test["cell_id"], 0))
         agg["total_steps"] = int(total_steps.get(ps.test["cell_id"], 0))
@@ -307,7 +316,9 @@ def build_tables(
             cascade_steps=agg["cascade_steps"],
             status_ok=ok and agg["n"] > 0,
         )
-        verdict, reasons, p_div, p_topk = decide(ev, thresholds, has_noise=noise is not None and noise["n"] > 0)
+        verdict, reasons, p_div, p_topk = decide(
+            ev, thresholds, has_noise=noise is not None and noise["n"] > 0
+        )
         agg.update(p_divergence=p_div, p_topk=p_topk, verdict=verdict, reasons=reasons)
 
     pair_cols = [

@@ -16,8 +16,18 @@ _SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|CREDENT
 # Up to the last '@' of the authority, as urllib splits it, so a password holding '@' is not half-kept.
 _URL_CREDS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/?#\s]*@", re.I)
 # Values that look like tokens even under innocent names (HF, OpenAI, GitHub, AWS, Slack styles).
-_TOKEN_VALUE = re.compile(r"(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|AKIA[0-9A-Z]{16}|xox[abpr]-[A-Za-z0-9-]{10,})\w*")
-ENV_PREFIXES = ("VLLM_", "CUDA_", "NCCL_", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "CASCADE_REPRO_", "PYTORCH_")
+_TOKEN_VALUE = re.compile(
+    r"(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|AKIA[0-9A-Z]{16}|xox[abpr]-[A-Za-z0-9-]{10,})\w*"
+)
+ENV_PREFIXES = (
+    "VLLM_",
+    "CUDA_",
+    "NCCL_",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "CASCADE_REPRO_",
+    "PYTORCH_",
+)
 
 
 def redact_value(name: str, value: str) -> str:
@@ -131,4 +141,7 @@ def gpu_devices() -> list[dict[str, Any]]:
         ).stdout.strip().splitlines()  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return []
-    return [{"index": i, "name": n.strip(), "sm_count": None, "compute_capability": None} for i, n in enumerate(lines)]
+    return [
+        {"index": i, "name": n.strip(), "sm_count": None, "compute_capability": None}
+        for i, n in enumerate(lines)
+    ]

@@ -58,7 +58,9 @@ class MatrixSpec:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
-            raise UsageError(f"{source}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+            raise UsageError(
+                f"{source}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}"
+            )
         spec = cls(**data)
         spec.validate(source)
         return spec
@@ -105,7 +107,9 @@ class MatrixSpec:
         for fa in self.fa_versions:
             if fa not in (None, 2, 3, 4):
                 bad(f"fa version must be 2, 3, 4 or default, not {fa!r}")
-        if self.limit is not None and (not isinstance(self.limit, int) or isinstance(self.limit, bool) or self.limit <= 0):
+        if self.limit is not None and (
+            not isinstance(self.limit, int) or isinstance(self.limit, bool) or self.limit <= 0
+        ):
             bad(f"limit must be a positive integer, got {self.limit!r}")
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens <= 0:
             bad(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
@@ -168,7 +172,9 @@ class EnginePlan:
         return d
 
 
-def _engine_key(engine: str, tp: int, seed: int, dtype: str, fa: int | None, backend: str, arm: str | None) -> str:
+def _engine_key(
+    engine: str, tp: int, seed: int, dtype: str, fa: int | None, backend: str, arm: str | None
+) -> str:
     parts = [engine, f"tp{tp}", dtype]
     if engine == "vllm":  # the hf engine has no FlashAttention version or backend to choose
         parts += [f"fa{fa or 'default'}", backend.lower().replace("_", "")]
@@ -219,7 +225,9 @@ def plan(spec: MatrixSpec) -> dict[str, EnginePlan]:
                                     if r:
                                         parts.append(f"r{r}")
                                     cell_id = "-".join(parts)
-                                    ep.cells.append(Cell(cell_id, key, tp, batch, arm, r, seed, dtype, fa, backend))
+                                    ep.cells.append(
+                                        Cell(cell_id, key, tp, batch, arm, r, seed, dtype, fa, backend)
+                                    )
     return engines
 
 
@@ -273,7 +281,9 @@ def load_toml(path: Path) -> dict[str, Any]:
     for k, v in data.items():
         k = k.replace("-", "_")
         k = aliases.get(k, k)
-        if k in ("tp", "batch", "seeds", "dtypes", "fa_versions", "backends", "cascade") and not isinstance(v, list):
+        if k in ("tp", "batch", "seeds", "dtypes", "fa_versions", "backends", "cascade") and not isinstance(
+            v, list
+        ):
             v = [v]
         if k == "cascade":
             v = [_parse_onoff(x, f"{path}: cascade") for x in v]

@@ -126,4 +126,6 @@ def load_config(path_or_id: str) -> dict:
     try:
         return AutoConfig.from_pretrained(path_or_id).to_dict()
     except Exception as e:  # noqa: BLE001 - any load failure is the user's model id
-        raise UsageError(f"could not load model config for {path_or_id!r}: {str(e).splitlines()[0]}") from None
+        raise UsageError(
+            f"could not load model config for {path_or_id!r}: {str(e).splitlines()[0]}"
+        ) from None

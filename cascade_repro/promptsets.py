@@ -281,7 +281,9 @@ def _csv_rows(file: Path | Traversable, display: str) -> Iterator[tuple[_Where, 
         if header is None:
             return
         if "prompt" not in header:
-            raise UsageError(f"{display} line 1: no 'prompt' column (columns: {', '.join(' '.join(h.splitlines()) for h in header)})")
+            raise UsageError(
+                f"{display} line 1: no 'prompt' column (columns: {', '.join(' '.join(h.splitlines()) for h in header)})"
+            )
         while (row := _next_csv(reader, display, lambda: next(reader, None))) is not None:
             where = _Where(display, "line", reader.line_num)
             if None in row:
@@ -311,7 +313,9 @@ def _parquet_rows(file: Path | Traversable, display: str) -> Iterator[tuple[_Whe
         except (pa.ArrowException, OSError) as exc:
             raise UsageError(f"{display}: not a readable parquet file: {_one_line(exc)}") from None
         if "prompt" not in names:
-            raise UsageError(f"{display}: no 'prompt' column (columns: {', '.join(' '.join(n.splitlines()) for n in names)})")
+            raise UsageError(
+                f"{display}: no 'prompt' column (columns: {', '.join(' '.join(n.splitlines()) for n in names)})"
+            )
         number = 0
         while (batch := _next_batch(batches, display, number)) is not None:
             for row in _batch_rows(batch, display, number):

@@ -48,14 +48,18 @@ class RunOutcome:
 
 def default_run_id(spec: MatrixSpec) -> str:
     """Same matrix, same run id: rerunning a command resumes it instead of starting over."""
-    model = re.sub(r"[^A-Za-z0-9]+", "-", Path(spec.model).name or spec.model).strip("-").lower()[:32] or "model"
+    model = (
+        re.sub(r"[^A-Za-z0-9]+", "-", Path(spec.model).name or spec.model).strip("-").lower()[:32] or "model"
+    )
     return f"{spec.engine}-{model}-{spec_hash(spec)}"
 
 
 def visible_gpus() -> int:
     """Count GPUs without initialising CUDA in this process (nvidia-smi, then CUDA_VISIBLE_DEVICES)."""
     try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10, check=True).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout
         n = sum(1 for line in out.splitlines() if line.startswith("GPU "))
     except (OSError, subprocess.SubprocessError):
         return 0
@@ -181,7 +185,9 @@ def _load_tokenizer(model_path: str, trust_remote_code: bool) -> Any:
     try:
         return AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
-        raise UsageError(f"could not load the tokenizer of {model_path!r}: {str(e).splitlines()[0]}") from None
+        raise UsageError(
+            f"could not load the tokenizer of {model_path!r}: {str(e).splitlines()[0]}"
+        ) from None
 
 
 class _Tail:
@@ -244,7 +250,9 @@ def execute(run_dir: Path, show_progress: bool = True, console: Any = None) -> l
             if unfinished:
                 writer = runstore.JsonlWriter(path)
                 for cid in unfinished:
-                    writer.write({"type": "cell_error", "cell_id": cid, "reason": reason or f"worker exited {rc}"})
+                    writer.write(
+                        {"type": "cell_error", "cell_id": cid, "reason": reason or f"worker exited {rc}"}
+                    )
                 writer.close()
                 progress.advance(t_cells, len(unfinished))
             for cid, why in runstore.read_progress(path).errors.items():
@@ -253,7 +261,9 @@ def execute(run_dir: Path, show_progress: bool = True, console: Any = None) -> l
     return errors
 
 
-def _run_worker(run_dir: Path, key: str, timeout: float, progress: Any, t_cells: Any, t_waves: Any) -> tuple[int, str]:
+def _run_worker(
+    run_dir: Path, key: str, timeout: float, progress: Any, t_cells: Any, t_waves: Any
+) -> tuple[int, str]:
     """Run the worker of one engine key; kill its process group when it hangs past ``timeout``.
 
     ``timeout`` is inactivity: seconds without a new record or a new line in the worker's log, so a

@@ -65,7 +65,9 @@ def _log_comb(n: int, k: int) -> float:
     return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
 
 
-def paired_bootstrap_ci(deltas: Sequence[float], n_boot: int = 2000, ci: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+def paired_bootstrap_ci(
+    deltas: Sequence[float], n_boot: int = 2000, ci: float = 0.95, seed: int = 0
+) -> tuple[float, float, float]:
     """Return (mean, lo, hi) of the mean of ``deltas`` with a percentile bootstrap CI."""
     d = np.asarray(deltas, dtype=float)
     if d.size == 0:
@@ -99,7 +101,9 @@ class Evidence:
 def decide(ev: Evidence, th: Thresholds, has_noise: bool) -> tuple[str, str, float, float]:
     """Return (verdict, reasons, p_divergence, p_topk) for one cascade pair."""
     p_div = fisher_greater(ev.n_diverged, ev.n, ev.noise_n_diverged, ev.noise_n if has_noise else ev.n)
-    p_topk = fisher_greater(ev.topk_violations, ev.n, ev.noise_topk_violations, ev.noise_n if has_noise else ev.n)
+    p_topk = fisher_greater(
+        ev.topk_violations, ev.n, ev.noise_topk_violations, ev.noise_n if has_noise else ev.n
+    )
     if not ev.status_ok:
         return ERROR, "a cell of this pair did not finish", p_div, p_topk
     if ev.cascade_steps == 0:
@@ -107,7 +111,9 @@ def decide(ev: Evidence, th: Thresholds, has_noise: bool) -> tuple[str, str, flo
     if ev.n_diverged == 0:
         return IDENTICAL, f"all {ev.n} outputs token-identical", p_div, p_topk
     noise_txt = (
-        f"noise {ev.noise_n_diverged}/{ev.noise_n}" if has_noise else "no noise control measured (floor taken as 0)"
+        f"noise {ev.noise_n_diverged}/{ev.noise_n}"
+        if has_noise
+        else "no noise control measured (floor taken as 0)"
     )
     fired = []
     if p_div < th.alpha:

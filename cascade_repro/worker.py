@@ -149,7 +149,9 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
                 writer.close()
                 return EXIT_FATAL
             continue
-        writer.write({"type": "cell_done", "cell_id": cid, "n_samples": n, "wall_s": round(time.time() - c0, 3)})
+        writer.write(
+            {"type": "cell_done", "cell_id": cid, "n_samples": n, "wall_s": round(time.time() - c0, 3)}
+        )
         writer.sync()  # resume trusts cell_done, so it (and the samples before it) must reach the disk
     writer.close()
     engine.close()

@@ -26,7 +26,10 @@ app = typer.Typer(
 )
 
 RunDirArg = Annotated[
-    Path, typer.Argument(help="A run directory, e.g. results/hf-smollm2-135m-instruct-1a2b3c4d5e6f.", show_default=False)
+    Path,
+    typer.Argument(
+        help="A run directory, e.g. results/hf-smollm2-135m-instruct-1a2b3c4d5e6f.", show_default=False
+    ),
 ]
 
 

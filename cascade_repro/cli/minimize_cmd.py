@@ -60,8 +60,20 @@ def minimize(
                 highlight=False,
             )
 
-        with console.status("building the engine and replaying the failing wave...") if quiet else nullcontext():
-            outcome = minimize_run(run_dir, pair_id=pair, out_dir=out, criterion=criterion, max_tests=max_tests, confirm=confirm, on_trial=show)
+        with (
+            console.status("building the engine and replaying the failing wave...")
+            if quiet
+            else nullcontext()
+        ):
+            outcome = minimize_run(
+                run_dir,
+                pair_id=pair,
+                out_dir=out,
+                criterion=criterion,
+                max_tests=max_tests,
+                confirm=confirm,
+                on_trial=show,
+            )
     r = outcome.result
     if not r.reproduced:
         console.print(
@@ -75,7 +87,11 @@ def minimize(
     assert f is not None
     note = " (stopped by --max-tests: maybe not minimal)" if r.exhausted else ""
     conf = next(
-        (c for c in r.confirmations if (c["requests"], c["max_tokens"]) == (len(f.case.prompt_indices), f.case.max_tokens)),
+        (
+            c
+            for c in r.confirmations
+            if (c["requests"], c["max_tokens"]) == (len(f.case.prompt_indices), f.case.max_tokens)
+        ),
         None,
     )
     if conf:
@@ -88,4 +104,3 @@ def minimize(
     )
     for name, path in outcome.files.items():
         console.print(f"wrote {path}" + ("  (run: python repro.py)" if name == "repro" else ""))
-

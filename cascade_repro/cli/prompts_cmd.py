@@ -58,7 +58,9 @@ def list_sets(
 @prompts_app.command("show")
 def show(
     name: Annotated[str, typer.Argument(help="A built-in set, a file, or hf:owner/name[:split].")],
-    system_prompt: Annotated[str, typer.Option(help="System prompt to measure the shared prefix with.")] = "ko",
+    system_prompt: Annotated[
+        str, typer.Option(help="System prompt to measure the shared prefix with.")
+    ] = "ko",
     limit: Annotated[int, typer.Option(help="Prompts to print.")] = 10,
     model: Annotated[str, typer.Option(help="Tokenizer used to count tokens.")] = "embedded",
 ) -> None:
@@ -80,7 +82,11 @@ def show(
         ids = Counter(i for r in ps.records for i in r.instruction_id_list)
         console.print(f"[bold]{escape(ps.name)}[/] ({escape(ps.source)}): {len(ps.records)} prompts, "
                       f"languages {dict(langs)}")  # fmt: skip
-        warn = f"  [yellow](< {MIN_CASCADE_PREFIX}: cascade cannot fire)[/]" if shared < MIN_CASCADE_PREFIX else ""
+        warn = (
+            f"  [yellow](< {MIN_CASCADE_PREFIX}: cascade cannot fire)[/]"
+            if shared < MIN_CASCADE_PREFIX
+            else ""
+        )
         console.print(f"shared prefix with system prompt {system_prompt!r}: {shared} tokens{warn}")
         if ids:
             console.print("instructions: " + ", ".join(f"{k} ×{v}" for k, v in ids.most_common()))

@@ -39,7 +39,9 @@ class Engine(Protocol):
     def effective(self) -> dict[str, Any]:
         """Return the flags in effect, read back from the engine (not the ones requested)."""
 
-    def run_wave(self, prompts: list[list[int]], arm: str, max_tokens: int) -> tuple[list[Completion], WaveStats]:
+    def run_wave(
+        self, prompts: list[list[int]], arm: str, max_tokens: int
+    ) -> tuple[list[Completion], WaveStats]:
         """Generate greedily for exactly these prompts, all submitted together."""
 
     def close(self) -> None:
