@@ -732,3 +732,17 @@ def test_worker_env_keeps_compiled_kernels_unless_the_user_set_a_cache_size(monk
     assert _child_env()["CUDA_CACHE_MAXSIZE"] == str(4 << 30)
     monkeypatch.setenv("CUDA_CACHE_MAXSIZE", "123")
     assert _child_env()["CUDA_CACHE_MAXSIZE"] == "123"
+
+
+def test_execution_order_runs_fa3_first_and_groups_fa2_compilations():
+    from cascade_repro.cli.kernel_cmd import execution_order
+    from cascade_repro.kernel.grid import build_grid
+
+    cases = build_grid(quick=False, fa_versions=(2, 3), dtypes=("bf16", "fp16"))
+    ordered = execution_order(cases)
+    assert sorted(c.case_id for c in ordered) == sorted(c.case_id for c in cases)
+    fas = [c.fa_version for c in ordered]
+    assert fas == sorted(fas, key=lambda v: v == 2)  # every FA3 case before any FA2 case
+    groups = [(c.dtype, c.head_dim) for c in ordered if c.fa_version == 2]
+    changes = sum(1 for a, b in zip(groups, groups[1:], strict=False) if a != b)
+    assert changes == len(set(groups)) - 1  # each FA2 configuration's cases back to back
