@@ -290,3 +290,82 @@ def test_minimize_injected_hf_run(tmp_path):
     ):
         assert heading in issue
     assert "fault injected" in issue.lower() and "8 concurrent requests" in issue
+
+
+def _fake_run(tmp_path):
+    """A finished run dir with one regression pair: b4, 8 prompts, two waves; wave 1 fails more."""
+    import pandas as pd
+
+    from cascade_repro import runstore
+
+    cells = [
+        {"cell_id": f"tp1-b4-{arm}", "engine_key": "hf-k", "batch": 4, "arm": arm, "tp": 1, "rerun": 0}
+        for arm in ("cascade", "flat")
+    ]
+    run = {
+        "run_id": "fake",
+        "spec": {"engine": "hf", "max_tokens": 16, "topk": 2},
+        "prompt_set": {"n": 8, "system_prompt_text": "sys"},
+        "plan": {"cells": cells, "engines": {"hf-k": {"key": "hf-k", "seed": 0, "tp": 1}}},
+    }
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    (tmp_path / "prompts.jsonl").write_text(
+        "".join(json.dumps({"key": f"p{i}", "prompt": f"q{i}"}) + "\n" for i in range(8))
+    )
+    w = runstore.JsonlWriter(runstore.samples_path(tmp_path, "hf-k"))
+    bad = {5: 3, 6: 7, 1: 9}  # prompt -> first bad step (outside the other arm's top-k)
+    for arm in ("cascade", "flat"):
+        cid = f"tp1-b4-{arm}"
+        w.write({"type": "cell_start", "cell_id": cid})
+        for i in range(8):
+            toks = list(range(16))
+            if arm == "cascade" and i in bad:
+                toks[bad[i]] = 999
+            topk = [[[t, -0.1], [t + 500, -3.0]] for t in toks]
+            w.write(
+                {
+                    "type": "sample",
+                    "cell_id": cid,
+                    "wave": i // 4,
+                    "prompt_index": i,
+                    "prompt_key": f"p{i}",
+                    "token_ids": toks,
+                    "logprobs": [-0.1] * 16,
+                    "topk": topk,
+                    "text": "",
+                }
+            )
+        w.write({"type": "cell_done", "cell_id": cid})
+    w.close()
+    pd.DataFrame(
+        [
+            {
+                "pair_id": "tp1-b4-cascade~flat",
+                "kind": "cascade",
+                "verdict": "regression",
+                "batch": 4,
+                "test_cell": "tp1-b4-cascade",
+                "ref_cell": "tp1-b4-flat",
+            }
+        ]
+    ).to_parquet(tmp_path / "pairs.parquet")
+    return run
+
+
+def test_start_case_takes_the_wave_with_most_failures_cut_to_the_first_bad_token(tmp_path):
+    from cascade_repro.minimize.search import pick_pair, start_case
+
+    run = _fake_run(tmp_path)
+    pair = pick_pair(tmp_path, None)
+    case = start_case(run, tmp_path, pair, "topk")
+    assert case.prompt_indices == [4, 5, 6, 7]  # wave 1 holds two failing prompts, wave 0 one
+    assert case.max_tokens == 4  # prompt 5 goes wrong at step 3
+
+
+def test_cli_out_that_is_a_file_is_a_usage_error(tmp_path):
+    _fake_run(tmp_path)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    r = CliRunner().invoke(app, ["minimize", str(tmp_path), "--out", str(blocker / "sub")])
+    assert r.exit_code == 2 and "--out" in r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)

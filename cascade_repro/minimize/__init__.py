@@ -69,7 +69,10 @@ def minimize_run(
         raise UsageError(f"pair {pair['pair_id']} has no samples to start from")
     prompts = _load_prompts(run_dir)
     out_dir = Path(out_dir) if out_dir else run_dir / "minimize" / safe_dirname(pair["pair_id"])
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--out {out_dir}: {e.strerror or e}") from None
 
     t0 = time.time()
     run_for_engine = dict(run, run_dir=str(run_dir))
