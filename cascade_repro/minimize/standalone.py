@@ -140,6 +140,7 @@ def main(argv=None):
     ap.add_argument("--arm", choices=("cascade", "flat"), help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    args.model = os.path.expanduser(str(args.model))
     if args.arm:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(run_arm(args.arm, args.model), f)
