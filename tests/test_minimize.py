@@ -360,3 +360,20 @@ def test_cli_out_that_is_a_file_is_a_usage_error(tmp_path):
     r = CliRunner().invoke(app, ["minimize", str(tmp_path), "--out", str(blocker / "sub")])
     assert r.exit_code == 2 and "--out" in r.output
     assert r.exception is None or isinstance(r.exception, SystemExit)
+
+
+def test_an_engine_that_cannot_start_is_one_line_not_a_traceback(tmp_path):
+    from cascade_repro.errors import UsageError
+    from cascade_repro.minimize import minimize_run
+
+    _fake_run(tmp_path)
+
+    def refuses(run, eplan):
+        raise RuntimeError(
+            "Engine core initialization failed.\nValueError: Free memory on device cuda:0 is low"
+        )
+
+    with pytest.raises(
+        UsageError, match="could not start the hf engine for hf-k: RuntimeError: ValueError: Free memory"
+    ):
+        minimize_run(tmp_path, engine_factory=refuses)

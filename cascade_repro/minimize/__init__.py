@@ -80,7 +80,17 @@ def minimize_run(
         from cascade_repro.worker import build_engine
 
         engine_factory = build_engine
-    engine = engine_factory(run_for_engine, eplan)
+    try:
+        engine = engine_factory(run_for_engine, eplan)
+    except UsageError:
+        raise
+    except Exception as e:  # noqa: BLE001 - e.g. vLLM refusing to start: one line, not a traceback
+        lines = [x for x in str(e).splitlines() if x.strip()]
+        raise UsageError(
+            f"could not start the {run['spec'].get('engine', '?')} engine for {test_cell['engine_key']}: "
+            f"{type(e).__name__}: {lines[-1] if lines else ''} (the engine's own log above has the cause; "
+            "a GPU busy with another process is a common one)"
+        ) from None
     try:
         system_prompt = run["prompt_set"].get("system_prompt_text", "")
         rendered, shared = render_all(engine.tokenizer(), system_prompt, [p["prompt"] for p in prompts])
