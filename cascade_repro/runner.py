@@ -10,7 +10,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -218,6 +221,29 @@ class _Tail:
         return out
 
 
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Let SIGTERM unwind like Ctrl-C while workers run, so their process groups are killed.
+
+    `timeout`, a cancelled CI job or a container stop send SIGTERM, which by default ends Python
+    without cleanup: the worker then dies by PDEATHSIG but vLLM's engine-core process under it is
+    orphaned and keeps the GPU (seen on the H200 when a `timeout` cut a run). Raising
+    KeyboardInterrupt instead reaches ``_run_worker``'s handler, which kills the whole group.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def execute(run_dir: Path, show_progress: bool = True, console: Any = None) -> list[str]:
     """Run one worker per engine key with unfinished cells; return error lines for the summary."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -231,7 +257,7 @@ def execute(run_dir: Path, show_progress: bool = True, console: Any = None) -> l
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
         TimeElapsedColumn(), console=console, disable=not show_progress, transient=False,
     )  # fmt: skip
-    with progress:
+    with progress, sigterm_as_interrupt():
         total_waves = sum(math.ceil(n_prompts / c["batch"]) for c in cells.values())
         t_cells = progress.add_task("cells", total=len(cells), info="")
         t_waves = progress.add_task("waves", total=total_waves, info="")

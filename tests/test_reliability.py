@@ -489,3 +489,61 @@ def test_planted_secrets_reach_no_file_of_any_run_dir(reference, tmp_path_factor
         if p.is_file():
             data = p.read_bytes()
             assert not any(s.encode() in data for s in SECRET_VALUES), p
+
+
+SIGTERM_SCRIPT = r"""
+import subprocess, sys, time
+from pathlib import Path
+from cascade_repro import runner
+
+run_dir, pidfile = Path(sys.argv[1]), sys.argv[2]
+real_popen = subprocess.Popen
+
+def worker_with_grandchild(cmd, **kw):
+    # Stands in for a worker whose engine runs in a child process (vLLM's engine core).
+    code = ("import subprocess, time; p = subprocess.Popen(['sleep', '300']); "
+            f"open({pidfile!r}, 'w').write(str(p.pid)); time.sleep(300)")
+    return real_popen([sys.executable, "-c", code], **kw)
+
+class Quiet:
+    def advance(self, *a, **k): pass
+    def update(self, *a, **k): pass
+
+runner.subprocess.Popen = worker_with_grandchild
+try:
+    with runner.sigterm_as_interrupt():
+        runner._run_worker(run_dir, "k", 600.0, Quiet(), 0, 1)
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            return not any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc")
+def test_sigterm_to_the_runner_kills_the_workers_whole_process_group(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "samples").mkdir()
+    pidfile = tmp_path / "grandchild.pid"
+    proc = subprocess.Popen([sys.executable, "-c", SIGTERM_SCRIPT, str(tmp_path), str(pidfile)])
+    deadline = time.monotonic() + 60
+    while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    grandchild = int(pidfile.read_text())
+    assert _alive(grandchild)
+    proc.send_signal(signal.SIGTERM)  # what `timeout` or a cancelled CI job sends
+    assert proc.wait(timeout=30) == 130
+    deadline = time.monotonic() + 10
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(grandchild), "the engine-side child outlived the runner"
