@@ -8,9 +8,17 @@ Results go to a fresh directory per test.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# CI must be reproducible: the same examples every run (a failure there is a bug, not bad luck).
+# Locally the search stays random, which is where new counterexamples come from.
+settings.register_profile("ci", derandomize=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 @pytest.fixture(scope="session", autouse=True)
