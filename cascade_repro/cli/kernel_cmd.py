@@ -112,12 +112,11 @@ def kernel(
     with user_errors():
         from cascade_repro.errors import UsageError
         from cascade_repro.kernel.grid import build_grid, estimate_seconds, parse_dtypes, parse_fa_versions
-        from cascade_repro.kernel.run import INJECTIONS
+        from cascade_repro.kernel.run import check_inject
 
         fa = parse_fa_versions(fa_version)
         dtypes = parse_dtypes(dtype)
-        if inject is not None and inject not in INJECTIONS:
-            raise UsageError(f"unknown --inject {inject!r}: expected one of {', '.join(INJECTIONS)}")
+        check_inject(inject)
         if not math.isfinite(factor) or factor <= 0:
             raise UsageError("--factor must be a positive number")
         if max_seconds is not None and not (math.isfinite(max_seconds) and max_seconds > 0):

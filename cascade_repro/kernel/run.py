@@ -261,8 +261,7 @@ def merge_injected(module: ModuleType, inject: str | None) -> Iterator[InjectSwi
     if inject is None:
         yield switch
         return
-    if inject not in INJECTIONS:
-        raise UsageError(f"unknown --inject {inject!r}: expected one of {', '.join(INJECTIONS)}")
+    check_inject(inject)
     orig = module.merge_attn_states
     module.merge_attn_states = wrap_merge(orig, switch)  # type: ignore[arg-type]
     try:
@@ -461,6 +460,12 @@ def environment(api: VllmApi | None, device: str) -> dict:
     return env
 
 
+def check_inject(inject: str | None) -> None:
+    """A usage error unless ``inject`` is None or a fault this module knows."""
+    if inject is not None and inject not in INJECTIONS:
+        raise UsageError(f"unknown --inject {inject!r}: expected one of {', '.join(INJECTIONS)}")
+
+
 def run_grid(
     cases: list[KernelCase],
     *,
@@ -472,8 +477,7 @@ def run_grid(
     on_result: Callable[[CaseResult, int, int], None] | None = None,
 ) -> tuple[list[CaseResult], dict]:
     """Run every case; return the results and the environment. One failing case never stops the rest."""
-    if inject is not None and inject not in INJECTIONS:
-        raise UsageError(f"unknown --inject {inject!r}: expected one of {', '.join(INJECTIONS)}")
+    check_inject(inject)
     if api is None:
         api = load_vllm()
     env = environment(api, device)

@@ -31,15 +31,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from cascade_repro.errors import UsageError
 from cascade_repro.kernel.grid import KernelCase
 from cascade_repro.kernel.run import (
     DEFAULT_EPS,
     DEFAULT_FACTOR,
-    INJECTIONS,
     CaseResult,
     MissingRequirement,
     VllmApi,
+    check_inject,
     cuda_usable,
     environment,
     error_line,
@@ -203,8 +202,7 @@ def run_grid_isolated(
     MissingRequirement when the first worker reports that vLLM cannot be loaded. ``env``, if given,
     is filled with the environment as soon as the first worker reports it.
     """
-    if inject is not None and inject not in INJECTIONS:
-        raise UsageError(f"unknown --inject {inject!r}: expected one of {', '.join(INJECTIONS)}")
+    check_inject(inject)
     n = len(cases)
     results: dict[int, CaseResult] = {}
     env = {} if env is None else env
