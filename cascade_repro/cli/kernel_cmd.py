@@ -157,15 +157,16 @@ def kernel(
     command = _command(quick, fa, dtypes, inject, factor, out, seed, max_seconds)
     t0 = time.perf_counter()
     done: list[Any] = []
-    slow_noted: list[bool] = []
+    slow_noted = False
 
     def progress(res: Any, i: int, n: int) -> None:
+        nonlocal slow_noted
         ratio = "—" if res.ratio is None else f"{res.ratio:.2f}"
         why = f": {res.reason}" if res.reason and res.status != "ok" else ""
         console.print(f"[{i + 1}/{n}] {res.case.case_id}: {res.status} (ratio {ratio}, {res.wall_s:.2f} s){why}",
                       highlight=False, markup=False, soft_wrap=True)  # fmt: skip
         if res.wall_s > SLOW_FIRST_CALL_S and not slow_noted:
-            slow_noted.append(True)
+            slow_noted = True
             console.print(
                 f"note: that case took {res.wall_s:.0f} s. On an H200 with vLLM 0.26 the first FA2 call of each "
                 "configuration took 2-2.5 min (FA3 and later calls: 0.01 s), most likely the driver "

@@ -125,14 +125,12 @@ def exit_status(data: RunData, fail_on: str) -> tuple[int, str]:
     fail_on = str(getattr(fail_on, "value", fail_on))
     if fail_on not in FAIL_ON:
         raise UsageError(f"unknown fail_on {fail_on!r}: expected one of {', '.join(FAIL_ON)}")
-    n_reg = verdict_counts(data)["regression"]
-    errors = has_errors(data)
+    counts = verdict_counts(data)
+    n_reg, total = counts["regression"], sum(counts.values())
     if fail_on != "never" and n_reg:
         return 1, f"{plural(n_reg, 'regression')} (fail_on={fail_on})"
-    if fail_on == "error" and errors:
+    if fail_on == "error" and has_errors(data):
         return 1, f"errors in the run (fail_on={fail_on})"
-    counts = verdict_counts(data)
-    total = sum(counts.values())
     if fail_on != "never" and total and counts.get("error", 0) == total:
         # A guard that passes when nothing ran would hide a broken CI runner.
         return 1, f"every cascade pair errored: nothing was measured (fail_on={fail_on})"
