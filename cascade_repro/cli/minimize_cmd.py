@@ -86,14 +86,7 @@ def minimize(
     f = r.final
     assert f is not None
     note = " (stopped by --max-tests: maybe not minimal)" if r.exhausted else ""
-    conf = next(
-        (
-            c
-            for c in r.confirmations
-            if (c["requests"], c["max_tokens"]) == (len(f.case.prompt_indices), f.case.max_tokens)
-        ),
-        None,
-    )
+    conf = r.final_confirmation
     if conf:
         note += f"; failed {conf['fails']}/{conf['runs']} runs" + ("" if r.stable else " [yellow](flaky)[/]")
     console.print(

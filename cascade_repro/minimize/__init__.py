@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,7 +10,7 @@ from typing import Any
 
 from cascade_repro import runstore
 from cascade_repro.errors import UsageError
-from cascade_repro.minimize.search import CRITERIA, MIN_REQUESTS, Case, MinimizeResult, Oracle, Trial, search
+from cascade_repro.minimize.search import CRITERIA, MIN_REQUESTS, MinimizeResult, Oracle, Trial, search
 
 __all__ = ["CRITERIA", "MinimizeOutput", "minimize_run"]
 
@@ -24,11 +23,11 @@ class MinimizeOutput:
 
 
 def _load_prompts(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "prompts.jsonl"
-    if not path.is_file():
+    if not (run_dir / "prompts.jsonl").is_file():
         raise UsageError(f"{run_dir} has no prompts.jsonl")
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    from cascade_repro.worker import load_prompts
+
+    return load_prompts(run_dir)
 
 
 def minimize_run(
@@ -94,20 +93,9 @@ def minimize_run(
     try:
         system_prompt = run["prompt_set"].get("system_prompt_text", "")
         rendered, shared = render_all(engine.tokenizer(), system_prompt, [p["prompt"] for p in prompts])
-        oracle = Oracle(engine, rendered, shared, criterion)
-        if on_trial:
-            inner = oracle.__call__
-
-            def observed(case: Case) -> Trial:
-                t = inner(case)
-                on_trial(t)
-                return t
-
-            call: Callable[[Case], Trial] = observed
-        else:
-            call = oracle
+        oracle = Oracle(engine, rendered, shared, criterion, on_trial=on_trial)
         final, tests, exhausted, confirmations = search(
-            call,
+            oracle,
             start,
             max_tests=max_tests,
             min_requests=MIN_REQUESTS,

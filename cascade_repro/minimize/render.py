@@ -105,14 +105,9 @@ def _lp(x: Any) -> str:
 
 
 def _env_text(env: dict[str, Any], effective: dict[str, Any]) -> str:
-    lines = []
-    for k in sorted(env):
-        v = env[k]
-        if isinstance(v, dict):
-            for kk in sorted(v):
-                lines.append(f"{k}.{kk}: {v[kk]}")
-        else:
-            lines.append(f"{k}: {v}")
+    from cascade_repro.report.content import env_pairs
+
+    lines = [f"{k}: {v}" for k, v in env_pairs(env)]
     if effective:
         lines.append("")
         lines.append("engine (flags read back from the engine):")
@@ -242,19 +237,16 @@ def render_issue(
 
 
 def _confirm_text(result: dict[str, Any]) -> str:
-    case = result["final"]["case"]
-    for c in result.get("confirmations") or []:
-        if (c["requests"], c["max_tokens"]) == (len(case["prompt_indices"]), case["max_tokens"]):
-            flaky = (
-                ""
-                if c["fails"] == c["runs"]
-                else (
-                    " Not every run fails: with so few requests, cascade runs only when all of them land in one "
-                    "scheduler step."
-                )
-            )
-            return f" The final case failed in {c['fails']} of {c['runs']} runs.{flaky}"
-    return ""
+    c = result.get("final_confirmation")
+    if not c:
+        return ""
+    flaky = (
+        ""
+        if c["fails"] == c["runs"]
+        else " Not every run fails: with so few requests, cascade runs only when all of them land in one "
+        "scheduler step."
+    )
+    return f" The final case failed in {c['fails']} of {c['runs']} runs.{flaky}"
 
 
 def _topk_line(topk: list[list[float]]) -> str:

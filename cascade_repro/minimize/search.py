@@ -83,22 +83,29 @@ class MinimizeResult:
     confirmations: list[dict[str, int]] = field(default_factory=list)
 
     @property
+    def final_confirmation(self) -> dict[str, int] | None:
+        """The confirmation runs of the final case, if it had any."""
+        if self.final is None:
+            return None
+        n, m = len(self.final.case.prompt_indices), self.final.case.max_tokens
+        return next((c for c in self.confirmations if (c["requests"], c["max_tokens"]) == (n, m)), None)
+
+    @property
     def stable(self) -> bool:
         """The final case failed on every confirmation run."""
-        if self.final is None or not self.confirmations:
-            return False
-        n, m = len(self.final.case.prompt_indices), self.final.case.max_tokens
-        return any(
-            c["requests"] == n and c["max_tokens"] == m and c["fails"] == c["runs"]
-            for c in self.confirmations
-        )
+        c = self.final_confirmation
+        return c is not None and c["fails"] == c["runs"]
 
     @property
     def reproduced(self) -> bool:
         return self.final is not None and self.final.failed
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"reproduced": self.reproduced, "stable": self.stable}
+        return asdict(self) | {
+            "reproduced": self.reproduced,
+            "stable": self.stable,
+            "final_confirmation": self.final_confirmation,
+        }
 
 
 # --------------------------------------------------------------------------- picking the start
@@ -195,10 +202,18 @@ def _lp_of(topk: list, step: int, token: int | None) -> float | None:
 class Oracle:
     """Run a case on both arms of one engine and judge it."""
 
-    def __init__(self, engine: Any, rendered: list[list[int]], prefix_len: int, criterion: str) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        rendered: list[list[int]],
+        prefix_len: int,
+        criterion: str,
+        on_trial: Callable[[Trial], None] | None = None,
+    ) -> None:
         if criterion not in CRITERIA:
             raise UsageError(f"--criterion must be one of {', '.join(CRITERIA)}, not {criterion!r}")
         self.engine, self.rendered, self.prefix_len, self.criterion = engine, rendered, prefix_len, criterion
+        self.on_trial = on_trial
         self.trials: list[Trial] = []
 
     def __call__(self, case: Case) -> Trial:
@@ -244,6 +259,8 @@ class Oracle:
             wall_s=round(time.time() - t0, 3),
         )
         self.trials.append(trial)
+        if self.on_trial:
+            self.on_trial(trial)
         return trial
 
 

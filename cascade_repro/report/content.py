@@ -392,6 +392,17 @@ def example_table(ex: Example) -> Table:
     )
 
 
+def env_pairs(env: dict) -> list[tuple[str, str]]:
+    """A run's captured environment as sorted key/value pairs, one level of nesting as ``a.b``."""
+    out: list[tuple[str, str]] = []
+    for k in sorted(env):
+        if isinstance(env[k], dict):
+            out.extend((f"{k}.{kk}", _flat(vv)) for kk, vv in sorted(env[k].items()))
+        else:
+            out.append((k, _flat(env[k])))
+    return out
+
+
 def env_lines(data: RunData) -> list[tuple[str, str]]:
     """Flatten run identity, spec, environment, engines and thresholds into key/value lines."""
     run = data.run
@@ -407,11 +418,7 @@ def env_lines(data: RunData) -> list[tuple[str, str]]:
     for k in sorted(ps):
         if k != "system_prompt_text":  # kilobytes of text; the prompt set name identifies it
             out.append((f"prompt_set.{k}", _flat(ps[k])))
-    for k in sorted(env):
-        if isinstance(env[k], dict):
-            out.extend((f"{k}.{kk}", _flat(vv)) for kk, vv in sorted(env[k].items()))
-        else:
-            out.append((k, _flat(env[k])))
+    out.extend(env_pairs(env))
     for key, e in sorted(section(run, "engines").items()):
         if not isinstance(e, dict):
             continue
