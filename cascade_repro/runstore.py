@@ -60,9 +60,9 @@ class JsonlWriter:
 
     ``flush`` hands the lines to the OS (a killed process loses nothing flushed); ``sync`` also
     fsyncs, for the records resume depends on (``cell_done``), since only a machine crash can lose
-    flushed lines and resume restarts unfinished cells anyway. An fsync per wave cost tens of ms
-    on a VM disk, which a batch-1 wave of a small model notices. On open, a torn last line (a
-    crash mid-write) is cut off so appends start on a clean line.
+    flushed lines and resume restarts unfinished cells anyway (an fsync costs a disk round trip
+    per wave for nothing: 0.2-1.3 ms on the CPU box, benchmarks/RESULTS.md). On open, a torn
+    last line (a crash mid-write) is cut off so appends start on a clean line.
     """
 
     def __init__(self, path: Path) -> None:
