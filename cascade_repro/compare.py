@@ -17,8 +17,17 @@ import pandas as pd
 from cascade_repro import runstore
 from cascade_repro.ifeval.score import paired_if, score_response
 from cascade_repro.metrics.divergence import divergence_metrics
+from cascade_repro.metrics.drift import drift_floor, drift_triple
 from cascade_repro.metrics.repetition import repetition_metrics
-from cascade_repro.verdicts import Evidence, Thresholds, decide, paired_bootstrap_ci
+from cascade_repro.verdicts import (
+    DriftStats,
+    Evidence,
+    Thresholds,
+    decide,
+    depth,
+    drift_ratio_stats,
+    paired_bootstrap_ci,
+)
 
 REP_KEYS = [f"seq_rep_{n}" for n in range(1, 5)] + [f"distinct_{n}" for n in range(1, 5)]
 TWIN_AXES = ("tp", "seed", "dtype", "fa_version", "backend")
@@ -126,6 +135,15 @@ def cell_rows(run: dict[str, Any], run_dir: Path, samples: dict[str, CellSamples
             "cascade_steps": sum(w.get("cascade_steps", 0) for w in waves),
             "total_steps": sum(w.get("total_steps", 0) for w in waves),
             "cascade_calls": sum(w.get("cascade_calls", 0) for w in waves),
+            # Waves of engines that do not tell prefill from decode steps leave this unknown (NaN).
+            "cascade_decode_steps": sum(w["cascade_decode_steps"] for w in waves)
+            if waves and all(w.get("cascade_decode_steps") is not None for w in waves)
+            else float("nan"),
+            "inject": c.get("inject") or "",
+            "origin": c.get("origin", "matrix"),
+            "dtype_effective": str(prog.engine.get("effective", {}).get("dtype") or c["dtype"]).replace(
+                "torch.", ""
+            ),
             "wall_s": wall,
             "tokens": tokens,
             "tokens_per_s": tokens / wall if wall > 0 else float("nan"),
@@ -145,56 +163,122 @@ def cell_rows(run: dict[str, Any], run_dir: Path, samples: dict[str, CellSamples
     return pd.DataFrame(rows)
 
 
+CASCADE, CALIBRATION = "cascade", "calibration"
+NOISE_BATCH, NOISE_RESTART, NOISE_RERUN = "noise-batch", "noise-restart", "noise-rerun"
+# Controls that measure noise. A rerun inside one engine is bitwise identical (the prefix cache is
+# reset per wave, seen on the H200), so it is shown but never taken as a noise floor.
+FLOOR_KINDS = (NOISE_BATCH, NOISE_RESTART)
+
+
 @dataclass
 class PairSpec:
     pair_id: str
-    kind: str  # "cascade" | "noise-batch" | "noise-rerun"
+    kind: str  # cascade | calibration | noise-batch | noise-restart | noise-rerun
     test: dict[str, Any]
     ref: dict[str, Any]
+
+
+def twin_key(c: dict[str, Any]) -> tuple:
+    return tuple(c[a] for a in TWIN_AXES)
 
 
 def plan_pairs(cells: list[dict[str, Any]]) -> list[PairSpec]:
     """Pair each cascade cell with its flat twin; add flat-vs-flat noise controls.
 
-    Noise controls: flat at batch B vs flat at the smallest batch (all else equal), and a flat
-    rerun vs its first run when the matrix has ``rerun``.
+    Noise controls, per engine configuration: flat at batch B vs flat at the smallest batch, the
+    smallest batch vs the next one (so every flat cell is the test side of one batch control), and
+    a flat rerun vs its first run: ``noise-restart`` when the rerun had an engine start of its own,
+    ``noise-rerun`` when it shared the engine. Calibration cells (cascade with an injected LSE
+    shift) pair with the same twin as the clean cascade cell.
     """
-
-    def twin_key(c: dict[str, Any]) -> tuple:
-        return tuple(c[a] for a in TWIN_AXES)
-
     flat = {(twin_key(c), c["batch"], c["rerun"]): c for c in cells if c["arm"] == "flat"}
     pairs: list[PairSpec] = []
     for c in cells:
         if c["arm"] == "cascade" and c["rerun"] == 0:
             ref = flat.get((twin_key(c), c["batch"], 0))
             if ref:
-                pairs.append(PairSpec(f"{c['cell_id']}~flat", "cascade", c, ref))
+                kind = CALIBRATION if c.get("origin") == "calibration" else CASCADE
+                pairs.append(PairSpec(f"{c['cell_id']}~flat", kind, c, ref))
     by_twin: dict[tuple, list[dict[str, Any]]] = {}
     for c in cells:
         if c["arm"] == "flat" and c["rerun"] == 0:
             by_twin.setdefault(twin_key(c), []).append(c)
     for group in by_twin.values():
-        base = min(group, key=lambda c: c["batch"])
-        for c in group:
-            if c is not base:
-                pairs.append(PairSpec(f"{c['cell_id']}~b{base['batch']}", "noise-batch", c, base))
+        group = sorted(group, key=lambda c: c["batch"])
+        base = group[0]
+        for c in group[1:]:
+            pairs.append(PairSpec(f"{c['cell_id']}~b{base['batch']}", NOISE_BATCH, c, base))
+        if len(group) > 1:
+            pairs.append(PairSpec(f"{base['cell_id']}~b{group[1]['batch']}", NOISE_BATCH, base, group[1]))
     for (tk, b, r), c in flat.items():
         if r == 1 and (tk, b, 0) in flat:
-            pairs.append(PairSpec(f"{c['cell_id']}~r0", "noise-rerun", c, flat[(tk, b, 0)]))
+            ref = flat[(tk, b, 0)]
+            kind = NOISE_RESTART if c["engine_key"] != ref["engine_key"] else NOISE_RERUN
+            pairs.append(PairSpec(f"{c['cell_id']}~r0", kind, c, ref))
     return pairs
 
 
+def matched_controls(pairs: list[PairSpec]) -> dict[str, tuple[PairSpec, str]]:
+    """For each cascade/calibration pair: the control it is judged against and that control's other cell id.
+
+    The control must contain the pair's twin, so the three cells (cascade, twin, the control's
+    other side) give the same contexts on their agreeing positions. An engine-start control comes
+    first where there is one (under ``--arm-switch restart`` the twins come from two engine starts,
+    so the control must span engine starts too); otherwise the batch control whose test is the twin.
+    """
+    by_cell: dict[str, list[PairSpec]] = {}
+    for ps in pairs:
+        if ps.kind in FLOOR_KINDS:
+            by_cell.setdefault(ps.test["cell_id"], []).append(ps)
+            by_cell.setdefault(ps.ref["cell_id"], []).append(ps)
+    rank = {NOISE_RESTART: 0, NOISE_BATCH: 1}
+    out: dict[str, tuple[PairSpec, str]] = {}
+    for ps in pairs:
+        if ps.kind not in (CASCADE, CALIBRATION):
+            continue
+        twin = ps.ref["cell_id"]
+        options = sorted(
+            by_cell.get(twin, []),
+            key=lambda c: (
+                rank[c.kind],
+                c.test["cell_id"] != twin,
+                abs(_other(c, twin)["batch"] - ps.ref["batch"]),
+            ),
+        )
+        if options:
+            out[ps.pair_id] = (options[0], _other(options[0], twin)["cell_id"])
+    return out
+
+
+def _other(ps: PairSpec, cell_id: str) -> dict[str, Any]:
+    return ps.ref if ps.test["cell_id"] == cell_id else ps.test
+
+
+DRIFT_KEYS = ("drift_positions", "drift_test", "drift_control", "topk_drift_test", "topk_drift_control")
+_NO_DRIFT = dict.fromkeys(DRIFT_KEYS, float("nan"))
+
+
 def compare_pair(
-    ps: PairSpec, samples: dict[str, CellSamples]
+    ps: PairSpec, samples: dict[str, CellSamples], other: str | None = None
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Return the pair's aggregate row (without verdict) and its per-prompt rows."""
+    """Return the pair's aggregate row (without verdict) and its per-prompt rows.
+
+    ``other``: the cell id of the matched control's other side; given it, every prompt also gets
+    the drift of test and control against the twin (``metrics/drift.py``) on agreeing positions.
+    """
     a = samples.get(ps.test["cell_id"], CellSamples())
     b = samples.get(ps.ref["cell_id"], CellSamples())
+    c = samples.get(other, CellSamples()) if other else None
     common = sorted(set(a.tokens) & set(b.tokens))
     rows = []
     for i in common:
         d = divergence_metrics(a.tokens[i], a.logprobs[i], a.topk[i], b.tokens[i], b.logprobs[i], b.topk[i])
+        drift = _NO_DRIFT
+        if c is not None and i in c.tokens:
+            drift = drift_triple(
+                a.tokens[i], a.logprobs[i], a.topk[i], b.tokens[i], b.logprobs[i], b.topk[i],
+                c.tokens[i], c.logprobs[i], c.topk[i],
+            )  # fmt: skip
         rows.append(
             {
                 "pair_id": ps.pair_id,
@@ -205,6 +289,7 @@ def compare_pair(
                 "seq_rep_4_ref": b.rep[i]["seq_rep_4"],
                 "len_test": a.rep[i]["length"],
                 "len_ref": b.rep[i]["length"],
+                **drift,
             }
         )
     diverged = [r for r in rows if not r["exact"]]
@@ -214,6 +299,7 @@ def compare_pair(
     agg = {
         "pair_id": ps.pair_id,
         "kind": ps.kind,
+        "inject": ps.test.get("inject") or "",
         "test_cell": ps.test["cell_id"],
         "ref_cell": ps.ref["cell_id"],
         "tp": ps.test["tp"],
@@ -244,6 +330,11 @@ def compare_pair(
         "if_lost": strict["if_lost"],
         "p_if": strict["p"],
         "_deltas": deltas,
+        "_drift": [(r["drift_test"], r["drift_control"]) for r in rows if (r["drift_positions"] or 0) > 0],
+        "_topk_drift": [
+            (r["topk_drift_test"], r["topk_drift_control"]) for r in rows if (r["drift_positions"] or 0) > 0
+        ],
+        "drift_tokens": int(sum(r["drift_positions"] for r in rows if (r["drift_positions"] or 0) > 0)),
     }
     return agg, rows
 
@@ -254,32 +345,33 @@ def build_tables(
     """Score the run and return (cells, pairs, comparisons) DataFrames."""
     cells = run["plan"]["cells"]
     pair_specs = plan_pairs(cells)
+    controls = matched_controls(pair_specs)
     wanted = {c["cell_id"] for c in cells}
     samples = load_cell_samples(run_dir, run["plan"]["engines"], wanted, load_prompts(run_dir))
     cells_df = cell_rows(run, run_dir, samples)
-    status = dict(zip(cells_df["cell_id"], cells_df["status"], strict=True))
-    steps = dict(zip(cells_df["cell_id"], cells_df["cascade_steps"], strict=True))
-    total_steps = dict(zip(cells_df["cell_id"], cells_df["total_steps"], strict=True))
+    by_id = cells_df.set_index("cell_id").to_dict("index")
 
     aggs, comp_rows = [], []
     for ps in pair_specs:
-        agg, rows = compare_pair(ps, samples)
+        matched = controls.get(ps.pair_id)
+        agg, rows = compare_pair(ps, samples, matched[1] if matched else None)
         aggs.append(agg)
         comp_rows.extend(rows)
 
-    # The noise floor of a cascade pair: the worst flat-vs-flat control of the same engine config,
+    # The count floor of a cascade pair: the worst flat-vs-flat control of the same engine config,
     # whatever its batch size. A control measures how often a numerically equivalent recomputation
-    # (another batch shape, a rerun) flips greedy tokens of this model on these prompts; cascade is
-    # one more such recomputation, so its drift is judged against the largest one measured. Taking
-    # only the control at the same batch made benign bf16 drift at small batches look like a bug
-    # (H200, FA2: cascade b8 24/64 diverged, all inside top-k, vs 5/64 for flat b8 vs b1 but 28/64
-    # for flat b128 vs b1).
+    # (another batch shape, another engine start) flips greedy tokens of this model on these
+    # prompts; cascade is one more such recomputation, so its divergence count is judged against the
+    # largest one measured. Taking only the control at the same batch made benign bf16 drift at small
+    # batches look like a bug (H200, FA2: cascade b8 24/64 diverged, all inside top-k, vs 5/64 for
+    # flat b8 vs b1 but 28/64 for flat b128 vs b1). The drift ratio, which compares the same
+    # contexts, uses the matched control instead (``matched_controls``).
     noise_div: dict[tuple, dict[str, Any]] = {}
     noise_topk: dict[tuple, int] = {}
     for agg, ps in zip(aggs, pair_specs, strict=True):
-        if ps.kind == "cascade" or not agg["n"]:
+        if ps.kind not in FLOOR_KINDS or not agg["n"]:
             continue
-        k = tuple(ps.test[a] for a in TWIN_AXES)
+        k = twin_key(ps.test)
         cur = noise_div.get(k)
         if cur is None or agg["n_diverged"] / agg["n"] > cur["n_diverged"] / cur["n"]:
             noise_div[k] = agg
@@ -289,20 +381,40 @@ def build_tables(
         mean, lo, hi = paired_bootstrap_ci(
             agg.pop("_deltas"), thresholds.bootstrap, thresholds.ci, thresholds.seed
         )
+        drift_pairs, topk_pairs = agg.pop("_drift"), agg.pop("_topk_drift")
+        test_cell = by_id.get(ps.test["cell_id"], {})
         agg.update(d_seq_rep_4_mean=mean, d_seq_rep_4_lo=lo, d_seq_rep_4_hi=hi)
-        agg["cascade_steps"] = int(steps.get(ps.test["cell_id"], 0))
-        agg["total_steps"] = int(total_steps.get(ps.test["cell_id"], 0))
-        if ps.kind != "cascade":
+        agg["cascade_steps"] = int(test_cell.get("cascade_steps", 0))
+        agg["total_steps"] = int(test_cell.get("total_steps", 0))
+        decode_steps = test_cell.get("cascade_decode_steps", float("nan"))
+        decode_steps = None if pd.isna(decode_steps) else int(decode_steps)
+        agg["cascade_decode_steps"] = float("nan") if decode_steps is None else decode_steps
+        agg["depth"] = depth(agg["cascade_steps"], decode_steps) if ps.kind in (CASCADE, CALIBRATION) else ""
+        if ps.kind not in (CASCADE, CALIBRATION):
             agg.update(noise_pair_id="", noise_n=0, noise_n_diverged=0, noise_topk_violations=0)
-            agg.update(p_divergence=float("nan"), p_topk=float("nan"), verdict="control", reasons="")
+            agg.update(_drift_columns(None, None, ""))
+            agg.update(
+                p_divergence=float("nan"), p_topk=float("nan"), verdict="control", reasons="", decided_by=""
+            )
             continue
-        tk = tuple(ps.test[a] for a in TWIN_AXES)
+        tk = twin_key(ps.test)
         noise = noise_div.get(tk)
         agg["noise_pair_id"] = noise["pair_id"] if noise else ""
         agg["noise_n"] = noise["n"] if noise else 0
         agg["noise_n_diverged"] = noise["n_diverged"] if noise else 0
         agg["noise_topk_violations"] = noise_topk.get(tk, 0)
-        ok = status.get(ps.test["cell_id"]) == "done" and status.get(ps.ref["cell_id"]) == "done"
+        matched = controls.get(ps.pair_id)
+        drift = topk = None
+        if matched:
+            floor = drift_floor(test_cell.get("dtype_effective"))
+            drift = drift_ratio_stats(
+                [t for t, _ in drift_pairs], [c for _, c in drift_pairs], floor, thresholds
+            )
+            topk = drift_ratio_stats(
+                [t for t, _ in topk_pairs], [c for _, c in topk_pairs], floor, thresholds
+            )
+        agg.update(_drift_columns(drift, topk, matched[0].pair_id if matched else ""))
+        ok = test_cell.get("status") == "done" and by_id.get(ps.ref["cell_id"], {}).get("status") == "done"
         ev = Evidence(
             n=agg["n"],
             n_diverged=agg["n_diverged"],
@@ -315,24 +427,54 @@ def build_tables(
             d_rep_hi=hi,
             cascade_steps=agg["cascade_steps"],
             status_ok=ok and agg["n"] > 0,
+            drift=drift,
+            cascade_decode_steps=decode_steps,
         )
-        verdict, reasons, p_div, p_topk = decide(
-            ev, thresholds, has_noise=noise is not None and noise["n"] > 0
-        )
-        agg.update(p_divergence=p_div, p_topk=p_topk, verdict=verdict, reasons=reasons)
+        dec = decide(ev, thresholds, has_noise=noise is not None and noise["n"] > 0)
+        agg.update(
+            p_divergence=dec.p_divergence, p_topk=dec.p_topk, verdict=dec.verdict, reasons=dec.reasons,
+            decided_by=dec.decided_by,
+        )  # fmt: skip
 
-    pair_cols = [
-        "pair_id", "kind", "test_cell", "ref_cell", "tp", "batch", "ref_batch", "seed", "dtype", "fa_version",
-        "backend", "n", "n_identical", "n_diverged", "first_div_median", "common_prefix_ratio_mean",
-        "edit_distance_mean", "topk_violations", "dlogprob_mean", "dlogprob_max", "d_seq_rep_4_mean",
-        "d_seq_rep_4_lo", "d_seq_rep_4_hi", "noise_pair_id", "noise_n", "noise_n_diverged",
-        "noise_topk_violations", "p_divergence", "p_topk", "cascade_steps", "total_steps", "verdict", "reasons",
-        "if_n", "if_strict_test", "if_strict_ref", "if_strict_delta", "if_loose_delta", "if_gained", "if_lost",
-        "p_if",
-    ]  # fmt: skip
-    pairs_df = pd.DataFrame(aggs, columns=pair_cols)
+    pairs_df = pd.DataFrame(aggs, columns=PAIR_COLUMNS)
     comp_df = pd.DataFrame(comp_rows)
     if not comp_df.empty:
         for col in ("topk_ok",):
             comp_df[col] = comp_df[col].astype("object")
     return cells_df, pairs_df, comp_df
+
+
+PAIR_COLUMNS = [
+    "pair_id", "kind", "inject", "test_cell", "ref_cell", "tp", "batch", "ref_batch", "seed", "dtype", "fa_version",
+    "backend", "n", "n_identical", "n_diverged", "first_div_median", "common_prefix_ratio_mean",
+    "edit_distance_mean", "topk_violations", "dlogprob_mean", "dlogprob_max", "d_seq_rep_4_mean",
+    "d_seq_rep_4_lo", "d_seq_rep_4_hi", "noise_pair_id", "noise_n", "noise_n_diverged",
+    "noise_topk_violations", "p_divergence", "p_topk", "control_pair_id", "drift_n", "drift_tokens",
+    "drift_test", "drift_control", "drift_floor", "drift_ratio", "drift_ratio_lo", "drift_ratio_hi",
+    "drift_threshold", "drift_null_q", "p_drift", "drift_up", "topk_drift_ratio", "topk_drift_ratio_lo",
+    "topk_drift_ratio_hi", "cascade_steps", "cascade_decode_steps", "total_steps", "depth", "verdict",
+    "decided_by", "reasons", "if_n", "if_strict_test", "if_strict_ref", "if_strict_delta", "if_loose_delta",
+    "if_gained", "if_lost", "p_if",
+]  # fmt: skip
+
+
+def _drift_columns(drift: DriftStats | None, topk: DriftStats | None, control_pair_id: str) -> dict[str, Any]:
+    """The drift columns of one pair (NaN where nothing was measured)."""
+    d, t = drift or DriftStats(), topk or DriftStats()
+    return {
+        "control_pair_id": control_pair_id,
+        "drift_n": d.n,
+        "drift_test": d.test,
+        "drift_control": d.control,
+        "drift_floor": d.floor,
+        "drift_ratio": d.ratio,
+        "drift_ratio_lo": d.lo,
+        "drift_ratio_hi": d.hi,
+        "drift_threshold": d.threshold,
+        "drift_null_q": d.null_q,
+        "p_drift": d.p,
+        "drift_up": d.up,
+        "topk_drift_ratio": t.ratio,
+        "topk_drift_ratio_lo": t.lo,
+        "topk_drift_ratio_hi": t.hi,
+    }

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cascade_repro import inject as inj
 from cascade_repro.errors import UsageError
 
 ENGINES = ("hf", "vllm")
-INJECTIONS = ("lse-layout",)
+INJECTIONS = ("lse-layout", "lse-shift=X")  # as --help and error messages spell them
 ARM_SWITCHES = ("toggle", "restart")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 FAIL_ON = ("regression", "error", "never")
@@ -39,6 +41,8 @@ class MatrixSpec:
     max_tokens: int = 64
     topk: int = 5
     inject: str | None = None
+    calibrate: list[float] = field(default_factory=list)
+    auto_controls: bool = True
     arm_switch: str = "toggle"
     enforce_eager: bool = False
     graphs_for_batches: bool = False
@@ -78,7 +82,7 @@ class MatrixSpec:
         for name in ("model", "prompts", "system_prompt", "load_format", "device"):
             if not isinstance(getattr(self, name), str):
                 bad(f"{name} must be a string, got {getattr(self, name)!r}")
-        for name in ("rerun", "enforce_eager", "trust_remote_code"):
+        for name in ("rerun", "enforce_eager", "trust_remote_code", "auto_controls"):
             if not isinstance(getattr(self, name), bool):
                 bad(f"{name} must be true or false, got {getattr(self, name)!r}")
         if not isinstance(self.hf_overrides, dict):
@@ -118,8 +122,27 @@ class MatrixSpec:
             bad(f"max_model_len must be a positive integer, got {mml!r}")
         if not isinstance(self.topk, int) or isinstance(self.topk, bool) or not 1 <= self.topk <= 20:
             bad(f"topk must be between 1 and 20, got {self.topk!r}")
-        if self.inject is not None and self.inject not in INJECTIONS:
-            bad(f"inject must be one of {', '.join(INJECTIONS)}, not {self.inject!r}")
+        if self.inject is not None:
+            if not isinstance(self.inject, str):
+                bad(f"inject must be one of {', '.join(INJECTIONS)}, not {self.inject!r}")
+            try:
+                parsed = inj.parse(self.inject)
+            except ValueError as e:
+                bad(f"inject: {e}")
+            self.inject = parsed.label if parsed else None
+        if not isinstance(self.calibrate, list) or not all(
+            isinstance(x, int | float) and not isinstance(x, bool) and 0 < x <= 100 for x in self.calibrate
+        ):
+            bad(f"calibrate must be a list of shifts in (0, 100] nats, got {self.calibrate!r}")
+        if len(set(self.calibrate)) != len(self.calibrate):
+            bad(f"calibrate has duplicate shifts: {self.calibrate}")
+        self.calibrate = sorted(float(x) for x in self.calibrate)
+        if self.calibrate and self.inject:
+            bad("calibrate runs its own ladder of lse-shift injections beside the clean cells: drop inject")
+        if self.calibrate and True not in self.cascade:
+            bad("calibrate needs the cascade arm (--cascade on,off)")
+        if not isinstance(self.auto_controls, bool):
+            bad(f"auto_controls must be true or false, got {self.auto_controls!r}")
         if self.arm_switch not in ARM_SWITCHES:
             bad(f"arm_switch must be one of {', '.join(ARM_SWITCHES)}, not {self.arm_switch!r}")
         if self.engine == "hf" and any(t != 1 for t in self.tp):
@@ -134,9 +157,16 @@ class MatrixSpec:
             bad("gpu_memory_utilization must be in (0, 1]")
 
 
+ORIGINS = ("matrix", "control", "calibration")
+
+
 @dataclass(frozen=True)
 class Cell:
-    """One (engine key, batch size, arm, rerun) combination: a set of samples over all prompts."""
+    """One (engine key, batch size, arm, rerun) combination: a set of samples over all prompts.
+
+    ``inject`` is the fault the cascade arm runs with (None: clean). ``origin`` says why the cell
+    exists: the user's matrix, a noise control the planner added, or a calibration step.
+    """
 
     cell_id: str
     engine_key: str
@@ -148,6 +178,8 @@ class Cell:
     dtype: str
     fa_version: int | None
     backend: str
+    inject: str | None = None
+    origin: str = "matrix"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -184,11 +216,28 @@ def _engine_key(
     return "-".join(parts)
 
 
+def control_batch(batch: int) -> int:
+    """The batch size of a flat noise control the planner adds: half the batch (2 for batch 1).
+
+    Another batch shape is a different-but-equivalent computation (other split-KV and tile
+    choices), which is what a control must be; a rerun inside one engine is not: it is bitwise
+    identical (the prefix cache is reset per wave), so it would measure no noise at all.
+    """
+    return batch // 2 if batch > 1 else 2
+
+
 def plan(spec: MatrixSpec) -> dict[str, EnginePlan]:
     """Return engine plans keyed by engine key, each with its cells in run order.
 
     The hf engine always toggles arms inside one model; vLLM does so unless ``arm_switch`` is
-    ``restart``, in which case each arm gets its own engine (the real ``disable_cascade_attn`` flag).
+    ``restart``, in which case each arm gets its own engine (the real ``disable_cascade_attn`` flag)
+    and a flat rerun is its own engine start too.
+
+    Every cascade pair needs a noise control, so with ``auto_controls`` the planner adds what the
+    matrix lacks: under ``toggle`` a flat cell at ``control_batch(B)`` when the matrix has one batch
+    size only; under ``restart`` (twins from two engine starts) a flat rerun in a third engine start,
+    so the control spans engine starts as the pair does. ``calibrate`` adds, beside every clean
+    cascade cell, one cascade cell per shift of the ladder (``lse-shift=X``).
     """
     varying = {
         "seed": len(spec.seeds) > 1,
@@ -199,35 +248,47 @@ def plan(spec: MatrixSpec) -> dict[str, EnginePlan]:
     restart = spec.engine == "vllm" and spec.arm_switch == "restart"
     arms = ["cascade" if c else "flat" for c in spec.cascade]
     engines: dict[str, EnginePlan] = {}
-    for tp in spec.tp:
-        for seed in spec.seeds:
-            for dtype in spec.dtypes:
-                for fa in spec.fa_versions:
-                    for backend in spec.backends:
-                        for batch in spec.batch:
-                            for arm in arms:
-                                reruns = [0, 1] if (spec.rerun and arm == "flat") else [0]
-                                for r in reruns:
-                                    eng_arm = arm if restart else None
-                                    key = _engine_key(spec.engine, tp, seed, dtype, fa, backend, eng_arm)
-                                    ep = engines.get(key) or engines.setdefault(
-                                        key, EnginePlan(key, tp, seed, dtype, fa, backend, eng_arm)
-                                    )
-                                    parts = [f"tp{tp}", f"b{batch}", arm]
-                                    if varying["seed"]:
-                                        parts.append(f"s{seed}")
-                                    if varying["dtype"]:
-                                        parts.append(dtype)
-                                    if varying["fa"]:
-                                        parts.append(f"fa{fa or 'default'}")
-                                    if varying["backend"]:
-                                        parts.append(backend.lower())
-                                    if r:
-                                        parts.append(f"r{r}")
-                                    cell_id = "-".join(parts)
-                                    ep.cells.append(
-                                        Cell(cell_id, key, tp, batch, arm, r, seed, dtype, fa, backend)
-                                    )
+
+    def add(axes: tuple, batch: int, arm: str, r: int, inject: str | None, origin: str) -> None:
+        tp, seed, dtype, fa, backend = axes
+        # Under restart a flat rerun is an engine start of its own: a rerun inside one engine is
+        # bitwise identical, so only a second start measures what two starts differ by.
+        key_arm = (arm + ("-r1" if r else "")) if restart else None
+        key = _engine_key(spec.engine, tp, seed, dtype, fa, backend, key_arm)
+        ep = engines.get(key) or engines.setdefault(
+            key, EnginePlan(key, tp, seed, dtype, fa, backend, arm if restart else None)
+        )
+        parts = [f"tp{tp}", f"b{batch}", arm]
+        if varying["seed"]:
+            parts.append(f"s{seed}")
+        if varying["dtype"]:
+            parts.append(dtype)
+        if varying["fa"]:
+            parts.append(f"fa{fa or 'default'}")
+        if varying["backend"]:
+            parts.append(backend.lower())
+        if r:
+            parts.append(f"r{r}")
+        if origin == "calibration" and inject:
+            parts.append("shift" + inject.partition("=")[2])
+        cell_id = "-".join(parts)
+        ep.cells.append(Cell(cell_id, key, tp, batch, arm, r, seed, dtype, fa, backend, inject, origin))
+
+    for axes in itertools.product(spec.tp, spec.seeds, spec.dtypes, spec.fa_versions, spec.backends):
+        for batch in spec.batch:
+            for arm in arms:
+                for r in [0, 1] if (spec.rerun and arm == "flat") else [0]:
+                    add(axes, batch, arm, r, spec.inject if arm == "cascade" else None, "matrix")
+                if arm == "cascade":
+                    for x in spec.calibrate:
+                        add(axes, batch, arm, 0, inj.Injection(inj.LSE_SHIFT, x).label, "calibration")
+        if not (spec.auto_controls and "cascade" in arms and "flat" in arms):
+            continue
+        if restart and not spec.rerun:
+            for batch in spec.batch:
+                add(axes, batch, "flat", 1, None, "control")
+        elif not restart and len(spec.batch) == 1:
+            add(axes, control_batch(spec.batch[0]), "flat", 0, None, "control")
     return engines
 
 

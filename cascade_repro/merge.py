@@ -35,6 +35,8 @@ class MergeOutcome:
     counts: dict[str, int]
     warnings: list[str] = field(default_factory=list)
     data: Any = None
+    headline: str = ""
+    reason: str = ""
 
 
 @dataclass
@@ -192,9 +194,8 @@ def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = "regression", li
     Exit code as for ``cascade-repro report``: 1 when ``fail_on`` says the verdicts fail.
     """
     from cascade_repro.matrix import FAIL_ON
-    from cascade_repro.report import exit_code
+    from cascade_repro.outcome import outcome_of
     from cascade_repro.runner import finalize
-    from cascade_repro.verdicts import VERDICTS
 
     if fail_on not in FAIL_ON:
         raise UsageError(f"--fail-on must be one of {', '.join(FAIL_ON)}")
@@ -270,5 +271,5 @@ def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = "regression", li
         )
         runstore.write_json_atomic(out_dir / runstore.RUN_JSON, run)
         _, data = finalize(out_dir)
-    counts = {v: int((data.pairs["verdict"] == v).sum()) for v in VERDICTS} if not data.pairs.empty else {}
-    return MergeOutcome(out_dir, exit_code(data, fail_on), counts, warnings, data)
+    o = outcome_of(data, fail_on)
+    return MergeOutcome(out_dir, o.exit_code, o.counts, warnings, data, o.headline, o.reason)

@@ -21,9 +21,9 @@ What is patched (vLLM 0.26.0, ``vllm/v1/attention/backends/flash_attn.py``):
   name; ``flash_attn_diffkv.py`` imports it by name, which the patch also replaces): counts
   executions (once per attention layer per cascade step) and records ``fa_version``.
 - ``merge_attn_states`` as imported into that module (from ``vllm/v1/attention/ops/merge_attn_states.py``;
-  ``cascade_attention`` calls it by its global name): with ``inject == "lse-layout"`` and only
-  inside ``cascade_attention``, the suffix LSE is handed over in the transposed memory layout
-  (see :func:`misread_lse`).
+  ``cascade_attention`` calls it by its global name): only inside ``cascade_attention``, with
+  ``inject == "lse-layout"`` the suffix LSE is handed over in the transposed memory layout (see
+  :func:`misread_lse`); with ``inject == "lse-shift=X"`` the prefix LSE is handed over plus X nats.
 - ``FlashAttentionImpl.__init__``: records the FlashAttention version each layer really uses.
 - ``WorkerWrapperBase`` (``vllm/v1/worker/worker_base.py``) gains the method
   ``cascade_repro_probe_sync`` so the engine can flush and read the counters of every worker
@@ -38,7 +38,7 @@ after vLLM imports it (or at once if it is already imported).
 Control protocol (files under the probe directory):
 
 - ``control.json`` (written by the engine, atomically): ``{"wave": str|null, "force_off": bool,
-  "inject": null|"lse-layout", "seq": int}``. The decision wrapper re-reads it when its
+  "inject": null|"lse-layout"|"lse-shift=X", "seq": int}``. The decision wrapper re-reads it when its
   ``(inode, mtime_ns, size)`` changes; a ``null`` wave means "do not count" (the warm-up request).
 - ``counts-<pid>.json`` (written by each process, atomically): process facts plus counters per
   wave; written on a wave change, every ``FLUSH_EVERY`` decisions, on the sync RPC and at exit.
@@ -61,6 +61,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from cascade_repro import inject as inj  # standard library only, like this module
+
 ENV_VAR = "CASCADE_REPRO_PROBE"
 FLASH_ATTN_MODULE = "vllm.v1.attention.backends.flash_attn"
 WORKER_BASE_MODULE = "vllm.v1.worker.worker_base"
@@ -68,11 +70,11 @@ RPC_METHOD = "cascade_repro_probe_sync"
 CONTROL_FILE = "control.json"
 COUNTS_PREFIX = "counts-"
 FLUSH_EVERY = 64  # decisions between two writes of the counts file
-INJECTIONS = ("lse-layout",)
 _MARK = "_cascade_repro_original"
 
 COUNTER_KEYS = (
     "decisions_true",
+    "decisions_true_decode",
     "decisions_false",
     "forced_off",
     "cascade_calls",
@@ -114,7 +116,7 @@ class ProbeState:
         self.flush_every = flush_every
         self.wave: str | None = None
         self.force_off = False
-        self.inject: str | None = None
+        self.inject: inj.Injection | None = None
         self.seq = 0
         self.waves: dict[str, dict[str, Any]] = {}
         self.fa_versions: set[int] = set()
@@ -165,8 +167,7 @@ class ProbeState:
             self.flush()
             self.wave = wave
         self.force_off = bool(data.get("force_off", False))
-        inject = data.get("inject")
-        self.inject = inject if inject in INJECTIONS else None
+        self.inject = inj.try_parse(data.get("inject"))
         self.seq = int(data.get("seq", 0) or 0)
 
     def counters(self) -> dict[str, Any] | None:
@@ -178,11 +179,15 @@ class ProbeState:
         return c
 
     # recording (hot paths: keep them cheap) ---------------------------------------------------
-    def record_decision(self, use: bool, forced: bool, common_prefix_len: int, num_reqs: int) -> None:
+    def record_decision(
+        self, use: bool, forced: bool, common_prefix_len: int, num_reqs: int, decode: bool = False
+    ) -> None:
         c = self.counters()
         if c is not None:
             if use:
                 c["decisions_true"] += 1
+                if decode:
+                    c["decisions_true_decode"] += 1
                 c["last_common_prefix_len"] = common_prefix_len
                 if common_prefix_len > c["max_common_prefix_len"]:
                     c["max_common_prefix_len"] = common_prefix_len
@@ -237,7 +242,7 @@ class ProbeState:
             "wave": self.wave,
             "seq": self.seq,
             "force_off": self.force_off,
-            "inject": self.inject,
+            "inject": self.inject.label if self.inject else None,
             "fa_versions": sorted(self.fa_versions),
             "attn_impls": sorted(self.attn_impls),
             "patched": list(self.patched),
@@ -304,13 +309,15 @@ def wrap_decision(orig: Callable[..., Any], state: ProbeState) -> Callable[..., 
         try:
             common_i = int(common)
             n_reqs = len(query_lens)
+            # A pure decode step (one query token per request) is where FA2's split-KV path ran.
+            decode = n_reqs > 0 and int(max(query_lens)) <= 1
         except (TypeError, ValueError):
-            common_i, n_reqs = 0, 0
+            common_i, n_reqs, decode = 0, 0, False
         if state.force_off:
-            state.record_decision(False, True, common_i, n_reqs)
+            state.record_decision(False, True, common_i, n_reqs, decode)
             return False
         result = orig(*args, **kwargs)
-        state.record_decision(bool(result), False, common_i, n_reqs)
+        state.record_decision(bool(result), False, common_i, n_reqs, decode)
         return result
 
     setattr(use_cascade_attention, _MARK, orig)
@@ -333,7 +340,17 @@ def wrap_cascade(orig: Callable[..., Any], state: ProbeState) -> Callable[..., A
     return cascade_attention
 
 
-SUFFIX_LSE_POS = 4  # merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, ...)
+# merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, ...)
+PREFIX_LSE_POS, SUFFIX_LSE_POS = 2, 4
+
+
+def _replace_arg(args: tuple, kwargs: dict[str, Any], pos: int, name: str, fn: Callable[[Any], Any]) -> tuple:
+    """Apply ``fn`` to one argument, passed by keyword or by position; return the new args."""
+    if name in kwargs:
+        kwargs[name] = fn(kwargs[name])
+    elif len(args) > pos:
+        args = (*args[:pos], fn(args[pos]), *args[pos + 1 :])
+    return args
 
 
 def wrap_merge(orig: Callable[..., Any], state: ProbeState) -> Callable[..., Any]:
@@ -341,15 +358,14 @@ def wrap_merge(orig: Callable[..., Any], state: ProbeState) -> Callable[..., Any
 
     @functools.wraps(orig)
     def merge_attn_states(*args: Any, **kwargs: Any) -> Any:
-        if state.in_cascade and state.inject == "lse-layout":
-            if "suffix_lse" in kwargs:
-                kwargs["suffix_lse"] = misread_lse(kwargs["suffix_lse"])
-            elif len(args) > SUFFIX_LSE_POS:
-                args = (
-                    *args[:SUFFIX_LSE_POS],
-                    misread_lse(args[SUFFIX_LSE_POS]),
-                    *args[SUFFIX_LSE_POS + 1 :],
-                )
+        fault = state.inject
+        if state.in_cascade and fault is not None:
+            if fault.kind == inj.LSE_LAYOUT:
+                args = _replace_arg(args, kwargs, SUFFIX_LSE_POS, "suffix_lse", misread_lse)
+            elif fault.kind == inj.LSE_SHIFT:
+                # The prefix weighed e**X times too much against the suffix (a new tensor: vLLM's is
+                # not modified in place).
+                args = _replace_arg(args, kwargs, PREFIX_LSE_POS, "prefix_lse", lambda t: t + fault.nats)
             state.record_inject()
         return orig(*args, **kwargs)
 

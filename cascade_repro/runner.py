@@ -47,6 +47,8 @@ class RunOutcome:
     exit_code: int
     counts: dict[str, int]
     errors: list[str]
+    headline: str = ""
+    reason: str = ""
 
 
 def default_run_id(spec: MatrixSpec) -> str:
@@ -397,8 +399,7 @@ def finalize(run_dir: Path, thresholds: Thresholds | None = None) -> tuple[Path,
 
 def run_matrix(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> RunOutcome:
     """Prepare, execute and finalize a matrix; the library entry point behind ``cascade-repro matrix``."""
-    from cascade_repro.report import exit_code
-    from cascade_repro.verdicts import VERDICTS
+    from cascade_repro.outcome import outcome_of
 
     t0 = time.time()
     prepared = prepare(spec, opts, console)
@@ -412,5 +413,5 @@ def run_matrix(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> RunOu
         if not restrict(run)["plan"]["cells"]:  # an empty shard: nothing to score
             return RunOutcome(run_dir, 0, {}, errors)
         _, data = finalize(run_dir, opts.thresholds)
-    counts = {v: int((data.pairs["verdict"] == v).sum()) for v in VERDICTS} if not data.pairs.empty else {}
-    return RunOutcome(run_dir, exit_code(data, opts.fail_on), counts, errors)
+    o = outcome_of(data, opts.fail_on)
+    return RunOutcome(run_dir, o.exit_code, o.counts, errors, o.headline, o.reason)

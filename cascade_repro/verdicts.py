@@ -1,9 +1,15 @@
-"""Noise-aware verdicts: is cascade-vs-flat divergence beyond what flat-vs-flat controls show?
+"""Noise-aware verdicts: is cascade-vs-flat drift beyond what flat-vs-flat controls show?
 
 Raw divergence cries wolf: on an H200 with vLLM 0.26, cascade vs flat at batch 64 differed on 37/64
 prompts while flat batch 1 vs flat batch 64 differed on 36/64. So a pair is only called a
-``regression`` on evidence measured against a noise floor from flat-vs-flat controls:
+``regression`` on evidence measured against a noise control:
 
+- drift (the most sensitive): on positions where the cascade cell, its flat twin and the matched
+  control's other side all agree so far, the mean |Δ logprob| of the chosen token, cascade vs twin,
+  over the same for the control (``metrics/drift.py``). Null model: cascade is one more equivalent
+  recomputation of flat B, exchangeable with the control's, so swapping the two labels within a
+  prompt must not change the ratio's distribution. The ratio is flagged when it exceeds the
+  ``1 - alpha`` quantile of its sign-flip permutation distribution and ``drift_min``;
 - divergence: Fisher's exact test (one-sided) on diverged-prompt counts, pair vs noise control;
 - top-k: Fisher's exact test on counts of divergences where a side's token is outside the other
   side's top-k (vLLM's ``check_logprobs_close`` rule), pair vs noise control;
@@ -23,8 +29,10 @@ NOT_EXERCISED = "not exercised"
 IDENTICAL = "identical"
 WITHIN_NOISE = "within noise"
 REGRESSION = "regression"
+INCONCLUSIVE = "inconclusive"
 ERROR = "error"
-VERDICTS = (NOT_EXERCISED, IDENTICAL, WITHIN_NOISE, REGRESSION, ERROR)
+VERDICTS = (NOT_EXERCISED, IDENTICAL, WITHIN_NOISE, REGRESSION, INCONCLUSIVE, ERROR)
+EXACT_PERMUTATION_MAX_N = 10  # up to 2**10 sign patterns are enumerated; more are sampled
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,9 @@ class Thresholds:
 
     alpha: float = 0.01
     rep_delta: float = 0.02
+    # A cascade a few percent noisier than batch noise is no bug signal: clean H200 runs gave drift
+    # ratios of 0.95-1.04, the subtle fault this rule exists for 1.31-1.38.
+    drift_min: float = 1.1
     min_topk_violations: int = 1
     bootstrap: int = 2000
     ci: float = 0.95
@@ -82,6 +93,91 @@ def paired_bootstrap_ci(
 
 
 @dataclass
+class DriftStats:
+    """The drift ratio of one pair against its control, with what it is judged by."""
+
+    n: int = 0  # prompts with at least one agreeing position
+    test: float = math.nan  # mean per-prompt drift, test vs twin
+    control: float = math.nan  # the same, control side vs twin
+    floor: float = math.nan
+    ratio: float = math.nan
+    lo: float = math.nan
+    hi: float = math.nan
+    p: float = math.nan  # permutation p-value, one-sided (test drift larger)
+    null_q: float = math.nan  # 1 - alpha quantile of the ratio under the permutation null
+    threshold: float = math.nan  # max(null_q, drift_min): what the ratio must exceed
+    up: int = 0  # prompts whose test drift exceeds their control drift
+
+    @property
+    def measured(self) -> bool:
+        return self.n > 0 and math.isfinite(self.ratio)
+
+
+def _floored_ratio(t: np.ndarray, c: np.ndarray, floor: float) -> np.ndarray:
+    """max(mean t, floor) / max(mean c, floor) along the last axis."""
+    return np.maximum(t.mean(axis=-1), floor) / np.maximum(c.mean(axis=-1), floor)
+
+
+def drift_ratio_stats(
+    test: Sequence[float], control: Sequence[float], floor: float, th: Thresholds
+) -> DriftStats:
+    """Ratio of mean test drift to mean control drift over prompts, its bootstrap CI and permutation null.
+
+    Both means are raised to ``floor`` first, so two drifts at the dtype's resolution give 1, not
+    1e-6 / 1e-9. The null swaps test and control of a prompt with probability 1/2 (exactly
+    enumerated for up to ``EXACT_PERMUTATION_MAX_N`` prompts, else ``th.bootstrap`` draws).
+    """
+    t = np.asarray(test, dtype=float)
+    c = np.asarray(control, dtype=float)
+    keep = np.isfinite(t) & np.isfinite(c)
+    t, c = t[keep], c[keep]
+    n = int(t.size)
+    if n == 0:
+        return DriftStats(floor=floor)
+    ratio = float(_floored_ratio(t, c, floor))
+    rng = np.random.default_rng(th.seed)
+    # Resamples are drawn in blocks of about a million values: 2,000 resamples of 10,000 prompts
+    # at once held ~0.5 GB of index and value matrices (tests/test_scale.py).
+    block = max(1, 1_000_000 // n)
+    if n > 1:
+        boots = np.concatenate(
+            [
+                _floored_ratio(t[idx], c[idx], floor)
+                for idx in (
+                    rng.integers(0, n, size=(min(block, th.bootstrap - i), n))
+                    for i in range(0, th.bootstrap, block)
+                )
+            ]
+        )
+        lo, hi = (float(x) for x in np.quantile(boots, [(1 - th.ci) / 2, 1 - (1 - th.ci) / 2]))
+    else:
+        lo = hi = ratio
+    if n <= EXACT_PERMUTATION_MAX_N:
+        codes = np.arange(2**n)[:, None]
+        swaps = [((codes >> np.arange(n)) & 1).astype(bool)]
+    else:
+        swaps = (rng.random((min(block, th.bootstrap - i), n)) < 0.5 for i in range(0, th.bootstrap, block))
+    perm = np.concatenate([_floored_ratio(np.where(sw, c, t), np.where(sw, t, c), floor) for sw in swaps])
+    # A permuted ratio equal to the observed one counts against it (ties are not evidence).
+    hits = int((perm >= ratio - 1e-12 * abs(ratio)).sum())
+    p = hits / perm.size if n <= EXACT_PERMUTATION_MAX_N else (1 + hits) / (1 + perm.size)
+    null_q = float(np.quantile(perm, 1 - th.alpha, method="higher"))
+    return DriftStats(
+        n=n,
+        test=float(t.mean()),
+        control=float(c.mean()),
+        floor=floor,
+        ratio=ratio,
+        lo=lo,
+        hi=hi,
+        p=float(p),
+        null_q=null_q,
+        threshold=max(null_q, th.drift_min),
+        up=int((t > c).sum()),
+    )
+
+
+@dataclass
 class Evidence:
     """The numbers a verdict is decided on."""
 
@@ -96,42 +192,104 @@ class Evidence:
     d_rep_hi: float
     cascade_steps: int
     status_ok: bool = True
+    drift: DriftStats | None = None
+    cascade_decode_steps: int | None = None  # None: the engine did not say
 
 
-def decide(ev: Evidence, th: Thresholds, has_noise: bool) -> tuple[str, str, float, float]:
-    """Return (verdict, reasons, p_divergence, p_topk) for one cascade pair."""
+@dataclass
+class Decision:
+    verdict: str
+    reasons: str
+    p_divergence: float
+    p_topk: float
+    decided_by: str = ""  # comma list of the evidence that fired: drift, divergence, top-k, repetition
+
+
+def depth(cascade_steps: int, cascade_decode_steps: int | None) -> str:
+    """``decode`` when cascade ran on decode steps, ``prefill only``, ``none``; ``?`` when unknown."""
+    if cascade_steps <= 0:
+        return "none"
+    if cascade_decode_steps is None:
+        return "?"
+    return "decode" if cascade_decode_steps > 0 else "prefill only"
+
+
+def _drift_text(d: DriftStats) -> str:
+    return (
+        f"drift ratio {d.ratio:.2f} (CI {d.lo:.2f}..{d.hi:.2f}, test {d.test:.3g} vs control {d.control:.3g} "
+        f"over {d.n} prompts, higher on {d.up}) vs threshold {d.threshold:.2f}, p={d.p:.3g}"
+    )
+
+
+def decide(ev: Evidence, th: Thresholds, has_noise: bool) -> Decision:
+    """Return the verdict of one cascade pair, the evidence line that decided it and its p-values.
+
+    ``has_noise``: a count control (flat vs flat) was measured. Without one, and without a drift
+    control, nothing can be judged beyond noise: the pair is ``inconclusive``.
+    """
     p_div = fisher_greater(ev.n_diverged, ev.n, ev.noise_n_diverged, ev.noise_n if has_noise else ev.n)
     p_topk = fisher_greater(
         ev.topk_violations, ev.n, ev.noise_topk_violations, ev.noise_n if has_noise else ev.n
     )
     if not ev.status_ok:
-        return ERROR, "a cell of this pair did not finish", p_div, p_topk
+        return Decision(ERROR, "a cell of this pair did not finish", p_div, p_topk)
     if ev.cascade_steps == 0:
-        return NOT_EXERCISED, "cascade never fired in this cell: the comparison proves nothing", p_div, p_topk
-    if ev.n_diverged == 0:
-        return IDENTICAL, f"all {ev.n} outputs token-identical", p_div, p_topk
-    noise_txt = (
-        f"noise {ev.noise_n_diverged}/{ev.noise_n}"
-        if has_noise
-        else "no noise control measured (floor taken as 0)"
-    )
-    fired = []
-    if p_div < th.alpha:
-        fired.append(f"diverged {ev.n_diverged}/{ev.n} vs {noise_txt}, Fisher p={p_div:.3g} < {th.alpha}")
-    if ev.topk_violations >= th.min_topk_violations and p_topk < th.alpha:
+        return Decision(
+            NOT_EXERCISED, "cascade never fired in this cell: the comparison proves nothing", p_div, p_topk
+        )
+    shallow = depth(ev.cascade_steps, ev.cascade_decode_steps) == "prefill only"
+    note = "; cascade ran on prefill steps only (the field bug lived in decode)" if shallow else ""
+    d = ev.drift
+    drift_ok = d is not None and d.measured
+    at_floor = d is not None and d.n > 0 and d.test <= d.floor
+    if ev.n_diverged == 0 and (at_floor or not drift_ok):
+        why = f"all {ev.n} outputs token-identical"
+        if at_floor:
+            why += f", logprob drift {d.test:.3g} at the dtype's resolution ({d.floor:.3g})"
+        return Decision(IDENTICAL, why + note, p_div, p_topk)
+    if not has_noise and not drift_ok:
+        return Decision(
+            INCONCLUSIVE,
+            f"no noise control measured (planner controls turned off): diverged {ev.n_diverged}/{ev.n}, "
+            f"top-k violations {ev.topk_violations}; nothing to judge them against{note}",
+            p_div,
+            p_topk,
+        )
+    noise_txt = f"noise {ev.noise_n_diverged}/{ev.noise_n}" if has_noise else "no count control"
+    fired: list[tuple[str, str]] = []
+    if drift_ok and d.ratio > d.threshold:
+        fired.append(("drift", _drift_text(d)))
+    if has_noise and p_div < th.alpha:
         fired.append(
-            f"{ev.topk_violations} divergences outside top-k vs {ev.noise_topk_violations} in noise, Fisher p={p_topk:.3g}"
+            (
+                "divergence",
+                f"diverged {ev.n_diverged}/{ev.n} vs {noise_txt}, Fisher p={p_div:.3g} < {th.alpha}",
+            )
+        )
+    if has_noise and ev.topk_violations >= th.min_topk_violations and p_topk < th.alpha:
+        fired.append(
+            (
+                "top-k",
+                f"{ev.topk_violations} divergences outside top-k vs {ev.noise_topk_violations} in noise, "
+                f"Fisher p={p_topk:.3g}",
+            )
         )
     if ev.d_rep_lo > th.rep_delta:
         fired.append(
-            f"seq-rep-4 up by {ev.d_rep_mean:+.3f} (CI {ev.d_rep_lo:+.3f}..{ev.d_rep_hi:+.3f} > {th.rep_delta})"
+            (
+                "repetition",
+                f"seq-rep-4 up by {ev.d_rep_mean:+.3f} (CI {ev.d_rep_lo:+.3f}..{ev.d_rep_hi:+.3f} > {th.rep_delta})",
+            )
         )
     if fired:
-        return REGRESSION, "; ".join(fired), p_div, p_topk
-    return (
-        WITHIN_NOISE,
-        f"diverged {ev.n_diverged}/{ev.n} vs {noise_txt} (p={p_div:.3g}); top-k violations {ev.topk_violations} "
-        f"(p={p_topk:.3g}); Δseq-rep-4 {ev.d_rep_mean:+.3f} CI {ev.d_rep_lo:+.3f}..{ev.d_rep_hi:+.3f}",
-        p_div,
-        p_topk,
-    )
+        return Decision(
+            REGRESSION, "; ".join(t for _, t in fired) + note, p_div, p_topk, ",".join(k for k, _ in fired)
+        )
+    parts = [_drift_text(d) if drift_ok else "drift not measured (no agreeing positions or no drift control)"]
+    if has_noise:
+        parts.append(f"diverged {ev.n_diverged}/{ev.n} vs {noise_txt} (p={p_div:.3g})")
+        parts.append(f"top-k violations {ev.topk_violations} vs {ev.noise_topk_violations} (p={p_topk:.3g})")
+    else:
+        parts.append(f"diverged {ev.n_diverged}/{ev.n} (no count control)")
+    parts.append(f"Δseq-rep-4 {ev.d_rep_mean:+.3f} CI {ev.d_rep_lo:+.3f}..{ev.d_rep_hi:+.3f}")
+    return Decision(WITHIN_NOISE, "; ".join(parts) + note, p_div, p_topk)

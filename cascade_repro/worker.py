@@ -92,6 +92,7 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
         writer.flush()
         c0 = time.time()
         n = 0
+        engine.inject = cell_inject(cell, spec)
         try:
             for w, wave in enumerate(waves(len(prompts), cell["batch"])):
                 _maybe_fault(cid, w)
@@ -124,6 +125,13 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
     writer.close()
     engine.close()
     return status
+
+
+def cell_inject(cell: dict[str, Any], spec: dict[str, Any]) -> str | None:
+    """The fault a cell's cascade arm runs with: the cell's own (calibration) or the spec's."""
+    if cell["arm"] != "cascade":
+        return None
+    return cell["inject"] if "inject" in cell else spec.get("inject")
 
 
 def wave_records(
@@ -167,6 +175,7 @@ def wave_records(
         "cascade_steps": stats.cascade_steps,
         "total_steps": stats.total_steps,
         "cascade_calls": stats.cascade_calls,
+        "cascade_decode_steps": stats.cascade_decode_steps,
         "common_prefix_len": stats.common_prefix_len,
         "wall_s": None,
         "tokens": sum(len(r["token_ids"]) for r in samples),

@@ -251,6 +251,25 @@ def test_injected_fault_is_invisible_for_a_single_decode_token():
     torch.testing.assert_close(broken, flat_attention(q, k, v, mask, SCALE), atol=ATOL, rtol=0)
 
 
+def test_lse_shift_is_graded_and_weighs_the_prefix_e_to_the_x_times_more():
+    q, k, v, mask = engine_batch(**CASES["decode"], seed=23)
+    flat = flat_attention(q, k, v, mask, SCALE)
+    errors = [
+        (cascade_attention(q, k, v, mask, SCALE, 32, inject=f"lse-shift={x}") - flat).abs().max().item()
+        for x in (0.01, 0.1, 1.0)
+    ]
+    assert errors[0] < errors[1] < errors[2]  # a ladder: larger shifts, larger errors
+    assert errors[0] > 10 * ATOL  # even the smallest is more than rounding
+    # As a weighted mix: attention to the prefix keys only and to the suffix keys only, merged
+    # with the prefix's share of the softmax mass multiplied by e**x.
+    x = 0.5
+    got = cascade_attention(q, k, v, mask, SCALE, 32, inject=f"lse-shift={x}")
+    p_out, p_lse = partial_attention(q, k[:, :, :32], v[:, :, :32], None, SCALE)
+    s_out, s_lse = partial_attention(q, k[:, :, 32:], v[:, :, 32:], mask[..., 32:], SCALE)
+    w = torch.sigmoid(p_lse + x - s_lse)[..., None]
+    torch.testing.assert_close(got, (w * p_out + (1 - w) * s_out).to(q.dtype), atol=ATOL, rtol=0)
+
+
 # --- when cascade runs: CascadeState.begin_step ------------------------------------------------------
 
 

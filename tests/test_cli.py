@@ -64,7 +64,11 @@ def test_matrix_help_groups_options_in_panels():
         "--inject",
     ):
         assert option in res.stdout
-    assert "Exit codes: 0 clean, 1 regression (per --fail-on) or every cascade pair errored, 2 usage error." in flat(res.stdout)
+    assert (
+        "Exit codes: 0 clean, 1 regression (per --fail-on) or every cascade pair errored, 2 usage error, "
+        "4 nothing exercised (cascade never fired in any pair), 5 inconclusive (no noise control), "
+        "130 interrupted."
+    ) in flat(res.stdout)
 
 
 def test_run_id_help_explains_the_default_name():
@@ -108,9 +112,20 @@ def test_dry_run_vllm_restart_needs_an_engine_per_arm():
         "matrix", "--dry-run", "--limit", "8", "--engine", "vllm", "--arm-switch", "restart", "--batch", "1,8"
     )
     assert res.exit_code == 0, res.output
-    assert "4 cells, 2 engine starts" in res.stdout
+    # The twins come from two engine starts, so the planner adds a third: flat reruns, the control
+    # that spans engine starts.
+    assert (
+        "6 cells, 3 engine starts; 2 noise-control cells added by the planner (--no-auto-controls to drop)"
+        in res.stdout
+    )
     assert "vllm-tp1-auto-fadefault-flashattn-s0-cascade" in res.stdout
     assert "vllm-tp1-auto-fadefault-flashattn-s0-flat" in res.stdout
+    assert "vllm-tp1-auto-fadefault-flashattn-s0-flat-r1" in res.stdout
+    res = invoke(
+        "matrix", "--dry-run", "--limit", "8", "--engine", "vllm", "--arm-switch", "restart", "--batch", "1,8",
+        "--no-auto-controls",
+    )  # fmt: skip
+    assert "4 cells, 2 engine starts\n" in res.stdout
 
 
 def test_dry_run_vllm_toggle_starts_one_engine_per_tp_size():
@@ -118,8 +133,9 @@ def test_dry_run_vllm_toggle_starts_one_engine_per_tp_size():
         "matrix", "--dry-run", "--limit", "4", "--engine", "vllm", "--tp", "1,2", "--batch", "8", "--rerun"
     )
     assert res.exit_code == 0, res.output
-    assert "6 cells, 2 engine starts" in res.stdout
-    assert "tp2-b8-flat-r1" in res.stdout
+    # One batch size: each tp gets a flat b4 control (a same-engine rerun is no control).
+    assert "8 cells, 2 engine starts; 2 noise-control cells added by the planner" in res.stdout
+    assert "tp2-b8-flat-r1" in res.stdout and "tp2-b4-flat" in res.stdout
 
 
 def test_config_file_feeds_the_matrix_and_flags_win(tmp_path):
@@ -167,7 +183,8 @@ def assert_user_error(res, *fragments: str) -> None:
         (["--dtype", "fp8"], ["dtype must be one of auto, float32, float16, bfloat16, not 'fp8'"]),
         (["--cascade", "maybe"], ["--cascade: expected on/off, got 'maybe'"]),
         (["--fa-version", "9"], ["--fa-version: expected 2, 3, 4 or default, got '9'"]),
-        (["--inject", "bitflip"], ["inject must be one of lse-layout"]),
+        (["--inject", "bitflip"], ["expected lse-layout or lse-shift=X"]),
+        (["--calibrate", "0.1,x"], ["--calibrate: 'x' is not a number of nats"]),
         (["--fail-on", "sometimes"], ["--fail-on must be one of regression, error, never"]),
         (["--hf-overrides", "{bad"], ["--hf-overrides is not valid JSON"]),
         (["--hf-overrides", "[1]"], ["--hf-overrides must be a JSON object"]),

@@ -62,7 +62,7 @@ def test_vllm_toggle_shares_one_engine_restart_starts_one_per_arm():
     toggle = plan(MatrixSpec(engine="vllm", arm_switch="toggle", batch=[1, 8]))
     assert list(toggle) == ["vllm-tp1-auto-fadefault-flashattn-s0"]
 
-    restart = plan(MatrixSpec(engine="vllm", arm_switch="restart", batch=[1, 8]))
+    restart = plan(MatrixSpec(engine="vllm", arm_switch="restart", batch=[1, 8], auto_controls=False))
     assert list(restart) == [
         "vllm-tp1-auto-fadefault-flashattn-s0-cascade",
         "vllm-tp1-auto-fadefault-flashattn-s0-flat",
@@ -76,6 +76,12 @@ def test_vllm_toggle_shares_one_engine_restart_starts_one_per_arm():
     assert sorted(cell_ids(MatrixSpec(engine="vllm", batch=[1, 8]))) == sorted(
         c.cell_id for c in all_cells(restart)
     )
+    # With the planner's controls, restart adds a third engine start for flat reruns (the control
+    # that spans engine starts, as the twins do); it serves the flat arm.
+    with_controls = plan(MatrixSpec(engine="vllm", arm_switch="restart", batch=[1, 8]))
+    third = with_controls["vllm-tp1-auto-fadefault-flashattn-s0-flat-r1"]
+    assert third.arm == "flat"
+    assert [(c.cell_id, c.origin) for c in third.cells] == [("tp1-b1-flat-r1", "control"), ("tp1-b8-flat-r1", "control")]
 
 
 @pytest.mark.parametrize(
@@ -98,7 +104,9 @@ def test_each_extra_axis_value_is_another_engine_key(axes, keys, example_cell):
 
 
 def test_single_valued_axes_stay_out_of_cell_ids():
-    assert cell_ids(MatrixSpec(seeds=[3], dtypes=["float32"], batch=[4])) == ["tp1-b4-cascade", "tp1-b4-flat"]
+    assert cell_ids(MatrixSpec(seeds=[3], dtypes=["float32"], batch=[4])) == [
+        "tp1-b4-cascade", "tp1-b4-flat", "tp1-b2-flat",  # the last: the planner's noise control
+    ]  # fmt: skip
     assert list(plan(MatrixSpec(seeds=[3], dtypes=["float32"], batch=[4]))) == ["hf-tp1-float32-s3"]
 
 
@@ -128,12 +136,13 @@ def test_full_vllm_matrix_cell_ids_are_unique_and_counted():
     ids = cell_ids(spec)
 
     combos = 2 * 2 * 2 * 2 * 2  # tp x seed x dtype x fa x backend
-    assert len(engines) == combos * 2  # x arm (restart)
+    assert len(engines) == combos * 3  # x (cascade, flat, flat rerun) engine starts (restart)
     assert len(ids) == combos * 3 * 3  # x batch x (cascade, flat, flat-r1)
     assert len(set(ids)) == len(ids)
     for ep in engines.values():
         assert {c.engine_key for c in ep.cells} == {ep.key}
         assert {c.arm for c in ep.cells} == {ep.arm}
+        assert ep.key.endswith("-r1") == all(c.rerun == 1 for c in ep.cells)
 
 
 @given(
@@ -154,7 +163,10 @@ def test_cell_ids_are_unique_for_any_vllm_matrix(tp, batch, cascade, seeds, fa, 
     ids = cell_ids(spec)
     assert len(ids) == len(set(ids))
     n_arms = len(cascade) + (1 if rerun and False in cascade else 0)
-    assert len(ids) == len(tp) * len(batch) * len(seeds) * len(fa) * n_arms
+    per_config = len(batch) * n_arms
+    if len(cascade) == 2:  # the planner's noise controls
+        per_config += (0 if rerun else len(batch)) if restart else (1 if len(batch) == 1 else 0)
+    assert len(ids) == len(tp) * len(seeds) * len(fa) * per_config
 
 
 def test_backends_differing_only_in_case_do_not_make_duplicate_cells():
@@ -216,7 +228,12 @@ def test_waves_property_every_prompt_once_every_wave_exactly_b(n, b):
         ({"batch": [8, 8]}, r"batch has duplicate values"),
         ({"tp": [2]}, r"hf engine runs on one device: use --tp 1"),
         ({"dtypes": ["fp8"]}, r"dtype must be one of auto, float32, float16, bfloat16, not 'fp8'"),
-        ({"inject": "bit-flip"}, r"inject must be one of lse-layout, not 'bit-flip'"),
+        ({"inject": "bit-flip"}, r"inject: expected lse-layout or lse-shift=X \(X in nats\), got 'bit-flip'"),
+        ({"inject": "lse-shift=abc"}, r"inject: lse-shift needs a number of nats"),
+        ({"inject": "lse-shift=0"}, r"inject: lse-shift must be a non-zero number"),
+        ({"calibrate": [0.1, -1]}, r"calibrate must be a list of shifts in \(0, 100\] nats"),
+        ({"calibrate": [0.1], "inject": "lse-layout"}, r"calibrate runs its own ladder"),
+        ({"calibrate": [0.1], "cascade": [False]}, r"calibrate needs the cascade arm"),
         ({"engine": "sglang"}, r"engine must be one of hf, vllm, not 'sglang'"),
         ({"fa_versions": [1]}, r"fa version must be 2, 3, 4 or default, not 1"),
         ({"topk": 0}, r"topk must be between 1 and 20, got 0"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import zlib
 
 import numpy as np
@@ -510,3 +511,61 @@ def test_divergence_metrics_consistent(a, b):
     assert m["first_div"] == (-1 if fd is None else fd)
     assert m["common_prefix_ratio"] == common_prefix_ratio(a, b)
     assert m["edit_distance"] == edit_distance_norm(a, b)
+
+
+# --- drift on agreeing positions (metrics/drift.py) -------------------------------------------------
+
+from cascade_repro.metrics.drift import (  # noqa: E402
+    agreeing_len,
+    chosen_drift,
+    drift_floor,
+    drift_triple,
+    topk_drift,
+)
+
+
+def _topk(rows):
+    return [[[float(t), float(lp)] for t, lp in row] for row in rows]
+
+
+def test_agreeing_len_stops_at_the_first_position_any_sequence_differs():
+    assert agreeing_len([1, 2, 3, 4], [1, 2, 3, 9], [1, 2, 7, 4]) == 2
+    assert agreeing_len([1, 2], [1, 2, 3]) == 2
+    assert agreeing_len([5], [6]) == 0
+
+
+def test_chosen_drift_is_zero_on_identical_inputs_symmetric_and_scales():
+    a, b = [-0.1, -0.5, -2.0], [-0.2, -0.4, -2.0]
+    assert chosen_drift(a, a, 3) == 0.0
+    assert chosen_drift(a, b, 3) == pytest.approx(0.2 / 3) == chosen_drift(b, a, 3)
+    assert chosen_drift([x * 10 for x in a], [x * 10 for x in b], 3) == pytest.approx(2.0 / 3)
+    assert chosen_drift(a, b, 1) == pytest.approx(0.1)  # only the agreeing positions count
+    assert math.isnan(chosen_drift(a, b, 0))
+
+
+def test_topk_drift_takes_the_largest_difference_over_shared_ids():
+    a = _topk([[(1, -0.1), (2, -2.0), (3, -3.0)], [(4, -0.2), (5, -1.0), (6, -4.0)]])
+    b = _topk([[(1, -0.2), (2, -2.5), (9, -3.0)], [(4, -0.2), (6, -4.0), (5, -1.0)]])
+    # step 0: shared ids 1 (0.1) and 2 (0.5) -> 0.5; step 1: all shared, equal -> 0.0
+    assert topk_drift(a, b, 2) == pytest.approx(0.25)
+    assert topk_drift(a, a, 2) == 0.0
+    assert topk_drift(a, b, 2) == pytest.approx(topk_drift(b, a, 2))
+    assert math.isnan(topk_drift([], b, 2))
+
+
+def test_drift_triple_compares_test_and_control_on_the_same_contexts():
+    a_tok, b_tok, c_tok = [1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 8, 8]
+    out = drift_triple(
+        a_tok, [-0.1, -0.1, -0.1, -0.1], [], b_tok, [-0.3, -0.3, -0.3, -0.3], [], c_tok, [-0.3, -0.2, 0, 0], []
+    )
+    assert out["drift_positions"] == 2  # c leaves at position 2
+    assert out["drift_test"] == pytest.approx(0.2)
+    assert out["drift_control"] == pytest.approx(0.05)
+    assert math.isnan(out["topk_drift_test"])
+
+
+def test_drift_floor_follows_the_dtype_resolution():
+    assert drift_floor("bfloat16") == drift_floor("torch.bfloat16") == 2.0**-8
+    assert drift_floor("float16") == 2.0**-11
+    assert drift_floor("float32") == 1e-4  # fp32's own unit roundoff would make 1e-6 look huge
+    assert drift_floor("mystery") == 2.0**-8  # unknown: the largest floor, never a false alarm

@@ -25,11 +25,13 @@ from cascade_repro.engines import cascade_attention as _ca
 
 heuristic_calls = []
 merge_seen = []
+merge_prefix_seen = []
 
 
 def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None):
     """Logical merge (outputs [T, H, D], LSEs [H, T])."""
     merge_seen.append(suffix_lse)
+    merge_prefix_seen.append(prefix_lse)
     output.copy_(_ca.merge_attn_states(prefix_output, prefix_lse.t(), suffix_output, suffix_lse.t()))
 
 
@@ -269,6 +271,43 @@ def test_inject_passes_the_transposed_suffix_lse_only_inside_cascade(patched):
     st.in_cascade = False
     assert torch.equal(with_kw[-1], probe.misread_lse(sl2))
     assert orig is not None
+
+
+def test_lse_shift_hands_the_merge_the_prefix_lse_plus_x_nats_inside_cascade_only(patched):
+    mod, st, _ = patched
+    control(st, "shift", inject="lse-shift=0.25")
+    assert decide(mod, 512, 8) is True
+    run_cascade(mod)
+    _, _, pl, _, sl = tensors()
+    assert torch.allclose(mod.merge_prefix_seen[-1], pl + 0.25)
+    assert torch.equal(mod.merge_seen[-1], sl)  # the suffix LSE is untouched
+    assert st.sync("shift")["waves"]["shift"]["inject_calls"] == 1
+    # keyword form, and the caller's tensor is not modified in place
+    got = []
+    wrapped = probe.wrap_merge(lambda *a, **k: got.append(k["prefix_lse"]), st)
+    before = pl.clone()
+    st.in_cascade = True
+    wrapped(None, None, prefix_lse=pl, suffix_output=None, suffix_lse=sl)
+    st.in_cascade = False
+    assert torch.allclose(got[-1], before + 0.25) and torch.equal(pl, before)
+    # An unparseable value in the control file is no injection, never an exception inside vLLM.
+    control(st, "bad", inject="lse-shift=lots")
+    decide(mod, 512, 8)
+    run_cascade(mod)
+    assert torch.equal(mod.merge_prefix_seen[-1], pl)
+
+
+def test_decode_steps_are_counted_apart_from_prefill_steps(patched):
+    mod, st, _ = patched
+    control(st, "w")
+    assert decide(mod, 512, 8) is True  # every request with one query token: a decode step
+    assert mod.FlashAttentionMetadataBuilder().use_cascade_attention(
+        common_prefix_len=512, query_lens=[40] * 8, num_query_heads=9, num_kv_heads=3, use_alibi=False,
+        use_sliding_window=False, use_local_attention=False, num_sms=132, dcp_world_size=1,
+    ) is True  # fmt: skip
+    c = st.sync("w")["waves"]["w"]
+    assert (c["decisions_true"], c["decisions_true_decode"]) == (2, 1)
+    assert probe.aggregate([st.snapshot()], "w")["decisions_true_decode"] == 1
 
 
 def test_flat_arm_never_injects(patched):

@@ -55,7 +55,10 @@ def build_scale_run(root: Path, n: int = N, batches: tuple[int, ...] = (8,)) -> 
     carries a top-5 of [id, logprob] pairs whose first entry is the chosen token.
     """
     rng = random.Random(0)
-    spec = MatrixSpec(limit=n, batch=list(batches), system_prompt="none", max_tokens=MAX_TOKENS, topk=TOPK)
+    # One cascade pair and nothing else (no planner control): what is measured is holding samples once.
+    spec = MatrixSpec(
+        limit=n, batch=list(batches), system_prompt="none", max_tokens=MAX_TOKENS, topk=TOPK, auto_controls=False
+    )
     engines = plan(spec)
     cells = [c.to_dict() for ep in engines.values() for c in ep.cells]
     key = next(iter(engines))

@@ -103,11 +103,14 @@ def test_equal_keys_go_round_robin_over_sorted_keys():
 
 def test_unequal_keys_balance_cell_counts():
     # restart + rerun: each flat engine has 2x the cells of its cascade engine (flat reruns).
-    engines = plan(MatrixSpec(engine="vllm", arm_switch="restart", rerun=True, seeds=[0, 1], batch=[1, 8]))
+    engines = plan(
+        MatrixSpec(engine="vllm", arm_switch="restart", rerun=True, seeds=[0, 1], batch=[1, 8], calibrate=[0.1])
+    )
     weights = {k: len(ep.cells) for k, ep in engines.items()}
-    assert sorted(weights.values()) == [2, 2, 4, 4]
+    # cascade engines: 2 clean + 2 calibration cells; flat: 2; flat reruns (own engine start): 2
+    assert sorted(weights.values()) == [2, 2, 2, 2, 4, 4]
     loads = [sum(weights[k] for k in s) for s in assign(engines, 2)]
-    assert loads == [6, 6]
+    assert loads == [8, 8]
 
 
 def test_more_shards_than_keys_leaves_empty_shards_with_a_warning():

@@ -13,17 +13,21 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from cascade_repro.compare import plan_pairs
+from cascade_repro.compare import matched_controls, plan_pairs
 from cascade_repro.matrix import MatrixSpec, all_cells, plan
 from cascade_repro.verdicts import (
     ERROR,
     IDENTICAL,
+    INCONCLUSIVE,
     NOT_EXERCISED,
     REGRESSION,
     WITHIN_NOISE,
+    DriftStats,
     Evidence,
     Thresholds,
     decide,
+    depth,
+    drift_ratio_stats,
     fisher_greater,
     paired_bootstrap_ci,
 )
@@ -116,8 +120,13 @@ def evidence(**kw) -> Evidence:
     return Evidence(**base)
 
 
+def judge(ev: Evidence, th: Thresholds, has_noise: bool) -> tuple[str, str, float, float]:
+    d = decide(ev, th, has_noise)
+    return d.verdict, d.reasons, d.p_divergence, d.p_topk
+
+
 def test_not_exercised_wins_over_any_divergence():
-    verdict, reasons, p_div, _ = decide(
+    verdict, reasons, p_div, _ = judge(
         evidence(cascade_steps=0, n_diverged=64, noise_n_diverged=0), TH, True
     )
     assert verdict == NOT_EXERCISED
@@ -126,18 +135,18 @@ def test_not_exercised_wins_over_any_divergence():
 
 
 def test_error_wins_over_everything():
-    verdict, reasons, _, _ = decide(evidence(status_ok=False, cascade_steps=0, n_diverged=0), TH, True)
+    verdict, reasons, _, _ = judge(evidence(status_ok=False, cascade_steps=0, n_diverged=0), TH, True)
     assert (verdict, reasons) == (ERROR, "a cell of this pair did not finish")
 
 
 def test_identical_when_nothing_diverged():
-    verdict, reasons, _, _ = decide(evidence(n_diverged=0, noise_n_diverged=30), TH, True)
+    verdict, reasons, _, _ = judge(evidence(n_diverged=0, noise_n_diverged=30), TH, True)
     assert (verdict, reasons) == (IDENTICAL, "all 64 outputs token-identical")
 
 
 def test_the_h200_example_is_within_noise():
     ev = evidence(n_diverged=37, noise_n_diverged=36, topk_violations=2, noise_topk_violations=2)
-    verdict, reasons, p_div, p_topk = decide(ev, TH, True)
+    verdict, reasons, p_div, p_topk = judge(ev, TH, True)
     assert verdict == WITHIN_NOISE
     assert 0.3 < p_div < 0.7
     assert p_topk > 0.5
@@ -145,7 +154,7 @@ def test_the_h200_example_is_within_noise():
 
 
 def test_regression_by_divergence_against_a_clean_floor():
-    verdict, reasons, p_div, _ = decide(evidence(n_diverged=30, noise_n_diverged=0), TH, True)
+    verdict, reasons, p_div, _ = judge(evidence(n_diverged=30, noise_n_diverged=0), TH, True)
     assert verdict == REGRESSION
     assert p_div < 1e-9
     assert reasons.startswith("diverged 30/64 vs noise 0/64, Fisher p=")
@@ -154,7 +163,7 @@ def test_regression_by_divergence_against_a_clean_floor():
 
 def test_regression_by_topk_violations_when_divergence_counts_look_alike():
     ev = evidence(n_diverged=20, noise_n_diverged=18, topk_violations=15, noise_topk_violations=0)
-    verdict, reasons, p_div, p_topk = decide(ev, TH, True)
+    verdict, reasons, p_div, p_topk = judge(ev, TH, True)
     assert verdict == REGRESSION
     assert p_div > TH.alpha and p_topk < TH.alpha
     assert reasons.startswith("15 divergences outside top-k vs 0 in noise")
@@ -162,38 +171,35 @@ def test_regression_by_topk_violations_when_divergence_counts_look_alike():
 
 def test_topk_needs_the_minimum_count_as_well_as_significance():
     ev = evidence(n_diverged=20, noise_n_diverged=18, topk_violations=15, noise_topk_violations=0)
-    verdict, _, _, _ = decide(ev, replace(TH, min_topk_violations=16), True)
+    verdict, _, _, _ = judge(ev, replace(TH, min_topk_violations=16), True)
     assert verdict == WITHIN_NOISE
 
 
 def test_regression_by_repetition_when_the_ci_lower_bound_clears_the_minimum_effect():
     ev = evidence(n_diverged=5, noise_n_diverged=5, d_rep_mean=0.08, d_rep_lo=0.05, d_rep_hi=0.11)
-    verdict, reasons, _, _ = decide(ev, TH, True)
+    verdict, reasons, _, _ = judge(ev, TH, True)
     assert verdict == REGRESSION
     assert reasons == "seq-rep-4 up by +0.080 (CI +0.050..+0.110 > 0.02)"
 
 
 def test_repetition_ci_touching_the_minimum_effect_is_not_enough():
     ev = evidence(n_diverged=5, noise_n_diverged=5, d_rep_mean=0.08, d_rep_lo=0.02, d_rep_hi=0.11)
-    assert decide(ev, TH, True)[0] == WITHIN_NOISE
+    assert judge(ev, TH, True)[0] == WITHIN_NOISE
 
 
-def test_without_a_noise_control_the_floor_is_zero_and_says_so():
-    ev = evidence(n_diverged=30, noise_n=0, noise_n_diverged=0)
-    verdict, reasons, _, _ = decide(ev, TH, has_noise=False)
-    assert verdict == REGRESSION
-    assert "no noise control measured (floor taken as 0)" in reasons
-    # One stray divergence in 64 is not significant even against a zero floor.
-    assert (
-        decide(evidence(n_diverged=1, noise_n=0, noise_n_diverged=0), TH, has_noise=False)[0] == WITHIN_NOISE
-    )
+def test_without_any_noise_control_an_exercised_pair_is_inconclusive_not_a_regression():
+    # vLLM --batch 64 alone on a clean H200 was called a regression against a floor "taken as 0".
+    ev = evidence(n_diverged=32, noise_n=0, noise_n_diverged=0)
+    verdict, reasons, _, _ = judge(ev, TH, has_noise=False)
+    assert verdict == INCONCLUSIVE
+    assert reasons.startswith("no noise control measured (planner controls turned off): diverged 32/64")
 
 
 def test_several_signals_are_all_listed():
     ev = evidence(
         n_diverged=40, noise_n_diverged=0, topk_violations=20, d_rep_mean=0.2, d_rep_lo=0.1, d_rep_hi=0.3
     )
-    verdict, reasons, _, _ = decide(ev, TH, True)
+    verdict, reasons, _, _ = judge(ev, TH, True)
     assert verdict == REGRESSION
     assert len(reasons.split("; ")) == 3
 
@@ -216,6 +222,8 @@ def test_each_cascade_cell_pairs_with_its_flat_twin_and_flat_cells_with_the_smal
         "tp1-b16-cascade~flat": ("cascade", "tp1-b16-cascade", "tp1-b16-flat"),
         "tp1-b8-flat~b1": ("noise-batch", "tp1-b8-flat", "tp1-b1-flat"),
         "tp1-b16-flat~b1": ("noise-batch", "tp1-b16-flat", "tp1-b1-flat"),
+        # The smallest batch is the test side of one control too, so its cascade pair has a match.
+        "tp1-b1-flat~b8": ("noise-batch", "tp1-b1-flat", "tp1-b8-flat"),
     }
 
 
@@ -225,6 +233,7 @@ def test_noise_batch_reference_is_the_smallest_batch_even_when_it_is_not_1():
     assert noise == {
         "tp1-b16-flat~b8": ("noise-batch", "tp1-b16-flat", "tp1-b8-flat"),
         "tp1-b64-flat~b8": ("noise-batch", "tp1-b64-flat", "tp1-b8-flat"),
+        "tp1-b8-flat~b16": ("noise-batch", "tp1-b8-flat", "tp1-b16-flat"),
     }
 
 
@@ -233,8 +242,8 @@ def test_rerun_adds_noise_rerun_pairs_and_reruns_are_never_cascade_references():
     assert pairs["tp1-b1-flat-r1~r0"] == ("noise-rerun", "tp1-b1-flat-r1", "tp1-b1-flat")
     assert pairs["tp1-b8-flat-r1~r0"] == ("noise-rerun", "tp1-b8-flat-r1", "tp1-b8-flat")
     assert pairs["tp1-b8-cascade~flat"] == ("cascade", "tp1-b8-cascade", "tp1-b8-flat")
-    assert sum(1 for k, *_ in pairs.values() if k == "noise-batch") == 1  # r1 cells are not batch controls
-    assert len(pairs) == 2 + 1 + 2
+    assert sum(1 for k, *_ in pairs.values() if k == "noise-batch") == 2  # r1 cells are not batch controls
+    assert len(pairs) == 2 + 2 + 2
 
 
 def test_pairs_never_cross_tp_seed_dtype_fa_or_backend():
@@ -246,7 +255,7 @@ def test_pairs_never_cross_tp_seed_dtype_fa_or_backend():
     combos = 2 * 2 * 2 * 2 * 2
     kinds = [p.kind for p in pairs]
     assert kinds.count("cascade") == combos * 2  # one per cascade cell
-    assert kinds.count("noise-batch") == combos * 1  # b8 vs b1
+    assert kinds.count("noise-batch") == combos * 2  # b8 vs b1 and b1 vs b8
     assert kinds.count("noise-rerun") == combos * 2
     for p in pairs:
         for axis in ("tp", "seed", "dtype", "fa_version", "backend"):
@@ -259,11 +268,154 @@ def test_pairs_never_cross_tp_seed_dtype_fa_or_backend():
 
 
 def test_tp2_cascade_is_compared_with_tp2_flat_not_tp1():
-    pairs = pairs_by_id(cells_of(engine="vllm", tp=[1, 2], batch=[8]))
+    pairs = pairs_by_id(cells_of(engine="vllm", tp=[1, 2], batch=[8], auto_controls=False))
     assert pairs["tp2-b8-cascade~flat"] == ("cascade", "tp2-b8-cascade", "tp2-b8-flat")
     assert pairs["tp1-b8-cascade~flat"] == ("cascade", "tp1-b8-cascade", "tp1-b8-flat")
-    assert len(pairs) == 2  # a single batch size: no batch noise control, and nothing across tp
+    assert len(pairs) == 2  # a single batch size, controls off: no noise control, and nothing across tp
 
 
 def test_cascade_only_matrix_has_no_pairs():
     assert plan_pairs(cells_of(batch=[1, 8], cascade=[True])) == []
+
+
+# --- planner-added controls and matched controls -------------------------------------------------
+
+
+def test_a_single_batch_gets_a_flat_control_at_half_the_batch_and_it_is_the_matched_control():
+    cells = cells_of(engine="vllm", batch=[64])
+    added = [c for c in cells if c["origin"] == "control"]
+    assert [(c["cell_id"], c["arm"], c["batch"]) for c in added] == [("tp1-b32-flat", "flat", 32)]
+    pairs = plan_pairs(cells)
+    ctrl, other = matched_controls(pairs)["tp1-b64-cascade~flat"]
+    assert (ctrl.pair_id, ctrl.kind, other) == ("tp1-b64-flat~b32", "noise-batch", "tp1-b32-flat")
+
+
+def test_batch_one_gets_its_control_at_batch_two():
+    assert [c["batch"] for c in cells_of(batch=[1]) if c["origin"] == "control"] == [2]
+
+
+def test_no_control_is_added_when_the_matrix_has_two_batch_sizes_or_controls_are_off():
+    assert not [c for c in cells_of(batch=[8, 64]) if c["origin"] == "control"]
+    assert not [c for c in cells_of(batch=[64], auto_controls=False) if c["origin"] == "control"]
+    assert not [c for c in cells_of(batch=[64], cascade=[False]) if c["origin"] == "control"]
+
+
+def test_restart_twins_get_a_control_across_engine_starts():
+    # Two engine starts differ on their own (flat b8: 51/64 identical on the H200), so a pair whose
+    # twins come from two starts must be judged against a control that spans two starts as well.
+    engines = plan(MatrixSpec(engine="vllm", batch=[8, 64], arm_switch="restart"))
+    assert [k.rsplit("-", 2)[-2:] for k in engines] == [["s0", "cascade"], ["s0", "flat"], ["flat", "r1"]]
+    cells = [c.to_dict() for c in all_cells(engines)]
+    pairs = plan_pairs(cells)
+    kinds = {p.pair_id: p.kind for p in pairs}
+    assert kinds["tp1-b8-flat-r1~r0"] == kinds["tp1-b64-flat-r1~r0"] == "noise-restart"
+    ctrl, other = matched_controls(pairs)["tp1-b64-cascade~flat"]
+    assert (ctrl.pair_id, other) == ("tp1-b64-flat-r1~r0", "tp1-b64-flat-r1")
+
+
+def test_a_rerun_inside_one_engine_is_never_a_matched_control():
+    pairs = plan_pairs(cells_of(batch=[8], rerun=True, auto_controls=False))
+    assert {p.kind for p in pairs} == {"cascade", "noise-rerun"}
+    assert matched_controls(pairs) == {}
+
+
+def test_calibration_cells_pair_with_the_clean_twin_and_share_its_control():
+    cells = cells_of(batch=[8, 16], calibrate=[0.1, 1.0])
+    assert [c["cell_id"] for c in cells if c["origin"] == "calibration"] == [
+        "tp1-b8-cascade-shift0.1", "tp1-b8-cascade-shift1", "tp1-b16-cascade-shift0.1", "tp1-b16-cascade-shift1",
+    ]  # fmt: skip
+    pairs = plan_pairs(cells)
+    by_id = {p.pair_id: p for p in pairs}
+    cal = by_id["tp1-b16-cascade-shift0.1~flat"]
+    assert (cal.kind, cal.test["inject"], cal.ref["cell_id"]) == ("calibration", "lse-shift=0.1", "tp1-b16-flat")
+    m = matched_controls(pairs)
+    assert m["tp1-b16-cascade-shift0.1~flat"][0].pair_id == m["tp1-b16-cascade~flat"][0].pair_id
+
+
+# --- drift ratio ------------------------------------------------------------------------------------
+
+
+def test_drift_ratio_of_equal_drifts_is_one_and_never_significant():
+    d = drift_ratio_stats([0.03] * 40, [0.03] * 40, 0.004, TH)
+    assert (d.ratio, d.lo, d.hi, d.up) == (1.0, 1.0, 1.0, 0)
+    assert d.p == 1.0
+    assert d.threshold >= TH.drift_min
+
+
+def test_drift_ratio_is_scale_invariant_and_its_inverse_under_swapped_roles():
+    rng = np.random.default_rng(3)
+    c = rng.gamma(2.0, 0.02, 50)
+    t = c * rng.lognormal(0.3, 0.2, 50)
+    d = drift_ratio_stats(t, c, 1e-9, TH)
+    d10 = drift_ratio_stats(t * 10, c * 10, 1e-8, TH)
+    assert d.ratio == pytest.approx(d10.ratio) and d.p == pytest.approx(d10.p)
+    assert drift_ratio_stats(c, t, 1e-9, TH).ratio == pytest.approx(1 / d.ratio)
+
+
+def test_drift_below_the_floor_is_at_the_floor_not_infinitely_above_an_exact_control():
+    # fp32 on CPU: flat vs flat is bitwise identical, cascade differs by ~1e-6.
+    d = drift_ratio_stats([1e-6] * 16, [0.0] * 16, 1e-4, TH)
+    assert d.ratio == 1.0 and d.p == 1.0
+
+
+def test_a_systematic_drift_is_flagged_and_a_clean_one_is_not():
+    rng = np.random.default_rng(7)
+    base = rng.gamma(2.0, 0.02, 60)
+    clean = drift_ratio_stats(base * rng.lognormal(0, 0.25, 60), base * rng.lognormal(0, 0.25, 60), 0.004, TH)
+    fault = drift_ratio_stats(base * 1.35 * rng.lognormal(0, 0.25, 60), base * rng.lognormal(0, 0.25, 60), 0.004, TH)
+    assert not clean.ratio > clean.threshold
+    assert fault.ratio > fault.threshold and fault.p < TH.alpha and fault.lo > 1.15
+
+
+def test_small_samples_use_the_exact_permutation_distribution():
+    d = drift_ratio_stats([0.2] * 7, [0.1] * 7, 1e-4, TH)
+    assert d.p == pytest.approx(1 / 2**7)  # only the identity labelling is as extreme
+    d6 = drift_ratio_stats([0.2] * 6, [0.1] * 6, 1e-4, TH)
+    assert d6.p == pytest.approx(1 / 2**6) and not d6.ratio > d6.threshold  # 6 prompts cannot reach 1 %
+
+
+def test_no_agreeing_prompt_means_no_drift_measured():
+    d = drift_ratio_stats([math.nan], [0.1], 1e-4, TH)
+    assert d.n == 0 and not d.measured
+
+
+def drift(ratio: float, threshold: float = 1.14, **kw) -> DriftStats:
+    base = dict(n=60, test=0.04 * ratio, control=0.04, floor=0.0039, ratio=ratio, lo=ratio - 0.1,
+                hi=ratio + 0.1, p=0.0005 if ratio > threshold else 0.4, null_q=threshold, threshold=threshold, up=50)  # fmt: skip
+    base.update(kw)
+    return DriftStats(**base)
+
+
+def test_drift_alone_flags_a_subtle_fault_that_output_counts_miss():
+    # The H200 case of issue 11: 30/64 vs a floor of 29/64, 0 vs 0 top-k, ratio 1.31-1.38.
+    ev = evidence(n_diverged=30, noise_n_diverged=29, drift=drift(1.35), cascade_decode_steps=90)
+    d = decide(ev, TH, True)
+    assert (d.verdict, d.decided_by) == (REGRESSION, "drift")
+    assert d.reasons.startswith("drift ratio 1.35 (CI 1.25..1.45, test 0.054 vs control 0.04 over 60 prompts")
+    assert "vs threshold 1.14, p=0.0005" in d.reasons
+
+
+def test_within_noise_names_every_piece_of_evidence_with_numbers():
+    d = decide(evidence(n_diverged=30, noise_n_diverged=29, drift=drift(1.02)), TH, True)
+    assert d.verdict == WITHIN_NOISE and d.decided_by == ""
+    assert [part.split(" ")[0] for part in d.reasons.split("; ")] == ["drift", "diverged", "top-k", "Δseq-rep-4"]
+
+
+def test_identical_tokens_with_drift_beyond_noise_are_a_regression():
+    d = decide(evidence(n_diverged=0, noise_n_diverged=5, drift=drift(3.0)), TH, True)
+    assert d.verdict == REGRESSION
+
+
+def test_identical_tokens_with_drift_at_the_floor_are_identical_even_without_a_control():
+    ev = evidence(n_diverged=0, noise_n=0, noise_n_diverged=0, drift=drift(1.0, test=1e-6, floor=1e-4))
+    d = decide(ev, TH, False)
+    assert d.verdict == IDENTICAL
+    assert d.reasons == "all 64 outputs token-identical, logprob drift 1e-06 at the dtype's resolution (0.0001)"
+
+
+def test_a_pair_exercised_on_prefill_only_says_so():
+    d = decide(evidence(n_diverged=10, drift=drift(1.0), cascade_decode_steps=0), TH, True)
+    assert d.verdict == WITHIN_NOISE
+    assert d.reasons.endswith("; cascade ran on prefill steps only (the field bug lived in decode)")
+    assert depth(8, 0) == "prefill only" and depth(8, 3) == "decode" and depth(0, 0) == "none"
+    assert depth(8, None) == "?"

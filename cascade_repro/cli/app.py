@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -52,3 +52,11 @@ def err_console():
     from rich.console import Console
 
     return Console(stderr=True)
+
+
+def print_outcome(console: Any, headline: str, exit_code: int, reason: str) -> None:
+    """The verdict on stderr: the report's headline (red on a regression or a failing exit), then why."""
+    style = "bold green" if exit_code == 0 else "bold red"
+    console.print(f"[{style}]{escape(headline)}[/]", highlight=False, soft_wrap=True)
+    if exit_code != 0:
+        console.print(f"exit {exit_code}: {escape(reason)}", highlight=False, soft_wrap=True)

@@ -70,7 +70,18 @@ def matrix(
         _opt("vLLM attention backends (cascade exists only in FLASH_ATTN). [default: FLASH_ATTN]", M),
     ] = None,
     rerun: Annotated[
-        bool | None, _opt("Also run every flat cell a second time: a flat-vs-flat noise control.", M)
+        bool | None,
+        _opt(
+            "Also run every flat cell a second time. Inside one engine a rerun is bitwise identical, so it is shown but never used as a noise floor; under `--arm-switch restart` it runs in an engine start of its own and is one.",
+            M,
+        ),
+    ] = None,
+    auto_controls: Annotated[
+        bool | None,
+        _opt(
+            "Add the noise controls a pair needs when the matrix lacks them: a flat cell at half the batch when only one batch size is given; under `--arm-switch restart`, a flat rerun in a third engine start. `--no-auto-controls` leaves such pairs `inconclusive` (exit 5). [default: on]",
+            M,
+        ),
     ] = None,
     config: Annotated[
         Path | None, _opt("TOML file with any of these options (flags given here win).", M)
@@ -179,19 +190,37 @@ def matrix(
     min_topk_violations: Annotated[
         int, _opt("Divergences outside top-k needed (besides significance) to flag.", V)
     ] = 1,
+    drift_min: Annotated[
+        float,
+        _opt(
+            "Smallest logprob-drift ratio (cascade vs twin over control vs twin, on positions where all three agree) that can flag. The ratio must also exceed the 1-alpha quantile of its null: cascade and control labels swapped at random within prompts. Clean H200 runs gave 0.95-1.04.",
+            V,
+        ),
+    ] = 1.1,
+    calibrate: Annotated[
+        str | None,
+        _opt(
+            "Measure detection power: beside every clean cascade cell, run cascade cells with the prefix LSE shifted by each X of this ladder (nats, comma-separated, or `default` = 0.01,0.03,0.1,0.3,1). The report states the smallest X this setup flags; calibration pairs never change the exit code.",
+            V,
+        ),
+    ] = None,
     inject: Annotated[
         str | None,
         _opt(
-            "Fault injection in the cascade arm: `lse-layout` reads the suffix LSE transposed (the FA2 split-KV bug class). A positive control: the harness must flag it.",
+            "Fault injection in the cascade arm: `lse-layout` reads the suffix LSE transposed (the FA2 split-KV bug class); `lse-shift=X` adds X nats to the prefix LSE in the merge (graded). A positive control: the harness must flag it.",
             D,
         ),
     ] = None,
 ) -> None:
     """Run prompts through tp x batch x cascade on/off (and more axes) and judge every cascade cell.
 
-    Each cascade cell is compared with its flat twin (same everything, cascade off). Flat cells at
-    batch B vs batch 1 (and --rerun) measure the noise floor, so batch-size drift is not mistaken
-    for a bug. Verdicts: `not exercised`, `identical`, `within noise`, `regression`.
+    Each cascade cell is compared with its flat twin (same everything, cascade off) and judged
+    against a noise control that is a different-but-equivalent computation: flat at batch B vs flat
+    at another batch (added by the planner when the matrix has one batch size), or under
+    `--arm-switch restart` a flat rerun in another engine start. A pair is a `regression` when its
+    logprob drift on agreeing tokens exceeds the control's beyond the permutation null and
+    --drift-min, or when divergence counts, top-k violations or repetition exceed the noise floor.
+    Verdicts: `not exercised`, `identical`, `within noise`, `regression`, `inconclusive`.
 
     Examples:
 
@@ -201,7 +230,11 @@ def matrix(
 
         cascade-repro matrix --limit 8 --inject lse-layout --results-dir /tmp/r
 
-    Exit codes: 0 clean, 1 regression (per --fail-on) or every cascade pair errored, 2 usage error.
+        cascade-repro matrix --engine vllm --batch 8,64,128 --calibrate default
+
+    Exit codes: 0 clean, 1 regression (per --fail-on) or every cascade pair errored, 2 usage error,
+    4 nothing exercised (cascade never fired in any pair), 5 inconclusive (no noise control),
+    130 interrupted.
     """
     with user_errors():
         from cascade_repro.matrix import FAIL_ON, MatrixSpec, load_toml
@@ -228,7 +261,9 @@ def matrix(
             run_id=run_id,
             fresh=fresh,
             fail_on=fail_on,
-            thresholds=Thresholds(alpha=alpha, rep_delta=rep_delta, min_topk_violations=min_topk_violations),
+            thresholds=Thresholds(
+                alpha=alpha, rep_delta=rep_delta, min_topk_violations=min_topk_violations, drift_min=drift_min
+            ),
             command=_command_line(),
             progress=not quiet,
             shard=shard_,
@@ -263,12 +298,19 @@ def _flag_values(given: dict[str, Any]) -> dict[str, Any]:
         out["fa_versions"] = parse_fa_list(given["fa_version"])
     if given["backend"] is not None:
         out["backends"] = [x.strip().upper() for x in given["backend"].split(",") if x.strip()]
+    if given["calibrate"] is not None:
+        from cascade_repro.inject import parse_ladder
+
+        try:
+            out["calibrate"] = parse_ladder(given["calibrate"])
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     if given["hf_overrides"] is not None:
         out["hf_overrides"] = parse_hf_overrides(given["hf_overrides"])
     scalars = (
         "engine", "model", "prompts", "system_prompt", "limit", "max_tokens", "topk", "arm_switch", "enforce_eager", "graphs_for_batches",
         "load_format", "max_model_len", "gpu_memory_utilization", "trust_remote_code", "engine_timeout", "device",
-        "inject", "rerun",
+        "inject", "rerun", "auto_controls",
     )  # fmt: skip
     for name in scalars:
         if given[name] is not None:
@@ -301,22 +343,35 @@ def _print_plan(spec: Any, shard: Any = None) -> None:
         engines = {k: ep for k, ep in engines.items() if k in keep}
         title += f", shard {shard}"
     table = Table(title=title)
-    for col in ("cell", "engine key", "tp", "batch", "arm", "waves"):
+    for col in ("cell", "engine key", "tp", "batch", "arm", "waves", "why"):
         table.add_column(col)
+    why = {"matrix": "", "control": "noise control (added)", "calibration": "calibration"}
     for key, ep in engines.items():
         for c in ep.cells:
-            table.add_row(c.cell_id, key, str(c.tp), str(c.batch), c.arm, str(-(-n // c.batch)))
+            role = why.get(c.origin, c.origin)
+            if c.inject and c.origin != "calibration":
+                role = f"inject {c.inject}"
+            elif c.origin == "calibration":
+                role = f"calibration ({c.inject})"
+            table.add_row(c.cell_id, key, str(c.tp), str(c.batch), c.arm, str(-(-n // c.batch)), role)
     console = Console()
     console.print(table)
     cells = sum(len(ep.cells) for ep in engines.values())
-    console.print(f"{cells} cells, {len(engines)} engine start{'s' if len(engines) != 1 else ''}")
+    added = sum(1 for ep in engines.values() for c in ep.cells if c.origin == "control")
+    line = f"{cells} cells, {len(engines)} engine start{'s' if len(engines) != 1 else ''}"
+    if added:
+        line += f"; {added} noise-control cell{'s' if added != 1 else ''} added by the planner (--no-auto-controls to drop)"
+    console.print(line)
 
 
 def _print_outcome(outcome: Any, console: Any) -> None:
-    """Summary on stderr: verdict counts, errors, where the reports are."""
-    counts = ", ".join(f"{v}: {n}" for v, n in outcome.counts.items() if n) or "no cascade pairs"
-    style = "bold red" if outcome.counts.get("regression") else "bold green"
-    console.print(f"[{style}]{counts}[/]", highlight=False)
+    """Summary on stderr: the headline, why the exit code, errors, where the reports are."""
+    from cascade_repro.cli.app import print_outcome
+
+    if not outcome.headline:  # an empty shard scores nothing
+        console.print("[bold green]no cells in this shard[/]", highlight=False)
+    else:
+        print_outcome(console, outcome.headline, outcome.exit_code, outcome.reason)
     for e in outcome.errors:
         console.print(f"[red]error[/] {e}", highlight=False)
     if not (outcome.run_dir / "report.md").exists():  # an empty shard scores nothing

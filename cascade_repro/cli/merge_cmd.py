@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from cascade_repro.cli.app import app, err_console, user_errors
+from cascade_repro.cli.app import app, err_console, print_outcome, user_errors
 
 
 @app.command()
@@ -30,7 +30,8 @@ def merge(
 
         cascade-repro merge results/ci-1234 shards/shard-1 shards/shard-2
 
-    Exit codes: as for `report`: 0 clean, 1 regression (per --fail-on), 2 usage error.
+    Exit codes: as for `matrix`: 0 clean, 1 regression (per --fail-on), 2 usage error, 4 nothing
+    exercised, 5 inconclusive.
     """
     console = err_console()
     with user_errors():
@@ -40,8 +41,6 @@ def merge(
         outcome = merge_shards(out_dir, shard_dirs, fail_on=fail_on, link=link, command=command)
     for w in outcome.warnings:
         console.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
-    counts = ", ".join(f"{v}: {n}" for v, n in outcome.counts.items() if n) or "no cascade pairs"
-    style = "bold red" if outcome.counts.get("regression") else "bold green"
-    console.print(f"[{style}]{counts}[/]", highlight=False)
+    print_outcome(console, outcome.headline, outcome.exit_code, outcome.reason)
     console.print(f"report: {outcome.run_dir / 'report.md'}  (html: {outcome.run_dir / 'report.html'})")
     raise typer.Exit(outcome.exit_code)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from cascade_repro.cli.app import RunDirArg, app, err_console, user_errors
+from cascade_repro.cli.app import RunDirArg, app, err_console, print_outcome, user_errors
 
 
 @app.command()
@@ -22,7 +22,8 @@ def report(
     Needs no GPU and no model: only the files the run saved. Exit code as for `matrix`.
     """
     with user_errors():
-        from cascade_repro.report import exit_code, write_reports
+        from cascade_repro.outcome import outcome_of
+        from cascade_repro.report import write_reports
         from cascade_repro.report.load import load_run
 
         if rescore:
@@ -30,8 +31,9 @@ def report(
 
             finalize(run_dir)
         paths = write_reports(run_dir)
-        data = load_run(run_dir)
+        outcome = outcome_of(load_run(run_dir), fail_on)
     console = err_console()
     for p in paths.values():
         console.print(f"wrote {p}")
-    raise typer.Exit(exit_code(data, fail_on))
+    print_outcome(console, outcome.headline, outcome.exit_code, outcome.reason)
+    raise typer.Exit(outcome.exit_code)

@@ -26,12 +26,15 @@ class WaveStats:
     cascade_calls: int = 0
     common_prefix_len: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    # Cascade steps on which every request had one query token (pure decode); None: not known.
+    cascade_decode_steps: int | None = None
 
 
 class Engine(Protocol):
     """One loaded model. Arms may share it (toggled per wave) or be fixed at start."""
 
     name: str
+    inject: str | None  # the fault the cascade arm runs with from the next wave on (inject.py)
 
     def tokenizer(self) -> Any:
         """Return the HF tokenizer used to render prompts."""

@@ -19,16 +19,20 @@ kernel, which returns the LSE (the suffix pass, masked, keeps the explicit refer
 ``inject="lse-layout"`` reads the suffix LSE in the transposed layout before the merge: vLLM keeps
 LSEs as ``[num_heads, num_tokens]``; FA2's split-KV decode path produced ``[num_tokens, num_heads]``
 (vllm-project/flash-attention PR #87). Reinterpreting that memory mixes heads and tokens, which is
-the bug class this harness exists to catch; it is the positive control.
+the bug class this harness exists to catch; it is the positive control. ``inject="lse-shift=X"``
+adds X nats to the prefix LSE instead: a graded fault for measuring detection power (``inject.py``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from cascade_repro import inject as inj
 
 ATTN_NAME = "cascade_repro"
 # vLLM's hard conditions in use_cascade_attention (vllm/v1/attention/backends/flash_attn.py).
@@ -47,15 +51,16 @@ class CascadeState:
     use_now: bool = False
     steps_total: int = 0
     steps_cascade: int = 0
+    steps_cascade_decode: int = 0  # cascade steps with one query per request (the field bug's path)
     calls: int = 0
     common_prefix_len: int = 0
     decisions: list[bool] = field(default_factory=list)
 
     def reset_counters(self) -> None:
-        self.steps_total = self.steps_cascade = self.calls = 0
+        self.steps_total = self.steps_cascade = self.steps_cascade_decode = self.calls = 0
         self.decisions = []
 
-    def begin_step(self, n_requests: int) -> bool:
+    def begin_step(self, n_requests: int, decode: bool = False) -> bool:
         """Decide whether this forward step runs cascade, with vLLM's hard conditions.
 
         The prefix is block-aligned like vLLM's common prefix. vLLM's decode-time cost heuristic
@@ -67,6 +72,7 @@ class CascadeState:
         self.common_prefix_len = aligned if use else 0
         self.steps_total += 1
         self.steps_cascade += int(use)
+        self.steps_cascade_decode += int(use and decode)
         self.decisions.append(use)
         return use
 
@@ -200,6 +206,12 @@ def transpose_lse_layout(lse: torch.Tensor) -> torch.Tensor:
     return misread.view(h, b, q).permute(1, 0, 2).contiguous()
 
 
+@functools.lru_cache(maxsize=64)
+def _fault(label: str | None) -> inj.Injection | None:
+    # Parsed once per label, not once per layer and step.
+    return inj.try_parse(label)
+
+
 def cascade_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -235,8 +247,11 @@ def _cascade(
     p_out, p_lse, s_out, s_lse = (_ungroup(x, h) for x in (p_out, p_lse, s_out, s_lse))
     # The kernels hand back outputs in the model dtype and LSEs in float32; so do we.
     p_out, s_out = p_out.to(q.dtype), s_out.to(q.dtype)
-    if inject == "lse-layout":
+    fault = _fault(inject)
+    if fault is not None and fault.kind == inj.LSE_LAYOUT:
         s_lse = transpose_lse_layout(s_lse)
+    elif fault is not None and fault.kind == inj.LSE_SHIFT:
+        p_lse = p_lse + fault.nats  # the prefix weighed e**X times too much against the suffix
     return merge_attn_states(p_out, p_lse, s_out, s_lse).to(q.dtype)
 
 

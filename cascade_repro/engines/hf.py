@@ -182,7 +182,7 @@ class HFEngine:
                 # One query per row at the last column: causal is all True and the query's own column
                 # is a generated (valid) one, so the mask is the valid row itself.
                 mask = valid[:, None, None, :total]  # [B, 1, 1, L]
-            state.begin_step(b - sum(finished))
+            state.begin_step(b - sum(finished), decode=step > 0)
             logits = self.model(
                 input_ids=q_ids,
                 position_ids=q_pos,
@@ -225,7 +225,11 @@ class HFEngine:
                 )
             )
         stats = WaveStats(
-            state.steps_cascade, state.steps_total, state.calls, p if state.steps_cascade else 0
+            state.steps_cascade,
+            state.steps_total,
+            state.calls,
+            p if state.steps_cascade else 0,
+            cascade_decode_steps=state.steps_cascade_decode,
         )
         return completions, stats
 

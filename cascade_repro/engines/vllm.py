@@ -411,6 +411,7 @@ class VLLMEngine:
             cascade_calls=agg["cascade_calls"],
             common_prefix_len=agg["max_common_prefix_len"],
             extra=extra,
+            cascade_decode_steps=agg["decisions_true_decode"],
         )
         return [self._completion(o) for o in outs], stats
 

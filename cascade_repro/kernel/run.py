@@ -241,7 +241,9 @@ class InjectSwitch:
     """The part of ``probe.ProbeState`` that ``probe.wrap_merge`` reads, without its files."""
 
     def __init__(self, inject: str | None) -> None:
-        self.inject = inject
+        from cascade_repro import inject as inj
+
+        self.inject = inj.try_parse(inject)  # what wrap_merge reads: a parsed injection
         self.in_cascade = False
         self.calls = 0
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cascade_repro import inject as inj
 from cascade_repro import runstore
 from cascade_repro.errors import UsageError
 from cascade_repro.minimize.search import CRITERIA, MIN_REQUESTS, MinimizeResult, Oracle, Trial, search
@@ -57,6 +58,9 @@ def minimize_run(
     if confirm < 1:
         raise UsageError("--confirm must be at least 1")
     run = runstore.read_run_json(run_dir)
+    if (fault := inj.try_parse(run["spec"].get("inject"))) is not None and fault.kind != inj.LSE_LAYOUT:
+        # repro.py carries the lse-layout fault only; a graded shift is a calibration, not a bug to file.
+        raise UsageError(f"minimize reproduces lse-layout injections only, not {fault.label}")
     pair = pick_pair(run_dir, pair_id)
     cells = {c["cell_id"]: c for c in run["plan"]["cells"]}
     test_cell = cells[pair["test_cell"]]

@@ -1,0 +1,93 @@
+"""Fault injections for the cascade arm: the positive controls every harness run can include.
+
+Two kinds, applied inside the cascade merge only (the flat arm never sees them), by the reference
+cascade of the hf engine and by the vLLM probe alike:
+
+- ``lse-layout``: the suffix LSE is read in the transposed memory layout, the FA2 split-KV bug class
+  (vllm-project/flash-attention PR #87). Gross: it turns most outputs into repetition.
+- ``lse-shift=X``: the prefix LSE is shifted by ``X`` nats before the merge, so the prefix is
+  weighted ``e**X`` times too much against the suffix. Graded: a ladder of ``X`` (``--calibrate``)
+  measures the smallest error a setup can see.
+
+Only the standard library is imported: the vLLM probe loads this module in every vLLM process.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+LSE_LAYOUT = "lse-layout"
+LSE_SHIFT = "lse-shift"
+KINDS = (LSE_LAYOUT, LSE_SHIFT)
+# --calibrate default: half-decade steps of prefix-LSE shift in nats (each step is one more cascade
+# cell per batch size, so the ladder is short). On a 1,600-token shared prefix
+# the suffix holds a few percent of the attention mass, so 0.01 nats moves the merged output by
+# ~0.05 % (below bf16's resolution) and 1 nat by tens of percent.
+DEFAULT_LADDER = (0.01, 0.03, 0.1, 0.3, 1.0)
+
+
+@dataclass(frozen=True)
+class Injection:
+    """One parsed ``--inject`` value."""
+
+    kind: str
+    nats: float = 0.0
+
+    @property
+    def label(self) -> str:
+        """The canonical spelling (what run.json, cell ids and reports show)."""
+        return f"{LSE_SHIFT}={self.nats:g}" if self.kind == LSE_SHIFT else self.kind
+
+
+def parse(text: str | None) -> Injection | None:
+    """Parse an ``--inject`` value; ``None``/empty is no injection. Raise ValueError naming the problem."""
+    if text is None or not str(text).strip():
+        return None
+    s = str(text).strip().lower()
+    if s == LSE_LAYOUT:
+        return Injection(LSE_LAYOUT)
+    kind, sep, amount = s.partition("=")
+    if kind.strip() == LSE_SHIFT and sep:
+        try:
+            nats = float(amount)
+        except ValueError:
+            raise ValueError(
+                f"lse-shift needs a number of nats, e.g. lse-shift=0.1; got {amount!r}"
+            ) from None
+        if not math.isfinite(nats) or nats == 0 or abs(nats) > 100:
+            raise ValueError(f"lse-shift must be a non-zero number of nats within +-100, got {amount!r}")
+        return Injection(LSE_SHIFT, nats)
+    raise ValueError(f"expected lse-layout or lse-shift=X (X in nats), got {text!r}")
+
+
+def try_parse(text: str | None) -> Injection | None:
+    """``parse`` that returns None for anything invalid (the probe must never raise inside vLLM)."""
+    try:
+        return parse(text)
+    except ValueError:
+        return None
+
+
+def parse_ladder(text: str) -> list[float]:
+    """Parse ``--calibrate``: ``default`` or comma-separated positive nats, e.g. ``0.01,0.1,1``."""
+    s = text.strip().lower()
+    if s in ("default", "yes", "on", "true"):
+        return list(DEFAULT_LADDER)
+    out: list[float] = []
+    for part in s.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            x = float(part)
+        except ValueError:
+            raise ValueError(f"--calibrate: {part!r} is not a number of nats") from None
+        if not math.isfinite(x) or x <= 0 or x > 100:
+            raise ValueError(f"--calibrate: shifts must be in (0, 100] nats, got {part}")
+        out.append(x)
+    if not out:
+        raise ValueError("--calibrate: give at least one shift, or `default`")
+    if len(set(out)) != len(out):
+        raise ValueError(f"--calibrate: duplicate shifts in {text!r}")
+    return sorted(out)
