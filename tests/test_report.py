@@ -48,7 +48,7 @@ RUN = {
     "run_id": "20250102-030405-small",
     "created_at": "2025-01-02T03:04:05Z",
     "command": f"cascade-repro matrix --engine vllm --model {MODEL} --prompts builtin:shared-prefix "
-    "--tp 1 --batch 1,8 --seeds 0,1 --inject lse-layout",
+    "--tp 1 --batch 1,8 --seeds 0,1 --calibrate 0.02,0.1,0.5 --rerun",
     "tool_version": "0.1.0",
     "spec": {
         "engine": "vllm",
@@ -62,11 +62,13 @@ RUN = {
         "dtypes": ["bfloat16"],
         "fa_versions": [3],
         "backends": ["FLASH_ATTN"],
-        "rerun": False,
+        "rerun": True,
         "max_tokens": 64,
         "topk": 5,
         "limit": None,
-        "inject": "lse-layout",
+        "inject": None,
+        "calibrate": [0.02, 0.1, 0.5],
+        "auto_controls": True,
         "arm_switch": "toggle",
     },
     "prompt_set": {
@@ -102,7 +104,13 @@ RUN = {
             "status": "done",
         }
     },
-    "thresholds": {"alpha": 0.01, "rep_delta": 0.02, "min_topk_violations": 1},
+    "thresholds": {
+        "alpha": 0.01,
+        "rep_delta": 0.02,
+        "drift_min": 1.1,
+        "min_topk_violations": 1,
+        "bootstrap": 2000,
+    },
     "fail_on": "regression",
     "timings": {"total_s": 123.4},
     "predictions": {
@@ -158,9 +166,20 @@ def _cell(batch: int, seed: int, arm: str, **kw) -> dict:
         "if_n": 4,
         "if_strict": 0.75,
         "if_loose": 1.0,
+        "inject": "",
+        "origin": "matrix",
+        "cascade_decode_steps": 0,
     }
     row.update(kw)
     return row
+
+
+SHIFTS = (0.02, 0.1, 0.5)  # the calibration ladder at batch 8, seed 0
+
+
+def _calib_cell(x: float) -> dict:
+    return _cell(8, 0, "cascade", cell_id=f"tp1-b8-s0-cascade-shift{x:g}", inject=f"lse-shift={x:g}",
+                 origin="calibration", cascade_steps=120, total_steps=128, cascade_decode_steps=100)  # fmt: skip
 
 
 CELLS = [
@@ -172,6 +191,7 @@ CELLS = [
         "cascade",
         cascade_steps=120,
         total_steps=128,
+        cascade_decode_steps=100,
         cascade_calls=960,
         tokens_per_s=410.5,
         seq_rep_1=0.5,
@@ -207,6 +227,8 @@ CELLS = [
         if_loose=NAN,
     ),
     _cell(8, 1, "flat", tokens_per_s=401.0, seq_rep_4=0.07),
+    _cell(8, 0, "flat", cell_id="tp1-b8-s0-flat-r1", rerun=True, origin="control"),
+    *(_calib_cell(x) for x in SHIFTS),
 ]
 
 
@@ -252,9 +274,49 @@ def _pair(pair_id: str, kind: str, test: str, ref: str, batch: int, seed: int, *
         "if_gained": 0,
         "if_lost": 0,
         "p_if": 1.0,
+        "inject": "",
+        "control_pair_id": "n01",
+        "drift_n": 0,
+        "drift_tokens": 0,
+        "drift_test": NAN,
+        "drift_control": NAN,
+        "drift_floor": 0.002,
+        "drift_ratio": NAN,
+        "drift_ratio_lo": NAN,
+        "drift_ratio_hi": NAN,
+        "drift_threshold": NAN,
+        "drift_null_q": NAN,
+        "p_drift": NAN,
+        "drift_up": 0,
+        "topk_drift_ratio": NAN,
+        "topk_drift_ratio_lo": NAN,
+        "topk_drift_ratio_hi": NAN,
+        "cascade_decode_steps": 0,
+        "depth": "none",
+        "decided_by": "",
     }
     row.update(kw)
     return row
+
+
+def _drift(ratio: float, lo: float, hi: float, threshold: float = 1.14, p: float = 0.0005, **kw) -> dict:
+    """The drift fields of a pair in which cascade ran on decode steps."""
+    return {
+        "drift_n": 4, "drift_tokens": 61, "drift_test": round(0.01 * ratio, 6), "drift_control": 0.01, "drift_ratio": ratio,
+        "drift_ratio_lo": lo, "drift_ratio_hi": hi, "drift_threshold": threshold, "drift_null_q": threshold,
+        "p_drift": p, "drift_up": 4, "topk_drift_ratio": ratio * 0.9, "topk_drift_ratio_lo": lo * 0.9,
+        "topk_drift_ratio_hi": hi * 0.9, "cascade_steps": 120, "total_steps": 128, "cascade_decode_steps": 100,
+        "depth": "decode", **kw,
+    }  # fmt: skip
+
+
+def _calib_pair(x: float, verdict: str, ratio: float, lo: float, hi: float, n_diverged: int) -> dict:
+    cell = f"tp1-b8-s0-cascade-shift{x:g}"
+    return _pair(f"{cell}~flat", "calibration", cell, "tp1-b8-s0-flat", 8, 0, inject=f"lse-shift={x:g}",
+                 n_identical=4 - n_diverged, n_diverged=n_diverged, verdict=verdict,
+                 decided_by="drift" if verdict == "regression" else "",
+                 reasons=f"drift ratio {ratio:.2f} [{lo:.2f}, {hi:.2f}]",
+                 **_drift(ratio, lo, hi, p=0.0005 if verdict == "regression" else 0.21))  # fmt: skip
 
 
 PAIRS = [
@@ -288,10 +350,11 @@ PAIRS = [
         d_seq_rep_4_hi=0.3712,
         p_divergence=0.0714286,
         p_topk=3.2e-7,
-        cascade_steps=120,
-        total_steps=128,
         verdict="regression",
-        reasons="diverged 3/4 vs noise 1/4 | top-k violations 2 vs 0\nseq-rep-4 up \x01+0.23",
+        reasons="drift ratio 1.35 [1.25, 1.46] > 1.14 (p=0.0005) | diverged 3/4 vs noise 1/4 | top-k "
+        "violations 2 vs 0\nseq-rep-4 up \x01+0.23",
+        decided_by="drift,top-k,repetition",
+        **_drift(1.35, 1.25, 1.46),
         if_strict_test=0.25,
         if_strict_ref=0.75,
         if_strict_delta=-0.5,
@@ -321,6 +384,8 @@ PAIRS = [
         total_steps=0,
         verdict="error",
         reasons="test cell tp1-b8-s1-cascade failed",
+        control_pair_id="",
+        depth="",
         if_n=0,
         if_strict_test=NAN,
         if_strict_ref=NAN,
@@ -347,7 +412,29 @@ PAIRS = [
         p_topk=NAN,
         total_steps=NAN,
         verdict="control",
+        control_pair_id="",
+        depth="",
     ),
+    _pair(
+        "n02",
+        "noise-rerun",
+        "tp1-b8-s0-flat-r1",
+        "tp1-b8-s0-flat",
+        8,
+        0,
+        noise_pair_id=None,
+        noise_n=NAN,
+        noise_n_diverged=NAN,
+        noise_topk_violations=NAN,
+        p_divergence=NAN,
+        p_topk=NAN,
+        verdict="control",
+        control_pair_id="",
+        depth="",
+    ),
+    _calib_pair(0.02, "within noise", 1.05, 0.97, 1.12, 1),
+    _calib_pair(0.1, "regression", 2.4, 2.1, 2.8, 3),
+    _calib_pair(0.5, "regression", 9.8, 8.7, 11.2, 4),
 ]
 
 
@@ -370,6 +457,12 @@ def _cmp(pair_id: str, i: int, first_div=NAN, topk_ok=True, edit=0.0) -> dict:
         "seq_rep_4_ref": 0.1,
         "len_test": 64,
         "len_ref": 64,
+        # Cascade pairs get drift on the agreeing positions; controls carry NaN.
+        "drift_positions": (64 if exact else int(first_div)) if pair_id.startswith("p") else NAN,
+        "drift_test": 0.0135 if pair_id == "p02" else NAN,
+        "drift_control": 0.01 if pair_id == "p02" else NAN,
+        "topk_drift_test": 0.012 if pair_id == "p02" else NAN,
+        "topk_drift_control": 0.01 if pair_id == "p02" else NAN,
     }
 
 
@@ -380,6 +473,7 @@ COMPARISONS = [
     _cmp("p02", 2, 5.0, False, 12.0),
     _cmp("p02", 3, 30.0, True, 3.0),
     *(_cmp("n01", i, 40.0 if i == 2 else NAN) for i in range(4)),
+    *(_cmp("n02", i) for i in range(4)),
 ]
 
 FIRST_DIV = {1: 17, 2: 5, 3: 30}
@@ -456,12 +550,12 @@ def _sample_lines() -> list[dict]:
     return recs
 
 
-def build_run(root: Path, run: dict | None = None) -> Path:
+def build_run(root: Path, run: dict | None = None, pairs: list[dict] | None = None) -> Path:
     """Write the small run directory into root and return it."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "run.json").write_text(json.dumps(RUN if run is None else run, indent=2), encoding="utf-8")
     pd.DataFrame(CELLS).to_parquet(root / "cells.parquet", index=False)
-    pd.DataFrame(PAIRS).to_parquet(root / "pairs.parquet", index=False)
+    pd.DataFrame(PAIRS if pairs is None else pairs).to_parquet(root / "pairs.parquet", index=False)
     pd.DataFrame(COMPARISONS).to_parquet(root / "comparisons.parquet", index=False)
     (root / "samples").mkdir(exist_ok=True)
     with open(root / "samples" / "vllm-tp1.jsonl", "w", encoding="utf-8") as f:
@@ -523,7 +617,7 @@ def test_html_is_escaped_self_contained_and_plotted(run_dir: Path) -> None:
     page = HtmlFormatter().render(data)
     assert "<script" not in page.lower()
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
-    assert page.count("<svg") == 2
+    assert page.count("<svg") == 3  # forest plot, first divergence, seq-rep-4
     assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
     assert "https://" not in page and "@import" not in page
     assert "white-space:pre-wrap" in page and "overflow-wrap:anywhere" in page
@@ -574,20 +668,32 @@ def test_junit_structure(run_dir: Path) -> None:
     }
     cases = {c.get("name"): c for c in suite.iter("testcase")}
     assert {c.get("classname") for c in cases.values()} == {"cascade.tp1"}
-    assert cases["batch8-p02"].find("failure").get("message").startswith("diverged 3/4 vs noise 1/4 |")
+    assert (
+        cases["batch8-p02"].find("failure").get("message").startswith("drift ratio 1.35 [1.25, 1.46] > 1.14")
+    )
+    assert (
+        "drift ratio 1.35 [1.25, 1.46] vs threshold > 1.14, p=0.0005 (control n01)"
+        in cases["batch8-p02"].find("failure").text
+    )
+    assert not any("shift" in name for name in cases)  # calibration pairs are no testcases
     assert cases["batch8-p03"].find("error") is not None
     assert cases["batch1-p01"].find("skipped").get("message") == "cascade never fired"
 
 
 def test_markdown_escapes_and_warnings(run_dir: Path) -> None:
     md = MarkdownFormatter().render(load_run(run_dir))
-    assert md.startswith("## cascade-repro: 1 regression, 1 error, 1 not exercised in 3 pairs\n")
-    assert "fault injection active (lse-layout): this is a positive control, not a real bug" in md
+    assert md.startswith("## cascade-repro: regression in 1 of 3 pairs: p02\n")
     assert "not exercised: proves nothing" in md
     assert "CUDA out of memory \\| tried to allocate 2.00 GiB at step 3" in md
     assert "````text\n" in md  # the text with a ``` run inside gets a longer fence
     assert "\x07" not in md and "\x01" not in md
     assert "| **regression** |" in md
+
+
+def test_injection_warns(tmp_path: Path) -> None:
+    run = {**RUN, "spec": {**RUN["spec"], "inject": "lse-layout", "calibrate": []}}
+    md = MarkdownFormatter().render(load_run(build_run(tmp_path, run)))
+    assert "fault injection active (lse-layout): this is a positive control, not a real bug" in md
 
 
 def test_short_shared_prefix_warns(tmp_path: Path) -> None:
@@ -604,9 +710,16 @@ def test_empty_and_old_run_renders(tmp_path: Path) -> None:
     for fmt in ReportFormat:
         assert formatter_for(fmt).render(data)
     assert "no data" in HtmlFormatter().render(data)
-    assert MarkdownFormatter().render(data).startswith("## cascade-repro: no cascade pairs\n")
-    assert json.loads(JsonFormatter().render(data))["pairs"] == []
-    assert exit_code(data, "error") == 0
+    assert (
+        MarkdownFormatter().render(data).startswith("## cascade-repro: nothing exercised: no cascade pairs\n")
+    )
+    summary = json.loads(JsonFormatter().render(data))
+    assert summary["pairs"] == [] and summary["detection_power"] == [] and summary["schema_version"] == 2
+    # Nothing was tested: a CI guard must not pass.
+    assert exit_status(data, "error") == (
+        4,
+        "nothing exercised: the run has no cascade pairs (the matrix has no cascade arm)",
+    )
 
 
 def test_json_has_no_nan(run_dir: Path) -> None:
@@ -712,7 +825,9 @@ def test_predictions_and_if_columns_only_when_present(tmp_path: Path) -> None:
     assert "it does not change the verdict" in HtmlFormatter().render(data)
     run = {k: v for k, v in RUN.items() if k != "predictions"}
     old = build_run(tmp_path / "without", run)
-    pairs = pd.read_parquet(old / "pairs.parquet").drop(columns=[c for c in PAIRS[0] if c.startswith(("if_", "p_if"))])
+    pairs = pd.read_parquet(old / "pairs.parquet").drop(
+        columns=[c for c in PAIRS[0] if c.startswith(("if_", "p_if"))]
+    )
     pairs.to_parquet(old / "pairs.parquet", index=False)
     cells = pd.read_parquet(old / "cells.parquet").drop(columns=["if_n", "if_strict", "if_loose"])
     cells.to_parquet(old / "cells.parquet", index=False)
@@ -725,7 +840,10 @@ def test_predictions_and_if_columns_only_when_present(tmp_path: Path) -> None:
 
 
 def test_bare_prediction_map_is_read_too(tmp_path: Path) -> None:
-    run = {**RUN, "predictions": {"tp1-b8-s0-cascade": {"prefill": True, "decode": True, "decode_from_batch": 8}}}
+    run = {
+        **RUN,
+        "predictions": {"tp1-b8-s0-cascade": {"prefill": True, "decode": True, "decode_from_batch": 8}},
+    }
     md = MarkdownFormatter().render(load_run(build_run(tmp_path, run)))
     assert "| 120/128 | yes/yes |" in md
     assert "| 0/200 | — |" in md  # cells without a prediction
@@ -738,3 +856,319 @@ def test_if_does_not_change_verdicts_or_exit_code(run_dir: Path) -> None:
     data.pairs["if_strict_delta"] = -1.0
     assert [exit_code(data, f) for f in ("regression", "error", "never")] == before
 
+
+# --- drift evidence, headline, exit codes 4 and 5, detection power, forest plot --------------------
+
+
+def _clean_pairs() -> list[dict]:
+    """A run without regression: one identical pair (decode), one within noise on prefill only, one
+    inconclusive (no control: planner controls off), one not exercised; no calibration."""
+    identical = _pair("q01", "cascade", "tp1-b8-s0-cascade", "tp1-b8-s0-flat", 8, 0, verdict="identical",
+                      reasons="identical on 4/4 prompts", **_drift(1.0, 1.0, 1.0, p=1.0))  # fmt: skip
+    prefill = _pair("q02", "cascade", "tp1-b8-s1-cascade", "tp1-b8-s1-flat", 8, 1, n_diverged=1, n_identical=3,
+                    verdict="within noise", reasons="drift ratio 0.98 [0.90, 1.07] (p=0.6); cascade on prefill only",
+                    **_drift(0.98, 0.9, 1.07, p=0.6, depth="prefill only", cascade_decode_steps=0))  # fmt: skip
+    inconclusive = _pair("q03", "cascade", "tp1-b16-s0-cascade", "tp1-b16-s0-flat", 16, 0, verdict="inconclusive",
+                         control_pair_id="", reasons="no noise control measured", noise_pair_id="",
+                         **_drift(NAN, NAN, NAN, threshold=NAN, p=NAN))  # fmt: skip
+    return [PAIRS[0], identical, prefill, inconclusive, PAIRS[3]]
+
+
+@pytest.fixture
+def clean_dir(tmp_path: Path) -> Path:
+    run = {**RUN, "spec": {**RUN["spec"], "calibrate": [], "auto_controls": False}}
+    return build_run(tmp_path / "clean", run, _clean_pairs())
+
+
+def test_verdict_table_shows_drift_depth_and_control(run_dir: Path) -> None:
+    md = MarkdownFormatter().render(load_run(run_dir))
+    row = next(line for line in md.split("\n") if line.startswith("| p02 |"))
+    assert (
+        "| decode | 1.35 [1.25, 1.46] | > 1.14, p=0.0005 | n01 | 3/4 vs 1/4, p=0.0714 | 2 vs 0, p<1e-6 |"
+        in row
+    )
+    assert "| none | — | — | n01 |" in md  # the not-exercised pair: no drift measured
+    verdicts = md.split("### Verdicts")[1].split("### Detection power")[0]
+    # Calibration pairs stay out of the verdict table.
+    assert "shift" not in verdicts.split("_drift ratio:")[0]
+    assert "99th percentile" in md and "(2000 permutations, p < 0.01)" in md and "drift\\_min = 1.1" in md
+
+
+def test_headline_variants(run_dir: Path, clean_dir: Path) -> None:
+    from cascade_repro.report.content import headline
+
+    data = load_run(run_dir)
+    assert headline(data) == "cascade-repro: regression in 1 of 3 pairs: p02"
+    # Calibration regressions (injected on purpose) never count.
+    data.pairs.loc[data.pairs["pair_id"] == "p02", "verdict"] = "within noise"
+    assert headline(data) == (
+        "cascade-repro: no cascade effect beyond noise in 1 pair (1 within noise); 1 not exercised; 1 error"
+    )
+    data.pairs.loc[data.pairs["pair_id"] == "p02", "verdict"] = "not exercised"
+    assert headline(data) == "cascade-repro: nothing exercised: cascade never fired in 2 pairs; 1 error"
+    data.pairs.loc[data.pairs["kind"] == "cascade", "verdict"] = "error"
+    assert headline(data) == "cascade-repro: 3 errors in 3 pairs"
+    assert headline(load_run(clean_dir)) == (
+        "cascade-repro: no cascade effect beyond noise in 2 pairs (1 identical, 1 within noise; 1 on prefill only)"
+        "; 1 not exercised; 1 inconclusive"
+    )
+    many = [_pair(f"tp1-b{b}-cascade~flat", "cascade", f"c{b}", f"f{b}", b, 0, verdict="regression")
+            for b in (8, 16, 32, 64, 128)]  # fmt: skip
+    data.pairs = pd.DataFrame([*many, PAIRS[0]])
+    assert headline(data) == (
+        "cascade-repro: regression in 5 of 6 pairs: tp1-b8-cascade~flat, tp1-b16-cascade~flat, "
+        "tp1-b32-cascade~flat and 2 more"
+    )
+
+
+def test_headline_colour_in_html(run_dir: Path, clean_dir: Path) -> None:
+    assert '<h1 class="bad">' in HtmlFormatter().render(load_run(run_dir))
+    assert '<h1 class="warn">' in HtmlFormatter().render(load_run(clean_dir))  # exit 5: not green
+    data = load_run(clean_dir)
+    data.pairs = data.pairs[data.pairs["verdict"] != "inconclusive"]
+    assert '<h1 class="ok">' in HtmlFormatter().render(data)
+
+
+def test_exit_code_5_when_a_pair_is_inconclusive(clean_dir: Path) -> None:
+    from cascade_repro.report.content import EXIT_INCONCLUSIVE
+
+    data = load_run(clean_dir)
+    assert EXIT_INCONCLUSIVE == 5
+    assert exit_status(data, "regression") == (
+        5,
+        "1 inconclusive: no noise control measured (planner controls turned off)",
+    )
+    assert exit_status(data, "never")[0] == 0
+    assert exit_status(data, "error")[0] == 1  # the failed cell tp1-b8-s1-cascade comes first
+    data.pairs.loc[data.pairs["pair_id"] == "q01", "verdict"] = "regression"
+    assert exit_status(data, "regression")[0] == 1  # a regression beats inconclusive
+    summary = json.loads(JsonFormatter().render(load_run(clean_dir)))
+    assert (summary["exit_code"], summary["counts"]["inconclusive"]) == (5, 1)
+    cases = {
+        c.get("name"): c for c in ET.fromstring(JunitFormatter().render(load_run(clean_dir))).iter("testcase")
+    }
+    assert cases["batch16-q03"].find("skipped").get("message") == "inconclusive: no noise control measured"
+
+
+def _only_batch_1(data) -> None:
+    data.pairs = data.pairs[data.pairs["batch"] == 1]
+    data.cells = data.cells[data.cells["batch"] == 1]
+
+
+@pytest.mark.parametrize(
+    ("run_patch", "why"),
+    [
+        ({}, "every batch size is below 8 requests"),
+        ({"prompt_set": {**RUN["prompt_set"], "shared_prefix_tokens": 100}},
+         "every batch size is below 8 requests; shared prefix 100 tokens < 256"),
+        ({"engines": {"vllm-tp1": {"effective": {"disable_cascade_attn": True}}}},
+         "every batch size is below 8 requests; vLLM ran with disable_cascade_attn=True"),
+    ],
+)  # fmt: skip
+def test_exit_code_4_names_why_nothing_fired(tmp_path: Path, run_patch: dict, why: str) -> None:
+    from cascade_repro.report.content import EXIT_NOTHING_EXERCISED
+
+    data = load_run(build_run(tmp_path, {**RUN, **run_patch}))
+    _only_batch_1(data)
+    assert EXIT_NOTHING_EXERCISED == 4
+    assert exit_status(data, "regression") == (
+        4,
+        f"nothing exercised: cascade never fired in its only pair ({why})",
+    )
+    assert exit_status(data, "never")[0] == 0
+
+
+def test_exit_code_4_falls_back_to_explain(run_dir: Path) -> None:
+    data = load_run(run_dir)
+    data.pairs.loc[data.pairs["kind"] == "cascade", "verdict"] = "not exercised"
+    assert exit_status(data, "regression") == (
+        4,
+        "nothing exercised: cascade never fired in any of 3 pairs (cascade's decision never came out true "
+        "(see `cascade-repro explain`))",
+    )
+    data.pairs.loc[data.pairs["pair_id"] == "p03", "verdict"] = "error"
+    assert exit_status(data, "regression")[1].startswith(
+        "nothing exercised: cascade never fired in 2 of 3 pairs, the other 1 measured nothing ("
+    )
+    assert exit_status(data, "error")[0] == 1  # errors first under fail_on=error
+
+
+def test_calibration_never_changes_the_exit_code(run_dir: Path) -> None:
+    data = load_run(run_dir)
+    data.pairs.loc[data.pairs["pair_id"] == "p02", "verdict"] = "within noise"
+    data.pairs.loc[data.pairs["pair_id"] == "p03", "verdict"] = "within noise"
+    data.cells.loc[data.cells["origin"] != "calibration", "status"] = "done"
+    data.cells.loc[data.cells["origin"] == "calibration", "status"] = "error"  # a failed calibration cell too
+    assert [exit_code(data, f) for f in ("regression", "error", "never")] == [0, 0, 0]
+
+
+def test_detection_power_statement_and_ladder(run_dir: Path) -> None:
+    data = load_run(run_dir)
+    md = MarkdownFormatter().render(data)
+    statement = "This setup flags an LSE error of 0.1 nats at 4 prompts x 64 tokens (tp 1, batch 8)."
+    assert f"### Detection power\n\n{statement}\n" in md
+    assert (
+        "| 0.1 | tp1-b8-s0-cascade-shift0.1~flat | regression | 2.40 [2.10, 2.80] | > 1.14, p=0.0005 | 3/4 |"
+        in md
+    )
+    assert statement in HtmlFormatter().render(data)
+    summary = json.loads(JsonFormatter().render(data))
+    (entry,) = summary["detection_power"]
+    assert (entry["flags_from"], entry["max_tested"], entry["statement"]) == (0.1, 0.5, statement)
+    assert [s["nats"] for s in entry["ladder"]] == [0.02, 0.1, 0.5]
+    props = {
+        p.get("name"): p.get("value") for p in ET.fromstring(JunitFormatter().render(data)).iter("property")
+    }
+    assert props["detection_power"] == statement
+    # A ladder that flags nothing is a warning: a clean verdict from this setup says little.
+    data.pairs.loc[data.pairs["kind"] == "calibration", "verdict"] = "within noise"
+    assert (
+        "detection power: this setup flags no LSE error up to 0.5 nats at 4 prompts x 64 tokens (tp 1, batch 8)."
+        in MarkdownFormatter().render(data)
+    )
+
+
+def test_not_calibrated(clean_dir: Path) -> None:
+    data = load_run(clean_dir)
+    sentence = "Not calibrated: run with `--calibrate` to measure the smallest LSE error this setup flags."
+    assert f"### Detection power\n\n{sentence}\n" in MarkdownFormatter().render(data)
+    assert "Not calibrated: run with <code>--calibrate</code>" in HtmlFormatter().render(data)
+    assert json.loads(JsonFormatter().render(data))["detection_power"] == []
+
+
+def test_summary_json_schema_2_fields(run_dir: Path) -> None:
+    summary = json.loads(JsonFormatter().render(load_run(run_dir)))
+    assert summary["schema_version"] == 2 and summary["exit_code"] == 1 and summary["exit_reason"]
+    assert [p["pair_id"] for p in summary["pairs"]] == ["p01", "p02", "p03"]  # no calibration pairs
+    p02 = summary["pairs"][1]
+    assert {k: p02[k] for k in ("drift_ratio", "drift_ratio_lo", "drift_ratio_hi", "drift_threshold", "p_drift")} == {
+        "drift_ratio": 1.35, "drift_ratio_lo": 1.25, "drift_ratio_hi": 1.46, "drift_threshold": 1.14, "p_drift": 0.0005,
+    }  # fmt: skip
+    assert (p02["drift_n"], p02["depth"], p02["cascade_decode_steps"], p02["control_pair_id"]) == (
+        4,
+        "decode",
+        100,
+        "n01",
+    )
+    assert (p02["decided_by"], p02["topk_violations"], p02["noise_n"]) == ("drift,top-k,repetition", 2, 4)
+    assert p02["d_seq_rep_4_lo"] == 0.051 and summary["pairs"][0]["drift_ratio"] is None
+    cells = {c["cell_id"]: c for c in summary["cells"]}
+    assert cells["tp1-b8-s0-cascade-shift0.1"]["origin"] == "calibration"
+    assert cells["tp1-b8-s0-cascade-shift0.1"]["inject"] == "lse-shift=0.1"
+
+
+def test_prefill_only_is_said_in_the_summary(clean_dir: Path) -> None:
+    data = load_run(clean_dir)
+    md = MarkdownFormatter().render(data)
+    warning = (
+        "1 of 3 exercised cascade pairs ran cascade on prefill only (q02): the field bug lived in decode"
+    )
+    assert warning in md
+    assert any(warning in w for w in json.loads(JsonFormatter().render(data))["warnings"])
+    assert "| prefill only |" in md
+
+
+def test_noise_table_marks_planner_cells_and_reruns(run_dir: Path) -> None:
+    md = MarkdownFormatter().render(load_run(run_dir))
+    assert (
+        "| n02 | noise-rerun | 1 | 8 | tp1-b8-s0-flat-r1 (added by the planner) | tp1-b8-s0-flat | 0/4 | — | 0 | 0 "
+        "| same-engine rerun: bitwise identical expected; not used as a noise floor |"
+    ) in md
+    assert "| drift control of 2 cascade pairs; divergence floor of 3 cascade pairs |" in md
+    assert "| flat (added by the planner) |" in md and "| cascade + lse-shift=0.5 |" in md
+
+
+def test_forest_plot_rows_and_threshold_ticks(run_dir: Path) -> None:
+    from cascade_repro.report import svg
+
+    data = load_run(run_dir)
+    plot = svg.forest_plot(data)
+    # p02 and the 3 calibration shifts; p01 (no ratio) and p03 (error) are skipped.
+    assert plot.count('<g class="row">') == 1 and plot.count('<g class="row calibration">') == 3
+    assert plot.count('class="threshold"') == 4 and 'stroke-dasharray="4 3"' in plot
+    assert plot.count('font-style="italic"') == 3
+    assert ">p02</text>" in plot and ">tp1-b8-s0-cascade-shift0.5~flat</text>" in plot
+    ticks = re.findall(r'text-anchor="middle">([0-9.]+)</text>', plot)
+    assert ticks == ["1", "1.5", "2", "3", "5", "7", "10"]  # 0.97 .. 11.2 on a log axis
+    height = int(re.search(r'height="(\d+)"', plot).group(1))
+    data.pairs = data.pairs[data.pairs["kind"] != "calibration"]
+    assert int(re.search(r'height="(\d+)"', svg.forest_plot(data)).group(1)) < height  # fewer rows, shorter
+    data.pairs.loc[data.pairs["pair_id"] == "p02", "pair_id"] = SCRIPT
+    assert "<script" not in svg.forest_plot(data) and "&lt;script&gt;" in svg.forest_plot(data)
+    data.pairs["drift_ratio"] = NAN
+    assert svg.forest_plot(data) == '<p class="nodata">Drift ratio per pair (log scale): no data</p>'
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi", "ticks"),
+    [
+        (0.9, 1.6, [0.9, 1.0, 1.2, 1.4, 1.6]),
+        (0.5, 200.0, [0.5, 1, 2, 5, 10, 20, 50, 100, 200]),
+        (0.8, 1e6, [1, 10, 100, 1000, 1e4, 1e5, 1e6]),
+        (0.98, 1.04, [0.98, 0.99, 1.0]),
+    ],
+)
+def test_log_ticks(lo: float, hi: float, ticks: list[float]) -> None:
+    from cascade_repro.report.svg import log_ticks
+
+    assert log_ticks(lo, hi) == ticks
+
+
+def test_log_domain_is_padded_and_never_empty() -> None:
+    from cascade_repro.report.svg import log_domain
+
+    lo, hi = log_domain([1.0, 10.0])
+    assert lo < 1.0 and 10.0 < hi and abs(lo * hi - 10.0) < 1e-9  # symmetric in log space
+    lo, hi = log_domain([1.05, 1.05])
+    assert lo < 1.05 < hi and hi / lo > 1.25
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ([5.0, 17.0, 30.0, 40.0], (0.0, 40.0, 10.0)),  # min below 25% of max: from 0
+        ([21.0, 33.0, 58.0], (20.0, 60.0, 10.0)),  # first divergence 21..58: not from 0
+        ([0.31, 0.33], (0.31, 0.33, 0.005)),
+        ([0.0, 0.0], (0.0, 0.2, 0.2)),
+        ([7.0], (6.5, 7.5, 0.5)),  # one value: a band around it
+    ],
+)
+def test_whisker_axis_fits_its_data(values: list[float], expected: tuple) -> None:
+    from cascade_repro.report.svg import y_range
+
+    assert y_range(values) == pytest.approx(expected)
+
+
+def test_html_cells_do_not_break_words(run_dir: Path) -> None:
+    page = HtmlFormatter().render(load_run(run_dir))
+    cell_rule = re.search(r"th,td\{([^}]*)\}", page).group(1)
+    assert "white-space:nowrap" in cell_rule and "overflow-wrap" not in cell_rule  # "regre/ssion" no more
+    assert '<td><strong class="v">regression</strong></td>' in page  # the verdict cell never wraps
+    assert '<td class="t">drift ratio 1.35' in page  # reasons wrap, at spaces
+    assert page.count('<div class="scroll"><table>') == page.count("<table>")
+
+
+OLD_PAIR_COLUMNS = [c for c in PAIRS[1] if c not in ("inject", "control_pair_id", "depth", "decided_by")
+                    and not c.startswith(("drift_", "p_drift", "topk_drift", "cascade_decode"))]  # fmt: skip
+
+
+def test_old_run_without_drift_columns_renders(tmp_path: Path) -> None:
+    old = build_run(tmp_path, {**RUN, "thresholds": {"alpha": 0.01, "rep_delta": 0.02}})
+    pairs = pd.read_parquet(old / "pairs.parquet")
+    pairs = pairs[pairs["kind"] != "calibration"][OLD_PAIR_COLUMNS]
+    pairs.loc[pairs["kind"] == "noise-rerun", "kind"] = "noise-batch"
+    pairs.to_parquet(old / "pairs.parquet", index=False)
+    cells = pd.read_parquet(old / "cells.parquet").drop(columns=["inject", "origin", "cascade_decode_steps"])
+    cells.to_parquet(old / "cells.parquet", index=False)
+    comparisons = pd.read_parquet(old / "comparisons.parquet")
+    comparisons.drop(columns=[c for c in comparisons if "drift" in c]).to_parquet(old / "comparisons.parquet")
+    data = load_run(old)
+    for fmt in ReportFormat:
+        assert formatter_for(fmt).render(data)
+    md = MarkdownFormatter().render(data)
+    row = next(line for line in md.split("\n") if line.startswith("| p02 |"))
+    assert "| — | — | — | — | 3/4 vs 1/4, p=0.0714 |" in row  # depth, drift, threshold, control
+    assert "_drift ratio:" not in md and "Not calibrated" in md
+    assert "Drift ratio per pair (log scale): no data" in HtmlFormatter().render(data)
+    assert json.loads(JsonFormatter().render(data))["pairs"][1]["drift_ratio"] is None
+    assert exit_status(data, "regression")[0] == 1

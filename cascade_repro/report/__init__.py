@@ -12,7 +12,7 @@ from typing import assert_never
 
 from cascade_repro.errors import UsageError
 from cascade_repro.report.base import ReportFormatter
-from cascade_repro.report.content import exit_status
+from cascade_repro.report.content import EXIT_INCONCLUSIVE, EXIT_NOTHING_EXERCISED, exit_status
 from cascade_repro.report.html import HtmlFormatter
 from cascade_repro.report.json import JsonFormatter
 from cascade_repro.report.junit import JunitFormatter
@@ -20,6 +20,8 @@ from cascade_repro.report.load import Example, RunData, load_run
 from cascade_repro.report.markdown import MarkdownFormatter
 
 __all__ = [
+    "EXIT_INCONCLUSIVE",
+    "EXIT_NOTHING_EXERCISED",
     "Example",
     "ReportFormat",
     "ReportFormatter",
@@ -79,7 +81,7 @@ def _parse_format(f: ReportFormat | str) -> ReportFormat:
 
 
 def exit_code(data: RunData, fail_on: str) -> int:
-    """Return 1 when fail_on says the run's verdicts should fail CI, else 0."""
+    """Return the run's exit code under fail_on (0, 1, 4 nothing exercised, 5 inconclusive: see exit_status)."""
     return exit_status(data, fail_on)[0]
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from cascade_repro import calibration
 from cascade_repro.errors import UsageError
 from cascade_repro.report.load import Example, RunData
 from cascade_repro.report.text import (
@@ -16,20 +18,37 @@ from cascade_repro.report.text import (
     fmt_float,
     fmt_int,
     fmt_p,
+    fmt_p_eq,
     fmt_ratio,
+    fmt_threshold_p,
+    fmt_x_ci,
     is_missing,
     one_line,
     plural,
     text_of,
+    text_or_missing,
     truncate,
 )
 
-VERDICTS = ("regression", "error", "not exercised", "within noise", "identical")
+VERDICTS = ("regression", "error", "not exercised", "inconclusive", "within noise", "identical")
+# Verdicts of a pair in which cascade ran and both cells were compared: something was measured.
+EXERCISED = ("identical", "within noise", "regression", "inconclusive")
 AXES = ("seed", "dtype", "fa_version", "backend")
 FAIL_ON = ("regression", "error", "never")
-# vLLM only takes the cascade path when the common prefix spans at least this many tokens.
+CASCADE, CALIBRATION = "cascade", "calibration"
+NOISE_RERUN = "noise-rerun"
+# Exit codes besides 0 (clean) and 1 (regression / errors); 2 is the CLI's usage error.
+EXIT_NOTHING_EXERCISED = 4
+EXIT_INCONCLUSIVE = 5
+# vLLM only takes the cascade path when the common prefix spans at least this many tokens,
 CASCADE_MIN_PREFIX = 256
+# and only when a step holds at least this many requests.
+CASCADE_MIN_BATCH = 8
+HEADLINE_IDS = 3
 ENV_VALUE_MAX = 200
+PREFILL_ONLY = "prefill only"
+RERUN_NOTE = "same-engine rerun: bitwise identical expected; not used as a noise floor"
+PLANNER = "added by the planner"
 
 
 class Strong(str):
@@ -44,6 +63,8 @@ class Table:
 
     headers: list[str]
     rows: list[list[str]]
+    # Headers of free-text columns (reasons, notes): HTML lets these wrap; every other cell stays on one line.
+    wrap: frozenset[str] = field(default_factory=frozenset)
 
 
 def section(run: dict, key: str) -> dict:
@@ -66,16 +87,33 @@ def _sort_key(r: dict) -> tuple:
     return (_axis(r.get("tp")), _axis(r.get("batch")), *(_axis(r.get(a)) for a in AXES))
 
 
-def cascade_pairs(data: RunData) -> list[dict]:
-    """Return cascade pair rows ordered by tp, batch and the other axes."""
-    rows = (r for r in _records(data.pairs) if r.get("kind") == "cascade")
+def _pairs_of(data: RunData, keep: Callable[[object], bool]) -> list[dict]:
+    rows = (r for r in _records(data.pairs) if keep(r.get("kind")))
     return sorted(rows, key=lambda r: (*_sort_key(r), str(r.get("pair_id"))))
+
+
+def cascade_pairs(data: RunData) -> list[dict]:
+    """Return cascade pair rows ordered by tp, batch and the other axes (calibration rows excluded)."""
+    return _pairs_of(data, lambda k: k == CASCADE)
+
+
+def calibration_pairs(data: RunData) -> list[dict]:
+    """Return calibration pair rows (positive controls: never in the headline, counts or exit code).
+
+    Ordered like the other pairs, then by injected shift (a ladder reads small to large).
+    """
+    rows = (r for r in _records(data.pairs) if r.get("kind") == CALIBRATION)
+    return sorted(rows, key=lambda r: (*_sort_key(r), _shift(r), str(r.get("pair_id"))))
+
+
+def _shift(r: dict) -> float:
+    x = calibration.shift_of(r.get("inject"))
+    return math.inf if x is None else x
 
 
 def control_pairs(data: RunData) -> list[dict]:
     """Return noise-control pair rows in the same order."""
-    rows = (r for r in _records(data.pairs) if r.get("kind") != "cascade")
-    return sorted(rows, key=lambda r: (*_sort_key(r), str(r.get("pair_id"))))
+    return _pairs_of(data, lambda k: k not in (CASCADE, CALIBRATION))
 
 
 def cells(data: RunData) -> list[dict]:
@@ -94,48 +132,148 @@ def verdict_counts(data: RunData) -> dict[str, int]:
     return counts
 
 
+def _ids(rows: list[dict], limit: int = HEADLINE_IDS) -> str:
+    ids = [text_of(r.get("pair_id")) for r in rows]
+    more = f" and {len(ids) - limit} more" if len(ids) > limit else ""
+    return ", ".join(ids[:limit]) + more
+
+
+def _extras(counts: dict[str, int], skip: tuple[str, ...] = ()) -> str:
+    """The `; 1 not exercised; 1 error` tail of a headline: pairs outside its main clause."""
+    parts = [f"{counts[k]} {k}" for k in ("not exercised", "inconclusive") if counts[k] and k not in skip]
+    if counts["error"] and "error" not in skip:
+        parts.append(plural(counts["error"], "error"))
+    # Verdicts this version does not know (a newer scorer, a hand-edited file) are still counted.
+    unknown = sum(n for k, n in counts.items() if k not in VERDICTS)
+    if unknown:
+        parts.append(f"{unknown} without a known verdict")
+    return "".join(f"; {p}" for p in parts)
+
+
+def n_exercised(counts: dict[str, int]) -> int:
+    """Count the cascade pairs in which something was measured."""
+    return sum(counts.get(v, 0) for v in EXERCISED)
+
+
 def headline(data: RunData) -> str:
-    """Summarise the verdicts in one line, e.g. `cascade-repro: 1 regression in 6 pairs`."""
+    """Say in plain words what the run found, e.g. `cascade-repro: regression in 2 of 6 pairs: a, b`."""
+    pairs = cascade_pairs(data)
     counts = verdict_counts(data)
-    total = sum(counts.values())
+    total = len(pairs)
     if total == 0:
-        return "cascade-repro: no cascade pairs"
-    parts = [
-        plural(counts["regression"], "regression"),
-        plural(counts["error"], "error"),
-        f"{counts['not exercised']} not exercised",
-    ]
-    shown = [p for p, k in zip(parts, ("regression", "error", "not exercised"), strict=True) if counts[k]]
-    return f"cascade-repro: {', '.join(shown) or 'no regression'} in {plural(total, 'pair')}"
+        return "cascade-repro: nothing exercised: no cascade pairs"
+    regressions = [r for r in pairs if r.get("verdict") == "regression"]
+    if regressions:
+        return (
+            f"cascade-repro: regression in {len(regressions)} of {plural(total, 'pair')}: {_ids(regressions)}"
+        )
+    if n_exercised(counts) == 0:
+        if counts["error"] == total:
+            return f"cascade-repro: {plural(total, 'error')} in {plural(total, 'pair')}"
+        fired = f"cascade never fired in {plural(counts['not exercised'], 'pair')}"
+        return f"cascade-repro: nothing exercised: {fired}" + _extras(counts, skip=("not exercised",))
+    clean = counts["identical"] + counts["within noise"]
+    if clean == 0:
+        head = f"cascade-repro: inconclusive in {plural(counts['inconclusive'], 'pair')}: no noise control measured"
+        return head + _extras(counts, skip=("inconclusive",))
+    detail = ", ".join(f"{counts[k]} {k}" for k in ("identical", "within noise") if counts[k])
+    # The field bug lived in decode: a clean pair that never ran cascade on a decode step proves less.
+    prefill = sum(1 for r in pairs if r.get("verdict") in EXERCISED and r.get("depth") == PREFILL_ONLY)
+    if prefill:
+        detail += f"; {prefill} on prefill only"
+    return f"cascade-repro: no cascade effect beyond noise in {plural(clean, 'pair')} ({detail})" + _extras(
+        counts
+    )
+
+
+def headline_tone(data: RunData) -> str:
+    """Colour of the headline: `bad` (regression, nothing measured), `warn` (exit 4 or 5) or `ok`."""
+    code = exit_status(data, "regression")[0]
+    return "bad" if code == 1 else "ok" if code == 0 else "warn"
 
 
 def has_errors(data: RunData) -> bool:
-    """Return True when any cell, engine or cascade pair failed."""
+    """Return True when any cell, engine or cascade pair failed (calibration cells aside)."""
     if any(r.get("verdict") == "error" for r in cascade_pairs(data)):
         return True
-    if any(r.get("status") == "error" for r in _records(data.cells)):
+    if any(r.get("status") == "error" and r.get("origin") != CALIBRATION for r in _records(data.cells)):
         return True
     return any(
         isinstance(e, dict) and e.get("status") == "error" for e in section(data.run, "engines").values()
     )
 
 
+def _flag_true(v) -> bool:
+    return v is True or (isinstance(v, str) and v.strip().lower() == "true")
+
+
+def never_fired_because(data: RunData) -> str:
+    """Why cascade never fired, from what the run recorded; the generic answer when nothing explains it."""
+    why = []
+    batches = [as_int(r.get("batch")) for r in cells(data) if r.get("arm") == "cascade"]
+    batches = [b for b in batches if b is not None] or [
+        b for b in (as_int(r.get("batch")) for r in cascade_pairs(data)) if b is not None
+    ]
+    if batches and max(batches) < CASCADE_MIN_BATCH:
+        why.append(f"every batch size is below {CASCADE_MIN_BATCH} requests")
+    prefix = as_int(section(data.run, "prompt_set").get("shared_prefix_tokens"))
+    if prefix is not None and prefix < CASCADE_MIN_PREFIX:
+        why.append(f"shared prefix {prefix} tokens < {CASCADE_MIN_PREFIX}")
+    engines = section(data.run, "engines").values()
+    if any(
+        isinstance(e, dict) and _flag_true(section(e, "effective").get("disable_cascade_attn"))
+        for e in engines
+    ):
+        why.append("vLLM ran with disable_cascade_attn=True")
+    return "; ".join(why) or "cascade's decision never came out true (see `cascade-repro explain`)"
+
+
+def _nothing_exercised_reason(data: RunData, counts: dict[str, int]) -> str:
+    total, fired = sum(counts.values()), counts.get("not exercised", 0)
+    if total == 0:
+        has_arm = any(r.get("arm") == "cascade" for r in cells(data))
+        why = "no cascade cell has a finished flat twin" if has_arm else "the matrix has no cascade arm"
+        return f"nothing exercised: the run has no cascade pairs ({why})"
+    if fired == total:
+        where = "its only pair" if total == 1 else f"any of {total} pairs"
+        return f"nothing exercised: cascade never fired in {where} ({never_fired_because(data)})"
+    return (
+        f"nothing exercised: cascade never fired in {fired} of {total} pairs, the other {total - fired} "
+        f"measured nothing ({never_fired_because(data)})"
+    )
+
+
+def _inconclusive_reason(data: RunData, n: int) -> str:
+    off = section(data.run, "spec").get("auto_controls") is False
+    why = "planner controls turned off" if off else "no usable control pair"
+    return f"{n} inconclusive: no noise control measured ({why})"
+
+
 def exit_status(data: RunData, fail_on: str) -> tuple[int, str]:
-    """Return the exit code for fail_on and a one-line reason."""
+    """Return the exit code for fail_on and a one-line reason; the one place exit codes are decided.
+
+    0 clean; 1 a cascade regression, errors under fail_on=error, or every cascade pair errored;
+    4 no cascade pair exercised (a guard that passes when nothing was tested hides a broken setup);
+    5 some pair inconclusive (no noise control to judge it against). Calibration pairs never count.
+    """
     fail_on = str(getattr(fail_on, "value", fail_on))
     if fail_on not in FAIL_ON:
         raise UsageError(f"unknown fail_on {fail_on!r}: expected one of {', '.join(FAIL_ON)}")
+    if fail_on == "never":
+        return 0, "fail_on=never: the run never fails"
     counts = verdict_counts(data)
     n_reg, total = counts["regression"], sum(counts.values())
-    if fail_on != "never" and n_reg:
+    if n_reg:
         return 1, f"{plural(n_reg, 'regression')} (fail_on={fail_on})"
     if fail_on == "error" and has_errors(data):
         return 1, f"errors in the run (fail_on={fail_on})"
-    if fail_on != "never" and total and counts.get("error", 0) == total:
+    if total and counts.get("error", 0) == total:
         # A guard that passes when nothing ran would hide a broken CI runner.
         return 1, f"every cascade pair errored: nothing was measured (fail_on={fail_on})"
-    if fail_on == "never":
-        return 0, "fail_on=never: the run never fails"
+    if n_exercised(counts) == 0:
+        return EXIT_NOTHING_EXERCISED, _nothing_exercised_reason(data, counts)
+    if counts["inconclusive"]:
+        return EXIT_INCONCLUSIVE, _inconclusive_reason(data, counts["inconclusive"])
     return 0, "no regression" + (" or error" if fail_on == "error" else "") + f" (fail_on={fail_on})"
 
 
@@ -179,7 +317,25 @@ def warnings(data: RunData) -> list[str]:
             out.append(f"cell {r['cell_id']} failed: {text_of(r.get('error'))}")
         elif r.get("arm") == "cascade" and r.get("status") == "done" and as_int(r.get("cascade_steps")) == 0:
             out.append(f"cell {r['cell_id']} ran 0 cascade steps: not exercised: proves nothing")
+    out += _depth_warnings(data)
+    out += [
+        f"detection power: {e['statement'][0].lower()}{e['statement'][1:]} A clean verdict here cannot rule "
+        "out a small LSE error."
+        for e in detection_power(data)
+        if e.get("flags_from") is None
+    ]
     return [one_line(w) for w in out]
+
+
+def _depth_warnings(data: RunData) -> list[str]:
+    exercised = [r for r in cascade_pairs(data) if r.get("verdict") in EXERCISED]
+    prefill = [r for r in exercised if r.get("depth") == PREFILL_ONLY]
+    if not prefill:
+        return []
+    return [
+        f"{len(prefill)} of {len(exercised)} exercised cascade pairs ran cascade on prefill only "
+        f"({_ids(prefill)}): the field bug lived in decode, so they do not test it"
+    ]
 
 
 def varying_axes(pairs: list[dict]) -> list[str]:
@@ -242,8 +398,25 @@ def if_note(data: RunData) -> str | None:
     return IF_NOTE if has_if(cascade_pairs(data)) else None
 
 
+def _vs(k: str, n_k: str, p) -> str:
+    """`3/4 vs 1/4, p=0.0714`: a count next to its noise count and the test's p-value."""
+    if k == MISSING:
+        return MISSING
+    return f"{k} vs {n_k}" + ("" if is_missing(p) else f", {fmt_p_eq(p)}")
+
+
+def fmt_drift(r: dict) -> str:
+    """The drift ratio with its bootstrap CI, e.g. `1.35 [1.25, 1.46]`."""
+    return fmt_x_ci(r.get("drift_ratio"), r.get("drift_ratio_lo"), r.get("drift_ratio_hi"))
+
+
+def fmt_drift_rule(r: dict) -> str:
+    """The effective drift threshold and the permutation p-value, e.g. `> 1.14, p=0.0005`."""
+    return fmt_threshold_p(r.get("drift_threshold"), r.get("p_drift"))
+
+
 def verdict_table(data: RunData) -> Table:
-    """Build one row per cascade pair."""
+    """Build one row per cascade pair (calibration pairs have their own table)."""
     pairs = cascade_pairs(data)
     axes = varying_axes(pairs)
     preds = predictions(data)
@@ -253,23 +426,22 @@ def verdict_table(data: RunData) -> Table:
         "tp",
         "batch",
         *axes,
+        # The verdict sits next to the pair it judges: at the far right of a wide table it scrolled away.
+        "verdict",
         "cascade steps",
         *(["predicted (prefill/decode)"] if preds else []),
-        "diverged",
-        "noise diverged",
+        "depth",
+        "drift ratio [95% CI]",
+        "drift threshold / p",
+        "control",
+        "diverged vs noise",
         "top-k viol. vs noise",
         "Δseq-rep-4 [95% CI]",
-        "p(div)",
-        "p(top-k)",
         *(["IF strict cascade vs flat"] if show_if else []),
-        "verdict",
         "reasons",
     ]
     rows = []
     for r in pairs:
-        topk = MISSING
-        if not is_missing(r.get("topk_violations")):
-            topk = f"{fmt_int(r['topk_violations'])} vs {fmt_int(r.get('noise_topk_violations'))}"
         verdict = text_of(r.get("verdict"))
         rows.append(
             [
@@ -277,24 +449,106 @@ def verdict_table(data: RunData) -> Table:
                 fmt_int(r.get("tp")),
                 fmt_int(r.get("batch")),
                 *(text_of(r.get(a)) for a in axes),
+                Strong(verdict) if verdict == "regression" else verdict,
                 fmt_ratio(r.get("cascade_steps"), r.get("total_steps")),
                 *([fmt_prediction(preds.get(text_of(r.get("test_cell"))))] if preds else []),
-                fmt_ratio(r.get("n_diverged"), r.get("n")),
-                fmt_ratio(r.get("noise_n_diverged"), r.get("noise_n")),
-                topk,
+                text_or_missing(r.get("depth")),
+                fmt_drift(r),
+                fmt_drift_rule(r),
+                text_or_missing(r.get("control_pair_id")),
+                _vs(
+                    fmt_ratio(r.get("n_diverged"), r.get("n")),
+                    fmt_ratio(r.get("noise_n_diverged"), r.get("noise_n")),
+                    r.get("p_divergence"),
+                ),
+                _vs(
+                    fmt_int(r.get("topk_violations")),
+                    fmt_int(r.get("noise_topk_violations")),
+                    r.get("p_topk"),
+                ),
                 fmt_ci(r.get("d_seq_rep_4_mean"), r.get("d_seq_rep_4_lo"), r.get("d_seq_rep_4_hi")),
-                fmt_p(r.get("p_divergence")),
-                fmt_p(r.get("p_topk")),
                 *([fmt_if_pair(r)] if show_if else []),
-                Strong(verdict) if verdict == "regression" else verdict,
                 text_of(r.get("reasons")),
             ]
         )
-    return Table(headers, rows)
+    return Table(headers, rows, wrap=frozenset({"reasons"}))
+
+
+def _thresholds_text(th: dict, key: str) -> str:
+    v = th.get(key)
+    return f"{v:g}" if isinstance(v, int | float) and not isinstance(v, bool) else text_of(v)
+
+
+def _percentile(alpha) -> str:
+    """`99th` for alpha 0.01, `99.9th` for 0.001, `95th` for 0.05."""
+    try:
+        q = round(100 * (1 - float(alpha)), 6)
+    except (TypeError, ValueError):
+        return "1 - alpha"
+    if not q.is_integer():
+        return f"{q:g}th"
+    q = int(q)
+    suffix = "th" if 10 <= q % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(q % 10, "th")
+    return f"{q}{suffix}"
+
+
+def has_drift(data: RunData) -> bool:
+    """Return True when the run was scored with the drift rule (a drift value or drift_min recorded)."""
+    rows = cascade_pairs(data) + calibration_pairs(data)
+    return "drift_min" in section(data.run, "thresholds") or any(
+        not is_missing(r.get("drift_ratio")) for r in rows
+    )
+
+
+def drift_note(data: RunData) -> str | None:
+    """Explain the drift columns in one paragraph with the run's own thresholds; None for older runs."""
+    if not has_drift(data):
+        return None
+    th = section(data.run, "thresholds")
+    alpha, drift_min, n_perm = (_thresholds_text(th, k) for k in ("alpha", "drift_min", "bootstrap"))
+    return (
+        "drift ratio: mean |Δ logprob| of the chosen token, cascade vs its flat twin, over the same for the "
+        "matched flat-vs-flat control (column control), on positions where all three agree so far, with a "
+        "bootstrap 95% CI over prompts; means below the dtype's resolution floor are raised to it, so tiny "
+        f"differences never look infinitely above noise. Flagged when above the {_percentile(th.get('alpha'))} "
+        "percentile of the ratio with cascade and control labels swapped at random within prompts "
+        f"({n_perm} permutations, p < {alpha}) and above drift_min = {drift_min} (guards against a cascade that "
+        "is systematically a few percent noisier than batch noise); drift threshold is the larger of the two. "
+        "depth: where cascade ran (decode, prefill only, none; ? when decode steps were not recorded); the field "
+        "bug lived in decode."
+    )
+
+
+def _cell_label(cell_id, origins: dict[str, str]) -> str:
+    """A cell id, marked when the planner added the cell as a noise control."""
+    label = text_of(cell_id)
+    return f"{label} ({PLANNER})" if origins.get(label) == "control" else label
+
+
+def _control_note(r: dict, used: dict[str, int], floors: dict[str, int]) -> str:
+    pid = text_of(r.get("pair_id"))
+    notes = [RERUN_NOTE] if r.get("kind") == NOISE_RERUN else []
+    if used.get(pid):
+        notes.append(f"drift control of {plural(used[pid], 'cascade pair')}")
+    if floors.get(pid):
+        notes.append(f"divergence floor of {plural(floors[pid], 'cascade pair')}")
+    return "; ".join(notes)
+
+
+def _uses(pairs: list[dict], key: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in pairs:
+        v = text_or_missing(r.get(key))
+        if v != MISSING:
+            out[v] = out.get(v, 0) + 1
+    return out
 
 
 def noise_table(data: RunData) -> Table:
-    """Build one row per noise-control pair."""
+    """Build one row per noise-control pair, saying which cascade pairs it serves."""
+    origins = {text_of(r.get("cell_id")): text_of(r.get("origin")) for r in _records(data.cells)}
+    judged = cascade_pairs(data)
+    used, floors = _uses(judged, "control_pair_id"), _uses(judged, "noise_pair_id")
     headers = [
         "pair",
         "kind",
@@ -306,6 +560,7 @@ def noise_table(data: RunData) -> Table:
         "first div. median",
         "top-k viol.",
         "max Δlogprob",
+        "note",
     ]
     rows = [
         [
@@ -313,15 +568,58 @@ def noise_table(data: RunData) -> Table:
             text_of(r.get("kind")),
             fmt_int(r.get("tp")),
             fmt_int(r.get("batch")),
-            text_of(r.get("test_cell")),
-            text_of(r.get("ref_cell")),
+            _cell_label(r.get("test_cell"), origins),
+            _cell_label(r.get("ref_cell"), origins),
             fmt_ratio(r.get("n_diverged"), r.get("n")),
             fmt_float(r.get("first_div_median"), ".1f"),
             fmt_int(r.get("topk_violations")),
             fmt_float(r.get("dlogprob_max"), ".3g"),
+            _control_note(r, used, floors),
         ]
         for r in control_pairs(data)
     ]
+    return Table(headers, rows, wrap=frozenset({"note"}))
+
+
+NOT_CALIBRATED = "Not calibrated: run with {flag} to measure the smallest LSE error this setup flags."
+
+
+def not_calibrated(code: Callable[[str], str]) -> str:
+    """The one sentence shown when the run has no calibration pairs; code() formats the flag."""
+    return NOT_CALIBRATED.format(flag=code("--calibrate"))
+
+
+def power_statement(entry: dict, max_tokens) -> str:
+    """`This setup flags an LSE error of 0.05 nats at 64 prompts x 128 tokens (tp 1, batch 64).`"""
+    # calibration.statement formats what it is given with str(); missing values read as the marker.
+    shown = {**entry, **{k: fmt_int(entry.get(k)) for k in ("n", "tp", "batch")}}
+    return one_line(f"This setup {calibration.statement(shown, fmt_int(max_tokens))}.")
+
+
+def detection_power(data: RunData) -> list[dict]:
+    """Return calibration.detection_power's entries, each with its plain-words `statement`."""
+    max_tokens = section(data.run, "spec").get("max_tokens")
+    entries = calibration.detection_power(calibration_pairs(data))
+    return [{**e, "statement": power_statement(e, max_tokens)} for e in entries]
+
+
+def ladder_table(data: RunData, entry: dict) -> Table:
+    """One row per shift of a calibration ladder: what the verdict rule made of each injected error."""
+    by_id = {text_of(r.get("pair_id")): r for r in calibration_pairs(data)}
+    rows = []
+    for step in entry.get("ladder") or []:
+        r = by_id.get(text_of(step.get("pair_id")), {})
+        rows.append(
+            [
+                f"{step['nats']:g}",
+                text_of(step.get("pair_id")),
+                text_of(step.get("verdict")),
+                fmt_drift(r),
+                fmt_drift_rule(r),
+                fmt_ratio(step.get("n_diverged"), step.get("n")),
+            ]
+        )
+    headers = ["shift (nats)", "pair", "verdict", "drift ratio [95% CI]", "drift threshold / p", "diverged"]
     return Table(headers, rows)
 
 
@@ -355,7 +653,7 @@ def cell_table(data: RunData) -> Table:
                 text_of(r.get("cell_id")),
                 fmt_int(r.get("tp")),
                 fmt_int(r.get("batch")),
-                text_of(r.get("arm")),
+                arm_label(r),
                 Strong(status) if status == "error" else status,
                 fmt_ratio(r.get("cascade_steps"), r.get("total_steps")),
                 fmt_float(r.get("tokens_per_s"), ".1f"),
@@ -367,6 +665,15 @@ def cell_table(data: RunData) -> Table:
             ]
         )
     return Table(headers, rows)
+
+
+def arm_label(r: dict) -> str:
+    """A cell's arm, with its injected fault and whether the planner added it."""
+    label = text_of(r.get("arm"))
+    inject = text_or_missing(r.get("inject"))
+    if inject != MISSING:
+        label += f" + {inject}"
+    return f"{label} ({PLANNER})" if r.get("origin") == "control" else label
 
 
 def _topk(alts: list[tuple[int, float]], k: int = 5) -> str:
@@ -382,13 +689,15 @@ def example_title(ex: Example) -> str:
 
 def example_table(ex: Example) -> Table:
     """Show both sides' token, log-probability and top-k at the first divergence."""
+    sides = [f"cascade ({ex.test_cell})", f"flat ({ex.ref_cell})"]
     return Table(
-        [f"at token {fmt_int(ex.first_div)}", f"cascade ({ex.test_cell})", f"flat ({ex.ref_cell})"],
+        [f"at token {fmt_int(ex.first_div)}", *sides],
         [
             ["token id", fmt_int(ex.test_token), fmt_int(ex.ref_token)],
             ["logprob", fmt_float(ex.test_logprob, ".4g"), fmt_float(ex.ref_logprob, ".4g")],
             ["top-k", _topk(ex.test_topk), _topk(ex.ref_topk)],
         ],
+        wrap=frozenset(sides),
     )
 
 

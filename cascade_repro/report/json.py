@@ -1,4 +1,7 @@
-"""Machine-readable summary.json for CI: stable keys, NaN as null."""
+"""Machine-readable summary.json for CI: stable keys, NaN as null.
+
+Schema 2 added the drift evidence per pair, `detection_power`, `warnings` and `schema_version`.
+"""
 
 from __future__ import annotations
 
@@ -27,7 +30,27 @@ PAIR_FIELDS = (
     "if_strict_delta",
     "if_loose_delta",
     "p_if",
+    # The drift rule and what it was measured on.
+    "drift_ratio",
+    "drift_ratio_lo",
+    "drift_ratio_hi",
+    "drift_threshold",
+    "p_drift",
+    "drift_test",
+    "drift_control",
+    "drift_n",
+    "control_pair_id",
+    "depth",
+    "cascade_decode_steps",
+    "decided_by",
+    "topk_violations",
+    "noise_n",
+    "noise_topk_violations",
+    "d_seq_rep_4_mean",
+    "d_seq_rep_4_lo",
+    "d_seq_rep_4_hi",
 )
+SCHEMA_VERSION = 2
 CELL_FIELDS = (
     "cell_id",
     "status",
@@ -40,10 +63,16 @@ CELL_FIELDS = (
     "error",
     "if_strict",
     "if_loose",
+    "inject",
+    "origin",
+    "cascade_decode_steps",
 )
 
 # Parquet stores an integer column holding a null as float; counts should still read 3, not 3.0.
-INT_FIELDS = {"tp", "batch", "n", "n_diverged", "noise_n_diverged", "cascade_steps", "if_n"}
+INT_FIELDS = {
+    "tp", "batch", "n", "n_diverged", "noise_n_diverged", "cascade_steps", "if_n", "drift_n",
+    "cascade_decode_steps", "topk_violations", "noise_n", "noise_topk_violations",
+}  # fmt: skip
 
 
 def _row(r: dict, fields: tuple[str, ...]) -> dict:
@@ -61,6 +90,7 @@ class JsonFormatter(ReportFormatter):
         fail_on = str(data.run.get("fail_on") or "regression")
         code, reason = c.exit_status(data, fail_on if fail_on in c.FAIL_ON else "regression")
         summary = {
+            "schema_version": SCHEMA_VERSION,
             "run_id": data.run.get("run_id"),
             "headline": c.headline(data),
             "counts": c.verdict_counts(data),
@@ -69,6 +99,9 @@ class JsonFormatter(ReportFormatter):
             "exit_reason": reason,
             "pairs": [_row(r, PAIR_FIELDS) for r in c.cascade_pairs(data)],
             "cells": [_row(r, CELL_FIELDS) for r in c.cells(data)],
+            "warnings": c.warnings(data),
+            # Calibration: the smallest injected LSE error this setup flags ([] when not calibrated).
+            "detection_power": c.detection_power(data),
             # Informational: neither changes a verdict or the exit code.
             "predictions": c.predictions(data),
             "if_note": c.if_note(data),

@@ -7,7 +7,16 @@ import xml.etree.ElementTree as ET
 from cascade_repro.report import content as c
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.load import RunData
-from cascade_repro.report.text import fmt_ci, fmt_int, fmt_p, fmt_ratio, one_line, text_of, xml_safe
+from cascade_repro.report.text import (
+    fmt_ci,
+    fmt_int,
+    fmt_p_eq,
+    fmt_ratio,
+    one_line,
+    text_of,
+    text_or_missing,
+    xml_safe,
+)
 
 SUITE = "cascade-repro"
 
@@ -23,12 +32,16 @@ def _el(parent: ET.Element, tag: str, text: str | None = None, **attrs: str) -> 
 def _details(r: dict) -> str:
     return "\n".join(
         [
+            f"drift ratio {c.fmt_drift(r)} vs threshold {c.fmt_drift_rule(r)} "
+            f"(control {text_or_missing(r.get('control_pair_id'))})",
             f"diverged {fmt_ratio(r.get('n_diverged'), r.get('n'))} vs noise "
-            f"{fmt_ratio(r.get('noise_n_diverged'), r.get('noise_n'))} (p={fmt_p(r.get('p_divergence'))})",
+            f"{fmt_ratio(r.get('noise_n_diverged'), r.get('noise_n'))} ({fmt_p_eq(r.get('p_divergence'))})",
             f"top-k violations {fmt_int(r.get('topk_violations'))} vs noise "
-            f"{fmt_int(r.get('noise_topk_violations'))} (p={fmt_p(r.get('p_topk'))})",
+            f"{fmt_int(r.get('noise_topk_violations'))} ({fmt_p_eq(r.get('p_topk'))})",
             f"delta seq-rep-4 {fmt_ci(r.get('d_seq_rep_4_mean'), r.get('d_seq_rep_4_lo'), r.get('d_seq_rep_4_hi'))}",
-            f"cascade steps {fmt_ratio(r.get('cascade_steps'), r.get('total_steps'))}",
+            f"cascade steps {fmt_ratio(r.get('cascade_steps'), r.get('total_steps'))}, "
+            f"decode steps {fmt_int(r.get('cascade_decode_steps'))}, depth {text_or_missing(r.get('depth'))}",
+            f"decided by {text_or_missing(r.get('decided_by'))}",
             f"test cell {text_of(r.get('test_cell'))}, ref cell {text_of(r.get('ref_cell'))}",
         ]
     )
@@ -55,6 +68,10 @@ class JunitFormatter(ReportFormatter):
         ):
             if v:
                 _el(props, "property", name=k, value=str(v))
+        # Calibration pairs are not testcases (an injected error is meant to fail); what they
+        # measured is one property.
+        power = [e["statement"] for e in c.detection_power(data)]
+        _el(props, "property", name="detection_power", value=" ".join(power) or c.not_calibrated(str))
         counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
         for r in c.cascade_pairs(data):
             counts["tests"] += 1
@@ -92,6 +109,9 @@ class JunitFormatter(ReportFormatter):
             elif verdict == "not exercised":
                 counts["skipped"] += 1
                 _el(case, "skipped", message="cascade never fired")
+            elif verdict == "inconclusive":
+                counts["skipped"] += 1
+                _el(case, "skipped", message=one_line(f"inconclusive: {text_of(r.get('reasons'))}"))
         total = c.section(data.run, "timings").get("total_s")
         for el in (suites, suite):
             for k, v in counts.items():

@@ -70,6 +70,16 @@ def _example(ex: Example) -> list[str]:
     ]
 
 
+def _detection_power(data: RunData) -> list[str]:
+    entries = c.detection_power(data)
+    if not entries:
+        return [c.not_calibrated(md_code), ""]
+    out = []
+    for e in entries:
+        out += [md_text(e["statement"]), "", *md_table(c.ladder_table(data, e), "no shifts"), ""]
+    return out
+
+
 class MarkdownFormatter(ReportFormatter):
     """Render report.md."""
 
@@ -82,8 +92,10 @@ class MarkdownFormatter(ReportFormatter):
         if warns := c.warnings(data):
             out += ["### Warnings", "", *(f"- **warning:** {md_text(w)}" for w in warns), ""]
         out += ["### Verdicts", "", *md_table(c.verdict_table(data), "no cascade pairs"), ""]
-        if note := c.if_note(data):
-            out += [f"_{md_text(note)}_", ""]
+        for note in (c.drift_note(data), c.if_note(data)):
+            if note:
+                out += [f"_{md_text(note)}_", ""]
+        out += ["### Detection power", "", *_detection_power(data)]
         out += ["### Noise floor", "", *md_table(c.noise_table(data), "no control pairs"), ""]
         out += ["### Cells", "", *md_table(c.cell_table(data), "no cells"), ""]
         if data.examples:

@@ -8,12 +8,14 @@ from html import escape
 
 from cascade_repro.report import content as c
 from cascade_repro.report.load import RunData
-from cascade_repro.report.text import as_int, is_missing
+from cascade_repro.report.text import as_int, fmt_x, fmt_x_ci, is_missing, text_of, truncate
 
 Series = dict[int, list[float]]  # x (batch size) -> values
 COLORS = ("#d1242f", "#0969da", "#1a7f37", "#8250df", "#bf8700")
 W, H = 640, 320
 LEFT, RIGHT, TOP, BOTTOM = 64, 160, 34, 52
+# An axis starts at 0 only when the data come close to it; otherwise most of the plot would be empty.
+ZERO_FRACTION = 0.25
 
 
 def _nice_step(span: float, target: int = 5) -> float:
@@ -30,6 +32,30 @@ def _tick(v: float) -> str:
     return f"{v:g}" if abs(v) >= 1e-9 else "0"
 
 
+def y_range(values: list[float]) -> tuple[float, float, float]:
+    """Return (bottom, top, step) of a linear axis fitted to values, on multiples of a nice step.
+
+    The axis starts at 0 when the minimum is below ZERO_FRACTION of the maximum, else at the nice
+    step at or below the minimum; the top is the nice step at or above the maximum.
+    """
+    vmin, vmax = min(values), max(values)
+    if vmax <= 0 and vmin >= 0:  # all zero
+        step = _nice_step(1.0)
+        return 0.0, step, step
+    if 0 <= vmin < ZERO_FRACTION * vmax:
+        step = _nice_step(vmax)
+        return 0.0, step * math.ceil(vmax / step - 1e-9), step
+    # A single value (no spread) still gets a band around it.
+    span = vmax - vmin if vmax > vmin else abs(vmax) * 0.2
+    step = _nice_step(span)
+    bottom, top = step * math.floor(vmin / step + 1e-9), step * math.ceil(vmax / step - 1e-9)
+    if top - bottom < step / 2:
+        bottom, top = bottom - step, top + step
+    if vmin >= 0:
+        bottom = max(bottom, 0.0)
+    return bottom, top, step
+
+
 def whisker_plot(title: str, xlabel: str, ylabel: str, series: dict[str, Series]) -> str:
     """Draw median dots with min–max whiskers per x and series, plus every value as a faint dot."""
     series = {k: v for k, v in series.items() if any(v.values())}
@@ -37,23 +63,21 @@ def whisker_plot(title: str, xlabel: str, ylabel: str, series: dict[str, Series]
         return f'<p class="nodata">{escape(title)}: no data</p>'
     xs = sorted({x for s in series.values() for x, vals in s.items() if vals})
     values = [v for s in series.values() for vals in s.values() for v in vals]
-    ymax = max(max(values), 0.0)
-    step = _nice_step(ymax if ymax > 0 else 1.0)
-    ytop = step * max(1, math.ceil(ymax / step))
+    ybottom, ytop, step = y_range(values)
     pw, ph = W - LEFT - RIGHT, H - TOP - BOTTOM
     band = pw / len(xs)
     spread = min(band / (len(series) + 1), 20.0)
 
     def y(v: float) -> float:
-        return TOP + ph - (v / ytop) * ph
+        return TOP + ph - ((v - ybottom) / (ytop - ybottom)) * ph
 
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" width="{W}" height="{H}" '
         f'role="img" class="plot" font-family="sans-serif" font-size="11" fill="#1f2328"><title>{escape(title)}</title>',
         f'<text x="{W / 2 - RIGHT / 2:.1f}" y="18" text-anchor="middle" font-size="13" font-weight="600">{escape(title)}</text>',
     ]
-    for i in range(int(round(ytop / step)) + 1):
-        v = i * step
+    for i in range(int(round((ytop - ybottom) / step)) + 1):
+        v = ybottom + i * step
         out.append(
             f'<line x1="{LEFT}" x2="{LEFT + pw}" y1="{_num(y(v))}" y2="{_num(y(v))}" stroke="#eaeef2"/>'
         )
@@ -113,7 +137,8 @@ def first_divergence_plot(data: RunData) -> str:
     noise: Series = {}
     for r in data.comparisons.to_dict("records"):
         p = kinds.get(r["pair_id"])
-        if p is None or (not is_missing(r["exact"]) and bool(r["exact"])):
+        # Calibration pairs carry an injected error: they are neither cascade evidence nor noise.
+        if p is None or p.get("kind") == c.CALIBRATION or (not is_missing(r["exact"]) and bool(r["exact"])):
             continue
         _add(cascade if p.get("kind") == "cascade" else noise, p.get("batch"), r["first_div"])
     return whisker_plot(
@@ -131,3 +156,153 @@ def seq_rep_plot(data: RunData) -> str:
         if r.get("status") == "done" and f"{r.get('arm')} arm" in arms:
             _add(arms[f"{r['arm']} arm"], r.get("batch"), r.get("seq_rep_4"))
     return whisker_plot("seq-rep-4 by batch size", "batch size", "seq-rep-4 (mean per cell)", arms)
+
+
+# --- forest plot of drift ratios ------------------------------------------------------------------
+
+FOREST_PW, FOREST_RIGHT, FOREST_TOP, FOREST_BOTTOM, ROW_H = 440, 24, 36, 44, 22
+LABEL_CHARS, CHAR_W = 44, 6.4
+# Mantissas of log-axis ticks, sparse to dense; the densest set giving at most MAX_TICKS ticks is used.
+TICK_SETS = (
+    (1.0,),
+    (1.0, 2.0, 5.0),
+    (1.0, 1.5, 2.0, 3.0, 5.0, 7.0),
+    (1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0),
+    tuple(round(1 + 0.1 * i, 1) for i in range(90)),
+)
+MAX_TICKS = 10
+MIN_DECADES = 0.1  # ratios all within a few percent still get a readable axis
+RED, BLUE, GREY = "#d1242f", "#0969da", "#8c959f"
+
+
+def _positive(v) -> float | None:
+    """v as a float usable on a log axis, else None (missing, non-finite, <= 0)."""
+    if is_missing(v):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) and f > 0 else None
+
+
+def log_domain(values: list[float], pad: float = 0.05) -> tuple[float, float]:
+    """Fit a log axis to positive values, padded by `pad` of its width on each side."""
+    a, b = math.log10(min(values)), math.log10(max(values))
+    if b - a < MIN_DECADES:
+        mid = (a + b) / 2
+        a, b = mid - MIN_DECADES / 2, mid + MIN_DECADES / 2
+    p = (b - a) * pad
+    return 10 ** (a - p), 10 ** (b + p)
+
+
+def log_ticks(lo: float, hi: float) -> list[float]:
+    """Nice ticks (1, 2, 5, 10, ... or finer) between lo and hi: the densest set with <= MAX_TICKS."""
+    e0, e1 = math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1
+
+    def ticks(mantissas: tuple[float, ...]) -> list[float]:
+        out = [float(f"{m:g}e{e}") for e in range(e0, e1 + 1) for m in mantissas]
+        return [t for t in out if lo <= t <= hi]
+
+    for mantissas in reversed(TICK_SETS):
+        got = ticks(mantissas)
+        if len(got) <= MAX_TICKS:
+            return got
+    decades = ticks((1.0,))  # over MAX_TICKS decades: every k-th power of ten
+    k = math.ceil(len(decades) / MAX_TICKS)
+    return decades[::k]
+
+
+def forest_rows(data: RunData) -> list[dict]:
+    """Rows of the forest plot: cascade pairs, then calibration pairs by shift; no ratio, no row."""
+    out = []
+    for r in [*c.cascade_pairs(data), *c.calibration_pairs(data)]:
+        ratio = _positive(r.get("drift_ratio"))
+        if ratio is None:
+            continue
+        out.append(
+            {
+                "label": text_of(r.get("pair_id")),
+                "calibration": r.get("kind") == c.CALIBRATION,
+                "ratio": ratio,
+                "lo": _positive(r.get("drift_ratio_lo")),
+                "hi": _positive(r.get("drift_ratio_hi")),
+                "threshold": _positive(r.get("drift_threshold")),
+                "verdict": text_of(r.get("verdict")),
+                "tip": (
+                    f"{text_of(r.get('pair_id'))}: drift ratio "
+                    f"{fmt_x_ci(r.get('drift_ratio'), r.get('drift_ratio_lo'), r.get('drift_ratio_hi'))}, "
+                    f"threshold {fmt_x(r.get('drift_threshold'))}, {text_of(r.get('verdict'))}"
+                ),
+            }
+        )
+    return out
+
+
+def forest_plot(data: RunData) -> str:
+    """Draw one row per pair: drift ratio with its CI on a log axis, its threshold as a red tick."""
+    title = "Drift ratio per pair (log scale)"
+    rows = forest_rows(data)
+    if not rows:
+        return f'<p class="nodata">{escape(title)}: no data</p>'
+    drift_min = _positive(c.section(data.run, "thresholds").get("drift_min"))
+    xs = [v for r in rows for v in (r["ratio"], r["lo"], r["hi"], r["threshold"]) if v is not None]
+    lo, hi = log_domain([*xs, 1.0, *([drift_min] if drift_min else [])])
+    left = 16 + CHAR_W * min(LABEL_CHARS, max(len(r["label"]) for r in rows))
+    width, top = left + FOREST_PW + FOREST_RIGHT, FOREST_TOP
+    height = top + ROW_H * len(rows) + FOREST_BOTTOM
+    bottom = top + ROW_H * len(rows)
+
+    def x(v: float) -> str:
+        return _num(left + (math.log10(v) - math.log10(lo)) / (math.log10(hi) - math.log10(lo)) * FOREST_PW)
+
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width:.0f} {height}" width="{width:.0f}" '
+        f'height="{height}" role="img" class="plot" font-family="sans-serif" font-size="11" fill="#1f2328">'
+        f"<title>{escape(title)}</title>",
+        f'<text x="{left + FOREST_PW / 2:.1f}" y="18" text-anchor="middle" font-size="13" font-weight="600">'
+        f"{escape(title)}</text>",
+    ]
+    for t in log_ticks(lo, hi):
+        out.append(f'<line x1="{x(t)}" x2="{x(t)}" y1="{top}" y2="{bottom}" stroke="#eaeef2"/>')
+        out.append(f'<text x="{x(t)}" y="{bottom + 16}" text-anchor="middle">{_tick(t)}</text>')
+    out.append(f'<line x1="{left}" x2="{left + FOREST_PW}" y1="{bottom}" y2="{bottom}" stroke="#59636e"/>')
+    out.append(
+        f'<text x="{left + FOREST_PW / 2:.1f}" y="{height - 8}" text-anchor="middle">'
+        "drift ratio: cascade vs flat twin over control</text>"
+    )
+    out.append(f'<line x1="{x(1.0)}" x2="{x(1.0)}" y1="{top - 6}" y2="{bottom}" stroke="#59636e"/>')
+    if drift_min:
+        out.append(
+            f'<line x1="{x(drift_min)}" x2="{x(drift_min)}" y1="{top - 6}" y2="{bottom}" stroke="{RED}" '
+            'stroke-dasharray="4 3" stroke-opacity="0.7"><title>'
+            f"drift_min {drift_min:g}</title></line>"
+        )
+    for i, r in enumerate(rows):
+        out.append(_forest_row(r, top + ROW_H * (i + 0.5), left, x))
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _forest_row(r: dict, cy: float, left: float, x) -> str:
+    calib = r["calibration"]
+    color = GREY if calib else RED if r["verdict"] == "regression" else BLUE
+    style = ' font-style="italic" fill="#59636e"' if calib else ""
+    label = escape(truncate(r["label"], LABEL_CHARS))
+    out = [
+        f'<g class="{"row calibration" if calib else "row"}"><title>{escape(r["tip"])}</title>',
+        f'<text x="{left - 8:.1f}" y="{cy + 4:.1f}" text-anchor="end"{style}>{label}</text>',
+    ]
+    if r["lo"] is not None and r["hi"] is not None:
+        out.append(
+            f'<line x1="{x(min(r["lo"], r["hi"]))}" x2="{x(max(r["lo"], r["hi"]))}" y1="{cy:.1f}" y2="{cy:.1f}" '
+            f'stroke="{color}" stroke-width="2"/>'
+        )
+    if r["threshold"] is not None:
+        t = x(r["threshold"])
+        out.append(
+            f'<line class="threshold" x1="{t}" x2="{t}" y1="{cy - 6:.1f}" y2="{cy + 6:.1f}" stroke="{RED}" '
+            'stroke-width="2"/>'
+        )
+    out.append(f'<circle cx="{x(r["ratio"])}" cy="{cy:.1f}" r="4" fill="{color}"/></g>')
+    return "".join(out)

@@ -150,3 +150,50 @@ def xml_safe(s: str) -> str:
 def plural(n: int, word: str) -> str:
     """Return `n word` with a plain English plural `s` when n != 1."""
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def text_or_missing(v: Any) -> str:
+    """Like text_of, but an empty string (the scorer's "none") also reads as the missing marker."""
+    s = text_of(v)
+    return MISSING if s == "" else s
+
+
+def fmt_x(v: Any) -> str:
+    """Format a ratio with about three significant digits: 1.35, 12.3, 134."""
+    if is_missing(v):
+        return MISSING
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return str(v)
+    if not math.isfinite(f):
+        return str(f)
+    a = abs(f)
+    # Two decimals below 10 so ratios near 1 (1.04 vs 1.14) stay distinguishable.
+    return f"{f:.2f}" if a < 10 else f"{f:.1f}" if a < 100 else f"{f:.0f}"
+
+
+def fmt_x_ci(v: Any, lo: Any, hi: Any) -> str:
+    """Format a ratio with its 95% interval, e.g. `1.35 [1.25, 1.46]`."""
+    if is_missing(v):
+        return MISSING
+    s = fmt_x(v)
+    if not (is_missing(lo) or is_missing(hi)):
+        s += f" [{fmt_x(lo)}, {fmt_x(hi)}]"
+    return s
+
+
+def fmt_threshold_p(threshold: Any, p: Any) -> str:
+    """Format the drift rule's bar and p-value, e.g. `> 1.14, p=0.0005`."""
+    parts = []
+    if not is_missing(threshold):
+        parts.append(f"> {fmt_x(threshold)}")
+    if not is_missing(p):
+        parts.append(fmt_p_eq(p))
+    return ", ".join(parts) or MISSING
+
+
+def fmt_p_eq(p: Any) -> str:
+    """`p=0.0714`, or `p<1e-6` for a tiny one (not `p=<1e-6`)."""
+    s = fmt_p(p)
+    return f"p{s}" if s.startswith("<") else f"p={s}"
