@@ -20,9 +20,11 @@ from cascade_repro.metrics.divergence import divergence_metrics
 from cascade_repro.metrics.drift import drift_floor, drift_triple
 from cascade_repro.metrics.repetition import repetition_metrics
 from cascade_repro.verdicts import (
+    BiasStats,
     DriftStats,
     Evidence,
     Thresholds,
+    bias_stats,
     decide,
     depth,
     drift_ratio_stats,
@@ -96,6 +98,12 @@ def load_cell_samples(
                 if sc["strict"] is not None:
                     cs.ifs[i] = (sc["strict"], sc["loose"])
     return out
+
+
+def _mean_control_drift(triples: dict[int, dict[str, Any]]) -> float:
+    vals = [t["drift_control"] for t in triples.values() if t["drift_positions"] > 0]
+    vals = [v for v in vals if v == v]  # NaN when a side carried no logprobs
+    return float(np.mean(vals)) if vals else -1.0
 
 
 def _mean(values: list[float]) -> float:
@@ -218,35 +226,31 @@ def plan_pairs(cells: list[dict[str, Any]]) -> list[PairSpec]:
     return pairs
 
 
-def matched_controls(pairs: list[PairSpec]) -> dict[str, tuple[PairSpec, str]]:
-    """For each cascade/calibration pair: the control it is judged against and that control's other cell id.
+def control_candidates(pairs: list[PairSpec]) -> dict[str, list[tuple[PairSpec, str]]]:
+    """For each cascade/calibration pair: the floor controls that contain its twin, with their other cell id.
 
     The control must contain the pair's twin, so the three cells (cascade, twin, the control's
-    other side) give the same contexts on their agreeing positions. An engine-start control comes
-    first where there is one (under ``--arm-switch restart`` the twins come from two engine starts,
-    so the control must span engine starts too); otherwise the batch control whose test is the twin.
+    other side) give the same contexts on their agreeing positions. The scorer judges the pair
+    against the candidate whose drift is largest (``compare_pair``), as the count floor takes the
+    worst control: controls between similar batch shapes are quieter (H200, FA3: flat b64 vs b128
+    drifted 0.41x as much as b64 vs b8), and cascade is judged against the largest drift that an
+    equivalent recomputation showed.
     """
     by_cell: dict[str, list[PairSpec]] = {}
     for ps in pairs:
         if ps.kind in FLOOR_KINDS:
             by_cell.setdefault(ps.test["cell_id"], []).append(ps)
             by_cell.setdefault(ps.ref["cell_id"], []).append(ps)
-    rank = {NOISE_RESTART: 0, NOISE_BATCH: 1}
-    out: dict[str, tuple[PairSpec, str]] = {}
+    out: dict[str, list[tuple[PairSpec, str]]] = {}
     for ps in pairs:
         if ps.kind not in (CASCADE, CALIBRATION):
             continue
         twin = ps.ref["cell_id"]
-        options = sorted(
-            by_cell.get(twin, []),
-            key=lambda c: (
-                rank[c.kind],
-                c.test["cell_id"] != twin,
-                abs(_other(c, twin)["batch"] - ps.ref["batch"]),
-            ),
-        )
-        if options:
-            out[ps.pair_id] = (options[0], _other(options[0], twin)["cell_id"])
+        seen: dict[str, PairSpec] = {}
+        for c in by_cell.get(twin, []):
+            seen.setdefault(_other(c, twin)["cell_id"], c)  # one control per other cell
+        if seen:
+            out[ps.pair_id] = [(c, other) for other, c in seen.items()]
     return out
 
 
@@ -254,31 +258,50 @@ def _other(ps: PairSpec, cell_id: str) -> dict[str, Any]:
     return ps.ref if ps.test["cell_id"] == cell_id else ps.test
 
 
-DRIFT_KEYS = ("drift_positions", "drift_test", "drift_control", "topk_drift_test", "topk_drift_control")
+DRIFT_KEYS = (
+    "drift_positions", "drift_test", "drift_control", "bias_test", "bias_control", "topk_drift_test", "topk_drift_control",
+)  # fmt: skip
 _NO_DRIFT = dict.fromkeys(DRIFT_KEYS, float("nan"))
 
 
 def compare_pair(
-    ps: PairSpec, samples: dict[str, CellSamples], other: str | None = None
+    ps: PairSpec, samples: dict[str, CellSamples], others: Iterable[str] = ()
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Return the pair's aggregate row (without verdict) and its per-prompt rows.
 
-    ``other``: the cell id of the matched control's other side; given it, every prompt also gets
-    the drift of test and control against the twin (``metrics/drift.py``) on agreeing positions.
+    ``others``: cell ids of the candidate controls' other sides. Every prompt gets the drift of
+    test and control against the twin (``metrics/drift.py``) on agreeing positions, for the
+    candidate with the largest mean control drift; its id is ``agg["_control_other"]``.
     """
     a = samples.get(ps.test["cell_id"], CellSamples())
     b = samples.get(ps.ref["cell_id"], CellSamples())
-    c = samples.get(other, CellSamples()) if other else None
     common = sorted(set(a.tokens) & set(b.tokens))
+    triples: dict[str, dict[int, dict[str, Any]]] = {}
+    for other in others:
+        c = samples.get(other)
+        if c is None:
+            continue
+        triples[other] = {
+            i: drift_triple(
+                a.tokens[i],
+                a.logprobs[i],
+                a.topk[i],
+                b.tokens[i],
+                b.logprobs[i],
+                b.topk[i],
+                c.tokens[i],
+                c.logprobs[i],
+                c.topk[i],
+            )  # fmt: skip
+            for i in common
+            if i in c.tokens
+        }
+    chosen = max(triples, key=lambda o: _mean_control_drift(triples[o]), default=None)
+    drifts = triples.get(chosen, {}) if chosen else {}
     rows = []
     for i in common:
         d = divergence_metrics(a.tokens[i], a.logprobs[i], a.topk[i], b.tokens[i], b.logprobs[i], b.topk[i])
-        drift = _NO_DRIFT
-        if c is not None and i in c.tokens:
-            drift = drift_triple(
-                a.tokens[i], a.logprobs[i], a.topk[i], b.tokens[i], b.logprobs[i], b.topk[i],
-                c.tokens[i], c.logprobs[i], c.topk[i],
-            )  # fmt: skip
+        drift = drifts.get(i, _NO_DRIFT)
         rows.append(
             {
                 "pair_id": ps.pair_id,
@@ -330,7 +353,13 @@ def compare_pair(
         "if_lost": strict["if_lost"],
         "p_if": strict["p"],
         "_deltas": deltas,
+        "_control_other": chosen,
         "_drift": [(r["drift_test"], r["drift_control"]) for r in rows if (r["drift_positions"] or 0) > 0],
+        "_bias": [
+            ((r["bias_test"], r["drift_test"]), (r["bias_control"], r["drift_control"]))
+            for r in rows
+            if (r["drift_positions"] or 0) > 0
+        ],
         "_topk_drift": [
             (r["topk_drift_test"], r["topk_drift_control"]) for r in rows if (r["drift_positions"] or 0) > 0
         ],
@@ -345,16 +374,19 @@ def build_tables(
     """Score the run and return (cells, pairs, comparisons) DataFrames."""
     cells = run["plan"]["cells"]
     pair_specs = plan_pairs(cells)
-    controls = matched_controls(pair_specs)
+    candidates = control_candidates(pair_specs)
     wanted = {c["cell_id"] for c in cells}
     samples = load_cell_samples(run_dir, run["plan"]["engines"], wanted, load_prompts(run_dir))
     cells_df = cell_rows(run, run_dir, samples)
     by_id = cells_df.set_index("cell_id").to_dict("index")
 
     aggs, comp_rows = [], []
+    matched: dict[str, PairSpec] = {}
     for ps in pair_specs:
-        matched = controls.get(ps.pair_id)
-        agg, rows = compare_pair(ps, samples, matched[1] if matched else None)
+        cands = candidates.get(ps.pair_id, [])
+        agg, rows = compare_pair(ps, samples, [other for _, other in cands])
+        if (other := agg.pop("_control_other")) is not None:
+            matched[ps.pair_id] = next(c for c, o in cands if o == other)
         aggs.append(agg)
         comp_rows.extend(rows)
 
@@ -365,7 +397,7 @@ def build_tables(
     # largest one measured. Taking only the control at the same batch made benign bf16 drift at small
     # batches look like a bug (H200, FA2: cascade b8 24/64 diverged, all inside top-k, vs 5/64 for
     # flat b8 vs b1 but 28/64 for flat b128 vs b1). The drift ratio, which compares the same
-    # contexts, uses the matched control instead (``matched_controls``).
+    # contexts, uses the worst control that contains the twin instead (``control_candidates``).
     noise_div: dict[tuple, dict[str, Any]] = {}
     noise_topk: dict[tuple, int] = {}
     for agg, ps in zip(aggs, pair_specs, strict=True):
@@ -381,7 +413,7 @@ def build_tables(
         mean, lo, hi = paired_bootstrap_ci(
             agg.pop("_deltas"), thresholds.bootstrap, thresholds.ci, thresholds.seed
         )
-        drift_pairs, topk_pairs = agg.pop("_drift"), agg.pop("_topk_drift")
+        drift_pairs, topk_pairs, bias_pairs = agg.pop("_drift"), agg.pop("_topk_drift"), agg.pop("_bias")
         test_cell = by_id.get(ps.test["cell_id"], {})
         agg.update(d_seq_rep_4_mean=mean, d_seq_rep_4_lo=lo, d_seq_rep_4_hi=hi)
         agg["cascade_steps"] = int(test_cell.get("cascade_steps", 0))
@@ -392,7 +424,7 @@ def build_tables(
         agg["depth"] = depth(agg["cascade_steps"], decode_steps) if ps.kind in (CASCADE, CALIBRATION) else ""
         if ps.kind not in (CASCADE, CALIBRATION):
             agg.update(noise_pair_id="", noise_n=0, noise_n_diverged=0, noise_topk_violations=0)
-            agg.update(_drift_columns(None, None, ""))
+            agg.update(_drift_columns(None, None, "", None))
             agg.update(
                 p_divergence=float("nan"), p_topk=float("nan"), verdict="control", reasons="", decided_by=""
             )
@@ -403,9 +435,9 @@ def build_tables(
         agg["noise_n"] = noise["n"] if noise else 0
         agg["noise_n_diverged"] = noise["n_diverged"] if noise else 0
         agg["noise_topk_violations"] = noise_topk.get(tk, 0)
-        matched = controls.get(ps.pair_id)
-        drift = topk = None
-        if matched:
+        control = matched.get(ps.pair_id)
+        drift = topk = bias = None
+        if control is not None:
             floor = drift_floor(test_cell.get("dtype_effective"))
             drift = drift_ratio_stats(
                 [t for t, _ in drift_pairs], [c for _, c in drift_pairs], floor, thresholds
@@ -413,7 +445,8 @@ def build_tables(
             topk = drift_ratio_stats(
                 [t for t, _ in topk_pairs], [c for _, c in topk_pairs], floor, thresholds
             )
-        agg.update(_drift_columns(drift, topk, matched[0].pair_id if matched else ""))
+            bias = bias_stats([t for t, _ in bias_pairs], [c for _, c in bias_pairs], floor)
+        agg.update(_drift_columns(drift, topk, control.pair_id if control else "", bias))
         ok = test_cell.get("status") == "done" and by_id.get(ps.ref["cell_id"], {}).get("status") == "done"
         ev = Evidence(
             n=agg["n"],
@@ -428,6 +461,7 @@ def build_tables(
             cascade_steps=agg["cascade_steps"],
             status_ok=ok and agg["n"] > 0,
             drift=drift,
+            bias=bias,
             cascade_decode_steps=decode_steps,
         )
         dec = decide(ev, thresholds, has_noise=noise is not None and noise["n"] > 0)
@@ -451,17 +485,26 @@ PAIR_COLUMNS = [
     "d_seq_rep_4_lo", "d_seq_rep_4_hi", "noise_pair_id", "noise_n", "noise_n_diverged",
     "noise_topk_violations", "p_divergence", "p_topk", "control_pair_id", "drift_n", "drift_tokens",
     "drift_test", "drift_control", "drift_floor", "drift_ratio", "drift_ratio_lo", "drift_ratio_hi",
-    "drift_threshold", "drift_null_q", "p_drift", "drift_up", "topk_drift_ratio", "topk_drift_ratio_lo",
+    "drift_threshold", "drift_null_q", "p_drift", "drift_up", "bias_n", "bias_up", "bias_down", "bias_mean",
+    "p_bias", "p_bias_control", "topk_drift_ratio", "topk_drift_ratio_lo",
     "topk_drift_ratio_hi", "cascade_steps", "cascade_decode_steps", "total_steps", "depth", "verdict",
     "decided_by", "reasons", "if_n", "if_strict_test", "if_strict_ref", "if_strict_delta", "if_loose_delta",
     "if_gained", "if_lost", "p_if",
 ]  # fmt: skip
 
 
-def _drift_columns(drift: DriftStats | None, topk: DriftStats | None, control_pair_id: str) -> dict[str, Any]:
+def _drift_columns(
+    drift: DriftStats | None, topk: DriftStats | None, control_pair_id: str, bias: BiasStats | None
+) -> dict[str, Any]:
     """The drift columns of one pair (NaN where nothing was measured)."""
-    d, t = drift or DriftStats(), topk or DriftStats()
+    d, t, b = drift or DriftStats(), topk or DriftStats(), bias or BiasStats()
     return {
+        "bias_n": b.n,
+        "bias_up": b.up,
+        "bias_down": b.down,
+        "bias_mean": b.mean,
+        "p_bias": b.p,
+        "p_bias_control": b.p_control,
         "control_pair_id": control_pair_id,
         "drift_n": d.n,
         "drift_test": d.test,

@@ -217,13 +217,15 @@ def _engine_key(
 
 
 def control_batch(batch: int) -> int:
-    """The batch size of a flat noise control the planner adds: half the batch (2 for batch 1).
+    """The batch size of a flat noise control the planner adds: a factor 8 away (B/8, or 8B below 8).
 
     Another batch shape is a different-but-equivalent computation (other split-KV and tile
     choices), which is what a control must be; a rerun inside one engine is not: it is bitwise
-    identical (the prefix cache is reset per wave), so it would measure no noise at all.
+    identical (the prefix cache is reset per wave), so it would measure no noise at all. Similar
+    shapes make quiet controls (H200, FA3: flat b64 vs b32 drifted 0.8x, vs b128 0.4x as much as
+    b64 vs b8), so the planner's control is far from the batch it serves.
     """
-    return batch // 2 if batch > 1 else 2
+    return batch // 8 if batch >= 8 else batch * 8
 
 
 def plan(spec: MatrixSpec) -> dict[str, EnginePlan]:

@@ -4,12 +4,16 @@ Raw divergence cries wolf: on an H200 with vLLM 0.26, cascade vs flat at batch 6
 prompts while flat batch 1 vs flat batch 64 differed on 36/64. So a pair is only called a
 ``regression`` on evidence measured against a noise control:
 
-- drift (the most sensitive): on positions where the cascade cell, its flat twin and the matched
-  control's other side all agree so far, the mean |Δ logprob| of the chosen token, cascade vs twin,
-  over the same for the control (``metrics/drift.py``). Null model: cascade is one more equivalent
-  recomputation of flat B, exchangeable with the control's, so swapping the two labels within a
-  prompt must not change the ratio's distribution. The ratio is flagged when it exceeds the
-  ``1 - alpha`` quantile of its sign-flip permutation distribution and ``drift_min``;
+- bias (the most sensitive): on positions where the cascade cell, its flat twin and the matched
+  control's other side all agree so far (``metrics/drift.py``), the signed mean of
+  ``logprob(cascade) - logprob(twin)`` per prompt. Null model: rounding has no preferred direction,
+  so each prompt's sign is a fair coin whatever the rounding's size (FA2's cascade drifts 1.2-1.5x
+  more than its flat path, without a direction). Exact two-sided sign test at ``alpha / 2``;
+- drift magnitude: the mean |Δ logprob| of the chosen token, cascade vs twin, over the same for
+  the control. Flagged when it exceeds ``drift_min`` and the ``1 - alpha / 2`` quantile of its
+  distribution with cascade and control labels swapped at random within prompts (for small
+  samples, where that quantile is the binding one). It catches what has no direction (a fault
+  confined to the prefill at batch 8, where the sign test saw nothing);
 - divergence: Fisher's exact test (one-sided) on diverged-prompt counts, pair vs noise control;
 - top-k: Fisher's exact test on counts of divergences where a side's token is outside the other
   side's top-k (vLLM's ``check_logprobs_close`` rule), pair vs noise control;
@@ -41,9 +45,10 @@ class Thresholds:
 
     alpha: float = 0.01
     rep_delta: float = 0.02
-    # A cascade a few percent noisier than batch noise is no bug signal: clean H200 runs gave drift
-    # ratios of 0.95-1.04, the subtle fault this rule exists for 1.31-1.38.
-    drift_min: float = 1.1
+    # Cascade's drift may be a constant factor larger than flat-vs-flat drift without any fault: on
+    # the H200 (bf16, 64 prompts x 128 tokens) clean FA3 gave ratios of 1.02-1.13 against its worst
+    # flat control and clean FA2 1.17-1.49; a 0.3-nat prefix-LSE shift 1.8-4.5.
+    drift_min: float = 2.0
     min_topk_violations: int = 1
     bootstrap: int = 2000
     ci: float = 0.95
@@ -161,7 +166,8 @@ def drift_ratio_stats(
     # A permuted ratio equal to the observed one counts against it (ties are not evidence).
     hits = int((perm >= ratio - 1e-12 * abs(ratio)).sum())
     p = hits / perm.size if n <= EXACT_PERMUTATION_MAX_N else (1 + hits) / (1 + perm.size)
-    null_q = float(np.quantile(perm, 1 - th.alpha, method="higher"))
+    # alpha / 2: the magnitude and the bias test share the run's alpha (Bonferroni).
+    null_q = float(np.quantile(perm, 1 - th.alpha / 2, method="higher"))
     return DriftStats(
         n=n,
         test=float(t.mean()),
@@ -174,6 +180,57 @@ def drift_ratio_stats(
         null_q=null_q,
         threshold=max(null_q, th.drift_min),
         up=int((t > c).sum()),
+    )
+
+
+@dataclass
+class BiasStats:
+    """Which way cascade moves the chosen token's logprob, prompt by prompt, with a sign test."""
+
+    n: int = 0  # prompts whose signed drift is beyond the floor (the others are ties)
+    up: int = 0
+    down: int = 0
+    mean: float = math.nan  # mean signed drift over all measured prompts
+    p: float = math.nan  # exact two-sided sign test
+    p_control: float = math.nan  # the same test on the control: a check that the null holds there
+
+    @property
+    def measured(self) -> bool:
+        return self.n > 0
+
+
+def sign_test(up: int, down: int) -> float:
+    """Exact two-sided sign test: P(a split at least this uneven) for a fair coin."""
+    n = up + down
+    if n == 0:
+        return 1.0
+    k = min(up, down)
+    tail = sum(math.exp(_log_comb(n, i) - n * math.log(2)) for i in range(k + 1))
+    return min(1.0, 2 * tail)
+
+
+def bias_stats(
+    test: Sequence[tuple[float, float]], control: Sequence[tuple[float, float]], floor: float
+) -> BiasStats:
+    """Sign test of per-prompt signed drifts, each given as ``(signed mean, mean |Δ|)``.
+
+    A prompt whose mean |Δ| is within ``floor`` is a tie, not a sign: nothing on it moved beyond
+    the dtype's resolution (fp32 on CPU: ~1e-6, in a consistent direction that is rounding's, not
+    a fault's). Its signed mean may be far below the floor and still count: it averages up to
+    hundreds of positions.
+    """
+
+    def counts(rows: Sequence[tuple[float, float]]) -> tuple[int, int, list[float]]:
+        vals = [(sg, ab) for sg, ab in rows if math.isfinite(sg) and math.isfinite(ab)]
+        moved = [sg for sg, ab in vals if ab > floor]
+        return sum(1 for v in moved if v > 0), sum(1 for v in moved if v < 0), [sg for sg, _ in vals]
+
+    up, down, signed = counts(test)
+    if not signed:
+        return BiasStats()
+    cu, cd, _ = counts(control)
+    return BiasStats(
+        n=up + down, up=up, down=down, mean=float(np.mean(signed)), p=sign_test(up, down), p_control=sign_test(cu, cd)
     )
 
 
@@ -193,6 +250,7 @@ class Evidence:
     cascade_steps: int
     status_ok: bool = True
     drift: DriftStats | None = None
+    bias: BiasStats | None = None
     cascade_decode_steps: int | None = None  # None: the engine did not say
 
 
@@ -202,7 +260,7 @@ class Decision:
     reasons: str
     p_divergence: float
     p_topk: float
-    decided_by: str = ""  # comma list of the evidence that fired: drift, divergence, top-k, repetition
+    decided_by: str = ""  # comma list of the evidence that fired: bias, drift, divergence, top-k, repetition
 
 
 def depth(cascade_steps: int, cascade_decode_steps: int | None) -> str:
@@ -212,6 +270,14 @@ def depth(cascade_steps: int, cascade_decode_steps: int | None) -> str:
     if cascade_decode_steps is None:
         return "?"
     return "decode" if cascade_decode_steps > 0 else "prefill only"
+
+
+def _bias_text(b: BiasStats, th: Thresholds) -> str:
+    way = "lower" if b.down >= b.up else "higher"
+    return (
+        f"bias: chosen-token logprob {way} under cascade on {max(b.up, b.down)} of {b.n} prompts "
+        f"(mean {b.mean:+.3g}), sign test p={b.p:.3g} vs {th.alpha / 2:g} (control p={b.p_control:.3g})"
+    )
 
 
 def _drift_text(d: DriftStats) -> str:
@@ -239,10 +305,12 @@ def decide(ev: Evidence, th: Thresholds, has_noise: bool) -> Decision:
         )
     shallow = depth(ev.cascade_steps, ev.cascade_decode_steps) == "prefill only"
     note = "; cascade ran on prefill steps only (the field bug lived in decode)" if shallow else ""
-    d = ev.drift
+    d, b = ev.drift, ev.bias
     drift_ok = d is not None and d.measured
+    bias_ok = b is not None and b.measured
     at_floor = d is not None and d.n > 0 and d.test <= d.floor
-    if ev.n_diverged == 0 and (at_floor or not drift_ok):
+    bias_fired = bias_ok and b.p < th.alpha / 2
+    if ev.n_diverged == 0 and (at_floor or not drift_ok) and not bias_fired:
         why = f"all {ev.n} outputs token-identical"
         if at_floor:
             why += f", logprob drift {d.test:.3g} at the dtype's resolution ({d.floor:.3g})"
@@ -257,6 +325,8 @@ def decide(ev: Evidence, th: Thresholds, has_noise: bool) -> Decision:
         )
     noise_txt = f"noise {ev.noise_n_diverged}/{ev.noise_n}" if has_noise else "no count control"
     fired: list[tuple[str, str]] = []
+    if bias_fired:
+        fired.append(("bias", _bias_text(b, th)))
     if drift_ok and d.ratio > d.threshold:
         fired.append(("drift", _drift_text(d)))
     if has_noise and p_div < th.alpha:
@@ -286,6 +356,8 @@ def decide(ev: Evidence, th: Thresholds, has_noise: bool) -> Decision:
             REGRESSION, "; ".join(t for _, t in fired) + note, p_div, p_topk, ",".join(k for k, _ in fired)
         )
     parts = [_drift_text(d) if drift_ok else "drift not measured (no agreeing positions or no drift control)"]
+    if bias_ok:
+        parts.append(_bias_text(b, th))
     if has_noise:
         parts.append(f"diverged {ev.n_diverged}/{ev.n} vs {noise_txt} (p={p_div:.3g})")
         parts.append(f"top-k violations {ev.topk_violations} vs {ev.noise_topk_violations} (p={p_topk:.3g})")

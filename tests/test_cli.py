@@ -133,9 +133,9 @@ def test_dry_run_vllm_toggle_starts_one_engine_per_tp_size():
         "matrix", "--dry-run", "--limit", "4", "--engine", "vllm", "--tp", "1,2", "--batch", "8", "--rerun"
     )
     assert res.exit_code == 0, res.output
-    # One batch size: each tp gets a flat b4 control (a same-engine rerun is no control).
+    # One batch size: each tp gets a flat b1 control (a same-engine rerun is no control).
     assert "8 cells, 2 engine starts; 2 noise-control cells added by the planner" in res.stdout
-    assert "tp2-b8-flat-r1" in res.stdout and "tp2-b4-flat" in res.stdout
+    assert "tp2-b8-flat-r1" in res.stdout and "tp2-b1-flat" in res.stdout
 
 
 def test_config_file_feeds_the_matrix_and_flags_win(tmp_path):

@@ -169,9 +169,9 @@ def test_an_lse_shift_ladder_is_flagged_from_some_shift_on_and_the_clean_pair_ne
     from cascade_repro.calibration import detection_power
 
     pairs = _pairs(calibrated_run.run_dir)
-    # One batch size: the planner added the flat b4 control, and the clean pair is judged against it.
+    # One batch size: the planner added the flat b1 control, and the clean pair is judged against it.
     clean = pairs.loc["tp1-b8-cascade~flat"]
-    assert clean["control_pair_id"] == "tp1-b8-flat~b4"
+    assert clean["control_pair_id"] == "tp1-b8-flat~b1"
     assert clean["verdict"] in ("identical", "within noise")
     assert clean["depth"] == "decode"
     # Calibration pairs are positive controls: flagged, yet the run exits 0.

@@ -561,6 +561,8 @@ def test_drift_triple_compares_test_and_control_on_the_same_contexts():
     assert out["drift_positions"] == 2  # c leaves at position 2
     assert out["drift_test"] == pytest.approx(0.2)
     assert out["drift_control"] == pytest.approx(0.05)
+    assert out["bias_test"] == pytest.approx(0.2)  # signed: cascade above the twin on both positions
+    assert out["bias_control"] == pytest.approx(0.05)
     assert math.isnan(out["topk_drift_test"])
 
 

@@ -294,6 +294,12 @@ def _pair(pair_id: str, kind: str, test: str, ref: str, batch: int, seed: int, *
         "cascade_decode_steps": 0,
         "depth": "none",
         "decided_by": "",
+        "bias_n": 0,
+        "bias_up": 0,
+        "bias_down": 0,
+        "bias_mean": NAN,
+        "p_bias": NAN,
+        "p_bias_control": NAN,
     }
     row.update(kw)
     return row
@@ -306,7 +312,9 @@ def _drift(ratio: float, lo: float, hi: float, threshold: float = 1.14, p: float
         "drift_ratio_lo": lo, "drift_ratio_hi": hi, "drift_threshold": threshold, "drift_null_q": threshold,
         "p_drift": p, "drift_up": 4, "topk_drift_ratio": ratio * 0.9, "topk_drift_ratio_lo": lo * 0.9,
         "topk_drift_ratio_hi": hi * 0.9, "cascade_steps": 120, "total_steps": 128, "cascade_decode_steps": 100,
-        "depth": "decode", **kw,
+        "depth": "decode", "bias_n": 4, "bias_up": 0 if ratio > threshold else 2, "bias_down": 4 if ratio > threshold else 2,
+        "bias_mean": -0.004 if ratio > threshold else 0.0005, "p_bias": 0.125 if ratio > threshold else 1.0,
+        "p_bias_control": 1.0, **kw,
     }  # fmt: skip
 
 
@@ -884,14 +892,15 @@ def test_verdict_table_shows_drift_depth_and_control(run_dir: Path) -> None:
     md = MarkdownFormatter().render(load_run(run_dir))
     row = next(line for line in md.split("\n") if line.startswith("| p02 |"))
     assert (
-        "| decode | 1.35 [1.25, 1.46] | > 1.14, p=0.0005 | n01 | 3/4 vs 1/4, p=0.0714 | 2 vs 0, p<1e-6 |"
+        "| decode | 1.35 [1.25, 1.46] | > 1.14, p=0.0005 | 0↑ 4↓, p=0.125 | n01 | 3/4 vs 1/4, p=0.0714 | 2 vs 0, p<1e-6 |"
         in row
     )
-    assert "| none | — | — | n01 |" in md  # the not-exercised pair: no drift measured
+    assert "| none | — | — | — | n01 |" in md  # the not-exercised pair: no drift or bias measured
     verdicts = md.split("### Verdicts")[1].split("### Detection power")[0]
     # Calibration pairs stay out of the verdict table.
-    assert "shift" not in verdicts.split("_drift ratio:")[0]
-    assert "99th percentile" in md and "(2000 permutations, p < 0.01)" in md and "drift\\_min = 1.1" in md
+    assert "shift" not in verdicts.split("_Both drift measures")[0]
+    assert "99.5th percentile" in md and "(2000 permutations)" in md and "drift\\_min = 1.1" in md
+    assert "sign test at p < alpha/2 (alpha = 0.01)" in md
 
 
 def test_headline_variants(run_dir: Path, clean_dir: Path) -> None:
@@ -1008,7 +1017,7 @@ def test_detection_power_statement_and_ladder(run_dir: Path) -> None:
     statement = "This setup flags an LSE error of 0.1 nats at 4 prompts x 64 tokens (tp 1, batch 8)."
     assert f"### Detection power\n\n{statement}\n" in md
     assert (
-        "| 0.1 | tp1-b8-s0-cascade-shift0.1~flat | regression | 2.40 [2.10, 2.80] | > 1.14, p=0.0005 | 3/4 |"
+        "| 0.1 | tp1-b8-s0-cascade-shift0.1~flat | regression | 2.40 [2.10, 2.80] | > 1.14, p=0.0005 | 0↑ 4↓, p=0.125 | 3/4 |"
         in md
     )
     assert statement in HtmlFormatter().render(data)
@@ -1149,7 +1158,7 @@ def test_html_cells_do_not_break_words(run_dir: Path) -> None:
 
 
 OLD_PAIR_COLUMNS = [c for c in PAIRS[1] if c not in ("inject", "control_pair_id", "depth", "decided_by")
-                    and not c.startswith(("drift_", "p_drift", "topk_drift", "cascade_decode"))]  # fmt: skip
+                    and not c.startswith(("drift_", "p_drift", "topk_drift", "cascade_decode", "bias_", "p_bias"))]  # fmt: skip
 
 
 def test_old_run_without_drift_columns_renders(tmp_path: Path) -> None:
@@ -1167,7 +1176,7 @@ def test_old_run_without_drift_columns_renders(tmp_path: Path) -> None:
         assert formatter_for(fmt).render(data)
     md = MarkdownFormatter().render(data)
     row = next(line for line in md.split("\n") if line.startswith("| p02 |"))
-    assert "| — | — | — | — | 3/4 vs 1/4, p=0.0714 |" in row  # depth, drift, threshold, control
+    assert "| — | — | — | — | — | 3/4 vs 1/4, p=0.0714 |" in row  # depth, drift, threshold, bias, control
     assert "_drift ratio:" not in md and "Not calibrated" in md
     assert "Drift ratio per pair (log scale): no data" in HtmlFormatter().render(data)
     assert json.loads(JsonFormatter().render(data))["pairs"][1]["drift_ratio"] is None

@@ -13,7 +13,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from cascade_repro.compare import matched_controls, plan_pairs
+from cascade_repro.compare import control_candidates, plan_pairs
 from cascade_repro.matrix import MatrixSpec, all_cells, plan
 from cascade_repro.verdicts import (
     ERROR,
@@ -22,14 +22,17 @@ from cascade_repro.verdicts import (
     NOT_EXERCISED,
     REGRESSION,
     WITHIN_NOISE,
+    BiasStats,
     DriftStats,
     Evidence,
     Thresholds,
+    bias_stats,
     decide,
     depth,
     drift_ratio_stats,
     fisher_greater,
     paired_bootstrap_ci,
+    sign_test,
 )
 
 # --- fisher_greater --------------------------------------------------------------------------------
@@ -281,17 +284,19 @@ def test_cascade_only_matrix_has_no_pairs():
 # --- planner-added controls and matched controls -------------------------------------------------
 
 
-def test_a_single_batch_gets_a_flat_control_at_half_the_batch_and_it_is_the_matched_control():
+def test_a_single_batch_gets_a_flat_control_a_factor_8_away_and_it_is_the_only_candidate():
+    # vLLM --batch 64 alone on a clean H200 was a "regression" against a floor taken as 0.
     cells = cells_of(engine="vllm", batch=[64])
     added = [c for c in cells if c["origin"] == "control"]
-    assert [(c["cell_id"], c["arm"], c["batch"]) for c in added] == [("tp1-b32-flat", "flat", 32)]
+    assert [(c["cell_id"], c["arm"], c["batch"]) for c in added] == [("tp1-b8-flat", "flat", 8)]
     pairs = plan_pairs(cells)
-    ctrl, other = matched_controls(pairs)["tp1-b64-cascade~flat"]
-    assert (ctrl.pair_id, ctrl.kind, other) == ("tp1-b64-flat~b32", "noise-batch", "tp1-b32-flat")
+    ((ctrl, other),) = control_candidates(pairs)["tp1-b64-cascade~flat"]
+    assert (ctrl.pair_id, ctrl.kind, other) == ("tp1-b64-flat~b8", "noise-batch", "tp1-b8-flat")
 
 
-def test_batch_one_gets_its_control_at_batch_two():
-    assert [c["batch"] for c in cells_of(batch=[1]) if c["origin"] == "control"] == [2]
+@pytest.mark.parametrize(("batch", "control"), [(1, 8), (4, 32), (8, 1), (64, 8), (128, 16)])
+def test_control_batch_is_a_factor_8_away(batch, control):
+    assert [c["batch"] for c in cells_of(batch=[batch]) if c["origin"] == "control"] == [control]
 
 
 def test_no_control_is_added_when_the_matrix_has_two_batch_sizes_or_controls_are_off():
@@ -309,14 +314,14 @@ def test_restart_twins_get_a_control_across_engine_starts():
     pairs = plan_pairs(cells)
     kinds = {p.pair_id: p.kind for p in pairs}
     assert kinds["tp1-b8-flat-r1~r0"] == kinds["tp1-b64-flat-r1~r0"] == "noise-restart"
-    ctrl, other = matched_controls(pairs)["tp1-b64-cascade~flat"]
-    assert (ctrl.pair_id, other) == ("tp1-b64-flat-r1~r0", "tp1-b64-flat-r1")
+    cands = {c.pair_id: other for c, other in control_candidates(pairs)["tp1-b64-cascade~flat"]}
+    assert cands == {"tp1-b64-flat-r1~r0": "tp1-b64-flat-r1", "tp1-b64-flat~b8": "tp1-b8-flat"}
 
 
 def test_a_rerun_inside_one_engine_is_never_a_matched_control():
     pairs = plan_pairs(cells_of(batch=[8], rerun=True, auto_controls=False))
     assert {p.kind for p in pairs} == {"cascade", "noise-rerun"}
-    assert matched_controls(pairs) == {}
+    assert control_candidates(pairs) == {}
 
 
 def test_calibration_cells_pair_with_the_clean_twin_and_share_its_control():
@@ -328,8 +333,8 @@ def test_calibration_cells_pair_with_the_clean_twin_and_share_its_control():
     by_id = {p.pair_id: p for p in pairs}
     cal = by_id["tp1-b16-cascade-shift0.1~flat"]
     assert (cal.kind, cal.test["inject"], cal.ref["cell_id"]) == ("calibration", "lse-shift=0.1", "tp1-b16-flat")
-    m = matched_controls(pairs)
-    assert m["tp1-b16-cascade-shift0.1~flat"][0].pair_id == m["tp1-b16-cascade~flat"][0].pair_id
+    m = control_candidates(pairs)
+    assert m["tp1-b16-cascade-shift0.1~flat"] == m["tp1-b16-cascade~flat"]
 
 
 # --- drift ratio ------------------------------------------------------------------------------------
@@ -358,13 +363,14 @@ def test_drift_below_the_floor_is_at_the_floor_not_infinitely_above_an_exact_con
     assert d.ratio == 1.0 and d.p == 1.0
 
 
-def test_a_systematic_drift_is_flagged_and_a_clean_one_is_not():
+def test_a_constant_factor_of_extra_rounding_is_tolerated_a_gross_drift_is_not():
+    # Clean FA2 cascade on the H200 drifted 1.2-1.5x its worst flat control, with no direction.
     rng = np.random.default_rng(7)
     base = rng.gamma(2.0, 0.02, 60)
-    clean = drift_ratio_stats(base * rng.lognormal(0, 0.25, 60), base * rng.lognormal(0, 0.25, 60), 0.004, TH)
-    fault = drift_ratio_stats(base * 1.35 * rng.lognormal(0, 0.25, 60), base * rng.lognormal(0, 0.25, 60), 0.004, TH)
-    assert not clean.ratio > clean.threshold
-    assert fault.ratio > fault.threshold and fault.p < TH.alpha and fault.lo > 1.15
+    benign = drift_ratio_stats(base * 1.4 * rng.lognormal(0, 0.25, 60), base * rng.lognormal(0, 0.25, 60), 0.004, TH)
+    gross = drift_ratio_stats(base * 3.0 * rng.lognormal(0, 0.25, 60), base * rng.lognormal(0, 0.25, 60), 0.004, TH)
+    assert benign.p < TH.alpha / 2 and benign.ratio < benign.threshold == TH.drift_min  # significant, yet tolerated
+    assert gross.ratio > gross.threshold and gross.lo > TH.drift_min
 
 
 def test_small_samples_use_the_exact_permutation_distribution():
@@ -379,6 +385,40 @@ def test_no_agreeing_prompt_means_no_drift_measured():
     assert d.n == 0 and not d.measured
 
 
+def test_sign_test_is_exact_and_two_sided():
+    assert sign_test(0, 0) == 1.0
+    assert sign_test(5, 5) == 1.0
+    assert sign_test(0, 7) == pytest.approx(2 / 2**7)
+    assert sign_test(9, 1) == pytest.approx(2 * 11 / 2**10) == sign_test(1, 9)
+
+
+def test_bias_counts_prompts_that_moved_beyond_the_floor_and_ignores_the_others():
+    # (signed mean, mean |Δ|) per prompt; the third moved only at fp32 rounding level: a tie.
+    b = bias_stats([(-0.002, 0.01), (-0.001, 0.02), (1e-7, 1e-6), (0.003, 0.01)], [(0.001, 0.01)], 1e-4)
+    assert (b.n, b.up, b.down) == (3, 1, 2)
+    assert b.mean == pytest.approx((-0.002 - 0.001 + 1e-7 + 0.003) / 4)
+    assert b.p == pytest.approx(1.0) and b.p_control == pytest.approx(1.0)
+    fp32 = bias_stats([(1e-6, 2e-6)] * 30, [(0.0, 0.0)] * 30, 1e-4)  # a consistent but rounding-sized sign
+    assert fp32.n == 0 and fp32.p == 1.0
+
+
+def test_a_directional_shift_is_flagged_by_the_bias_test_even_when_the_magnitude_is_tolerated():
+    # H200, FA3, b64: a 0.1-nat prefix-LSE shift lowered the chosen logprob on 41 of 59 prompts
+    # (p=0.0038) with a drift ratio of 1.53, below drift_min; clean cascade: 34 up / 21 down.
+    fault = decide(evidence(n_diverged=34, noise_n_diverged=27, drift=drift(1.53, threshold=2.0),
+                            bias=BiasStats(n=59, up=18, down=41, mean=-0.0008, p=sign_test(18, 41), p_control=0.24)),
+                   TH, True)  # fmt: skip
+    assert (fault.verdict, fault.decided_by) == (REGRESSION, "bias")
+    assert fault.reasons.startswith(
+        "bias: chosen-token logprob lower under cascade on 41 of 59 prompts (mean -0.0008), sign test p=0.00379 vs 0.005"
+    )
+    clean = decide(evidence(n_diverged=31, noise_n_diverged=27, drift=drift(1.02, threshold=2.0),
+                            bias=BiasStats(n=55, up=34, down=21, mean=0.001, p=sign_test(34, 21), p_control=0.36)),
+                   TH, True)  # fmt: skip
+    assert clean.verdict == WITHIN_NOISE
+    assert "bias: chosen-token logprob higher under cascade on 34 of 55 prompts" in clean.reasons
+
+
 def drift(ratio: float, threshold: float = 1.14, **kw) -> DriftStats:
     base = dict(n=60, test=0.04 * ratio, control=0.04, floor=0.0039, ratio=ratio, lo=ratio - 0.1,
                 hi=ratio + 0.1, p=0.0005 if ratio > threshold else 0.4, null_q=threshold, threshold=threshold, up=50)  # fmt: skip
@@ -386,8 +426,8 @@ def drift(ratio: float, threshold: float = 1.14, **kw) -> DriftStats:
     return DriftStats(**base)
 
 
-def test_drift_alone_flags_a_subtle_fault_that_output_counts_miss():
-    # The H200 case of issue 11: 30/64 vs a floor of 29/64, 0 vs 0 top-k, ratio 1.31-1.38.
+def test_drift_alone_flags_what_output_counts_miss():
+    # 30/64 vs a floor of 29/64 and 0 vs 0 top-k look like noise; the drift does not.
     ev = evidence(n_diverged=30, noise_n_diverged=29, drift=drift(1.35), cascade_decode_steps=90)
     d = decide(ev, TH, True)
     assert (d.verdict, d.decided_by) == (REGRESSION, "drift")

@@ -39,6 +39,11 @@ PAIR_FIELDS = (
     "drift_test",
     "drift_control",
     "drift_n",
+    "bias_up",
+    "bias_down",
+    "bias_mean",
+    "p_bias",
+    "p_bias_control",
     "control_pair_id",
     "depth",
     "cascade_decode_steps",
@@ -71,7 +76,7 @@ CELL_FIELDS = (
 # Parquet stores an integer column holding a null as float; counts should still read 3, not 3.0.
 INT_FIELDS = {
     "tp", "batch", "n", "n_diverged", "noise_n_diverged", "cascade_steps", "if_n", "drift_n",
-    "cascade_decode_steps", "topk_violations", "noise_n", "noise_topk_violations",
+    "cascade_decode_steps", "topk_violations", "noise_n", "noise_topk_violations", "bias_up", "bias_down",
 }  # fmt: skip
 
 

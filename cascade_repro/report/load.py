@@ -31,12 +31,13 @@ PAIR_COLUMNS = (
     # The drift evidence and the calibration bookkeeping; absent from older run directories.
     "inject control_pair_id drift_n drift_tokens drift_test drift_control drift_floor drift_ratio "
     "drift_ratio_lo drift_ratio_hi drift_threshold drift_null_q p_drift drift_up topk_drift_ratio "
-    "topk_drift_ratio_lo topk_drift_ratio_hi cascade_decode_steps depth decided_by"
+    "topk_drift_ratio_lo topk_drift_ratio_hi cascade_decode_steps depth decided_by "
+    "bias_n bias_up bias_down bias_mean p_bias p_bias_control"
 ).split()
 COMPARISON_COLUMNS = (
     "pair_id prompt_index prompt_key exact first_div common_prefix_ratio edit_distance topk_ok "
     "margin_test margin_ref dlogprob_mean dlogprob_max seq_rep_4_test seq_rep_4_ref len_test len_ref "
-    "drift_positions drift_test drift_control topk_drift_test topk_drift_control"
+    "drift_positions drift_test drift_control bias_test bias_control topk_drift_test topk_drift_control"
 ).split()
 
 
