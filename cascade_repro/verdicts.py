@@ -230,7 +230,12 @@ def bias_stats(
         return BiasStats()
     cu, cd, _ = counts(control)
     return BiasStats(
-        n=up + down, up=up, down=down, mean=float(np.mean(signed)), p=sign_test(up, down), p_control=sign_test(cu, cd)
+        n=up + down,
+        up=up,
+        down=down,
+        mean=float(np.mean(signed)),
+        p=sign_test(up, down),
+        p_control=sign_test(cu, cd),
     )
 
 
