@@ -80,8 +80,12 @@ def statement(entry: dict[str, Any], max_tokens: Any) -> str:
         f"{entry.get('n')} prompts x {max_tokens} tokens (tp {entry.get('tp')}, batch {entry.get('batch')})"
     )
     if entry.get("flags_from") is None:
-        return f"flags no LSE error up to {entry['max_tested']:g} nats at {where}"
-    return f"flags an LSE error of {entry['flags_from']:g} nats at {where}"
+        return f"flags no LSE error up to {_nats(entry['max_tested'])} at {where}"
+    return f"flags an LSE error of {_nats(entry['flags_from'])} at {where}"
+
+
+def _nats(x: float) -> str:
+    return f"{x:g} nat" + ("" if x == 1 else "s")
 
 
 def _num(v: Any) -> float | None:

@@ -79,7 +79,7 @@ def matrix(
     auto_controls: Annotated[
         bool | None,
         _opt(
-            "Add the noise controls a pair needs when the matrix lacks them: a flat cell at half the batch when only one batch size is given; under `--arm-switch restart`, a flat rerun in a third engine start. `--no-auto-controls` leaves such pairs `inconclusive` (exit 5). [default: on]",
+            "Add the noise controls a pair needs when the matrix lacks them: a flat cell a factor 8 away (B/8, or 8B below batch 8) when only one batch size is given; under `--arm-switch restart`, a flat rerun in a third engine start. `--no-auto-controls` leaves such pairs `inconclusive` (exit 5). [default: on]",
             M,
         ),
     ] = None,
@@ -182,7 +182,11 @@ def matrix(
         ),
     ] = None,
     alpha: Annotated[
-        float, _opt("Significance level of the Fisher tests against the noise floor.", V)
+        float,
+        _opt(
+            "Significance level: of the Fisher tests against the noise floor, and shared by the bias sign test and the drift permutation test (alpha/2 each).",
+            V,
+        ),
     ] = 0.01,
     rep_delta: Annotated[
         float, _opt("Minimum seq-rep-4 increase (CI lower bound) that counts as repetition.", V)
@@ -193,10 +197,10 @@ def matrix(
     drift_min: Annotated[
         float,
         _opt(
-            "Smallest logprob-drift ratio (cascade vs twin over control vs twin, on positions where all three agree) that can flag. The ratio must also exceed the 1-alpha quantile of its null: cascade and control labels swapped at random within prompts. Clean H200 runs gave 0.95-1.04.",
+            "Smallest logprob-drift ratio (mean |Δ logprob|, cascade vs twin over control vs twin, on positions where all three agree) that flags. The ratio must also exceed the 1-alpha/2 quantile of its null (cascade and control labels swapped at random within prompts). Cascade may round more than a batch change without a fault: clean H200 runs gave 1.02-1.13 (FA3) and 1.2-1.5 (FA2). The bias sign test (direction, not size) carries the sensitivity.",
             V,
         ),
-    ] = 1.1,
+    ] = 2.0,
     calibrate: Annotated[
         str | None,
         _opt(

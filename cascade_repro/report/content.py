@@ -294,9 +294,10 @@ def intro(data: RunData, code: Callable[[str], str]) -> str:
     return (
         f"This run generates the same prompts with {model}{engine} twice per configuration: with cascade "
         "attention enabled (test) and disabled (the flat twin, reference), greedy decoding otherwise equal. "
-        "Each cascade pair is compared prompt by prompt and judged against a noise floor measured by control "
-        "pairs (flat vs flat across batch sizes or reruns), so divergence counts as a regression only when it "
-        f"exceeds what batching noise alone produces.{prompts}"
+        "Each cascade pair is compared prompt by prompt and judged against control pairs (flat vs flat across "
+        "batch sizes or engine starts): on the tokens both arms and the control generated alike, the logprobs "
+        "must not move in a consistent direction or by much more than the control's, and divergence, top-k "
+        f"violations and repetition must not exceed what the controls show.{prompts}"
     )
 
 
