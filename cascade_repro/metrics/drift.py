@@ -70,24 +70,24 @@ def agreeing_len(*seqs: Sequence[int]) -> int:
     return n
 
 
-def chosen_drift(a_logprobs: Sequence[float], b_logprobs: Sequence[float], upto: int) -> float:
-    """Mean ``|a - b|`` over the first ``upto`` positions (clipped to both lengths); NaN when none."""
+def _diffs(a_logprobs: Sequence[float], b_logprobs: Sequence[float], upto: int) -> np.ndarray | None:
+    """``a - b`` over the first ``upto`` positions (clipped to both lengths); None when none."""
     u = min(upto, len(a_logprobs), len(b_logprobs))
     if u <= 0:
-        return math.nan
-    a = np.asarray(a_logprobs[:u], dtype=np.float64)
-    b = np.asarray(b_logprobs[:u], dtype=np.float64)
-    return float(np.abs(a - b).mean())
+        return None
+    return np.asarray(a_logprobs[:u], dtype=np.float64) - np.asarray(b_logprobs[:u], dtype=np.float64)
+
+
+def chosen_drift(a_logprobs: Sequence[float], b_logprobs: Sequence[float], upto: int) -> float:
+    """Mean ``|a - b|`` over the first ``upto`` positions (clipped to both lengths); NaN when none."""
+    d = _diffs(a_logprobs, b_logprobs, upto)
+    return math.nan if d is None else float(np.abs(d).mean())
 
 
 def chosen_bias(a_logprobs: Sequence[float], b_logprobs: Sequence[float], upto: int) -> float:
     """Mean ``a - b`` (signed) over the first ``upto`` positions; NaN when none."""
-    u = min(upto, len(a_logprobs), len(b_logprobs))
-    if u <= 0:
-        return math.nan
-    a = np.asarray(a_logprobs[:u], dtype=np.float64)
-    b = np.asarray(b_logprobs[:u], dtype=np.float64)
-    return float((a - b).mean())
+    d = _diffs(a_logprobs, b_logprobs, upto)
+    return math.nan if d is None else float(d.mean())
 
 
 def _topk_array(topk: Any, upto: int) -> np.ndarray | None:
