@@ -17,7 +17,7 @@ h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #d0d
 table{border-collapse:collapse;margin:8px 0 16px;font-size:13px}
 th,td{border:1px solid #d0d7de;padding:3px 8px;text-align:left;vertical-align:top;white-space:nowrap}
 th{background:#f6f8fa;white-space:normal}
-td.t{white-space:normal;overflow-wrap:anywhere;min-width:14em}
+td.t{white-space:normal;overflow-wrap:anywhere;min-width:36em}
 .scroll{overflow-x:auto;max-width:100%}
 h1.ok{color:#1a7f37}h1.bad{color:#d1242f}h1.warn{color:#9a6700}
 pre,code{font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
