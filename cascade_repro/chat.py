@@ -6,9 +6,10 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
+from cascade_repro import vllm_surface
 from cascade_repro.errors import UsageError
 
-MIN_CASCADE_PREFIX = 256
+MIN_CASCADE_PREFIX = vllm_surface.MIN_COMMON_PREFIX
 
 
 def render(tokenizer: Any, system_prompt: str, user_prompt: str) -> list[int]:

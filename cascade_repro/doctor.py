@@ -21,9 +21,11 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from cascade_repro import vllm_surface
+
 OK, WARN, FAIL = "ok", "warn", "fail"
-MIN_PREFIX = 256
-MIN_REQUESTS = 8
+MIN_PREFIX = vllm_surface.MIN_COMMON_PREFIX
+MIN_REQUESTS = vllm_surface.MIN_REQUESTS
 TESTED_VLLM = "0.26.0"
 PLUGIN_NAME = "cascade_repro_probe"
 PLUGIN_GROUP = "vllm.general_plugins"

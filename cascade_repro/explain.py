@@ -33,6 +33,7 @@ cost model, so its predictions are those hard conditions and ``decode_from_batch
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -40,10 +41,11 @@ from typing import Any
 
 import numpy as np
 
+from cascade_repro import vllm_surface
 from cascade_repro.errors import UsageError
 
-MIN_COMMON_PREFIX = 256
-MIN_REQUESTS = 8
+MIN_COMMON_PREFIX = vllm_surface.MIN_COMMON_PREFIX
+MIN_REQUESTS = vllm_surface.MIN_REQUESTS
 Q_TILE_SIZE = 128
 KV_TILE_SIZE = 128
 DEFAULT_BLOCK_SIZE = 16  # vllm/config/cache.py: CacheConfig.DEFAULT_BLOCK_SIZE
@@ -137,12 +139,12 @@ def use_cascade_attention(
     dcp_world_size: int,
 ) -> bool:
     """Port of vLLM 0.26.0's ``use_cascade_attention`` (flash_attn.py), statement for statement."""
-    if common_prefix_len < 256:
+    if common_prefix_len < MIN_COMMON_PREFIX:
         return False
     if use_alibi or use_sliding_window or use_local_attention:
         return False
     num_reqs = len(query_lens)
-    if num_reqs < 8:
+    if num_reqs < MIN_REQUESTS:
         return False
     if dcp_world_size > 1:
         return False
@@ -174,7 +176,8 @@ def vllm_rule() -> tuple[Callable[..., bool] | None, str]:
     """Return vLLM's own ``use_cascade_attention`` and its version, or (None, why not)."""
     try:
         import vllm
-        from vllm.v1.attention.backends.flash_attn import use_cascade_attention as fn
+
+        fn = importlib.import_module(vllm_surface.FLASH_ATTN_MODULE).use_cascade_attention
     except Exception as e:  # noqa: BLE001 - not installed, or no CUDA platform to import on
         return None, f"vLLM not importable here ({type(e).__name__})"
     return fn, str(getattr(vllm, "__version__", "?"))
@@ -414,7 +417,7 @@ def _rule_and_source(prefer_vllm: bool) -> tuple[Callable[..., bool] | None, str
     if prefer_vllm:
         fn, version = vllm_rule()
         if fn is not None:
-            return fn, f"vLLM {version}: vllm.v1.attention.backends.flash_attn.use_cascade_attention"
+            return fn, f"vLLM {version}: {vllm_surface.USE_CASCADE_ATTENTION}"
         return None, f"cascade_repro.explain.use_cascade_attention, a port of {VLLM_SOURCE}; {version}"
     return None, f"cascade_repro.explain.use_cascade_attention, a port of {VLLM_SOURCE}"
 

@@ -62,10 +62,11 @@ from types import ModuleType
 from typing import Any
 
 from cascade_repro import inject as inj  # standard library only, like this module
+from cascade_repro import vllm_surface
 
 ENV_VAR = "CASCADE_REPRO_PROBE"
-FLASH_ATTN_MODULE = "vllm.v1.attention.backends.flash_attn"
-WORKER_BASE_MODULE = "vllm.v1.worker.worker_base"
+FLASH_ATTN_MODULE = vllm_surface.FLASH_ATTN_MODULE
+WORKER_BASE_MODULE = vllm_surface.WORKER_BASE_MODULE
 RPC_METHOD = "cascade_repro_probe_sync"
 CONTROL_FILE = "control.json"
 COUNTS_PREFIX = "counts-"

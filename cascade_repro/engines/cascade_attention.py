@@ -33,11 +33,12 @@ import torch
 import torch.nn.functional as F
 
 from cascade_repro import inject as inj
+from cascade_repro import vllm_surface
 
 ATTN_NAME = "cascade_repro"
 # vLLM's hard conditions in use_cascade_attention (vllm/v1/attention/backends/flash_attn.py).
-MIN_COMMON_PREFIX = 256
-MIN_REQUESTS = 8
+MIN_COMMON_PREFIX = vllm_surface.MIN_COMMON_PREFIX
+MIN_REQUESTS = vllm_surface.MIN_REQUESTS
 
 
 @dataclass

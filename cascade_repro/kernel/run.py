@@ -33,10 +33,11 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from cascade_repro import vllm_surface
 from cascade_repro.errors import UsageError
 from cascade_repro.kernel.grid import KernelCase
 
-FLASH_ATTN_MODULE = "vllm.v1.attention.backends.flash_attn"
+FLASH_ATTN_MODULE = vllm_surface.FLASH_ATTN_MODULE
 INJECTIONS = ("lse-layout",)
 DEFAULT_FACTOR = 4.0
 DEFAULT_EPS = 1e-6

@@ -19,14 +19,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cascade_repro import runstore
+from cascade_repro import runstore, vllm_surface
 from cascade_repro.errors import UsageError
 from cascade_repro.matrix import waves
 from cascade_repro.metrics.divergence import divergence_metrics
 from cascade_repro.minimize.ddmin import ddmin
 
 CRITERIA = ("topk", "any")
-MIN_REQUESTS = 8  # vLLM never runs cascade with fewer requests in a step (explain.MIN_REQUESTS)
+MIN_REQUESTS = vllm_surface.MIN_REQUESTS  # vLLM never runs cascade with fewer requests in a step
 
 
 @dataclass

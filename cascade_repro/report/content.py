@@ -8,7 +8,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cascade_repro import calibration
+from cascade_repro import calibration, vllm_surface
 from cascade_repro.errors import UsageError
 from cascade_repro.report.load import Example, RunData
 from cascade_repro.report.text import (
@@ -41,9 +41,9 @@ NOISE_RERUN = "noise-rerun"
 EXIT_NOTHING_EXERCISED = 4
 EXIT_INCONCLUSIVE = 5
 # vLLM only takes the cascade path when the common prefix spans at least this many tokens,
-CASCADE_MIN_PREFIX = 256
+CASCADE_MIN_PREFIX = vllm_surface.MIN_COMMON_PREFIX
 # and only when a step holds at least this many requests.
-CASCADE_MIN_BATCH = 8
+CASCADE_MIN_BATCH = vllm_surface.MIN_REQUESTS
 HEADLINE_IDS = 3
 ENV_VALUE_MAX = 200
 PREFILL_ONLY = "prefill only"
