@@ -717,12 +717,13 @@ def test_vllm_cascade_within_flat_and_injection_caught(case):
     reason = api.unsupported_reason(case.fa_version)
     if reason:
         pytest.skip(reason)
+    orig = api.module.merge_attn_states
     with torch.inference_mode():
         clean = krun.run_case(api, case, device="cuda")
         bad = krun.run_case(api, case, device="cuda", inject="lse-layout")
     assert clean.status == "ok", clean.reason
     assert bad.status == "mismatch" and bad.inject_calls == 1
-    assert api.module.merge_attn_states is not None
+    assert api.module.merge_attn_states is orig  # the injection is undone after the case
 
 
 def test_worker_env_keeps_compiled_kernels_unless_the_user_set_a_cache_size(monkeypatch):

@@ -270,7 +270,9 @@ def test_inject_passes_the_transposed_suffix_lse_only_inside_cascade(patched):
     wrapped(out, po, pl, so, suffix_lse=sl2)
     st.in_cascade = False
     assert torch.equal(with_kw[-1], probe.misread_lse(sl2))
-    assert orig is not None
+    # The wrapper keeps vLLM's own function, and wrapping it again wraps that, not the wrapper.
+    assert orig is not mod.merge_attn_states and orig.__name__ == "merge_attn_states"
+    assert probe._original(probe.wrap_merge(mod.merge_attn_states, st)) is orig
 
 
 def test_lse_shift_hands_the_merge_the_prefix_lse_plus_x_nats_inside_cascade_only(patched):
