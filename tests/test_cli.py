@@ -268,3 +268,11 @@ def test_results_dir_defaults_to_the_environment(results_dir: Path):
     res = invoke("matrix", "--dry-run", "--limit", "2", "--batch", "1")
     assert res.exit_code == 0
     assert not results_dir.exists()
+
+
+def test_report_on_an_unscored_run_says_it_is_not_finished(tmp_path):
+    (tmp_path / "run.json").write_text("{}", encoding="utf-8")
+    assert_user_error(
+        invoke("report", str(tmp_path)),
+        f"{tmp_path} is not finished (no cells.parquet yet): rerun the same `cascade-repro matrix` command",
+    )

@@ -78,9 +78,16 @@ class RunData:
 def load_run(run_dir: Path, n_examples: int = 3) -> RunData:
     """Read run.json, the three parquet tables and the most divergent samples of a run directory."""
     run_dir = Path(run_dir)
-    for name in ("run.json", "cells.parquet", "pairs.parquet", "comparisons.parquet"):
+    if not (run_dir / "run.json").is_file():
+        raise UsageError(f"not a cascade-repro run directory: {run_dir} (missing run.json)")
+    for name in ("cells.parquet", "pairs.parquet", "comparisons.parquet"):
         if not (run_dir / name).is_file():
-            raise UsageError(f"not a cascade-repro run directory: {run_dir} (missing {name})")
+            # A run.json without tables is a matrix that has not been scored yet (interrupted, or
+            # still running): say what to do, not that the directory is foreign.
+            raise UsageError(
+                f"{run_dir} is not finished (no {name} yet): rerun the same `cascade-repro matrix` command "
+                "to resume it, or `cascade-repro report --rescore` to score the samples it has"
+            )
     try:
         run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
