@@ -1181,3 +1181,16 @@ def test_old_run_without_drift_columns_renders(tmp_path: Path) -> None:
     assert "Drift ratio per pair (log scale): no data" in HtmlFormatter().render(data)
     assert json.loads(JsonFormatter().render(data))["pairs"][1]["drift_ratio"] is None
     assert exit_status(data, "regression")[0] == 1
+
+
+def test_an_hf_run_says_plainly_that_vllm_was_not_run(tmp_path: Path) -> None:
+    from cascade_repro.report.content import HF_BANNER
+
+    run = {**RUN, "spec": {**RUN["spec"], "engine": "hf"}}
+    data = load_run(build_run(tmp_path / "hf", run))
+    md = MarkdownFormatter().render(data)
+    assert md.split("### Warnings")[1].lstrip().startswith(f"- **warning:** {HF_BANNER}")
+    assert "vLLM was not run" in HtmlFormatter().render(data)
+    assert HF_BANNER in json.loads(JsonFormatter().render(data))["warnings"]
+    # A vLLM run carries no such line.
+    assert "vLLM was not run" not in MarkdownFormatter().render(load_run(build_run(tmp_path / "v")))

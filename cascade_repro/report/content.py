@@ -301,10 +301,19 @@ def intro(data: RunData, code: Callable[[str], str]) -> str:
     )
 
 
+HF_BANNER = (
+    "engine hf: the harness's reference implementation of cascade attention on transformers; vLLM was not "
+    "run, so these verdicts say nothing about vLLM's kernels (use --engine vllm on a GPU for that)"
+)
+
+
 def warnings(data: RunData) -> list[str]:
     """Return the caveats a reader must see before trusting the verdicts."""
     out = []
     spec, ps = section(data.run, "spec"), section(data.run, "prompt_set")
+    if spec.get("engine") == "hf":
+        # Said first: a reader pasting this into a vLLM issue must not take it for a vLLM result.
+        out.append(HF_BANNER)
     if spec.get("inject"):
         out.append(f"fault injection active ({spec['inject']}): this is a positive control, not a real bug")
     prefix = as_int(ps.get("shared_prefix_tokens"))
