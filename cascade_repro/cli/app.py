@@ -51,7 +51,9 @@ def user_errors() -> Iterator[None]:
 def err_console():
     from rich.console import Console
 
-    return Console(stderr=True)
+    # soft_wrap: a message is one line however wide, so a report path or a cell id is never split
+    # where output is not a terminal (rich wraps at 80 columns there).
+    return Console(stderr=True, soft_wrap=True)
 
 
 def print_outcome(console: Any, headline: str, exit_code: int, reason: str) -> None:
