@@ -120,6 +120,14 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
     from cascade_repro.promptsets import load_prompt_set, load_system_prompt
 
     spec.validate()
+    run_id = opts.run_id or default_run_id(spec)
+    if opts.shard and not opts.run_id:
+        run_id += f"-shard{opts.shard.index}of{opts.shard.count}"
+    # "." and ".." pass the character check but name the results dir itself or its parent (with
+    # --fresh, that parent's samples/ would be deleted); a leading dot would hide the run. Checked
+    # before the model loads, so the mistake costs nothing.
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", run_id) or run_id.startswith("."):
+        raise UsageError(f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-', not starting with '.'")
     if spec.engine == "vllm":
         gpus = visible_gpus()
         if max(spec.tp) > gpus:
@@ -130,11 +138,6 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
     tokenizer = _load_tokenizer(model_path, spec.trust_remote_code)
     rendered, shared = render_all(tokenizer, system_text, [r.prompt for r in pset.records])
 
-    run_id = opts.run_id or default_run_id(spec)
-    if opts.shard and not opts.run_id:
-        run_id += f"-shard{opts.shard.index}of{opts.shard.count}"
-    if not re.fullmatch(r"[A-Za-z0-9._-]+", run_id):
-        raise UsageError(f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-'")
     run_dir = opts.results_dir / run_id
     engines = plan(spec)
     if opts.shard and console is not None and (warning := empty_warning(engines, opts.shard)):

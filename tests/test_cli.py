@@ -276,3 +276,10 @@ def test_report_on_an_unscored_run_says_it_is_not_finished(tmp_path):
         invoke("report", str(tmp_path)),
         f"{tmp_path} is not finished (no cells.parquet yet): rerun the same `cascade-repro matrix` command",
     )
+
+
+@pytest.mark.parametrize("run_id", ["..", ".", ".hidden", "a/b", "../x"])
+def test_run_ids_that_leave_the_results_dir_are_refused_before_anything_runs(run_id, tmp_path):
+    res = invoke("matrix", "--run-id", run_id, "--limit", "1", "--results-dir", str(tmp_path / "r"))
+    assert_user_error(res, f"--run-id {run_id!r}: use letters, digits")
+    assert not (tmp_path / "r").exists() and list(tmp_path.iterdir()) == []
