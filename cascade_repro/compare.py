@@ -298,6 +298,7 @@ def compare_pair(
         }
     chosen = max(triples, key=lambda o: _mean_control_drift(triples[o]), default=None)
     drifts = triples.get(chosen, {}) if chosen else {}
+    agreeing = [t for t in drifts.values() if t["drift_positions"] > 0]
     rows = []
     for i in common:
         d = divergence_metrics(a.tokens[i], a.logprobs[i], a.topk[i], b.tokens[i], b.logprobs[i], b.topk[i])
@@ -354,16 +355,10 @@ def compare_pair(
         "p_if": strict["p"],
         "_deltas": deltas,
         "_control_other": chosen,
-        "_drift": [(r["drift_test"], r["drift_control"]) for r in rows if (r["drift_positions"] or 0) > 0],
-        "_bias": [
-            ((r["bias_test"], r["drift_test"]), (r["bias_control"], r["drift_control"]))
-            for r in rows
-            if (r["drift_positions"] or 0) > 0
-        ],
-        "_topk_drift": [
-            (r["topk_drift_test"], r["topk_drift_control"]) for r in rows if (r["drift_positions"] or 0) > 0
-        ],
-        "drift_tokens": int(sum(r["drift_positions"] for r in rows if (r["drift_positions"] or 0) > 0)),
+        # The chosen control's triples with at least one agreeing position: what the drift and
+        # bias statistics are computed from.
+        "_agreeing": agreeing,
+        "drift_tokens": int(sum(t["drift_positions"] for t in agreeing)),
     }
     return agg, rows
 
@@ -413,7 +408,7 @@ def build_tables(
         mean, lo, hi = paired_bootstrap_ci(
             agg.pop("_deltas"), thresholds.bootstrap, thresholds.ci, thresholds.seed
         )
-        drift_pairs, topk_pairs, bias_pairs = agg.pop("_drift"), agg.pop("_topk_drift"), agg.pop("_bias")
+        agreeing = agg.pop("_agreeing")
         test_cell = by_id.get(ps.test["cell_id"], {})
         agg.update(d_seq_rep_4_mean=mean, d_seq_rep_4_lo=lo, d_seq_rep_4_hi=hi)
         agg["cascade_steps"] = int(test_cell.get("cascade_steps", 0))
@@ -440,12 +435,19 @@ def build_tables(
         if control is not None:
             floor = drift_floor(test_cell.get("dtype_effective"))
             drift = drift_ratio_stats(
-                [t for t, _ in drift_pairs], [c for _, c in drift_pairs], floor, thresholds
+                [t["drift_test"] for t in agreeing], [t["drift_control"] for t in agreeing], floor, thresholds
             )
             topk = drift_ratio_stats(
-                [t for t, _ in topk_pairs], [c for _, c in topk_pairs], floor, thresholds
+                [t["topk_drift_test"] for t in agreeing],
+                [t["topk_drift_control"] for t in agreeing],
+                floor,
+                thresholds,
             )
-            bias = bias_stats([t for t, _ in bias_pairs], [c for _, c in bias_pairs], floor)
+            bias = bias_stats(
+                [(t["bias_test"], t["drift_test"]) for t in agreeing],
+                [(t["bias_control"], t["drift_control"]) for t in agreeing],
+                floor,
+            )
         agg.update(_drift_columns(drift, topk, control.pair_id if control else "", bias))
         ok = test_cell.get("status") == "done" and by_id.get(ps.ref["cell_id"], {}).get("status") == "done"
         ev = Evidence(
