@@ -97,7 +97,14 @@ def probe_targets() -> dict[str, bool]:
     from cascade_repro import probe
 
     fa = importlib.import_module(probe.FLASH_ATTN_MODULE)
-    wb = importlib.import_module(probe.WORKER_BASE_MODULE)
+    wrapper = None
+    for name in probe.WORKER_BASE_MODULES:  # the module moved between releases; the probe hooks both
+        try:
+            wrapper = getattr(importlib.import_module(name), "WorkerWrapperBase", None)
+        except ImportError:
+            continue
+        if isinstance(wrapper, type):
+            break
     builder = getattr(fa, "FlashAttentionMetadataBuilder", None)
     return {
         "use_cascade_attention": callable(getattr(fa, "use_cascade_attention", None)),
@@ -107,7 +114,7 @@ def probe_targets() -> dict[str, bool]:
         "FlashAttentionMetadataBuilder.use_cascade_attention": callable(
             getattr(builder, "use_cascade_attention", None)
         ),
-        "WorkerWrapperBase": isinstance(getattr(wb, "WorkerWrapperBase", None), type),
+        "WorkerWrapperBase": isinstance(wrapper, type),
     }
 
 
@@ -214,39 +221,45 @@ def gather_facts(
 # --------------------------------------------------------------------------------------------
 
 
-def _version_tuple(v: str) -> tuple[int, ...]:
-    out = []
-    for part in v.split("+")[0].split(".")[:3]:
-        digits = "".join(ch for ch in part if ch.isdigit())
-        if not digits:
-            break
-        out.append(int(digits))
-    return tuple(out)
-
-
 def _env_true(env: dict[str, str], name: str) -> bool:
     return env.get(name, "").strip().lower() in TRUE_VALUES
 
 
 def check_vllm(f: Facts) -> Check:
+    """Which vLLM, whether its cascade path is one the probe was written against, and what it runs."""
     if f.vllm_error:
         return Check("vLLM", FAIL, f"not importable ({f.vllm_error})", INSTALL_VLLM)
     v = f.vllm_version or "unknown"
-    vt = _version_tuple(v)
-    if vt and vt < (0, 10):
+    vt = vllm_surface.version_tuple(v)
+    status = vllm_surface.cascade_status(v)
+    bug = vllm_surface.has_fa2_lse_bug(v)
+    bug_txt = {True: "; its FA2 has the split-KV LSE bug (PR #87 came in 0.11.1)", False: "", None: ""}[bug]
+    if status == "removed":
         return Check(
             "vLLM",
-            WARN,
-            f"vLLM {v}: older than 0.10, untested",
-            f"{INSTALL_VLLM} (tested with {TESTED_VLLM})",
+            FAIL,
+            f"vLLM {v}: cascade attention was removed in 0.32.0 (disable_cascade_attn has no effect): "
+            "every pair would be 'not exercised'",
+            "use a vLLM from 0.10.2 to 0.31 (cascade is opt-in from 0.18.0; this harness opts in)",
         )
-    if vt and vt[:2] > _version_tuple(TESTED_VLLM)[:2]:
+    if vt is None or vt < vllm_surface.version_tuple(vllm_surface.RELEASES[0].version):
+        known = ", ".join(r.version for r in vllm_surface.RELEASES)
+        return Check("vLLM", WARN, f"vLLM {v}: older than every release the probe knows ({known})",
+                     f"use one of {known}")  # fmt: skip
+    rel, exact = vllm_surface.release_for(v)
+    if exact:
         return Check(
-            "vLLM",
-            WARN,
-            f"vLLM {v}: newer than the tested {TESTED_VLLM}; the probe checks below say whether it still fits",
+            "vLLM", OK, f"vLLM {v}: a release the probe was written against; cascade {status}{bug_txt}"
         )
-    return Check("vLLM", OK, f"vLLM {v}")
+    newer = vt[:2] > (vllm_surface.version_tuple(TESTED_VLLM) or ())[:2]
+    where = (
+        f"newer than the tested {TESTED_VLLM}" if newer else f"between known releases, read as {rel.version}"
+    )
+    return Check(
+        "vLLM",
+        WARN,
+        f"vLLM {v}: {where}; cascade {status}{bug_txt}; the probe checks below say whether it still fits",
+    )
 
 
 def check_plugin(f: Facts) -> Check:

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from cascade_repro import vllm_surface
+from cascade_repro import splitkv, vllm_surface
 from cascade_repro.errors import UsageError
 
 MIN_COMMON_PREFIX = vllm_surface.MIN_COMMON_PREFIX
@@ -101,6 +101,16 @@ def detect_sms() -> tuple[int | None, str]:
         return int(p.multi_processor_count), str(p.name)
     except Exception as e:  # noqa: BLE001 - a broken CUDA setup must not stop a prediction
         return None, f"CUDA query failed: {e}"
+
+
+# vLLM picks FA3 by default on Hopper (compute capability 9.x; get_flash_attn_version), FA2 elsewhere.
+HOPPER = ("H100", "H200", "H800", "H20", "GH200")
+
+
+def default_fa_for(gpu_name: str | None) -> int | None:
+    """The FlashAttention version vLLM runs by default on this GPU (3 on Hopper), None if unknown."""
+    n = _norm(gpu_name or "")
+    return 3 if any(_norm(h) in n for h in HOPPER) else None
 
 
 def resolve_sms(gpu: str | None = None, sm_count: int | None = None) -> tuple[int | None, str]:
@@ -298,6 +308,7 @@ class ModelAttention:
     use_local_attention: bool = False
     use_mla: bool = False
     notes: tuple[str, ...] = ()
+    head_dim: int | None = None
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> ModelAttention:
@@ -351,7 +362,11 @@ class ModelAttention:
         mla = t.get("kv_lora_rank") is not None
         if mla:
             notes.append("MLA: served by an MLA backend, not FLASH_ATTN's cascade path")
-        return cls(heads, kv, alibi, use_sw, local, mla, tuple(notes))
+        head_dim = t.get("head_dim")
+        if not isinstance(head_dim, int) or head_dim <= 0:
+            hidden = t.get("hidden_size") or t.get("n_embd") or t.get("d_model")
+            head_dim = hidden // heads if isinstance(hidden, int) and hidden % heads == 0 else None
+        return cls(heads, kv, alibi, use_sw, local, mla, tuple(notes), head_dim)
 
     def per_gpu(self, tp: int) -> tuple[int, int]:
         """Return (query heads, KV heads) per GPU at this TP, as vLLM computes them."""
@@ -381,10 +396,21 @@ class CellPrediction:
     prefill_reason: str
     decode_reason: str
     notes: list[str] = field(default_factory=list)
+    # FA2's split-KV decode path (the field bug's branch) under cascade, at this run's longest
+    # per-request suffix: True/False, None when FA2 does not run the cell or it cannot be known.
+    fa2_split: bool | None = None
+    fa2_split_reason: str = ""
 
     def summary(self) -> dict[str, Any]:
-        """The compact form stored in run.json: prefill, decode, decode_from_batch."""
-        return {"prefill": self.prefill, "decode": self.decode, "decode_from_batch": self.decode_from_batch}
+        """The compact form stored in run.json: prefill, decode, decode_from_batch (and fa2_split if known)."""
+        out: dict[str, Any] = {
+            "prefill": self.prefill,
+            "decode": self.decode,
+            "decode_from_batch": self.decode_from_batch,
+        }
+        if self.fa2_split is not None:
+            out["fa2_split"] = self.fa2_split
+        return out
 
 
 @dataclass
@@ -434,12 +460,17 @@ def predict(
     dcp_world_size: int = 1,
     rule: Callable[..., bool] | None = None,
     max_scan: int = MAX_SCAN,
+    max_tokens: int | None = None,
+    default_fa: int | None = None,
 ) -> tuple[list[CellPrediction], dict[int, dict[str, Any]]]:
     """Predict every cell (dicts with cell_id, tp, batch, arm, backend) and the decode threshold per TP.
 
     ``suffix_lens`` are the prompt lengths after the block-aligned prefix, in prompt order (the
     first wave of a cell takes the first ``batch`` of them, cycling); by default every prompt is
-    assumed to have more than one token past the prefix.
+    assumed to have more than one token past the prefix. With ``max_tokens`` (and the suffix
+    lengths), each vLLM cell also says whether its decode steps take FA2's split-KV path under
+    cascade (the field bug's band), for the longest own part a request can reach; a cell without
+    an FA version runs ``default_fa`` (3 on Hopper; None: unknown, predicted as if FA2 ran).
     """
     if block_size <= 0:
         raise UsageError(f"block size must be positive, got {block_size}")
@@ -452,6 +483,7 @@ def predict(
     )
     thresholds: dict[int, dict[str, Any]] = {}
     scans: dict[tuple[int, int], tuple[int | None, bool]] = {}
+    longest = (max(suffix) + max_tokens) if suffix_lens and max_tokens is not None else None
     out = []
     for c in cells:
         tp, batch, arm = int(c["tp"]), int(c["batch"]), str(c["arm"])
@@ -491,9 +523,11 @@ def predict(
                 scans[key] = decode_threshold(aligned, qh, kvh, num_sms, dcp_world_size=dcp_world_size, rule=rule,
                                               max_batch=max_scan, **variants)  # fmt: skip
             frm, mono = scans[key]
-        thresholds.setdefault(
-            tp, {"q_heads": qh, "kv_heads": kvh, "decode_from_batch": frm, "monotone": mono}
-        )
+        if tp not in thresholds:
+            thresholds[tp] = {"q_heads": qh, "kv_heads": kvh, "decode_from_batch": frm, "monotone": mono}
+            thresholds[tp].update(
+                _fa2_band(attention, qh, kvh, aligned, longest, num_sms, dcp_world_size, rule, variants)
+            )
         off = None
         if arm != "cascade":
             off = "flat arm: cascade off"
@@ -516,9 +550,73 @@ def predict(
         dec_reason = dec.reason
         if num_sms is None and dec.cascade_time is not None:
             dec_fires, dec_reason = None, "depends on the SM count (unknown: pass --gpu or --sm-count)"
+        split, split_why = fa2_split(batch, qh, kvh, attention.head_dim, longest, num_sms, dec_fires,
+                                     c.get("fa_version") or default_fa)  # fmt: skip
         out.append(CellPrediction(c["cell_id"], tp, batch, arm, backend, qh, kvh, aligned, pre.fires, dec_fires,
-                                  frm, pre.reason, dec_reason, notes))  # fmt: skip
+                                  frm, pre.reason, dec_reason, notes, split, split_why))  # fmt: skip
     return out, thresholds
+
+
+def fa2_split(
+    batch: int,
+    q_heads: int,
+    kv_heads: int,
+    head_dim: int | None,
+    longest_suffix: int | None,
+    num_sms: int | None,
+    decode_fires: bool | None,
+    fa_version: Any = None,
+) -> tuple[bool | None, str]:
+    """Whether a cascade cell's decode steps take FA2's split-KV branch (the field bug's), and why."""
+    if head_dim is None:
+        return None, "head dim unknown"
+    if num_sms is None:
+        return None, "depends on the SM count"
+    if longest_suffix is None:
+        return None, "per-request suffix length unknown"
+    if fa_version is not None and str(fa_version) != "2":
+        return False, f"FA{fa_version} runs (vLLM's default on Hopper is FA3): no FA2 split-KV path"
+    if not splitkv.gqa_packed(q_heads, kv_heads):
+        return False, "no GQA packing (as many query as KV heads): not the bug's branch"
+    if decode_fires is False:
+        return False, "decode steps do not choose cascade"
+    n = splitkv.decode_splits(batch, q_heads, kv_heads, head_dim, longest_suffix, num_sms)
+    start = splitkv.split_from_suffix(batch, q_heads, kv_heads, head_dim, num_sms)
+    if n > 1:
+        return (
+            True,
+            f"{n} KV splits once a request's own part passes {start - 1} tokens (reaches {longest_suffix})",
+        )
+    if start is None:
+        return False, f"1 split: {batch} requests x {kv_heads} KV heads fill >= 80% of 2 x {num_sms} SMs"
+    return False, f"1 split up to {longest_suffix} own tokens (splits from {start})"
+
+
+def _fa2_band(
+    attention: ModelAttention,
+    q_heads: int,
+    kv_heads: int,
+    aligned: int,
+    longest: int | None,
+    num_sms: int | None,
+    dcp_world_size: int,
+    rule: Callable[..., bool] | None,
+    variants: dict[str, bool],
+) -> dict[str, Any]:
+    """The field bug's band at one TP: request counts whose decode steps cascade through FA2's split path."""
+    if attention.head_dim is None or num_sms is None or longest is None:
+        return {}  # nothing to say without head dim, SM count and suffix length
+
+    def cascade_decode(n: int) -> bool:
+        return decide(aligned, np.ones(n, dtype=np.int32), q_heads, kv_heads, num_sms=num_sms,
+                      dcp_world_size=dcp_world_size, rule=rule, **variants).fires  # fmt: skip
+
+    # FA2 never splits once requests x KV heads fill 80% of 2 x SMs: no need to scan further.
+    top = max(MIN_REQUESTS, int(1.6 * num_sms) // max(1, kv_heads) + 1)
+    b = splitkv.band(
+        cascade_decode, q_heads, kv_heads, attention.head_dim, longest, num_sms, max_requests=top
+    )
+    return {"fa2_band": b.text(), "fa2_band_suffix": longest, "fa2_band_ranges": b.ranges}
 
 
 def threshold_lines(ex: Explanation) -> list[str]:
@@ -543,6 +641,12 @@ def threshold_lines(ex: Explanation) -> list[str]:
         if not t["monotone"]:
             s += " (not at every larger batch: the cost model has rounding steps)"
         lines.append(s)
+        if t.get("fa2_band") is not None:
+            lines.append(
+                f"TP {tp}: with FA2, decode steps of {t['fa2_band']} concurrent requests run cascade through "
+                f"FA2's split-KV path (the field bug's band, vLLM <= 0.11.0) once a request's own part "
+                f"reaches {t['fa2_band_suffix']} tokens (question + max tokens)"
+            )
     return lines
 
 
@@ -602,6 +706,7 @@ def explain_spec(
     preds, thresholds = predict(
         cells, attention, engine=spec.engine, shared_prefix_tokens=prefix_tokens, suffix_lens=suffix_lens,
         num_sms=num_sms, block_size=block_size, dcp_world_size=dcp_world_size, rule=rule, max_scan=max_scan,
+        max_tokens=spec.max_tokens, default_fa=default_fa_for(gpu or source),
     )  # fmt: skip
     return Explanation(
         engine=spec.engine, model=model_name, attention=attention, num_sms=num_sms, sms_source=source,
@@ -656,12 +761,17 @@ def predict_cells(
     aligned = shared // block * block
     mean = ps.get("prompt_tokens_mean")
     suffix = [max(1, round(float(mean) - aligned))] if isinstance(mean, int | float) else None
+    longest = ps.get("prompt_tokens_max")  # the split-KV band reads the longest own part
+    if isinstance(longest, int) and suffix is not None:
+        suffix.append(max(1, longest - aligned))
     if num_sms is None and engine == "vllm":
         num_sms, _ = _run_sms(run)
     rule, _ = _rule_and_source(engine == "vllm")
     preds, _ = predict(
         run["plan"]["cells"], ModelAttention.from_config(model_config), engine=engine, shared_prefix_tokens=shared,
         suffix_lens=suffix, num_sms=num_sms, block_size=block, rule=rule,
+        max_tokens=int(spec.get("max_tokens") or 0) if isinstance(longest, int) else None,
+        default_fa=default_fa_for(str((run.get("env") or {}).get("gpu_name") or "")),
     )  # fmt: skip
     return {p.cell_id: p.summary() for p in preds}
 

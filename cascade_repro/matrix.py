@@ -39,6 +39,9 @@ class MatrixSpec:
     backends: list[str] = field(default_factory=lambda: ["FLASH_ATTN"])
     rerun: bool = False
     max_tokens: int = 64
+    # Generate max_tokens for every request even past an end-of-sequence token: every wave then
+    # keeps its batch size for all its decode steps (what FA2's split-KV band needs, see splitkv.py).
+    ignore_eos: bool = False
     topk: int = 5
     inject: str | None = None
     calibrate: list[float] = field(default_factory=list)
@@ -117,6 +120,8 @@ class MatrixSpec:
             bad(f"limit must be a positive integer, got {self.limit!r}")
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens <= 0:
             bad(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if not isinstance(self.ignore_eos, bool):
+            bad(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
         mml = self.max_model_len
         if mml is not None and (not isinstance(mml, int) or isinstance(mml, bool) or mml <= 0):
             bad(f"max_model_len must be a positive integer, got {mml!r}")

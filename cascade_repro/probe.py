@@ -25,7 +25,8 @@ What is patched (vLLM 0.26.0, ``vllm/v1/attention/backends/flash_attn.py``):
   ``inject == "lse-layout"`` the suffix LSE is handed over in the transposed memory layout (see
   :func:`misread_lse`); with ``inject == "lse-shift=X"`` the prefix LSE is handed over plus X nats.
 - ``FlashAttentionImpl.__init__``: records the FlashAttention version each layer really uses.
-- ``WorkerWrapperBase`` (``vllm/v1/worker/worker_base.py``) gains the method
+- ``WorkerWrapperBase`` (``vllm/v1/worker/worker_base.py``; ``vllm/worker/worker_base.py`` in
+  0.10.2, so both are hooked) gains the method
   ``cascade_repro_probe_sync`` so the engine can flush and read the counters of every worker
   synchronously with ``LLM.collective_rpc`` (``run_method`` resolves a string with ``getattr`` on
   the wrapper, ``vllm/v1/serial_utils.py`` and ``vllm/v1/executor/multiproc_executor.py``).
@@ -67,6 +68,7 @@ from cascade_repro import vllm_surface
 ENV_VAR = "CASCADE_REPRO_PROBE"
 FLASH_ATTN_MODULE = vllm_surface.FLASH_ATTN_MODULE
 WORKER_BASE_MODULE = vllm_surface.WORKER_BASE_MODULE
+WORKER_BASE_MODULES = vllm_surface.WORKER_BASE_MODULES
 RPC_METHOD = "cascade_repro_probe_sync"
 CONTROL_FILE = "control.json"
 COUNTS_PREFIX = "counts-"
@@ -556,7 +558,8 @@ def activate(directory: str | os.PathLike[str]) -> ProbeState:
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=st.after_fork)
     when_imported(FLASH_ATTN_MODULE, lambda m: patch_flash_attn(m, st))
-    when_imported(WORKER_BASE_MODULE, lambda m: patch_worker_base(m, st))
+    for name in WORKER_BASE_MODULES:  # the one this vLLM uses defines WorkerWrapperBase
+        when_imported(name, lambda m: patch_worker_base(m, st))
     return st
 
 

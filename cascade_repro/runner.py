@@ -159,6 +159,7 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
             "system_prompt_text": system_text,
             "shared_prefix_tokens": shared,
             "prompt_tokens_mean": sum(map(len, rendered)) / len(rendered),
+            "prompt_tokens_max": max(map(len, rendered)),
             "tokenizer": model_name,
             "min_cascade_prefix": MIN_CASCADE_PREFIX,
         },

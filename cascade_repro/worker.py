@@ -46,6 +46,7 @@ def build_engine(run: dict[str, Any], eplan: dict[str, Any]):
             inject=spec.get("inject"),
             trust_remote_code=spec.get("trust_remote_code", False),
             seed=eplan["seed"],
+            ignore_eos=bool(spec.get("ignore_eos", False)),
         )
     from cascade_repro.engines.vllm import VLLMEngine
 

@@ -160,3 +160,23 @@ def test_command_exit_codes(monkeypatch):
     assert res.exit_code == 1 and "fail" in res.output
     res = runner.invoke(app, ["doctor", "--hf-overrides", "[1]"])
     assert res.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("version", "status", "words"),
+    [
+        ("0.10.2", OK, ["a release the probe was written against", "cascade default on", "split-KV LSE bug"]),
+        ("0.11.0", WARN, ["between known releases, read as 0.10.2", "split-KV LSE bug"]),
+        ("0.26.0", OK, ["cascade opt-in"]),
+        ("0.28.1", WARN, ["newer than the tested 0.26.0", "cascade opt-in"]),
+        ("0.32.0", FAIL, ["removed in 0.32.0"]),
+        ("0.9.2", WARN, ["older than every release the probe knows"]),
+    ],
+)
+def test_vllm_version_says_what_the_probe_knows(version, status, words):
+    c = by_name(doctor.run_checks(healthy(vllm_version=version)))["vLLM"]
+    assert c.status == status, c
+    for w in words:
+        assert w in c.detail, c.detail
+    if version == "0.26.0":
+        assert "LSE bug" not in c.detail

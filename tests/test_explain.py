@@ -21,6 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 import cascade_repro.cli.explain_cmd  # noqa: F401 - registers the command until cli/__init__ imports it
+from cascade_repro import explain
 from cascade_repro.cli import app
 from cascade_repro.errors import UsageError
 from cascade_repro.explain import (
@@ -292,6 +293,15 @@ def test_predict_cells_and_predictions_for(tmp_path: Path):
     hf = _run(_model_dir(tmp_path), engine="hf", env={})
     assert predict_cells(hf)["tp1-b8-cascade"] == {"prefill": True, "decode": True, "decode_from_batch": 8}
     assert predictions_for({"spec": {}}) == {}  # never raises
+    # With the longest prompt and max_tokens recorded, FA2 cells say whether decode steps split.
+    run["spec"]["hf_overrides"] = {}
+    (Path(run["model_path"]) / "config.json").write_text(json.dumps({**EMBEDDED, "hidden_size": 576}))
+    long = {**run, "prompt_set": {**run["prompt_set"], "prompt_tokens_max": 1800}}
+    long["spec"] = {**run["spec"], "max_tokens": 1024}
+    assert predict_cells(long)["tp1-b64-cascade"]["fa2_split"] is False  # FA3, vLLM's default on an H200
+    long["env"] = {"gpu_name": "NVIDIA A100-SXM4-80GB"}  # FA2 by default: 64 x 3 >= 0.8 x 2 x 108
+    assert predict_cells(long)["tp1-b64-cascade"] == {"prefill": True, "decode": True, "decode_from_batch": 37,
+                                                       "fa2_split": False}  # fmt: skip
 
 
 def test_explain_spec_and_threshold_lines(tmp_path: Path):
@@ -333,3 +343,64 @@ def test_explain_command(tmp_path: Path):
     r = runner.invoke(app, ["explain", "--model", model, "--engine", "hf", "--prefix-tokens", "1597", "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["thresholds"]["1"]["decode_from_batch"] == 8
+
+
+# ---------------------------------------------------------------------------------------------
+# FA2's split-KV band per cell (splitkv.py)
+# ---------------------------------------------------------------------------------------------
+
+
+def _band_cells(batches, fa=2, tp=1):
+    return [
+        {"cell_id": f"tp{tp}-b{b}-cascade", "tp": tp, "batch": b, "arm": "cascade", "backend": "FLASH_ATTN",
+         "fa_version": fa}
+        for b in batches
+    ]  # fmt: skip
+
+
+def test_fa2_split_per_cell_marks_the_band():
+    att = ModelAttention(9, 3, head_dim=64)  # the embedded SmolLM2-135M
+    preds, thr = predict(
+        _band_cells([32, 48, 56, 64, 96]), att, shared_prefix_tokens=1597, suffix_lens=[150, 202],
+        num_sms=132, max_tokens=1024,
+    )  # fmt: skip
+    got = {p.batch: p.fa2_split for p in preds}
+    # 32: decode steps do not choose cascade; 48-64 split (3, 3 and 5 splits at 1226 own tokens);
+    # 96 x 3 KV heads fill >= 80% of 2 x 132 SMs: one split.
+    assert got == {32: False, 48: True, 56: True, 64: True, 96: False}
+    why = {p.batch: p.fa2_split_reason for p in preds}
+    assert why[48] == "3 KV splits once a request's own part passes 512 tokens (reaches 1226)"
+    assert why[64] == "5 KV splits once a request's own part passes 768 tokens (reaches 1226)"
+    assert why[32] == "decode steps do not choose cascade"
+    assert thr[1]["fa2_band"] == "45-70" and thr[1]["fa2_band_suffix"] == 1226
+    assert preds[1].summary()["fa2_split"] is True
+
+
+def test_fa2_split_short_outputs_and_fa3_and_tp():
+    att = ModelAttention(9, 3, head_dim=64)
+    short, thr = predict(_band_cells([48]), att, shared_prefix_tokens=1597, suffix_lens=[100], num_sms=132,
+                         max_tokens=64)  # fmt: skip
+    assert short[0].fa2_split is False and short[0].fa2_split_reason == "1 split up to 164 own tokens (splits from 513)"
+    assert thr[1]["fa2_band"] == "none"
+    fa3, _ = predict(_band_cells([48], fa=3), att, shared_prefix_tokens=1597, suffix_lens=[100], num_sms=132,
+                     max_tokens=1024)  # fmt: skip
+    assert fa3[0].fa2_split is False and "FA3" in fa3[0].fa2_split_reason
+    # Default FA version on an H200 is FA3; unknown GPU: predicted as if FA2 ran.
+    on_h200, _ = predict(_band_cells([48], fa=None), att, shared_prefix_tokens=1597, suffix_lens=[100],
+                         num_sms=132, max_tokens=1024, default_fa=explain.default_fa_for("NVIDIA H200"))  # fmt: skip
+    assert on_h200[0].fa2_split is False
+    assert explain.default_fa_for("NVIDIA A100-SXM4-80GB") is None
+    # TP 3: one KV head per GPU, 3 query heads: decode steps never pick cascade at 48 requests.
+    tp3, thr3 = predict(_band_cells([48], tp=3), att, shared_prefix_tokens=1597, suffix_lens=[100],
+                        num_sms=132, max_tokens=1024)  # fmt: skip
+    assert tp3[0].fa2_split is False and thr3[3]["fa2_band"] == "133-211"
+    # Without a head dim, an SM count or max_tokens nothing is claimed.
+    none, thr0 = predict(_band_cells([48]), ModelAttention(9, 3), shared_prefix_tokens=1597, suffix_lens=[100],
+                         num_sms=132, max_tokens=1024)  # fmt: skip
+    assert none[0].fa2_split is None and "fa2_band" not in thr0[1]
+
+
+def test_head_dim_from_config():
+    assert ModelAttention.from_config({"num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}).head_dim == 64
+    assert ModelAttention.from_config({"num_attention_heads": 8, "head_dim": 128, "hidden_size": 4096}).head_dim == 128
+    assert ModelAttention.from_config({"num_attention_heads": 7, "hidden_size": 100}).head_dim is None

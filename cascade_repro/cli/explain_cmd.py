@@ -43,6 +43,14 @@ def explain(
     backend: Annotated[
         str | None, _opt("vLLM attention backends (only FLASH_ATTN has cascade). [default: FLASH_ATTN]", M)
     ] = None,
+    fa_version: Annotated[
+        str | None,
+        _opt(
+            "FlashAttention versions, as for `matrix`: default, 2, 3 (only FA2 had the split-KV LSE bug; "
+            "vLLM's default is FA3 on Hopper). [default: default]",
+            M,
+        ),
+    ] = None,
     hf_overrides: Annotated[
         str | None,
         _opt("JSON dict of config overrides, as for `matrix`, e.g. '{\"num_key_value_heads\": 1}'.", M),
@@ -55,6 +63,14 @@ def explain(
         str | None, _opt("Shared system prompt: `ko`, `en`, `none`, or a text file. [default: ko]", M)
     ] = None,
     limit: Annotated[int | None, _opt("Use only the first N prompts.", M)] = None,
+    max_tokens: Annotated[
+        int | None,
+        _opt(
+            "Tokens generated per prompt: with the question, how long a request's own part gets (FA2's "
+            "split-KV band depends on it). [default: 64]",
+            M,
+        ),
+    ] = None,
     trust_remote_code: Annotated[bool | None, _opt("Allow model code from the Hub (tokenizer).", M)] = None,
     prefix_tokens: Annotated[
         int | None, _opt("Shared prefix length in tokens; skips tokenizing the prompts.", M)
@@ -80,11 +96,16 @@ def explain(
     the step, no ALiBi / sliding window / chunked local attention / decode context parallelism;
     decode-only steps of a GQA model then go through a cost model (cascade vs flash-decoding CTAs
     on the GPU's SMs). Prints, per TP, the number of concurrent requests from which decode steps
-    choose cascade.
+    choose cascade, and the band of request counts whose decode steps would run cascade through
+    FA2's split-KV path (FA2's own num_splits_heuristic, ported): where the field bug of vLLM <= 0.11.0
+    bites. The band moves with TP (KV heads per GPU) and needs long own parts (question + generated
+    tokens): set --max-tokens as the matrix will.
 
     Examples:
 
         cascade-repro explain --gpu H200 --batch 8,32,64,128
+
+        cascade-repro explain --gpu H200 --batch 32,48,56,64,96 --max-tokens 1024
 
         cascade-repro explain --tp 1,3 --sm-count 108 --prefix-tokens 1597
     """
@@ -127,11 +148,11 @@ class _NotGiven(dict):
 # The flags shared with `matrix` (parsed by its _flag_values), and the spec fields a TOML may set here.
 _SHARED_FLAGS = (
     "engine", "model", "tp", "batch", "cascade", "backend", "hf_overrides", "prompts", "system_prompt", "limit",
-    "trust_remote_code",
+    "trust_remote_code", "max_tokens", "fa_version",
 )  # fmt: skip
 _SPEC_FIELDS = (
     "engine", "model", "prompts", "system_prompt", "limit", "tp", "batch", "cascade", "seeds", "dtypes", "fa_versions",
-    "backends", "rerun", "hf_overrides", "trust_remote_code",
+    "backends", "rerun", "hf_overrides", "trust_remote_code", "max_tokens",
 )  # fmt: skip
 
 
@@ -161,7 +182,16 @@ def _print(ex: Any, lines: list[str]) -> None:
     for line in lines:
         console.print(f"[bold]{escape(line)}[/]")
     table = Table(title=f"cascade predictions ({ex.engine})")
-    for col in ("cell", "tp", "batch", "heads q/kv per GPU", "prefill", "decode", "why (decode)"):
+    for col in (
+        "cell",
+        "tp",
+        "batch",
+        "heads q/kv per GPU",
+        "prefill",
+        "decode",
+        "why (decode)",
+        "FA2 split-KV",
+    ):
         table.add_column(col, overflow="fold")
     flat = 0
     for c in ex.cells:
@@ -171,6 +201,7 @@ def _print(ex: Any, lines: list[str]) -> None:
         table.add_row(
             escape(c.cell_id), str(c.tp), str(c.batch), f"{c.q_heads}/{c.kv_heads}", _yes(c.prefill),
             _yes(c.decode), escape(c.decode_reason + (f" [{'; '.join(c.notes)}]" if c.notes else "")),
+            f"{_yes(c.fa2_split)}: {escape(c.fa2_split_reason)}" if c.fa2_split_reason else _yes(c.fa2_split),
         )  # fmt: skip
     console.print(table)
     if flat:

@@ -107,6 +107,13 @@ def matrix(
     max_tokens: Annotated[
         int | None, _opt("Tokens to generate per prompt (greedy). [default: 64]", P)
     ] = None,
+    ignore_eos: Annotated[
+        bool | None,
+        _opt(
+            "Generate --max-tokens for every request even past its end-of-sequence token, so every decode step of a wave keeps its batch size (FA2's split-KV band needs full batches and long own parts; see `explain`). [default: off]",
+            P,
+        ),
+    ] = None,
     topk: Annotated[
         int | None,
         _opt("Top-k logprobs kept per step, for vLLM's check_logprobs_close rule. [default: 5]", P),
@@ -312,7 +319,7 @@ def _flag_values(given: dict[str, Any]) -> dict[str, Any]:
     if given["hf_overrides"] is not None:
         out["hf_overrides"] = parse_hf_overrides(given["hf_overrides"])
     scalars = (
-        "engine", "model", "prompts", "system_prompt", "limit", "max_tokens", "topk", "arm_switch", "enforce_eager", "graphs_for_batches",
+        "engine", "model", "prompts", "system_prompt", "limit", "max_tokens", "ignore_eos", "topk", "arm_switch", "enforce_eager", "graphs_for_batches",
         "load_format", "max_model_len", "gpu_memory_utilization", "trust_remote_code", "engine_timeout", "device",
         "inject", "rerun", "auto_controls",
     )  # fmt: skip

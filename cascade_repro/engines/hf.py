@@ -45,6 +45,7 @@ class HFEngine:
         inject: str | None = None,
         trust_remote_code: bool = False,
         seed: int = 0,
+        ignore_eos: bool = False,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -58,6 +59,7 @@ class HFEngine:
         self.dtype_name = dtype
         self.topk = topk
         self.inject = inject
+        self.ignore_eos = ignore_eos
         torch.manual_seed(seed)
         attn = ca.register()
         try:
@@ -203,7 +205,7 @@ class HFEngine:
                 out_tokens[i].append(nxt_l[i])
                 out_lps[i].append(chosen_l[i])
                 out_topk[i].append([[t, v] for t, v in zip(top_i_l[i], top_v_l[i], strict=True)])
-                if nxt_l[i] in self.eos_ids:
+                if nxt_l[i] in self.eos_ids and not self.ignore_eos:
                     reasons[i] = "stop"
                     finished[i] = True
             if all(finished):

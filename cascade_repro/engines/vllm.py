@@ -372,7 +372,7 @@ class VLLMEngine:
                     reset_ok = True
                     break
         extra["prefix_cache_reset"] = reset_ok
-        greedy = dict(temperature=0.0, seed=self.seed, ignore_eos=False)
+        greedy = dict(temperature=0.0, seed=self.seed, ignore_eos=bool(self.spec.get("ignore_eos", False)))
         if p > 0:
             self.llm.generate(
                 [self._TokensPrompt(prompt_token_ids=list(prompts[0][: p + 1]))],

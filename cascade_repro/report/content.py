@@ -377,6 +377,8 @@ def fmt_prediction(p: dict | None) -> str:
     frm = as_int(p.get("decode_from_batch"))
     if p.get("decode") is not True and frm is not None:
         s += f" (decode from {frm})"
+    if p.get("fa2_split") is True:  # decode steps in FA2's split-KV path: the field bug's band
+        s += ", FA2 split-KV"
     return s
 
 
