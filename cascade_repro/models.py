@@ -62,11 +62,25 @@ def embedded_model_dir() -> Path:
     """Return the converted embedded model folder, converting it on first use."""
     gguf = embedded_gguf_path()
     stamp = f"v{CONVERSION_VERSION}-{gguf.stat().st_size}"
+    # The tokenizer files are written in the installed transformers' format: one written by
+    # transformers 5 names a tokenizer class 4.x lacks, so each major version converts its own.
+    major = _transformers_major()
+    if major is not None and major < 5:
+        stamp += f"-tf{major}"
     target = cache_root() / "models" / f"smollm2-135m-instruct-{stamp}"
     if (target / "config.json").is_file():
         return target
     _convert_gguf(gguf, target)
     return target
+
+
+def _transformers_major() -> int | None:
+    from importlib import metadata
+
+    try:
+        return int(metadata.version("transformers").split(".")[0])
+    except (metadata.PackageNotFoundError, ValueError):
+        return None
 
 
 def _convert_gguf(gguf: Path, target: Path) -> None:

@@ -63,7 +63,7 @@ from types import ModuleType
 from typing import Any
 
 from cascade_repro import inject as inj  # standard library only, like this module
-from cascade_repro import vllm_surface
+from cascade_repro import splitkv, vllm_surface
 
 ENV_VAR = "CASCADE_REPRO_PROBE"
 FLASH_ATTN_MODULE = vllm_surface.FLASH_ATTN_MODULE
@@ -86,6 +86,12 @@ COUNTER_KEYS = (
     "seen_prefix_len_max",
     "max_reqs",
     "inject_calls",
+    # Decode-step cascade calls (one query token per request), the longest own part (KV after the
+    # shared prefix) seen in them, and those whose FA2 suffix call takes the split-KV path by FA2's
+    # own heuristic on these very shapes (splitkv.py): the branch of the field bug.
+    "decode_cascade_calls",
+    "max_decode_suffix",
+    "fa2_split_calls",
 )
 
 
@@ -127,6 +133,7 @@ class ProbeState:
         self.patched: list[str] = []
         self.errors: list[str] = []
         self.in_cascade = False
+        self.num_sms: int | None = None  # the GPU's multiprocessors, read at the first decode call
         self._ctl_sig: tuple[int, int, int] | None = None
         self._since_flush = 0
         self._dirty = True  # the first flush announces the process
@@ -214,6 +221,23 @@ class ProbeState:
             if isinstance(fa_version, int) and fa_version not in c["fa_versions"]:
                 c["fa_versions"].append(fa_version)
             self._dirty = True
+
+    def record_decode_call(
+        self, num_reqs: int, suffix: int, q_heads: int, kv_heads: int, head_dim: int, fa_version: Any
+    ) -> None:
+        c = self.counters()
+        if c is None:
+            return
+        c["decode_cascade_calls"] += 1
+        if suffix > c["max_decode_suffix"]:
+            c["max_decode_suffix"] = suffix
+        if (
+            fa_version == 2
+            and self.num_sms
+            and splitkv.buggy_decode(num_reqs, q_heads, kv_heads, head_dim, suffix, self.num_sms)
+        ):
+            c["fa2_split_calls"] += 1
+        self._dirty = True
 
     def record_inject(self) -> None:
         c = self.counters()
@@ -327,12 +351,48 @@ def wrap_decision(orig: Callable[..., Any], state: ProbeState) -> Callable[..., 
     return use_cascade_attention
 
 
+def _sm_count(tensor: Any) -> int | None:
+    try:
+        if tensor.device.type != "cuda":
+            return None
+        import torch  # already loaded in every process that runs attention
+
+        return int(torch.cuda.get_device_properties(tensor.device).multi_processor_count)
+    except Exception:  # noqa: BLE001 - bookkeeping only
+        return None
+
+
+def note_decode_shape(state: ProbeState, args: tuple, kwargs: dict[str, Any]) -> None:
+    """Record a decode-step cascade call's shape: requests, own-part length, heads (no GPU sync).
+
+    ``cascade_attention(output, query, key_cache, value_cache, *, cu_query_lens, max_query_len,
+    max_kv_len, common_prefix_len, fa_version, ...)`` as FlashAttentionImpl calls it in 0.10.2 and
+    0.26.0: ``query`` is [tokens, query heads, head dim], ``key_cache`` [..., KV heads, head dim],
+    and the suffix call's ``max_seqlen_k`` is ``max_kv_len - common_prefix_len``.
+    """
+    try:
+        if int(kwargs.get("max_query_len", 0)) != 1:
+            return
+        query = args[1] if len(args) > 1 else kwargs["query"]
+        key_cache = args[2] if len(args) > 2 else kwargs["key_cache"]
+        n = int(kwargs["cu_query_lens"].shape[0]) - 1
+        suffix = int(kwargs["max_kv_len"]) - int(kwargs["common_prefix_len"])
+        q_heads, head_dim = int(query.shape[1]), int(query.shape[2])
+        kv_heads = int(key_cache.shape[-2])
+    except Exception:  # noqa: BLE001 - an unexpected call shape: count nothing, break nothing
+        return
+    if state.num_sms is None:
+        state.num_sms = _sm_count(query)
+    state.record_decode_call(n, suffix, q_heads, kv_heads, head_dim, kwargs.get("fa_version"))
+
+
 def wrap_cascade(orig: Callable[..., Any], state: ProbeState) -> Callable[..., Any]:
     orig = _original(orig)
 
     @functools.wraps(orig)
     def cascade_attention(*args: Any, **kwargs: Any) -> Any:
         state.record_call(kwargs.get("fa_version"))
+        note_decode_shape(state, args, kwargs)
         state.in_cascade = True
         try:
             return orig(*args, **kwargs)

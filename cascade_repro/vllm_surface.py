@@ -44,6 +44,8 @@ class Release:
     v2_model_runner: bool
     # use_cascade_attention takes dcp_world_size (decode context parallelism) as its last argument.
     rule_takes_dcp: bool
+    # LLM.reset_prefix_cache() says whether the reset happened (0.10.2's V1 engine returns None).
+    reset_returns_bool: bool
     source: str
 
 
@@ -53,8 +55,10 @@ class Release:
 # vllm/attention/utils/fa_utils.py: get_flash_attn_version reads VLLM_FLASH_ATTN_VERSION;
 # engine/arg_utils.py: disable_cascade_attn, no attention_config). 0.26.0: read from its wheel.
 RELEASES: tuple[Release, ...] = (
-    Release("0.10.2", "vllm.worker.worker_base", "env", False, False, "vLLM 0.10.2 wheel"),
-    Release("0.26.0", "vllm.v1.worker.worker_base", "attention_config", True, True, "vLLM 0.26.0 wheel"),
+    Release("0.10.2", "vllm.worker.worker_base", "env", False, False, False, "vLLM 0.10.2 wheel"),
+    Release(
+        "0.26.0", "vllm.v1.worker.worker_base", "attention_config", True, True, True, "vLLM 0.26.0 wheel"
+    ),
 )
 
 

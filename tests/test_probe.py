@@ -454,3 +454,34 @@ def test_a_forked_child_writes_its_own_counts(monkeypatch, tmp_path, clean_hooks
     assert set(files) == {st.pid, pid}
     assert files[pid]["waves"]["w"]["decisions_true"] == 1
     assert files[st.pid]["waves"] == {}
+
+
+def test_decode_cascade_calls_and_fa2_split_path_are_counted(tmp_path):
+    st = probe.ProbeState(tmp_path)
+    st.num_sms = 132  # an H200 (read from the GPU in vLLM's processes)
+    control(st, "w")
+    st.refresh(force=True)
+    calls = []
+    wrapped = probe.wrap_cascade(lambda *a, **k: calls.append(k), st)
+
+    def step(n, own, fa=2, qlen=1, heads=(9, 3), d=64):
+        q = torch.empty(n, heads[0], d)
+        kc = torch.empty(4, 16, heads[1], d)
+        cu = torch.arange(n + 1)
+        wrapped(None, q, kc, kc, cu_query_lens=cu, max_query_len=qlen, max_kv_len=1584 + own,
+                common_prefix_len=1584, fa_version=fa)  # fmt: skip
+
+    step(48, 400)  # 2 KV blocks of 256: one split
+    step(48, 600)  # 3 blocks: 3 splits, the bug's branch
+    step(64, 600)  # 64 x 3 KV heads: 1 split at 3 blocks
+    step(48, 600, fa=3)  # FA3 has no such branch
+    step(48, 600, qlen=7)  # a prefill step: not a decode call
+    step(48, 600, heads=(8, 8))  # MHA: no GQA packing
+    c = st.sync("w")["waves"]["w"]
+    assert c["cascade_calls"] == 6 and len(calls) == 6
+    assert c["decode_cascade_calls"] == 5
+    assert c["fa2_split_calls"] == 1
+    assert c["max_decode_suffix"] == 600
+    # An unexpected call shape counts nothing and still calls vLLM.
+    wrapped(None, "not a tensor", max_query_len=1)
+    assert st.sync("w")["waves"]["w"]["decode_cascade_calls"] == 5 and len(calls) == 7

@@ -41,6 +41,7 @@ def test_release_entry_matches_its_source(path):
     assert rel.v2_model_runner == ("VLLM_USE_V2_MODEL_RUNNER" in f["env_vars"])
     assert rel.rule_takes_dcp == ("dcp_world_size" in f["flash_attn"]["use_cascade_attention_params"])
     assert "disable_cascade_attn" in f["engine_args"]
+    assert rel.reset_returns_bool == f["v1_reset_prefix_cache_returns"]
 
 
 @pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)

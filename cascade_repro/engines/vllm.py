@@ -364,8 +364,11 @@ class VLLMEngine:
 
         # 1. No counting during the reset and the warm-up.
         probe.write_control(self.probe_dir, None, force_off, None, self._next_ctl())
-        reset_ok = bool(self.llm.reset_prefix_cache())
-        if not reset_ok:  # requests still being freed: try again briefly
+        said = self.llm.reset_prefix_cache()
+        # None: this vLLM does not say (0.10.2's V1 engine drops the scheduler's answer); the reset
+        # was requested with no request running, which is when it succeeds.
+        reset_ok: bool | None = None if said is None else bool(said)
+        if reset_ok is False:  # requests still being freed: try again briefly
             for _ in range(20):
                 time.sleep(0.05)
                 if self.llm.reset_prefix_cache():
@@ -398,7 +401,11 @@ class VLLMEngine:
             forced_off=agg["forced_off"],
             seen_prefix_len_max=agg["seen_prefix_len_max"],
             max_reqs=agg["max_reqs"],
+            decode_cascade_calls=agg["decode_cascade_calls"],
+            max_decode_suffix=agg["max_decode_suffix"],
         )
+        if agg["fa2_split_calls"]:  # FA2's split-KV branch ran under cascade (the field bug's)
+            extra["fa2_split_calls"] = agg["fa2_split_calls"]
         if agg["fa_versions"]:
             extra["fa_versions"] = agg["fa_versions"]
         if inject:

@@ -126,6 +126,13 @@ def record(pkg: Path) -> dict:
         if m in methods
     }
 
+    # V1's LLMEngine.reset_prefix_cache: does it hand the scheduler's bool back (LLM's does)?
+    eng = _classes(_parse(pkg / "v1/engine/llm_engine.py"))["LLMEngine"]
+    reset = next(n for n in eng.body if isinstance(n, ast.FunctionDef) and n.name == "reset_prefix_cache")
+    out["v1_reset_prefix_cache_returns"] = any(
+        isinstance(n, ast.Return) and n.value is not None for n in ast.walk(reset)
+    )
+
     sp = _classes(_parse(pkg / "sampling_params.py"))["SamplingParams"]
     out["sampling_params_fields"] = sorted(
         n.target.id for n in sp.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
