@@ -92,6 +92,9 @@ class VLLMEngine:
         self._ctl_seq = 0
         self._rpc_ok: bool | None = None
         self._env_notes: dict[str, Any] = {}
+        # Variables that configure what older vLLMs take no engine argument for (minimize's repro.py
+        # sets the same ones).
+        self.requested_env: dict[str, str] = {}
 
         # --- environment, before vLLM is imported (spawned engine/worker processes inherit it) ---
         self.probe_dir = self.run_dir / "probe" / self.key
@@ -181,9 +184,10 @@ class VLLMEngine:
 
     # --------------------------------------------------------------------------------------
     def _set_legacy_attention_env(self, backend: str, fa: Any) -> None:
-        os.environ["VLLM_ATTENTION_BACKEND"] = backend
+        self.requested_env = {"VLLM_ATTENTION_BACKEND": backend}
         if fa:
-            os.environ["VLLM_FLASH_ATTN_VERSION"] = str(int(fa))
+            self.requested_env["VLLM_FLASH_ATTN_VERSION"] = str(int(fa))
+        os.environ.update(self.requested_env)
 
     def _next_ctl(self) -> int:
         self._ctl_seq += 1

@@ -108,6 +108,7 @@ def minimize_run(
         )
         effective = engine.effective()
         requested = getattr(engine, "requested", None)
+        requested_env = dict(getattr(engine, "requested_env", None) or {})
     finally:
         engine.close()
 
@@ -146,6 +147,8 @@ def minimize_run(
             system_prompt=run["prompt_set"].get("system_prompt_text", ""),
             prompts=[prompts[i]["prompt"] for i in final.case.prompt_indices],
             engine_args=repro_engine_args(run, eplan, requested),
+            engine_env=requested_env,
+            ignore_eos=bool(run["spec"].get("ignore_eos", False)),
             max_tokens=final.case.max_tokens,
             topk=int(run["spec"].get("topk", 5)),
             seed=int(eplan.get("seed", 0)),

@@ -60,6 +60,8 @@ def render_repro(
     seed: int,
     inject: bool,
     header: str,
+    engine_env: dict[str, str] | None = None,
+    ignore_eos: bool = False,
 ) -> str:
     """The standalone script: the case's constants spliced into ``standalone.py``'s source."""
     src = (Path(__file__).with_name("standalone.py")).read_text(encoding="utf-8")
@@ -72,7 +74,9 @@ def render_repro(
             f"SYSTEM_PROMPT = {_text_literal(system_prompt)}",
             f"PROMPTS = {_literal(list(prompts))}",
             f"ENGINE_ARGS = {_literal(engine_args)}",
+            *([f"ENGINE_ENV = {_literal(dict(engine_env))}"] if engine_env else []),
             f"MAX_TOKENS = {int(max_tokens)}",
+            *(["IGNORE_EOS = True"] if ignore_eos else []),
             f"TOPK = {int(topk)}",
             f"SEED = {int(seed)}",
             f"INJECT_LSE_LAYOUT = {bool(inject)}",

@@ -35,6 +35,11 @@ TOPK = 5
 SEED = 0
 INJECT_LSE_LAYOUT = False
 # --- end of case ---
+# Set by the case above when it needs them: variables older vLLMs read instead of engine arguments
+# (VLLM_ATTENTION_BACKEND, VLLM_FLASH_ATTN_VERSION before attention_config existed), and
+# generating past end-of-sequence so every request stays in every decode step.
+ENGINE_ENV = globals().get("ENGINE_ENV", {})
+IGNORE_EOS = globals().get("IGNORE_EOS", False)
 
 
 def render(tokenizer, user_prompt):
@@ -79,6 +84,7 @@ def inject_lse_layout():
 def run_arm(arm, model):
     """Generate every prompt in one batch on a fresh engine; return tokens, logprobs and top-k."""
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"  # the V2 model runner has no cascade attention
+    os.environ.update(ENGINE_ENV)
     if INJECT_LSE_LAYOUT and arm == "cascade":
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the patch must reach the model's process
         inject_lse_layout()
@@ -93,7 +99,8 @@ def run_arm(arm, model):
     llm.generate([TokensPrompt(prompt_token_ids=ids[0][: shared + 1])],
                  SamplingParams(max_tokens=1, **greedy), use_tqdm=False)
     outs = llm.generate([TokensPrompt(prompt_token_ids=x) for x in ids],
-                        SamplingParams(max_tokens=MAX_TOKENS, logprobs=TOPK, **greedy), use_tqdm=False)
+                        SamplingParams(max_tokens=MAX_TOKENS, logprobs=TOPK, ignore_eos=IGNORE_EOS, **greedy),
+                        use_tqdm=False)
     results = []
     for o in outs:
         c = o.outputs[0]

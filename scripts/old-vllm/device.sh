@@ -40,7 +40,9 @@ unpack() {
 }
 if [ ! -f "$dst/unpacker.pid" ]; then
   export -f unpack; export dst site
-  setsid bash -c 'echo $$ > "$dst/unpacker.pid"; if unpack; then echo 0; else echo 1; fi > "$dst/unpacked"' \
+  # The result file appears only once unpacking ended (written aside, then renamed).
+  setsid bash -c 'echo $$ > "$dst/unpacker.pid"; if unpack; then rc=0; else rc=1; fi
+                  echo $rc > "$dst/.unpacked" && mv "$dst/.unpacked" "$dst/unpacked"' \
     > "$dst/unpacker.log" 2>&1 < /dev/null &
   for _ in $(seq 50); do [ -f "$dst/unpacker.pid" ] && break; sleep 0.1; done
 fi
@@ -52,7 +54,7 @@ t0=$(date +%s)
 while [ ! -f "$dst/unpacked" ]; do
   if ! kill -0 "$(cat "$dst/unpacker.pid" 2>/dev/null || echo 0)" 2>/dev/null; then
     echo "old-vllm: unpacker gone ($(tail -1 "$dst/unpacker.log" 2>/dev/null)); unpacking here" >&2
-    unpack && echo 0 > "$dst/unpacked"
+    if unpack; then echo 0 > "$dst/unpacked"; else echo 1 > "$dst/unpacked"; fi
     break
   fi
   sleep 0.5
@@ -74,8 +76,10 @@ grep -v '^#' "$here/image-sonames.txt" | while read -r glob into _rest; do
 done
 
 # 5. This working tree, and the environment to use it.
-"$base_py" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade \
-  --target "$site" . 2>&1 | grep -vi 'warning' || true
+if ! log=$("$base_py" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade \
+      --target "$site" . 2>&1); then
+  echo "old-vllm: installing this working tree failed:" >&2; echo "$log" | grep -vi warning | tail -20 >&2; exit 3
+fi
 cat > "$venv/bin/cascade-repro" <<SH
 #!/usr/bin/env bash
 exec "$venv/bin/python" -m cascade_repro "\$@"
