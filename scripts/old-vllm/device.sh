@@ -10,9 +10,17 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 src=${OLD_VLLM_STAGE:-.old-vllm-stage}
 dst=${OLD_VLLM_DIR:-/tmp/old-vllm}
-base_py=${BASE_PYTHON:-python3}   # the image's interpreter (Python 3.12)
 venv=$dst/venv
 mkdir -p "$dst/parts"
+# The image's interpreter (Python 3.12), remembered from the first call: once env.sh is sourced,
+# python3 is the venv's own, whose site-packages must not be taken for the image's.
+if [ -n "${BASE_PYTHON:-}" ]; then base_py=$BASE_PYTHON
+elif [ -f "$dst/base_python" ]; then base_py=$(cat "$dst/base_python")
+else base_py=$(command -v python3); fi
+case "$(cd "$(dirname "$base_py")" && pwd)" in
+  "$venv"/*) echo "old-vllm: $base_py is the venv's python; set BASE_PYTHON to the image's" >&2; exit 2 ;;
+esac
+[ -f "$dst/base_python" ] || echo "$base_py" > "$dst/base_python"
 [ -f "$src/manifest.txt" ] && cp -f "$src/manifest.txt" "$dst/manifest.txt"
 [ -f "$dst/manifest.txt" ] || { echo "no manifest.txt: carry $src/manifest.txt" >&2; exit 2; }
 
