@@ -404,3 +404,17 @@ def test_head_dim_from_config():
     assert ModelAttention.from_config({"num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}).head_dim == 64
     assert ModelAttention.from_config({"num_attention_heads": 8, "head_dim": 128, "hidden_size": 4096}).head_dim == 128
     assert ModelAttention.from_config({"num_attention_heads": 7, "hidden_size": 100}).head_dim is None
+
+
+def test_fa2_band_per_tp_moves_with_kv_heads_per_gpu():
+    # 32 query / 8 KV heads, head dim 128 on an H200: TP 2 halves the KV heads per GPU and doubles the band.
+    att = ModelAttention(32, 8, head_dim=128)
+    cells = _band_cells([24], tp=1) + _band_cells([40], tp=2)
+    preds, thr = predict(cells, att, shared_prefix_tokens=1597, suffix_lens=[100], num_sms=132, max_tokens=1948)
+    assert (thr[1]["kv_heads"], thr[1]["fa2_band"]) == (8, "17-26")
+    assert (thr[2]["kv_heads"], thr[2]["fa2_band"]) == (4, "34-52")
+    assert [p.fa2_split for p in preds] == [True, True]
+    ex = explain.Explanation("vllm", "m", att, 132, "t", 16, 1597, 1584, 1, "r", preds, thr)
+    lines = threshold_lines(ex)
+    assert lines[1].startswith("TP 1: with FA2, decode steps of 17-26 concurrent requests run cascade")
+    assert lines[3].startswith("TP 2: with FA2, decode steps of 34-52 concurrent requests run cascade")
