@@ -66,7 +66,7 @@ def load_prompts(run_dir: Path) -> list[Any]:
     from cascade_repro.errors import UsageError
     from cascade_repro.promptsets import iter_prompt_records
 
-    path = Path(run_dir) / "prompts.jsonl"
+    path = runstore.prompts_path(run_dir)
     if not path.is_file():
         return []
     try:

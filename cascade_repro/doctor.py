@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from cascade_repro import vllm_surface
+from cascade_repro.errors import UsageError
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 MIN_PREFIX = vllm_surface.MIN_COMMON_PREFIX
@@ -352,8 +353,11 @@ def check_tp(f: Facts) -> Check:
             detail + f" (model config unavailable: {f.model_error or 'unknown'})",
             "; ".join(fixes),
         )
-    heads = cfg.get("num_attention_heads") or cfg.get("n_head") or cfg.get("num_heads")
-    kv = cfg.get("num_key_value_heads") or cfg.get("num_kv_heads") or heads
+    try:  # the same reading of heads as explain's (vllm_surface.ModelAttention)
+        att = vllm_surface.ModelAttention.from_config(cfg)
+        heads, kv = att.num_attention_heads, att.num_kv_heads
+    except UsageError:
+        heads = kv = None
     if isinstance(heads, int) and heads % tp:
         problems.append(f"{heads} heads not divisible by {tp}")
         fixes.append(
@@ -473,21 +477,20 @@ def check_attention_variant(f: Facts) -> Check:
     cfg = f.model_config
     if cfg is None:
         return Check("attention variant", WARN, f"model config unavailable ({f.model_error or 'unknown'})")
+    try:  # one reading of the config for doctor and explain (vllm_surface.ModelAttention)
+        att = vllm_surface.ModelAttention.from_config(cfg)
+    except UsageError as e:
+        return Check("attention variant", WARN, f"model config unreadable ({e})")
     blockers = []
     partial = []
-    model_type = str(cfg.get("model_type", ""))
-    attn_cfg = cfg.get("attn_config") if isinstance(cfg.get("attn_config"), dict) else {}
-    if cfg.get("alibi") or attn_cfg.get("alibi") or (model_type == "bloom"):
+    if att.use_alibi:
         blockers.append("ALiBi")
-    sw = cfg.get("sliding_window")
-    layer_types = cfg.get("layer_types") or []
-    sliding_layers = [t for t in layer_types if "sliding" in str(t)]
-    if sliding_layers and len(sliding_layers) < len(layer_types):
-        partial.append(f"sliding window on {len(sliding_layers)}/{len(layer_types)} layers")
-    elif sliding_layers or (sw and cfg.get("use_sliding_window", True) is not False):
-        blockers.append(f"sliding window ({sw})")
-    if cfg.get("attention_chunk_size"):
-        blockers.append(f"chunked local attention ({cfg['attention_chunk_size']})")
+    if att.use_sliding_window:
+        blockers.append(f"sliding window ({cfg.get('sliding_window')})")
+    elif att.sliding_layers:
+        partial.append(f"sliding window on {att.sliding_layers[0]}/{att.sliding_layers[1]} layers")
+    if att.use_local_attention:
+        blockers.append(f"chunked local attention ({cfg.get('attention_chunk_size')})")
     if blockers:
         return Check(
             "attention variant",

@@ -24,8 +24,7 @@ from cascade_repro.errors import UsageError
 from cascade_repro.shard import Shard, assign
 
 # Outputs of an earlier merge into the same directory, replaced by this one.
-_OUTPUTS = ("cells.parquet", "pairs.parquet", "comparisons.parquet", "report.md", "report.html", "summary.json",
-            "junit.xml", "prompts.jsonl")  # fmt: skip
+_OUTPUTS = (*runstore.TABLES, *runstore.REPORTS, runstore.PROMPTS)
 
 
 @dataclass
@@ -60,11 +59,11 @@ def _read_shard(path: Path) -> _ShardDir:
         raise UsageError(f"{path}: run.json has an invalid shard {text!r}") from None
     if not isinstance(run.get("plan"), dict) or "spec_hash" not in run:
         raise UsageError(f"{path}: run.json has no plan or spec_hash")
-    prompts = path / "prompts.jsonl"
+    prompts = runstore.prompts_path(path)
     try:
         sha = hashlib.sha256(prompts.read_bytes()).hexdigest()
     except OSError:
-        raise UsageError(f"{path}: missing prompts.jsonl") from None
+        raise UsageError(f"{path}: missing {runstore.PROMPTS}") from None
     if _locked(path):
         raise UsageError(
             f"{path}: shard {shard} is still running (its lock is held); merge when it has finished"
@@ -207,7 +206,7 @@ def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = "regression", li
     _prepare_out(out_dir, shards)
     with runstore.RunLock(out_dir):
         (out_dir / runstore.SAMPLES).mkdir(parents=True, exist_ok=True)
-        shutil.copy2(first.path / "prompts.jsonl", out_dir / "prompts.jsonl")
+        shutil.copy2(runstore.prompts_path(first.path), runstore.prompts_path(out_dir))
         engines: dict[str, Any] = {}
         listed = []
         for s in shards:
@@ -269,7 +268,7 @@ def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = "regression", li
             timings={"total_s": max(totals, default=0.0), "shards_sum_s": round(sum(totals), 2)},
             merge_warnings=warnings,
         )
-        runstore.write_json_atomic(out_dir / runstore.RUN_JSON, run)
+        runstore.write_run_json(out_dir, run)
         _, data = finalize(out_dir)
     o = outcome_of(data, fail_on)
     return MergeOutcome(out_dir, o.exit_code, o.counts, warnings, data, o.headline, o.reason)

@@ -99,14 +99,12 @@ class PreparedRun:
                 was, now = (f"shard {s}" if s else "the unsharded run" for s in (was, now))
                 raise UsageError(f"{run_dir} holds {was} of this matrix, not {now}: one --run-id per shard")
         (run_dir / runstore.SAMPLES).mkdir(parents=True, exist_ok=True)
-        tmp = run_dir / ".prompts.jsonl.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            for r in self.records:
-                rec = {"key": r.key, "prompt": r.prompt, "instruction_id_list": list(r.instruction_id_list),
-                       "kwargs": list(r.kwargs), "lang": r.lang}  # fmt: skip
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-        os.replace(tmp, run_dir / "prompts.jsonl")
-        runstore.write_json_atomic(run_dir / runstore.RUN_JSON, self.run)
+        runstore.write_prompts(
+            run_dir,
+            [{"key": r.key, "prompt": r.prompt, "instruction_id_list": list(r.instruction_id_list),
+              "kwargs": list(r.kwargs), "lang": r.lang} for r in self.records],
+        )  # fmt: skip
+        runstore.write_run_json(run_dir, self.run)
 
 
 def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> PreparedRun:
@@ -396,7 +394,7 @@ def finalize(run_dir: Path, thresholds: Thresholds | None = None) -> tuple[Path,
         }
     run["engines"] = engines
     run["thresholds"] = th.to_dict()
-    runstore.write_json_atomic(run_dir / runstore.RUN_JSON, run)
+    runstore.write_run_json(run_dir, run)
     write_reports(run_dir)
     return run_dir, load_run(run_dir)
 
@@ -413,7 +411,7 @@ def run_matrix(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> RunOu
         errors = execute(run_dir, opts.progress, console)
         run = runstore.read_run_json(run_dir)
         run["timings"] = {"total_s": round(time.time() - t0, 2)}
-        runstore.write_json_atomic(run_dir / runstore.RUN_JSON, run)
+        runstore.write_run_json(run_dir, run)
         if not restrict(run)["plan"]["cells"]:  # an empty shard: nothing to score
             return RunOutcome(run_dir, 0, {}, errors)
         _, data = finalize(run_dir, opts.thresholds)

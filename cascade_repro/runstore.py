@@ -1,4 +1,17 @@
-"""Run-directory layout, append-only JSONL records, the lock file and resume bookkeeping."""
+"""Run-directory layout, append-only JSONL records, the lock file and resume bookkeeping.
+
+This module owns the run directory's file names: no other module spells one out.
+
+    run.json                 the manifest: spec, plan, prompt-set facts, environment, engines, timings
+    prompts.jsonl            the prompt records, index i = prompt_index i
+    samples/<key>.jsonl      append-only records of one engine key's worker
+    worker-<key>.log         that worker's stderr
+    probe/<key>/             the vLLM probe's control and counts files of that engine
+    cells.parquet pairs.parquet comparisons.parquet     the scored tables
+    report.md report.html summary.json junit.xml        the reports
+    minimize/<pair>/         `cascade-repro minimize` output
+    .lock                    held while a process writes here
+"""
 
 from __future__ import annotations
 
@@ -14,12 +27,51 @@ from typing import Any
 from cascade_repro.errors import RunLockedError, UsageError
 
 RUN_JSON = "run.json"
+PROMPTS = "prompts.jsonl"
 SAMPLES = "samples"
+PROBE = "probe"
+MINIMIZE = "minimize"
 LOCK = ".lock"
+CELLS, PAIRS, COMPARISONS = "cells.parquet", "pairs.parquet", "comparisons.parquet"
+TABLES = (CELLS, PAIRS, COMPARISONS)
+REPORT_MD, REPORT_HTML, SUMMARY_JSON, JUNIT_XML = "report.md", "report.html", "summary.json", "junit.xml"
+REPORTS = (REPORT_MD, REPORT_HTML, SUMMARY_JSON, JUNIT_XML)
 
 
 def samples_path(run_dir: Path, engine_key: str) -> Path:
     return run_dir / SAMPLES / f"{engine_key}.jsonl"
+
+
+def samples_files(run_dir: Path) -> list[Path]:
+    """Every engine key's samples file, sorted by name."""
+    return sorted((Path(run_dir) / SAMPLES).glob("*.jsonl"))
+
+
+def probe_dir(run_dir: Path, engine_key: str) -> Path:
+    return Path(run_dir) / PROBE / engine_key
+
+
+def prompts_path(run_dir: Path) -> Path:
+    return Path(run_dir) / PROMPTS
+
+
+def read_prompts(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's prompt records as written by the runner (``key``, ``prompt``, IFEval fields)."""
+    with open(prompts_path(run_dir), encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def write_prompts(run_dir: Path, records: list[dict[str, Any]]) -> None:
+    """Write prompts.jsonl atomically (temp file and rename)."""
+    tmp = Path(run_dir) / f".{PROMPTS}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for rec in records:
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    os.replace(tmp, prompts_path(run_dir))
+
+
+def write_run_json(run_dir: Path, run: dict[str, Any]) -> None:
+    write_json_atomic(Path(run_dir) / RUN_JSON, run)
 
 
 def worker_log(run_dir: Path, engine_key: str) -> Path:

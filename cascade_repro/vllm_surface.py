@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
+
+from cascade_repro.errors import UsageError  # standard library only, like this module
 
 # The FlashAttention backend holds use_cascade_attention, cascade_attention and the
 # merge_attn_states it calls (same path and names in 0.10.2 and 0.26.0).
@@ -114,3 +117,89 @@ def has_fa2_lse_bug(version: str | None) -> bool | None:
     if vt is None or vt < FIRST_V1_CASCADE:
         return None
     return vt < FA2_LSE_FIX_IN
+
+
+# What vLLM reads from a model's config to decide on cascade: one parser for explain and doctor.
+
+
+@dataclass(frozen=True)
+class ModelAttention:
+    """What vLLM's rule reads from a model config."""
+
+    num_attention_heads: int
+    num_kv_heads: int
+    use_alibi: bool = False
+    use_sliding_window: bool = False
+    use_local_attention: bool = False
+    use_mla: bool = False
+    notes: tuple[str, ...] = ()
+    head_dim: int | None = None
+    # (sliding-window layers, all layers) when only some layers slide; cascade fires in the others.
+    sliding_layers: tuple[int, int] | None = None
+
+    @classmethod
+    def from_config(cls, cfg: dict[str, Any]) -> ModelAttention:
+        """Read heads and attention variants from a config.json dict (``text_config`` if nested).
+
+        Mirrors vLLM: ``ModelConfig.uses_alibi``; ``get_total_num_kv_heads`` (``n_head_kv``,
+        ``num_kv_heads``, ``num_key_value_heads``, ``multi_query_group_num``; Falcon's
+        ``multi_query``); a sliding window unless ``use_sliding_window`` is false. With
+        ``layer_types`` mixing sliding and full attention, cascade can fire in the full layers
+        (vLLM's sliding-window manager reports no common blocks), so the prediction is theirs.
+        """
+        text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else None
+        t = text if text and text.get("num_attention_heads") else cfg
+        heads = t.get("num_attention_heads") or t.get("n_head") or t.get("num_heads")
+        if not isinstance(heads, int) or heads <= 0:
+            raise UsageError("model config has no num_attention_heads")
+        kv = None
+        if t.get("multi_query") and not t.get("new_decoder_architecture"):
+            kv = 1
+        for name in ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num"):
+            if kv is None and isinstance(t.get(name), int) and t[name] > 0:
+                kv = t[name]
+        kv = kv or heads
+        attn_cfg = cfg.get("attn_config")
+        alibi = bool(
+            cfg.get("alibi")
+            or t.get("alibi")
+            or "BloomForCausalLM" in (cfg.get("architectures") or [])
+            or str(cfg.get("model_type", "")) == "bloom"
+            or t.get("position_encoding_type") == "alibi"
+            or (isinstance(attn_cfg, dict) and attn_cfg.get("alibi"))
+        )
+        notes: list[str] = []
+        sw = t.get("sliding_window")
+        if t.get("use_sliding_window") is False:
+            sw = None
+        layer_types = [str(x) for x in (t.get("layer_types") or [])]
+        sliding_layers = sum("sliding" in x for x in layer_types)
+        use_sw = bool(sw) or (bool(layer_types) and sliding_layers == len(layer_types))
+        partial = None
+        if use_sw and layer_types and sliding_layers < len(layer_types):
+            partial = (sliding_layers, len(layer_types))
+            notes.append(
+                f"sliding window on {sliding_layers}/{len(layer_types)} layers: predicted for the full-attention layers"
+            )
+            use_sw = False
+        if use_sw:
+            notes.append(f"sliding window ({sw})")
+        local = bool(t.get("attention_chunk_size"))
+        if local:
+            notes.append(f"chunked local attention ({t['attention_chunk_size']})")
+        if alibi:
+            notes.append("ALiBi")
+        mla = t.get("kv_lora_rank") is not None
+        if mla:
+            notes.append("MLA: served by an MLA backend, not FLASH_ATTN's cascade path")
+        head_dim = t.get("head_dim")
+        if not isinstance(head_dim, int) or head_dim <= 0:
+            hidden = t.get("hidden_size") or t.get("n_embd") or t.get("d_model")
+            head_dim = hidden // heads if isinstance(hidden, int) and hidden % heads == 0 else None
+        if sliding_layers and sliding_layers < len(layer_types):
+            partial = (sliding_layers, len(layer_types))
+        return cls(heads, kv, alibi, use_sw, local, mla, tuple(notes), head_dim, partial)
+
+    def per_gpu(self, tp: int) -> tuple[int, int]:
+        """Return (query heads, KV heads) per GPU at this TP, as vLLM computes them."""
+        return self.num_attention_heads // tp, max(1, self.num_kv_heads // tp)

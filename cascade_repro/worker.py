@@ -8,7 +8,6 @@ second engine in a process that held one, and a crash or hang stays contained.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 import traceback
@@ -27,8 +26,7 @@ FATAL_MARKERS = ("CUDA out of memory", "CUDA error", "NCCL", "OutOfMemoryError",
 
 
 def load_prompts(run_dir: Path) -> list[dict[str, Any]]:
-    with open(run_dir / "prompts.jsonl", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return runstore.read_prompts(run_dir)
 
 
 def build_engine(run: dict[str, Any], eplan: dict[str, Any]):

@@ -180,3 +180,22 @@ def test_vllm_version_says_what_the_probe_knows(version, status, words):
         assert w in c.detail, c.detail
     if version == "0.26.0":
         assert "LSE bug" not in c.detail
+
+
+def test_doctor_reads_heads_and_variants_as_explain_does():
+    from cascade_repro.explain import ModelAttention
+
+    # Falcon's multi_query and a nested text_config: doctor once read these differently from explain.
+    for cfg, detail in (
+        ({"num_attention_heads": 71, "multi_query": True}, "tp 1: 71 heads, 1 KV heads"),
+        ({"text_config": {"num_attention_heads": 32, "num_key_value_heads": 8}}, "tp 1: 32 heads, 8 KV heads"),
+    ):
+        c = by_name(doctor.run_checks(healthy(tp=1, model_config=cfg)))["tensor parallel"]
+        a = ModelAttention.from_config(cfg)
+        assert c.detail == detail == f"tp 1: {a.num_attention_heads} heads, {a.num_kv_heads} KV heads"
+    hybrid = {"num_attention_heads": 8, "layer_types": ["sliding_attention", "full_attention"] * 2}
+    c = by_name(doctor.run_checks(healthy(model_config=hybrid)))["attention variant"]
+    assert c.status == WARN and "sliding window on 2/4 layers" in c.detail
+    bloom = {"num_attention_heads": 16, "model_type": "bloom"}
+    assert by_name(doctor.run_checks(healthy(model_config=bloom)))["attention variant"].status == FAIL
+    assert ModelAttention.from_config(bloom).use_alibi

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
+from cascade_repro import runstore
 from cascade_repro.cli.app import app, err_console, user_errors
 
 M, P, E, OUT, V, D = "Matrix", "Prompts", "Engine", "Output", "Verdicts", "Debug"
@@ -385,7 +386,9 @@ def _print_outcome(outcome: Any, console: Any) -> None:
         print_outcome(console, outcome.headline, outcome.exit_code, outcome.reason)
     for e in outcome.errors:
         console.print(f"[red]error[/] {e}", highlight=False)
-    if not (outcome.run_dir / "report.md").exists():  # an empty shard scores nothing
+    if not (outcome.run_dir / runstore.REPORT_MD).exists():  # an empty shard scores nothing
         console.print(f"run: {outcome.run_dir}")
         return
-    console.print(f"report: {outcome.run_dir / 'report.md'}  (html: {outcome.run_dir / 'report.html'})")
+    console.print(
+        f"report: {outcome.run_dir / runstore.REPORT_MD}  (html: {outcome.run_dir / runstore.REPORT_HTML})"
+    )

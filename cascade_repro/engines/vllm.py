@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cascade_repro import probe
+from cascade_repro import probe, runstore
 from cascade_repro.engines.base import Completion, WaveStats
 from cascade_repro.errors import UsageError
 
@@ -97,7 +97,7 @@ class VLLMEngine:
         self.requested_env: dict[str, str] = {}
 
         # --- environment, before vLLM is imported (spawned engine/worker processes inherit it) ---
-        self.probe_dir = self.run_dir / "probe" / self.key
+        self.probe_dir = runstore.probe_dir(self.run_dir, self.key)
         _prepare_probe_dir(self.probe_dir)
         prev_v2 = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
         if prev_v2 not in (None, "0"):
@@ -196,14 +196,11 @@ class VLLMEngine:
     def _auto_max_model_len(self) -> int | None:
         """Longest rendered prompt + max_tokens + 1, rounded up to 256 (None: vLLM's default)."""
         try:
-            import json
-
             from cascade_repro.chat import render_all
             from cascade_repro.runner import _load_tokenizer
 
-            run = json.loads((self.run_dir / "run.json").read_text(encoding="utf-8"))
-            with open(self.run_dir / "prompts.jsonl", encoding="utf-8") as f:
-                prompts = [json.loads(line)["prompt"] for line in f if line.strip()]
+            run = runstore.read_run_json(self.run_dir)
+            prompts = [r["prompt"] for r in runstore.read_prompts(self.run_dir)]
             tok = _load_tokenizer(self.model_path, bool(self.spec.get("trust_remote_code", False)))
             rendered, _ = render_all(tok, run.get("prompt_set", {}).get("system_prompt_text", ""), prompts)
             need = max(len(r) for r in rendered) + int(self.spec.get("max_tokens", 64)) + 1
@@ -518,10 +515,8 @@ def smoke(
         run_dir = Path(tempfile.mkdtemp(prefix="cascade-smoke-"))
         system = load_system_prompt("ko")
         records = load_prompt_set("ko-ifeval-style", batch).records
-        (run_dir / "run.json").write_text(json.dumps({"prompt_set": {"system_prompt_text": system}}))
-        with open(run_dir / "prompts.jsonl", "w", encoding="utf-8") as f:
-            for r in records:
-                f.write(json.dumps({"prompt": r.prompt}, ensure_ascii=False) + "\n")
+        runstore.write_run_json(run_dir, {"prompt_set": {"system_prompt_text": system}})
+        runstore.write_prompts(run_dir, [{"prompt": r.prompt} for r in records])
         spec = MatrixSpec(
             engine="vllm", batch=[batch], max_tokens=max_tokens, topk=5, enforce_eager=eager
         ).to_dict()

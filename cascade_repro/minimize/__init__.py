@@ -24,8 +24,8 @@ class MinimizeOutput:
 
 
 def _load_prompts(run_dir: Path) -> list[dict[str, Any]]:
-    if not (run_dir / "prompts.jsonl").is_file():
-        raise UsageError(f"{run_dir} has no prompts.jsonl")
+    if not runstore.prompts_path(run_dir).is_file():
+        raise UsageError(f"{run_dir} has no {runstore.PROMPTS}")
     from cascade_repro.worker import load_prompts
 
     return load_prompts(run_dir)

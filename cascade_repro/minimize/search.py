@@ -115,10 +115,10 @@ def pick_pair(run_dir: Path, pair_id: str | None) -> dict[str, Any]:
     """Return the row of the pair to minimize: the named one, else the smallest-batch regression."""
     import pandas as pd
 
-    path = Path(run_dir) / "pairs.parquet"
+    path = Path(run_dir) / runstore.PAIRS
     if not path.is_file():
         raise UsageError(
-            f"{run_dir} has no pairs.parquet: is it a finished run? (`cascade-repro report --rescore` rebuilds it)"
+            f"{run_dir} has no {runstore.PAIRS}: is it a finished run? (`cascade-repro report --rescore` rebuilds it)"
         )
     pairs = pd.read_parquet(path)
     pairs = pairs[pairs["kind"] == "cascade"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
+from cascade_repro import runstore
 from cascade_repro.report import content as c
 from cascade_repro.report import svg
 from cascade_repro.report.base import ReportFormatter
@@ -90,7 +91,7 @@ class HtmlFormatter(ReportFormatter):
     """Render report.html."""
 
     name = "html"
-    filename = "report.html"
+    filename = runstore.REPORT_HTML
 
     def render(self, data: RunData) -> str:
         """Return the HTML report."""

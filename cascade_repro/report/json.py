@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+from cascade_repro import runstore
 from cascade_repro.report import content as c
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.load import RunData
@@ -88,7 +89,7 @@ class JsonFormatter(ReportFormatter):
     """Render summary.json."""
 
     name = "json"
-    filename = "summary.json"
+    filename = runstore.SUMMARY_JSON
 
     def render(self, data: RunData) -> str:
         """Return the summary as sorted, indented JSON."""

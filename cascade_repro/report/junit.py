@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
+from cascade_repro import runstore
 from cascade_repro.report import content as c
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.load import RunData
@@ -51,7 +52,7 @@ class JunitFormatter(ReportFormatter):
     """Render junit.xml."""
 
     name = "junit"
-    filename = "junit.xml"
+    filename = runstore.JUNIT_XML
 
     def render(self, data: RunData) -> str:
         """Return the JUnit XML document."""

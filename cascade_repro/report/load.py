@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from cascade_repro import runstore
 from cascade_repro.errors import UsageError
 from cascade_repro.report.text import as_int, is_missing
 
@@ -78,9 +79,9 @@ class RunData:
 def load_run(run_dir: Path, n_examples: int = 3) -> RunData:
     """Read run.json, the three parquet tables and the most divergent samples of a run directory."""
     run_dir = Path(run_dir)
-    if not (run_dir / "run.json").is_file():
-        raise UsageError(f"not a cascade-repro run directory: {run_dir} (missing run.json)")
-    for name in ("cells.parquet", "pairs.parquet", "comparisons.parquet"):
+    if not (run_dir / runstore.RUN_JSON).is_file():
+        raise UsageError(f"not a cascade-repro run directory: {run_dir} (missing {runstore.RUN_JSON})")
+    for name in runstore.TABLES:
         if not (run_dir / name).is_file():
             # A run.json without tables is a matrix that has not been scored yet (interrupted, or
             # still running): say what to do, not that the directory is foreign.
@@ -89,14 +90,14 @@ def load_run(run_dir: Path, n_examples: int = 3) -> RunData:
                 "to resume it, or `cascade-repro report --rescore` to score the samples it has"
             )
     try:
-        run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+        run = json.loads((run_dir / runstore.RUN_JSON).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise UsageError(f"unreadable run.json in {run_dir}: {e}") from None
     if not isinstance(run, dict):
         raise UsageError(f"unreadable run.json in {run_dir}: not a JSON object")
-    cells = _read_table(run_dir / "cells.parquet", CELL_COLUMNS)
-    pairs = _read_table(run_dir / "pairs.parquet", PAIR_COLUMNS)
-    comparisons = _read_table(run_dir / "comparisons.parquet", COMPARISON_COLUMNS)
+    cells = _read_table(run_dir / runstore.CELLS, CELL_COLUMNS)
+    pairs = _read_table(run_dir / runstore.PAIRS, PAIR_COLUMNS)
+    comparisons = _read_table(run_dir / runstore.COMPARISONS, COMPARISON_COLUMNS)
     if pairs["kind"].isna().all() and len(pairs):
         # Old runs had no kind column: only cascade pairs carry a real verdict.
         pairs["kind"] = ["noise" if v == "control" else "cascade" for v in pairs["verdict"]]
@@ -209,7 +210,7 @@ def _attach_samples(run_dir: Path, examples: list[Example]) -> None:
     wanted = {(c, e.prompt_index) for e in examples for c in (e.test_cell, e.ref_cell)}
     if not wanted:
         return
-    records = read_samples(sorted((run_dir / "samples").glob("*.jsonl")), wanted)
+    records = read_samples(runstore.samples_files(run_dir), wanted)
     for e in examples:
         t, r = records.get((e.test_cell, e.prompt_index)), records.get((e.ref_cell, e.prompt_index))
         if e.first_div is None and t and r:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import re
 
+from cascade_repro import runstore
 from cascade_repro.report import content as c
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.load import Example, RunData
@@ -84,7 +85,7 @@ class MarkdownFormatter(ReportFormatter):
     """Render report.md."""
 
     name = "markdown"
-    filename = "report.md"
+    filename = runstore.REPORT_MD
 
     def render(self, data: RunData) -> str:
         """Return the markdown report."""
