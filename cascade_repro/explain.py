@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from cascade_repro import splitkv, vllm_surface
+from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
 from cascade_repro.vllm_surface import ModelAttention
 
@@ -419,7 +420,7 @@ def predict(
             notes.append(
                 f"{attention.num_attention_heads} query heads do not divide by TP {tp}: vLLM refuses this TP"
             )
-        if engine == "hf":
+        if not engine_info(engine).cost_model:  # the hf engine: hard conditions only
             ok = not (attention.use_sliding_window or attention.use_alibi)
             hard = ok and aligned >= MIN_COMMON_PREFIX
             fire = arm == "cascade" and hard and batch >= MIN_REQUESTS
@@ -561,7 +562,7 @@ def threshold_lines(ex: Explanation) -> list[str]:
             )
             lines.append(f"TP {tp} ({heads}): decode steps never choose cascade ({why})")
             continue
-        where = "" if ex.engine == "hf" else f" on {sms}"
+        where = f" on {sms}" if engine_info(ex.engine).cost_model else ""
         s = f"TP {tp} ({heads}): decode steps choose cascade from ≈ {frm} concurrent requests at TP {tp}{where}"
         if not t["monotone"]:
             s += " (not at every larger batch: the cost model has rounding steps)"
@@ -603,7 +604,7 @@ def explain_spec(
         raise UsageError(f"--dcp must be positive, got {dcp_world_size}")
     model_path, model_name = resolve_model(spec.model)
     cfg = dict(load_config(model_path))
-    if spec.engine == "vllm":
+    if engine_info(spec.engine).is_vllm:  # vLLM applies hf_overrides to the config it reads
         cfg.update(spec.hf_overrides or {})
     attention = ModelAttention.from_config(cfg)
     suffix_lens = None
@@ -622,10 +623,12 @@ def explain_spec(
     elif prefix_tokens < 0:
         raise UsageError(f"--prefix-tokens must be >= 0, got {prefix_tokens}")
     num_sms, source = (
-        resolve_sms(gpu, sm_count) if spec.engine == "vllm" else (None, "not used by the hf engine")
+        resolve_sms(gpu, sm_count)
+        if engine_info(spec.engine).cost_model
+        else (None, "not used by the hf engine")
     )
-    rule, rule_source = _rule_and_source(prefer_vllm and spec.engine == "vllm")
-    if spec.engine == "hf":
+    rule, rule_source = _rule_and_source(prefer_vllm and engine_info(spec.engine).is_vllm)
+    if not engine_info(spec.engine).cost_model:
         rule_source = "hard conditions only (the hf engine's reference cascade has no cost model)"
     cells = [c.to_dict() for c in all_cells(plan(spec))]
     preds, thresholds = predict(
@@ -673,7 +676,7 @@ def predict_cells(
     engine = str(spec.get("engine", "vllm"))
     if model_config is None:
         model_config = dict(load_config(str(run.get("model_path") or spec["model"])))
-        if engine == "vllm":
+        if engine_info(engine).is_vllm:
             model_config.update(spec.get("hf_overrides") or {})
     ps = run.get("prompt_set") or {}
     shared = int(ps.get("shared_prefix_tokens") or 0)
@@ -689,9 +692,9 @@ def predict_cells(
     longest = ps.get("prompt_tokens_max")  # the split-KV band reads the longest own part
     if isinstance(longest, int) and suffix is not None:
         suffix.append(max(1, longest - aligned))
-    if num_sms is None and engine == "vllm":
+    if num_sms is None and engine_info(engine).cost_model:
         num_sms, _ = _run_sms(run)
-    rule, _ = _rule_and_source(engine == "vllm")
+    rule, _ = _rule_and_source(engine_info(engine).is_vllm)
     preds, _ = predict(
         run["plan"]["cells"], ModelAttention.from_config(model_config), engine=engine, shared_prefix_tokens=shared,
         suffix_lens=suffix, num_sms=num_sms, block_size=block, rule=rule,
@@ -711,8 +714,8 @@ def predictions_for(run: dict[str, Any]) -> dict[str, Any]:
     """
     try:
         engine = str(run["spec"].get("engine", "vllm"))
-        sms, source = _run_sms(run) if engine == "vllm" else (None, "not used by the hf engine")
-        rule = _rule_and_source(engine == "vllm")[1] if engine == "vllm" else "hard conditions (hf engine)"
+        sms, source = _run_sms(run) if engine_info(engine).cost_model else (None, "not used by the hf engine")
+        rule = _rule_and_source(True)[1] if engine_info(engine).cost_model else "hard conditions (hf engine)"
         return {"rule": rule, "num_sms": sms, "sms_source": source, "cells": predict_cells(run, num_sms=sms)}
     except Exception:  # noqa: BLE001 - see docstring
         return {}

@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from cascade_repro import inject as inj
+from cascade_repro.engines import ENGINES as ENGINE_REGISTRY
+from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
 
-ENGINES = ("hf", "vllm")
+ENGINES = tuple(ENGINE_REGISTRY)
 INJECTIONS = ("lse-layout", "lse-shift=X")  # as --help and error messages spell them
 ARM_SWITCHES = ("toggle", "restart")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -150,8 +152,10 @@ class MatrixSpec:
             bad(f"auto_controls must be true or false, got {self.auto_controls!r}")
         if self.arm_switch not in ARM_SWITCHES:
             bad(f"arm_switch must be one of {', '.join(ARM_SWITCHES)}, not {self.arm_switch!r}")
-        if self.engine == "hf" and any(t != 1 for t in self.tp):
-            bad("the hf engine runs on one device: use --tp 1 (tensor parallelism needs --engine vllm)")
+        if not engine_info(self.engine).tensor_parallel and any(t != 1 for t in self.tp):
+            bad(
+                f"the {self.engine} engine runs on one device: use --tp 1 (tensor parallelism needs --engine vllm)"
+            )
         for name in ("engine_timeout", "gpu_memory_utilization"):
             v = getattr(self, name)
             if not isinstance(v, int | float) or isinstance(v, bool):
@@ -213,7 +217,7 @@ def _engine_key(
     engine: str, tp: int, seed: int, dtype: str, fa: int | None, backend: str, arm: str | None
 ) -> str:
     parts = [engine, f"tp{tp}", dtype]
-    if engine == "vllm":  # the hf engine has no FlashAttention version or backend to choose
+    if engine_info(engine).attention_axes:  # the hf engine has no FlashAttention version or backend
         parts += [f"fa{fa or 'default'}", backend.lower().replace("_", "")]
     parts.append(f"s{seed}")
     if arm:
@@ -252,7 +256,7 @@ def plan(spec: MatrixSpec) -> dict[str, EnginePlan]:
         "fa": len(spec.fa_versions) > 1,
         "backend": len(spec.backends) > 1,
     }
-    restart = spec.engine == "vllm" and spec.arm_switch == "restart"
+    restart = engine_info(spec.engine).attention_axes and spec.arm_switch == "restart"
     arms = ["cascade" if c else "flat" for c in spec.cascade]
     engines: dict[str, EnginePlan] = {}
 

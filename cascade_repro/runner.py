@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cascade_repro import runstore
+from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
 from cascade_repro.matrix import MatrixSpec, all_cells, plan, spec_hash
 from cascade_repro.shard import Shard, empty_warning, restrict
@@ -126,7 +127,7 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
     # before the model loads, so the mistake costs nothing.
     if not re.fullmatch(r"[A-Za-z0-9._-]+", run_id) or run_id.startswith("."):
         raise UsageError(f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-', not starting with '.'")
-    if spec.engine == "vllm":
+    if engine_info(spec.engine).tensor_parallel:
         gpus = visible_gpus()
         if max(spec.tp) > gpus:
             raise UsageError(f"--tp {max(spec.tp)} needs {max(spec.tp)} GPUs, {gpus} visible")
@@ -161,12 +162,12 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
             "tokenizer": model_name,
             "min_cascade_prefix": MIN_CASCADE_PREFIX,
         },
-        "env": envinfo.capture(include_gpu=spec.engine == "vllm" or spec.device != "cpu"),
+        "env": envinfo.capture(include_gpu=engine_info(spec.engine).is_vllm or spec.device != "cpu"),
         "plan": {
             "engines": {k: ep.to_dict() for k, ep in engines.items()},
             "cells": [c.to_dict() for c in all_cells(engines)],
         },
-        "arm_switch": spec.arm_switch if spec.engine == "vllm" else "shared",
+        "arm_switch": spec.arm_switch if engine_info(spec.engine).attention_axes else "shared",
         "thresholds": opts.thresholds.to_dict(),
         "fail_on": opts.fail_on,
         "engines": {},

@@ -30,25 +30,10 @@ def load_prompts(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def build_engine(run: dict[str, Any], eplan: dict[str, Any]):
-    """Construct the engine named by the spec for this engine plan."""
-    spec = run["spec"]
-    if spec["engine"] == "hf":
-        from cascade_repro.engines.hf import HFEngine, default_threads
+    """Construct the engine named by the spec for this engine plan (the registry in engines/)."""
+    from cascade_repro import engines
 
-        default_threads()
-        return HFEngine(
-            run["model_path"],
-            dtype=eplan["dtype"],
-            device=spec.get("device", "auto"),
-            topk=spec["topk"],
-            inject=spec.get("inject"),
-            trust_remote_code=spec.get("trust_remote_code", False),
-            seed=eplan["seed"],
-            ignore_eos=bool(spec.get("ignore_eos", False)),
-        )
-    from cascade_repro.engines.vllm import VLLMEngine
-
-    return VLLMEngine(run["model_path"], spec, eplan, run_dir=Path(run["run_dir"]))
+    return engines.build(run, eplan)
 
 
 def run_engine(run_dir: Path, engine_key: str) -> int:

@@ -16,9 +16,12 @@ from hypothesis import settings
 
 # CI must be reproducible: the same examples every run (a failure there is a bug, not bad luck).
 # Locally the search stays random, which is where new counterexamples come from.
+# HYPOTHESIS_PROFILE=fast runs 10 examples per property for a quick local pass.
 settings.register_profile("ci", derandomize=True)
-if os.environ.get("CI"):
-    settings.load_profile("ci")
+settings.register_profile("fast", max_examples=10)
+_profile = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else None)
+if _profile:
+    settings.load_profile(_profile)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -176,7 +176,9 @@ def _print(ex: Any, lines: list[str]) -> None:
         f"shared prefix: {ex.shared_prefix_tokens} tokens -> {ex.prefix_tokens} after rounding down to "
         f"block size {ex.block_size}"
     )
-    if ex.engine == "vllm":
+    from cascade_repro.engines import get as engine_info
+
+    if engine_info(ex.engine).cost_model:
         console.print(f"SMs: {ex.num_sms if ex.num_sms is not None else '?'} ({escape(ex.sms_source)})")
     console.print(f"rule: {escape(ex.rule_source)}")
     for line in lines:

@@ -43,9 +43,14 @@ class Engine(Protocol):
         """Return the flags in effect, read back from the engine (not the ones requested)."""
 
     def run_wave(
-        self, prompts: list[list[int]], arm: str, max_tokens: int
+        self, prompts: list[list[int]], arm: str, max_tokens: int, prefix_len: int | None = None
     ) -> tuple[list[Completion], WaveStats]:
-        """Generate greedily for exactly these prompts, all submitted together."""
+        """Generate greedily for exactly these prompts, all submitted together.
+
+        ``prefix_len`` is the shared prefix in tokens, as the worker measured it for the whole prompt
+        set (None: the engine measures this wave's own); the vLLM engine warms exactly that much into
+        its prefix cache, the hf engine's reference cascade splits there.
+        """
 
     def close(self) -> None:
         """Release the engine."""

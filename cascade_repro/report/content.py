@@ -8,7 +8,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cascade_repro import calibration, vllm_surface
+from cascade_repro import calibration, engines, vllm_surface
 from cascade_repro.errors import UsageError
 from cascade_repro.report.load import Example, RunData
 from cascade_repro.report.text import (
@@ -65,6 +65,12 @@ class Table:
     rows: list[list[str]]
     # Headers of free-text columns (reasons, notes): HTML lets these wrap; every other cell stays on one line.
     wrap: frozenset[str] = field(default_factory=frozenset)
+
+
+def ran_vllm(spec: dict) -> bool:
+    """Whether the run's engine was vLLM itself; a name the registry does not know is not assumed to be."""
+    info = engines.ENGINES.get(str(spec.get("engine", "")))
+    return info is not None and info.is_vllm
 
 
 def section(run: dict, key: str) -> dict:
@@ -311,7 +317,7 @@ def warnings(data: RunData) -> list[str]:
     """Return the caveats a reader must see before trusting the verdicts."""
     out = []
     spec, ps = section(data.run, "spec"), section(data.run, "prompt_set")
-    if spec.get("engine") == "hf":
+    if not ran_vllm(spec):
         # Said first: a reader pasting this into a vLLM issue must not take it for a vLLM result.
         out.append(HF_BANNER)
     if spec.get("inject"):
@@ -750,7 +756,7 @@ def env_lines(data: RunData) -> list[tuple[str, str]]:
     for k in ("run_id", "created_at", "tool_version", "model_name", "arm_switch", "fail_on"):
         if k in run:
             out.append((k, _flat(run[k])))
-    skip = _VLLM_ONLY if spec.get("engine") == "hf" else ()
+    skip = _VLLM_ONLY if not ran_vllm(spec) else ()
     for k in sorted(spec):
         if k not in skip:
             out.append((f"spec.{k}", _flat(spec[k])))
