@@ -312,14 +312,15 @@ def main() -> int:
                       noise_n=agg["noise_n"], noise_n_diverged=agg["noise_n_diverged"],
                       noise_topk_violations=agg["noise_topk_violations"], d_rep_mean=mean, d_rep_lo=lo, d_rep_hi=hi,
                       cascade_steps=agg["cascade_steps"], status_ok=agg["n"] > 0)  # fmt: skip
-        verdict, reasons, p_div, p_topk = decide(ev, th, has_noise=nz is not None and nz["n"] > 0)
-        agg.update(p_divergence=p_div, p_topk=p_topk, verdict=verdict, reasons=reasons)
+        dec = decide(ev, th, has_noise=nz is not None and nz["n"] > 0)
+        agg.update(p_divergence=dec.p_divergence, p_topk=dec.p_topk, verdict=dec.verdict, reasons=dec.reasons,
+                   decided_by=dec.decided_by)  # fmt: skip
     pairs_df = pd.DataFrame(aggs)
     comp_df = pd.DataFrame(comps)
     comp_df["topk_ok"] = comp_df["topk_ok"].astype("object")
-    cells_df.to_parquet(run_dir / "cells.parquet", index=False)
-    pairs_df.to_parquet(run_dir / "pairs.parquet", index=False)
-    comp_df.to_parquet(run_dir / "comparisons.parquet", index=False)
+    cells_df.to_parquet(run_dir / runstore.CELLS, index=False)
+    pairs_df.to_parquet(run_dir / runstore.PAIRS, index=False)
+    comp_df.to_parquet(run_dir / runstore.COMPARISONS, index=False)
 
     size = sum(p.stat().st_size for p in (run_dir / "samples").glob("*.jsonl"))
     n_samples = sum(len(r) for r in reps.values())

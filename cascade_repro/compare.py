@@ -19,6 +19,7 @@ from cascade_repro.ifeval.score import paired_if, score_response
 from cascade_repro.metrics.divergence import divergence_metrics
 from cascade_repro.metrics.drift import drift_floor, drift_triple
 from cascade_repro.metrics.repetition import repetition_metrics
+from cascade_repro.tables import PAIR_COLUMNS
 from cascade_repro.verdicts import (
     BiasStats,
     DriftStats,
@@ -478,21 +479,6 @@ def build_tables(
         for col in ("topk_ok",):
             comp_df[col] = comp_df[col].astype("object")
     return cells_df, pairs_df, comp_df
-
-
-PAIR_COLUMNS = [
-    "pair_id", "kind", "inject", "test_cell", "ref_cell", "tp", "batch", "ref_batch", "seed", "dtype", "fa_version",
-    "backend", "n", "n_identical", "n_diverged", "first_div_median", "common_prefix_ratio_mean",
-    "edit_distance_mean", "topk_violations", "dlogprob_mean", "dlogprob_max", "d_seq_rep_4_mean",
-    "d_seq_rep_4_lo", "d_seq_rep_4_hi", "noise_pair_id", "noise_n", "noise_n_diverged",
-    "noise_topk_violations", "p_divergence", "p_topk", "control_pair_id", "drift_n", "drift_tokens",
-    "drift_test", "drift_control", "drift_floor", "drift_ratio", "drift_ratio_lo", "drift_ratio_hi",
-    "drift_threshold", "drift_null_q", "p_drift", "drift_up", "bias_n", "bias_up", "bias_down", "bias_mean",
-    "p_bias", "p_bias_control", "topk_drift_ratio", "topk_drift_ratio_lo",
-    "topk_drift_ratio_hi", "cascade_steps", "cascade_decode_steps", "total_steps", "depth", "verdict",
-    "decided_by", "reasons", "if_n", "if_strict_test", "if_strict_ref", "if_strict_delta", "if_loose_delta",
-    "if_gained", "if_lost", "p_if",
-]  # fmt: skip
 
 
 def _drift_columns(

@@ -17,29 +17,7 @@ import pandas as pd
 from cascade_repro import runstore
 from cascade_repro.errors import UsageError
 from cascade_repro.report.text import as_int, is_missing
-
-CELL_COLUMNS = (
-    "cell_id engine_key engine model tp batch arm rerun seed dtype fa_version backend status error "
-    "n_prompts cascade_steps total_steps cascade_calls wall_s tokens tokens_per_s len_mean "
-    "seq_rep_1 seq_rep_2 seq_rep_3 seq_rep_4 distinct_1 distinct_2 distinct_3 distinct_4 zlib_ratio "
-    "tail_loop_rate longest_repeat_mean finish_length_rate inject origin cascade_decode_steps"
-).split()
-PAIR_COLUMNS = (
-    "pair_id kind test_cell ref_cell tp batch seed dtype fa_version backend n n_identical n_diverged "
-    "first_div_median common_prefix_ratio_mean edit_distance_mean topk_violations dlogprob_mean "
-    "dlogprob_max d_seq_rep_4_mean d_seq_rep_4_lo d_seq_rep_4_hi noise_pair_id noise_n noise_n_diverged "
-    "noise_topk_violations p_divergence p_topk cascade_steps total_steps verdict reasons "
-    # The drift evidence and the calibration bookkeeping; absent from older run directories.
-    "inject control_pair_id drift_n drift_tokens drift_test drift_control drift_floor drift_ratio "
-    "drift_ratio_lo drift_ratio_hi drift_threshold drift_null_q p_drift drift_up topk_drift_ratio "
-    "topk_drift_ratio_lo topk_drift_ratio_hi cascade_decode_steps depth decided_by "
-    "bias_n bias_up bias_down bias_mean p_bias p_bias_control"
-).split()
-COMPARISON_COLUMNS = (
-    "pair_id prompt_index prompt_key exact first_div common_prefix_ratio edit_distance topk_ok "
-    "margin_test margin_ref dlogprob_mean dlogprob_max seq_rep_4_test seq_rep_4_ref len_test len_ref "
-    "drift_positions drift_test drift_control bias_test bias_control topk_drift_test topk_drift_control"
-).split()
+from cascade_repro.tables import CELL_COLUMNS, COMPARISON_COLUMNS, PAIR_COLUMNS
 
 
 @dataclass

@@ -1,0 +1,37 @@
+"""The scored tables of a run directory: one schema, written by compare and read by report/load.
+
+``PAIR_COLUMNS`` is the whole pairs table, in order: compare builds it with exactly these columns.
+``CELL_COLUMNS`` and ``COMPARISON_COLUMNS`` are what every reader may rely on in the other two;
+compare's rows carry them (plus a few kept for the record, e.g. ``dtype_effective``), and
+``tests/test_tables.py`` checks that. Older run directories lack some columns; report/load adds
+them as empty.
+"""
+
+from __future__ import annotations
+
+CELL_COLUMNS = (
+    "cell_id engine_key engine model tp batch arm rerun seed dtype fa_version backend status error "
+    "n_prompts cascade_steps total_steps cascade_calls wall_s tokens tokens_per_s len_mean "
+    "seq_rep_1 seq_rep_2 seq_rep_3 seq_rep_4 distinct_1 distinct_2 distinct_3 distinct_4 zlib_ratio "
+    "tail_loop_rate longest_repeat_mean finish_length_rate inject origin cascade_decode_steps"
+).split()
+
+PAIR_COLUMNS = [
+    "pair_id", "kind", "inject", "test_cell", "ref_cell", "tp", "batch", "ref_batch", "seed", "dtype", "fa_version",
+    "backend", "n", "n_identical", "n_diverged", "first_div_median", "common_prefix_ratio_mean",
+    "edit_distance_mean", "topk_violations", "dlogprob_mean", "dlogprob_max", "d_seq_rep_4_mean",
+    "d_seq_rep_4_lo", "d_seq_rep_4_hi", "noise_pair_id", "noise_n", "noise_n_diverged",
+    "noise_topk_violations", "p_divergence", "p_topk", "control_pair_id", "drift_n", "drift_tokens",
+    "drift_test", "drift_control", "drift_floor", "drift_ratio", "drift_ratio_lo", "drift_ratio_hi",
+    "drift_threshold", "drift_null_q", "p_drift", "drift_up", "bias_n", "bias_up", "bias_down", "bias_mean",
+    "p_bias", "p_bias_control", "topk_drift_ratio", "topk_drift_ratio_lo",
+    "topk_drift_ratio_hi", "cascade_steps", "cascade_decode_steps", "total_steps", "depth", "verdict",
+    "decided_by", "reasons", "if_n", "if_strict_test", "if_strict_ref", "if_strict_delta", "if_loose_delta",
+    "if_gained", "if_lost", "p_if",
+]  # fmt: skip
+
+COMPARISON_COLUMNS = (
+    "pair_id prompt_index prompt_key exact first_div common_prefix_ratio edit_distance topk_ok "
+    "margin_test margin_ref dlogprob_mean dlogprob_max seq_rep_4_test seq_rep_4_ref len_test len_ref "
+    "drift_positions drift_test drift_control bias_test bias_control topk_drift_test topk_drift_control"
+).split()
