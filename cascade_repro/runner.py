@@ -217,7 +217,7 @@ class _Tail:
         *lines, self._buf = self._buf.split(b"\n")
         out = []
         for line in lines:
-            if line.startswith(b'{"type":"sample"'):
+            if runstore.is_sample_line(line):
                 continue
             try:
                 out.append(json.loads(line))
@@ -282,7 +282,11 @@ def execute(run_dir: Path, show_progress: bool = True, console: Any = None) -> l
                 writer = runstore.JsonlWriter(path)
                 for cid in unfinished:
                     writer.write(
-                        {"type": "cell_error", "cell_id": cid, "reason": reason or f"worker exited {rc}"}
+                        {
+                            "type": runstore.CELL_ERROR,
+                            "cell_id": cid,
+                            "reason": reason or f"worker exited {rc}",
+                        }
                     )
                 writer.close()
                 progress.advance(t_cells, len(unfinished))
@@ -321,14 +325,14 @@ def _run_worker(
                     last_activity, log_size = time.monotonic(), size
                 for r in recs:
                     t = r.get("type")
-                    if t == "wave":
+                    if t == runstore.WAVE:
                         progress.advance(t_waves)
                         tokens += r.get("tokens", 0)
                         rate = tokens / max(time.monotonic() - t_start, 1e-9)
                         progress.update(t_waves, info=f"{r['cell_id']} · {rate:,.0f} tok/s")
                     elif t in ("cell_done", "cell_error"):
                         progress.advance(t_cells)
-                    elif t == "engine":
+                    elif t == runstore.ENGINE:
                         progress.update(t_cells, info=f"engine {key} up in {r.get('start_s', 0):.0f}s")
                 if time.monotonic() - last_activity > timeout:
                     _kill_group(proc)
@@ -337,9 +341,9 @@ def _run_worker(
             _kill_group(proc)
             raise
         for r in tail.poll():
-            if r.get("type") in ("cell_done", "cell_error"):
+            if r.get("type") in (runstore.CELL_DONE, runstore.CELL_ERROR):
                 progress.advance(t_cells)
-            elif r.get("type") == "wave":
+            elif r.get("type") == runstore.WAVE:
                 progress.advance(t_waves)
     rc = proc.returncode
     if rc in (0, 3):

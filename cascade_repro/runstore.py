@@ -38,6 +38,28 @@ REPORT_MD, REPORT_HTML, SUMMARY_JSON, JUNIT_XML = "report.md", "report.html", "s
 REPORTS = (REPORT_MD, REPORT_HTML, SUMMARY_JSON, JUNIT_XML)
 
 
+# Records of a samples file, one JSON object per line, written by JsonlWriter only (compact
+# separators, keys in insertion order). A sample record starts with its type, cell id, wave and
+# prompt index, in that order (sample_record builds it so): readers skip sample lines by SAMPLE_PREFIX
+# without parsing them, and report/load picks wanted ones by SAMPLE_HEAD.
+SAMPLE, WAVE, ENGINE = "sample", "wave", "engine"
+CELL_START, CELL_DONE, CELL_ERROR = "cell_start", "cell_done", "cell_error"
+SAMPLE_PREFIX = b'{"type":"sample"'
+SAMPLE_HEAD = re.compile(
+    rb'\{\s*"type"\s*:\s*"sample"\s*,\s*"cell_id"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,'
+    rb'(?:\s*"wave"\s*:\s*-?\d+\s*,)?\s*"prompt_index"\s*:\s*(-?\d+)\s*[,}]'
+)
+
+
+def sample_record(cell_id: str, wave: int, prompt_index: int, fields: dict[str, Any]) -> dict[str, Any]:
+    """A sample record with its head in the layout SAMPLE_PREFIX and SAMPLE_HEAD read."""
+    return {"type": SAMPLE, "cell_id": cell_id, "wave": wave, "prompt_index": prompt_index, **fields}
+
+
+def is_sample_line(raw: bytes) -> bool:
+    return raw.startswith(SAMPLE_PREFIX)
+
+
 def samples_path(run_dir: Path, engine_key: str) -> Path:
     return run_dir / SAMPLES / f"{engine_key}.jsonl"
 
@@ -193,18 +215,18 @@ def read_progress(path: Path) -> CellProgress:
     prog = CellProgress()
     for _, rec in _iter_control(path):
         t, cid = rec.get("type"), rec.get("cell_id")
-        if t == "cell_start":
+        if t == CELL_START:
             # A new attempt: the earlier attempt's waves and error no longer describe this cell.
             prog.waves[cid] = []
             prog.errors.pop(cid, None)
-        elif t == "cell_done":
+        elif t == CELL_DONE:
             prog.done.add(cid)
             prog.errors.pop(cid, None)
-        elif t == "cell_error":
+        elif t == CELL_ERROR:
             prog.errors[cid] = rec.get("reason", "")
-        elif t == "wave":
+        elif t == WAVE:
             prog.waves.setdefault(cid, []).append(rec)
-        elif t == "engine":
+        elif t == ENGINE:
             prog.engine = rec
     return prog
 
@@ -215,9 +237,9 @@ def finished_spans(path: Path) -> dict[str, tuple[int, int]]:
     starts: dict[str, int] = {}
     for lineno, rec in _iter_control(path):
         t, cid = rec.get("type"), rec.get("cell_id")
-        if t == "cell_start":
+        if t == CELL_START:
             starts[cid] = lineno
-        elif t == "cell_done" and cid in starts:
+        elif t == CELL_DONE and cid in starts:
             spans[cid] = (starts[cid], lineno)
     return spans
 
@@ -228,7 +250,7 @@ def _iter_control(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         return
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f):
-            if not raw.endswith(b"\n") or raw.startswith(b'{"type":"sample"'):
+            if not raw.endswith(b"\n") or is_sample_line(raw):
                 continue
             try:
                 yield lineno, json.loads(raw)
@@ -249,7 +271,7 @@ def iter_samples(path: Path, cells: set[str] | None = None) -> Iterator[dict[str
         return
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f):
-            if not raw.startswith(b'{"type":"sample"') or not raw.endswith(b"\n"):
+            if not is_sample_line(raw) or not raw.endswith(b"\n"):
                 continue
             rec = json.loads(raw)
             span = spans.get(rec.get("cell_id"))

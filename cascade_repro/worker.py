@@ -59,7 +59,7 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
     rendered, shared = render_all(engine.tokenizer(), system_prompt, [p["prompt"] for p in prompts])
     writer.write(
         {
-            "type": "engine",
+            "type": runstore.ENGINE,
             "engine_key": engine_key,
             "effective": engine.effective(),
             "shared_prefix_tokens": shared,
@@ -72,7 +72,7 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
     status = EXIT_OK
     for cell in todo:
         cid = cell["cell_id"]
-        writer.write({"type": "cell_start", "cell_id": cid})
+        writer.write({"type": runstore.CELL_START, "cell_id": cid})
         writer.flush()
         c0 = time.time()
         n = 0
@@ -94,7 +94,7 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
         except Exception as e:  # noqa: BLE001 - recorded for the report, then decide whether to go on
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]
             traceback.print_exc(file=sys.stderr)
-            writer.write({"type": "cell_error", "cell_id": cid, "reason": reason})
+            writer.write({"type": runstore.CELL_ERROR, "cell_id": cid, "reason": reason})
             writer.sync()
             status = EXIT_CELL_ERRORS
             if any(m in reason for m in FATAL_MARKERS):
@@ -103,7 +103,7 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
                 return EXIT_FATAL
             continue
         writer.write(
-            {"type": "cell_done", "cell_id": cid, "n_samples": n, "wall_s": round(time.time() - c0, 3)}
+            {"type": runstore.CELL_DONE, "cell_id": cid, "n_samples": n, "wall_s": round(time.time() - c0, 3)}
         )
         writer.sync()  # resume trusts cell_done, so it (and the samples before it) must reach the disk
     writer.close()
@@ -133,25 +133,26 @@ def wave_records(
     The wave record's ``wall_s`` is left for the caller to set once the samples are written.
     """
     samples = [
-        {
-            "type": "sample",
-            "cell_id": cid,
-            "wave": w,
-            "prompt_index": i,
-            "prompt_key": prompts[i]["key"],
-            "prompt_hash": hashes[i],
-            "prompt_tokens": len(rendered[i]),
-            "token_ids": c.token_ids,
-            "text": c.text,
-            "finish_reason": c.finish_reason,
-            "logprobs": c.logprobs,
-            "topk": c.topk,
-        }
+        runstore.sample_record(
+            cid,
+            w,
+            i,
+            {
+                "prompt_key": prompts[i]["key"],
+                "prompt_hash": hashes[i],
+                "prompt_tokens": len(rendered[i]),
+                "token_ids": c.token_ids,
+                "text": c.text,
+                "finish_reason": c.finish_reason,
+                "logprobs": c.logprobs,
+                "topk": c.topk,
+            },
+        )
         for (i, real), c in zip(wave, comps, strict=True)
         if real
     ]
     wave_rec = {
-        "type": "wave",
+        "type": runstore.WAVE,
         "cell_id": cid,
         "wave": w,
         "batch": len(wave),

@@ -396,3 +396,17 @@ def test_an_unreadable_lock_file_is_treated_as_stale(tmp_path, content):
     (tmp_path / ".lock").write_text(content)
     with RunLock(tmp_path):
         assert (tmp_path / ".lock").read_text() == str(os.getpid())
+
+
+def test_sample_line_layout_is_the_one_readers_expect(tmp_path):
+    from cascade_repro import runstore
+
+    path = tmp_path / "s.jsonl"
+    w = runstore.JsonlWriter(path)
+    w.write(runstore.sample_record('c"é', 3, 17, {"token_ids": [1, 2], "text": "x"}))
+    w.write({"type": runstore.CELL_DONE, "cell_id": 'c"é'})
+    w.close()
+    sample, done = path.read_bytes().splitlines(keepends=True)
+    assert runstore.is_sample_line(sample) and not runstore.is_sample_line(done)
+    m = runstore.SAMPLE_HEAD.match(sample)
+    assert m and m.group(2) == b"17" and json.loads(b'"' + m.group(1) + b'"') == 'c"é'

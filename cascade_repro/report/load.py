@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -202,13 +201,9 @@ def _attach_samples(run_dir: Path, examples: list[Example]) -> None:
             e.ref_token, e.ref_logprob, e.ref_topk = _at(r, e.first_div)
 
 
-# The head of a sample line as the worker writes it (runstore.JsonlWriter: compact JSON, keys in
-# the order type, cell_id, [wave,] prompt_index); whitespace is tolerated. A line whose head does not
-# match is handled by the general path, so other layouts stay readable, only slower.
-_SAMPLE_HEAD = re.compile(
-    rb'\{\s*"type"\s*:\s*"sample"\s*,\s*"cell_id"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,'
-    rb'(?:\s*"wave"\s*:\s*-?\d+\s*,)?\s*"prompt_index"\s*:\s*(-?\d+)\s*[,}]'
-)
+# The head of a sample line as the worker writes it (runstore.SAMPLE_HEAD); a line whose head does
+# not match is handled by the general path, so other layouts stay readable, only slower.
+_SAMPLE_HEAD = runstore.SAMPLE_HEAD
 _CACHE_MIN_BYTES = 64 << 20
 _cache: dict[tuple, dict[tuple[str, int], dict]] = {}
 
