@@ -330,7 +330,7 @@ def _run_worker(
                         tokens += r.get("tokens", 0)
                         rate = tokens / max(time.monotonic() - t_start, 1e-9)
                         progress.update(t_waves, info=f"{r['cell_id']} · {rate:,.0f} tok/s")
-                    elif t in ("cell_done", "cell_error"):
+                    elif t in (runstore.CELL_DONE, runstore.CELL_ERROR):
                         progress.advance(t_cells)
                     elif t == runstore.ENGINE:
                         progress.update(t_cells, info=f"engine {key} up in {r.get('start_s', 0):.0f}s")
