@@ -163,12 +163,12 @@ def model_config(model: str, hf_overrides: dict[str, Any] | None = None) -> tupl
 
 def shared_prefix(model_path: str, system_prompt: str, prompts: str, trust_remote_code: bool = False) -> int:
     from cascade_repro.chat import render_all
+    from cascade_repro.models import load_tokenizer
     from cascade_repro.promptsets import load_prompt_set, load_system_prompt
-    from cascade_repro.runner import _load_tokenizer
 
     pset = load_prompt_set(prompts)
     text = load_system_prompt(system_prompt)
-    tok = _load_tokenizer(model_path, trust_remote_code)
+    tok = load_tokenizer(model_path, trust_remote_code)
     _, shared = render_all(tok, text, [r.prompt for r in pset.records])
     return shared
 

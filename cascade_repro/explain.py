@@ -610,11 +610,11 @@ def explain_spec(
     suffix_lens = None
     if prefix_tokens is None:
         from cascade_repro.chat import render_all
+        from cascade_repro.models import load_tokenizer
         from cascade_repro.promptsets import load_prompt_set, load_system_prompt
-        from cascade_repro.runner import _load_tokenizer
 
         pset = load_prompt_set(spec.prompts, spec.limit)
-        tok = _load_tokenizer(model_path, spec.trust_remote_code)
+        tok = load_tokenizer(model_path, spec.trust_remote_code)
         rendered, prefix_tokens = render_all(
             tok, load_system_prompt(spec.system_prompt), [r.prompt for r in pset.records]
         )

@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from cascade_repro.errors import UsageError
 
@@ -151,4 +152,18 @@ def load_config(path_or_id: str) -> dict:
     except Exception as e:  # noqa: BLE001 - any load failure is the user's model id
         raise UsageError(
             f"could not load model config for {path_or_id!r}: {str(e).splitlines()[0]}"
+        ) from None
+
+
+def load_tokenizer(model_path: str, trust_remote_code: bool = False) -> Any:
+    """The model folder's HF tokenizer; a one-line UsageError when it cannot be loaded."""
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    try:
+        return AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise UsageError(
+            f"could not load the tokenizer of {model_path!r}: {str(e).splitlines()[0]}"
         ) from None

@@ -115,7 +115,7 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
     """
     from cascade_repro import envinfo
     from cascade_repro.chat import MIN_CASCADE_PREFIX, render_all
-    from cascade_repro.models import resolve_model
+    from cascade_repro.models import load_tokenizer, resolve_model
     from cascade_repro.promptsets import load_prompt_set, load_system_prompt
 
     spec.validate()
@@ -134,7 +134,7 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
     pset = load_prompt_set(spec.prompts, spec.limit)
     system_text = load_system_prompt(spec.system_prompt)
     model_path, model_name = resolve_model(spec.model)
-    tokenizer = _load_tokenizer(model_path, spec.trust_remote_code)
+    tokenizer = load_tokenizer(model_path, spec.trust_remote_code)
     rendered, shared = render_all(tokenizer, system_text, [r.prompt for r in pset.records])
 
     run_dir = opts.results_dir / run_id
@@ -183,19 +183,6 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
             f"[yellow]warning:[/] shared prefix is {shared} tokens (< {MIN_CASCADE_PREFIX}): cascade cannot fire"
         )
     return PreparedRun(run_dir, run, list(pset.records), opts.fresh)
-
-
-def _load_tokenizer(model_path: str, trust_remote_code: bool) -> Any:
-    from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    try:
-        return AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as e:
-        raise UsageError(
-            f"could not load the tokenizer of {model_path!r}: {str(e).splitlines()[0]}"
-        ) from None
 
 
 class _Tail:

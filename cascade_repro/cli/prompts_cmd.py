@@ -14,12 +14,11 @@ app.add_typer(prompts_app, name="prompts")
 
 def _prefix_tokens(system_prompt: str, prompts: list[str], model: str) -> int:
     from cascade_repro.chat import render_all
-    from cascade_repro.models import resolve_model
+    from cascade_repro.models import load_tokenizer, resolve_model
     from cascade_repro.promptsets import load_system_prompt
-    from cascade_repro.runner import _load_tokenizer
 
     path, _ = resolve_model(model)
-    _, shared = render_all(_load_tokenizer(path, False), load_system_prompt(system_prompt), prompts)
+    _, shared = render_all(load_tokenizer(path, False), load_system_prompt(system_prompt), prompts)
     return shared
 
 

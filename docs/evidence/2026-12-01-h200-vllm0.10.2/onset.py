@@ -19,13 +19,12 @@ import pandas as pd
 from cascade_repro import explain, splitkv
 from cascade_repro.chat import render_all
 from cascade_repro.matrix import waves
-from cascade_repro.models import resolve_model
-from cascade_repro.runner import _load_tokenizer
+from cascade_repro.models import load_tokenizer, resolve_model
 
 band = Path(__file__).parent / "band"
 run = json.loads((band / "run.json").read_text())
 prompts = [json.loads(line)["prompt"] for line in (band / "prompts.jsonl").open()]
-tok = _load_tokenizer(resolve_model("embedded")[0], False)
+tok = load_tokenizer(resolve_model("embedded")[0], False)
 rendered, shared = render_all(tok, run["prompt_set"]["system_prompt_text"], prompts)
 own = [len(r) - shared // 16 * 16 for r in rendered]
 cmp = pd.read_parquet(band / "comparisons.parquet")
