@@ -47,7 +47,7 @@ from cascade_repro.metrics import divergence_metrics, repetition_metrics  # noqa
 from cascade_repro.verdicts import Evidence, Thresholds, decide, paired_bootstrap_ci  # noqa: E402
 
 LAYERS = 30  # SmolLM2-135M: cascade_calls = steps x layers
-TWIN_AXES = ("tp", "seed", "dtype", "fa_version", "backend")
+from cascade_repro.compare import TWIN_AXES  # noqa: E402 - the pairing axes, defined once
 
 
 def plan_pairs(cells: list[dict[str, Any]]) -> list[tuple[str, str, dict, dict]]:
