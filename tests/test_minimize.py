@@ -377,3 +377,20 @@ def test_an_engine_that_cannot_start_is_one_line_not_a_traceback(tmp_path):
         UsageError, match="could not start the hf engine for hf-k: RuntimeError: ValueError: Free memory"
     ):
         minimize_run(tmp_path, engine_factory=refuses)
+
+
+def test_repro_carries_old_vllm_env_and_ignore_eos():
+    from cascade_repro.minimize.render import render_repro
+
+    src = render_repro(
+        model="m", system_prompt="s", prompts=["p"], engine_args={"enable_prefix_caching": True},
+        engine_env={"VLLM_ATTENTION_BACKEND": "FLASH_ATTN", "VLLM_FLASH_ATTN_VERSION": "2"}, ignore_eos=True,
+        max_tokens=9, topk=5, seed=0, inject=False, header="h",
+    )  # fmt: skip
+    ns: dict = {"__name__": "repro"}
+    exec(compile(src, "repro.py", "exec"), ns)  # defines the case and functions, runs nothing
+    assert ns["ENGINE_ENV"] == {"VLLM_ATTENTION_BACKEND": "FLASH_ATTN", "VLLM_FLASH_ATTN_VERSION": "2"}
+    assert ns["IGNORE_EOS"] is True and ns["MAX_TOKENS"] == 9
+    plain = render_repro(model="m", system_prompt="", prompts=["p"], engine_args={}, max_tokens=1, topk=5,
+                         seed=0, inject=False, header="h")  # fmt: skip
+    assert "ENGINE_ENV = {}" in plain and "IGNORE_EOS = False" in plain

@@ -30,16 +30,13 @@ MODEL = None
 SYSTEM_PROMPT = ""
 PROMPTS: list = []
 ENGINE_ARGS: dict = {}
+ENGINE_ENV: dict = {}  # variables older vLLMs read instead of engine arguments (VLLM_FLASH_ATTN_VERSION)
 MAX_TOKENS = 1
+IGNORE_EOS = False  # generate MAX_TOKENS past end-of-sequence: every request stays in every decode step
 TOPK = 5
 SEED = 0
 INJECT_LSE_LAYOUT = False
 # --- end of case ---
-# Set by the case above when it needs them: variables older vLLMs read instead of engine arguments
-# (VLLM_ATTENTION_BACKEND, VLLM_FLASH_ATTN_VERSION before attention_config existed), and
-# generating past end-of-sequence so every request stays in every decode step.
-ENGINE_ENV = globals().get("ENGINE_ENV", {})
-IGNORE_EOS = globals().get("IGNORE_EOS", False)
 
 
 def render(tokenizer, user_prompt):
