@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the old-vLLM payload for the GPU machine: vLLM 0.10.2's stack (lock.txt minus drop.txt)
-# installed here into one tree, packed with xz and split into parts a device call can carry.
+# installed here into one tree, packed with xz and split into parts a call to the GPU machine can carry.
 # Run from the project root. Needs CPython 3.12 (PY312=..., default python3.12), xz, the package
 # index, ~10 GB of disk and ~15 minutes on 2 cores (most of it xz). Result: .old-vllm-stage/ with
 # part-NN and manifest.txt (sha256 of each part); device.sh unpacks them on the GPU machine. See scripts/old-vllm/README.md.
@@ -10,7 +10,7 @@ git rev-parse --git-dir >/dev/null 2>&1 || { echo "run this from the project roo
 py=${PY312:-python3.12}
 "$py" -c 'import sys; assert sys.version_info[:2] == (3, 12), sys.version' \
   || { echo "need CPython 3.12 for the GPU machine's wheels (set PY312)" >&2; exit 2; }
-part_size=${PART_SIZE:-59M}   # a device call carries 64 MiB in all, the working tree included
+part_size=${PART_SIZE:-59M}   # a call to the GPU machine carries 64 MiB in all, the working tree included
 work=.old-vllm-build; out=.old-vllm-stage
 exclude="$(git rev-parse --git-dir)/info/exclude"
 for d in "$work" "$out"; do grep -qx "/$d/" "$exclude" 2>/dev/null || echo "/$d/" >> "$exclude"; done
@@ -53,6 +53,6 @@ split -b "$part_size" -d -a 2 "$work/payload.tar.xz" "$out/part-"
 (cd "$out" && sha256sum part-* > manifest.txt)
 rm -f "$work/payload.tar.xz"
 n=$(ls "$out"/part-* | wc -l)
-echo "staged $n parts in $out ($(du -sh "$out" | cut -f1)). Send them in $n device calls, back to back:"
+echo "staged $n parts in $out ($(du -sh "$out" | cut -f1)). Send them in $n calls to the GPU machine, back to back:"
 echo "  carry [\"$out/part-NN\", \"$out/manifest.txt\"], command: bash scripts/old-vllm/device.sh"
 echo "The call that brings the last part can go on: bash scripts/old-vllm/device.sh && . /tmp/old-vllm/env.sh && ..."

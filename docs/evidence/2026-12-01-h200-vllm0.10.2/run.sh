@@ -2,7 +2,7 @@
 # The H200 runs behind this directory's README, on vLLM 0.10.2 (scripts/old-vllm):
 #   RESULTS=/path/to/results bash run.sh OUT_DIR STEP...
 # Step "band": one matrix over FA2 and FA3 (one engine start each, FA2 first), run id "band". A
-# device call lasts at most 10 minutes, so the step is cut by STEP_TIMEOUT (SIGTERM: the runner
+# call to the GPU machine lasts at most 10 minutes, so the step is cut by STEP_TIMEOUT (SIGTERM: the runner
 # kills its workers' process groups) and resumed by running it again in the next call, with the
 # same RESULTS; the report then puts FA2 and FA3 side by side.
 # OUT_DIR gets, per step, STEP.tgz (tables, reports, run.json, worker log tail) and STEP-waves.json
