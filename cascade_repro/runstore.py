@@ -294,9 +294,12 @@ class RunLock:
     def acquire(self) -> None:
         import fcntl
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(10):
-            fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+            except OSError as e:  # a read-only or foreign directory: one line, not a traceback
+                raise UsageError(f"cannot write in {self.path.parent}: {e.strerror or e}") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:

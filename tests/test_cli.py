@@ -283,3 +283,31 @@ def test_run_ids_that_leave_the_results_dir_are_refused_before_anything_runs(run
     res = invoke("matrix", "--run-id", run_id, "--limit", "1", "--results-dir", str(tmp_path / "r"))
     assert_user_error(res, f"--run-id {run_id!r}: use letters, digits")
     assert not (tmp_path / "r").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_report_refuses_a_run_that_a_matrix_is_writing(tmp_path):
+    from cascade_repro import runstore
+
+    (tmp_path / "run.json").write_text("{}", encoding="utf-8")
+    with runstore.RunLock(tmp_path):  # what a running matrix holds
+        res = invoke("report", "--rescore", str(tmp_path))
+        assert_user_error(res, f"{tmp_path} is in use by another cascade-repro run (pid ")
+        assert_user_error(invoke("report", str(tmp_path)), f"{tmp_path} is in use by another cascade-repro run")
+    # Released: the usual answer, and no lock file left behind.
+    assert_user_error(invoke("report", str(tmp_path)), f"{tmp_path} is not finished (no cells.parquet yet)")
+    assert not (tmp_path / ".lock").exists()
+
+
+def test_an_unwritable_results_dir_is_one_line_not_a_traceback(tmp_path):
+    from cascade_repro import runstore
+    from cascade_repro.errors import UsageError
+
+    # A results dir that cannot be created (a file stands in its path) fails like a read-only one
+    # does for a non-root user, and this works as root too.
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(UsageError, match=f"cannot write in {tmp_path}/f/run: "):
+        runstore.RunLock(tmp_path / "f" / "run").acquire()
+    res = invoke("matrix", "--limit", "1", "--results-dir", str(tmp_path / "f"), "--run-id", "run")
+    # (stderr may begin with the embedded model's one-time conversion progress)
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert f"error: cannot write in {tmp_path}/f/run: " in flat(res.stderr)

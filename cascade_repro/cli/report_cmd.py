@@ -22,15 +22,23 @@ def report(
     Needs no GPU and no model: only the files the run saved. Exit code as for `matrix`.
     """
     with user_errors():
+        from contextlib import nullcontext
+
+        from cascade_repro import runstore
         from cascade_repro.outcome import outcome_of
         from cascade_repro.report import write_reports
         from cascade_repro.report.load import load_run
 
-        if rescore:
-            from cascade_repro.runner import finalize
+        # The run's lock: a matrix still writing this directory would be scored half-way, and two
+        # writers of the reports would interleave. Not a run directory: nothing to lock (and no
+        # lock file to leave behind), the readers below say what is wrong.
+        is_run = (run_dir / runstore.RUN_JSON).is_file()
+        with runstore.RunLock(run_dir) if is_run else nullcontext():
+            if rescore:
+                from cascade_repro.runner import finalize
 
-            finalize(run_dir)
-        paths = write_reports(run_dir)
+                finalize(run_dir)
+            paths = write_reports(run_dir)
         outcome = outcome_of(load_run(run_dir), fail_on)
     console = err_console()
     for p in paths.values():
