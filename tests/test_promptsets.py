@@ -611,3 +611,18 @@ def test_module_keeps_public_names():
         "list_builtin_sets",
     }
     assert expected <= set(dir(promptsets))
+
+
+def test_parquet_whose_column_names_are_not_utf8_is_a_usage_error(tmp_path):
+    # pyarrow decodes the footer's column paths as UTF-8 and raised UnicodeDecodeError through
+    # load_prompt_set (found by the atheris harness).
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"prompt": ["hi"], "zqzq": ["x"]}), path, store_schema=False)
+    data = path.read_bytes()
+    assert data.count(b"zqzq") >= 1
+    path.write_bytes(data.replace(b"zqzq", b"\x94\x94\x94\x94"))
+    with pytest.raises(UsageError, match="bad.parquet: not a readable parquet file"):
+        load_prompt_set(str(path))
