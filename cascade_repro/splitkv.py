@@ -27,7 +27,7 @@ block per split. Ported from the fork at ee4d25bd (the commit vLLM 0.10.2 and 0.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 MAX_SPLITS = 128
@@ -157,8 +157,3 @@ def split_from_suffix(
         if decode_splits(num_reqs, num_query_heads, num_kv_heads, head_dim, blocks * bn, num_sms) > 1:
             return (blocks - 1) * bn + 1
     return None
-
-
-def suffix_lengths(question_lens: Sequence[int], max_tokens: int) -> int:
-    """The longest own part a request of this wave can reach: its question plus every generated token."""
-    return (max(question_lens) if question_lens else 0) + max_tokens
