@@ -41,8 +41,21 @@ Control protocol (files under the probe directory):
 - ``control.json`` (written by the engine, atomically): ``{"wave": str|null, "force_off": bool,
   "inject": null|"lse-layout"|"lse-shift=X", "seq": int}``. The decision wrapper re-reads it when its
   ``(inode, mtime_ns, size)`` changes; a ``null`` wave means "do not count" (the warm-up request).
-- ``counts-<pid>.json`` (written by each process, atomically): process facts plus counters per
-  wave; written on a wave change, every ``FLUSH_EVERY`` decisions, on the sync RPC and at exit.
+- ``counts-<pid>.json`` (written by each process, atomically): process facts plus counters of the
+  last ``KEEP_WAVES`` waves; written on a wave change, every ``FLUSH_EVERY`` decisions, on the sync
+  RPC and at exit.
+- The file's size has the parity of its ``seq`` (one space of padding when needed), so two
+  consecutive controls always differ in size: a worker's ``stat`` sees the change even when the
+  file system's mtime is too coarse to and the new file got the old inode number. The engine
+  therefore needs no round trip to make a new control take effect before a wave.
+- The sync RPC may carry the next control itself (``sync(wave, control)``): the engine reads a
+  wave's counters and switches every worker back to "not counting" in one round trip.
+
+Step timing: every decision is stamped (``time.perf_counter``); the time from one decision to the
+next of the same wave is charged to the first one's kind (a decode step that ran cascade, a decode
+step that ran flat, a step with prefill tokens). vLLM decides once per scheduled step, before the
+step's forward, so these intervals are the steps' wall times as the engine paid them (scheduling
+and sampling included); the last step of a wave has no successor and is not timed.
 
 Only the standard library is imported at module level, so this file loads without vLLM or torch.
 """
@@ -73,6 +86,7 @@ RPC_METHOD = "cascade_repro_probe_sync"
 CONTROL_FILE = "control.json"
 COUNTS_PREFIX = "counts-"
 FLUSH_EVERY = 64  # decisions between two writes of the counts file
+KEEP_WAVES = 8  # waves kept per process: the engine reads each wave right after it ran
 _MARK = "_cascade_repro_original"
 
 COUNTER_KEYS = (
@@ -93,10 +107,23 @@ COUNTER_KEYS = (
     "max_decode_suffix",
     "fa2_split_calls",
 )
+# Step wall times (seconds, float) and the number of steps each sum covers; see the docstring.
+TIMING_KEYS = (
+    "decode_cascade_s",
+    "decode_cascade_n",
+    "decode_flat_s",
+    "decode_flat_n",
+    "prefill_s",
+    "prefill_n",
+)
+STEP_CASCADE, STEP_FLAT, STEP_PREFILL = "decode_cascade", "decode_flat", "prefill"
 
 
 def new_counters() -> dict[str, Any]:
     out: dict[str, Any] = dict.fromkeys(COUNTER_KEYS, 0)
+    out.update(dict.fromkeys(TIMING_KEYS, 0))
+    for k in TIMING_KEYS[::2]:
+        out[k] = 0.0
     out["fa_versions"] = []
     return out
 
@@ -137,6 +164,8 @@ class ProbeState:
         self._ctl_sig: tuple[int, int, int] | None = None
         self._since_flush = 0
         self._dirty = True  # the first flush announces the process
+        self._last_step: tuple[float, str] | None = None  # (stamp, kind) of this wave's last decision
+        self.clock: Callable[[], float] = time.perf_counter
 
     def after_fork(self) -> None:
         """In a forked child (vLLM may fork the engine core): own counts file, fresh counters.
@@ -154,6 +183,7 @@ class ProbeState:
         self.in_cascade = False
         self._since_flush = 0
         self._dirty = True
+        self._last_step = None
 
     # control ------------------------------------------------------------------------------
     def refresh(self, force: bool = False) -> None:
@@ -171,14 +201,26 @@ class ProbeState:
         except (OSError, ValueError):
             return  # retried on the next call (the signature is not stored)
         self._ctl_sig = sig
+        self.apply(data)
+
+    def apply(self, data: dict[str, Any]) -> None:
+        """Take a control (the file's content, or one handed over by the sync RPC)."""
         wave = data.get("wave")
         wave = None if wave is None else str(wave)
         if wave != self.wave:
             self.flush()
             self.wave = wave
+            self._last_step = None
         self.force_off = bool(data.get("force_off", False))
         self.inject = inj.try_parse(data.get("inject"))
         self.seq = int(data.get("seq", 0) or 0)
+
+    def _forget_old_waves(self) -> None:
+        # Bounded memory and counts files: a long matrix runs thousands of waves in one engine.
+        extra = len(self.waves) - KEEP_WAVES
+        if extra > 0:
+            for k in [k for k in self.waves if k != self.wave][:extra]:
+                del self.waves[k]
 
     def counters(self) -> dict[str, Any] | None:
         if self.wave is None:
@@ -186,6 +228,7 @@ class ProbeState:
         c = self.waves.get(self.wave)
         if c is None:
             c = self.waves[self.wave] = new_counters()
+            self._forget_old_waves()
         return c
 
     # recording (hot paths: keep them cheap) ---------------------------------------------------
@@ -194,6 +237,13 @@ class ProbeState:
     ) -> None:
         c = self.counters()
         if c is not None:
+            now = self.clock()
+            kind = (STEP_CASCADE if use else STEP_FLAT) if decode else STEP_PREFILL
+            last = self._last_step
+            if last is not None:
+                c[last[1] + "_s"] += now - last[0]
+                c[last[1] + "_n"] += 1
+            self._last_step = (now, kind)
             if use:
                 c["decisions_true"] += 1
                 if decode:
@@ -287,12 +337,19 @@ class ProbeState:
         except OSError as e:  # a full or vanished directory must not stop generation
             self._note_error(f"flush: {e}")
 
-    def sync(self, wave: str | None = None) -> dict[str, Any]:
-        """Apply the current control file, write the counts file, return this wave's counters."""
-        self.refresh(force=True)
+    def sync(self, wave: str | None = None, control: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Return ``wave``'s counters; then take ``control`` (or re-read the control file) and flush.
+
+        The snapshot is taken before the new control applies, so a wave read here is complete.
+        """
+        snap = self.snapshot(wave, all_waves=False)
+        if control is not None:
+            self.apply(control)
+        else:
+            self.refresh(force=True)
         self._dirty = True
         self.flush()
-        return self.snapshot(wave, all_waves=False)
+        return snap
 
     def _note_error(self, msg: str) -> None:
         if len(self.errors) < 50:
@@ -515,8 +572,10 @@ def patch_worker_base(module: ModuleType, state: ProbeState) -> list[str]:
     if not isinstance(cls, type):
         return []
 
-    def cascade_repro_probe_sync(self: Any, wave: str | None = None) -> dict[str, Any]:
-        snap = state.sync(wave)
+    def cascade_repro_probe_sync(
+        self: Any, wave: str | None = None, control: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        snap = state.sync(wave, control)
         snap["rpc_rank"] = getattr(self, "rpc_rank", None)
         snap["global_rank"] = getattr(self, "global_rank", None)
         return snap
@@ -639,19 +698,29 @@ def register() -> None:
 # --------------------------------------------------------------------------------------------
 
 
+def control_data(wave: str | None, force_off: bool, inject: str | None, seq: int) -> dict[str, Any]:
+    return {"wave": wave, "force_off": bool(force_off), "inject": inject, "seq": int(seq)}
+
+
+def control_text(data: dict[str, Any]) -> str:
+    """The control file's text, padded so that its size has the parity of ``seq`` (see the docstring)."""
+    text = json.dumps(dict(data, engine_pid=os.getpid()), sort_keys=True)
+    if len(text.encode()) % 2 != int(data.get("seq", 0)) % 2:
+        text += " "
+    return text
+
+
 def write_control(
     directory: str | os.PathLike[str], wave: str | None, force_off: bool, inject: str | None, seq: int
-) -> None:
-    _write_json_atomic(
-        Path(directory) / CONTROL_FILE,
-        {
-            "wave": wave,
-            "force_off": bool(force_off),
-            "inject": inject,
-            "seq": int(seq),
-            "engine_pid": os.getpid(),
-        },
-    )
+) -> dict[str, Any]:
+    """Write the control file atomically; return the control (the sync RPC can hand it over too)."""
+    data = control_data(wave, force_off, inject, seq)
+    path = Path(directory) / CONTROL_FILE
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(control_text(data))
+    os.replace(tmp, path)
+    return data
 
 
 def read_count_files(
@@ -686,6 +755,10 @@ def aggregate(snapshots: Iterable[dict[str, Any] | None], wave: str) -> dict[str
         out[k] = max(vals) if vals else 0
         if k in ("decisions_true", "decisions_false", "cascade_calls"):
             out[k + "_sum"] = sum(vals)
+    # Step times: the ranks step in lockstep, so the slowest rank's clock is the step's.
+    for k in TIMING_KEYS:
+        vals = [c.get(k, 0) or 0 for c in per]
+        out[k] = max(vals) if vals else 0
     fas: set[int] = set()
     for c in per:
         fas.update(v for v in c.get("fa_versions", []) if isinstance(v, int))

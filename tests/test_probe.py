@@ -485,3 +485,98 @@ def test_decode_cascade_calls_and_fa2_split_path_are_counted(tmp_path):
     # An unexpected call shape counts nothing and still calls vLLM.
     wrapped(None, "not a tensor", max_query_len=1)
     assert st.sync("w")["waves"]["w"]["decode_cascade_calls"] == 5 and len(calls) == 7
+
+
+# --- one round trip per wave: the control file's size, step timing, bounded waves ------------------
+
+
+@pytest.mark.parametrize("seq", range(6))
+def test_control_file_size_has_the_parity_of_seq(tmp_path, seq):
+    # Two consecutive controls always differ in size, so a stat sees the change even when the mtime
+    # is too coarse to and the new file reuses the old inode number.
+    probe.write_control(tmp_path, "k/w00001-cascade" if seq % 3 else None, bool(seq % 2), None, seq)
+    path = tmp_path / probe.CONTROL_FILE
+    assert path.stat().st_size % 2 == seq % 2
+    assert json.loads(path.read_text())["seq"] == seq
+
+
+def test_a_new_control_is_seen_although_the_signature_tricks_fail(tmp_path, monkeypatch):
+    st = probe.ProbeState(tmp_path)
+    probe.write_control(tmp_path, None, False, None, 1)
+    st.refresh()
+    # Same inode and mtime as the old file (coarse clock, inode reused): only the size tells.
+    old = os.stat(tmp_path / probe.CONTROL_FILE)
+    probe.write_control(tmp_path, None, False, None, 2)  # the same text length but for the padding
+    real_stat = os.stat
+
+    def stat(path, *a, **k):
+        s = real_stat(path, *a, **k)
+        if Path(path).name != probe.CONTROL_FILE:
+            return s
+        return types.SimpleNamespace(st_ino=old.st_ino, st_mtime_ns=old.st_mtime_ns, st_size=s.st_size)
+
+    monkeypatch.setattr(probe.os, "stat", stat)
+    st.refresh()
+    assert st.seq == 2
+
+
+def test_steps_are_timed_by_the_kind_of_the_step_they_start(tmp_path):
+    st = probe.ProbeState(tmp_path)
+    ticks = iter([10.0, 10.5, 10.6, 10.7, 11.0, 99.0])
+    st.clock = lambda: next(ticks)
+    st.apply(probe.control_data("w", False, None, 1))
+    st.record_decision(True, False, 512, 8, decode=False)  # prefill step: 10.0 -> 10.5
+    st.record_decision(True, False, 512, 8, decode=True)  # cascade decode: 10.5 -> 10.6
+    st.record_decision(True, False, 512, 8, decode=True)  # cascade decode: 10.6 -> 10.7
+    st.record_decision(False, False, 512, 8, decode=True)  # flat decode: 10.7 -> 11.0
+    st.record_decision(False, False, 512, 4, decode=True)  # the wave's last step: not timed
+    c = st.waves["w"]
+    assert c["prefill_n"] == 1 and c["prefill_s"] == pytest.approx(0.5)
+    assert c["decode_cascade_n"] == 2 and c["decode_cascade_s"] == pytest.approx(0.2)
+    assert c["decode_flat_n"] == 1 and c["decode_flat_s"] == pytest.approx(0.3)
+    # A new wave starts its own chain: the gap between waves is charged to nobody.
+    st.apply(probe.control_data("w2", False, None, 2))
+    st.record_decision(False, False, 512, 8, decode=True)
+    assert st.waves["w2"]["decode_flat_n"] == 0
+
+
+def test_uncounted_decisions_are_not_timed(tmp_path):
+    st = probe.ProbeState(tmp_path)
+    st.clock = iter([1.0, 2.0, 3.0]).__next__
+    st.apply(probe.control_data(None, False, None, 1))
+    st.record_decision(False, False, 512, 1)  # the warm-up
+    st.apply(probe.control_data("w", False, None, 2))
+    st.record_decision(False, False, 512, 8, decode=True)
+    assert st.waves["w"]["decode_flat_n"] == 0  # the warm-up's stamp did not carry over
+
+
+def test_aggregate_takes_the_slowest_rank_for_step_times():
+    w = {"w": {**probe.new_counters(), "decode_cascade_s": 0.5, "decode_cascade_n": 4}}
+    w2 = {"w": {**probe.new_counters(), "decode_cascade_s": 0.7, "decode_cascade_n": 4}}
+    agg = probe.aggregate([{"waves": w}, {"waves": w2}], "w")
+    assert agg["decode_cascade_s"] == 0.7 and agg["decode_cascade_n"] == 4 and agg["prefill_s"] == 0.0
+
+
+def test_sync_snapshots_before_the_handed_control_applies(tmp_path):
+    st = probe.ProbeState(tmp_path)
+    st.apply(probe.control_data("w", False, "lse-layout", 1))
+    st.record_decision(True, False, 512, 8)
+    snap = st.sync("w", probe.control_data(None, False, None, 2))
+    assert snap["wave"] == "w" and snap["inject"] == "lse-layout" and snap["waves"]["w"]["decisions_true"] == 1
+    assert st.wave is None and st.inject is None and st.seq == 2
+    st.record_decision(True, False, 512, 8)  # not counted: no wave
+    assert st.waves["w"]["decisions_true"] == 1
+    on_disk = probe.read_count_files(tmp_path)[0]
+    assert on_disk["waves"]["w"]["decisions_true"] == 1 and on_disk["wave"] is None
+
+
+def test_a_long_engine_keeps_only_the_last_waves(tmp_path):
+    st = probe.ProbeState(tmp_path)
+    for i in range(probe.KEEP_WAVES + 5):
+        st.apply(probe.control_data(f"w{i}", False, None, i + 1))
+        st.record_decision(False, False, 512, 8)
+    assert len(st.waves) == probe.KEEP_WAVES
+    last = f"w{probe.KEEP_WAVES + 4}"
+    assert last in st.waves and "w0" not in st.waves
+    st.flush()
+    assert len(probe.read_count_files(tmp_path)[0]["waves"]) == probe.KEEP_WAVES

@@ -188,6 +188,7 @@ class LLM:
         self.layers = [self.fa.FlashAttentionImpl() for _ in range(2)]
         self.resets = 0
         self.generated = []
+        self.rpcs = 0
         mc = types.SimpleNamespace(dtype="torch.bfloat16", disable_cascade_attn=kwargs.get("disable_cascade_attn"),
                                    enforce_eager=False, max_model_len=8192, seed=kwargs.get("seed"))
         cfg = types.SimpleNamespace(
@@ -208,6 +209,7 @@ class LLM:
         return True
 
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        self.rpcs += 1
         return [getattr(self.worker, method)(*args, **(kwargs or {}))]
 
     def generate(self, prompts, params, use_tqdm=True):
@@ -310,6 +312,12 @@ def test_engine_flow_with_fake_vllm(fake_vllm, tmp_path: Path, inject):
     else:
         assert "inject_calls" not in st.extra and all(torch.equal(x, lse) for x in seen)
     assert eng.llm.resets == 2
+    # One round trip per wave (it reads the counters and stops the counting), plus the start's check.
+    assert eng.llm.rpcs == 1 + 2
+    assert set(st.extra["phases"]) == {"reset_s", "warmup_s", "control_s", "generate_s", "sync_s", "convert_s"}
+    steps = st.extra["steps"]
+    assert (steps["decode_cascade_n"], steps["decode_flat_n"], steps["prefill_n"]) == (3, 0, 0)
+    assert steps["decode_cascade_s"] >= 0
     files = probe.read_count_files(run_dir / "probe" / "k")
     waves = files[0]["waves"]
     assert sorted(waves) == ["k/w00001-flat", "k/w00002-cascade"]  # the warm-ups were not counted

@@ -220,12 +220,15 @@ class VLLMEngine:
         except Exception:  # noqa: BLE001 - a best-effort default; vLLM's own default is fine too
             return None
 
-    def _rpc(self, wave: str | None) -> list[dict[str, Any]] | None:
-        """Flush and read every worker's probe counters through collective_rpc (None if unavailable)."""
+    def _rpc(self, wave: str | None, control: dict[str, Any] | None = None) -> list[dict[str, Any]] | None:
+        """Read every worker's probe counters through collective_rpc, handing ``control`` over.
+
+        None if the RPC is unavailable (then the counts files are read).
+        """
         if self._rpc_ok is False:
             return None
         try:
-            res = self.llm.collective_rpc(probe.RPC_METHOD, timeout=RPC_TIMEOUT_S, args=(wave,))
+            res = self.llm.collective_rpc(probe.RPC_METHOD, timeout=RPC_TIMEOUT_S, args=(wave, control))
         except Exception as e:  # noqa: BLE001 - fall back to the counts files
             self._rpc_ok = False
             self._env_notes["probe_rpc_error"] = (
@@ -239,10 +242,14 @@ class VLLMEngine:
         self._rpc_ok = True
         return snaps
 
-    def _snapshots(self, wave: str | None) -> tuple[list[dict[str, Any]], str]:
-        snaps = self._rpc(wave)
+    def _snapshots(
+        self, wave: str | None, control: dict[str, Any] | None = None
+    ) -> tuple[list[dict[str, Any]], str]:
+        snaps = self._rpc(wave, control)
         if snaps is not None:
             return snaps, "rpc"
+        if control is not None:  # the counts files are written when the workers see this control
+            probe.write_control(self.probe_dir, **{k: control[k] for k in ("wave", "force_off", "inject", "seq")})
         time.sleep(0.05)
         # This process's own file is kept: with VLLM_ENABLE_V1_MULTIPROCESSING=0 the model runs here.
         return probe.read_count_files(self.probe_dir), "files"
@@ -363,7 +370,12 @@ class VLLMEngine:
         p = max(0, min(p, min(len(x) for x in prompts) - 1))
         extra: dict[str, Any] = {}
 
-        # 1. No counting during the reset and the warm-up.
+        clock = time.perf_counter
+        phases: dict[str, float] = {}
+        t = clock()
+
+        # 1. No counting during the reset and the warm-up (the previous wave's sync RPC already
+        #    switched the workers off; the file says so too, for the counts-file fallback).
         probe.write_control(self.probe_dir, None, force_off, None, self._next_ctl())
         said = self.llm.reset_prefix_cache()
         # None: this vLLM does not say (0.10.2's V1 engine drops the scheduler's answer); the reset
@@ -376,6 +388,7 @@ class VLLMEngine:
                     reset_ok = True
                     break
         extra["prefix_cache_reset"] = reset_ok
+        phases["reset_s"], t = clock() - t, clock()
         greedy = dict(temperature=0.0, seed=self.seed, ignore_eos=bool(self.spec.get("ignore_eos", False)))
         if p > 0:
             self.llm.generate(
@@ -383,19 +396,26 @@ class VLLMEngine:
                 self._SamplingParams(max_tokens=1, **greedy),
                 use_tqdm=False,
             )
+        phases["warmup_s"], t = clock() - t, clock()
 
-        # 2. The wave itself, counted under its own id.
+        # 2. The wave itself, counted under its own id. The control file's size changes with every
+        #    write (probe.control_text), so the wave's first decision sees it without a round trip.
         probe.write_control(self.probe_dir, wave_id, force_off, inject, self._next_ctl())
-        self._rpc(wave_id)  # applies the control in every worker now (the stat check would too)
         params = self._SamplingParams(max_tokens=max_tokens, logprobs=self.topk, **greedy)
+        phases["control_s"], t = clock() - t, clock()
         outs = self.llm.generate(
             [self._TokensPrompt(prompt_token_ids=list(x)) for x in prompts], params, use_tqdm=False
         )
+        phases["generate_s"], t = clock() - t, clock()
 
-        # 3. Counters of this wave from every process that runs the model.
-        snaps, source = self._snapshots(wave_id)
-        probe.write_control(self.probe_dir, None, False, None, self._next_ctl())
+        # 3. Counters of this wave from every process that runs the model; the same round trip
+        #    stops the counting (the control file follows, for processes the RPC does not reach).
+        idle = probe.control_data(None, False, None, self._next_ctl())
+        snaps, source = self._snapshots(wave_id, idle)
+        if source == "rpc":
+            probe.write_control(self.probe_dir, None, False, None, idle["seq"])
         agg = probe.aggregate(snaps, wave_id)
+        phases["sync_s"], t = clock() - t, clock()
         extra.update(
             probe=source,
             probe_procs=agg["procs"],
@@ -405,6 +425,7 @@ class VLLMEngine:
             decode_cascade_calls=agg["decode_cascade_calls"],
             max_decode_suffix=agg["max_decode_suffix"],
         )
+        extra["steps"] = {k: round(agg[k], 6) if k.endswith("_s") else agg[k] for k in probe.TIMING_KEYS}
         if agg["fa2_split_calls"]:  # FA2's split-KV branch ran under cascade (the field bug's)
             extra["fa2_split_calls"] = agg["fa2_split_calls"]
         if agg["fa_versions"]:
@@ -421,7 +442,10 @@ class VLLMEngine:
             extra=extra,
             cascade_decode_steps=agg["decisions_true_decode"],
         )
-        return [self._completion(o) for o in outs], stats
+        comps = [self._completion(o) for o in outs]
+        phases["convert_s"] = clock() - t
+        extra["phases"] = {k: round(v, 6) for k, v in phases.items()}
+        return comps, stats
 
     def _completion(self, out: Any) -> Completion:
         c = out.outputs[0]
