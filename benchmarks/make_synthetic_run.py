@@ -161,10 +161,20 @@ def write_engine_key(args: tuple) -> dict[str, Any]:
                         out.write(f.readline())
                     steps = length + 1
                     fired = c["arm"] == "cascade" and c["batch"] >= 8
+                    # Step timing as the probe records it: flat decode steps 2 ms + 10 us per request,
+                    # cascade's 20 % slower, a 1 % wobble from wave to wave; the last step is untimed.
+                    step_s = (0.002 + 1e-5 * len(wave)) * (1 + 0.01 * (w % 3))
+                    n_dec = length - 1
+                    timing = {"decode_cascade_s": round(n_dec * step_s * 1.2, 6) if fired else 0.0,
+                              "decode_cascade_n": n_dec if fired else 0,
+                              "decode_flat_s": 0.0 if fired else round(n_dec * step_s, 6),
+                              "decode_flat_n": 0 if fired else n_dec, "prefill_s": 0.05, "prefill_n": 1}  # fmt: skip
                     rec = {"type": "wave", "cell_id": cid, "wave": w, "batch": len(wave), "n_real": len(real),
                            "cascade_steps": length if fired else 0, "total_steps": steps,
                            "cascade_calls": length * LAYERS if fired else 0, "common_prefix_len": 400 if fired else 0,
-                           "wall_s": round(0.9 + 0.002 * len(wave), 4), "tokens": sum(lengths[i] for i in real)}  # fmt: skip
+                           "cascade_decode_steps": n_dec if fired else 0,
+                           "wall_s": round(0.9 + 0.002 * len(wave), 4), "tokens": sum(lengths[i] for i in real),
+                           "extra": {"steps": timing}}  # fmt: skip
                     out.write(dumps(rec) + "\n")
                     waves_out.setdefault(cid, []).append(rec)
             (run_dir / f".{cid}.tmp").unlink()

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from cascade_repro import runstore
+from cascade_repro import runstore, speed
 from cascade_repro.ifeval.score import paired_if, score_response
 from cascade_repro.metrics.divergence import divergence_metrics
 from cascade_repro.metrics.drift import drift_floor, drift_triple
@@ -157,6 +157,7 @@ def cell_rows(run: dict[str, Any], run_dir: Path, samples: dict[str, CellSamples
             "tokens": tokens,
             "tokens_per_s": tokens / wall if wall > 0 else float("nan"),
             "len_mean": _mean([r["length"] for r in reps]),
+            **speed.cell_speed(waves),
         }
         for k in REP_KEYS:
             row[k] = _mean([r[k] for r in reps])
@@ -375,6 +376,9 @@ def build_tables(
     samples = load_cell_samples(run_dir, run["plan"]["engines"], wanted, load_prompts(run_dir))
     cells_df = cell_rows(run, run_dir, samples)
     by_id = cells_df.set_index("cell_id").to_dict("index")
+    progress = {k: runstore.read_progress(runstore.samples_path(run_dir, k)) for k in run["plan"]["engines"]}
+    preds = run.get("predictions") if isinstance(run.get("predictions"), dict) else {}
+    predicted = preds.get("cells") if isinstance(preds.get("cells"), dict) else {}
 
     aggs, comp_rows = [], []
     matched: dict[str, PairSpec] = {}
@@ -412,6 +416,7 @@ def build_tables(
         agreeing = agg.pop("_agreeing")
         test_cell = by_id.get(ps.test["cell_id"], {})
         agg.update(d_seq_rep_4_mean=mean, d_seq_rep_4_lo=lo, d_seq_rep_4_hi=hi)
+        agg.update(_speed_columns(ps, progress, predicted))
         agg["cascade_steps"] = int(test_cell.get("cascade_steps", 0))
         agg["total_steps"] = int(test_cell.get("total_steps", 0))
         decode_steps = test_cell.get("cascade_decode_steps", float("nan"))
@@ -479,6 +484,30 @@ def build_tables(
         for col in ("topk_ok",):
             comp_df[col] = comp_df[col].astype("object")
     return cells_df, pairs_df, comp_df
+
+
+def _speed_columns(
+    ps: PairSpec, progress: dict[str, runstore.CellProgress], predicted: dict[str, Any]
+) -> dict[str, Any]:
+    """Decode speed of the test cell against the ref cell, wave by wave (``speed.py``), and for a
+    cascade pair the heuristic's predicted speedup and the flag when it chose cascade and lost."""
+
+    def waves_of(cell: dict[str, Any]) -> list[dict[str, Any]]:
+        prog = progress.get(cell["engine_key"])
+        return prog.waves.get(cell["cell_id"], []) if prog is not None else []
+
+    out: dict[str, Any] = dict(speed.paired_speed(waves_of(ps.test), waves_of(ps.ref)))
+    pred = predicted.get(ps.test["cell_id"]) if ps.kind in (CASCADE, CALIBRATION) else None
+    out["predicted_speedup"] = speed.predicted_speedup(
+        pred.get("decode_cost") if isinstance(pred, dict) else None
+    )
+    out["speed_flag"] = ""
+    if ps.kind == CASCADE:
+        decode = sum(int(w.get("cascade_decode_steps") or 0) for w in waves_of(ps.test))
+        out["speed_flag"] = speed.speed_flag(
+            out["speed_ratio"], out["speed_ratio_lo"], int(out["speed_waves"]), decode
+        )
+    return out
 
 
 def _drift_columns(

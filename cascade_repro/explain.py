@@ -326,6 +326,8 @@ class CellPrediction:
     # per-request suffix: True/False, None when FA2 does not run the cell or it cannot be known.
     fa2_split: bool | None = None
     fa2_split_reason: str = ""
+    # The cost model's two numbers for a decode step at this batch (None where it does not decide).
+    decode_cost: dict[str, int] | None = None
 
     def summary(self) -> dict[str, Any]:
         """The compact form stored in run.json: prefill, decode, decode_from_batch (and fa2_split if known)."""
@@ -336,6 +338,8 @@ class CellPrediction:
         }
         if self.fa2_split is not None:
             out["fa2_split"] = self.fa2_split
+        if self.decode_cost is not None:
+            out["decode_cost"] = dict(self.decode_cost)
         return out
 
 
@@ -478,8 +482,11 @@ def predict(
             dec_fires, dec_reason = None, "depends on the SM count (unknown: pass --gpu or --sm-count)"
         split, split_why = fa2_split(batch, qh, kvh, attention.head_dim, longest, num_sms, dec_fires,
                                      c.get("fa_version") or default_fa)  # fmt: skip
+        cost = None
+        if num_sms is not None and dec.cascade_time is not None and dec.flash_decoding_time is not None:
+            cost = {"cascade": dec.cascade_time, "flash_decoding": dec.flash_decoding_time}
         out.append(CellPrediction(c["cell_id"], tp, batch, arm, backend, qh, kvh, aligned, pre.fires, dec_fires,
-                                  frm, pre.reason, dec_reason, notes, split, split_why))  # fmt: skip
+                                  frm, pre.reason, dec_reason, notes, split, split_why, cost))  # fmt: skip
     return out, thresholds
 
 

@@ -13,7 +13,8 @@ CELL_COLUMNS = (
     "cell_id engine_key engine model tp batch arm rerun seed dtype fa_version backend status error "
     "n_prompts cascade_steps total_steps cascade_calls wall_s tokens tokens_per_s len_mean "
     "seq_rep_1 seq_rep_2 seq_rep_3 seq_rep_4 distinct_1 distinct_2 distinct_3 distinct_4 zlib_ratio "
-    "tail_loop_rate longest_repeat_mean finish_length_rate inject origin cascade_decode_steps"
+    "tail_loop_rate longest_repeat_mean finish_length_rate inject origin cascade_decode_steps "
+    "decode_step_ms cascade_step_ms flat_step_ms decode_tok_s"
 ).split()
 
 PAIR_COLUMNS = [
@@ -27,7 +28,8 @@ PAIR_COLUMNS = [
     "p_bias", "p_bias_control", "topk_drift_ratio", "topk_drift_ratio_lo",
     "topk_drift_ratio_hi", "cascade_steps", "cascade_decode_steps", "total_steps", "depth", "verdict",
     "decided_by", "reasons", "if_n", "if_strict_test", "if_strict_ref", "if_strict_delta", "if_loose_delta",
-    "if_gained", "if_lost", "p_if",
+    "if_gained", "if_lost", "p_if", "speed_ratio", "speed_ratio_lo", "speed_ratio_hi", "speed_waves",
+    "predicted_speedup", "speed_flag",
 ]  # fmt: skip
 
 COMPARISON_COLUMNS = (

@@ -276,9 +276,12 @@ def _run(model: Path, engine: str = "vllm", env: dict | None = None) -> dict:
 def test_predict_cells_and_predictions_for(tmp_path: Path):
     run = _run(_model_dir(tmp_path))
     expected = {
-        "tp1-b8-cascade": {"prefill": True, "decode": False, "decode_from_batch": 45},
+        # The cost model's numbers (13 prefix tiles): 1 wave x 13 tiles vs cdiv(B * 3 * 13, 132).
+        "tp1-b8-cascade": {"prefill": True, "decode": False, "decode_from_batch": 45,
+                           "decode_cost": {"cascade": 13, "flash_decoding": 3}},
         "tp1-b8-flat": {"prefill": False, "decode": False, "decode_from_batch": 45},
-        "tp1-b64-cascade": {"prefill": True, "decode": True, "decode_from_batch": 45},
+        "tp1-b64-cascade": {"prefill": True, "decode": True, "decode_from_batch": 45,
+                            "decode_cost": {"cascade": 13, "flash_decoding": 19}},
         "tp1-b64-flat": {"prefill": False, "decode": False, "decode_from_batch": 45},
     }
     assert predict_cells(run) == expected
@@ -301,7 +304,8 @@ def test_predict_cells_and_predictions_for(tmp_path: Path):
     assert predict_cells(long)["tp1-b64-cascade"]["fa2_split"] is False  # FA3, vLLM's default on an H200
     long["env"] = {"gpu_name": "NVIDIA A100-SXM4-80GB"}  # FA2 by default: 64 x 3 >= 0.8 x 2 x 108
     assert predict_cells(long)["tp1-b64-cascade"] == {"prefill": True, "decode": True, "decode_from_batch": 37,
-                                                       "fa2_split": False}  # fmt: skip
+                                                       "fa2_split": False,  # 108 SMs: cdiv(64 * 3 * 13, 108)
+                                                       "decode_cost": {"cascade": 13, "flash_decoding": 24}}  # fmt: skip
 
 
 def test_explain_spec_and_threshold_lines(tmp_path: Path):

@@ -119,7 +119,8 @@ RUN = {
         "sms_source": "run.json env.sm_count",
         "cells": {
             "tp1-b1-s0-cascade": {"prefill": False, "decode": False, "decode_from_batch": 45},
-            "tp1-b8-s0-cascade": {"prefill": True, "decode": False, "decode_from_batch": 45},
+            "tp1-b8-s0-cascade": {"prefill": True, "decode": False, "decode_from_batch": 45,
+                                  "decode_cost": {"cascade": 13, "flash_decoding": 19}},
             "tp1-b8-s1-cascade": {"prefill": True, "decode": None, "decode_from_batch": None},
             "tp1-b8-s0-flat": {"prefill": False, "decode": False, "decode_from_batch": 45},
         },
@@ -169,6 +170,10 @@ def _cell(batch: int, seed: int, arm: str, **kw) -> dict:
         "inject": "",
         "origin": "matrix",
         "cascade_decode_steps": 0,
+        "decode_step_ms": 1.5 if batch == 1 else 2.0,
+        "cascade_step_ms": NAN,
+        "flat_step_ms": 1.5 if batch == 1 else 2.0,
+        "decode_tok_s": 640.0 if batch == 1 else 3900.0,
     }
     row.update(kw)
     return row
@@ -194,6 +199,9 @@ CELLS = [
         cascade_decode_steps=100,
         cascade_calls=960,
         tokens_per_s=410.5,
+        decode_step_ms=2.42,
+        cascade_step_ms=2.5,
+        flat_step_ms=2.1,
         seq_rep_1=0.5,
         seq_rep_2=0.4,
         seq_rep_3=0.35,
@@ -300,6 +308,12 @@ def _pair(pair_id: str, kind: str, test: str, ref: str, batch: int, seed: int, *
         "bias_mean": NAN,
         "p_bias": NAN,
         "p_bias_control": NAN,
+        "speed_ratio": NAN,
+        "speed_ratio_lo": NAN,
+        "speed_ratio_hi": NAN,
+        "speed_waves": 0,
+        "predicted_speedup": NAN,
+        "speed_flag": "",
     }
     row.update(kw)
     return row
@@ -337,6 +351,10 @@ PAIRS = [
         0,
         verdict="not exercised",
         reasons="cascade never fired (0 of 200 steps)",
+        speed_ratio=1.004,
+        speed_ratio_lo=0.99,
+        speed_ratio_hi=1.01,
+        speed_waves=4,
     ),
     _pair(
         "p02",
@@ -363,6 +381,12 @@ PAIRS = [
         "violations 2 vs 0\nseq-rep-4 up \x01+0.23",
         decided_by="drift,top-k,repetition",
         **_drift(1.35, 1.25, 1.46),
+        speed_ratio=1.21,
+        speed_ratio_lo=1.12,
+        speed_ratio_hi=1.3,
+        speed_waves=4,
+        predicted_speedup=19 / 13,
+        speed_flag="heuristic chose cascade; it was slower",
         if_strict_test=0.25,
         if_strict_ref=0.75,
         if_strict_delta=-0.5,
@@ -722,7 +746,7 @@ def test_empty_and_old_run_renders(tmp_path: Path) -> None:
         MarkdownFormatter().render(data).startswith("## cascade-repro: nothing exercised: no cascade pairs\n")
     )
     summary = json.loads(JsonFormatter().render(data))
-    assert summary["pairs"] == [] and summary["detection_power"] == [] and summary["schema_version"] == 2
+    assert summary["pairs"] == [] and summary["detection_power"] == [] and summary["schema_version"] == 3
     # Nothing was tested: a CI guard must not pass.
     assert exit_status(data, "error") == (
         4,
@@ -1047,7 +1071,7 @@ def test_not_calibrated(clean_dir: Path) -> None:
 
 def test_summary_json_schema_2_fields(run_dir: Path) -> None:
     summary = json.loads(JsonFormatter().render(load_run(run_dir)))
-    assert summary["schema_version"] == 2 and summary["exit_code"] == 1 and summary["exit_reason"]
+    assert summary["schema_version"] == 3 and summary["exit_code"] == 1 and summary["exit_reason"]
     assert [p["pair_id"] for p in summary["pairs"]] == ["p01", "p02", "p03"]  # no calibration pairs
     p02 = summary["pairs"][1]
     assert {k: p02[k] for k in ("drift_ratio", "drift_ratio_lo", "drift_ratio_hi", "drift_threshold", "p_drift")} == {

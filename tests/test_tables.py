@@ -27,3 +27,25 @@ def test_compare_writes_the_schema(tmp_path):
         set(tables.COMPARISON_COLUMNS) - set(comparisons.columns)
     )
     assert len(pairs) and len(comparisons) == 8 * len(pairs)
+
+
+def test_speed_columns_on_a_synthetic_run(tmp_path):
+    # make_synthetic_run times cascade's decode steps at 1.2 x flat's from batch 8 on.
+    run_dir = tmp_path / "synth"
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "make_synthetic_run.py"), str(run_dir), "--prompts", "16",
+         "--max-tokens", "64", "--tp", "1", "--batch", "1,8", "--procs", "1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    from cascade_repro.verdicts import Thresholds
+
+    cells, pairs, _ = compare.build_tables(runstore.read_run_json(run_dir), run_dir, Thresholds())
+    casc = pairs[(pairs["kind"] == "cascade") & (pairs["batch"] == 8)].iloc[0]
+    assert casc["speed_waves"] == 2
+    assert abs(casc["speed_ratio"] - 1.2) < 1e-3 and casc["speed_ratio_lo"] > 1.19
+    assert casc["speed_flag"] == "heuristic chose cascade; it was slower"
+    b1 = pairs[(pairs["kind"] == "cascade") & (pairs["batch"] == 1)].iloc[0]
+    assert abs(b1["speed_ratio"] - 1.0) < 1e-3 and b1["speed_flag"] == ""  # no cascade at batch 1
+    flat8 = cells[(cells["batch"] == 8) & (cells["arm"] == "flat")].iloc[0]
+    assert flat8["cascade_step_ms"] != flat8["cascade_step_ms"]  # NaN: a flat cell has no cascade step
+    assert 2.0 < flat8["flat_step_ms"] < 2.2 and flat8["decode_tok_s"] > 0

@@ -249,7 +249,9 @@ class VLLMEngine:
         if snaps is not None:
             return snaps, "rpc"
         if control is not None:  # the counts files are written when the workers see this control
-            probe.write_control(self.probe_dir, **{k: control[k] for k in ("wave", "force_off", "inject", "seq")})
+            probe.write_control(
+                self.probe_dir, **{k: control[k] for k in ("wave", "force_off", "inject", "seq")}
+            )
         time.sleep(0.05)
         # This process's own file is kept: with VLLM_ENABLE_V1_MULTIPROCESSING=0 the model runs here.
         return probe.read_count_files(self.probe_dir), "files"

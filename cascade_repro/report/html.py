@@ -121,6 +121,9 @@ class HtmlFormatter(ReportFormatter):
         for note in (c.drift_note(data), c.if_note(data)):
             if note:
                 out.append(f'<p class="cap">{escape(note)}</p>')
+        if c.has_speed(data):
+            out += ["<h2>Decode speed</h2>", html_table(c.speed_table(data), "no timed pairs")]
+            out.append(f'<p class="cap">{escape(c.SPEED_NOTE)}</p>')
         out += ["<h2>Detection power</h2>", *_detection_power(data)]
         out += [
             "<h2>Plots</h2>",

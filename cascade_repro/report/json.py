@@ -1,6 +1,8 @@
 """Machine-readable summary.json for CI: stable keys, NaN as null.
 
-Schema 2 added the drift evidence per pair, `detection_power`, `warnings` and `schema_version`.
+Schema 2 added the drift evidence per pair, `detection_power`, `warnings` and `schema_version`;
+schema 3 the decode speed per pair (`speed_*`, `predicted_speedup`) and per cell (`*_step_ms`,
+`decode_tok_s`).
 """
 
 from __future__ import annotations
@@ -55,8 +57,15 @@ PAIR_FIELDS = (
     "d_seq_rep_4_mean",
     "d_seq_rep_4_lo",
     "d_seq_rep_4_hi",
+    # Decode speed against the flat twin (schema 3).
+    "speed_ratio",
+    "speed_ratio_lo",
+    "speed_ratio_hi",
+    "speed_waves",
+    "predicted_speedup",
+    "speed_flag",
 )
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 CELL_FIELDS = (
     "cell_id",
     "status",
@@ -72,12 +81,16 @@ CELL_FIELDS = (
     "inject",
     "origin",
     "cascade_decode_steps",
+    "decode_step_ms",
+    "cascade_step_ms",
+    "flat_step_ms",
+    "decode_tok_s",
 )
 
 # Parquet stores an integer column holding a null as float; counts should still read 3, not 3.0.
 INT_FIELDS = {
     "tp", "batch", "n", "n_diverged", "noise_n_diverged", "cascade_steps", "if_n", "drift_n",
-    "cascade_decode_steps", "topk_violations", "noise_n", "noise_topk_violations", "bias_up", "bias_down",
+    "cascade_decode_steps", "speed_waves", "topk_violations", "noise_n", "noise_topk_violations", "bias_up", "bias_down",
 }  # fmt: skip
 
 

@@ -96,6 +96,9 @@ class MarkdownFormatter(ReportFormatter):
         for note in (c.drift_note(data), c.if_note(data)):
             if note:
                 out += [f"_{md_text(note)}_", ""]
+        if c.has_speed(data):
+            out += ["### Decode speed", "", *md_table(c.speed_table(data), "no timed pairs"), ""]
+            out += [f"_{md_text(c.SPEED_NOTE)}_", ""]
         out += ["### Detection power", "", *_detection_power(data)]
         out += ["### Noise floor", "", *md_table(c.noise_table(data), "no control pairs"), ""]
         out += ["### Cells", "", *md_table(c.cell_table(data), "no cells"), ""]
