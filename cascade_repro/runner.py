@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cascade_repro import runstore
+from cascade_repro import cuda_cache, runstore
 from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
 from cascade_repro.matrix import MatrixSpec, all_cells, plan, spec_hash
@@ -26,6 +26,7 @@ from cascade_repro.shard import Shard, empty_warning, restrict
 from cascade_repro.verdicts import Thresholds
 
 POLL_S = 0.5
+FA2_JIT_NOTE = "compiling FlashAttention 2 kernels for this GPU, first run only: about 3 min"
 
 
 @dataclass
@@ -261,8 +262,18 @@ def execute(run_dir: Path, show_progress: bool = True, console: Any = None) -> l
             progress.advance(t_waves, sum(math.ceil(n_prompts / cells[c]["batch"]) for c in done))
             if len(done) == len(ep["cells"]):
                 continue
-            progress.update(t_cells, info=f"engine {key}: starting")
-            rc, reason = _run_worker(run_dir, key, float(spec["engine_timeout"]), progress, t_cells, t_waves)
+            env = cuda_cache.apply(dict(os.environ, PYTHONUNBUFFERED="1"))
+            gpu = str((run.get("env") or {}).get("gpu_name") or "")
+            jit = cuda_cache.needs_fa2_jit(ep.get("fa_version"), gpu) and not cuda_cache.fa2_compiled(
+                env, gpu
+            )
+            # A silent first FA2 start on a fresh Hopper machine lasts minutes: say why.
+            progress.update(t_cells, info=f"engine {key}: starting" + (f" ({FA2_JIT_NOTE})" if jit else ""))
+            rc, reason = _run_worker(
+                run_dir, key, float(spec["engine_timeout"]), progress, t_cells, t_waves, env=env
+            )
+            if jit and runstore.read_progress(path).engine:
+                cuda_cache.mark_fa2_compiled(env, gpu)
             prog = runstore.read_progress(path)
             unfinished = [c for c in ep["cells"] if c not in prog.done and c not in prog.errors]
             if unfinished:
@@ -284,7 +295,13 @@ def execute(run_dir: Path, show_progress: bool = True, console: Any = None) -> l
 
 
 def _run_worker(
-    run_dir: Path, key: str, timeout: float, progress: Any, t_cells: Any, t_waves: Any
+    run_dir: Path,
+    key: str,
+    timeout: float,
+    progress: Any,
+    t_cells: Any,
+    t_waves: Any,
+    env: dict[str, str] | None = None,
 ) -> tuple[int, str]:
     """Run the worker of one engine key; kill its process group when it hangs past ``timeout``.
 
@@ -293,7 +310,8 @@ def _run_worker(
     """
     log_path = runstore.worker_log(run_dir, key)
     tail = _Tail(runstore.samples_path(run_dir, key))
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if env is None:
+        env = cuda_cache.apply(dict(os.environ, PYTHONUNBUFFERED="1"))
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "cascade_repro.worker", str(run_dir), key],

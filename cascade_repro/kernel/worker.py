@@ -31,6 +31,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from cascade_repro import cuda_cache
 from cascade_repro.kernel.grid import KernelCase
 from cascade_repro.kernel.run import (
     DEFAULT_EPS,
@@ -175,9 +176,8 @@ def _child_env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     env.setdefault("PYTHONUNBUFFERED", "1")
     # The first FA2 call of each configuration took 2-2.5 min on an H200 (vLLM 0.26), most likely
-    # the driver compiling PTX; a cache large enough to keep every configuration makes reruns fast.
-    env.setdefault("CUDA_CACHE_MAXSIZE", str(4 << 30))
-    return env
+    # the driver compiling PTX; the machine's cache (cuda_cache.py) keeps every configuration.
+    return dict(cuda_cache.apply(env))
 
 
 def run_grid_isolated(
