@@ -44,6 +44,10 @@ class MatrixSpec:
     # Generate max_tokens for every request even past an end-of-sequence token: every wave then
     # keeps its batch size for all its decode steps (what FA2's split-KV band needs, see splitkv.py).
     ignore_eos: bool = False
+    # vLLM: the cascade arm takes cascade on every step where vLLM's hard conditions allow it (shared
+    # prefix >= 256 tokens, >= 8 requests, no ALiBi/sliding window), overriding the decode cost
+    # model, to measure what cascade costs where the heuristic would decline it (explain --measure).
+    force_cascade: bool = False
     topk: int = 5
     inject: str | None = None
     calibrate: list[float] = field(default_factory=list)
@@ -124,6 +128,10 @@ class MatrixSpec:
             bad(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         if not isinstance(self.ignore_eos, bool):
             bad(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
+        if not isinstance(self.force_cascade, bool):
+            bad(f"force_cascade must be true or false, got {self.force_cascade!r}")
+        if self.force_cascade and not engine_info(self.engine).cost_model:
+            bad(f"force_cascade overrides vLLM's cost model; the {self.engine} engine has none")
         mml = self.max_model_len
         if mml is not None and (not isinstance(mml, int) or isinstance(mml, bool) or mml <= 0):
             bad(f"max_model_len must be a positive integer, got {mml!r}")

@@ -39,7 +39,9 @@ after vLLM imports it (or at once if it is already imported).
 Control protocol (files under the probe directory):
 
 - ``control.json`` (written by the engine, atomically): ``{"wave": str|null, "force_off": bool,
-  "inject": null|"lse-layout"|"lse-shift=X", "seq": int}``. The decision wrapper re-reads it when its
+  "force_on": bool, "inject": null|"lse-layout"|"lse-shift=X", "seq": int}``. ``force_on`` turns a
+  decode step the cost model declined into a cascade step when vLLM's hard conditions hold (the
+  spec's ``force_cascade``). The decision wrapper re-reads it when its
   ``(inode, mtime_ns, size)`` changes; a ``null`` wave means "do not count" (the warm-up request).
 - ``counts-<pid>.json`` (written by each process, atomically): process facts plus counters of the
   last ``KEEP_WAVES`` waves; written on a wave change, every ``FLUSH_EVERY`` decisions, on the sync
@@ -66,6 +68,7 @@ import atexit
 import functools
 import importlib.abc
 import importlib.util
+import inspect
 import json
 import os
 import sys
@@ -106,6 +109,8 @@ COUNTER_KEYS = (
     "decode_cascade_calls",
     "max_decode_suffix",
     "fa2_split_calls",
+    # Decode steps the cost model declined and the control's force_on turned into cascade steps.
+    "forced_on",
 )
 # Step wall times (seconds, float) and the number of steps each sum covers; see the docstring.
 TIMING_KEYS = (
@@ -152,6 +157,7 @@ class ProbeState:
         self.flush_every = flush_every
         self.wave: str | None = None
         self.force_off = False
+        self.force_on = False
         self.inject: inj.Injection | None = None
         self.seq = 0
         self.waves: dict[str, dict[str, Any]] = {}
@@ -212,6 +218,7 @@ class ProbeState:
             self.wave = wave
             self._last_step = None
         self.force_off = bool(data.get("force_off", False))
+        self.force_on = bool(data.get("force_on", False))
         self.inject = inj.try_parse(data.get("inject"))
         self.seq = int(data.get("seq", 0) or 0)
 
@@ -233,10 +240,18 @@ class ProbeState:
 
     # recording (hot paths: keep them cheap) ---------------------------------------------------
     def record_decision(
-        self, use: bool, forced: bool, common_prefix_len: int, num_reqs: int, decode: bool = False
+        self,
+        use: bool,
+        forced: bool,
+        common_prefix_len: int,
+        num_reqs: int,
+        decode: bool = False,
+        forced_on: bool = False,
     ) -> None:
         c = self.counters()
         if c is not None:
+            if forced_on:
+                c["forced_on"] += 1
             now = self.clock()
             kind = (STEP_CASCADE if use else STEP_FLAT) if decode else STEP_PREFILL
             last = self._last_step
@@ -382,8 +397,24 @@ def _original(fn: Any) -> Any:
     return getattr(fn, _MARK, fn)
 
 
+def _hard_conditions(arguments: dict[str, Any], common: int, n_reqs: int) -> bool:
+    """vLLM's conditions that no cost model overrides: cascade can run this step at all."""
+    if common < vllm_surface.MIN_COMMON_PREFIX or n_reqs < vllm_surface.MIN_REQUESTS:
+        return False
+    if any(bool(arguments.get(k)) for k in ("use_alibi", "use_sliding_window", "use_local_attention")):
+        return False
+    try:
+        return int(arguments.get("dcp_world_size", 1) or 1) <= 1
+    except (TypeError, ValueError):
+        return False
+
+
 def wrap_decision(orig: Callable[..., Any], state: ProbeState) -> Callable[..., Any]:
     orig = _original(orig)
+    try:
+        signature: inspect.Signature | None = inspect.signature(orig)
+    except (TypeError, ValueError):
+        signature = None
 
     @functools.wraps(orig)
     def use_cascade_attention(*args: Any, **kwargs: Any) -> Any:
@@ -401,6 +432,14 @@ def wrap_decision(orig: Callable[..., Any], state: ProbeState) -> Callable[..., 
             state.record_decision(False, True, common_i, n_reqs, decode)
             return False
         result = orig(*args, **kwargs)
+        if not result and state.force_on and decode and signature is not None:
+            try:
+                arguments = signature.bind(*args, **kwargs).arguments
+            except TypeError:
+                arguments = None
+            if arguments is not None and _hard_conditions(arguments, common_i, n_reqs):
+                state.record_decision(True, False, common_i, n_reqs, decode, forced_on=True)
+                return True
         state.record_decision(bool(result), False, common_i, n_reqs, decode)
         return result
 
@@ -698,8 +737,16 @@ def register() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def control_data(wave: str | None, force_off: bool, inject: str | None, seq: int) -> dict[str, Any]:
-    return {"wave": wave, "force_off": bool(force_off), "inject": inject, "seq": int(seq)}
+def control_data(
+    wave: str | None, force_off: bool, inject: str | None, seq: int, force_on: bool = False
+) -> dict[str, Any]:
+    return {
+        "wave": wave,
+        "force_off": bool(force_off),
+        "force_on": bool(force_on),
+        "inject": inject,
+        "seq": int(seq),
+    }
 
 
 def control_text(data: dict[str, Any]) -> str:
@@ -711,10 +758,15 @@ def control_text(data: dict[str, Any]) -> str:
 
 
 def write_control(
-    directory: str | os.PathLike[str], wave: str | None, force_off: bool, inject: str | None, seq: int
+    directory: str | os.PathLike[str],
+    wave: str | None,
+    force_off: bool,
+    inject: str | None,
+    seq: int,
+    force_on: bool = False,
 ) -> dict[str, Any]:
     """Write the control file atomically; return the control (the sync RPC can hand it over too)."""
-    data = control_data(wave, force_off, inject, seq)
+    data = control_data(wave, force_off, inject, seq, force_on)
     path = Path(directory) / CONTROL_FILE
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:

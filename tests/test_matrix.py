@@ -412,3 +412,17 @@ def test_spec_hash_is_stable_across_processes():
         for seed in ("1", "2")
     }  # fmt: skip
     assert outs == {spec_hash(MatrixSpec(batch=[1, 8]))}
+
+
+def test_force_cascade_is_for_engines_with_a_cost_model():
+    import pytest
+
+    from cascade_repro.errors import UsageError
+    from cascade_repro.matrix import MatrixSpec
+
+    assert MatrixSpec(engine="vllm", force_cascade=True).force_cascade is True
+    MatrixSpec(engine="vllm", force_cascade=True).validate()
+    with pytest.raises(UsageError, match="the hf engine has none"):
+        MatrixSpec(engine="hf", force_cascade=True).validate()
+    with pytest.raises(UsageError, match="force_cascade must be true or false"):
+        MatrixSpec.from_dict({"engine": "vllm", "force_cascade": "yes"})

@@ -580,3 +580,33 @@ def test_a_long_engine_keeps_only_the_last_waves(tmp_path):
     assert last in st.waves and "w0" not in st.waves
     st.flush()
     assert len(probe.read_count_files(tmp_path)[0]["waves"]) == probe.KEEP_WAVES
+
+
+def test_force_on_overrides_the_cost_model_within_the_hard_conditions(tmp_path):
+    def declines(common_prefix_len, query_lens, num_query_heads, num_kv_heads, use_alibi,
+                 use_sliding_window, use_local_attention, num_sms, dcp_world_size):  # fmt: skip
+        return False  # the cost model says flash-decoding wins
+
+    st = probe.ProbeState(tmp_path)
+    rule = probe.wrap_decision(declines, st)
+
+    def call(prefix=512, n=8, q=1, **kw):
+        args = dict(common_prefix_len=prefix, query_lens=[q] * n, num_query_heads=9, num_kv_heads=3,
+                    use_alibi=False, use_sliding_window=False, use_local_attention=False, num_sms=132,
+                    dcp_world_size=1)  # fmt: skip
+        args.update(kw)
+        return rule(**args)
+
+    st.apply(probe.control_data("w", False, None, 1))
+    assert call() is False  # not forced: the heuristic's answer
+    st.apply(probe.control_data("w", False, None, 2, force_on=True))
+    assert call() is True
+    assert call(prefix=255) is False and call(n=7) is False  # below vLLM's hard limits
+    assert call(use_sliding_window=True) is False and call(dcp_world_size=2) is False
+    assert call(q=40) is False  # a prefill step: only decode steps are the cost model's
+    # Positional arguments, as vLLM 0.10.2 passes them (no dcp_world_size there).
+    assert rule(512, [1] * 8, 9, 3, False, False, False, 132, 1) is True
+    c = st.waves["w"]
+    assert c["forced_on"] == 2 and c["decisions_true"] == 2 and c["decisions_true_decode"] == 2
+    st.apply(probe.control_data("w", True, None, 3, force_on=True))
+    assert call() is False  # the flat arm's force_off wins

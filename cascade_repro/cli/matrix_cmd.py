@@ -115,6 +115,13 @@ def matrix(
             P,
         ),
     ] = None,
+    force_cascade: Annotated[
+        bool | None,
+        _opt(
+            "vLLM: the cascade arm takes cascade on every decode step vLLM's hard conditions allow (prefix >= 256 tokens, >= 8 requests), overriding its cost model, to measure what cascade costs where the heuristic declines it. [default: off]",
+            P,
+        ),
+    ] = None,
     topk: Annotated[
         int | None,
         _opt("Top-k logprobs kept per step, for vLLM's check_logprobs_close rule. [default: 5]", P),
@@ -320,7 +327,7 @@ def _flag_values(given: dict[str, Any]) -> dict[str, Any]:
     if given["hf_overrides"] is not None:
         out["hf_overrides"] = parse_hf_overrides(given["hf_overrides"])
     scalars = (
-        "engine", "model", "prompts", "system_prompt", "limit", "max_tokens", "ignore_eos", "topk", "arm_switch", "enforce_eager", "graphs_for_batches",
+        "engine", "model", "prompts", "system_prompt", "limit", "max_tokens", "ignore_eos", "force_cascade", "topk", "arm_switch", "enforce_eager", "graphs_for_batches",
         "load_format", "max_model_len", "gpu_memory_utilization", "trust_remote_code", "engine_timeout", "device",
         "inject", "rerun", "auto_controls",
     )  # fmt: skip

@@ -250,7 +250,7 @@ class VLLMEngine:
             return snaps, "rpc"
         if control is not None:  # the counts files are written when the workers see this control
             probe.write_control(
-                self.probe_dir, **{k: control[k] for k in ("wave", "force_off", "inject", "seq")}
+                self.probe_dir, **{k: control[k] for k in ("wave", "force_off", "inject", "seq", "force_on")}
             )
         time.sleep(0.05)
         # This process's own file is kept: with VLLM_ENABLE_V1_MULTIPROCESSING=0 the model runs here.
@@ -329,6 +329,7 @@ class VLLMEngine:
             "arm_switch": "toggle" if self.engine_arm is None else "restart",
             "engine_arm": self.engine_arm or "both",
             "inject": self.inject or "none",
+            "force_cascade": bool(self.spec.get("force_cascade", False)),
             "probe": facts.get("source") if facts.get("active") else "inactive",
             "probe_procs": facts.get("procs", 0),
             "probe_patched": facts.get("patched", []),
@@ -402,7 +403,8 @@ class VLLMEngine:
 
         # 2. The wave itself, counted under its own id. The control file's size changes with every
         #    write (probe.control_text), so the wave's first decision sees it without a round trip.
-        probe.write_control(self.probe_dir, wave_id, force_off, inject, self._next_ctl())
+        force_on = arm == "cascade" and bool(self.spec.get("force_cascade", False))
+        probe.write_control(self.probe_dir, wave_id, force_off, inject, self._next_ctl(), force_on)
         params = self._SamplingParams(max_tokens=max_tokens, logprobs=self.topk, **greedy)
         phases["control_s"], t = clock() - t, clock()
         outs = self.llm.generate(
@@ -427,6 +429,8 @@ class VLLMEngine:
             decode_cascade_calls=agg["decode_cascade_calls"],
             max_decode_suffix=agg["max_decode_suffix"],
         )
+        if force_on:
+            extra["forced_on"] = agg["forced_on"]
         extra["steps"] = {k: round(agg[k], 6) if k.endswith("_s") else agg[k] for k in probe.TIMING_KEYS}
         if agg["fa2_split_calls"]:  # FA2's split-KV branch ran under cascade (the field bug's)
             extra["fa2_split_calls"] = agg["fa2_split_calls"]

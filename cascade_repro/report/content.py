@@ -322,6 +322,12 @@ def warnings(data: RunData) -> list[str]:
         out.append(HF_BANNER)
     if spec.get("inject"):
         out.append(f"fault injection active ({spec['inject']}): this is a positive control, not a real bug")
+    if spec.get("force_cascade") is True:
+        out.append(
+            "cascade forced (--force-cascade): the cascade arm ran cascade on every decode step vLLM's hard "
+            "conditions allow, also where its cost model would have declined it; vLLM itself would not run "
+            "those steps this way"
+        )
     prefix = as_int(ps.get("shared_prefix_tokens"))
     if prefix is not None and prefix < CASCADE_MIN_PREFIX:
         out.append(f"shared prefix is {prefix} tokens (< {CASCADE_MIN_PREFIX}): cascade cannot fire")
