@@ -36,6 +36,7 @@ CELLS, PAIRS, COMPARISONS = "cells.parquet", "pairs.parquet", "comparisons.parqu
 TABLES = (CELLS, PAIRS, COMPARISONS)
 REPORT_MD, REPORT_HTML, SUMMARY_JSON, JUNIT_XML = "report.md", "report.html", "summary.json", "junit.xml"
 REPORTS = (REPORT_MD, REPORT_HTML, SUMMARY_JSON, JUNIT_XML)
+SWEEP_MD = "sweep.md"  # explain --measure's table
 
 
 # Records of a samples file, one JSON object per line, written by JsonlWriter only (compact
@@ -103,6 +104,23 @@ def worker_log(run_dir: Path, engine_key: str) -> Path:
 def new_run_id(now: str) -> str:
     """Return a sortable run id from an ISO timestamp (``20261130-053012``)."""
     return re.sub(r"[^0-9]", "", now)[:14].ljust(14, "0")[:8] + "-" + re.sub(r"[^0-9]", "", now)[8:14]
+
+
+def sweep_path(run_dir: Path) -> Path:
+    return run_dir / SWEEP_MD
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write text through a temp file and rename, so readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

@@ -9,7 +9,7 @@ import typer
 
 from cascade_repro.cli.app import app, user_errors
 
-M, G, OUT = "Matrix", "GPU", "Output"
+M, G, OUT, MEAS = "Matrix", "GPU", "Output", "Measure (runs vLLM on this machine's GPU)"
 
 
 def _opt(help: str, panel: str, *decls: str, **kw: Any) -> Any:
@@ -88,6 +88,29 @@ def explain(
     ] = 16,
     dcp: Annotated[int, _opt("Decode-context-parallel size (> 1 disables cascade). [default: 1]", G)] = 1,
     json_out: Annotated[bool, _opt("Print JSON instead of tables.", OUT, "--json")] = False,
+    measure: Annotated[
+        bool,
+        _opt(
+            "Measure where cascade pays (vLLM #15647): run a matrix on this GPU over batch sizes around "
+            "the heuristic's decode threshold (half to three times it, unless --batch), FA2 and FA3 "
+            "(unless --fa-version), cascade forced on every decode step vLLM's hard conditions allow, "
+            "128 tokens per request decoded to the end; print each batch's decode speed of cascade vs flat "
+            "beside the cost model's numbers, and write sweep.md (a table to paste into the issue) into "
+            "the run directory. Minutes of GPU time; rerunning resumes.",
+            MEAS,
+        ),
+    ] = False,
+    results_dir: Annotated[
+        Path,
+        _opt(
+            "Where --measure's run directory goes. [default: results]", MEAS, envvar="CASCADE_REPRO_RESULTS"
+        ),
+    ] = Path("results"),
+    run_id: Annotated[
+        str | None,
+        _opt("Run id of the --measure run (default: derived from the matrix, so reruns resume).", MEAS),
+    ] = None,
+    fresh: Annotated[bool, _opt("--measure: discard an earlier run with the same id.", MEAS)] = False,
 ) -> None:
     """Predict, per planned cell, whether vLLM's cascade attention fires on prefill and on decode steps.
 
@@ -108,6 +131,8 @@ def explain(
         cascade-repro explain --gpu H200 --batch 32,48,56,64,96 --max-tokens 1024
 
         cascade-repro explain --tp 1,3 --sm-count 108 --prefix-tokens 1597
+
+        cascade-repro explain --measure --limit 64      # on a GPU box with vLLM: the #15647 sweep
     """
     import json
 
@@ -117,10 +142,16 @@ def explain(
         from cascade_repro.explain import explain_spec, threshold_lines
         from cascade_repro.matrix import MatrixSpec, load_toml
 
+        if measure:
+            from cascade_repro.sweep import require_vllm
+
+            require_vllm()
+
         # matrix's own parser; flags `explain` does not have read as "not given".
         given = _NotGiven({k: flags[k] for k in _SHARED_FLAGS})
         values: dict[str, Any] = load_toml(config) if config else {}
         values = {k: v for k, v in values.items() if k in _SPEC_FIELDS}
+        config_keys = set(values)
         values.update(_flag_values(given))
         values.setdefault("engine", "vllm")
         spec = MatrixSpec.from_dict(values, source="options")
@@ -132,10 +163,72 @@ def explain(
             dcp_world_size=dcp,
             prefix_tokens=prefix_tokens,
         )
+    if measure:
+        _measure(ex, values, flags, config_keys, results_dir, run_id, fresh, json_out)
+        return
     if json_out:
         typer.echo(json.dumps(ex.to_dict(), indent=2, ensure_ascii=False))
         return
     _print(ex, threshold_lines(ex))
+
+
+# explain's flags that set a sweep value (the sweep's own default applies to the others).
+_SWEEP_GIVEN = {
+    "batch": "batch",
+    "fa_version": "fa_versions",
+    "cascade": "cascade",
+    "max_tokens": "max_tokens",
+}
+
+
+def _measure(ex: Any, values: dict[str, Any], flags: dict[str, Any], config_keys: set[str], results_dir: Path,
+             run_id: str | None, fresh: bool, json_out: bool) -> None:  # fmt: skip
+    import json
+
+    from rich.console import Console
+    from rich.markup import escape
+
+    from cascade_repro import runstore
+    from cascade_repro.cli.matrix_cmd import _command_line
+    from cascade_repro.matrix import MatrixSpec
+    from cascade_repro.runner import RunOptions
+    from cascade_repro.sweep import as_dict, measure, summary_lines, sweep_values, table
+
+    console = Console(stderr=True)
+    with user_errors():
+        tps = sorted(ex.thresholds)
+        threshold = ex.thresholds[tps[0]].get("decode_from_batch") if tps else None
+        given = config_keys | {field for flag, field in _SWEEP_GIVEN.items() if flags.get(flag) is not None}
+        spec = MatrixSpec.from_dict(sweep_values(values, threshold, given), source="options")
+        opts = RunOptions(results_dir=results_dir, run_id=run_id, fresh=fresh, fail_on="never",
+                          command=_command_line())  # fmt: skip
+        console.print(
+            f"measuring: batch {','.join(map(str, spec.batch))} x FA {','.join(str(v or 'default') for v in spec.fa_versions)}"
+            f" x cascade on/off ({'forced' if spec.force_cascade else 'as the heuristic chooses'}), "
+            f"{spec.max_tokens} tokens per request; the heuristic's decode threshold here: "
+            f"{threshold if threshold is not None else 'none in range'}",
+            highlight=False,
+        )
+        outcome, rows, _ = measure(spec, opts, console)
+    if json_out:
+        typer.echo(json.dumps({"run_dir": str(outcome.run_dir), "rows": as_dict(rows)}, indent=2))
+        return
+    from rich.table import Table
+
+    headers, body = table(rows)
+    t = Table(title="cascade vs flat, decode steps")
+    for h in headers:
+        t.add_column(h, overflow="fold")
+    for row in body:
+        t.add_row(*(escape(c) for c in row))
+    out = Console()
+    out.print(t)
+    for line in summary_lines(rows):
+        out.print(escape(line), highlight=False)
+    out.print(
+        f"wrote {escape(str(runstore.sweep_path(outcome.run_dir)))} (Markdown, ready to paste)",
+        highlight=False,
+    )
 
 
 class _NotGiven(dict):
