@@ -161,6 +161,45 @@ def harness_cells(
     return engine, cells, outputs
 
 
+PHASES = ("reset_s", "warmup_s", "control_s", "generate_s", "sync_s", "convert_s")
+
+
+def median_phases(waves: Iterable[tuple[Any, dict[str, Any], float]]) -> dict[str, dict[str, float]]:
+    """``{batch: {phase: median ms}}`` from (batch, phases in s, wave wall s) per wave."""
+    import statistics
+
+    acc: dict[str, dict[str, list[float]]] = {}
+    for batch, ph, wall in waves:
+        d = acc.setdefault(str(batch), {})
+        for k in PHASES:
+            if isinstance(ph.get(k), int | float):
+                d.setdefault(k, []).append(float(ph[k]))
+        d.setdefault("wave_s", []).append(float(wall))
+    return {b: {k: round(1000 * statistics.median(v), 3) for k, v in d.items()} for b, d in acc.items()}
+
+
+def wave_phases(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """The harness's per-wave phase times (``extra.phases`` of its wave records), as :func:`median_phases`."""
+    return median_phases(
+        (r["batch"], r["extra"]["phases"], r.get("wall_s") or 0.0)
+        for r in records
+        if r.get("type") == "wave" and isinstance((r.get("extra") or {}).get("phases"), dict)
+    )
+
+
+def format_phases(harness: dict[str, dict[str, float]], raw: dict[str, dict[str, float]]) -> str:
+    """One line per batch: each phase's median ms, harness (raw where the raw loop has the phase)."""
+    lines = [f"{'batch':>5} " + " ".join(f"{k[:-2]:>15}" for k in (*PHASES, "wave_s"))]
+    for b in sorted(harness, key=lambda x: int(x) if x.isdigit() else 0):
+        cells = []
+        for k in (*PHASES, "wave_s"):
+            h, r = harness[b].get(k), raw.get(b, {}).get(k)
+            cells.append(f"{'-' if h is None else f'{h:.1f}'}{'' if r is None else f' ({r:.1f})'}".rjust(15))
+        lines.append(f"{b:>5} " + " ".join(cells))
+    lines.append("(harness ms, raw loop's in parentheses; medians over waves; wave = the worker's whole wave)")
+    return "\n".join(lines)
+
+
 def _ratio(a: float, b: float) -> float | None:
     return a / b if b > 0 else None
 
@@ -410,25 +449,34 @@ def child_raw(cfg: dict[str, Any], progress: Path) -> int:
     warm_params = SamplingParams(max_tokens=1, **greedy)
     params = SamplingParams(max_tokens=max_tokens, logprobs=topk, **greedy)
 
+    phase_log: list[tuple[int, dict[str, float], float]] = []
+
     def run_wave(idx: list[int]) -> list[Any]:
         batch = [rendered[i] for i in idx]
         p = wave_prefix_len(batch, shared)
+        t0 = time.perf_counter()
         if not llm.reset_prefix_cache():
             for _ in range(20):
                 time.sleep(0.05)
                 if llm.reset_prefix_cache():
                     break
+        t1 = time.perf_counter()
         if p > 0:
             llm.generate(
                 [TokensPrompt(prompt_token_ids=list(batch[0][: p + 1]))], warm_params, use_tqdm=False
             )
-        return llm.generate([TokensPrompt(prompt_token_ids=list(x)) for x in batch], params, use_tqdm=False)
+        t2 = time.perf_counter()
+        outs = llm.generate([TokensPrompt(prompt_token_ids=list(x)) for x in batch], params, use_tqdm=False)
+        t3 = time.perf_counter()
+        phase_log.append((len(idx), {"reset_s": t1 - t0, "warmup_s": t2 - t1, "generate_s": t3 - t2}, t3 - t0))
+        return outs
 
     if cfg["raw_prewarm"]:
         t0 = time.perf_counter()
         for c in cells:
             run_wave([i for i, _ in waves(n, c["batch"])[0]])
         emit("prewarm", s=time.perf_counter() - t0)
+        phase_log.clear()
 
     for c in cells:
         cid = c["cell_id"]
@@ -447,6 +495,7 @@ def child_raw(cfg: dict[str, Any], progress: Path) -> int:
             wlist.append({"wall_s": time.perf_counter() - w0, "tokens": tokens})
         entry = cell_entry(cid, int(c["batch"]), c["arm"], time.perf_counter() - c0, wlist)
         emit("cell", cell=entry, outputs=outputs)
+    emit("phases", phases=median_phases(phase_log))
     emit("done")
     f.close()
     try:
@@ -592,6 +641,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="capture vLLM's default CUDA-graph sizes (slower engine starts)",
     )
     ap.add_argument("--no-raw-prewarm", action="store_true", help="skip the raw side's untimed first waves")
+    ap.add_argument(
+        "--baseline-src",
+        type=Path,
+        default=None,
+        help="a folder holding another copy of the cascade_repro package (e.g. `git archive REV cascade_repro`): "
+        "its harness runs too, before this one, for a before/after on one machine",
+    )
     ap.add_argument("--budget-s", type=float, default=550.0, help="wall-clock budget for everything")
     ap.add_argument(
         "--harness-reserve-s",
@@ -709,13 +765,16 @@ def main(argv: list[str] | None = None) -> int:
                 raw_outputs[c["cell_id"]] = r["outputs"]
                 print(f"  [{el:5.0f} s] raw: {c['cell_id']} {c['wall_s']:.2f} s (steady {c['steady_s']:.2f} s), "
                       f"{c['tokens']:,} tok, {c['tokens'] / max(c['wall_s'], 1e-9):,.0f} tok/s", flush=True)  # fmt: skip
+            elif ev == "phases":
+                raw_info["phases"] = r["phases"]
             elif ev == "done":
                 raw_info["done"] = True
         seen["n"] = len(recs)
         return bool(raw_info.get("done"))
 
     t_wall0 = time.time()
-    raw_timeout = max(60.0, deadline - time.monotonic() - args.harness_reserve_s)
+    n_harness = 2 if args.baseline_src else 1
+    raw_timeout = max(60.0, deadline - time.monotonic() - args.harness_reserve_s * n_harness)
     print(
         f"raw phase (bare LLM.generate loop; cold engine start included, timeout {raw_timeout:.0f} s)...",
         flush=True,
@@ -731,66 +790,87 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)  # fmt: skip
     save()
 
-    # --- harness -------------------------------------------------------------------------------
-    results_dir = work / "results"
-    run_dir = results_dir / RUN_ID
-    h_seen: set[str] = set()
+    # --- harness (and the baseline code, when given) ---------------------------------------------
+    def harness_phase(label: str, src: Path | None, time_left: float) -> tuple[dict[str, Any], dict, list]:
+        """Run the CLI once (``src``: another copy of cascade_repro first on the path); return its results."""
+        results_dir = work / f"results-{label}"
+        run_dir = results_dir / RUN_ID
+        h_seen: set[str] = set()
 
-    def poll_harness() -> bool:
+        def poll_harness() -> bool:
+            for path in sorted((run_dir / "samples").glob("*.jsonl")):
+                for r in read_jsonl(path, skip_prefix=b'{"type":"sample"'):
+                    t = r.get("type")
+                    if t == "engine" and "engine" not in h_seen:
+                        h_seen.add("engine")
+                        print(f"  [{time.time() - t_wall0:5.0f} s] {label}: engine up in {r.get('start_s', 0):.1f} s",
+                              flush=True)  # fmt: skip
+                    elif t in ("cell_done", "cell_error") and r["cell_id"] not in h_seen:
+                        h_seen.add(r["cell_id"])
+                        what = f"{r['wall_s']:.2f} s" if t == "cell_done" else f"error: {r.get('reason')}"
+                        print(f"  [{time.time() - t_wall0:5.0f} s] {label}: {r['cell_id']} {what}", flush=True)
+            return False  # the CLI scores and reports after its worker: let it finish
+
+        h_rc: int | None = None
+        h_wall = 0.0
+        log = work / f"{label}.log"
+        if time_left < 60:
+            print(f"no time left for the {label} phase ({time_left:.0f} s)", flush=True)
+        else:
+            h_env = dict(env)
+            if src is not None:
+                h_env["PYTHONPATH"] = os.pathsep.join([str(src), h_env.get("PYTHONPATH", "")])
+            print(f"{label} phase (cascade-repro matrix{f' from {src}' if src else ''}; timeout {time_left:.0f} s)...",
+                  flush=True)  # fmt: skip
+            cmd = [sys.executable, "-c", CLI_BOOT, *matrix_cli_args(cfg, results_dir)]
+            h_rc, h_wall = run_child(cmd, log, h_env, time_left, poll_harness, label,
+                                     lambda: max(run_dir.glob("worker-*.log"), default=log))  # fmt: skip
+            _kill_workers_of(run_dir)
+        logs = [_tail(log)]
+        for wl in sorted(run_dir.glob("worker-*.log")):
+            logs.append(f"\n===== {wl.name} =====\n".encode() + _tail(wl))
+        out.with_name(f"{out.stem}-{label}.log").write_bytes(b"".join(logs)[-2 * LOG_TAIL_BYTES :])
+        records: list[dict[str, Any]] = []
         for path in sorted((run_dir / "samples").glob("*.jsonl")):
-            for r in read_jsonl(path, skip_prefix=b'{"type":"sample"'):
-                t = r.get("type")
-                if t == "engine" and "engine" not in h_seen:
-                    h_seen.add("engine")
-                    print(
-                        f"  [{time.time() - t_wall0:5.0f} s] harness: engine up in {r.get('start_s', 0):.1f} s",
-                        flush=True,
-                    )
-                elif t in ("cell_done", "cell_error") and r["cell_id"] not in h_seen:
-                    h_seen.add(r["cell_id"])
-                    what = f"{r['wall_s']:.2f} s" if t == "cell_done" else f"error: {r.get('reason')}"
-                    print(f"  [{time.time() - t_wall0:5.0f} s] harness: {r['cell_id']} {what}", flush=True)
-        return False  # the CLI scores and reports after its worker: let it finish
+            records += read_jsonl(path)
+        engine, h_cells, h_outputs = harness_cells(records)
+        errors = {r["cell_id"]: r.get("reason") for r in records if r.get("type") == "cell_error"}
+        try:
+            h_run = json.loads((run_dir / "run.json").read_text())
+        except (OSError, ValueError):
+            h_run = {}
+        h_start = engine.get("start_s")
+        info = {
+            "rc": h_rc, "cli_wall_s": round(h_wall, 1), "engine_key": engine.get("engine_key"), "start_s": h_start,
+            "effective": engine.get("effective"), "cells": h_cells, "cell_errors": errors, "src": str(src) if src else None,
+            "spec_hash": h_run.get("spec_hash"), "end_to_end_minus_start_s": (h_wall - h_start) if h_start and h_rc == 0 else None,
+            "phases": wave_phases(records),
+        }  # fmt: skip
+        if h_rc != 0 or not h_cells:
+            print(f"{label} phase: rc {h_rc}, {len(h_cells)} cells; last log lines:\n{_last_lines(log)}", flush=True)
+        return info, h_outputs, [engine, h_run]
 
-    h_timeout = deadline - time.monotonic() - 5
-    h_rc: int | None = None
-    h_wall = 0.0
-    if h_timeout < 60:
-        print(f"no time left for the harness phase ({h_timeout:.0f} s)", flush=True)
-    else:
-        print(f"harness phase (cascade-repro matrix; timeout {h_timeout:.0f} s)...", flush=True)
-        cmd = [sys.executable, "-c", CLI_BOOT, *matrix_cli_args(cfg, results_dir)]
-        h_rc, h_wall = run_child(cmd, work / "harness.log", env, h_timeout, poll_harness, "harness",
-                                 lambda: max(run_dir.glob("worker-*.log"), default=work / "harness.log"))  # fmt: skip
-        _kill_workers_of(run_dir)
-    logs = [_tail(work / "harness.log")]
-    for wl in sorted(run_dir.glob("worker-*.log")):
-        logs.append(f"\n===== {wl.name} =====\n".encode() + _tail(wl))
-    harness_log.write_bytes(b"".join(logs)[-2 * LOG_TAIL_BYTES :])
-
-    records: list[dict[str, Any]] = []
-    for path in sorted((run_dir / "samples").glob("*.jsonl")):
-        records += read_jsonl(path)
-    engine, h_cells, h_outputs = harness_cells(records)
-    errors = {r["cell_id"]: r.get("reason") for r in records if r.get("type") == "cell_error"}
-    try:
-        h_run = json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError):
-        h_run = {}
-    h_start = engine.get("start_s")
-    result["harness"] = {
-        "rc": h_rc, "cli_wall_s": round(h_wall, 1), "engine_key": engine.get("engine_key"), "start_s": h_start,
-        "effective": engine.get("effective"), "cells": h_cells, "cell_errors": errors,
-        "spec_hash": h_run.get("spec_hash"), "end_to_end_minus_start_s": (h_wall - h_start) if h_start and h_rc == 0 else None,
-    }  # fmt: skip
-    if h_rc != 0 or not h_cells:
-        print(f"harness phase: rc {h_rc}, {len(h_cells)} cells; last log lines:\n{_last_lines(work / 'harness.log')}",
-              flush=True)  # fmt: skip
+    variants = [("baseline", args.baseline_src.resolve())] if args.baseline_src else []
+    variants.append(("harness", None))
+    phase_out: dict[str, tuple[dict[str, Any], dict, list]] = {}
+    for k, (label, src) in enumerate(variants):
+        left = len(variants) - k
+        # Leave every later phase its share of what is left.
+        budget = (deadline - time.monotonic() - 5) / left if left > 1 else deadline - time.monotonic() - 5
+        phase_out[label] = harness_phase(label, src, budget)
+        result[label] = phase_out[label][0]
+        save()
+    h_info, h_outputs, (engine, h_run) = phase_out["harness"]
+    h_wall, h_start = h_info["cli_wall_s"], h_info["start_s"]
 
     # --- compare -------------------------------------------------------------------------------
     order = raw_info.get("cells") or [c["cell_id"] for c in h_run.get("plan", {}).get("cells", [])]
+    h_cells = h_info["cells"]
     s = summarize(raw_cells, h_cells, order)
     same = identical_outputs(raw_outputs, h_outputs)
+    if "baseline" in phase_out:
+        b_info = phase_out["baseline"][0]
+        result["baseline_summary"] = summarize(raw_cells, b_info["cells"], order)
     mism = compare_facts(raw_info.get("facts") or {}, engine.get("effective") or {})
     checks = {
         "same_spec_hash": raw_info.get("spec_hash") is not None and raw_info.get("spec_hash") == h_run.get("spec_hash"),
@@ -816,6 +896,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"WARNING: engine setting differs: {m}")
     if checks["probe"] not in (None, "rpc"):
         print(f"note: the harness probe ran as {checks['probe']!r} (expected 'rpc')")
+    if "baseline_summary" in result:
+        bs = result["baseline_summary"]
+        print(f"baseline ({args.baseline_src}): harness/raw ({bs['ratio_basis']}) = {_fmt(bs['ratio'], '.3f')}, "
+              f"all waves {_fmt(bs['all']['ratio'], '.3f')}; this code: {_fmt(s['ratio'], '.3f')}, "
+              f"all waves {_fmt(s['all']['ratio'], '.3f')}")  # fmt: skip
+    if h_info.get("phases"):
+        print("per-wave phases of this code (median ms over waves, per batch):")
+        print(format_phases(h_info["phases"], raw_info.get("phases") or {}))
     if result["harness"]["end_to_end_minus_start_s"] is not None:
         print(f"end to end: cascade-repro matrix {h_wall:.1f} s - engine start {h_start:.1f} s = "
               f"{result['harness']['end_to_end_minus_start_s']:.1f} s (prepare, imports, scoring, reports included) "

@@ -331,6 +331,8 @@ def test_end_to_end_with_a_fake_vllm(tmp_path: Path):
             str(tmp_path / "work"),
             "--budget-s",
             "500",
+            "--baseline-src",
+            str(REPO),  # the same code: the before/after plumbing
         ],  # fmt: skip
         env=env,
         cwd=str(REPO),
@@ -357,3 +359,9 @@ def test_end_to_end_with_a_fake_vllm(tmp_path: Path):
     assert data["harness"]["rc"] == 0 and data["harness"]["start_s"] is not None
     assert "harness/raw (steady) = " in res.stdout and "tp1-b2-cascade" in res.stdout
     assert (out.parent / "overhead-raw.log").exists() and (out.parent / "overhead-harness.log").exists()
+    assert (out.parent / "overhead-baseline.log").exists() and data["baseline"]["rc"] == 0
+    assert data["baseline_summary"]["complete"] and data["baseline"]["src"] == str(REPO)
+    ph = data["harness"]["phases"]
+    assert set(ph) == {"1", "2"} and {"generate_s", "sync_s", "wave_s"} <= set(ph["1"])
+    assert set(data["raw"]["phases"]["1"]) == {"reset_s", "warmup_s", "generate_s", "wave_s"}
+    assert "per-wave phases of this code" in res.stdout and "baseline (" in res.stdout
