@@ -97,21 +97,36 @@ def paired_speed(
     Waves pair by their index in the cell (the same prompts); a wave without timing on either side
     is skipped. Above 1: the test cell (cascade) was slower.
     """
+    ref_waves = list(ref_waves)
     ref = {int(w["wave"]): ms for w in ref_waves if (ms := decode_step_ms(w)) is not None and "wave" in w}
-    ratios = []
+    ref_wall = {
+        int(w["wave"]): float(w["wall_s"]) for w in ref_waves if _pos(w.get("wall_s")) and "wave" in w
+    }
+    ratios, walls = [], []
     for w in test_waves:
+        i = int(w.get("wave", -1))
         ms = decode_step_ms(w)
-        r = ref.get(int(w.get("wave", -1)))
+        r = ref.get(i)
         if ms is not None and r:
             ratios.append(ms / r)
+            if _pos(w.get("wall_s")) and i in ref_wall:
+                walls.append(float(w["wall_s"]) / ref_wall[i])
     if not ratios:
-        return {"speed_ratio": NAN, "speed_ratio_lo": NAN, "speed_ratio_hi": NAN, "speed_waves": 0}
+        return {"speed_ratio": NAN, "speed_ratio_lo": NAN, "speed_ratio_hi": NAN, "speed_waves": 0,
+                "wall_ratio": NAN}  # fmt: skip
     return {
         "speed_ratio": statistics.median(ratios),
         "speed_ratio_lo": min(ratios),
         "speed_ratio_hi": max(ratios),
         "speed_waves": len(ratios),
+        # The whole wave as the client saw it (engine steps plus vLLM's output processing, which at
+        # large batches with top-k logprobs overlaps and can hide the engine's steps).
+        "wall_ratio": statistics.median(walls) if walls else NAN,
     }
+
+
+def _pos(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and v > 0
 
 
 def predicted_speedup(cost: Mapping[str, Any] | None) -> float:

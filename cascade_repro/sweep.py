@@ -63,6 +63,7 @@ class Measured:
     waves: int = 0
     cascade_decode_steps: int = 0
     total_steps: int = 0
+    wall: float = math.nan  # whole waves, cascade over flat (engine steps plus output processing)
 
 
 @dataclass
@@ -113,7 +114,7 @@ def sweep_rows(pairs: list[dict[str, Any]], predictions: dict[str, dict[str, Any
         row.by_fa[fa] = Measured(
             _num(p.get("speed_ratio")), _num(p.get("speed_ratio_lo")), _num(p.get("speed_ratio_hi")),
             _int(p.get("speed_waves")) or 0, _int(p.get("cascade_decode_steps")) or 0,
-            _int(p.get("total_steps")) or 0,
+            _int(p.get("total_steps")) or 0, _num(p.get("wall_ratio")),
         )  # fmt: skip
     return [rows[k] for k in sorted(rows)]
 
@@ -152,6 +153,8 @@ def _cell(m: Measured | None) -> str:
     s = speed.fmt_speed(m.ratio)
     if m.waves >= 2 and not math.isnan(m.lo):
         s += f" ({(m.lo - 1) * 100:+.0f}% to {(m.hi - 1) * 100:+.0f}%)"
+    if not math.isnan(m.wall):
+        s += f"; whole wave {speed.fmt_speed(m.wall)}"
     if m.total_steps and m.cascade_decode_steps == 0:
         s += ", cascade never ran"
     return s
@@ -216,7 +219,8 @@ def facts(run: dict[str, Any]) -> list[str]:
         f"model {run.get('model_name', spec.get('model', '?'))}; shared prefix "
         f"{ps.get('shared_prefix_tokens', '?')} tokens; {ps.get('n', '?')} prompts x {spec.get('max_tokens', '?')} "
         f"tokens{' (ignore_eos: every request decodes to the end)' if spec.get('ignore_eos') else ''}",
-        "speed: wall time per decode step, cascade cell over its flat twin, median over waves (range); "
+        "speed: wall time per engine decode step, cascade cell over its flat twin, median over waves (range), "
+        "then the whole waves' wall time (with vLLM's output processing); "
         + (
             "cascade forced on every decode step vLLM's hard conditions allow"
             if spec.get("force_cascade")

@@ -29,7 +29,7 @@ PAIR_COLUMNS = [
     "topk_drift_ratio_hi", "cascade_steps", "cascade_decode_steps", "total_steps", "depth", "verdict",
     "decided_by", "reasons", "if_n", "if_strict_test", "if_strict_ref", "if_strict_delta", "if_loose_delta",
     "if_gained", "if_lost", "p_if", "speed_ratio", "speed_ratio_lo", "speed_ratio_hi", "speed_waves",
-    "predicted_speedup", "speed_flag",
+    "wall_ratio", "predicted_speedup", "speed_flag",
 ]  # fmt: skip
 
 COMPARISON_COLUMNS = (

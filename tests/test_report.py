@@ -312,6 +312,7 @@ def _pair(pair_id: str, kind: str, test: str, ref: str, batch: int, seed: int, *
         "speed_ratio_lo": NAN,
         "speed_ratio_hi": NAN,
         "speed_waves": 0,
+        "wall_ratio": NAN,
         "predicted_speedup": NAN,
         "speed_flag": "",
     }
@@ -385,6 +386,7 @@ PAIRS = [
         speed_ratio_lo=1.12,
         speed_ratio_hi=1.3,
         speed_waves=4,
+        wall_ratio=1.07,
         predicted_speedup=19 / 13,
         speed_flag="heuristic chose cascade; it was slower",
         if_strict_test=0.25,

@@ -7,10 +7,13 @@ import math
 from cascade_repro import speed
 
 
-def wave(w, cs=0.0, cn=0, fs=0.0, fn=0, tokens=0, n_real=0):
+def wave(w, cs=0.0, cn=0, fs=0.0, fn=0, tokens=0, n_real=0, wall=None):
     steps = {"decode_cascade_s": cs, "decode_cascade_n": cn, "decode_flat_s": fs, "decode_flat_n": fn,
              "prefill_s": 0.5, "prefill_n": 1}  # fmt: skip
-    return {"wave": w, "tokens": tokens, "n_real": n_real, "extra": {"steps": steps}}
+    out = {"wave": w, "tokens": tokens, "n_real": n_real, "extra": {"steps": steps}}
+    if wall is not None:
+        out["wall_s"] = wall
+    return out
 
 
 def test_decode_step_ms_mixes_both_kinds_and_leaves_prefill_out():
@@ -33,12 +36,13 @@ def test_cell_speed():
 
 
 def test_paired_speed_pairs_waves_by_index():
-    test = [wave(0, cs=0.12, cn=10), wave(1, cs=0.11, cn=10), wave(2, cs=1.0, cn=10)]
-    ref = [wave(0, fs=0.1, fn=10), wave(1, fs=0.1, fn=10)]  # wave 2 of the twin was not timed
+    test = [wave(0, cs=0.12, cn=10, wall=2.2), wave(1, cs=0.11, cn=10, wall=2.4), wave(2, cs=1.0, cn=10)]
+    ref = [wave(0, fs=0.1, fn=10, wall=2.0), wave(1, fs=0.1, fn=10, wall=2.0)]  # wave 2 of the twin: untimed
     got = speed.paired_speed(test, ref)
     assert got["speed_waves"] == 2
     assert math.isclose(got["speed_ratio"], 1.15) and math.isclose(got["speed_ratio_lo"], 1.1)
     assert math.isclose(got["speed_ratio_hi"], 1.2)
+    assert math.isclose(got["wall_ratio"], 1.15)  # the waves' wall times: 1.1 and 1.2
     assert speed.paired_speed([], ref)["speed_waves"] == 0
 
 

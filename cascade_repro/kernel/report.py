@@ -56,7 +56,9 @@ def exit_status(cases: list[dict]) -> tuple[int, str]:
 def headline(data: dict) -> str:
     cases = data.get("cases", [])
     n = counts_of(cases)
-    shown = [plural(n[k], k) for k in ("mismatch", "error", "skipped") if n[k]]
+    shown = [plural(n[k], k) for k in ("mismatch", "error") if n[k]]
+    if n["skipped"]:
+        shown.append(f"{n['skipped']} skipped")  # an adjective: "6 skipped", not "6 skippeds"
     inject = (data.get("settings") or {}).get("inject")
     tail = f" (injected: {inject})" if inject else ""
     partial = data.get("partial")

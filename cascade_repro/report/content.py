@@ -538,8 +538,10 @@ def fmt_prediction_speed(r: dict, pred: dict | None) -> str:
 SPEED_NOTE = (
     "Decode speed: wall time per decode step of the cascade cell over its flat twin's, wave by wave "
     "(the same prompts), from the probe's stamps on vLLM's per-step cascade decision; warm-up and "
-    "prefill steps are left out. The cost model's numbers are vLLM's own estimate for a decode step "
-    "at this batch (cascade is chosen when its number is smaller; above 1x it expects cascade to win)."
+    "prefill steps are left out. Whole wave: the wave's wall time as the client saw it, which also holds "
+    "vLLM's output processing (top-k logprobs of every token): at large batches it overlaps the engine's "
+    "steps and can hide them. The cost model's numbers are vLLM's own estimate for a decode step at this "
+    "batch (cascade is chosen when its number is smaller; above 1x it expects cascade to win)."
 )
 
 
@@ -550,7 +552,8 @@ def speed_table(data: RunData) -> Table:
     preds = predictions(data)
     by_cell = {text_of(r.get("cell_id")): r for r in _records(data.cells)}
     headers = ["pair", "tp", "batch", *axes, "verdict", "cascade decode steps", "ms/step cascade cell",
-               "ms/step flat twin", "cascade vs flat", "cost model (decode step)", "flag"]  # fmt: skip
+               "ms/step flat twin", "cascade vs flat (decode step)", "whole wave", "cost model (decode step)",
+               "flag"]  # fmt: skip
     rows = []
     for r in pairs:
         test = by_cell.get(text_of(r.get("test_cell")), {})
@@ -567,6 +570,7 @@ def speed_table(data: RunData) -> Table:
                 fmt_float(test.get("decode_step_ms"), ".2f"),
                 fmt_float(ref.get("decode_step_ms"), ".2f"),
                 fmt_speed_range(r),
+                speed.fmt_speed(r.get("wall_ratio")),
                 fmt_prediction_speed(r, preds.get(text_of(r.get("test_cell")))),
                 Strong(flag) if flag else MISSING,
             ]

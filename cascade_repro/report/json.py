@@ -62,6 +62,7 @@ PAIR_FIELDS = (
     "speed_ratio_lo",
     "speed_ratio_hi",
     "speed_waves",
+    "wall_ratio",
     "predicted_speedup",
     "speed_flag",
 )
