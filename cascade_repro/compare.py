@@ -503,9 +503,16 @@ def _speed_columns(
     )
     out["speed_flag"] = ""
     if ps.kind == CASCADE:
-        decode = sum(int(w.get("cascade_decode_steps") or 0) for w in waves_of(ps.test))
+        test_waves = waves_of(ps.test)
+        decode = sum(int(w.get("cascade_decode_steps") or 0) for w in test_waves)
+        forced = sum(int((w.get("extra") or {}).get("forced_on") or 0) for w in test_waves)
         out["speed_flag"] = speed.speed_flag(
-            out["speed_ratio"], out["speed_ratio_lo"], int(out["speed_waves"]), decode
+            out["speed_ratio"],
+            out["speed_ratio_lo"],
+            int(out["speed_waves"]),
+            decode,
+            forced,
+            out["speed_ratio_hi"],
         )
     return out
 

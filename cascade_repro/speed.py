@@ -26,6 +26,7 @@ NAN = float("nan")
 # counts as the heuristic having picked cascade where it lost.
 SLOWER_BY = 0.03
 FLAG_SLOWER = "heuristic chose cascade; it was slower"
+FLAG_FASTER = "heuristic declined cascade; forced, it was faster"
 
 
 def wave_steps(wave: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -140,18 +141,29 @@ def predicted_speedup(cost: Mapping[str, Any] | None) -> float:
     return float(f) / float(c)
 
 
-def speed_flag(ratio: float, lo: float, n_waves: int, cascade_decode_steps: Any) -> str:
-    """``FLAG_SLOWER`` when cascade ran decode steps and the cell was slower than its flat twin:
-    the median ratio above ``1 + SLOWER_BY`` and, with two waves or more, every wave slower."""
+def speed_flag(
+    ratio: float, lo: float, n_waves: int, cascade_decode_steps: Any, forced_steps: Any = 0, hi: float = NAN
+) -> str:
+    """Where the heuristic's choice and the measurement disagree, else "".
+
+    ``FLAG_SLOWER``: cascade ran decode steps the heuristic chose (more than the ones forced) and the
+    cell was slower than its flat twin: the median ratio above ``1 + SLOWER_BY`` and, with two waves
+    or more, every wave slower. ``FLAG_FASTER``: under ``--force-cascade`` the heuristic declined the
+    decode steps (all cascade decode steps were forced) and cascade was faster by the same margin.
+    """
     try:
-        chose = int(cascade_decode_steps) > 0
+        chose = int(cascade_decode_steps) - int(forced_steps or 0)
+        forced = int(forced_steps or 0)
     except (TypeError, ValueError):
         return ""
-    if not chose or n_waves <= 0 or math.isnan(ratio) or ratio <= 1.0 + SLOWER_BY:
+    if n_waves <= 0 or math.isnan(ratio):
         return ""
-    if n_waves >= 2 and not lo > 1.0:
-        return ""
-    return FLAG_SLOWER
+    if chose > 0 and ratio > 1.0 + SLOWER_BY and (n_waves < 2 or lo > 1.0):
+        return FLAG_SLOWER
+    spread_hi = ratio if math.isnan(hi) else hi
+    if chose <= 0 < forced and ratio < 1.0 - SLOWER_BY and (n_waves < 2 or spread_hi < 1.0):
+        return FLAG_FASTER
+    return ""
 
 
 def fmt_speed(ratio: Any) -> str:

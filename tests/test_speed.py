@@ -54,6 +54,13 @@ def test_speed_flag_needs_cascade_decode_steps_and_every_wave_slower():
     assert speed.speed_flag(1.5, 1.4, 3, 0) == ""  # cascade never ran a decode step
     assert speed.speed_flag(float("nan"), float("nan"), 0, 40) == ""
     assert speed.speed_flag(1.5, 1.4, 3, None) == ""
+    # Every cascade step forced (the heuristic declined them all): slower is what it predicted ...
+    assert speed.speed_flag(1.5, 1.4, 3, 40, forced_steps=40) == ""
+    # ... faster is the heuristic's mistake the other way.
+    assert speed.speed_flag(0.8, 0.7, 3, 40, forced_steps=40, hi=0.9) == speed.FLAG_FASTER
+    assert speed.speed_flag(0.8, 0.7, 3, 40, forced_steps=40, hi=1.01) == ""  # one wave was not faster
+    assert speed.speed_flag(0.8, 0.7, 3, 40, forced_steps=2, hi=0.9) == ""  # the heuristic chose most
+    assert speed.speed_flag(1.5, 1.4, 3, 40, forced_steps=2) == speed.FLAG_SLOWER
 
 
 def test_predicted_speedup_and_formatting():
