@@ -109,6 +109,17 @@ class PreparedRun:
         runstore.write_run_json(run_dir, self.run)
 
 
+def check_run_id(run_id: str) -> None:
+    """Refuse a run id that is not one plain directory name inside the results dir.
+
+    "." and ".." pass the character check but name the results dir itself or its parent (with
+    --fresh, that parent's samples/ would be deleted); a leading dot would hide the run. Checked
+    before the model loads (and by --dry-run), so the mistake costs nothing.
+    """
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", run_id) or run_id.startswith("."):
+        raise UsageError(f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-', not starting with '.'")
+
+
 def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> PreparedRun:
     """Validate everything a user can get wrong and build run.json's content.
 
@@ -123,11 +134,7 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
     run_id = opts.run_id or default_run_id(spec)
     if opts.shard and not opts.run_id:
         run_id += f"-shard{opts.shard.index}of{opts.shard.count}"
-    # "." and ".." pass the character check but name the results dir itself or its parent (with
-    # --fresh, that parent's samples/ would be deleted); a leading dot would hide the run. Checked
-    # before the model loads, so the mistake costs nothing.
-    if not re.fullmatch(r"[A-Za-z0-9._-]+", run_id) or run_id.startswith("."):
-        raise UsageError(f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-', not starting with '.'")
+    check_run_id(run_id)
     if engine_info(spec.engine).tensor_parallel:
         gpus = visible_gpus()
         if max(spec.tp) > gpus:

@@ -311,3 +311,35 @@ def test_an_unwritable_results_dir_is_one_line_not_a_traceback(tmp_path):
     # (stderr may begin with the embedded model's one-time conversion progress)
     assert res.exit_code == 2 and "Traceback" not in res.output
     assert f"error: cannot write in {tmp_path}/f/run: " in flat(res.stderr)
+
+
+def test_dry_run_refuses_a_run_id_outside_the_results_dir():
+    res = invoke("matrix", "--dry-run", "--run-id", "..")
+    assert res.exit_code == 2 and "--run-id '..'" in res.output
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([sys.executable, "-m", "cascade_repro", *args], capture_output=True,
+                          env={**os.environ, **(env or {})}, timeout=120)  # fmt: skip
+
+
+def test_an_ascii_terminal_gets_replacement_characters_not_a_traceback():
+    res = _cli("prompts", "show", "ko-ifeval-style", env={"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0",
+                                                          "PYTHONIOENCODING": ""})  # fmt: skip
+    assert res.returncode == 0, res.stderr.decode(errors="replace")[-2000:]
+    assert b"Traceback" not in res.stderr and b"?" in res.stdout
+
+
+def test_a_pipe_closed_early_ends_the_command_like_any_unix_tool():
+    import os
+    import signal
+
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before the first line: every write hits a closed pipe
+    proc = subprocess.run([sys.executable, "-m", "cascade_repro", "prompts", "list"], stdout=w,
+                          stderr=subprocess.PIPE, timeout=120)  # fmt: skip
+    os.close(w)
+    assert proc.returncode == -signal.SIGPIPE  # not 1, which means "regression" here
+    assert b"Traceback" not in proc.stderr

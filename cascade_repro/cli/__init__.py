@@ -20,4 +20,27 @@ __all__ = ["app", "main"]
 
 def main() -> None:
     """Console-script entry point."""
+    _streams_for_this_terminal()
     app()
+
+
+def _streams_for_this_terminal() -> None:
+    """Output that cannot break the command: a pipe closed early, a terminal that is not UTF-8.
+
+    ``| head -1`` closes the pipe after one line; Python would turn that into a BrokenPipeError and
+    Click into exit 1, this tool's "regression". The Unix default (end quietly on SIGPIPE) is what
+    every pipeline expects. Under an ASCII locale (``LC_ALL=C``), Korean prompts and box drawing
+    would raise UnicodeEncodeError: such streams replace what they cannot encode instead.
+    """
+    import signal
+    import sys
+
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    for stream in (sys.stdout, sys.stderr):
+        enc = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+        if enc and not enc.startswith("utf") and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="replace")
+            except (ValueError, OSError):  # a detached or closed stream: nothing to protect
+                pass

@@ -271,6 +271,10 @@ def matrix(
 
         shard_ = Shard.parse(shard) if shard is not None else None
         if dry_run:
+            if run_id is not None:
+                from cascade_repro.runner import check_run_id
+
+                check_run_id(run_id)
             _print_plan(spec, shard_)
             return
         from cascade_repro.runner import RunOptions, run_matrix
