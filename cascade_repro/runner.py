@@ -257,6 +257,20 @@ def execute(run_dir: Path, show_progress: bool = True, console: Any = None) -> l
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
         TimeElapsedColumn(), console=console, disable=not show_progress, transient=False,
     )  # fmt: skip
+    done_before = sum(
+        len([c for c in ep["cells"] if c in runstore.read_progress(runstore.samples_path(run_dir, key)).done])
+        for key, ep in run["plan"]["engines"].items()
+    )
+    if done_before:
+        # Said once, before the bar: a rerun that silently skipped work would look like a fast run.
+        from rich.console import Console
+
+        out = console if console is not None else Console(stderr=True, soft_wrap=True)
+        out.print(
+            f"resuming {run_dir.name}: {done_before} of {len(cells)} cells already done, "
+            f"running the other {len(cells) - done_before} (--fresh starts over)",
+            highlight=False,
+        )
     with progress, sigterm_as_interrupt():
         total_waves = sum(math.ceil(n_prompts / c["batch"]) for c in cells.values())
         t_cells = progress.add_task("cells", total=len(cells), info="")

@@ -114,8 +114,15 @@ def test_worker_crash_is_isolated_and_resume_keeps_finished_cells(tmp_path, monk
 
     # Same command again, no fault: only the crashed cell runs; finished samples are kept as they were.
     monkeypatch.delenv("CASCADE_REPRO_FAULT")
-    second = run_matrix(spec, RunOptions(results_dir=tmp_path, progress=False, fail_on="error"))
+    import io
+
+    from rich.console import Console
+
+    said = io.StringIO()
+    second = run_matrix(spec, RunOptions(results_dir=tmp_path, progress=False, fail_on="error"),
+                        Console(file=said, width=200))  # fmt: skip
     assert second.run_dir == first.run_dir
+    assert f"resuming {first.run_dir.name}: 3 of 4 cells already done, running the other 1" in said.getvalue()
     cells = pd.read_parquet(second.run_dir / "cells.parquet").set_index("cell_id")
     assert (cells["status"] == "done").all()
     after = _sample_lines(second.run_dir)
