@@ -57,6 +57,9 @@ class MatrixSpec:
     graphs_for_batches: bool = False
     load_format: str = "auto"
     hf_overrides: dict[str, Any] = field(default_factory=dict)
+    # Any other vLLM engine argument (block_size, kv_cache_dtype, quantization, ...), the same for
+    # both arms; checked by engine_args.py.
+    engine_args: dict[str, Any] = field(default_factory=dict)
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.5
     trust_remote_code: bool = False
@@ -96,6 +99,10 @@ class MatrixSpec:
                 bad(f"{name} must be true or false, got {getattr(self, name)!r}")
         if not isinstance(self.hf_overrides, dict):
             bad(f"hf_overrides must be a table of config overrides, got {self.hf_overrides!r}")
+        if not isinstance(self.engine_args, dict):
+            bad(f"engine_args must be a table of vLLM engine arguments, got {self.engine_args!r}")
+        if self.engine_args and not engine_info(self.engine).is_vllm:
+            bad(f"engine_args are vLLM engine arguments; the {self.engine} engine takes none")
         for name in ("tp", "batch", "cascade", "seeds", "dtypes", "fa_versions", "backends"):
             val = getattr(self, name)
             if not isinstance(val, list) or not val:
@@ -110,6 +117,13 @@ class MatrixSpec:
             for v in getattr(self, name):
                 if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                     bad(f"{name} values must be positive integers, got {v!r}")
+        if self.engine_args:
+            from cascade_repro import engine_args as eargs
+
+            try:
+                eargs.check(self.engine_args, max(self.batch))
+            except UsageError as e:
+                bad(str(e).removeprefix("options: "))
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in self.seeds):
             bad(f"seeds must be integers, got {self.seeds!r}")
         if not all(isinstance(c, bool) for c in self.cascade):

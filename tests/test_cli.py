@@ -343,3 +343,26 @@ def test_a_pipe_closed_early_ends_the_command_like_any_unix_tool():
     os.close(w)
     assert proc.returncode == -signal.SIGPIPE  # not 1, which means "regression" here
     assert b"Traceback" not in proc.stderr
+
+
+def test_a_vllm_users_command_line_in_dry_run():
+    res = invoke("matrix", "--engine", "vllm", "-tp", "2", "--max-model-len", "4096", "-E", "block_size=32",
+                 "-E", "kv-cache-dtype=fp8", "--dry-run")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "tp2-b8-cascade" in res.output and "6 cells, 1 engine start" in res.output
+    assert "vLLM engine arguments, both arms: block_size=32, kv_cache_dtype='fp8'" in res.output
+
+
+def test_vllm_spellings_mean_the_same_matrix():
+    a = invoke("matrix", "--engine", "vllm", "--tensor-parallel-size", "2", "--attention-backend", "FLASH_ATTN",
+               "--dtype", "half", "--dry-run")  # fmt: skip
+    b = invoke("matrix", "--engine", "vllm", "--tp", "2", "--backend", "FLASH_ATTN", "--dtype", "float16", "--dry-run")
+    assert a.exit_code == 0 and b.exit_code == 0, a.output + b.output
+    assert a.output == b.output and "float16" in a.output
+
+
+def test_an_engine_argument_the_harness_owns_is_a_usage_error():
+    res = invoke("matrix", "--engine", "vllm", "-E", "tensor_parallel_size=2", "--dry-run")
+    assert res.exit_code == 2 and "engine argument 'tensor_parallel_size': use --tp" in res.output
+    res = invoke("matrix", "--engine", "vllm", "--engine-args", '{"enable_prefix_caching": false}', "--dry-run")
+    assert res.exit_code == 2 and "cascade attention needs prefix caching" in res.output

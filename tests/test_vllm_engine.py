@@ -323,3 +323,19 @@ def test_engine_flow_with_fake_vllm(fake_vllm, tmp_path: Path, inject):
     assert sorted(waves) == ["k/w00001-flat", "k/w00002-cascade"]  # the warm-ups were not counted
     eng.close()
     assert eng.llm is None
+
+
+def test_engine_args_reach_vllm_llm_unchanged(fake_vllm, tmp_path: Path):
+    from cascade_repro.engines.vllm import VLLMEngine
+    from cascade_repro.matrix import MatrixSpec
+
+    spec = MatrixSpec(engine="vllm", batch=[8], max_tokens=2).to_dict()
+    spec["engine_args"] = {"block_size": 32, "kv_cache_dtype": "fp8", "gpu_memory_utilization": 0.8}
+    eplan = {"key": "k", "tp": 1, "seed": 0, "dtype": "auto", "fa_version": None, "backend": "FLASH_ATTN", "arm": None}
+    eng = VLLMEngine("/models/m", spec, eplan, run_dir=tmp_path / "run")
+    kw = eng.llm.kwargs
+    assert kw["block_size"] == 32 and kw["kv_cache_dtype"] == "fp8"
+    assert kw["gpu_memory_utilization"] == 0.8  # the user's value wins over the harness's default
+    assert kw["enable_prefix_caching"] is True and kw["disable_cascade_attn"] is False  # the harness's own
+    assert eng.requested["block_size"] == 32
+    eng.close()

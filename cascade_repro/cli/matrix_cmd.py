@@ -15,8 +15,8 @@ from cascade_repro.cli.app import app, err_console, user_errors
 M, P, E, OUT, V, D = "Matrix", "Prompts", "Engine", "Output", "Verdicts", "Debug"
 
 
-def _opt(help: str, panel: str, **kw: Any) -> Any:
-    return typer.Option(help=help, rich_help_panel=panel, show_default=False, **kw)
+def _opt(help: str, panel: str, *decls: str, **kw: Any) -> Any:
+    return typer.Option(*decls, help=help, rich_help_panel=panel, show_default=False, **kw)
 
 
 @app.command()
@@ -37,11 +37,20 @@ def matrix(
             envvar="CASCADE_REPRO_MODEL",
         ),
     ] = None,
-    tp: Annotated[str | None, _opt("Tensor-parallel sizes, comma-separated. [default: 1]", M)] = None,
+    tp: Annotated[
+        str | None,
+        _opt(
+            "Tensor-parallel sizes, comma-separated (vLLM's -tp / --tensor-parallel-size, as an axis). [default: 1]",
+            M,
+            "--tp",
+            "-tp",
+            "--tensor-parallel-size",
+        ),
+    ] = None,
     batch: Annotated[
         str | None,
         _opt(
-            "Batch sizes: each cell submits waves of exactly this many concurrent requests. [default: 1,8,16]",
+            "Batch sizes: each cell submits waves of exactly this many concurrent requests (not vLLM's --max-num-seqs, which the harness keeps >= the largest batch). [default: 1,8,16]",
             M,
         ),
     ] = None,
@@ -55,7 +64,7 @@ def matrix(
     dtype: Annotated[
         str | None,
         _opt(
-            "Dtypes: auto, float32, float16, bfloat16 (auto: float32 on CPU, bfloat16 on GPU / the model's for vLLM). [default: auto]",
+            "Dtypes: auto, float32, float16, bfloat16, or vLLM's names half, float, bf16 (auto: float32 on CPU, bfloat16 on GPU / the model's for vLLM). [default: auto]",
             M,
         ),
     ] = None,
@@ -68,7 +77,12 @@ def matrix(
     ] = None,
     backend: Annotated[
         str | None,
-        _opt("vLLM attention backends (cascade exists only in FLASH_ATTN). [default: FLASH_ATTN]", M),
+        _opt(
+            "vLLM attention backends (cascade exists only in FLASH_ATTN; vLLM's --attention-backend). [default: FLASH_ATTN]",
+            M,
+            "--backend",
+            "--attention-backend",
+        ),
     ] = None,
     rerun: Annotated[
         bool | None,
@@ -155,11 +169,31 @@ def matrix(
             E,
         ),
     ] = None,
+    engine_args: Annotated[
+        str | None,
+        _opt(
+            'Any other vLLM engine arguments as a JSON object, the same for both arms, e.g. \'{"block_size": 32, "kv_cache_dtype": "fp8"}\'. Checked against the installed vLLM\'s EngineArgs; the ones the harness owns (tensor_parallel_size, seed, dtype, attention_config, disable_cascade_attn) or that break the experiment (enable_prefix_caching=false, max_num_seqs below the largest batch) are refused with the option to use.',
+            E,
+        ),
+    ] = None,
+    engine_arg: Annotated[
+        list[str] | None,
+        _opt(
+            "One vLLM engine argument as key=value (repeatable; values read as JSON when they can be), e.g. -E block_size=32 -E enable_chunked_prefill=false. Wins over --engine-args.",
+            E,
+            "-E",
+            "--engine-arg",
+        ),
+    ] = None,
     max_model_len: Annotated[
         int | None, _opt("vLLM max_model_len (default: prompt + max tokens, rounded up).", E)
     ] = None,
     gpu_memory_utilization: Annotated[
-        float | None, _opt("vLLM gpu_memory_utilization. [default: 0.5]", E)
+        float | None,
+        _opt(
+            "vLLM gpu_memory_utilization. [default: 0.5, not vLLM's 0.9: a small model's waves need little, and the GPU stays usable for others]",
+            E,
+        ),
     ] = None,
     trust_remote_code: Annotated[
         bool | None, _opt("Allow model code from the Hub (off unless you ask).", E)
@@ -297,6 +331,16 @@ def matrix(
     raise typer.Exit(outcome.exit_code)
 
 
+# vLLM's dtype spellings (vllm/config/model.py _STR_DTYPE_TO_TORCH_DTYPE) that mean one of ours.
+VLLM_DTYPES = {
+    "half": "float16",
+    "float": "float32",
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "fp32": "float32",
+}
+
+
 def _flag_values(given: dict[str, Any]) -> dict[str, Any]:
     """Turn the flags the user gave into MatrixSpec values (comma lists parsed, JSON decoded)."""
 
@@ -316,7 +360,9 @@ def _flag_values(given: dict[str, Any]) -> dict[str, Any]:
     if given["cascade"] is not None:
         out["cascade"] = parse_onoff_list(given["cascade"], "cascade")
     if given["dtype"] is not None:
-        out["dtypes"] = [x.strip() for x in given["dtype"].split(",") if x.strip()]
+        out["dtypes"] = [
+            VLLM_DTYPES.get(x.strip(), x.strip()) for x in given["dtype"].split(",") if x.strip()
+        ]
     if given["fa_version"] is not None:
         out["fa_versions"] = parse_fa_list(given["fa_version"])
     if given["backend"] is not None:
@@ -330,6 +376,12 @@ def _flag_values(given: dict[str, Any]) -> dict[str, Any]:
             raise UsageError(str(e)) from None
     if given["hf_overrides"] is not None:
         out["hf_overrides"] = parse_hf_overrides(given["hf_overrides"])
+    if given["engine_args"] is not None or given["engine_arg"]:
+        from cascade_repro import engine_args as eargs
+
+        merged = eargs.parse_json(given["engine_args"]) if given["engine_args"] is not None else {}
+        merged.update(eargs.parse_pairs(given["engine_arg"] or []))
+        out["engine_args"] = merged
     scalars = (
         "engine", "model", "prompts", "system_prompt", "limit", "max_tokens", "ignore_eos", "force_cascade", "topk", "arm_switch", "enforce_eager", "graphs_for_batches",
         "load_format", "max_model_len", "gpu_memory_utilization", "trust_remote_code", "engine_timeout", "device",
@@ -385,6 +437,18 @@ def _print_plan(spec: Any, shard: Any = None) -> None:
     if added:
         line += f"; {added} noise-control cell{'s' if added != 1 else ''} added by the planner (--no-auto-controls to drop)"
     console.print(line)
+    if spec.engine_args:
+        from rich.markup import escape
+
+        from cascade_repro.engine_args import known_fields
+
+        shown = ", ".join(
+            f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in spec.engine_args.items()
+        )
+        console.print(
+            f"vLLM engine arguments, both arms: {escape(shown)} (checked against {escape(known_fields()[1])})",
+            highlight=False,
+        )
 
 
 def _print_outcome(outcome: Any, console: Any) -> None:

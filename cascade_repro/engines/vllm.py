@@ -162,6 +162,9 @@ class VLLMEngine:
             kwargs["compilation_config"] = {"cudagraph_capture_sizes": sizes}
         if kwargs["hf_overrides"] is None:
             kwargs.pop("hf_overrides")
+        # The user's engine arguments, the same for both arms (matrix validated them: none of them
+        # is one the harness sets per arm or per axis).
+        kwargs.update(dict(spec.get("engine_args") or {}))
         self.requested = dict(kwargs)
 
         try:

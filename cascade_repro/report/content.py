@@ -856,7 +856,7 @@ def env_lines(data: RunData) -> list[tuple[str, str]]:
 # Spec keys that mean nothing to the hf engine; left out of its reports to keep them readable.
 _VLLM_ONLY = (
     "arm_switch", "backends", "enforce_eager", "fa_versions", "gpu_memory_utilization", "graphs_for_batches", "hf_overrides",
-    "load_format", "max_model_len",
+    "load_format", "max_model_len", "engine_args", "force_cascade",
 )  # fmt: skip
 
 
