@@ -111,6 +111,33 @@ def cascade_status(version: str | None) -> str:
     return "default on"
 
 
+def installed_version() -> str | None:
+    """The installed vLLM's version from its package metadata (no import: vLLM takes seconds to load)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def cascade_note(version: str | None) -> str | None:
+    """One line on what this vLLM does with cascade attention, for matrix, explain and doctor; None
+    when cascade is on by default (nothing to say) or the version is unknown."""
+    status = cascade_status(version)
+    if status == "removed":
+        return (
+            f"vLLM {version} has no cascade attention (removed in 0.32.0; disable_cascade_attn has no "
+            "effect): no pair can be exercised. Use a vLLM from 0.10.2 to 0.31"
+        )
+    if status == "opt-in":
+        return (
+            f"vLLM {version}: cascade attention is off by default from 0.18.0 (PR #36318); the harness "
+            "turns it on for the cascade arm (disable_cascade_attn=False), as a user must to get it"
+        )
+    return None
+
+
 def has_fa2_lse_bug(version: str | None) -> bool | None:
     """Whether this vLLM's FA2 has the split-KV LSE layout bug (None: too old or unknown to say)."""
     vt = version_tuple(version)

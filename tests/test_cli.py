@@ -366,3 +366,25 @@ def test_an_engine_argument_the_harness_owns_is_a_usage_error():
     assert res.exit_code == 2 and "engine argument 'tensor_parallel_size': use --tp" in res.output
     res = invoke("matrix", "--engine", "vllm", "--engine-args", '{"enable_prefix_caching": false}', "--dry-run")
     assert res.exit_code == 2 and "cascade attention needs prefix caching" in res.output
+
+
+def test_a_vllm_without_cascade_is_said_in_one_line_and_exits_nothing_exercised(monkeypatch):
+    from cascade_repro import vllm_surface
+
+    monkeypatch.setattr(vllm_surface, "installed_version", lambda: "0.33.0")
+    res = invoke("matrix", "--engine", "vllm", "--limit", "2")
+    assert res.exit_code == 4, res.output
+    assert "vLLM 0.33.0 has no cascade attention (removed in 0.32.0" in flat(res.output)
+    res = invoke("explain", "--gpu", "H200", "--prefix-tokens", "1597")
+    assert res.exit_code == 0 and "no pair can be exercised" in flat(res.output)
+
+
+def test_a_vllm_with_cascade_off_by_default_says_the_harness_turns_it_on(monkeypatch):
+    from cascade_repro import vllm_surface
+
+    monkeypatch.setattr(vllm_surface, "installed_version", lambda: "0.26.0")
+    res = invoke("matrix", "--engine", "vllm", "--dry-run")
+    assert res.exit_code == 0
+    assert "cascade attention is off by default from 0.18.0 (PR #36318); the harness turns it on" in flat(res.output)
+    monkeypatch.setattr(vllm_surface, "installed_version", lambda: "0.10.2")
+    assert "note:" not in invoke("matrix", "--engine", "vllm", "--dry-run").output

@@ -274,6 +274,11 @@ def _print(ex: Any, lines: list[str]) -> None:
     if engine_info(ex.engine).cost_model:
         console.print(f"SMs: {ex.num_sms if ex.num_sms is not None else '?'} ({escape(ex.sms_source)})")
     console.print(f"rule: {escape(ex.rule_source)}")
+    if engine_info(ex.engine).is_vllm:
+        from cascade_repro import vllm_surface
+
+        if note := vllm_surface.cascade_note(vllm_surface.installed_version()):
+            console.print(f"note: {escape(note)}", highlight=False)
     for line in lines:
         console.print(f"[bold]{escape(line)}[/]")
     table = Table(title=f"cascade predictions ({ex.engine})")

@@ -304,6 +304,18 @@ def matrix(
         from cascade_repro.shard import Shard
 
         shard_ = Shard.parse(shard) if shard is not None else None
+        from cascade_repro.engines import get as engine_info
+
+        if engine_info(spec.engine).is_vllm:
+            from cascade_repro import vllm_surface
+
+            version = vllm_surface.installed_version()
+            if note := vllm_surface.cascade_note(version):
+                err_console().print(f"note: {note}", highlight=False)
+            if vllm_surface.cascade_status(version) == "removed" and not dry_run:
+                from cascade_repro.report.content import EXIT_NOTHING_EXERCISED
+
+                raise typer.Exit(EXIT_NOTHING_EXERCISED)
         if dry_run:
             if run_id is not None:
                 from cascade_repro.runner import check_run_id
