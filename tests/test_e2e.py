@@ -123,6 +123,8 @@ def test_worker_crash_is_isolated_and_resume_keeps_finished_cells(tmp_path, monk
                         Console(file=said, width=200))  # fmt: skip
     assert second.run_dir == first.run_dir
     assert f"resuming {first.run_dir.name}: 3 of 4 cells already done, running the other 1" in said.getvalue()
+    invs = json.loads((second.run_dir / "run.json").read_text())["invocations"]
+    assert [(i["cells_kept"], i["cells_run"]) for i in invs] == [(0, 4), (3, 1)]
     cells = pd.read_parquet(second.run_dir / "cells.parquet").set_index("cell_id")
     assert (cells["status"] == "done").all()
     after = _sample_lines(second.run_dir)

@@ -219,6 +219,13 @@ def matrix(
     fresh: Annotated[
         bool, _opt("Discard earlier samples of this run directory instead of resuming.", OUT)
     ] = False,
+    allow_mixed: Annotated[
+        bool,
+        _opt(
+            "Resume a run that began under another vLLM, torch, transformers, GPU model or driver (refused otherwise: its cells would come from two stacks); the report's headline then says so.",
+            OUT,
+        ),
+    ] = False,
     fail_on: Annotated[
         str, _opt("Exit 1 on: `regression`, `error` (regression or error cells), `never`.", OUT)
     ] = "regression",
@@ -336,6 +343,7 @@ def matrix(
             command=_command_line(),
             progress=not quiet,
             shard=shard_,
+            allow_mixed=allow_mixed,
         )
         console = err_console()
         outcome = run_matrix(spec, opts, console)

@@ -163,6 +163,31 @@ def n_exercised(counts: dict[str, int]) -> int:
 
 def headline(data: RunData) -> str:
     """Say in plain words what the run found, e.g. `cascade-repro: regression in 2 of 6 pairs: a, b`."""
+    text = _headline(data)
+    mixed = data.run.get("mixed_stack")
+    if isinstance(mixed, list) and mixed:
+        # A resume under another stack (--allow-mixed): the comparison spans two of them.
+        text += f" [mixed stacks: {', '.join(map(str, mixed))} changed between invocations]"
+    return text
+
+
+def invocations_table(data: RunData) -> Table | None:
+    """One row per invocation of a resumed run (None for a run made in one go)."""
+    invs = [i for i in data.run.get("invocations") or [] if isinstance(i, dict)]
+    if len(invs) < 2:
+        return None
+    rows = []
+    for k, inv in enumerate(invs, 1):
+        env = inv.get("env") if isinstance(inv.get("env"), dict) else {}
+        stack = ", ".join(f"{key} {env[key]}" for key in ("vllm", "torch", "gpu_name") if env.get(key))
+        rows.append([str(k), text_of(inv.get("started_at")), fmt_int(inv.get("cells_kept")),
+                     fmt_int(inv.get("cells_run")), fmt_float(inv.get("total_s"), ".1f"), stack or MISSING,
+                     one_line(text_of(inv.get("command")))])  # fmt: skip
+    return Table(["#", "started", "cells kept", "cells run", "s", "stack", "command"], rows,
+                 wrap=frozenset({"command"}))  # fmt: skip
+
+
+def _headline(data: RunData) -> str:
     pairs = cascade_pairs(data)
     counts = verdict_counts(data)
     total = len(pairs)

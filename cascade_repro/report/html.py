@@ -142,6 +142,8 @@ class HtmlFormatter(ReportFormatter):
         out += ["<h2>Cells</h2>", html_table(c.cell_table(data), "no cells")]
         if data.examples:
             out += ["<h2>Most divergent prompts</h2>", *(_example(ex) for ex in data.examples)]
+        if (inv := c.invocations_table(data)) is not None:
+            out += ["<h2>Invocations</h2>", html_table(inv, "one invocation")]
         env = "\n".join(f"{k}: {v}" for k, v in c.env_lines(data))
         out += ["<h2>Environment</h2>", f"<pre>{escape(env)}</pre>", "<h2>Reproduce</h2>"]
         cmd = c.command(data)

@@ -106,6 +106,8 @@ class MarkdownFormatter(ReportFormatter):
             out += ["### Most divergent prompts", ""]
             for ex in data.examples:
                 out += _example(ex)
+        if (inv := c.invocations_table(data)) is not None:
+            out += ["### Invocations", "", *md_table(inv, "one invocation"), ""]
         env = "\n".join(f"{k}: {v}" for k, v in c.env_lines(data))
         out += ["### Environment", "", *fenced(env, "text"), ""]
         out += ["### Reproduce", ""]
