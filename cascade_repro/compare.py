@@ -121,6 +121,10 @@ def cell_rows(run: dict[str, Any], run_dir: Path, samples: dict[str, CellSamples
         cid = c["cell_id"]
         waves = prog.waves.get(cid, [])
         status = "done" if cid in prog.done else ("error" if cid in prog.errors else "pending")
+        error = prog.errors.get(cid, "")
+        if status != "done" and prog.corrupt.get(cid):
+            # Never a silent "pending": say which record was lost and what to do.
+            status, error = "error", runstore.corrupt_reason(c["engine_key"], prog.corrupt[cid])
         cs = samples.get(cid, CellSamples())
         reps = list(cs.rep.values())
         wall = sum(w.get("wall_s", 0.0) for w in waves)
@@ -139,7 +143,7 @@ def cell_rows(run: dict[str, Any], run_dir: Path, samples: dict[str, CellSamples
             "fa_version": "default" if c["fa_version"] is None else str(c["fa_version"]),
             "backend": c["backend"],
             "status": status,
-            "error": prog.errors.get(cid, ""),
+            "error": error,
             "n_prompts": len(reps),
             "cascade_steps": sum(w.get("cascade_steps", 0) for w in waves),
             "total_steps": sum(w.get("total_steps", 0) for w in waves),

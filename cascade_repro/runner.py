@@ -311,6 +311,14 @@ def execute(run_dir: Path, show_progress: bool = True, console: Any = None) -> l
         TimeElapsedColumn(), console=console, disable=not show_progress, transient=False,
     )  # fmt: skip
     done_before = cells_done(run_dir, run)
+    for key in run["plan"]["engines"]:
+        for cid, lines in runstore.read_progress(runstore.samples_path(run_dir, key)).corrupt.items():
+            from rich.console import Console
+
+            out = console if console is not None else Console(stderr=True, soft_wrap=True)
+            out.print(
+                f"warning: {cid or 'before any cell'}: {runstore.corrupt_reason(key, lines)}", highlight=False
+            )
     if done_before:
         # Said once, before the bar: a rerun that silently skipped work would look like a fast run.
         from rich.console import Console

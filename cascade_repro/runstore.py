@@ -226,19 +226,29 @@ class CellProgress:
     errors: dict[str, str] = field(default_factory=dict)
     waves: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     engine: dict[str, Any] = field(default_factory=dict)
+    # Whole lines that do not parse (1-based line numbers), by the cell whose attempt they fell in
+    # ("" before any cell_start). Such a cell has lost a record: it counts as unfinished.
+    corrupt: dict[str, list[int]] = field(default_factory=dict)
 
 
 def read_progress(path: Path) -> CellProgress:
     """Scan a samples file's control records (engine, cell_start, wave, cell_done, cell_error)."""
     prog = CellProgress()
-    for _, rec in _iter_control(path):
+    current = ""
+    for lineno, rec in _iter_control(path, with_corrupt=True):
+        if rec is None:
+            prog.corrupt.setdefault(current, []).append(lineno + 1)
+            continue
         t, cid = rec.get("type"), rec.get("cell_id")
         if t == CELL_START:
+            current = str(cid)
+            prog.corrupt.pop(current, None)  # a new attempt rewrites the cell
             # A new attempt: the earlier attempt's waves and error no longer describe this cell.
             prog.waves[cid] = []
             prog.errors.pop(cid, None)
         elif t == CELL_DONE:
-            prog.done.add(cid)
+            if cid not in prog.corrupt:  # a lost record in this attempt: the cell must run again
+                prog.done.add(cid)
             prog.errors.pop(cid, None)
         elif t == CELL_ERROR:
             prog.errors[cid] = rec.get("reason", "")
@@ -247,6 +257,15 @@ def read_progress(path: Path) -> CellProgress:
         elif t == ENGINE:
             prog.engine = rec
     return prog
+
+
+def corrupt_reason(engine_key: str, lines: list[int]) -> str:
+    """One line naming the unreadable records of a cell and what to do about them."""
+    where = ", ".join(map(str, lines[:5])) + (f" and {len(lines) - 5} more" if len(lines) > 5 else "")
+    return (
+        f"unreadable record in {SAMPLES}/{engine_key}.jsonl at line{'s' if len(lines) > 1 else ''} {where}: "
+        "the cell counts as unfinished; rerun the same command to redo it"
+    )
 
 
 def finished_spans(path: Path) -> dict[str, tuple[int, int]]:
@@ -262,8 +281,12 @@ def finished_spans(path: Path) -> dict[str, tuple[int, int]]:
     return spans
 
 
-def _iter_control(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield (line number, record) for every non-sample record, without parsing sample lines."""
+def _iter_control(path: Path, with_corrupt: bool = False) -> Iterator[tuple[int, dict[str, Any] | None]]:
+    """Yield (line number, record) for every non-sample record, without parsing sample lines.
+
+    With ``with_corrupt``, a whole line that does not parse yields (line number, None); a torn last
+    line (no newline: a write cut short, truncated by the next writer) is never reported.
+    """
     if not path.exists():
         return
     with open(path, "rb") as f:
@@ -271,9 +294,15 @@ def _iter_control(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             if not raw.endswith(b"\n") or is_sample_line(raw):
                 continue
             try:
-                yield lineno, json.loads(raw)
+                rec = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError):
+                if with_corrupt and raw.strip():
+                    yield lineno, None
                 continue
+            if isinstance(rec, dict):
+                yield lineno, rec
+            elif with_corrupt:
+                yield lineno, None
 
 
 def iter_samples(path: Path, cells: set[str] | None = None) -> Iterator[dict[str, Any]]:

@@ -410,3 +410,41 @@ def test_sample_line_layout_is_the_one_readers_expect(tmp_path):
     assert runstore.is_sample_line(sample) and not runstore.is_sample_line(done)
     m = runstore.SAMPLE_HEAD.match(sample)
     assert m and m.group(2) == b"17" and json.loads(b'"' + m.group(1) + b'"') == 'c"é'
+
+
+def test_a_corrupt_record_in_the_middle_names_its_line_and_unfinishes_its_cell(tmp_path):
+    import json as _json
+
+    from cascade_repro import runstore as rs
+
+    p = tmp_path / "k.jsonl"
+    lines = [
+        {"type": "engine", "engine_key": "k"},
+        {"type": "cell_start", "cell_id": "a"},
+        {"type": "wave", "cell_id": "a", "wave": 0},
+        {"type": "cell_done", "cell_id": "a"},
+        {"type": "cell_start", "cell_id": "b"},
+        {"type": "wave", "cell_id": "b", "wave": 0},
+        {"type": "cell_done", "cell_id": "b"},
+    ]
+    text = [_json.dumps(x) for x in lines]
+    text[5] = '{"type": "wave", "cell_id": "b", "wa\x00 garbage'  # a disk error in the middle of b
+    p.write_text("\n".join(text) + "\n")
+    prog = rs.read_progress(p)
+    assert prog.done == {"a"} and prog.corrupt == {"b": [6]}
+    assert rs.corrupt_reason("k", [6]) == (
+        "unreadable record in samples/k.jsonl at line 6: the cell counts as unfinished; rerun the same command to redo it"
+    )
+    # A new attempt at b (the resume) rewrites it: done again, nothing corrupt left to report.
+    with open(p, "a") as f:
+        f.write("\n".join(_json.dumps(x) for x in lines[4:]) + "\n")
+    prog = rs.read_progress(p)
+    assert prog.done == {"a", "b"} and prog.corrupt == {}
+
+
+def test_a_torn_last_line_is_not_corruption(tmp_path):
+    from cascade_repro import runstore as rs
+
+    p = tmp_path / "k.jsonl"
+    p.write_bytes(b'{"type": "cell_start", "cell_id": "a"}\n{"type": "cell_do')
+    assert rs.read_progress(p).corrupt == {}

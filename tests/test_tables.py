@@ -49,3 +49,23 @@ def test_speed_columns_on_a_synthetic_run(tmp_path):
     flat8 = cells[(cells["batch"] == 8) & (cells["arm"] == "flat")].iloc[0]
     assert flat8["cascade_step_ms"] != flat8["cascade_step_ms"]  # NaN: a flat cell has no cascade step
     assert 2.0 < flat8["flat_step_ms"] < 2.2 and flat8["decode_tok_s"] > 0
+
+
+def test_a_cell_with_an_unreadable_record_is_an_error_naming_the_line(tmp_path):
+    run_dir = tmp_path / "synth"
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "make_synthetic_run.py"), str(run_dir), "--prompts", "8",
+         "--max-tokens", "64", "--tp", "1", "--batch", "1,8", "--procs", "1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    from cascade_repro.verdicts import Thresholds
+
+    (path,) = (run_dir / "samples").glob("*.jsonl")
+    lines = path.read_bytes().split(b"\n")
+    k = next(i for i, ln in enumerate(lines) if b'"type":"cell_done","cell_id":"tp1-b8-cascade"' in ln)
+    lines[k] = b'{"type":"cell_do\xff\xfe'  # the cell_done record of tp1-b8-cascade, garbled
+    path.write_bytes(b"\n".join(lines))
+    cells, pairs, _ = compare.build_tables(runstore.read_run_json(run_dir), run_dir, Thresholds())
+    row = cells.set_index("cell_id").loc["tp1-b8-cascade"]
+    assert row["status"] == "error" and f"at line {k + 1}:" in row["error"] and "rerun the same command" in row["error"]
+    assert pairs.set_index("pair_id").loc["tp1-b8-cascade~flat", "verdict"] == "error"
