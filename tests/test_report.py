@@ -1220,3 +1220,18 @@ def test_an_hf_run_says_plainly_that_vllm_was_not_run(tmp_path: Path) -> None:
     assert HF_BANNER in json.loads(JsonFormatter().render(data))["warnings"]
     # A vLLM run carries no such line.
     assert "vLLM was not run" not in MarkdownFormatter().render(load_run(build_run(tmp_path / "v")))
+
+
+def test_junit_has_the_attributes_the_ant_schema_requires(run_dir: Path) -> None:
+    import re
+    import xml.etree.ElementTree as ET
+
+    from cascade_repro.report.junit import JunitFormatter
+
+    root = ET.fromstring(JunitFormatter().render(load_run(run_dir)))
+    (suite,) = root.findall("testsuite")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", suite.get("timestamp"))  # xs:dateTime, no zone
+    assert suite.get("hostname") == "localhost" and suite.get("time") == "123.400"
+    cases = suite.findall("testcase")
+    assert cases and all(re.fullmatch(r"\d+\.\d{3}", tc.get("time")) for tc in cases)
+    assert all(tc.find("system-out") is not None and "decided by" in tc.find("system-out").text for tc in cases)

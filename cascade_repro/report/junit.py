@@ -58,7 +58,12 @@ class JunitFormatter(ReportFormatter):
         """Return the JUnit XML document."""
         cell_status = {r["cell_id"]: r for r in c.cells(data)}
         suites = ET.Element("testsuites", name=SUITE)
-        suite = _el(suites, "testsuite", name=SUITE)
+        # The Ant JUnit schema requires timestamp (no zone) and hostname; the host is not recorded on
+        # purpose (reports are pasted into public issues), which the schema spells "localhost".
+        created = str(data.run.get("created_at") or "")[:19]
+        suite = _el(
+            suites, "testsuite", name=SUITE, timestamp=created or "1970-01-01T00:00:00", hostname="localhost"
+        )
         props = _el(suite, "properties")
         spec = c.section(data.run, "spec")
         for k, v in (
@@ -76,11 +81,15 @@ class JunitFormatter(ReportFormatter):
         counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
         for r in c.cascade_pairs(data):
             counts["tests"] += 1
+            test_cell = cell_status.get(r.get("test_cell"), {})
+            wall = test_cell.get("wall_s")
             case = _el(
                 suite,
                 "testcase",
                 classname=f"cascade.tp{fmt_int(r.get('tp'))}",
                 name=f"batch{fmt_int(r.get('batch'))}-{text_of(r.get('pair_id'))}",
+                # the cascade cell's generation time (its flat twin's is in its own cell row)
+                time=f"{float(wall):.3f}" if isinstance(wall, int | float) and wall == wall else "0.000",
             )
             verdict = text_of(r.get("verdict"))
             failed = [
@@ -113,6 +122,8 @@ class JunitFormatter(ReportFormatter):
             elif verdict == "inconclusive":
                 counts["skipped"] += 1
                 _el(case, "skipped", message=one_line(f"inconclusive: {text_of(r.get('reasons'))}"))
+            # Every pair's evidence, passing ones too: a CI page shows why a pair passed.
+            _el(case, "system-out", f"verdict {verdict}\n{_details(r)}")
         total = c.section(data.run, "timings").get("total_s")
         for el in (suites, suite):
             for k, v in counts.items():
