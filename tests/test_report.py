@@ -1235,3 +1235,28 @@ def test_junit_has_the_attributes_the_ant_schema_requires(run_dir: Path) -> None
     cases = suite.findall("testcase")
     assert cases and all(re.fullmatch(r"\d+\.\d{3}", tc.get("time")) for tc in cases)
     assert all(tc.find("system-out") is not None and "decided by" in tc.find("system-out").text for tc in cases)
+
+
+def test_report_md_of_a_200_cell_run_fits_a_github_issue(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from cascade_repro import compare, runstore
+    from cascade_repro.report.markdown import GITHUB_LIMIT, MarkdownFormatter
+    from cascade_repro.verdicts import Thresholds
+
+    root = Path(__file__).resolve().parents[1]
+    run_dir = tmp_path / "big"
+    batches = "1,2,3,4,6,8,12,16,24,32,48,64,96,128,192,256,384"
+    subprocess.run([sys.executable, str(root / "benchmarks" / "make_synthetic_run.py"), str(run_dir), "--prompts", "4",
+                    "--max-tokens", "64", "--tp", "1,2,4,8", "--batch", batches, "--procs", "1"],
+                   check=True, capture_output=True)  # fmt: skip
+    run = runstore.read_run_json(run_dir)
+    assert len(run["plan"]["cells"]) >= 200
+    cells, pairs, comps = compare.build_tables(run, run_dir, Thresholds())
+    for name, df in ((runstore.CELLS, cells), (runstore.PAIRS, pairs), (runstore.COMPARISONS, comps)):
+        df.to_parquet(run_dir / name, index=False)
+    md = MarkdownFormatter().render(load_run(run_dir))
+    assert len(md) <= GITHUB_LIMIT < 65_536
+    assert "Shortened to fit a GitHub issue" in md and "report.html" in md
+    assert md.startswith("## cascade-repro:") and "### Verdicts" in md and "### Reproduce" in md

@@ -13,6 +13,50 @@ from cascade_repro.report.text import clean, fence_for, md_cell, md_escape_html,
 
 # GitHub rejects issue bodies over 65536 characters; keep each sample text well below that.
 MAX_TEXT = 3000
+# The whole report: GitHub's limit less room for a sentence the user adds around it.
+GITHUB_LIMIT = 60_000
+# What a report too long for an issue leaves out, in this order (all of it stays in report.html).
+SHORTENINGS = ("examples", "cells", "environment", "noise", "speed", "verdict rows")
+MAX_VERDICT_ROWS = 40
+
+
+def shortened_note(dropped: set[str]) -> str:
+    parts = [p for p in SHORTENINGS if p in dropped]
+    what = {"examples": "the most divergent prompts", "cells": "the cell table", "environment": "the environment block",
+            "noise": "the noise-floor table", "speed": "the decode-speed table",
+            "verdict rows": f"verdict rows beyond the {MAX_VERDICT_ROWS} that matter most"}  # fmt: skip
+    return (
+        f"Shortened to fit a GitHub issue (65,536 characters): left out {', '.join(what[p] for p in parts)}; "
+        f"{runstore.REPORT_HTML} and summary.json in the run directory have everything."
+    )
+
+
+def _worst_rows(table: c.Table, n: int) -> c.Table:
+    """Keep the n rows a reader needs first: regressions, errors, then the rest in order."""
+    rank = {"regression": 0, "error": 1, "inconclusive": 2}
+    i = table.headers.index("verdict") if "verdict" in table.headers else None
+    order = sorted(
+        range(len(table.rows)), key=lambda k: (rank.get(str(table.rows[k][i]), 3) if i is not None else 3, k)
+    )
+    keep = sorted(order[:n])
+    rows = [table.rows[k] for k in keep]
+    if len(table.rows) > n:
+        rows.append(
+            [
+                f"… {len(table.rows) - n} more pairs in {runstore.REPORT_HTML}",
+                *[""] * (len(table.headers) - 1),
+            ]
+        )
+    return c.Table(table.headers, rows, table.wrap)
+
+
+def _cut(text: str) -> str:
+    """Last resort: the first GITHUB_LIMIT characters, ending on a whole line, with a pointer."""
+    note = f"\n\n_… cut to fit a GitHub issue: {runstore.REPORT_HTML} has the whole report._\n"
+    head = text[: GITHUB_LIMIT - len(note)]
+    return head[: head.rfind("\n") if "\n" in head else len(head)] + note
+
+
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|])")
 
 
@@ -88,28 +132,44 @@ class MarkdownFormatter(ReportFormatter):
     filename = runstore.REPORT_MD
 
     def render(self, data: RunData) -> str:
-        """Return the markdown report."""
+        """Return the markdown report, shortened step by step until it fits GitHub's limit."""
+        for level in range(len(SHORTENINGS) + 1):
+            text = self._render(data, level)
+            if len(text) <= GITHUB_LIMIT:
+                return text
+        return _cut(text)
+
+    def _render(self, data: RunData, level: int) -> str:
+        drop = set(SHORTENINGS[:level])
         out = [f"## {md_text(c.headline(data))}", "", c.intro(data, md_code), ""]
         if warns := c.warnings(data):
             out += ["### Warnings", "", *(f"- **warning:** {md_text(w)}" for w in warns), ""]
-        out += ["### Verdicts", "", *md_table(c.verdict_table(data), "no cascade pairs"), ""]
+        if drop:
+            out += [f"_{md_text(shortened_note(drop))}_", ""]
+        verdicts = c.verdict_table(data)
+        if "verdict rows" in drop:
+            verdicts = _worst_rows(verdicts, MAX_VERDICT_ROWS)
+        out += ["### Verdicts", "", *md_table(verdicts, "no cascade pairs"), ""]
         for note in (c.drift_note(data), c.if_note(data)):
             if note:
                 out += [f"_{md_text(note)}_", ""]
-        if c.has_speed(data):
+        if c.has_speed(data) and "speed" not in drop:
             out += ["### Decode speed", "", *md_table(c.speed_table(data), "no timed pairs"), ""]
             out += [f"_{md_text(c.SPEED_NOTE)}_", ""]
         out += ["### Detection power", "", *_detection_power(data)]
-        out += ["### Noise floor", "", *md_table(c.noise_table(data), "no control pairs"), ""]
-        out += ["### Cells", "", *md_table(c.cell_table(data), "no cells"), ""]
-        if data.examples:
+        if "noise" not in drop:
+            out += ["### Noise floor", "", *md_table(c.noise_table(data), "no control pairs"), ""]
+        if "cells" not in drop:
+            out += ["### Cells", "", *md_table(c.cell_table(data), "no cells"), ""]
+        if data.examples and "examples" not in drop:
             out += ["### Most divergent prompts", ""]
             for ex in data.examples:
                 out += _example(ex)
         if (inv := c.invocations_table(data)) is not None:
             out += ["### Invocations", "", *md_table(inv, "one invocation"), ""]
         env = "\n".join(f"{k}: {v}" for k, v in c.env_lines(data))
-        out += ["### Environment", "", *fenced(env, "text"), ""]
+        if "environment" not in drop:
+            out += ["### Environment", "", *fenced(env, "text"), ""]
         out += ["### Reproduce", ""]
         cmd = c.command(data)
         if cmd:
