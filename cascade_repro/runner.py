@@ -466,10 +466,8 @@ def finalize(run_dir: Path, thresholds: Thresholds | None = None) -> tuple[Path,
     th = thresholds or Thresholds(**run.get("thresholds", {}))
     scored = restrict(run)  # a shard scores its own cells; merge scores them all
     cells_df, pairs_df, comp_df = build_tables(scored, run_dir, th)
-    for name, df in (("cells", cells_df), ("pairs", pairs_df), ("comparisons", comp_df)):
-        tmp = run_dir / f".{name}.parquet.tmp"
-        df.to_parquet(tmp, index=False)
-        os.replace(tmp, run_dir / f"{name}.parquet")
+    for name, df in ((runstore.CELLS, cells_df), (runstore.PAIRS, pairs_df), (runstore.COMPARISONS, comp_df)):
+        runstore.write_parquet_atomic(df, run_dir / name)
     engines = {}
     for key in scored["plan"]["engines"]:
         prog = runstore.read_progress(runstore.samples_path(run_dir, key))

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cascade_repro.errors import RunLockedError, UsageError
+from cascade_repro.errors import EnvironmentFailure, RunLockedError, UsageError
 
 RUN_JSON = "run.json"
 PROMPTS = "prompts.jsonl"
@@ -86,11 +86,20 @@ def read_prompts(run_dir: Path) -> list[dict[str, Any]]:
 
 def write_prompts(run_dir: Path, records: list[dict[str, Any]]) -> None:
     """Write prompts.jsonl atomically (temp file and rename)."""
-    tmp = Path(run_dir) / f".{PROMPTS}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for rec in records:
-            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    os.replace(tmp, prompts_path(run_dir))
+    write_text_atomic(
+        prompts_path(run_dir), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    )
+
+
+def write_parquet_atomic(df: Any, path: Path) -> None:
+    """Write a table through a temp file and rename; a failed write leaves no temp file behind."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        df.to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_run_json(run_dir: Path, run: dict[str, Any]) -> None:
@@ -346,7 +355,7 @@ class RunLock:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
             except OSError as e:  # a read-only or foreign directory: one line, not a traceback
-                raise UsageError(f"cannot write in {self.path.parent}: {e.strerror or e}") from None
+                raise EnvironmentFailure(f"cannot write in {self.path.parent}: {e.strerror or e}") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:

@@ -300,17 +300,45 @@ def test_report_refuses_a_run_that_a_matrix_is_writing(tmp_path):
 
 def test_an_unwritable_results_dir_is_one_line_not_a_traceback(tmp_path):
     from cascade_repro import runstore
-    from cascade_repro.errors import UsageError
+    from cascade_repro.errors import EnvironmentFailure
 
     # A results dir that cannot be created (a file stands in its path) fails like a read-only one
     # does for a non-root user, and this works as root too.
     (tmp_path / "f").write_text("x")
-    with pytest.raises(UsageError, match=f"cannot write in {tmp_path}/f/run: "):
+    with pytest.raises(EnvironmentFailure, match=f"cannot write in {tmp_path}/f/run: "):
         runstore.RunLock(tmp_path / "f" / "run").acquire()
     res = invoke("matrix", "--limit", "1", "--results-dir", str(tmp_path / "f"), "--run-id", "run")
     # (stderr may begin with the embedded model's one-time conversion progress)
-    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert res.exit_code == 6 and "Traceback" not in res.output  # the machine's failure, not a usage error
     assert f"error: cannot write in {tmp_path}/f/run: " in flat(res.stderr)
+
+
+def test_a_full_disk_while_scoring_is_one_line_naming_the_path_and_leaves_no_temp_file(tmp_path, monkeypatch):
+    import errno
+
+    import pandas as pd
+
+    from cascade_repro import runstore
+
+    # The synthetic run of test_tables, scored with --rescore while the disk is full.
+    root = Path(__file__).resolve().parents[1]
+    run_dir = tmp_path / "synth"
+    subprocess.run([sys.executable, str(root / "benchmarks" / "make_synthetic_run.py"), str(run_dir), "--prompts", "8",
+                    "--max-tokens", "64", "--tp", "1", "--batch", "1,8", "--procs", "1"], check=True,
+                   capture_output=True)  # fmt: skip
+
+    def full(self, path, *a, **k):
+        Path(path).write_bytes(b"PAR1")  # a partial file, as a write that ran out of space leaves
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    before = (run_dir / runstore.CELLS).read_bytes()  # the synthetic run's own tables
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", full)
+    res = invoke("report", str(run_dir), "--rescore")
+    assert res.exit_code == 6, res.output
+    assert "No space left on device" in flat(res.stderr) and f"{run_dir}/.{runstore.CELLS}.tmp" in flat(res.stderr)
+    assert "Traceback" not in res.output
+    # No temp file left, and what was written before is still there and whole.
+    assert not list(run_dir.glob(".*.tmp")) and (run_dir / runstore.CELLS).read_bytes() == before
 
 
 def test_dry_run_refuses_a_run_id_outside_the_results_dir():

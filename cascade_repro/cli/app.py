@@ -35,14 +35,22 @@ RunDirArg = Annotated[
 
 @contextmanager
 def user_errors() -> Iterator[None]:
-    """Turn a UsageError into one line on stderr and exit code 2; Ctrl-C into a resume hint."""
-    from cascade_repro.errors import UsageError
+    """Turn a UsageError into one line on stderr and exit code 2, a failure of the machine (a
+    permission, a full disk, an I/O error) into one line naming the path and exit code 6; Ctrl-C
+    into a resume hint."""
+    from cascade_repro.errors import EnvironmentFailure, UsageError
 
     try:
         yield
     except UsageError as e:
         err_console().print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
+    except (EnvironmentFailure, OSError) as e:
+        if isinstance(e, BrokenPipeError):
+            raise
+        msg = str(e) if isinstance(e, EnvironmentFailure) else str(EnvironmentFailure.from_oserror(e))
+        err_console().print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EnvironmentFailure.exit_code) from None
     except KeyboardInterrupt:
         err_console().print("interrupted: finished cells are kept; rerun the same command to resume")
         raise typer.Exit(130) from None
