@@ -41,3 +41,29 @@ def results_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     path = tmp_path / "results"
     monkeypatch.setenv("CASCADE_REPRO_RESULTS_DIR", str(path))
     return path
+
+
+# The fake `vllm` package shared by the CPU tests of the vLLM engine and the overhead benchmark.
+FAKE_VLLM_ROOT = Path(__file__).resolve().parent / "fake_vllm"
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch: pytest.MonkeyPatch):
+    """Put tests/fake_vllm first on sys.path for one test, with the probe's process state reset."""
+    import importlib.util
+    import sys
+
+    from cascade_repro import probe
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("a real vLLM is installed; the fake would shadow it")
+    monkeypatch.syspath_prepend(str(FAKE_VLLM_ROOT))
+    monkeypatch.setattr(probe, "_STATE", None)
+    monkeypatch.setattr(probe, "_FINDER", None)
+    for var in (probe.ENV_VAR, "VLLM_USE_V2_MODEL_RUNNER", "VLLM_USE_FLASHINFER_SAMPLER"):
+        monkeypatch.delenv(var, raising=False)
+    meta = list(sys.meta_path)
+    yield FAKE_VLLM_ROOT
+    sys.meta_path[:] = meta
+    for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
+        del sys.modules[name]

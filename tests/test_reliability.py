@@ -382,6 +382,7 @@ def test_kill_9_of_the_parent_then_rerun_resumes_to_the_same_report(tmp_path, pr
     rc, out, err = _finish(_start(cwd, prompts_file))
     assert rc == 0, err
     assert not (run_dir / runstore.LOCK).exists()
+    assert "1 of 4 cells already done, running the other 3" in err  # it says it resumed
 
     # No torn line survives: every line is whole and parses.
     lines = _lines(path)
@@ -415,11 +416,19 @@ def test_kill_9_of_the_parent_then_rerun_resumes_to_the_same_report(tmp_path, pr
     pd.testing.assert_frame_equal(cells, ref_cells)
     report = (run_dir / "report.md").read_text()
     ref_report = (ref_dir / "report.md").read_text()
-    assert _masked_report(report) == _masked_report(ref_report)
+    # The one difference a resume makes: it lists the two invocations (1 cell kept, 3 run).
+    head, inv, tail = report.partition("### Invocations\n")
+    invocations, _, rest = tail.partition("### ")
+    assert "| 2 |" in invocations and "| 1 | 3 |" in invocations and "### Invocations" not in ref_report
+    # The environment is the first invocation's (the one that began the run), which had the test's
+    # fault variable set: provenance, not a difference in results.
+    first = "\n".join(ln for ln in (head + "### " + rest).splitlines() if "CASCADE_REPRO_FAULT" not in ln)
+    assert _masked_report(first) == _masked_report(ref_report)
     summary, ref_summary = (json.loads((d / "summary.json").read_text()) for d in (run_dir, ref_dir))
     for s in (summary, ref_summary):
         for cell in s["cells"]:
             cell.pop("tokens_per_s")
+        s["env"].get("vllm_env", {}).pop("CASCADE_REPRO_FAULT", None)  # the first invocation's, as above
     assert summary == ref_summary
 
 

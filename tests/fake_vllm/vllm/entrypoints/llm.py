@@ -1,0 +1,79 @@
+import importlib
+import os
+import types
+
+
+class SamplingParams:
+    def __init__(self, max_tokens=16, temperature=1.0, logprobs=None, seed=None, ignore_eos=False):
+        self.max_tokens, self.temperature, self.logprobs = max_tokens, temperature, logprobs
+
+
+class Lp:  # vllm.logprobs.Logprob
+    def __init__(self, logprob, rank):
+        self.logprob, self.rank, self.decoded_token = logprob, rank, None
+
+
+class LLM:
+    """Counts what the harness asks of it; generates request i of a call as [10 + i] * max_tokens."""
+
+    def __init__(self, model, **kwargs):
+        from cascade_repro import probe
+        from vllm.engine.arg_utils import EngineArgs  # noqa: F401 - vLLM loads its general plugins here
+
+        probe.register()
+        self.model, self.kwargs = model, kwargs
+        self.fa = importlib.import_module("vllm.v1.attention.backends.flash_attn")
+        self.worker = importlib.import_module("vllm.v1.worker.worker_base").WorkerWrapperBase()
+        self.layers = [self.fa.FlashAttentionImpl() for _ in range(2)]
+        self.resets = 0
+        self.generated = []
+        self.rpcs = 0
+        mc = types.SimpleNamespace(dtype="torch.bfloat16", disable_cascade_attn=kwargs.get("disable_cascade_attn"),
+                                   enforce_eager=kwargs.get("enforce_eager", False),
+                                   max_model_len=kwargs.get("max_model_len", 8192), seed=kwargs.get("seed"))
+        cfg = types.SimpleNamespace(
+            model_config=mc,
+            parallel_config=types.SimpleNamespace(tensor_parallel_size=kwargs.get("tensor_parallel_size")),
+            cache_config=types.SimpleNamespace(enable_prefix_caching=kwargs.get("enable_prefix_caching"),
+                                               block_size=16, gpu_memory_utilization=0.5),
+            attention_config=types.SimpleNamespace(**(kwargs.get("attention_config") or {})),
+            use_v2_model_runner=False,
+        )
+        self.llm_engine = types.SimpleNamespace(vllm_config=cfg,
+                                                engine_core=types.SimpleNamespace(shutdown=lambda: None))
+
+    def get_tokenizer(self):
+        if os.path.isdir(self.model):  # a real model folder: the worker renders prompts with it
+            from transformers import AutoTokenizer
+
+            return AutoTokenizer.from_pretrained(self.model)
+        return "tok"
+
+    def reset_prefix_cache(self):
+        self.resets += 1
+        return True
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        self.rpcs += 1
+        return [getattr(self.worker, method)(*args, **(kwargs or {}))]
+
+    def generate(self, prompts, params, use_tqdm=True):
+        import torch
+
+        self.generated.append(len(prompts))
+        n = len(prompts)
+        builder = self.fa.FlashAttentionMetadataBuilder()
+        for _ in range(params.max_tokens):  # one decision per step, as the model runner takes it
+            use = builder.use_cascade_attention(common_prefix_len=512, query_lens=[1] * n, num_query_heads=9,
+                                                num_kv_heads=3, use_alibi=False, use_sliding_window=False,
+                                                use_local_attention=False, num_sms=132, dcp_world_size=1)
+            if use:
+                for layer in self.layers:
+                    layer.forward(torch.arange(6.0).view(2, 3), 512)
+        outs = []
+        for i in range(n):
+            toks = [10 + i] * params.max_tokens
+            lps = [{t: Lp(-0.5, 1), 99: Lp(-1.5, 2), 98: Lp(-2.5, 3)} for t in toks] if params.logprobs else None
+            c = types.SimpleNamespace(token_ids=toks, text="x", finish_reason="length", logprobs=lps)
+            outs.append(types.SimpleNamespace(outputs=[c]))
+        return outs

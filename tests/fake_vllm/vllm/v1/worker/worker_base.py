@@ -1,0 +1,3 @@
+class WorkerWrapperBase:
+    def __init__(self):
+        self.rpc_rank = 0
