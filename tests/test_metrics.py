@@ -571,3 +571,28 @@ def test_drift_floor_follows_the_dtype_resolution():
     assert drift_floor("float16") == 2.0**-11
     assert drift_floor("float32") == 1e-4  # fp32's own unit roundoff would make 1e-6 look huge
     assert drift_floor("mystery") == 2.0**-8  # unknown: the largest floor, never a false alarm
+
+
+long_tokens = st.lists(st.integers(0, 5), min_size=0, max_size=600)
+
+
+@settings(max_examples=150)
+@given(long_tokens, long_tokens)
+def test_the_default_edit_distance_is_exact_and_equals_the_pure_exact_one(a, b):
+    from cascade_repro.metrics import divergence
+
+    if divergence._rapidfuzz is None:
+        pytest.skip("rapidfuzz not installed here")
+    assert edit_distance_norm(a, b) == edit_distance_norm(a, b, band=None)  # rapidfuzz vs bit-parallel
+
+
+def test_without_rapidfuzz_the_default_is_the_256_band(monkeypatch):
+    from cascade_repro.metrics import divergence
+
+    x = [3] + [1] * 10 + [5]
+    y = [4] + [1] * 300 + [6]  # a length gap of 290 > 256: the banded code's trivial bound
+    monkeypatch.setattr(divergence, "_rapidfuzz", None)
+    assert edit_distance_norm(x, y) == 1.0 == edit_distance_norm(x, y, band=256)
+    monkeypatch.undo()
+    if divergence._rapidfuzz is not None:
+        assert edit_distance_norm(x, y) == pytest.approx(292 / 302)  # exact

@@ -158,8 +158,21 @@ def _levenshtein_banded(a: Sequence[int], b: Sequence[int], band: int) -> int:
     return int(row[d - klo])
 
 
-def edit_distance_norm(a: Sequence[int], b: Sequence[int], band: int | None = 256) -> float:
+try:  # exact Levenshtein on token-id lists in C++, 14-50x faster than the code below
+    from rapidfuzz.distance import Levenshtein as _rapidfuzz
+except ImportError:  # e.g. a GPU image without it: the pure implementations below
+    _rapidfuzz = None
+
+AUTO = "auto"  # edit_distance_norm's default band: exact with rapidfuzz, else a 256-wide band
+AUTO_BAND = 256
+
+
+def edit_distance_norm(a: Sequence[int], b: Sequence[int], band: int | str | None = AUTO) -> float:
     """Levenshtein distance / ``max(len(a), len(b))``; 0.0 when both are empty.
+
+    By default (``band=AUTO``) the distance is exact when rapidfuzz is installed (a dependency of
+    this package) and otherwise computed as with ``band=256``. An explicit ``band`` keeps the pure
+    implementation's semantics below, for comparison and for machines without rapidfuzz.
 
     The common prefix and common suffix are stripped first (they never change the distance).
     On the remainders (lengths ``n'``, ``m'``):
@@ -174,8 +187,11 @@ def edit_distance_norm(a: Sequence[int], b: Sequence[int], band: int | None = 25
 
     Every branch is symmetric in ``a`` and ``b`` and returns 0 only for equal inputs.
     """
-    if band is not None and band < 0:
-        raise ValueError(f"band must be >= 0 or None, got {band}")
+    exact_fast = band == AUTO and _rapidfuzz is not None
+    if band == AUTO:
+        band = None if exact_fast else AUTO_BAND
+    if band is not None and (not isinstance(band, int) or band < 0):
+        raise ValueError(f"band must be >= 0, None or 'auto', got {band!r}")
     a, b = _as_list(a), _as_list(b)
     longest = max(len(a), len(b))
     if longest == 0:
@@ -187,7 +203,9 @@ def edit_distance_norm(a: Sequence[int], b: Sequence[int], band: int | None = 25
     ra = a[p : len(a) - s]
     rb = b[p : len(b) - s]
     na, nb = len(ra), len(rb)
-    if band is None or max(na, nb) <= band:
+    if exact_fast:
+        dist = int(_rapidfuzz.distance(ra, rb))
+    elif band is None or max(na, nb) <= band:
         # Bits along the longer side, iterate over the shorter: fewer Python-level iterations.
         dist = _levenshtein_bitparallel(ra, rb) if na >= nb else _levenshtein_bitparallel(rb, ra)
     elif abs(na - nb) > band:
