@@ -1,8 +1,9 @@
 """Machine-readable summary.json for CI: stable keys, NaN as null.
 
 Schema 2 added the drift evidence per pair, `detection_power`, `warnings` and `schema_version`;
-schema 3 the decode speed per pair (`speed_*`, `predicted_speedup`) and per cell (`*_step_ms`,
-`decode_tok_s`).
+schema 3 the decode speed per pair (`speed_*`, `wall_ratio`, `predicted_speedup`, `speed_flag`) and
+per cell (`*_step_ms`, `decode_tok_s`), `invocations` and `mixed_stack`. Every key is described in
+docs/summary-json.md.
 """
 
 from __future__ import annotations
@@ -126,6 +127,13 @@ class JsonFormatter(ReportFormatter):
             "predictions": c.predictions(data),
             "if_note": c.if_note(data),
             "env": c.section(data.run, "env"),
+            # Every invocation of the run (the first, each resume) and the stack keys that changed.
+            "invocations": [
+                {k: i.get(k) for k in ("started_at", "command", "cells_kept", "cells_run", "total_s")}
+                for i in data.run.get("invocations") or []
+                if isinstance(i, dict)
+            ],
+            "mixed_stack": data.run.get("mixed_stack") or [],
         }
         # allow_nan=False: plain() must already have turned every NaN into null.
         return (
