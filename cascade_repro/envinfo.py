@@ -145,3 +145,39 @@ def gpu_devices() -> list[dict[str, Any]]:
         {"index": i, "name": n.strip(), "sm_count": None, "compute_capability": None}
         for i, n in enumerate(lines)
     ]
+
+
+COLLECT_ENV_MAX = 20_000  # characters kept; vLLM's output is ~5-8 K
+COLLECT_ENV_TIMEOUT_S = 180.0
+
+
+def vllm_collect_env(timeout_s: float = COLLECT_ENV_TIMEOUT_S) -> str | None:
+    """vLLM's own ``python -m vllm.collect_env`` output (what its bug template asks for), redacted.
+
+    Run in a child process, so this process does not import vLLM (seconds) or touch CUDA; None when
+    vLLM is not installed or the command fails. Lines naming secrets lose their values.
+    """
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "vllm.collect_env"], capture_output=True, text=True, timeout=timeout_s
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0 or not out.stdout.strip():
+        return None
+    lines = []
+    for line in out.stdout.splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name.strip() and " " not in name.strip():  # "NAME=value" lines of its env section
+            line = f"{name}={redact_value(name.strip(), value)}"
+        else:
+            line = redact_value("", line)
+        lines.append(line)
+    text = "\n".join(lines)
+    return text if len(text) <= COLLECT_ENV_MAX else text[:COLLECT_ENV_MAX] + "\n[truncated]"

@@ -224,6 +224,8 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
         "engines": {},
         "timings": {},
     }
+    if engine_info(spec.engine).is_vllm and (collected := envinfo.vllm_collect_env()) is not None:
+        run["vllm_collect_env"] = collected  # vLLM's bug template asks for exactly this
     if opts.shard:
         run["shard"] = str(opts.shard)  # the plan stays whole: every shard of a matrix has the same one
     from cascade_repro.explain import predictions_for

@@ -123,6 +123,16 @@ def _env_text(env: dict[str, Any], effective: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _collect_env_block(run: dict[str, Any]) -> list[str]:
+    """vLLM's own collect_env output, collapsed, when the run recorded it."""
+    text = run.get("vllm_collect_env")
+    if not isinstance(text, str) or not text.strip():
+        return []
+    fence = "````" if "```" in text else "```"
+    return ["<details>", "<summary>vLLM's collect_env (recorded by the run)</summary>", "", f"{fence}text", text,
+            fence, "", "</details>", ""]  # fmt: skip
+
+
 def render_issue(
     *,
     result: dict[str, Any],
@@ -167,6 +177,7 @@ def render_issue(
         "",
         "</details>",
         "",
+        *_collect_env_block(run),
         "### 🐛 Describe the bug",
         "",
         f"With cascade attention enabled (`disable_cascade_attn=False`), greedy outputs change versus the "

@@ -1,0 +1,39 @@
+"""vLLM's collect_env output: captured in a child process, redacted, shown collapsed in report.md and issue.md."""
+
+from __future__ import annotations
+
+from cascade_repro import envinfo
+
+
+def test_collect_env_is_captured_and_redacted(fake_vllm, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(fake_vllm))
+    text = envinfo.vllm_collect_env()
+    assert text is not None and "vLLM Version                 : 0.26.0-fake" in text
+    assert "VLLM_USE_V2_MODEL_RUNNER=0" in text
+    assert "HF_TOKEN=<redacted>" in text and "hf_abcdefghijklmnop" not in text
+
+
+def test_no_vllm_no_collect_env(monkeypatch):
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        assert envinfo.vllm_collect_env() is None
+
+
+def test_report_md_and_issue_md_carry_it_collapsed(tmp_path):
+    import importlib
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    tr = importlib.import_module("test_report")
+    from cascade_repro.minimize.render import _collect_env_block
+    from cascade_repro.report.load import load_run
+    from cascade_repro.report.markdown import MarkdownFormatter
+
+    run = {**tr.RUN, "vllm_collect_env": "vLLM Version : 0.26.0\nPyTorch version : 2.11.0"}
+    md = MarkdownFormatter().render(load_run(tr.build_run(tmp_path / "run", run)))
+    assert "<details><summary>vLLM's collect_env</summary>" in md and "PyTorch version : 2.11.0" in md
+    block = "\n".join(_collect_env_block(run))
+    assert block.startswith("<details>") and "vLLM Version : 0.26.0" in block and block.rstrip().endswith("</details>")
+    assert _collect_env_block({}) == []
