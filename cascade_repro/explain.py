@@ -620,7 +620,7 @@ def explain_spec(
         from cascade_repro.models import load_tokenizer
         from cascade_repro.promptsets import load_prompt_set, load_system_prompt
 
-        pset = load_prompt_set(spec.prompts, spec.limit)
+        pset = load_prompt_set(spec.prompts, spec.limit, spec.prompt_field, spec.key_field)
         tok = load_tokenizer(model_path, spec.trust_remote_code)
         rendered, prefix_tokens = render_all(
             tok, load_system_prompt(spec.system_prompt), [r.prompt for r in pset.records]

@@ -32,6 +32,10 @@ class MatrixSpec:
     prompts: str = "ko-ifeval-style"
     system_prompt: str = "ko"
     limit: int | None = None
+    # Columns of a local or Hub prompt set holding the prompt and the key (None: "prompt"; "key",
+    # else "id"); see promptsets.Columns.
+    prompt_field: str | None = None
+    key_field: str | None = None
     tp: list[int] = field(default_factory=lambda: [1])
     batch: list[int] = field(default_factory=lambda: [1, 8, 16])
     cascade: list[bool] = field(default_factory=lambda: [True, False])
@@ -94,6 +98,10 @@ class MatrixSpec:
         for name in ("model", "prompts", "system_prompt", "load_format", "device"):
             if not isinstance(getattr(self, name), str):
                 bad(f"{name} must be a string, got {getattr(self, name)!r}")
+        for name in ("prompt_field", "key_field"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, str) or not v.strip()):
+                bad(f"{name} must name a column, got {v!r}")
         for name in ("rerun", "enforce_eager", "trust_remote_code", "auto_controls"):
             if not isinstance(getattr(self, name), bool):
                 bad(f"{name} must be true or false, got {getattr(self, name)!r}")

@@ -23,6 +23,7 @@ import json
 import os
 import sys
 from collections.abc import Iterable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -52,6 +53,48 @@ _PARQUET_SUFFIXES = (".parquet",)
 _FIELDS = ("key", "prompt", "instruction_id_list", "kwargs", "lang")
 _LIST_FIELDS = ("instruction_id_list", "kwargs")
 _PARQUET_BATCH_ROWS = 1024
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Which column holds the prompt and which the key (``--prompt-field``, ``--key-field``).
+
+    ``key`` None: a ``key`` column, else an ``id`` column (Hub datasets and many CSVs have one),
+    else the file's stem and the row number.
+    """
+
+    prompt: str = "prompt"
+    key: str | None = None
+
+    def source(self, field: str, present: Iterable[str]) -> str:
+        """The column a record field is read from, given the columns the data has."""
+        if field == "prompt":
+            return self.prompt
+        if field == "key":
+            if self.key is not None:
+                return self.key
+            names = set(present)
+            return "key" if "key" in names or "id" not in names else "id"
+        return field
+
+
+# Set by load_prompt_set while it reads (records are read within the call).
+_COLUMNS: ContextVar[Columns] = ContextVar("prompt_columns", default=Columns())  # noqa: B039 - frozen
+
+
+def _mapped(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row with the user's prompt and key columns under the names the record fields have."""
+    cols = _COLUMNS.get()
+    out = dict(row)
+    for field in ("prompt", "key"):
+        src = cols.source(field, row.keys())
+        if src != field:
+            out.pop(field, None)
+            if src in row:
+                out[field] = row[src]
+    return out
+
+
 _BOM = "\ufeff"
 
 PromptPath = str | os.PathLike[str] | Traversable
@@ -98,17 +141,28 @@ class _Where:
 # --------------------------------------------------------------------------------------------
 
 
-def load_prompt_set(spec: str, limit: int | None = None) -> PromptSet:
+def load_prompt_set(
+    spec: str, limit: int | None = None, prompt_field: str | None = None, key_field: str | None = None
+) -> PromptSet:
     """Load a built-in name, a local ``.jsonl``/``.json``/``.csv``/``.parquet`` file or ``hf:owner/name[:split]``.
 
     ``limit`` keeps the first N records (and stops reading there). Keys must be unique, and an
     empty set is an error, because a run over zero prompts would report nothing while looking green.
+    ``prompt_field`` / ``key_field`` name the columns that hold the prompt and the key (see
+    :class:`Columns`).
     """
     _check_limit(limit)
-    name, source, display, located = _resolve_set(spec)
-    # islice rejects a stop above sys.maxsize; a --limit that large means "all of them".
-    stop = None if limit is None else min(limit, sys.maxsize)
-    records = tuple(islice(_unique_keys(located), stop))
+    for flag, value in (("--prompt-field", prompt_field), ("--key-field", key_field)):
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise UsageError(f"{flag} must name a column, got {value!r}")
+    token = _COLUMNS.set(Columns(prompt_field or "prompt", key_field))
+    try:
+        name, source, display, located = _resolve_set(spec)
+        # islice rejects a stop above sys.maxsize; a --limit that large means "all of them".
+        stop = None if limit is None else min(limit, sys.maxsize)
+        records = tuple(islice(_unique_keys(located), stop))
+    finally:
+        _COLUMNS.reset(token)
     if not records:
         raise UsageError(f"no prompts in {display}")
     return PromptSet(name=name, source=source, records=records)
@@ -219,6 +273,8 @@ def _file_records(file: Path | Traversable, display: str) -> Iterator[tuple[_Whe
     stem = Path(file.name).stem
     try:
         for index, (where, row) in enumerate(read_rows(file, display)):
+            if read_rows is _jsonl_rows:  # table readers map their columns in _table_row
+                row = _mapped(row)
             yield where, _to_record(row, where, default_key=f"{stem}-{index:04d}")
     except OSError as exc:  # permissions, a vanished file, an I/O error mid-read
         raise UsageError(f"cannot read {display}: {_one_line(exc)}") from None
@@ -280,9 +336,11 @@ def _csv_rows(file: Path | Traversable, display: str) -> Iterator[tuple[_Where, 
         header = _next_csv(reader, display, lambda: reader.fieldnames)
         if header is None:
             return
-        if "prompt" not in header:
+        prompt_col = _COLUMNS.get().prompt
+        if prompt_col not in header:
             raise UsageError(
-                f"{display} line 1: no 'prompt' column (columns: {', '.join(' '.join(h.splitlines()) for h in header)})"
+                f"{display} line 1: no {prompt_col!r} column (columns: {', '.join(' '.join(h.splitlines()) for h in header)})"
+                + _field_hint(prompt_col)
             )
         while (row := _next_csv(reader, display, lambda: next(reader, None))) is not None:
             where = _Where(display, "line", reader.line_num)
@@ -308,15 +366,18 @@ def _parquet_rows(file: Path | Traversable, display: str) -> Iterator[tuple[_Whe
         try:
             parquet = pq.ParquetFile(stream)
             names = parquet.schema_arrow.names
-            columns = [name for name in _FIELDS if name in names]
+            cols = _COLUMNS.get()
+            wanted = {cols.source(f, names) for f in _FIELDS}
+            columns = [name for name in names if name in wanted]
             batches = parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=columns)
         except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
             # UnicodeDecodeError: pyarrow decodes a footer's column paths as UTF-8 (a damaged or
             # hostile file; found by tests/atheris_inputs.py).
             raise UsageError(f"{display}: not a readable parquet file: {_one_line(exc)}") from None
-        if "prompt" not in names:
+        if cols.prompt not in names:
             raise UsageError(
-                f"{display}: no 'prompt' column (columns: {', '.join(' '.join(n.splitlines()) for n in names)})"
+                f"{display}: no {cols.prompt!r} column (columns: {', '.join(' '.join(n.splitlines()) for n in names)})"
+                + _field_hint(cols.prompt)
             )
         number = 0
         while (batch := _next_batch(batches, display, number)) is not None:
@@ -382,8 +443,12 @@ def _hub_records(spec: str) -> Iterator[tuple[_Where, PromptRecord]]:
     except Exception as exc:
         # Any network, auth, missing-dataset or import failure means the same thing to the user.
         raise UsageError(f"could not load Hub dataset {name}: {_one_line(exc)}; {HUB_OFFLINE_HINT}") from None
-    if "prompt" not in dataset.column_names:
-        raise UsageError(f"{spec}: no 'prompt' column (columns: {', '.join(dataset.column_names)})")
+    prompt_col = _COLUMNS.get().prompt
+    if prompt_col not in dataset.column_names:
+        raise UsageError(
+            f"{spec}: no {prompt_col!r} column (columns: {', '.join(dataset.column_names)})"
+            + _field_hint(prompt_col)
+        )
     stem = name.rpartition("/")[2]
     for index, row in enumerate(dataset):
         where = _Where(spec, "row", index + 1)
@@ -395,8 +460,17 @@ def _hub_records(spec: str) -> Iterator[tuple[_Where, PromptRecord]]:
 # --------------------------------------------------------------------------------------------
 
 
+def _field_hint(prompt_col: str) -> str:
+    return (
+        "; name the prompt column with --prompt-field (and the key with --key-field)"
+        if prompt_col == "prompt"
+        else ""
+    )
+
+
 def _table_row(row: Mapping[str, Any], where: _Where) -> dict:
     """Normalise a CSV/parquet/Hub row: blank cells count as absent, list columns may hold JSON text."""
+    row = _mapped(row)
     fields: dict[str, Any] = {}
     for field in _FIELDS:
         value = row.get(field)
@@ -430,7 +504,7 @@ def _to_record(row: Mapping[str, Any], where: _Where, default_key: str) -> Promp
 def _prompt(row: Mapping[str, Any], where: _Where) -> str:
     value = row.get("prompt")
     if value is None:
-        raise UsageError(f"{where}: field 'prompt' is missing")
+        raise UsageError(f"{where}: field {_COLUMNS.get().prompt!r} is missing")
     if not isinstance(value, str):
         raise UsageError(f"{where}: field 'prompt' must be a string, got {_type_name(value)}")
     if not value.strip():

@@ -182,7 +182,7 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
         gpus = visible_gpus()
         if max(spec.tp) > gpus:
             raise UsageError(f"--tp {max(spec.tp)} needs {max(spec.tp)} GPUs, {gpus} visible")
-    pset = load_prompt_set(spec.prompts, spec.limit)
+    pset = load_prompt_set(spec.prompts, spec.limit, spec.prompt_field, spec.key_field)
     system_text = load_system_prompt(spec.system_prompt)
     model_path, model_name = resolve_model(spec.model)
     tokenizer = load_tokenizer(model_path, spec.trust_remote_code)

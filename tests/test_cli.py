@@ -417,3 +417,14 @@ def test_a_vllm_with_cascade_off_by_default_says_the_harness_turns_it_on(monkeyp
     assert "cascade attention is off by default from 0.18.0 (PR #36318); the harness turns it on" in flat(res.output)
     monkeypatch.setattr(vllm_surface, "installed_version", lambda: "0.10.2")
     assert "note:" not in invoke("matrix", "--engine", "vllm", "--dry-run").output
+
+
+def test_a_csv_whose_prompts_are_in_question(tmp_path):
+    f = tmp_path / "q.csv"
+    f.write_text("id,question\nq1,What is 2+2?\nq2,Name a colour.\n")
+    res = invoke("matrix", "--prompts", str(f), "--dry-run", "--batch", "1")
+    assert res.exit_code == 2 and "name the prompt column with --prompt-field" in flat(res.output)
+    res = invoke("matrix", "--prompts", str(f), "--prompt-field", "question", "--dry-run", "--batch", "1")
+    assert res.exit_code == 0 and "hf matrix over 2 prompts" in flat(res.output)
+    res = invoke("prompts", "show", str(f), "--prompt-field", "question", "--limit", "1")
+    assert res.exit_code == 0 and "q.csv" in res.output and "What is 2+2?" in flat(res.output)

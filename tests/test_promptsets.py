@@ -418,7 +418,7 @@ def test_csv_errors(tmp_path):
     no_prompt = write_csv(tmp_path / "a.csv", [["key", "text"], ["1", "hi"]])
     assert (
         usage_error(load_prompt_set, str(no_prompt))
-        == f"{no_prompt} line 1: no 'prompt' column (columns: key, text)"
+        == f"{no_prompt} line 1: no 'prompt' column (columns: key, text); name the prompt column with --prompt-field (and the key with --key-field)"
     )
     extra = write_csv(tmp_path / "b.csv", [["prompt"], ["ok"], ["x", "y"]])
     assert usage_error(load_prompt_set, str(extra)).startswith(
@@ -456,7 +456,7 @@ def test_parquet_errors(tmp_path):
     )
     no_prompt = tmp_path / "y.parquet"
     pq.write_table(pa.table({"text": ["a"]}), no_prompt)
-    assert usage_error(load_prompt_set, str(no_prompt)) == f"{no_prompt}: no 'prompt' column (columns: text)"
+    assert usage_error(load_prompt_set, str(no_prompt)) == f"{no_prompt}: no 'prompt' column (columns: text); name the prompt column with --prompt-field (and the key with --key-field)"
     wrong = tmp_path / "z.parquet"
     pq.write_table(pa.table({"prompt": ["a", None]}), wrong)
     assert usage_error(load_prompt_set, str(wrong)) == f"{wrong} row 2: field 'prompt' is missing"
@@ -529,7 +529,7 @@ def test_hub_rows_become_records(monkeypatch):
     monkeypatch.setattr(
         datasets, "load_dataset", lambda name, split: datasets.Dataset.from_list([{"text": "x"}])
     )
-    assert usage_error(load_prompt_set, "hf:o/n") == "hf:o/n: no 'prompt' column (columns: text)"
+    assert usage_error(load_prompt_set, "hf:o/n") == "hf:o/n: no 'prompt' column (columns: text); name the prompt column with --prompt-field (and the key with --key-field)"
 
 
 # --------------------------------------------------------------------------------------------
@@ -626,3 +626,30 @@ def test_parquet_whose_column_names_are_not_utf8_is_a_usage_error(tmp_path):
     path.write_bytes(data.replace(b"zqzq", b"\x94\x94\x94\x94"))
     with pytest.raises(UsageError, match="bad.parquet: not a readable parquet file"):
         load_prompt_set(str(path))
+
+
+
+def test_prompt_and_key_columns_can_be_named(tmp_path):
+    csv_file = tmp_path / "q.csv"
+    csv_file.write_text("id,question,source\nq1,What is 2+2?,gsm\nq2,Name a colour.,mine\n")
+    ps = load_prompt_set(str(csv_file), prompt_field="question")
+    assert [(r.key, r.prompt) for r in ps.records] == [("q1", "What is 2+2?"), ("q2", "Name a colour.")]  # id is the key
+    ps = load_prompt_set(str(csv_file), prompt_field="question", key_field="source")
+    assert [r.key for r in ps.records] == ["gsm", "mine"]
+    jl = tmp_path / "q.jsonl"
+    jl.write_text('{"id": 7, "text": "hello"}\n{"id": 8, "text": "bye"}\n')
+    assert [(r.key, r.prompt) for r in load_prompt_set(str(jl), prompt_field="text").records] == [("7", "hello"), ("8", "bye")]
+    import pandas as pd
+
+    pq_file = tmp_path / "q.parquet"
+    pd.DataFrame({"uid": ["a", "b"], "instruction": ["x y", "z"]}).to_parquet(pq_file)
+    got = load_prompt_set(str(pq_file), prompt_field="instruction", key_field="uid").records
+    assert [(r.key, r.prompt) for r in got] == [("a", "x y"), ("b", "z")]
+    # A named column that is not there, and a blank name, are one-line usage errors.
+    assert usage_error(load_prompt_set, str(csv_file), prompt_field="query") == (
+        f"{csv_file} line 1: no 'query' column (columns: id, question, source)"
+    )
+    assert usage_error(load_prompt_set, str(jl), prompt_field="query") == f"{jl} line 1: field 'query' is missing"
+    assert usage_error(load_prompt_set, str(csv_file), prompt_field=" ") == "--prompt-field must name a column, got ' '"
+    # Outside the call the defaults are back.
+    assert usage_error(load_prompt_set, str(csv_file)).startswith(f"{csv_file} line 1: no 'prompt' column")

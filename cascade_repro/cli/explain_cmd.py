@@ -244,7 +244,8 @@ _SHARED_FLAGS = (
     "trust_remote_code", "max_tokens", "fa_version",
 )  # fmt: skip
 _SPEC_FIELDS = (
-    "engine", "model", "prompts", "system_prompt", "limit", "tp", "batch", "cascade", "seeds", "dtypes", "fa_versions",
+    "engine", "model", "prompts", "system_prompt", "limit", "prompt_field", "key_field", "tp", "batch", "cascade", "seeds",
+    "dtypes", "fa_versions",
     "backends", "rerun", "hf_overrides", "trust_remote_code", "max_tokens",
 )  # fmt: skip
 

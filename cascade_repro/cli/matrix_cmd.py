@@ -119,6 +119,20 @@ def matrix(
         ),
     ] = None,
     limit: Annotated[int | None, _opt("Use only the first N prompts.", P)] = None,
+    prompt_field: Annotated[
+        str | None,
+        _opt(
+            "The column (CSV, parquet, Hub) or JSON field that holds the prompt text, for files whose prompts are not in `prompt`, e.g. --prompt-field question. [default: prompt]",
+            P,
+        ),
+    ] = None,
+    key_field: Annotated[
+        str | None,
+        _opt(
+            "The column that holds each prompt's unique key. [default: key, else id, else the file name and row number]",
+            P,
+        ),
+    ] = None,
     max_tokens: Annotated[
         int | None, _opt("Tokens to generate per prompt (greedy). [default: 64]", P)
     ] = None,
@@ -404,7 +418,7 @@ def _flag_values(given: dict[str, Any]) -> dict[str, Any]:
         merged.update(eargs.parse_pairs(given["engine_arg"] or []))
         out["engine_args"] = merged
     scalars = (
-        "engine", "model", "prompts", "system_prompt", "limit", "max_tokens", "ignore_eos", "force_cascade", "topk", "arm_switch", "enforce_eager", "graphs_for_batches",
+        "engine", "model", "prompts", "system_prompt", "limit", "prompt_field", "key_field", "max_tokens", "ignore_eos", "force_cascade", "topk", "arm_switch", "enforce_eager", "graphs_for_batches",
         "load_format", "max_model_len", "gpu_memory_utilization", "trust_remote_code", "engine_timeout", "device",
         "inject", "rerun", "auto_controls",
     )  # fmt: skip
@@ -427,7 +441,7 @@ def _print_plan(spec: Any, shard: Any = None) -> None:
     from cascade_repro.promptsets import load_prompt_set, load_system_prompt
 
     load_system_prompt(spec.system_prompt)  # a bad --system-prompt fails here, not hours later
-    n = len(load_prompt_set(spec.prompts, spec.limit).records)
+    n = len(load_prompt_set(spec.prompts, spec.limit, spec.prompt_field, spec.key_field).records)
     engines = plan(spec)
     title = f"{spec.engine} matrix over {n} prompts"
     if shard is not None:

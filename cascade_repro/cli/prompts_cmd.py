@@ -62,8 +62,21 @@ def show(
     ] = "ko",
     limit: Annotated[int, typer.Option(help="Prompts to print.")] = 10,
     model: Annotated[str, typer.Option(help="Tokenizer used to count tokens.")] = "embedded",
+    prompt_field: Annotated[
+        str | None,
+        typer.Option(help="The column holding the prompt text, as for `matrix`. [default: prompt]"),
+    ] = None,
+    key_field: Annotated[
+        str | None, typer.Option(help="The column holding each prompt's key. [default: key, else id]")
+    ] = None,
 ) -> None:
-    """Show a prompt set: size, languages, instruction ids, shared-prefix tokens, first prompts."""
+    """Show a prompt set: size, languages, instruction ids, shared-prefix tokens, first prompts.
+
+    Accepted files: JSON Lines (one object per line), CSV with a header, parquet, or a Hub dataset
+    (hf:owner/name[:split]). Fields: `prompt` (required; another column with --prompt-field), `key`
+    (unique; else `id`, else file name and row; another with --key-field), `instruction_id_list` and
+    `kwargs` (IFEval, JSON lists in CSV), `lang`. Other columns are ignored.
+    """
     with user_errors():
         from collections import Counter
 
@@ -74,7 +87,7 @@ def show(
         from cascade_repro.chat import MIN_CASCADE_PREFIX
         from cascade_repro.promptsets import load_prompt_set
 
-        ps = load_prompt_set(name)
+        ps = load_prompt_set(name, prompt_field=prompt_field, key_field=key_field)
         console = Console()
         shared = _prefix_tokens(system_prompt, [r.prompt for r in ps.records], model)
         langs = Counter(r.lang or "?" for r in ps.records)
