@@ -428,3 +428,17 @@ def test_a_csv_whose_prompts_are_in_question(tmp_path):
     assert res.exit_code == 0 and "hf matrix over 2 prompts" in flat(res.output)
     res = invoke("prompts", "show", str(f), "--prompt-field", "question", "--limit", "1")
     assert res.exit_code == 0 and "q.csv" in res.output and "What is 2+2?" in flat(res.output)
+
+
+def test_the_verdict_options_defaults_in_help_are_the_thresholds_defaults():
+    import re
+
+    from cascade_repro.verdicts import Thresholds
+
+    text = flat(invoke("matrix", "--help").stdout)
+    th = Thresholds()
+    for option, value in (("--alpha", th.alpha), ("--rep-delta", th.rep_delta),
+                          ("--min-topk-violations", th.min_topk_violations), ("--drift-min", th.drift_min)):  # fmt: skip
+        shown = re.search(re.escape(option) + r" .*?\[default: ([0-9.]+)\]", text)
+        assert shown and float(shown.group(1)) == float(value), option
+    assert "[default: regression]" in text and "[default: all of the set]" in text

@@ -118,7 +118,7 @@ def matrix(
             P,
         ),
     ] = None,
-    limit: Annotated[int | None, _opt("Use only the first N prompts.", P)] = None,
+    limit: Annotated[int | None, _opt("Use only the first N prompts. [default: all of the set]", P)] = None,
     prompt_field: Annotated[
         str | None,
         _opt(
@@ -241,7 +241,11 @@ def matrix(
         ),
     ] = False,
     fail_on: Annotated[
-        str, _opt("Exit 1 on: `regression`, `error` (regression or error cells), `never`.", OUT)
+        str,
+        _opt(
+            "Exit 1 on: `regression`, `error` (regression or error cells), `never`. [default: regression]",
+            OUT,
+        ),
     ] = "regression",
     quiet: Annotated[bool, _opt("No progress bars.", OUT)] = False,
     shard: Annotated[
@@ -254,20 +258,21 @@ def matrix(
     alpha: Annotated[
         float,
         _opt(
-            "Significance level: of the Fisher tests against the noise floor, and shared by the bias sign test and the drift permutation test (alpha/2 each).",
+            "Significance level: of the Fisher tests against the noise floor, and shared by the bias sign test and the drift permutation test (alpha/2 each). [default: 0.01]",
             V,
         ),
     ] = 0.01,
     rep_delta: Annotated[
-        float, _opt("Minimum seq-rep-4 increase (CI lower bound) that counts as repetition.", V)
+        float,
+        _opt("Minimum seq-rep-4 increase (CI lower bound) that counts as repetition. [default: 0.02]", V),
     ] = 0.02,
     min_topk_violations: Annotated[
-        int, _opt("Divergences outside top-k needed (besides significance) to flag.", V)
+        int, _opt("Divergences outside top-k needed (besides significance) to flag. [default: 1]", V)
     ] = 1,
     drift_min: Annotated[
         float,
         _opt(
-            "Smallest logprob-drift ratio (mean |Δ logprob|, cascade vs twin over control vs twin, on positions where all three agree) that flags. The ratio must also exceed the 1-alpha/2 quantile of its null (cascade and control labels swapped at random within prompts). Cascade may round more than a batch change without a fault: clean H200 runs gave 1.02-1.13 (FA3) and 1.2-1.5 (FA2). The bias sign test (direction, not size) carries the sensitivity.",
+            "Smallest logprob-drift ratio (mean |Δ logprob|, cascade vs twin over control vs twin, on positions where all three agree) that flags. The ratio must also exceed the 1-alpha/2 quantile of its null (cascade and control labels swapped at random within prompts). Cascade may round more than a batch change without a fault: clean H200 runs gave 1.02-1.13 (FA3) and 1.2-1.5 (FA2). The bias sign test (direction, not size) carries the sensitivity. [default: 2.0]",
             V,
         ),
     ] = 2.0,
