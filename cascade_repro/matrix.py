@@ -459,6 +459,13 @@ def parse_hf_overrides(text: str) -> dict[str, Any]:
 
 
 def spec_hash(spec: MatrixSpec) -> str:
-    """Return a short stable hash of the spec: a resumed run must have the same one."""
-    blob = json.dumps(spec.to_dict(), sort_keys=True, default=str)
+    """Return a short stable hash of the spec: a resumed run must have the same one.
+
+    Fields at their default value are left out, so a release that adds a field (with a default
+    that keeps the old behaviour) does not change the hash, and with it the run id, of the
+    matrices users already run: the same command still resumes.
+    """
+    defaults = MatrixSpec().to_dict()
+    blob = json.dumps({k: v for k, v in spec.to_dict().items() if v != defaults.get(k, object())},
+                      sort_keys=True, default=str)  # fmt: skip
     return hashlib.sha256(blob.encode()).hexdigest()[:12]

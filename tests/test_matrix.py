@@ -426,3 +426,15 @@ def test_force_cascade_is_for_engines_with_a_cost_model():
         MatrixSpec(engine="hf", force_cascade=True).validate()
     with pytest.raises(UsageError, match="force_cascade must be true or false"):
         MatrixSpec.from_dict({"engine": "vllm", "force_cascade": "yes"})
+
+
+def test_a_field_at_its_default_does_not_change_the_hash():
+    # A release that adds a field must not change the run id of a matrix users already run.
+    import dataclasses
+
+    from cascade_repro.matrix import MatrixSpec, spec_hash
+
+    spec = MatrixSpec(batch=[1, 8], max_tokens=32)
+    assert spec_hash(spec) == spec_hash(dataclasses.replace(spec, force_cascade=False, engine_args={}))
+    assert spec_hash(spec) != spec_hash(dataclasses.replace(spec, ignore_eos=True))
+    assert spec_hash(MatrixSpec()) == spec_hash(MatrixSpec(batch=[1, 8, 16]))  # the default batch, spelled out
