@@ -67,3 +67,15 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch):
     sys.meta_path[:] = meta
     for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
         del sys.modules[name]
+
+
+def synthetic_run(run_dir: Path, prompts: int, batch: str, tp: str = "1", max_tokens: int = 64) -> Path:
+    """A run directory from benchmarks/make_synthetic_run.py (seeded samples, wave records with step
+    timing, the scored tables) without any engine."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "make_synthetic_run.py"
+    subprocess.run([sys.executable, str(script), str(run_dir), "--prompts", str(prompts), "--max-tokens",
+                    str(max_tokens), "--tp", tp, "--batch", batch, "--procs", "1"], check=True, capture_output=True)  # fmt: skip
+    return run_dir

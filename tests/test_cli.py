@@ -319,14 +319,12 @@ def test_a_full_disk_while_scoring_is_one_line_naming_the_path_and_leaves_no_tem
 
     import pandas as pd
 
+    # A synthetic run, scored with --rescore while the disk is full.
+    from conftest import synthetic_run
+
     from cascade_repro import runstore
 
-    # The synthetic run of test_tables, scored with --rescore while the disk is full.
-    root = Path(__file__).resolve().parents[1]
-    run_dir = tmp_path / "synth"
-    subprocess.run([sys.executable, str(root / "benchmarks" / "make_synthetic_run.py"), str(run_dir), "--prompts", "8",
-                    "--max-tokens", "64", "--tp", "1", "--batch", "1,8", "--procs", "1"], check=True,
-                   capture_output=True)  # fmt: skip
+    run_dir = synthetic_run(tmp_path / "synth", prompts=8, batch="1,8")
 
     def full(self, path, *a, **k):
         Path(path).write_bytes(b"PAR1")  # a partial file, as a write that ran out of space leaves

@@ -1238,19 +1238,14 @@ def test_junit_has_the_attributes_the_ant_schema_requires(run_dir: Path) -> None
 
 
 def test_report_md_of_a_200_cell_run_fits_a_github_issue(tmp_path: Path) -> None:
-    import subprocess
-    import sys
+    from conftest import synthetic_run
 
     from cascade_repro import compare, runstore
     from cascade_repro.report.markdown import GITHUB_LIMIT, MarkdownFormatter
     from cascade_repro.verdicts import Thresholds
 
-    root = Path(__file__).resolve().parents[1]
-    run_dir = tmp_path / "big"
     batches = "1,2,3,4,6,8,12,16,24,32,48,64,96,128,192,256,384"
-    subprocess.run([sys.executable, str(root / "benchmarks" / "make_synthetic_run.py"), str(run_dir), "--prompts", "4",
-                    "--max-tokens", "64", "--tp", "1,2,4,8", "--batch", batches, "--procs", "1"],
-                   check=True, capture_output=True)  # fmt: skip
+    run_dir = synthetic_run(tmp_path / "big", prompts=4, batch=batches, tp="1,2,4,8")
     run = runstore.read_run_json(run_dir)
     assert len(run["plan"]["cells"]) >= 200
     cells, pairs, comps = compare.build_tables(run, run_dir, Thresholds())

@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from cascade_repro import sweep
 from cascade_repro.matrix import MatrixSpec
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_batches_around_the_threshold():
@@ -81,10 +76,9 @@ def test_a_pair_whose_cascade_never_ran_says_so():
 
 
 def test_rows_from_a_finished_run(tmp_path):
-    run_dir = tmp_path / "synth"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "make_synthetic_run.py"), str(run_dir), "--prompts", "16",
-                    "--max-tokens", "64", "--tp", "1", "--batch", "1,8", "--procs", "1"], check=True,
-                   capture_output=True)  # fmt: skip
+    from conftest import synthetic_run
+
+    run_dir = synthetic_run(tmp_path / "synth", prompts=16, batch="1,8")
     from cascade_repro import compare, runstore
     from cascade_repro.report.content import predictions
     from cascade_repro.report.load import load_run

@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
+from conftest import synthetic_run
 
 from cascade_repro import compare, runstore, tables
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def test_compare_writes_the_schema(tmp_path):
-    run_dir = tmp_path / "synth"
-    subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "make_synthetic_run.py"), str(run_dir), "--prompts", "8",
-         "--max-tokens", "12", "--tp", "1", "--batch", "1,8", "--procs", "1"],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    run_dir = synthetic_run(tmp_path / "synth", prompts=8, batch="1,8", max_tokens=12)
     from cascade_repro.verdicts import Thresholds
 
     cells, pairs, comparisons = compare.build_tables(runstore.read_run_json(run_dir), run_dir, Thresholds())
@@ -31,12 +22,7 @@ def test_compare_writes_the_schema(tmp_path):
 
 def test_speed_columns_on_a_synthetic_run(tmp_path):
     # make_synthetic_run times cascade's decode steps at 1.2 x flat's from batch 8 on.
-    run_dir = tmp_path / "synth"
-    subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "make_synthetic_run.py"), str(run_dir), "--prompts", "16",
-         "--max-tokens", "64", "--tp", "1", "--batch", "1,8", "--procs", "1"],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    run_dir = synthetic_run(tmp_path / "synth", prompts=16, batch="1,8")
     from cascade_repro.verdicts import Thresholds
 
     cells, pairs, _ = compare.build_tables(runstore.read_run_json(run_dir), run_dir, Thresholds())
@@ -52,12 +38,7 @@ def test_speed_columns_on_a_synthetic_run(tmp_path):
 
 
 def test_a_cell_with_an_unreadable_record_is_an_error_naming_the_line(tmp_path):
-    run_dir = tmp_path / "synth"
-    subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "make_synthetic_run.py"), str(run_dir), "--prompts", "8",
-         "--max-tokens", "64", "--tp", "1", "--batch", "1,8", "--procs", "1"],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    run_dir = synthetic_run(tmp_path / "synth", prompts=8, batch="1,8")
     from cascade_repro.verdicts import Thresholds
 
     (path,) = (run_dir / "samples").glob("*.jsonl")
