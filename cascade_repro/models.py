@@ -12,6 +12,8 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +122,30 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
         hf_logging.set_verbosity(verbosity)
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def quiet_progress(enabled: bool = True) -> Iterator[None]:
+    """Silence transformers' and huggingface_hub's progress bars (the first model conversion draws
+    some) while ``enabled``: ``--quiet`` must mean quiet. Restored afterwards."""
+    if not enabled:
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    old_env = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS")
+    hf_logging.disable_progress_bar()
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+        if old_env is None:
+            os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
+        else:
+            os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = old_env
 
 
 def resolve_model(model: str) -> tuple[str, str]:

@@ -170,7 +170,7 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
     """
     from cascade_repro import envinfo
     from cascade_repro.chat import MIN_CASCADE_PREFIX, render_all
-    from cascade_repro.models import load_tokenizer, resolve_model
+    from cascade_repro.models import load_tokenizer, quiet_progress, resolve_model
     from cascade_repro.promptsets import load_prompt_set, load_system_prompt
 
     spec.validate()
@@ -184,8 +184,9 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
             raise UsageError(f"--tp {max(spec.tp)} needs {max(spec.tp)} GPUs, {gpus} visible")
     pset = load_prompt_set(spec.prompts, spec.limit, spec.prompt_field, spec.key_field)
     system_text = load_system_prompt(spec.system_prompt)
-    model_path, model_name = resolve_model(spec.model)
-    tokenizer = load_tokenizer(model_path, spec.trust_remote_code)
+    with quiet_progress(not opts.progress):  # the first conversion draws progress bars
+        model_path, model_name = resolve_model(spec.model)
+        tokenizer = load_tokenizer(model_path, spec.trust_remote_code)
     rendered, shared = render_all(tokenizer, system_text, [r.prompt for r in pset.records])
 
     run_dir = opts.results_dir / run_id
