@@ -267,6 +267,11 @@ def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = "regression", li
             # Wall time of the parallel run (the slowest shard), and the machine time it took in all.
             timings={"total_s": max(totals, default=0.0), "shards_sum_s": round(sum(totals), 2)},
             merge_warnings=warnings,
+            # Every shard's invocations, then the merge itself.
+            invocations=[
+                *({**i, "shard": str(s.shard)} for s in shards for i in (s.run.get("invocations") or [])),
+                {"started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command, "kind": "merge"},
+            ],
         )
         runstore.write_run_json(out_dir, run)
         _, data = finalize(out_dir)

@@ -152,6 +152,18 @@ def resumed_run(old: dict[str, Any], new: dict[str, Any], allow_mixed: bool) -> 
     return out
 
 
+def record_invocation(run_dir: Path, kind: str, command: str) -> None:
+    """Append a non-matrix invocation (``rescore``) to run.json's list, the earlier ones kept."""
+    from cascade_repro import envinfo
+
+    run = runstore.read_run_json(run_dir)
+    invs = list(run.get("invocations") or [invocation(run)])
+    invs.append({"started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command, "kind": kind,
+                 "env": envinfo.capture(include_gpu=False)})  # fmt: skip
+    run["invocations"] = invs
+    runstore.write_run_json(run_dir, run)
+
+
 def check_run_id(run_id: str) -> None:
     """Refuse a run id that is not one plain directory name inside the results dir.
 

@@ -71,4 +71,21 @@ def test_the_report_lists_invocations_and_the_headline_says_mixed(tmp_path):
     md = MarkdownFormatter().render(load_run(run_dir))
     assert md.splitlines()[0].endswith("\\[mixed stacks: vllm changed between invocations\\]")  # md-escaped
     assert "### Invocations" in md
-    assert "| 2 | 2026-12-01T11:00:00+0000 | 7 | 3 | 90.5 | vllm 0.27.0, torch 2.11.0+cu130, gpu_name NVIDIA H200 |" in md
+    assert "| 2 | matrix | 2026-12-01T11:00:00+0000 | 7 | 3 | 90.5 | vllm 0.27.0, torch 2.11.0+cu130, gpu_name NVIDIA H200 |" in md
+
+
+def test_rescore_is_an_invocation_too(tmp_path):
+    import json
+
+    from conftest import synthetic_run
+    from typer.testing import CliRunner
+
+    from cascade_repro.cli import app
+
+    run_dir = synthetic_run(tmp_path / "synth", prompts=8, batch="1,8")
+    res = CliRunner().invoke(app, ["report", str(run_dir), "--rescore"])
+    assert res.exit_code in (0, 1, 4, 5), res.output
+    invs = json.loads((run_dir / "run.json").read_text())["invocations"]
+    assert [i.get("kind", "matrix") for i in invs] == ["matrix", "rescore"]
+    assert invs[1]["command"].startswith("cascade-repro") and "python" in invs[1]["env"]
+    assert "### Invocations" in (run_dir / "report.md").read_text()

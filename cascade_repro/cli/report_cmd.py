@@ -35,8 +35,14 @@ def report(
         is_run = (run_dir / runstore.RUN_JSON).is_file()
         with runstore.RunLock(run_dir) if is_run else nullcontext():
             if rescore:
-                from cascade_repro.runner import finalize
+                import shlex
+                import sys
 
+                from cascade_repro.runner import finalize, record_invocation
+
+                record_invocation(
+                    run_dir, "rescore", " ".join(["cascade-repro", *map(shlex.quote, sys.argv[1:])])
+                )
                 finalize(run_dir)
             paths = write_reports(run_dir)
         outcome = outcome_of(load_run(run_dir), fail_on)

@@ -180,10 +180,10 @@ def invocations_table(data: RunData) -> Table | None:
     for k, inv in enumerate(invs, 1):
         env = inv.get("env") if isinstance(inv.get("env"), dict) else {}
         stack = ", ".join(f"{key} {env[key]}" for key in ("vllm", "torch", "gpu_name") if env.get(key))
-        rows.append([str(k), text_of(inv.get("started_at")), fmt_int(inv.get("cells_kept")),
+        rows.append([str(k), text_of(inv.get("kind") or "matrix"), text_of(inv.get("started_at")), fmt_int(inv.get("cells_kept")),
                      fmt_int(inv.get("cells_run")), fmt_float(inv.get("total_s"), ".1f"), stack or MISSING,
                      one_line(text_of(inv.get("command")))])  # fmt: skip
-    return Table(["#", "started", "cells kept", "cells run", "s", "stack", "command"], rows,
+    return Table(["#", "kind", "started", "cells kept", "cells run", "s", "stack", "command"], rows,
                  wrap=frozenset({"command"}))  # fmt: skip
 
 
