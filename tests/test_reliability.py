@@ -429,6 +429,10 @@ def test_kill_9_of_the_parent_then_rerun_resumes_to_the_same_report(tmp_path, pr
         for cell in s["cells"]:
             cell.pop("tokens_per_s")
         s["env"].get("vllm_env", {}).pop("CASCADE_REPRO_FAULT", None)  # the first invocation's, as above
+    # The resume is the second invocation (the killed first one never got to count); otherwise the
+    # summaries agree.
+    assert [i["cells_kept"] for i in summary.pop("invocations")] == [None, 1]
+    assert [i["cells_kept"] for i in ref_summary.pop("invocations")] == [0]
     assert summary == ref_summary
 
 
