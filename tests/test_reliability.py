@@ -436,6 +436,54 @@ def test_kill_9_of_the_parent_then_rerun_resumes_to_the_same_report(tmp_path, pr
     assert summary == ref_summary
 
 
+# --- the crash soak: kill -9 of the runner at seeded random moments, then resume --------------------
+
+SOAK_KILLS = 10  # each is a start, a kill and a resume of the matrix above: ~10-15 s on a 2-core box
+
+
+@needs_model
+@pytest.mark.slow
+def test_crash_soak_kill_9_at_random_moments_then_resume_gives_the_same_tables(tmp_path, prompts_file, reference):
+    import random
+
+    rng = random.Random(20261201)
+    ref_dir = reference["run_dir"]
+    volatile = ["wall_s", "tokens_per_s"]
+    ref_pairs = pd.read_parquet(ref_dir / "pairs.parquet")
+    ref_comp = pd.read_parquet(ref_dir / "comparisons.parquet")
+    ref_cells = pd.read_parquet(ref_dir / "cells.parquet").drop(columns=volatile)
+    killed_at = []
+    for k in range(SOAK_KILLS):
+        cwd = tmp_path / f"soak{k}"
+        # From the start-up through the model load and the waves to scoring and the reports (an
+        # uninterrupted run of this matrix takes ~10-20 s here); a kill after the end leaves a
+        # finished run to resume.
+        delay = rng.uniform(0.5, 18.0)
+        proc = _start(cwd, prompts_file)
+        try:
+            proc.communicate(timeout=delay)
+            killed_at.append(None)
+        except subprocess.TimeoutExpired:
+            workers = [p for p in _children(proc.pid)
+                       if b"cascade_repro.worker" in Path(f"/proc/{p}/cmdline").read_bytes()]  # fmt: skip
+            os.kill(proc.pid, signal.SIGKILL)  # the runner only: its worker dies by PR_SET_PDEATHSIG
+            proc.communicate(timeout=30)
+            for w in workers:
+                _wait_for(lambda w=w: _gone(w), 20, "the orphaned worker to die")
+            killed_at.append(round(delay, 1))
+        rc, out, err = _finish(_start(cwd, prompts_file))
+        assert rc == 0, (k, delay, err[-3000:])
+        run_dir = _run_dir(cwd)
+        assert run_dir.name == ref_dir.name and not (run_dir / runstore.LOCK).exists()
+        # Whatever the moment of the kill: the same verdicts, comparisons and cells as the run that
+        # was never interrupted.
+        pd.testing.assert_frame_equal(pd.read_parquet(run_dir / "pairs.parquet"), ref_pairs)
+        pd.testing.assert_frame_equal(pd.read_parquet(run_dir / "comparisons.parquet"), ref_comp)
+        pd.testing.assert_frame_equal(pd.read_parquet(run_dir / "cells.parquet").drop(columns=volatile), ref_cells)
+        assert all(json.loads(ln) for ln in _lines(runstore.samples_path(run_dir, RUN_ID_KEY)))  # every line whole
+    assert sum(t is not None for t in killed_at) >= SOAK_KILLS // 2, killed_at  # most kills landed mid-run
+
+
 # --- item 2: worker faults: exit code and the reason in every report ---------------------------------
 
 

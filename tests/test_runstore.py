@@ -448,3 +448,31 @@ def test_a_torn_last_line_is_not_corruption(tmp_path):
     p = tmp_path / "k.jsonl"
     p.write_bytes(b'{"type": "cell_start", "cell_id": "a"}\n{"type": "cell_do')
     assert rs.read_progress(p).corrupt == {}
+
+
+def test_fresh_deletes_only_what_a_run_wrote(tmp_path):
+    import json as _json
+
+    from cascade_repro import runstore as rs
+    from cascade_repro.runner import PreparedRun, invocation
+
+    run_dir = tmp_path / "results" / "r1"
+    (run_dir / "samples").mkdir(parents=True)
+    (run_dir / "samples" / "k.jsonl").write_text('{"type":"cell_start","cell_id":"a"}\n')
+    (run_dir / "worker-k.log").write_text("log")
+    (run_dir / "notes.txt").write_text("mine")  # the user's own files in the run directory
+    (run_dir / "mine").mkdir()
+    (run_dir / "mine" / "x.csv").write_text("1,2")
+    old = {"run_id": "r1", "created_at": "2026-12-01T10:00:00+0000", "spec_hash": "old", "env": {}}
+    (run_dir / rs.RUN_JSON).write_text(_json.dumps(old))
+    new = {"run_id": "r1", "created_at": "2026-12-01T11:00:00+0000", "spec_hash": "new", "env": {}}
+    new["invocations"] = [invocation(new)]
+    PreparedRun(run_dir, new, [], fresh=True).write()
+    assert not (run_dir / "samples" / "k.jsonl").exists() and not (run_dir / "worker-k.log").exists()
+    assert (run_dir / "notes.txt").read_text() == "mine" and (run_dir / "mine" / "x.csv").read_text() == "1,2"
+    assert rs.read_run_json(run_dir)["spec_hash"] == "new"
+    # Without --fresh, another matrix in the same directory is refused, nothing deleted.
+    (run_dir / "worker-k.log").write_text("log")
+    with pytest.raises(Exception, match="holds a different matrix"):
+        PreparedRun(run_dir, {**new, "spec_hash": "other"}, [], fresh=False).write()
+    assert (run_dir / "worker-k.log").exists()
