@@ -303,12 +303,21 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def cells_done(run_dir: Path, run: dict[str, Any] | None = None) -> int:
+def _progress_by_key(run_dir: Path, run: dict[str, Any]) -> dict[str, runstore.CellProgress]:
+    """Each engine key's samples file, scanned once."""
+    return {
+        key: runstore.read_progress(runstore.samples_path(run_dir, key)) for key in run["plan"]["engines"]
+    }
+
+
+def cells_done(
+    run_dir: Path, run: dict[str, Any] | None = None, progs: dict[str, runstore.CellProgress] | None = None
+) -> int:
     """Cells of the run (its shard, if it is one) with a ``cell_done`` record."""
     run = restrict(run if run is not None else runstore.read_run_json(run_dir))
+    progs = progs if progs is not None else _progress_by_key(run_dir, run)
     return sum(
-        len([c for c in ep["cells"] if c in runstore.read_progress(runstore.samples_path(run_dir, key)).done])
-        for key, ep in run["plan"]["engines"].items()
+        len([c for c in ep["cells"] if c in progs[key].done]) for key, ep in run["plan"]["engines"].items()
     )
 
 
@@ -325,32 +334,34 @@ def execute(run_dir: Path, show_progress: bool = True, console: Any = None) -> l
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
         TimeElapsedColumn(), console=console, disable=not show_progress, transient=False,
     )  # fmt: skip
-    done_before = cells_done(run_dir, run)
-    for key in run["plan"]["engines"]:
-        for cid, lines in runstore.read_progress(runstore.samples_path(run_dir, key)).corrupt.items():
-            from rich.console import Console
-
-            out = console if console is not None else Console(stderr=True, soft_wrap=True)
-            out.print(
-                f"warning: {cid or 'before any cell'}: {runstore.corrupt_reason(key, lines)}", highlight=False
-            )
+    # Each key's samples file is written only by its own worker, so this one scan stays true for a
+    # key until its worker runs.
+    progs = _progress_by_key(run_dir, run)
+    done_before = cells_done(run_dir, run, progs)
+    notes = [
+        f"warning: {cid or 'before any cell'}: {runstore.corrupt_reason(key, lines)}"
+        for key, prog in progs.items()
+        for cid, lines in prog.corrupt.items()
+    ]
     if done_before:
         # Said once, before the bar: a rerun that silently skipped work would look like a fast run.
+        notes.append(
+            f"resuming {run_dir.name}: {done_before} of {len(cells)} cells already done, "
+            f"running the other {len(cells) - done_before} (--fresh starts over)"
+        )
+    if notes:
         from rich.console import Console
 
         out = console if console is not None else Console(stderr=True, soft_wrap=True)
-        out.print(
-            f"resuming {run_dir.name}: {done_before} of {len(cells)} cells already done, "
-            f"running the other {len(cells) - done_before} (--fresh starts over)",
-            highlight=False,
-        )
+        for line in notes:
+            out.print(line, highlight=False)
     with progress, sigterm_as_interrupt():
         total_waves = sum(math.ceil(n_prompts / c["batch"]) for c in cells.values())
         t_cells = progress.add_task("cells", total=len(cells), info="")
         t_waves = progress.add_task("waves", total=total_waves, info="")
         for key, ep in run["plan"]["engines"].items():
             path = runstore.samples_path(run_dir, key)
-            prog = runstore.read_progress(path)
+            prog = progs[key]
             done = [c for c in ep["cells"] if c in prog.done]
             progress.advance(t_cells, len(done))
             progress.advance(t_waves, sum(math.ceil(n_prompts / cells[c]["batch"]) for c in done))
@@ -366,9 +377,9 @@ def execute(run_dir: Path, show_progress: bool = True, console: Any = None) -> l
             rc, reason = _run_worker(
                 run_dir, key, float(spec["engine_timeout"]), progress, t_cells, t_waves, env=env
             )
-            if jit and runstore.read_progress(path).engine:
-                cuda_cache.mark_fa2_compiled(env, gpu)
             prog = runstore.read_progress(path)
+            if jit and prog.engine:
+                cuda_cache.mark_fa2_compiled(env, gpu)
             unfinished = [c for c in ep["cells"] if c not in prog.done and c not in prog.errors]
             if unfinished:
                 writer = runstore.JsonlWriter(path)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cascade_repro import speed
+from cascade_repro.report.text import as_int
 from cascade_repro.vllm_surface import MIN_REQUESTS
 
 FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0)  # of the heuristic's decode threshold
@@ -76,15 +77,6 @@ class SweepRow:
     by_fa: dict[str, Measured] = field(default_factory=dict)
 
 
-def _int(v: Any) -> int | None:
-    try:
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            return None
-        return int(v)
-    except (TypeError, ValueError):
-        return None
-
-
 def _num(v: Any) -> float:
     try:
         return float(v)
@@ -98,7 +90,7 @@ def sweep_rows(pairs: list[dict[str, Any]], predictions: dict[str, dict[str, Any
     for p in pairs:
         if p.get("kind") != "cascade":
             continue
-        tp, batch = _int(p.get("tp")), _int(p.get("batch"))
+        tp, batch = as_int(p.get("tp")), as_int(p.get("batch"))
         if tp is None or batch is None:
             continue
         pred = predictions.get(str(p.get("test_cell")), {})
@@ -107,14 +99,14 @@ def sweep_rows(pairs: list[dict[str, Any]], predictions: dict[str, dict[str, Any
         if row is None:
             dec = pred.get("decode")
             row = rows[(tp, batch)] = SweepRow(
-                tp, batch, dec if isinstance(dec, bool) else None, _int(cost.get("cascade")),
-                _int(cost.get("flash_decoding")),
+                tp, batch, dec if isinstance(dec, bool) else None, as_int(cost.get("cascade")),
+                as_int(cost.get("flash_decoding")),
             )  # fmt: skip
         fa = str(p.get("fa_version") or "default")
         row.by_fa[fa] = Measured(
             _num(p.get("speed_ratio")), _num(p.get("speed_ratio_lo")), _num(p.get("speed_ratio_hi")),
-            _int(p.get("speed_waves")) or 0, _int(p.get("cascade_decode_steps")) or 0,
-            _int(p.get("total_steps")) or 0, _num(p.get("wall_ratio")),
+            as_int(p.get("speed_waves")) or 0, as_int(p.get("cascade_decode_steps")) or 0,
+            as_int(p.get("total_steps")) or 0, _num(p.get("wall_ratio")),
         )  # fmt: skip
     return [rows[k] for k in sorted(rows)]
 
