@@ -1,10 +1,11 @@
 """`cascade-repro kernel` on a CPU: grid, paged inputs, float64 reference, injection, reports, CLI.
 
-The vLLM calls themselves need a GPU; ``run_case`` and ``run_grid`` are driven here through a
-stand-in for ``vllm.v1.attention.backends.flash_attn`` whose ``cascade_attention`` has the same
-structure as vLLM 0.26's (two ``flash_attn_varlen_func`` calls, then the module-global
-``merge_attn_states``), backed by the PyTorch kernels of ``kernel/reference.py``. The real thing runs
-in the tests marked ``gpu`` and ``vllm`` at the end, skipped here.
+The vLLM calls themselves need a GPU; ``run_case`` and ``run_grid`` are driven here through the fake
+of ``vllm.v1.attention.backends.flash_attn`` in tests/fake_vllm (shared with the probe's and the
+engine's tests), whose ``cascade_attention`` has the same structure as vLLM 0.26's (two
+``flash_attn_varlen_func`` calls, then the module-global ``merge_attn_states``), backed by the
+PyTorch kernels of ``kernel/reference.py``. The real thing runs in the tests marked ``gpu`` and
+``vllm`` at the end, skipped here.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ import json
 import math
 import subprocess
 import sys
-import types
 import xml.etree.ElementTree as ET
 from dataclasses import replace
 
 import pytest
 import torch
+from conftest import FAKE_VLLM_ROOT
 from typer.testing import CliRunner
 
 from cascade_repro.engines import cascade_attention as engines_ca
@@ -311,83 +312,15 @@ def test_injected_lse_layout_breaks_decode_gqa(heads):
 
 # --- run_case / run_grid through a stand-in for vLLM's flash_attn module ----------------------------
 
-FAKE_SOURCE = """
-import torch
-from cascade_repro.engines.cascade_attention import merge_attn_states as _merge
-from cascade_repro.kernel.reference import paged_partial_attention
-
-CALLS = []
-
-
-def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k=None,
-                           seqused_k=None, softmax_scale=None, causal=False, window_size=None, softcap=0.0,
-                           alibi_slopes=None, block_table=None, return_softmax_lse=False, out=None,
-                           scheduler_metadata=None, q_descale=None, k_descale=None, v_descale=None,
-                           num_splits=0, fa_version=2, s_aux=None):
-    if fa_version == 2 and num_splits > 1:
-        raise NotImplementedError("FA2 does not support num_splits > 1")
-    assert list(window_size) == [-1, -1] and softcap == 0 and alibi_slopes is None
-    assert seqused_k.dtype == torch.int32 and cu_seqlens_q.dtype == torch.int32
-    assert (fa_version == 3) == (scheduler_metadata is not None)
-    CALLS.append(dict(causal=causal, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                      rows=block_table.shape[0], num_splits=num_splits, fa_version=fa_version))
-    o, lse = paged_partial_attention(q, k, v, cu_seqlens_q, seqused_k, block_table, softmax_scale, causal)
-    if out is not None:
-        out.copy_(o)
-        o = out
-    return (o, lse) if return_softmax_lse else o
-
-
-def get_scheduler_metadata(**kw):
-    CALLS.append(dict(schedule=kw))
-    return torch.zeros(4, dtype=torch.int32)
-
-
-def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None):
-    output.copy_(_merge(prefix_output, prefix_lse.t(), suffix_output, suffix_lse.t()))
-
-
-def canonicalize_singleton_dim_strides(t):
-    return t
-
-
-def cascade_attention(output, query, key_cache, value_cache, cu_query_lens, max_query_len,
-                      cu_prefix_query_lens, prefix_kv_lens, suffix_kv_lens, max_kv_len, softmax_scale,
-                      alibi_slopes, sliding_window, logits_soft_cap, block_table, common_prefix_len,
-                      max_num_splits, fa_version, prefix_scheduler_metadata=None,
-                      suffix_scheduler_metadata=None, q_descale=None, k_descale=None, v_descale=None,
-                      s_aux=None):
-    # The structure of vLLM 0.26's cascade_attention (flash_attn.py lines 1572-1663), descales omitted.
-    num_tokens = query.shape[0]
-    block_size = key_cache.shape[-3]
-    num_common_kv_blocks = common_prefix_len // block_size
-    prefix_output, prefix_lse = flash_attn_varlen_func(
-        q=query, k=key_cache, v=value_cache, cu_seqlens_q=cu_prefix_query_lens, seqused_k=prefix_kv_lens,
-        max_seqlen_q=num_tokens, max_seqlen_k=common_prefix_len, softmax_scale=softmax_scale, causal=False,
-        window_size=list(sliding_window), block_table=block_table[:1], softcap=logits_soft_cap,
-        return_softmax_lse=True, scheduler_metadata=prefix_scheduler_metadata, fa_version=fa_version,
-        num_splits=max_num_splits)
-    suffix_output, suffix_lse = flash_attn_varlen_func(
-        q=query, k=key_cache, v=value_cache, cu_seqlens_q=cu_query_lens, seqused_k=suffix_kv_lens,
-        max_seqlen_q=max_query_len, max_seqlen_k=max_kv_len - common_prefix_len,
-        softmax_scale=softmax_scale, causal=True, window_size=list(sliding_window),
-        block_table=block_table[:, num_common_kv_blocks:], softcap=logits_soft_cap,
-        return_softmax_lse=True, scheduler_metadata=suffix_scheduler_metadata, fa_version=fa_version,
-        num_splits=max_num_splits)
-    merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse)
-
-
-def use_cascade_attention(common_prefix_len, query_lens, num_query_heads, num_kv_heads, use_alibi,
-                          use_sliding_window, use_local_attention, num_sms, dcp_world_size):
-    return common_prefix_len >= 256 and len(query_lens) >= 8
-"""
+# The one fake of vLLM's FlashAttention backend (tests/fake_vllm), loaded afresh for each test.
+FAKE_FLASH_ATTN = FAKE_VLLM_ROOT / "vllm" / "v1" / "attention" / "backends" / "flash_attn.py"
 
 
 @pytest.fixture
 def fake_api():
-    mod = types.ModuleType("fake_vllm_flash_attn")
-    exec(compile(FAKE_SOURCE, "<fake flash_attn>", "exec"), mod.__dict__)
-    return krun.VllmApi(module=mod, version="fake")
+    from cascade_repro.kernel.worker import load_api
+
+    return load_api(str(FAKE_FLASH_ATTN))
 
 
 @pytest.mark.parametrize("kind", ["decode", "mixed"])
@@ -442,37 +375,12 @@ def test_run_grid_isolates_failures_and_skips_unsupported(fake_api):
 
 # --- the worker process: crashes, lost CUDA contexts, hangs and the time limit ---------------------
 
-# The stand-in again, with faults keyed by the number of requests: 3 kills the process (as a segfault
-# would), 4 hangs, 5 raises what PyTorch raises after an illegal memory access.
-FAULTY_SOURCE = (
-    FAKE_SOURCE
-    + """
-import os
-import signal
-import time
-
-UNSUPPORTED = {3: "FA3 is only supported on devices with compute capability 9.x"}
-_cascade = cascade_attention
-
-
-def cascade_attention(*args, **kwargs):
-    n = kwargs["cu_query_lens"].shape[0] - 1
-    if n == 3:
-        os.kill(os.getpid(), signal.SIGKILL)
-    if n == 4:
-        time.sleep(120)
-    if n == 5:
-        raise RuntimeError("CUDA error: an illegal memory access was encountered\\nmore")
-    return _cascade(*args, **kwargs)
-"""
-)
-
-
+# The fake again, with its faults keyed by the number of requests: 3 kills the process (as a segfault
+# would), 4 hangs, 5 raises what PyTorch raises after an illegal memory access; FA3 is unsupported.
 @pytest.fixture
-def faulty_module(tmp_path):
-    path = tmp_path / "fake_flash_attn.py"
-    path.write_text(FAULTY_SOURCE)
-    return str(path)
+def faulty_module(monkeypatch):
+    monkeypatch.setenv("FAKE_VLLM_FAULTS", "1")  # read where the file is loaded: in the worker process
+    return str(FAKE_FLASH_ATTN)
 
 
 def test_worker_isolates_crashes_and_hangs(faulty_module, fake_api):
@@ -736,8 +644,8 @@ def test_worker_env_keeps_compiled_kernels_unless_the_user_set_a_cache_size(monk
 
 
 def test_execution_order_runs_fa3_first_and_groups_fa2_compilations():
-    from cascade_repro.cli.kernel_cmd import execution_order
     from cascade_repro.kernel.grid import build_grid
+    from cascade_repro.kernel.session import execution_order
 
     cases = build_grid(quick=False, fa_versions=(2, 3), dtypes=("bf16", "fp16"))
     ordered = execution_order(cases)

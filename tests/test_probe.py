@@ -1,69 +1,34 @@
-"""The vLLM probe plugin on CPU: a fake flash_attn module, the control file, counters, injection."""
+"""The vLLM probe plugin on CPU: the fake flash_attn module, the control file, counters, injection."""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
+import shutil
 import sys
-import textwrap
 import types
 from pathlib import Path
 
 import pytest
+from conftest import FAKE_VLLM_ROOT
 
 from cascade_repro import probe
 
 torch = pytest.importorskip("torch")
 
-# Mirrors the call structure of vllm/v1/attention/backends/flash_attn.py in vLLM 0.26: the builder
-# method and FlashAttentionImpl.forward call the module functions by their global names, and
-# cascade_attention calls merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse).
-FAKE_FLASH_ATTN = '''
-import torch
-from cascade_repro.engines import cascade_attention as _ca
-
-heuristic_calls = []
-merge_seen = []
-merge_prefix_seen = []
-
-
-def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None):
-    """Logical merge (outputs [T, H, D], LSEs [H, T])."""
-    merge_seen.append(suffix_lse)
-    merge_prefix_seen.append(prefix_lse)
-    output.copy_(_ca.merge_attn_states(prefix_output, prefix_lse.t(), suffix_output, suffix_lse.t()))
-
-
-def use_cascade_attention(common_prefix_len, query_lens, num_query_heads, num_kv_heads, use_alibi,
-                          use_sliding_window, use_local_attention, num_sms, dcp_world_size):
-    heuristic_calls.append(common_prefix_len)
-    return common_prefix_len >= 256 and len(query_lens) >= 8
-
-
-def cascade_attention(output, prefix_output, prefix_lse, suffix_output, suffix_lse, *, common_prefix_len,
-                      fa_version):
-    merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse)
-    return output
-
-
-class FlashAttentionMetadataBuilder:
-    def use_cascade_attention(self, *args, **kwargs):
-        return use_cascade_attention(*args, **kwargs)
-
-
-class FlashAttentionImpl:
-    def __init__(self, version):
-        self.vllm_flash_attn_version = version
-
-    def forward(self, *args, **kwargs):
-        return cascade_attention(*args, **kwargs)
-'''
+# The one fake of vllm/v1/attention/backends/flash_attn.py (tests/fake_vllm, vLLM 0.26's call
+# structure): the builder method and FlashAttentionImpl.forward call the module functions by their
+# global names, and cascade_attention calls merge_attn_states(output, prefix_output, prefix_lse,
+# suffix_output, suffix_lse). Each test patches a fresh copy of it.
+FAKE_FLASH_ATTN = FAKE_VLLM_ROOT / "vllm" / "v1" / "attention" / "backends" / "flash_attn.py"
 
 
 def make_fake(name: str = "fake_flash_attn") -> types.ModuleType:
-    mod = types.ModuleType(name)
-    exec(compile(FAKE_FLASH_ATTN, f"<{name}>", "exec"), mod.__dict__)
+    spec = importlib.util.spec_from_file_location(name, FAKE_FLASH_ATTN)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
     return mod
 
 
@@ -92,7 +57,7 @@ def tensors(h: int = 3, t: int = 5, d: int = 8, seed: int = 0):
 
 def run_cascade(mod: types.ModuleType, seed: int = 0) -> torch.Tensor:
     out, po, pl, so, sl = tensors(seed=seed)
-    mod.FlashAttentionImpl(2).forward(out, po, pl, so, sl, common_prefix_len=512, fa_version=2)
+    mod.FlashAttentionImpl(2).forward(out, (po, pl, so, sl), common_prefix_len=512)
     return out
 
 
@@ -248,12 +213,12 @@ def test_inject_passes_the_transposed_suffix_lse_only_inside_cascade(patched):
     control(st, "clean")
     clean = run_cascade(mod)
     _, _, _, _, sl = tensors()
-    assert torch.equal(mod.merge_seen[-1], sl)
+    assert torch.equal(mod.merged[-1], sl)
 
     control(st, "inj", inject="lse-layout")
     assert decide(mod, 512, 8) is True  # as in vLLM, the step's decision re-reads the control file
     injected = run_cascade(mod)
-    seen = mod.merge_seen[-1]
+    seen = mod.merged[-1]
     assert seen.is_contiguous() and torch.equal(seen, probe.misread_lse(sl))
     assert not torch.allclose(clean, injected)
     assert st.sync("inj")["waves"]["inj"]["inject_calls"] == 1
@@ -261,7 +226,7 @@ def test_inject_passes_the_transposed_suffix_lse_only_inside_cascade(patched):
     # merge_attn_states called outside cascade_attention (e.g. the DCP path) is left alone.
     out, po, pl, so, sl2 = tensors(seed=1)
     mod.merge_attn_states(out, po, pl, so, sl2)
-    assert mod.merge_seen[-1] is sl2
+    assert mod.merged[-1] is sl2
     # keyword form
     with_kw = []
     orig = mod.merge_attn_states._cascade_repro_original
@@ -281,8 +246,8 @@ def test_lse_shift_hands_the_merge_the_prefix_lse_plus_x_nats_inside_cascade_onl
     assert decide(mod, 512, 8) is True
     run_cascade(mod)
     _, _, pl, _, sl = tensors()
-    assert torch.allclose(mod.merge_prefix_seen[-1], pl + 0.25)
-    assert torch.equal(mod.merge_seen[-1], sl)  # the suffix LSE is untouched
+    assert torch.allclose(mod.merged_prefix[-1], pl + 0.25)
+    assert torch.equal(mod.merged[-1], sl)  # the suffix LSE is untouched
     assert st.sync("shift")["waves"]["shift"]["inject_calls"] == 1
     # keyword form, and the caller's tensor is not modified in place
     got = []
@@ -296,7 +261,7 @@ def test_lse_shift_hands_the_merge_the_prefix_lse_plus_x_nats_inside_cascade_onl
     control(st, "bad", inject="lse-shift=lots")
     decide(mod, 512, 8)
     run_cascade(mod)
-    assert torch.equal(mod.merge_prefix_seen[-1], pl)
+    assert torch.equal(mod.merged_prefix[-1], pl)
 
 
 def test_decode_steps_are_counted_apart_from_prefill_steps(patched):
@@ -318,7 +283,7 @@ def test_flat_arm_never_injects(patched):
     assert decide(mod, 512, 8) is False
     run_cascade(mod)
     _, _, _, _, sl = tensors()
-    assert torch.equal(mod.merge_seen[-1], sl)
+    assert torch.equal(mod.merged[-1], sl)
 
 
 def test_worker_base_gets_the_sync_method(tmp_path):
@@ -406,7 +371,7 @@ def test_post_import_hook_patches_a_module_when_it_is_imported(tmp_path, monkeyp
     pkg = tmp_path / "crp_fakepkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "flash_attn.py").write_text(textwrap.dedent(FAKE_FLASH_ATTN))
+    shutil.copyfile(FAKE_FLASH_ATTN, pkg / "flash_attn.py")
     monkeypatch.syspath_prepend(str(tmp_path))
     st = probe.ProbeState(tmp_path / "probe")
     seen = []

@@ -1,23 +1,33 @@
-"""Reports of `cascade-repro kernel`: summary.json, report.md, junit.xml and the terminal table.
+"""Reports of `cascade-repro kernel`: summary.json, report.md, junit.xml and the terminal tables.
 
 Every formatter renders from the summary dictionary alone (what :func:`summary` builds and
-summary.json holds), so a report can be rebuilt from summary.json. Escaping and number formats come
-from :mod:`cascade_repro.report.text`, as in the matrix reports.
+summary.json holds), so a report can be rebuilt from summary.json. The formatters are
+:mod:`cascade_repro.report`'s (its formatter interface, its Markdown table and JUnit document
+writers, its escaping and number formats), as are the matrix reports.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
-import os
 import statistics
-import tempfile
-import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-from cascade_repro.report.text import fence_for, fmt_float, md_cell, one_line, plain, text_of, xml_safe
+from cascade_repro import runstore
+from cascade_repro.report.base import Formatter
+from cascade_repro.report.junit_xml import JunitDocument
+from cascade_repro.report.text import (
+    Strong,
+    fence_for,
+    fmt_float,
+    json_text,
+    md_cell,
+    md_table_rows,
+    one_line,
+    plain,
+    plural,
+    text_of,
+)
 
 SUITE = "cascade-repro-kernel"
 FILES = ("report.md", "summary.json", "junit.xml")
@@ -26,13 +36,6 @@ FILES = ("report.md", "summary.json", "junit.xml")
 # --------------------------------------------------------------------------------------------
 # The summary
 # --------------------------------------------------------------------------------------------
-
-
-def plural(n: int, word: str) -> str:
-    """`n word` with an English plural (`1 mismatch`, `2 mismatches`, `3 cases`)."""
-    if n == 1:
-        return f"{n} {word}"
-    return f"{n} {word}{'es' if word.endswith(('s', 'sh', 'ch', 'x')) else 's'}"
 
 
 def counts_of(cases: list[dict]) -> dict[str, int]:
@@ -156,7 +159,8 @@ def fmt_sci(v: Any) -> str:
     return fmt_float(v, ".2e")
 
 
-def fmt_ratio(v: Any) -> str:
+def fmt_error_ratio(v: Any) -> str:
+    """Cascade's error over the flat path's (``ratio``, ``seq_ratio``), two decimals."""
     return fmt_float(v, ".2f")
 
 
@@ -184,7 +188,7 @@ def case_row(c: dict) -> list[str]:
         text_of(c.get("max_num_splits")),
         fmt_sci(casc.get("rel")),
         fmt_sci(flat.get("rel")),
-        fmt_ratio(c.get("ratio")),
+        fmt_error_ratio(c.get("ratio")),
         fmt_sci(casc.get("max_abs")),
         fmt_sci(flat.get("max_abs")),
         fmt_yes(c.get("vllm_would_cascade")),
@@ -199,7 +203,7 @@ GROUP_COLUMNS = ("FA", "splits", "dtype", "kind", "cases", "mismatches", "ratio 
 def group_row(g: dict) -> list[str]:
     return [
         str(g["fa_version"]), str(g["max_num_splits"]), str(g["dtype"]), str(g["kind"]), str(g["n"]),
-        str(g["mismatches"]), fmt_ratio(g["ratio_median"]), fmt_ratio(g["ratio_max"]),
+        str(g["mismatches"]), fmt_error_ratio(g["ratio_median"]), fmt_error_ratio(g["ratio_max"]),
         fmt_sci(g["cascade_rel_max"]), fmt_sci(g["flat_rel_max"]),
     ]  # fmt: skip
 
@@ -223,14 +227,8 @@ def intro(data: dict) -> str:
     return text
 
 
-class KernelFormatter:
+class KernelFormatter(Formatter[dict]):
     """Render one file from the summary dictionary."""
-
-    name: ClassVar[str]
-    filename: ClassVar[str]
-
-    def render(self, data: dict) -> str:  # pragma: no cover - interface
-        raise NotImplementedError
 
 
 class JsonKernel(KernelFormatter):
@@ -238,17 +236,16 @@ class JsonKernel(KernelFormatter):
     filename = "summary.json"
 
     def render(self, data: dict) -> str:
-        return json.dumps(plain(data), sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+        return json_text(data)
 
 
-def md_rows(headers: tuple[str, ...], rows: list[list[str]], strong: Any = None) -> list[str]:
-    lines = ["| " + " | ".join(md_cell(h) for h in headers) + " |", "|" + "---|" * len(headers)]
-    for row in rows:
-        cells = [md_cell(v, limit=300) for v in row]
-        if strong is not None and strong(row):
-            cells[-1] = f"**{cells[-1]}**"
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+def md_table(headers: tuple[str, ...], rows: list[list[str]], empty: str) -> list[str]:
+    return md_table_rows(headers, rows) if rows else [f"_{empty}_"]
+
+
+def _strong_verdict(row: list[str]) -> list[str]:
+    """A case row with its verdict in bold unless ``ok``."""
+    return [*row[:-1], Strong(row[-1])] if row[-1] != "ok" else row
 
 
 class MarkdownKernel(KernelFormatter):
@@ -266,13 +263,9 @@ class MarkdownKernel(KernelFormatter):
                 "",
             ]
         out += ["### By FA version, splits, dtype and kind", ""]
-        groups = data.get("groups") or []
-        out += md_rows(GROUP_COLUMNS, [group_row(g) for g in groups]) if groups else ["_no case ran_"]
+        out += md_table(GROUP_COLUMNS, [group_row(g) for g in data.get("groups") or []], "no case ran")
         out += ["", "### Cases", ""]
-        if cases:
-            out += md_rows(CASE_COLUMNS, [case_row(c) for c in cases], strong=lambda r: r[-1] != "ok")
-        else:
-            out.append("_no cases_")
+        out += md_table(CASE_COLUMNS, [_strong_verdict(case_row(c)) for c in cases], "no cases")
         problems = [c for c in cases if c.get("reason")]
         if problems:
             out += ["", "### Notes", ""]
@@ -287,13 +280,6 @@ class MarkdownKernel(KernelFormatter):
         return "\n".join(out).rstrip("\n") + "\n"
 
 
-def _el(parent: ET.Element, tag: str, text: str | None = None, **attrs: str) -> ET.Element:
-    e = ET.SubElement(parent, tag, {k: xml_safe(v) for k, v in attrs.items()})
-    if text is not None:
-        e.text = xml_safe(text)
-    return e
-
-
 def _details(c: dict) -> str:
     casc, flat = c.get("cascade") or {}, c.get("flat") or {}
     return "\n".join(
@@ -302,7 +288,7 @@ def _details(c: dict) -> str:
             f"mean abs {fmt_sci(casc.get('mean_abs'))}",
             f"flat: rel {fmt_sci(flat.get('rel'))}, max abs {fmt_sci(flat.get('max_abs'))}, "
             f"mean abs {fmt_sci(flat.get('mean_abs'))}",
-            f"ratio {fmt_ratio(c.get('ratio'))}, worst request ratio {fmt_ratio(c.get('seq_ratio'))}",
+            f"ratio {fmt_error_ratio(c.get('ratio'))}, worst request ratio {fmt_error_ratio(c.get('seq_ratio'))}",
         ]
     )
 
@@ -312,17 +298,13 @@ class JunitKernel(KernelFormatter):
     filename = "junit.xml"
 
     def render(self, data: dict) -> str:
-        suites = ET.Element("testsuites", name=SUITE)
-        suite = _el(suites, "testsuite", name=SUITE)
-        props = _el(suite, "properties")
+        doc = JunitDocument(SUITE)
         s, env = data.get("settings") or {}, data.get("env") or {}
         for k, v in (("inject", s.get("inject")), ("factor", s.get("factor")), ("vllm", env.get("vllm")),
                      ("gpu", env.get("gpu"))):  # fmt: skip
             if v is not None:
-                _el(props, "property", name=k, value=str(v))
-        counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+                doc.add_property(k, str(v))
         for c in data.get("cases", []):
-            counts["tests"] += 1
             wall = c.get("wall_s")
             attrs = {
                 "classname": f"kernel.fa{c.get('fa_version')}.{c.get('kind')}",
@@ -330,41 +312,18 @@ class JunitKernel(KernelFormatter):
             }
             if isinstance(wall, int | float) and math.isfinite(wall):
                 attrs["time"] = f"{wall:.3f}"
-            case = _el(suite, "testcase", **attrs)
-            status = c.get("status")
+            case = doc.testcase(**attrs)
+            status, reason = c.get("status"), one_line(text_of(c.get("reason")))
             if status == "mismatch":
-                counts["failures"] += 1
-                _el(case, "failure", _details(c), message=one_line(text_of(c.get("reason"))), type="mismatch")
+                doc.outcome(case, "failure", _details(c), message=reason, type="mismatch")
             elif status == "error":
-                counts["errors"] += 1
-                _el(case, "error", message=one_line(text_of(c.get("reason"))), type="error")
+                doc.outcome(case, "error", message=reason, type="error")
             elif status == "skipped":
-                counts["skipped"] += 1
-                _el(case, "skipped", message=one_line(text_of(c.get("reason"))))
-        total = data.get("wall_s")
-        for el in (suites, suite):
-            for k, v in counts.items():
-                el.set(k, str(v))
-            if isinstance(total, int | float):
-                el.set("time", f"{total:.3f}")
-        ET.indent(suites, space="  ")
-        return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+                doc.outcome(case, "skipped", message=reason)
+        return doc.render(data.get("wall_s"))
 
 
 FORMATTERS: tuple[KernelFormatter, ...] = (MarkdownKernel(), JsonKernel(), JunitKernel())
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def write_reports(data: dict, out_dir: Path) -> list[Path]:
@@ -374,7 +333,7 @@ def write_reports(data: dict, out_dir: Path) -> list[Path]:
     paths = []
     for fmt in FORMATTERS:
         path = out_dir / fmt.filename
-        _write_atomic(path, fmt.render(data))
+        runstore.write_text_atomic(path, fmt.render(data), mode=0o644, durable=True)
         paths.append(path)
     return paths
 
@@ -399,5 +358,22 @@ def rich_table(data: dict) -> Any:
         table.add_row(
             escape(r[0]), r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11],
             f"[{STYLE.get(status, '')}]{escape(status)}[/]",
+        )  # fmt: skip
+    return table
+
+
+def plan_table(cases: list[Any]) -> Any:
+    """The terminal table of ``--dry-run``: one row per case (KernelCase objects)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=f"cascade-repro kernel: {len(cases)} cases")
+    table.add_column("case", overflow="fold")
+    for col in ("seqs", "tokens", "prefix", "max seq", "heads", "d", "dtype", "FA", "splits"):
+        table.add_column(col, no_wrap=True)
+    for c in cases:
+        table.add_row(
+            escape(c.case_id), str(c.num_seqs), str(c.num_tokens), str(c.prefix_len),
+            str(max(c.seq_lens)), c.heads, str(c.head_dim), c.dtype, str(c.fa_version), str(c.max_num_splits),
         )  # fmt: skip
     return table

@@ -14,24 +14,24 @@ After a case that ends in an error the worker checks that the CUDA context still
 it exits with :data:`EXIT_CUDA_LOST`. When the worker dies, hangs past ``case_timeout`` or fails to
 start, the parent records the case in flight as an ``error`` row and starts a new worker for the cases
 left (at most ``max_restarts`` times). ``max_seconds`` bounds the whole run: cases not finished by
-then are ``skipped``, so a run under a hard time limit still ends with complete reports.
+then are ``skipped``, so a run under a hard time limit still ends with complete reports. The worker
+runs in a session of its own, under the runner's supervisor (:mod:`cascade_repro.supervise`):
+stopping it kills its whole process group.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from cascade_repro import cuda_cache
+from cascade_repro import cuda_cache, supervise
 from cascade_repro.kernel.grid import KernelCase
 from cascade_repro.kernel.run import (
     DEFAULT_EPS,
@@ -149,24 +149,6 @@ class _Events:
         return out
 
 
-def _exit_text(rc: int) -> str:
-    if rc < 0:
-        try:
-            return f"killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"killed by signal {-rc}"
-    return f"exit code {rc}"
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        pass
-
-
 def _child_env() -> dict[str, str]:
     """The parent's environment, with this copy of cascade_repro first on the worker's path."""
     import cascade_repro
@@ -178,6 +160,66 @@ def _child_env() -> dict[str, str]:
     # The first FA2 call of each configuration took 2-2.5 min on an H200 (vLLM 0.26), most likely
     # the driver compiling PTX; the machine's cache (cuda_cache.py) keeps every configuration.
     return dict(cuda_cache.apply(env))
+
+
+@dataclass
+class _Attempt:
+    """What one worker process did: whether it reported ready, the case in flight when it ended, why
+    it could not start, why the parent stopped it (status and reason for that case), its exit code."""
+
+    ready: bool = False
+    current: int | None = None
+    fatal: str | None = None
+    stop: tuple[str, str] | None = None
+    rc: int | None = None
+
+
+def _run_worker(
+    spec_path: Path,
+    events_path: Path,
+    on_ready: Callable[[dict], None],
+    on_case: Callable[[int, dict], None],
+    *,
+    deadline: float | None,
+    max_seconds: float | None,
+    startup_timeout: float,
+    case_timeout: float,
+) -> _Attempt:
+    """Run one worker over a spec until it exits, or kill its process group when it hangs (no start
+    within ``startup_timeout``, one case past ``case_timeout``) or the run's ``deadline`` passes."""
+    att = _Attempt()
+    reader = _Events(events_path)
+
+    def check() -> tuple[str, str] | None:
+        for ev in reader.new():
+            kind = ev.get("event")
+            if kind == "ready":
+                att.ready = True
+                w.mark_active()
+                on_ready(ev.get("env") or {})
+            elif kind == "start":
+                att.current = int(ev["i"])
+                w.mark_active()
+            elif kind == "result":
+                on_case(int(ev["i"]), ev["result"])
+                att.current = None
+                w.mark_active()
+            elif kind == "fatal":
+                att.fatal = str(ev.get("message") or "the worker could not start")
+        if deadline is not None and time.monotonic() >= deadline:
+            return ("skipped", f"not run to the end: the run's time limit (--max-seconds "
+                               f"{max_seconds:g}) was reached")  # fmt: skip
+        if not att.ready and w.age_s() > startup_timeout:
+            return ("error", f"the worker did not start within {startup_timeout:g} s")
+        if att.ready and att.current is not None and w.idle_s() > case_timeout:
+            return ("error", f"timed out after {case_timeout:g} s (worker killed)")
+        return None
+
+    argv = [sys.executable, "-m", "cascade_repro.kernel.worker", str(spec_path), str(events_path)]
+    with supervise.Worker(argv, env=_child_env()) as w:
+        att.stop = supervise.watch(w, check, POLL_S)
+    att.rc = w.returncode
+    return att
 
 
 def run_grid_isolated(
@@ -246,55 +288,18 @@ def run_grid_isolated(
                 encoding="utf-8",
             )  # fmt: skip
             events_path.touch()
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "cascade_repro.kernel.worker", str(spec_path), str(events_path)],
-                stdin=subprocess.DEVNULL,
-                env=_child_env(),
-            )
-            reader = _Events(events_path)
-            started = time.monotonic()
-            ready = False
-            current: int | None = None
-            since = started
-            fatal: str | None = None
-            stop: tuple[str, str] | None = None  # (status, reason) for the case in flight
-            try:
-                while True:
-                    rc = proc.poll()
-                    for ev in reader.new():
-                        kind = ev.get("event")
-                        if kind == "ready":
-                            ready = True
-                            since = time.monotonic()
-                            if not env:
-                                env.update(ev.get("env") or {})
-                        elif kind == "start":
-                            current = int(ev["i"])
-                            since = time.monotonic()
-                        elif kind == "result":
-                            i = int(ev["i"])
-                            record(i, CaseResult.from_dict(cases[i], ev["result"]))
-                            current = None
-                            since = time.monotonic()
-                        elif kind == "fatal":
-                            fatal = str(ev.get("message") or "the worker could not start")
-                    if rc is not None:
-                        break
-                    now = time.monotonic()
-                    if deadline is not None and now >= deadline:
-                        stop = ("skipped", f"not run to the end: the run's time limit (--max-seconds "
-                                           f"{max_seconds:g}) was reached")  # fmt: skip
-                    elif not ready and now - started > startup_timeout:
-                        stop = ("error", f"the worker did not start within {startup_timeout:g} s")
-                    elif ready and current is not None and now - since > case_timeout:
-                        stop = ("error", f"timed out after {case_timeout:g} s (worker killed)")
-                    if stop is not None:
-                        _kill(proc)
-                        rc = proc.returncode
-                        break
-                    time.sleep(POLL_S)
-            finally:
-                _kill(proc)
+
+            def on_ready(worker_env: dict) -> None:
+                if not env:
+                    env.update(worker_env)
+
+            def on_case(i: int, result: dict) -> None:
+                record(i, CaseResult.from_dict(cases[i], result))
+
+            att = _run_worker(spec_path, events_path, on_ready, on_case, deadline=deadline,
+                              max_seconds=max_seconds, startup_timeout=startup_timeout,
+                              case_timeout=case_timeout)  # fmt: skip
+            ready, current, fatal, stop, rc = att.ready, att.current, att.fatal, att.stop, att.rc
             if fatal is not None and not ready:
                 if not results:
                     raise MissingRequirement(fatal)
@@ -310,7 +315,7 @@ def run_grid_isolated(
             elif rc == EXIT_CUDA_LOST:
                 what = "the CUDA context was lost"
             else:
-                what = f"the worker process died ({_exit_text(rc if rc is not None else -1)})"
+                what = f"the worker process died ({supervise.exit_text(rc)})"
             if current is not None and current not in results:
                 reason = what if stop is not None else f"{what} while running this case"
                 record(current, CaseResult(cases[current], "error", reason))

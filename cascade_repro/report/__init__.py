@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
 from collections.abc import Iterable
 from enum import Enum
 from pathlib import Path
 from typing import assert_never
 
+from cascade_repro import runstore
 from cascade_repro.errors import UsageError
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.content import EXIT_INCONCLUSIVE, EXIT_NOTHING_EXERCISED, exit_status
@@ -67,7 +65,8 @@ def write_reports(
     for fmt in dict.fromkeys(_parse_format(f) for f in formats):
         formatter = formatter_for(fmt)
         path = run_dir / formatter.filename
-        _write_atomic(path, formatter.render(data))
+        # A reader (or a crash) sees the old file or the new one, never half of one.
+        runstore.write_text_atomic(path, formatter.render(data), mode=0o644, durable=True)
         written[fmt] = path
     return written
 
@@ -83,19 +82,3 @@ def _parse_format(f: ReportFormat | str) -> ReportFormat:
 def exit_code(data: RunData, fail_on: str) -> int:
     """Return the run's exit code under fail_on (0, 1, 4 nothing exercised, 5 inconclusive: see exit_status)."""
     return exit_status(data, fail_on)[0]
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    # A reader (or a crash) sees the old file or the new one, never half of one.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; reports are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise

@@ -8,13 +8,11 @@ docs/summary-json.md.
 
 from __future__ import annotations
 
-import json
-
 from cascade_repro import runstore
 from cascade_repro.report import content as c
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.load import RunData
-from cascade_repro.report.text import as_int, plain
+from cascade_repro.report.text import as_int, json_text
 
 PAIR_FIELDS = (
     "pair_id",
@@ -135,7 +133,4 @@ class JsonFormatter(ReportFormatter):
             ],
             "mixed_stack": data.run.get("mixed_stack") or [],
         }
-        # allow_nan=False: plain() must already have turned every NaN into null.
-        return (
-            json.dumps(plain(summary), sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
-        )
+        return json_text(summary)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
-
 from cascade_repro import runstore
 from cascade_repro.report import content as c
 from cascade_repro.report.base import ReportFormatter
+from cascade_repro.report.junit_xml import JunitDocument, element
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import (
     fmt_ci,
@@ -16,18 +15,9 @@ from cascade_repro.report.text import (
     one_line,
     text_of,
     text_or_missing,
-    xml_safe,
 )
 
 SUITE = "cascade-repro"
-
-
-def _el(parent: ET.Element, tag: str, text: str | None = None, **attrs: str) -> ET.Element:
-    # ElementTree escapes markup but writes XML-invalid characters as-is, so strip them here.
-    e = ET.SubElement(parent, tag, {k: xml_safe(v) for k, v in attrs.items()})
-    if text is not None:
-        e.text = xml_safe(text)
-    return e
 
 
 def _details(r: dict) -> str:
@@ -57,14 +47,10 @@ class JunitFormatter(ReportFormatter):
     def render(self, data: RunData) -> str:
         """Return the JUnit XML document."""
         cell_status = {r["cell_id"]: r for r in c.cells(data)}
-        suites = ET.Element("testsuites", name=SUITE)
         # The Ant JUnit schema requires timestamp (no zone) and hostname; the host is not recorded on
         # purpose (reports are pasted into public issues), which the schema spells "localhost".
         created = str(data.run.get("created_at") or "")[:19]
-        suite = _el(
-            suites, "testsuite", name=SUITE, timestamp=created or "1970-01-01T00:00:00", hostname="localhost"
-        )
-        props = _el(suite, "properties")
+        doc = JunitDocument(SUITE, timestamp=created or "1970-01-01T00:00:00", hostname="localhost")
         spec = c.section(data.run, "spec")
         for k, v in (
             ("run_id", data.run.get("run_id")),
@@ -73,19 +59,15 @@ class JunitFormatter(ReportFormatter):
             ("inject", spec.get("inject")),
         ):
             if v:
-                _el(props, "property", name=k, value=str(v))
+                doc.add_property(k, str(v))
         # Calibration pairs are not testcases (an injected error is meant to fail); what they
         # measured is one property.
         power = [e["statement"] for e in c.detection_power(data)]
-        _el(props, "property", name="detection_power", value=" ".join(power) or c.not_calibrated(str))
-        counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+        doc.add_property("detection_power", " ".join(power) or c.not_calibrated(str))
         for r in c.cascade_pairs(data):
-            counts["tests"] += 1
             test_cell = cell_status.get(r.get("test_cell"), {})
             wall = test_cell.get("wall_s")
-            case = _el(
-                suite,
-                "testcase",
+            case = doc.testcase(
                 classname=f"cascade.tp{fmt_int(r.get('tp'))}",
                 name=f"batch{fmt_int(r.get('batch'))}-{text_of(r.get('pair_id'))}",
                 # the cascade cell's generation time (its flat twin's is in its own cell row)
@@ -98,9 +80,8 @@ class JunitFormatter(ReportFormatter):
                 if k in cell_status and cell_status[k].get("status") == "error"
             ]
             if verdict == "error" or failed:
-                counts["errors"] += 1
                 msg = "; ".join(f"cell {f['cell_id']} failed: {text_of(f.get('error'))}" for f in failed)
-                _el(
+                doc.outcome(
                     case,
                     "error",
                     _details(r),
@@ -108,8 +89,7 @@ class JunitFormatter(ReportFormatter):
                     type="error",
                 )
             elif verdict == "regression":
-                counts["failures"] += 1
-                _el(
+                doc.outcome(
                     case,
                     "failure",
                     _details(r),
@@ -117,18 +97,9 @@ class JunitFormatter(ReportFormatter):
                     type="regression",
                 )
             elif verdict == "not exercised":
-                counts["skipped"] += 1
-                _el(case, "skipped", message="cascade never fired")
+                doc.outcome(case, "skipped", message="cascade never fired")
             elif verdict == "inconclusive":
-                counts["skipped"] += 1
-                _el(case, "skipped", message=one_line(f"inconclusive: {text_of(r.get('reasons'))}"))
+                doc.outcome(case, "skipped", message=one_line(f"inconclusive: {text_of(r.get('reasons'))}"))
             # Every pair's evidence, passing ones too: a CI page shows why a pair passed.
-            _el(case, "system-out", f"verdict {verdict}\n{_details(r)}")
-        total = c.section(data.run, "timings").get("total_s")
-        for el in (suites, suite):
-            for k, v in counts.items():
-                el.set(k, str(v))
-            if isinstance(total, int | float):
-                el.set("time", f"{total:.3f}")
-        ET.indent(suites, space="  ")
-        return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+            element(case, "system-out", f"verdict {verdict}\n{_details(r)}")
+        return doc.render(c.section(data.run, "timings").get("total_s"))

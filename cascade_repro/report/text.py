@@ -1,7 +1,8 @@
-"""Formatting primitives shared by every report format: numbers, p-values, safe text."""
+"""Formatting primitives shared by every report format: numbers, p-values, safe text, tables."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Any
@@ -136,6 +137,31 @@ def md_escape_html(s: str) -> str:
     return _MD_TAG.sub("&lt;", _MD_ENTITY.sub("&amp;", s))
 
 
+class Strong(str):
+    """A table cell that renders emphasised."""
+
+    __slots__ = ()
+
+
+def md_table_rows(headers: list[str] | tuple[str, ...], rows: list[list[str]]) -> list[str]:
+    """The lines of a GitHub markdown table: headers cut at 160 characters, cells at 300, every
+    character that could break the table escaped; a :class:`Strong` cell in bold."""
+
+    def cell(v: str) -> str:
+        s = md_cell(v, limit=300)
+        return f"**{s}**" if isinstance(v, Strong) else s
+
+    lines = ["| " + " | ".join(md_cell(h) for h in headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return lines
+
+
+def json_text(v: Any) -> str:
+    """A JSON report file: sorted keys, indented, NaN and infinities as null (``plain``)."""
+    # allow_nan=False: plain() must already have turned every NaN into null.
+    return json.dumps(plain(v), sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
 def fence_for(text: str, minimum: int = 3) -> str:
     """Return a backtick fence longer than any backtick run inside text."""
     longest = max((len(m) for m in _BACKTICKS.findall(text)), default=0)
@@ -148,8 +174,10 @@ def xml_safe(s: str) -> str:
 
 
 def plural(n: int, word: str) -> str:
-    """Return `n word` with a plain English plural `s` when n != 1."""
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+    """`n word` with an English plural when n != 1: `1 pair`, `2 pairs`, `2 mismatches`."""
+    if n == 1:
+        return f"{n} {word}"
+    return f"{n} {word}{'es' if word.endswith(('s', 'sh', 'ch', 'x')) else 's'}"
 
 
 def text_or_missing(v: Any) -> str:

@@ -1,0 +1,53 @@
+"""The JUnit XML document both test reports write: one testcase per cascade pair (``junit.py``) or
+per kernel case (``kernel/report.py``), so CI systems show each failure as a failing test."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from typing import Any
+
+from cascade_repro.report.text import xml_safe
+
+# The element of a testcase's outcome, and the count it adds to.
+OUTCOMES = {"failure": "failures", "error": "errors", "skipped": "skipped"}
+
+
+def element(parent: ET.Element, tag: str, text: str | None = None, **attrs: str) -> ET.Element:
+    """A child element; ElementTree escapes markup but writes XML-invalid characters as-is, so
+    they are stripped here."""
+    e = ET.SubElement(parent, tag, {k: xml_safe(v) for k, v in attrs.items()})
+    if text is not None:
+        e.text = xml_safe(text)
+    return e
+
+
+class JunitDocument:
+    """``<testsuites>`` holding one ``<testsuite>`` (its ``<properties>`` first); the counts of tests,
+    failures, errors and skips and the total time are set on both when rendered."""
+
+    def __init__(self, name: str, **suite_attrs: str) -> None:
+        self.root = ET.Element("testsuites", name=name)
+        self.suite = element(self.root, "testsuite", name=name, **suite_attrs)
+        self.properties = element(self.suite, "properties")
+        self.counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+
+    def add_property(self, name: str, value: str) -> None:
+        element(self.properties, "property", name=name, value=value)
+
+    def testcase(self, **attrs: str) -> ET.Element:
+        self.counts["tests"] += 1
+        return element(self.suite, "testcase", **attrs)
+
+    def outcome(self, case: ET.Element, tag: str, text: str | None = None, **attrs: str) -> ET.Element:
+        """A testcase's ``failure``, ``error`` or ``skipped`` element, counted."""
+        self.counts[OUTCOMES[tag]] += 1
+        return element(case, tag, text, **attrs)
+
+    def render(self, total_s: Any = None) -> str:
+        for el in (self.root, self.suite):
+            for k, v in self.counts.items():
+                el.set(k, str(v))
+            if isinstance(total_s, int | float):
+                el.set("time", f"{total_s:.3f}")
+        ET.indent(self.root, space="  ")
+        return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(self.root, encoding="unicode") + "\n"
