@@ -14,6 +14,8 @@ Design rules:
   traceback from deep inside a run.
 * Records follow Google IFEval (``key``, ``prompt``, ``instruction_id_list``, ``kwargs``) so that
   instruction-following verifiers can score the outputs later; only ``prompt`` is required.
+* Every other column is kept, as JSON data, in the record's ``extra`` (and in the run's
+  ``prompts.jsonl``), so a run's prompt records carry whatever the source said about each prompt.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from importlib.resources.abc import Traversable
 from itertools import islice
@@ -51,6 +54,10 @@ _JSONL_SUFFIXES = (".jsonl", ".json")
 _CSV_SUFFIXES = (".csv",)
 _PARQUET_SUFFIXES = (".parquet",)
 _FIELDS = ("key", "prompt", "instruction_id_list", "kwargs", "lang")
+EXTRA_FIELD = "extra"
+"""The field of a run's ``prompts.jsonl`` (and of any JSON Lines file) that holds a record's other columns."""
+# Columns pandas adds for a DataFrame index when it writes parquet: not data about a prompt.
+_PANDAS_INDEX = re.compile(r"__index_level_\d+__")
 _LIST_FIELDS = ("instruction_id_list", "kwargs")
 _PARQUET_BATCH_ROWS = 1024
 
@@ -82,17 +89,23 @@ class Columns:
 _COLUMNS: ContextVar[Columns] = ContextVar("prompt_columns", default=Columns())  # noqa: B039 - frozen
 
 
-def _mapped(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A row with the user's prompt and key columns under the names the record fields have."""
+def _split(row: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the record's fields under their own names, every other column) of one row.
+
+    The prompt and key come from the user's columns (:class:`Columns`); a column the record does not
+    read, including a ``prompt`` or ``key`` column that another one replaced, is an extra column. An
+    ``extra`` field holding an object is a run's ``prompts.jsonl`` speaking: its entries are the
+    extra columns (the other columns are added to them).
+    """
     cols = _COLUMNS.get()
-    out = dict(row)
-    for field in ("prompt", "key"):
-        src = cols.source(field, row.keys())
-        if src != field:
-            out.pop(field, None)
-            if src in row:
-                out[field] = row[src]
-    return out
+    sources = {name: cols.source(name, row.keys()) for name in _FIELDS}
+    fields = {name: row[src] for name, src in sources.items() if src in row}
+    used = set(sources.values())
+    extra = {k: v for k, v in row.items() if k not in used and not _PANDAS_INDEX.fullmatch(str(k))}
+    nested = extra.get(EXTRA_FIELD)
+    if isinstance(nested, dict):
+        extra = {**nested, **{k: v for k, v in extra.items() if k != EXTRA_FIELD}}
+    return fields, extra
 
 
 _BOM = "\ufeff"
@@ -102,13 +115,34 @@ PromptPath = str | os.PathLike[str] | Traversable
 
 @dataclass(frozen=True)
 class PromptRecord:
-    """One prompt, plus the IFEval instructions (parallel ``instruction_id_list``/``kwargs``) it carries."""
+    """One prompt, plus the IFEval instructions (parallel ``instruction_id_list``/``kwargs``) it carries.
+
+    ``extra`` holds the source's other columns (column name -> JSON data), e.g. a category or a
+    reference answer.
+    """
 
     key: str
     prompt: str
     instruction_id_list: tuple[str, ...] = ()
     kwargs: tuple[dict, ...] = ()
     lang: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as a run's ``prompts.jsonl`` stores it; ``extra`` only when there are extra columns.
+
+        Reading that line back (:func:`iter_prompt_records`) gives the same record.
+        """
+        out: dict[str, Any] = {
+            "key": self.key,
+            "prompt": self.prompt,
+            "instruction_id_list": list(self.instruction_id_list),
+            "kwargs": [dict(k) for k in self.kwargs],
+            "lang": self.lang,
+        }
+        if self.extra:
+            out[EXTRA_FIELD] = dict(self.extra)
+        return out
 
 
 @dataclass(frozen=True)
@@ -272,10 +306,8 @@ def _file_records(file: Path | Traversable, display: str) -> Iterator[tuple[_Whe
     read_rows = _reader_for(file.name, display)
     stem = Path(file.name).stem
     try:
-        for index, (where, row) in enumerate(read_rows(file, display)):
-            if read_rows is _jsonl_rows:  # table readers map their columns in _table_row
-                row = _mapped(row)
-            yield where, _to_record(row, where, default_key=f"{stem}-{index:04d}")
+        for index, (where, (fields, extra)) in enumerate(read_rows(file, display)):
+            yield where, _to_record(fields, where, f"{stem}-{index:04d}", extra)
     except OSError as exc:  # permissions, a vanished file, an I/O error mid-read
         raise UsageError(f"cannot read {display}: {_one_line(exc)}") from None
 
@@ -307,13 +339,16 @@ def _decoded_lines(stream: BinaryIO, display: str) -> Iterator[str]:
         yield text.removeprefix(_BOM) if number == 1 else text
 
 
-def _jsonl_rows(file: Path | Traversable, display: str) -> Iterator[tuple[_Where, dict]]:
+_Row = tuple[dict[str, Any], dict[str, Any]]  # (record fields, extra columns)
+
+
+def _jsonl_rows(file: Path | Traversable, display: str) -> Iterator[tuple[_Where, _Row]]:
     """JSON Lines: one object per line; blank lines are skipped."""
     with file.open("rb") as stream:
         for number, line in enumerate(_decoded_lines(stream, display), 1):
             if line.strip():
                 where = _Where(display, "line", number)
-                yield where, _parse_json_object(line, where)
+                yield where, _split(_parse_json_object(line, where))
 
 
 def _parse_json_object(line: str, where: _Where) -> dict:
@@ -329,7 +364,7 @@ def _parse_json_object(line: str, where: _Where) -> dict:
     return value
 
 
-def _csv_rows(file: Path | Traversable, display: str) -> Iterator[tuple[_Where, dict]]:
+def _csv_rows(file: Path | Traversable, display: str) -> Iterator[tuple[_Where, _Row]]:
     """CSV with a header row; list columns may hold JSON text. Line numbers count the header as line 1."""
     with file.open("rb") as stream:
         reader = csv.DictReader(_decoded_lines(stream, display), strict=True)
@@ -357,8 +392,8 @@ def _next_csv(reader: csv.DictReader, display: str, step):
         raise UsageError(f"{display} line {reader.line_num}: malformed CSV: {_one_line(exc)}") from None
 
 
-def _parquet_rows(file: Path | Traversable, display: str) -> Iterator[tuple[_Where, dict]]:
-    """Parquet, read one batch at a time and only the columns this module knows."""
+def _parquet_rows(file: Path | Traversable, display: str) -> Iterator[tuple[_Where, _Row]]:
+    """Parquet, read one batch at a time (every column but a pandas index: the others are kept as extra)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -367,8 +402,7 @@ def _parquet_rows(file: Path | Traversable, display: str) -> Iterator[tuple[_Whe
             parquet = pq.ParquetFile(stream)
             names = parquet.schema_arrow.names
             cols = _COLUMNS.get()
-            wanted = {cols.source(f, names) for f in _FIELDS}
-            columns = [name for name in names if name in wanted]
+            columns = [name for name in names if not _PANDAS_INDEX.fullmatch(name)]
             batches = parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=columns)
         except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
             # UnicodeDecodeError: pyarrow decodes a footer's column paths as UTF-8 (a damaged or
@@ -452,7 +486,8 @@ def _hub_records(spec: str) -> Iterator[tuple[_Where, PromptRecord]]:
     stem = name.rpartition("/")[2]
     for index, row in enumerate(dataset):
         where = _Where(spec, "row", index + 1)
-        yield where, _to_record(_table_row(row, where), where, default_key=f"{stem}-{index:04d}")
+        fields, extra = _table_row(row, where)
+        yield where, _to_record(fields, where, f"{stem}-{index:04d}", extra)
 
 
 # --------------------------------------------------------------------------------------------
@@ -468,18 +503,21 @@ def _field_hint(prompt_col: str) -> str:
     )
 
 
-def _table_row(row: Mapping[str, Any], where: _Where) -> dict:
-    """Normalise a CSV/parquet/Hub row: blank cells count as absent, list columns may hold JSON text."""
-    row = _mapped(row)
+def _table_row(row: Mapping[str, Any], where: _Where) -> _Row:
+    """Normalise a CSV/parquet/Hub row: blank cells count as absent, list columns may hold JSON text.
+
+    Extra columns are kept as they are (a blank CSV cell stays ``""``).
+    """
+    mapped, extra = _split(row)
     fields: dict[str, Any] = {}
-    for field in _FIELDS:
-        value = row.get(field)
-        if value is None or (value == "" and field != "prompt"):
+    for name in _FIELDS:
+        value = mapped.get(name)
+        if value is None or (value == "" and name != "prompt"):
             continue
-        if field in _LIST_FIELDS and isinstance(value, str):
-            value = _json_cell(value, where, field)
-        fields[field] = value
-    return fields
+        if name in _LIST_FIELDS and isinstance(value, str):
+            value = _json_cell(value, where, name)
+        fields[name] = value
+    return fields, extra
 
 
 def _json_cell(text: str, where: _Where, field: str) -> Any:
@@ -489,8 +527,10 @@ def _json_cell(text: str, where: _Where, field: str) -> Any:
         raise UsageError(f"{where}: field {field!r} is not valid JSON (expected a JSON list)") from None
 
 
-def _to_record(row: Mapping[str, Any], where: _Where, default_key: str) -> PromptRecord:
-    """Validate one row (already a mapping) and build its record."""
+def _to_record(
+    row: Mapping[str, Any], where: _Where, default_key: str, extra: Mapping[str, Any] | None = None
+) -> PromptRecord:
+    """Validate one row (already a mapping of record fields) and build its record."""
     ids = _instruction_ids(row.get("instruction_id_list"), where)
     return PromptRecord(
         key=_key(row.get("key"), where, default_key),
@@ -498,7 +538,38 @@ def _to_record(row: Mapping[str, Any], where: _Where, default_key: str) -> Promp
         instruction_id_list=ids,
         kwargs=_kwargs(row.get("kwargs"), where, len(ids)),
         lang=_optional_text(row.get("lang"), where, "lang"),
+        extra=_extra_columns(extra or {}, where),
     )
+
+
+def _extra_columns(extra: Mapping[str, Any], where: _Where) -> dict[str, Any]:
+    """Extra columns as JSON data, so the run's ``prompts.jsonl`` can hold them.
+
+    A value that is not JSON data (a parquet timestamp, bytes, a decimal) becomes its text form
+    (ISO 8601 for dates and times, ``str()`` otherwise); an unpaired surrogate becomes ``?``.
+    """
+    out: dict[str, Any] = {}
+    for name, value in extra.items():
+        try:
+            text = json.dumps(value, ensure_ascii=False, default=_text_form)
+        except TypeError:  # e.g. a dict with tuple keys
+            text = json.dumps(_text_form(value), ensure_ascii=False)
+        except (ValueError, RecursionError):
+            raise UsageError(f"{where}: column {name!r} is nested too deeply to store") from None
+        try:
+            out[_valid_text(str(name))] = json.loads(_valid_text(text))
+        except (ValueError, RecursionError):
+            raise UsageError(f"{where}: column {name!r} is nested too deeply to store") from None
+    return out
+
+
+def _text_form(value: Any) -> str:
+    iso = getattr(value, "isoformat", None)
+    return iso() if callable(iso) else str(value)
+
+
+def _valid_text(text: str) -> str:
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def _prompt(row: Mapping[str, Any], where: _Where) -> str:

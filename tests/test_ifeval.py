@@ -1,7 +1,8 @@
 """cascade_repro.ifeval: IFEval-style verifiers on crafted Korean and English responses, scoring, IF in compare.
 
 Every expectation was worked out by hand from the rules in cascade_repro/ifeval/verifiers.py
-(Google IFEval's, with the Korean word rule: a word is a whitespace-separated unit).
+(Google IFEval's instructions.py, with the Korean word rule: a word is a whitespace-separated unit,
+and the deviations each verifier's docstring states).
 """
 
 from __future__ import annotations
@@ -12,17 +13,24 @@ from pathlib import Path
 import pytest
 
 from cascade_repro.ifeval import (
+    ALIASES,
+    GOOGLE_IFEVAL_IDS,
     VERIFIERS,
+    Unscorable,
+    canonical_id,
     check,
     check_loose,
     count_sentences,
     count_words,
     if_accuracy,
+    kwargs_problem,
     mcnemar_exact,
     paired_if,
     score_response,
+    unknown_instruction_ids,
+    unscorable,
 )
-from cascade_repro.ifeval.verifiers import is_english, loose_variants, split_sentences
+from cascade_repro.ifeval.verifiers import is_english, loose_variants, script_of, split_sentences
 from cascade_repro.promptsets import load_prompt_set
 
 # (instruction id, kwargs, response, strict expectation)
@@ -78,14 +86,14 @@ CASES: list[tuple[str, dict, str, bool]] = [
      "보리차와 옥수수차:\n* 보리차는 고소합니다\n* 옥수수차는 달콤합니다\n- 둘 다 카페인이 없습니다", False),  # fmt: skip
     ("detectable_format:number_bullet_lists", {"num_bullets": 1}, "**Bold intro**\n* one item", True),
     ("detectable_format:number_bullet_lists", {"num_bullets": 2}, "1. first\n2. second", False),
-    # detectable_format:numbered_list (custom)
-    ("detectable_format:numbered_list", {"num_items": 4},
+    # cascade_repro:numbered_list (this project's)
+    ("cascade_repro:numbered_list", {"num_items": 4},
      "1. 물을 끓입니다.\n2. 80도로 식힙니다.\n3. 찻잎을 넣습니다.\n4. 2분 우립니다.", True),  # fmt: skip
-    ("detectable_format:numbered_list", {"num_items": 3},
+    ("cascade_repro:numbered_list", {"num_items": 3},
      "1. 물을 끓입니다.\n2. 80도로 식힙니다.\n3. 찻잎을 넣습니다.\n4. 2분 우립니다.", False),  # fmt: skip
-    ("detectable_format:numbered_list", {"num_items": 2}, "Steps:\n  1. Boil water.\n  2. Steep.", True),
-    ("detectable_format:numbered_list", {"num_items": 2}, "1.Boil water.\n2. Steep.", False),  # no space after 1.
-    ("detectable_format:numbered_list", {"num_items": 3}, "* one\n* two\n* three", False),
+    ("cascade_repro:numbered_list", {"num_items": 2}, "Steps:\n  1. Boil water.\n  2. Steep.", True),
+    ("cascade_repro:numbered_list", {"num_items": 2}, "1.Boil water.\n2. Steep.", False),  # no space after 1.
+    ("cascade_repro:numbered_list", {"num_items": 3}, "* one\n* two\n* three", False),
     # detectable_format:json_format
     ("detectable_format:json_format", {}, '{"이름": "찻잔 세트", "가격": 35000}', True),
     ("detectable_format:json_format", {}, '```json\n{"name": "cup set"}\n```', True),
@@ -138,6 +146,109 @@ CASES: list[tuple[str, dict, str, bool]] = [
      "보리차 끓이는 법: 먼저 물을 끓이세요.", False),  # fmt: skip
     ("combination:repeat_prompt", {"prompt_to_repeat": "Write a short poem about the first snow."},
      "write a short poem about the first snow. Snow falls softly.", True),  # fmt: skip
+    # keywords:letter_frequency (case-insensitive count of the character, inside words too)
+    ("keywords:letter_frequency", {"letter": "a", "let_frequency": 3, "let_relation": "at least"}, "Banana", True),
+    ("keywords:letter_frequency", {"letter": "A", "let_frequency": 4, "let_relation": "at least"}, "Banana", False),
+    ("keywords:letter_frequency", {"letter": "a", "let_frequency": 3, "let_relation": "less than"}, "Banana", False),
+    ("keywords:letter_frequency", {"letter": "a", "let_frequency": 4, "let_relation": "less than"}, "BANANA", True),
+    ("keywords:letter_frequency", {"letter": "차", "let_frequency": 3, "let_relation": "at least"},
+     "녹차와 홍차는 차이가 있다", True),  # 녹차, 홍차, 차이: 3  # fmt: skip
+    ("keywords:letter_frequency", {"letter": "차", "let_frequency": 3, "let_relation": "less than"},
+     "녹차와 홍차는 차이가 있다", False),  # fmt: skip
+    # language:response_language (by script)
+    ("language:response_language", {"language": "ko"}, "녹차는 몸에 좋습니다.", True),
+    ("language:response_language", {"language": "ko"}, "GPU 서버를 씁니다", True),  # 6 Hangul of 9 letters
+    ("language:response_language", {"language": "ko"}, "AB 가나", False),  # exactly half is not more than half
+    ("language:response_language", {"language": "ko"}, "Green tea is good for you.", False),
+    ("language:response_language", {"language": "ko"}, "12345 !!!", False),  # no letter
+    ("language:response_language", {"language": "en"}, "Green tea is good for you.", True),
+    ("language:response_language", {"language": "en"}, "녹차는 몸에 좋습니다.", False),
+    ("language:response_language", {"language": "ja"}, "緑茶はおいしいです", True),
+    ("language:response_language", {"language": "ja"}, "绿茶很好喝", False),  # no kana: not Japanese
+    ("language:response_language", {"language": "zh"}, "绿茶很好喝", True),
+    ("language:response_language", {"language": "zh"}, "緑茶はおいしいです", False),  # kana
+    ("language:response_language", {"language": "ru"}, "Зелёный чай полезен.", True),
+    ("language:response_language", {"language": "ru"}, "Green tea is good.", False),
+    ("language:response_language", {"language": "hi"}, "हरी चाय अच्छी है", True),
+    ("language:response_language", {"language": "ar"}, "الشاي الأخضر مفيد", True),
+    ("language:response_language", {"language": "th"}, "ชาเขียวดีต่อสุขภาพ", True),
+    # length_constraints:nth_paragraph_first_word (paragraphs split on \n\n)
+    ("length_constraints:nth_paragraph_first_word", {"num_paragraphs": 3, "nth_paragraph": 2, "first_word": "coffee"},
+     "Tea is old.\n\nCoffee, however, is newer.\n\nBoth are loved.", True),  # fmt: skip
+    ("length_constraints:nth_paragraph_first_word", {"num_paragraphs": 2, "nth_paragraph": 2, "first_word": "coffee"},
+     "Tea is old.\n\nCoffee, however, is newer.\n\nBoth are loved.", False),  # three paragraphs  # fmt: skip
+    ("length_constraints:nth_paragraph_first_word", {"num_paragraphs": 3, "nth_paragraph": 2, "first_word": "tea"},
+     "Tea is old.\n\nCoffee, however, is newer.\n\nBoth are loved.", False),  # fmt: skip
+    ("length_constraints:nth_paragraph_first_word", {"num_paragraphs": 2, "nth_paragraph": 2, "first_word": "Coffee"},
+     'Intro.\n\n"Coffee" is newer.', True),  # leading quote removed, cut at the closing one  # fmt: skip
+    ("length_constraints:nth_paragraph_first_word", {"num_paragraphs": 2, "nth_paragraph": 2, "first_word": "b"},
+     "A.\n\n\n\nB.", False),  # IFEval: paragraph 2 is the blank piece between the two breaks  # fmt: skip
+    ("length_constraints:nth_paragraph_first_word", {"num_paragraphs": 2, "nth_paragraph": 3, "first_word": "b"},
+     "A.\n\n\n\nB.", False),  # only two paragraphs  # fmt: skip
+    ("length_constraints:nth_paragraph_first_word", {"num_paragraphs": 2, "nth_paragraph": 2, "first_word": "녹차"},
+     "차는 오래되었다.\n\n녹차는 특히 그렇다.", True),  # the particle may follow a Korean word  # fmt: skip
+    ("length_constraints:nth_paragraph_first_word", {"num_paragraphs": 2, "nth_paragraph": 2, "first_word": "홍차"},
+     "차는 오래되었다.\n\n녹차는 특히 그렇다.", False),  # fmt: skip
+    ("length_constraints:nth_paragraph_first_word", {"num_paragraphs": 1, "nth_paragraph": 1, "first_word": "차"},
+     "차는 오래되었다.\n녹차는 특히 그렇다.", True),  # one line break is not a paragraph break  # fmt: skip
+    # detectable_content:number_placeholders (at least N [..] within a line)
+    ("detectable_content:number_placeholders", {"num_placeholders": 2}, "[이름]님, [주소]로 보내 드립니다.", True),
+    ("detectable_content:number_placeholders", {"num_placeholders": 3}, "[이름]님, [주소]로 보내 드립니다.", False),
+    ("detectable_content:number_placeholders", {"num_placeholders": 2}, "Dear [name], order [id] ships.", True),
+    ("detectable_content:number_placeholders", {"num_placeholders": 2}, "Fill in [] and [].", True),  # empty counts
+    ("detectable_content:number_placeholders", {"num_placeholders": 1}, "A [split\nbracket]", False),
+    # detectable_format:constrained_response (one of three exact English options)
+    ("detectable_format:constrained_response", {}, "My answer is yes.", True),
+    ("detectable_format:constrained_response", {}, "Hmm. My answer is maybe. It depends.", True),
+    ("detectable_format:constrained_response", {}, "My answer is Yes.", False),  # case-sensitive
+    ("detectable_format:constrained_response", {}, "My answer is yes", False),  # the period is part of it
+    ("detectable_format:constrained_response", {}, "제 생각에는 그렇습니다. My answer is no.", True),
+    ("detectable_format:constrained_response", {}, "제 답은 '예'입니다.", False),
+    # detectable_format:number_highlighted_sections (at least N non-blank *..* or **..**)
+    ("detectable_format:number_highlighted_sections", {"num_highlights": 2}, "*Tea* is *calm*.", True),
+    ("detectable_format:number_highlighted_sections", {"num_highlights": 3}, "*Tea* is *calm*.", False),
+    ("detectable_format:number_highlighted_sections", {"num_highlights": 2}, "**녹차**와 *홍차*", True),
+    ("detectable_format:number_highlighted_sections", {"num_highlights": 3}, "**녹차**와 *홍차*", False),
+    ("detectable_format:number_highlighted_sections", {"num_highlights": 1}, "Nothing * * here", False),  # blank
+    ("detectable_format:number_highlighted_sections", {"num_highlights": 1}, "*녹차\n홍차*", False),  # across lines
+    # detectable_format:multiple_sections (spliter + number, case-sensitive; at least N)
+    ("detectable_format:multiple_sections", {"section_spliter": "SECTION", "num_sections": 2},
+     "SECTION 1\nTea.\nSECTION 2\nCoffee.", True),  # fmt: skip
+    ("detectable_format:multiple_sections", {"section_spliter": "SECTION", "num_sections": 3},
+     "SECTION 1\nTea.\nSECTION 2\nCoffee.", False),  # fmt: skip
+    ("detectable_format:multiple_sections", {"section_spliter": "SECTION", "num_sections": 1},
+     "Section 1\nTea.", False),  # fmt: skip
+    ("detectable_format:multiple_sections", {"section_spliter": " 섹션 ", "num_sections": 2},
+     "섹션 1\n녹차 이야기\n섹션 2\n홍차 이야기", True),  # fmt: skip
+    ("detectable_format:multiple_sections", {"section_spliter": "섹션", "num_sections": 2},
+     "섹션 하나\n녹차 이야기", False),  # no number after the spliter  # fmt: skip
+    # combination:two_responses (exactly two different, separated by ******)
+    ("combination:two_responses", {}, "녹차를 추천합니다.\n******\n홍차를 추천합니다.", True),
+    ("combination:two_responses", {}, "Tea.\n******\nTea.", False),  # the same twice
+    ("combination:two_responses", {}, "A\n******\nB\n******\nC", False),  # three
+    ("combination:two_responses", {}, "******\nGreen tea.\n******\nBlack tea.", True),  # blank piece at an end
+    ("combination:two_responses", {}, "녹차\n******\n\n******\n홍차", False),  # blank piece inside
+    ("combination:two_responses", {}, "Just one answer.", False),
+    # change_case:capital_word_frequency (words in capitals, str.isupper)
+    ("change_case:capital_word_frequency", {"capital_frequency": 4, "capital_relation": "at least"},
+     "I LOVE GREEN TEA", True),  # fmt: skip
+    ("change_case:capital_word_frequency", {"capital_frequency": 5, "capital_relation": "at least"},
+     "I LOVE GREEN TEA", False),  # fmt: skip
+    ("change_case:capital_word_frequency", {"capital_frequency": 4, "capital_relation": "less than"},
+     "I LOVE GREEN TEA", False),  # fmt: skip
+    ("change_case:capital_word_frequency", {"capital_frequency": 5, "capital_relation": "less than"},
+     "I LOVE GREEN TEA", True),  # fmt: skip
+    # DON'T, WORRY and WELL-KNOWN: 3 words (nltk would say 4: DO and N'T are two tokens)
+    ("change_case:capital_word_frequency", {"capital_frequency": 3, "capital_relation": "at least"},
+     "DON'T WORRY, a WELL-KNOWN tea", True),  # fmt: skip
+    ("change_case:capital_word_frequency", {"capital_frequency": 4, "capital_relation": "at least"},
+     "DON'T WORRY, a WELL-KNOWN tea", False),  # fmt: skip
+    ("change_case:capital_word_frequency", {"capital_frequency": 1, "capital_relation": "at least"},
+     "이 제품은 AI가 추천한 차입니다", True),  # AI가 is in capitals  # fmt: skip
+    ("change_case:capital_word_frequency", {"capital_frequency": 1, "capital_relation": "less than"},
+     "이 제품은 AI가 추천한 차입니다", False),  # fmt: skip
+    ("change_case:capital_word_frequency", {"capital_frequency": 1, "capital_relation": "at least"},
+     "녹차는 몸에 좋습니다", False),  # Korean has no case  # fmt: skip
 ]
 
 
@@ -148,9 +259,17 @@ def test_verifier_case(iid: str, kwargs: dict, response: str, expected: bool) ->
         assert check_loose(iid, response, kwargs)  # loose accepts whatever strict accepts
 
 
-def test_every_shipped_instruction_has_pass_and_fail_cases_in_both_languages() -> None:
+def test_verifiers_cover_googles_25_ids_and_ours() -> None:
+    assert len(GOOGLE_IFEVAL_IDS) == len(set(GOOGLE_IFEVAL_IDS)) == 25
+    assert set(VERIFIERS) == {*GOOGLE_IFEVAL_IDS, "cascade_repro:numbered_list"}
+    # Ids of this project's own are in its namespace, never in Google's.
+    assert [i for i in VERIFIERS if i not in GOOGLE_IFEVAL_IDS] == ["cascade_repro:numbered_list"]
+
+
+def test_every_verifier_has_pass_and_fail_cases_in_both_languages() -> None:
     shipped = {i for r in load_prompt_set("ko-ifeval-style").records for i in r.instruction_id_list}
-    assert shipped == set(VERIFIERS)
+    assert shipped <= set(VERIFIERS)
+    assert "detectable_format:numbered_list" not in shipped  # the shipped set uses the new id
     for iid in VERIFIERS:
         outcomes = {exp for i, _, _, exp in CASES if i == iid}
         assert outcomes == {True, False}, iid
@@ -213,6 +332,13 @@ def test_loose_variants_follow_ifeval() -> None:
         ("startend:quotation", {}, '**"유자청을 소개합니다."**'),
         # bold title markers inside the title line count once stars are removed
         ("detectable_format:numbered_list", {"num_items": 2}, "**1. 물**\n**2. 차**"),
+        # an intro paragraph: without the first line, paragraph 1 starts with the word
+        ("length_constraints:nth_paragraph_first_word", {"num_paragraphs": 2, "nth_paragraph": 1, "first_word": "tea"},
+         "Sure, here it is:\n\nTea is old.\n\nCoffee is newer."),  # fmt: skip
+        # a closing line after the two responses
+        ("combination:two_responses", {}, "녹차입니다.\n******\n홍차입니다.\n******\n(끝)"),
+        # a bold answer line: the option only appears once the stars are removed
+        ("detectable_format:constrained_response", {}, "**My answer is** yes."),
     ],
 )
 def test_loose_only(iid: str, kwargs: dict, response: str) -> None:
@@ -244,8 +370,8 @@ def test_score_response() -> None:
     ]
     loose = score_response(TWO, "Sure, here it is:\n<<가을 차밭>>\n바람이 분다")
     assert (loose["strict"], loose["loose"]) == (False, True)
-    unknown = score_response({"instruction_id_list": ["language:response_language"], "kwargs": [{}]}, "hi")
-    assert unknown["strict"] is None and "no verifier" in unknown["per_instruction"][0]["error"]
+    unknown = score_response({"instruction_id_list": ["x:unknown"], "kwargs": [{}]}, "hi")
+    assert unknown["strict"] is None and unknown["per_instruction"][0]["error"] == "no verifier for 'x:unknown'"
     assert score_response({"prompt": "no instructions"}, "hi")["strict"] is None
     missing = score_response({"instruction_id_list": ["length_constraints:number_words"], "kwargs": [{}]}, "hi")
     assert missing["strict"] is None and "bad kwargs" in missing["per_instruction"][0]["error"]
@@ -270,6 +396,154 @@ def test_if_accuracy() -> None:
     assert acc["if_strict"] == pytest.approx(1 / 3) and acc["if_loose"] == pytest.approx(2 / 3)
     empty = if_accuracy({}, prompts)
     assert empty["if_n"] == 0 and empty["if_strict"] != empty["if_strict"]  # NaN
+
+
+# --- the old numbered-list id, kwargs no verifier can use, unscorable prompts ---------------------------
+
+
+def test_old_numbered_list_id_is_an_alias() -> None:
+    assert ALIASES == {"detectable_format:numbered_list": "cascade_repro:numbered_list"}
+    assert canonical_id("detectable_format:numbered_list") == "cascade_repro:numbered_list"
+    assert canonical_id("punctuation:no_comma") == "punctuation:no_comma"
+    for text, expected in (("1. 물\n2. 차", True), ("1. 물", False)):
+        for iid in ALIASES:
+            assert check(iid, text, {"num_items": 2}) is check(ALIASES[iid], text, {"num_items": 2}) is expected
+    # An old run's prompt record still scores, under the id it was written with.
+    old = {"instruction_id_list": ["detectable_format:numbered_list"], "kwargs": [{"num_items": 2}]}
+    s = score_response(old, "1. 물\n2. 차")
+    assert (s["strict"], s["per_instruction"][0]["id"]) == (True, "detectable_format:numbered_list")
+
+
+def test_old_prompt_file_with_the_old_id_scores(tmp_path: Path) -> None:
+    path = tmp_path / "old.jsonl"
+    rec = {"key": "a", "prompt": "번호를 매기세요", "instruction_id_list": ["detectable_format:numbered_list"],
+           "kwargs": [{"num_items": 2}]}  # fmt: skip
+    path.write_text(json.dumps(rec, ensure_ascii=False) + "\n", encoding="utf-8")
+    records = load_prompt_set(str(path)).records
+    assert unknown_instruction_ids(records) == {}
+    assert score_response(records[0], "1. 물\n2. 차")["strict"] is True
+
+
+@pytest.mark.parametrize(
+    ("iid", "kwargs", "problem"),
+    [
+        ("language:response_language", {"language": "de"}, "language 'de' cannot be told from English by script"),
+        ("language:response_language", {"language": "zh-cn"}, "language 'zh-cn' cannot be decided by script"),
+        ("language:response_language", {"language": "xx"}, "language 'xx' cannot be decided by script"),
+        ("language:response_language", {}, "missing a required argument: 'language'"),
+        ("keywords:letter_frequency", {"letter": "ab", "let_frequency": 2, "let_relation": "at least"},
+         "letter must be one character, not 'ab'"),  # fmt: skip
+        ("keywords:letter_frequency", {"letter": "a", "let_frequency": 2, "let_relation": "at most"},
+         "relation must be one of ('less than', 'at least'), not 'at most'"),  # fmt: skip
+        ("change_case:capital_word_frequency", {"capital_frequency": 2.5, "capital_relation": "at least"},
+         "capital_frequency must be a whole number, not 2.5"),  # fmt: skip
+        ("length_constraints:nth_paragraph_first_word", {"num_paragraphs": 2, "nth_paragraph": 0, "first_word": "a"},
+         "nth_paragraph counts from 1, not 0"),  # fmt: skip
+        ("detectable_format:multiple_sections", {"section_spliter": "Section", "num_sections": "many"},
+         "num_sections must be a whole number, not 'many'"),  # fmt: skip
+    ],
+)
+def test_kwargs_no_response_can_satisfy_raise_for_every_response(iid: str, kwargs: dict, problem: str) -> None:
+    assert kwargs_problem(iid, kwargs) == problem
+    for response in ("", "   ", "Banana 녹차", "SECTION 1 a SECTION 2 b"):  # the blank one too
+        with pytest.raises(ValueError, match="bad kwargs"):
+            check(iid, response, kwargs)
+    s = score_response({"instruction_id_list": [iid], "kwargs": [kwargs]}, "Banana")
+    assert s["strict"] is None and s["per_instruction"][0]["error"].endswith(problem)
+
+
+def test_usable_kwargs_have_no_problem() -> None:
+    assert kwargs_problem("language:response_language", {"language": "KO"}) is None  # any case
+    assert kwargs_problem("length_constraints:number_words", {"relation": "at least", "num_words": "50"}) is None
+    assert kwargs_problem("punctuation:no_comma", {"num_words": None, "foo": 1}) is None  # extra kwargs ignored
+    with pytest.raises(KeyError):
+        kwargs_problem("x:unknown", {})
+
+
+def test_scripts_of_letters() -> None:
+    assert [script_of(ch) for ch in "가ㄱあアｱ一々Жاकกα"] == [
+        "HANGUL", "HANGUL", "HIRAGANA", "KATAKANA", "KATAKANA", "CJK", "CJK", "CYRILLIC", "ARABIC",
+        "DEVANAGARI", "THAI", "GREEK",
+    ]  # fmt: skip
+
+
+UNSCORABLE = [
+    {"instruction_id_list": ["x:unknown", "punctuation:no_comma"], "kwargs": [{}, {}]},
+    {"instruction_id_list": ["x:unknown", "x:unknown"]},  # one prompt, counted once
+    {"instruction_id_list": ["y:other"]},
+    {"instruction_id_list": ["language:response_language"], "kwargs": [{"language": "de"}]},
+    {"instruction_id_list": ["length_constraints:number_words"], "kwargs": [{"relation": "more than", "num_words": 5}]},
+    {"instruction_id_list": ["x:unknown", "language:response_language"], "kwargs": [{}, {"language": "de"}]},
+    {"instruction_id_list": ["detectable_format:numbered_list"], "kwargs": [{"num_items": 2}]},  # alias: scorable
+    {"instruction_id_list": ["language:response_language"], "kwargs": [{"language": "ko"}]},  # scorable
+    {"prompt": "no instructions"},  # nothing to score: not counted
+]
+
+
+def test_unscorable_counts_and_names_prompts() -> None:
+    assert unknown_instruction_ids(UNSCORABLE) == {"x:unknown": 3, "y:other": 1}
+    u = unscorable(UNSCORABLE)
+    assert u == Unscorable(
+        n_prompts=9,
+        n_unscored=6,
+        unknown_ids={"x:unknown": 3, "y:other": 1},
+        bad_kwargs={
+            "language:response_language: language 'de' cannot be told from English by script": 2,
+            "length_constraints:number_words: relation must be one of ('less than', 'at least'), not 'more than'": 1,
+        },
+    )
+    assert u.note() == (
+        "IFEval: 6 of 9 prompts not scored (no verifier for x:unknown (3 prompts), y:other (1 prompt); "
+        "kwargs no verifier can use: language:response_language: language 'de' cannot be told from English "
+        "by script (2 prompts), length_constraints:number_words: relation must be one of ('less than', "
+        "'at least'), not 'more than' (1 prompt))."
+    )
+    # The same prompts are the ones score_response leaves unscored, whatever the response.
+    unscored = [i for i, r in enumerate(UNSCORABLE) if score_response(r, "1. 녹차\n2. 홍차")["strict"] is None]
+    assert unscored == [0, 1, 2, 3, 4, 5, 8]  # 8 has no instructions
+
+
+def test_unscorable_without_problems() -> None:
+    shipped = load_prompt_set("ko-ifeval-style").records
+    assert unscorable(shipped) == Unscorable(n_prompts=len(shipped))
+    assert unscorable(shipped).note() is None and unknown_instruction_ids(shipped) == {}
+    assert unscorable([]).note() is None
+    one = unscorable([{"instruction_id_list": ["z:z"]}])
+    assert one.note() == "IFEval: 1 of 1 prompt not scored (no verifier for z:z (1 prompt))."
+
+
+def test_report_names_unknown_ids(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from cascade_repro.report import content
+
+    root = _write_run(tmp_path / "r", GOOD)
+    assert content.unscored_note(SimpleNamespace(run_dir=root)) is None  # every prompt scorable or without ids
+    prompts = [*PROMPTS[:3], {**PROMPTS[3], "instruction_id_list": ["x:unknown"], "kwargs": [{}]}]
+    (root / "prompts.jsonl").write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in prompts), "utf-8")
+    assert content.unscored_note(SimpleNamespace(run_dir=root)) == (
+        "IFEval: 1 of 4 prompts not scored (no verifier for x:unknown (1 prompt))."
+    )
+    (root / "prompts.jsonl").unlink()
+    assert content.unscored_note(SimpleNamespace(run_dir=root)) is None
+
+
+def test_markdown_report_carries_the_unscored_note(tmp_path: Path) -> None:
+    from cascade_repro import runstore
+    from cascade_repro.compare import build_tables
+    from cascade_repro.report.load import load_run
+    from cascade_repro.report.markdown import MarkdownFormatter
+    from cascade_repro.verdicts import Thresholds
+
+    root = _write_run(tmp_path / "r", GOOD)
+    prompts = [*PROMPTS[:3], {**PROMPTS[3], "instruction_id_list": ["x:unknown"], "kwargs": [{}]}]
+    (root / "prompts.jsonl").write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in prompts), "utf-8")
+    run = json.loads((root / "run.json").read_text())
+    for df, name in zip(build_tables(run, root, Thresholds()), (runstore.CELLS, runstore.PAIRS, runstore.COMPARISONS),
+                        strict=True):  # fmt: skip
+        df.to_parquet(root / name, index=False)
+    text = MarkdownFormatter().render(load_run(root))
+    assert "_IFEval: 1 of 4 prompts not scored (no verifier for x:unknown (1 prompt))._" in text
 
 
 # --- McNemar ----------------------------------------------------------------------------------------------

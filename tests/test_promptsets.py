@@ -36,7 +36,7 @@ from cascade_repro.promptsets import (
 )
 
 # Instruction ids the shipped set may use, with the IFEval kwargs names each one takes.
-# detectable_format:numbered_list is ours (not in Google IFEval): exactly num_items lines "1. ...".
+# cascade_repro:numbered_list is ours (not in Google IFEval): exactly num_items lines "1. ...".
 ALLOWED_KWARGS: dict[str, set[str]] = {
     "punctuation:no_comma": set(),
     "change_case:english_lowercase": set(),
@@ -45,7 +45,7 @@ ALLOWED_KWARGS: dict[str, set[str]] = {
     "length_constraints:number_sentences": {"relation", "num_sentences"},
     "length_constraints:number_paragraphs": {"num_paragraphs"},
     "detectable_format:number_bullet_lists": {"num_bullets"},
-    "detectable_format:numbered_list": {"num_items"},
+    "cascade_repro:numbered_list": {"num_items"},
     "detectable_format:json_format": set(),
     "detectable_format:title": set(),
     "keywords:existence": {"keywords"},
@@ -281,9 +281,10 @@ def test_csv_with_json_list_columns_and_blank_cells(tmp_path):
     )
     first, second = load_prompt_set(str(path)).records
     assert first == PromptRecord(
-        "a", "with, comma\nand newline", ("keywords:existence",), ({"keywords": ["x"]},), "en"
+        "a", "with, comma\nand newline", ("keywords:existence",), ({"keywords": ["x"]},), "en", {"notes": "n"}
     )
-    assert second == PromptRecord("sheet-0001", "no key")
+    # An empty cell is absent for a record field, but an extra column keeps it as it is.
+    assert second == PromptRecord("sheet-0001", "no key", extra={"notes": ""})
 
 
 def test_parquet_with_struct_kwargs_and_json_text_columns(tmp_path):
@@ -303,8 +304,10 @@ def test_parquet_with_struct_kwargs_and_json_text_columns(tmp_path):
     pq.write_table(table, path, row_group_size=1)
     first, second = load_prompt_set(str(path)).records
     # Arrow fills absent struct keys with null; the loader drops them again.
-    assert first == PromptRecord("1", "p1", ("w", "c"), ({"num_words": 5, "relation": "less than"}, {}))
-    assert second == PromptRecord("2", "p2")
+    assert first == PromptRecord(
+        "1", "p1", ("w", "c"), ({"num_words": 5, "relation": "less than"}, {}), extra={"extra": 1.5}
+    )
+    assert second == PromptRecord("2", "p2", extra={"extra": 2.5})
 
     text_path = tmp_path / "text.parquet"
     pq.write_table(
@@ -653,3 +656,132 @@ def test_prompt_and_key_columns_can_be_named(tmp_path):
     assert usage_error(load_prompt_set, str(csv_file), prompt_field=" ") == "--prompt-field must name a column, got ' '"
     # Outside the call the defaults are back.
     assert usage_error(load_prompt_set, str(csv_file)).startswith(f"{csv_file} line 1: no 'prompt' column")
+
+
+# --------------------------------------------------------------------------------------------
+# extra columns: kept in the record and in the run's prompts.jsonl
+# --------------------------------------------------------------------------------------------
+
+
+def test_extra_columns_are_kept_in_every_format(tmp_path, monkeypatch):
+    jl = write_lines(tmp_path / "a.jsonl", [{"prompt": "p", "category": "tea", "meta": {"n": [1, 2]}, "score": None}])
+    assert load_prompt_set(str(jl)).records[0].extra == {"category": "tea", "meta": {"n": [1, 2]}, "score": None}
+    sheet = write_csv(tmp_path / "b.csv", [["prompt", "category", "answer"], ["p", "tea", "42"]])
+    assert load_prompt_set(str(sheet)).records[0].extra == {"category": "tea", "answer": "42"}  # CSV cells are text
+    table = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"prompt": ["p"], "category": ["tea"], "n": [3], "tags": [["a", "b"]]}), table)
+    assert load_prompt_set(str(table)).records[0].extra == {"category": "tea", "n": 3, "tags": ["a", "b"]}
+
+    datasets = pytest.importorskip("datasets")
+    rows = [{"key": 7, "prompt": "p", "instruction_id_list": [], "kwargs": [], "source": "hub"}]
+    monkeypatch.setattr(datasets, "load_dataset", lambda name, split: datasets.Dataset.from_list(rows))
+    assert load_prompt_set("hf:o/n").records == (PromptRecord("7", "p", extra={"source": "hub"}),)
+
+
+def test_columns_replaced_by_prompt_or_key_field_are_extra(tmp_path):
+    sheet = write_csv(tmp_path / "q.csv", [["id", "key", "prompt", "question"], ["i1", "k1", "template", "What?"]])
+    record = load_prompt_set(str(sheet), prompt_field="question", key_field="id").records[0]
+    assert (record.key, record.prompt) == ("i1", "What?")
+    assert record.extra == {"key": "k1", "prompt": "template"}
+    # With a `key` column, an `id` column is just another column.
+    record = load_prompt_set(str(sheet), prompt_field="question").records[0]
+    assert (record.key, record.extra) == ("k1", {"id": "i1", "prompt": "template"})
+
+
+def test_extra_values_that_are_not_json_become_text(tmp_path):
+    import datetime as dt
+    from decimal import Decimal
+
+    import pandas as pd
+
+    table = tmp_path / "t.parquet"
+    pq.write_table(
+        pa.table({"prompt": ["p"], "when": [dt.datetime(2024, 5, 1, 12, 30)], "day": [dt.date(2024, 5, 1)],
+                  "blob": [b"\x00\x01"], "price": pa.array([Decimal("1.50")], pa.decimal128(5, 2))}),
+        table,
+    )  # fmt: skip
+    assert load_prompt_set(str(table)).records[0].extra == {
+        "when": "2024-05-01T12:30:00", "day": "2024-05-01", "blob": "b'\\x00\\x01'", "price": "1.50",
+    }  # fmt: skip
+    # A pandas index column is not data about a prompt.
+    indexed = tmp_path / "i.parquet"
+    pd.DataFrame({"prompt": ["a", "b"], "n": [1, 2]}, index=[10, 20]).to_parquet(indexed)
+    assert [r.extra for r in load_prompt_set(str(indexed)).records] == [{"n": 1}, {"n": 2}]
+    # An unpaired surrogate (a JSON escape) cannot be written as UTF-8: it becomes "?".
+    jl = tmp_path / "s.jsonl"
+    jl.write_text('{"prompt": "p", "note": "a\\ud800b"}\n', encoding="utf-8")
+    assert load_prompt_set(str(jl)).records[0].extra == {"note": "a?b"}
+
+
+def test_a_runs_prompts_jsonl_reads_back_as_the_same_records(tmp_path):
+    from cascade_repro import runstore
+
+    sheet = write_csv(
+        tmp_path / "s.csv",
+        [["key", "prompt", "instruction_id_list", "kwargs", "extra", "topic"],
+         ["a", "쉼표 없이", '["punctuation:no_comma"]', "[{}]", "1.5", "tea"],
+         ["b", "plain", "", "", "", ""]],
+    )  # fmt: skip
+    records = load_prompt_set(str(sheet)).records
+    assert records[0].extra == {"extra": "1.5", "topic": "tea"}
+    assert records[0].to_json() == {
+        "key": "a", "prompt": "쉼표 없이", "instruction_id_list": ["punctuation:no_comma"], "kwargs": [{}],
+        "lang": "", "extra": {"extra": "1.5", "topic": "tea"},
+    }  # fmt: skip
+    assert "extra" not in PromptRecord("k", "p").to_json()  # no extra columns: no field
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    runstore.write_prompts(run_dir, list(records))
+    assert runstore.read_prompts(run_dir) == [r.to_json() for r in records]
+    assert tuple(iter_prompt_records(runstore.prompts_path(run_dir))) == records
+    # Plain dicts (what older runners wrote) are still accepted.
+    runstore.write_prompts(run_dir, [{"key": "k", "prompt": "p"}])
+    assert runstore.read_prompts(run_dir) == [{"key": "k", "prompt": "p"}]
+
+
+# --------------------------------------------------------------------------------------------
+# `prompts show` and `prompts --help`
+# --------------------------------------------------------------------------------------------
+
+
+def _show(monkeypatch, *args: str) -> str:
+    from typer.testing import CliRunner
+
+    from cascade_repro.cli import prompts_cmd
+    from cascade_repro.cli.app import app
+
+    monkeypatch.setattr(prompts_cmd, "_prefix_tokens", lambda system_prompt, prompts, model: 300)
+    res = CliRunner().invoke(app, ["prompts", *args], env={"COLUMNS": "400"})
+    assert res.exit_code == 0, res.output
+    return " ".join(res.output.split())
+
+
+def test_prompts_show_names_unscorable_ids_and_extra_columns(tmp_path, monkeypatch):
+    path = write_lines(
+        tmp_path / "mixed.jsonl",
+        [
+            {"prompt": "a", "instruction_id_list": ["x:unknown"], "topic": "tea"},
+            {"prompt": "b", "instruction_id_list": ["x:unknown", "punctuation:no_comma"], "kwargs": [{}, {}]},
+            {"prompt": "c", "instruction_id_list": ["language:response_language"], "kwargs": [{"language": "fr"}]},
+            {"prompt": "d", "instruction_id_list": ["detectable_format:numbered_list"], "kwargs": [{"num_items": 2}]},
+            {"prompt": "e", "level": 3},
+        ],
+    )
+    out = _show(monkeypatch, "show", str(path))
+    assert (
+        "IFEval: 3 of 5 prompts not scored (no verifier for x:unknown (2 prompts); kwargs no verifier can use: "
+        "language:response_language: language 'fr' cannot be told from English by script (1 prompt))."
+    ) in out
+    assert "extra columns (kept in the run's prompts.jsonl): level, topic" in out
+    shipped = _show(monkeypatch, "show", "ko-ifeval-style", "--limit", "1")
+    assert "not scored" not in shipped and "extra columns" not in shipped
+    assert "cascade_repro:numbered_list ×9" in shipped
+
+
+def test_prompts_help_states_the_schema(monkeypatch):
+    for args in (["--help"], ["show", "--help"]):
+        text = _show(monkeypatch, *args)
+        for part in ("JSON Lines", "CSV with a header row", "parquet", "hf:owner/name[:split]", "--prompt-field",
+                     "--key-field", "instruction_id_list", "kwargs", "lang", "Every other column is kept",
+                     "extra in the run's prompts.jsonl"):  # fmt: skip
+            assert part in text, (args, part)

@@ -6,9 +6,27 @@ from typing import Annotated
 
 import typer
 
-from cascade_repro.cli.app import app, user_errors
+from cascade_repro.cli.app import SPEC, Typer, app, spec_default, user_errors
+from cascade_repro.cli.options import KeyField, PromptField, SystemPrompt, Tokenizer, variant
 
-prompts_app = typer.Typer(help="List and inspect prompt sets and system prompts.", no_args_is_help=True)
+SCHEMA_HELP = (
+    "Prompt files: JSON Lines (one object per line; .jsonl or .json), CSV with a header row, parquet, "
+    "or a Hub dataset (hf:owner/name[:split]). Fields: `prompt` (required, non-empty text; another "
+    "column with --prompt-field), `key` (unique text or integer; else `id`, else file name and row; "
+    "another column with --key-field), `instruction_id_list` (IFEval instruction ids) and `kwargs` "
+    "(one object per id; in CSV both are JSON text), `lang`. Every other column is kept, as JSON data, "
+    "under `extra` in the run's prompts.jsonl. Ids with no verifier, and kwargs no verifier can use, "
+    "leave their prompts unscored; `prompts show` and the run's report name them."
+)
+
+# The system prompt only measures the shared prefix here: what it is for, not what it can be.
+MeasuredWith = variant(
+    SystemPrompt, help="System prompt to measure the shared prefix with." + spec_default("system_prompt")
+)
+
+prompts_app = Typer(
+    help="List and inspect prompt sets and system prompts.\n\n" + SCHEMA_HELP, no_args_is_help=True
+)
 app.add_typer(prompts_app, name="prompts")
 
 
@@ -22,10 +40,16 @@ def _prefix_tokens(system_prompt: str, prompts: list[str], model: str) -> int:
     return shared
 
 
-@prompts_app.command("list")
+@prompts_app.command("list", panels=False)
 def list_sets(
-    model: Annotated[str, typer.Option(help="Tokenizer used to count tokens.")] = "embedded",
-    tokens: Annotated[bool, typer.Option(help="Count shared-prefix tokens (loads the tokenizer).")] = True,
+    model: Tokenizer = SPEC.model,
+    tokens: Annotated[
+        bool,
+        typer.Option(
+            help="Count shared-prefix tokens (loads the tokenizer); `--no-tokens` skips it. [default: on]",
+            show_default=False,
+        ),
+    ] = True,
 ) -> None:
     """List built-in prompt sets and system prompts with sizes and shared-prefix lengths in tokens."""
     with user_errors():
@@ -54,29 +78,23 @@ def list_sets(
         Console().print(sp)
 
 
-@prompts_app.command("show")
+@prompts_app.command(
+    "show",
+    help="Show a prompt set: size, languages, instruction ids, shared-prefix tokens, first prompts.\n\n"
+    + SCHEMA_HELP,
+    panels=False,
+)
 def show(
-    name: Annotated[str, typer.Argument(help="A built-in set, a file, or hf:owner/name[:split].")],
-    system_prompt: Annotated[
-        str, typer.Option(help="System prompt to measure the shared prefix with.")
-    ] = "ko",
-    limit: Annotated[int, typer.Option(help="Prompts to print.")] = 10,
-    model: Annotated[str, typer.Option(help="Tokenizer used to count tokens.")] = "embedded",
-    prompt_field: Annotated[
-        str | None,
-        typer.Option(help="The column holding the prompt text, as for `matrix`. [default: prompt]"),
-    ] = None,
-    key_field: Annotated[
-        str | None, typer.Option(help="The column holding each prompt's key. [default: key, else id]")
-    ] = None,
+    name: Annotated[
+        str, typer.Argument(help="A built-in set, a file, or hf:owner/name[:split].", metavar="SET")
+    ],
+    system_prompt: MeasuredWith = SPEC.system_prompt,
+    limit: Annotated[int, typer.Option(help="Prompts to print.", metavar="N")] = 10,
+    model: Tokenizer = SPEC.model,
+    prompt_field: PromptField = None,
+    key_field: KeyField = None,
 ) -> None:
-    """Show a prompt set: size, languages, instruction ids, shared-prefix tokens, first prompts.
-
-    Accepted files: JSON Lines (one object per line), CSV with a header, parquet, or a Hub dataset
-    (hf:owner/name[:split]). Fields: `prompt` (required; another column with --prompt-field), `key`
-    (unique; else `id`, else file name and row; another with --key-field), `instruction_id_list` and
-    `kwargs` (IFEval, JSON lists in CSV), `lang`. Other columns are ignored.
-    """
+    """Show a prompt set: size, languages, instruction ids, shared-prefix tokens, first prompts."""
     with user_errors():
         from collections import Counter
 
@@ -85,6 +103,7 @@ def show(
         from rich.table import Table
 
         from cascade_repro.chat import MIN_CASCADE_PREFIX
+        from cascade_repro.ifeval.score import unscorable
         from cascade_repro.promptsets import load_prompt_set
 
         ps = load_prompt_set(name, prompt_field=prompt_field, key_field=key_field)
@@ -92,8 +111,9 @@ def show(
         shared = _prefix_tokens(system_prompt, [r.prompt for r in ps.records], model)
         langs = Counter(r.lang or "?" for r in ps.records)
         ids = Counter(i for r in ps.records for i in r.instruction_id_list)
+        shown = ", ".join(f"{lang} {n}" for lang, n in langs.most_common())
         console.print(f"[bold]{escape(ps.name)}[/] ({escape(ps.source)}): {len(ps.records)} prompts, "
-                      f"languages {dict(langs)}")  # fmt: skip
+                      f"languages: {escape(shown)}")  # fmt: skip
         warn = (
             f"  [yellow](< {MIN_CASCADE_PREFIX}: cascade cannot fire)[/]"
             if shared < MIN_CASCADE_PREFIX
@@ -101,7 +121,11 @@ def show(
         )
         console.print(f"shared prefix with system prompt {system_prompt!r}: {shared} tokens{warn}")
         if ids:
-            console.print("instructions: " + ", ".join(f"{k} ×{v}" for k, v in ids.most_common()))
+            console.print(escape("instructions: " + ", ".join(f"{k} ×{v}" for k, v in ids.most_common())))
+        if note := unscorable(ps.records).note():
+            console.print(f"[yellow]{escape(note)}[/]")
+        if extra := sorted({k for r in ps.records for k in r.extra}):
+            console.print(escape("extra columns (kept in the run's prompts.jsonl): " + ", ".join(extra)))
         table = Table()
         for col in ("key", "lang", "instructions", "prompt"):
             table.add_column(col)

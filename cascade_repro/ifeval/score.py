@@ -5,8 +5,11 @@ instruction of its prompt. ``strict`` checks the response as it is; ``loose`` al
 one of IFEval's relaxed variants follows (first or last line removed, ``*`` removed; see
 :func:`cascade_repro.ifeval.verifiers.loose_variants`), instruction by instruction.
 
-A prompt without instructions, or with an instruction id no verifier knows, is not scored
-(``strict``/``loose`` are ``None``) and leaves every mean; ``if_n`` says how many prompts were scored.
+A prompt without instructions, or with an instruction id no verifier knows, or with kwargs no
+verifier can use, is not scored (``strict``/``loose`` are ``None``) and leaves every mean; ``if_n``
+says how many prompts were scored. The last two are never dropped silently: :func:`unscorable`
+counts and names them from the prompt records alone (``prompts show`` and the report print its
+:meth:`Unscorable.note`).
 
 Cascade vs flat is compared prompt by prompt with McNemar's exact test on the discordant pairs
 (prompts that pass strictly on one side only). This is informational: a verdict never depends on it.
@@ -15,10 +18,12 @@ Cascade vs flat is compared prompt by prompt with McNemar's exact test on the di
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from cascade_repro.ifeval.verifiers import VERIFIERS, check, check_loose
+from cascade_repro.ifeval.verifiers import VERIFIERS, canonical_id, check, check_loose, kwargs_problem
 
 
 def _instructions(record: Any) -> tuple[list[str], list[dict]]:
@@ -42,7 +47,7 @@ def score_response(record: Any, response: str) -> dict[str, Any]:
     per: list[dict[str, Any]] = []
     for iid, kw in zip(ids, kwargs, strict=False):
         entry: dict[str, Any] = {"id": iid, "kwargs": dict(kw), "strict": None, "loose": None, "error": None}
-        if iid not in VERIFIERS:
+        if canonical_id(iid) not in VERIFIERS:
             entry["error"] = f"no verifier for {iid!r}"
         else:
             try:
@@ -57,6 +62,74 @@ def score_response(record: Any, response: str) -> dict[str, Any]:
         "loose": all(e["loose"] for e in per) if scorable else None,
         "per_instruction": per,
     }
+
+
+@dataclass(frozen=True)
+class Unscorable:
+    """Prompts that carry instructions but can never be scored, and why (see :func:`unscorable`).
+
+    ``unknown_ids`` maps each instruction id no verifier knows to the number of prompts carrying it;
+    ``bad_kwargs`` maps ``"<id>: <what is wrong>"`` to the number of prompts whose kwargs for that id
+    no verifier can use. A prompt counts once per entry, and once in ``n_unscored``.
+    """
+
+    n_prompts: int = 0
+    n_unscored: int = 0
+    unknown_ids: dict[str, int] = field(default_factory=dict)
+    bad_kwargs: dict[str, int] = field(default_factory=dict)
+
+    def note(self) -> str | None:
+        """One line naming what left prompts unscored, or None when every prompt with instructions can be scored."""
+        if not self.n_unscored:
+            return None
+        parts = []
+        if self.unknown_ids:
+            parts.append("no verifier for " + _counted(self.unknown_ids))
+        if self.bad_kwargs:
+            parts.append("kwargs no verifier can use: " + _counted(self.bad_kwargs))
+        n = self.n_unscored
+        return (
+            f"IFEval: {n} of {self.n_prompts} {'prompt' if self.n_prompts == 1 else 'prompts'} "
+            f"not scored ({'; '.join(parts)})."
+        )
+
+
+def _counted(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{k} ({v} {'prompt' if v == 1 else 'prompts'})" for k, v in counts.items())
+
+
+def unscorable(records: Iterable[Any]) -> Unscorable:
+    """Count and name the prompts no response could get scored, from the prompt records alone.
+
+    ``records`` are PromptRecords or dicts (a run's ``prompts.jsonl``). Prompts without instructions
+    are not counted: they have nothing to score. Entries are ordered by prompts, most first, then by name.
+    """
+    unknown: Counter[str] = Counter()
+    bad: Counter[str] = Counter()
+    n_prompts = n_unscored = 0
+    for record in records:
+        n_prompts += 1
+        ids, kwargs = _instructions(record)
+        seen_unknown: set[str] = set()
+        seen_bad: set[str] = set()
+        for iid, kw in zip(ids, kwargs, strict=False):
+            if canonical_id(iid) not in VERIFIERS:
+                seen_unknown.add(iid)
+            elif (problem := kwargs_problem(iid, dict(kw))) is not None:
+                seen_bad.add(f"{iid}: {problem}")
+        unknown.update(seen_unknown)
+        bad.update(seen_bad)
+        n_unscored += bool(seen_unknown or seen_bad)
+    return Unscorable(n_prompts, n_unscored, _ordered(unknown), _ordered(bad))
+
+
+def unknown_instruction_ids(records: Iterable[Any]) -> dict[str, int]:
+    """Instruction ids no verifier knows → number of prompts carrying each (most first, then by id)."""
+    return unscorable(records).unknown_ids
+
+
+def _ordered(counts: Counter[str]) -> dict[str, int]:
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def if_accuracy(samples: Mapping[int, str], prompts: Sequence[Any]) -> dict[str, Any]:

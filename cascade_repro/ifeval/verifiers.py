@@ -1,11 +1,21 @@
 """Instruction verifiers in the style of Google IFEval, for Korean and English responses.
 
-One function per instruction id used in the shipped ``ko-ifeval-style`` set (``prompts/README.md``
-lists them with their kwargs). Each takes the response text and the instruction's kwargs and
+One function per instruction id: all 25 of Google IFEval's (:data:`GOOGLE_IFEVAL_IDS`) and one of
+this project's, ``cascade_repro:numbered_list`` (``prompts/README.md`` lists the ids with their
+kwargs). Each takes the response text and the instruction's kwargs, under Google's kwargs names, and
 returns whether the response follows the instruction. The rules follow Google IFEval's
 ``instructions.py`` (``google-research/instruction_following_eval``) unless a docstring says
 otherwise; the deviations exist because Korean is written differently, or because IFEval's
-language detector (``langdetect``) is not a dependency here.
+language detector (``langdetect``) and tokenizer (``nltk``) are not dependencies here.
+
+Ids of this project live in the ``cascade_repro:`` namespace, so that no file claims an id Google's
+list does not have (lm-eval's IFEval scorer raises ``KeyError`` on one). Older prompt files and runs
+spelled the numbered-list id ``detectable_format:numbered_list``; :data:`ALIASES` still accepts it.
+
+Kwargs that no response could make usable (a missing one, a relation other than ``less than`` /
+``at least``, a count that is not a number, a language code a script test cannot decide) make
+:func:`check` raise ``ValueError`` for every response, the blank one included, so a prompt carrying
+them is reported as not scored (:func:`kwargs_problem`) rather than scored by a guess.
 
 Counting rules, stated once:
 
@@ -18,9 +28,11 @@ Counting rules, stated once:
   sentence) and line breaks. A period between two digits (``3.5``) is not a sentence end; a piece
   with no letter (the ``1`` of ``1. 물을 끓입니다.``) is not a sentence. Abbreviations are not
   recognised: ``P.S.`` splits like any other period (IFEval uses an English abbreviation list).
-* **English** (``change_case:*``): at least 90% of the letters are Latin-script letters. IFEval asks
-  ``langdetect``; a script test gives the same answer for the Korean/English distinction this set
-  needs, and the same answer on every machine.
+* **English** (``change_case:*``, and ``language:response_language`` with ``en``): at least 90% of
+  the letters are Latin-script letters. IFEval asks ``langdetect``; a script test gives the same
+  answer for the Korean/English distinction this set needs, and the same answer on every machine.
+* **Script** of a letter: the first word of its Unicode name (``HANGUL``, ``CYRILLIC``, ``CJK``, …;
+  ``HALFWIDTH``/``FULLWIDTH`` skipped, the ideographic iteration mark ``々`` counted as ``CJK``).
 """
 
 from __future__ import annotations
@@ -78,6 +90,89 @@ def is_english(text: str) -> bool:
         return False
     latin = sum(1 for ch in letters if unicodedata.name(ch, "").startswith("LATIN"))
     return latin / len(letters) >= ENGLISH_MIN_LATIN_SHARE
+
+
+def script_of(ch: str) -> str:
+    """The script of one letter by the rule in the module docstring (``""`` for an unnamed character)."""
+    words = unicodedata.name(ch, "").split()
+    if words[:1] in (["HALFWIDTH"], ["FULLWIDTH"]):
+        words = words[1:]
+    first = words[0].split("-")[0] if words else ""
+    return "CJK" if first == "IDEOGRAPHIC" else first
+
+
+# language:response_language codes decided by the script of the letters: code -> scripts that count.
+# Google's list (instructions_util.LANGUAGE_CODES) has 30 codes; those written in a script other
+# than Latin are here, plus el and zh, whose scripts are unambiguous.
+_KANA = ("HIRAGANA", "KATAKANA")
+LANGUAGE_SCRIPTS: dict[str, tuple[str, ...]] = {
+    "ko": ("HANGUL",),
+    "ja": (*_KANA, "CJK"),
+    "zh": ("CJK",),
+    "ru": ("CYRILLIC",),
+    "uk": ("CYRILLIC",),
+    "bg": ("CYRILLIC",),
+    "ar": ("ARABIC",),
+    "fa": ("ARABIC",),
+    "ur": ("ARABIC",),
+    "hi": ("DEVANAGARI",),
+    "mr": ("DEVANAGARI",),
+    "ne": ("DEVANAGARI",),
+    "bn": ("BENGALI",),
+    "pa": ("GURMUKHI",),
+    "gu": ("GUJARATI",),
+    "ta": ("TAMIL",),
+    "te": ("TELUGU",),
+    "kn": ("KANNADA",),
+    "ml": ("MALAYALAM",),
+    "th": ("THAI",),
+    "he": ("HEBREW",),
+    "el": ("GREEK",),
+}
+"""Language code -> the scripts whose letters count as that language (``en`` uses :func:`is_english`)."""
+
+# Google's codes written in Latin script: a script test cannot tell them from English.
+LATIN_SCRIPT_CODES = ("es", "pt", "fr", "de", "it", "pl", "vi", "sw", "fi")
+
+
+def _language_code(language: str) -> str:
+    """The normalised code when a script test can decide it; ValueError otherwise."""
+    code = str(language).strip().lower()
+    if code == "en" or code in LANGUAGE_SCRIPTS:
+        return code
+    if code in LATIN_SCRIPT_CODES:
+        raise ValueError(f"language {language!r} cannot be told from English by script")
+    raise ValueError(f"language {language!r} cannot be decided by script")
+
+
+def _relation(relation: str) -> str:
+    if relation not in RELATIONS:
+        raise ValueError(f"relation must be one of {RELATIONS}, not {relation!r}")
+    return relation
+
+
+def _one_letter(letter: str) -> str:
+    value = str(letter).strip().lower()
+    if len(value) != 1:
+        raise ValueError(f"letter must be one character, not {letter!r}")
+    return value
+
+
+def _whole_number(name: str, value: Any) -> int:
+    """``int(value)`` for a count kwarg: a whole number, or text of one (not a bool, not 2.5)."""
+    try:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{name} must be a whole number, not {value!r}") from None
+
+
+def _paragraph_number(nth_paragraph: int) -> int:
+    n = int(nth_paragraph)
+    if n < 1:
+        raise ValueError(f"nth_paragraph counts from 1, not {nth_paragraph!r}")
+    return n
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,7 +234,9 @@ def number_bullet_lists(response: str, num_bullets: int) -> bool:
 
 
 def numbered_list(response: str, num_items: int) -> bool:
-    """detectable_format:numbered_list (custom, not in IFEval): exactly N numbered lines.
+    """cascade_repro:numbered_list (this project's, not in IFEval): exactly N numbered lines.
+
+    Older files spell the id ``detectable_format:numbered_list`` (see :data:`ALIASES`).
 
     A numbered line starts (after optional spaces or tabs) with digits, a dot, at least one space
     or tab, then some text: ``1. 물을 끓입니다``. The numbers need not be consecutive.
@@ -227,49 +324,276 @@ def repeat_prompt(response: str, prompt_to_repeat: str) -> bool:
     return response.strip().lower().startswith(prompt_to_repeat.strip().lower())
 
 
+def letter_frequency(response: str, letter: str, let_frequency: int, let_relation: str) -> bool:
+    """keywords:letter_frequency: the letter occurs fewer than / at least N times, case-insensitive (as IFEval).
+
+    Every occurrence counts, inside words too; the letter may be a Hangul syllable. IFEval picks a
+    random letter when ``letter`` is not one character; here that is a ``ValueError``.
+    """
+    n = response.lower().count(_one_letter(letter))
+    return _compare(n, _relation(let_relation), int(let_frequency))
+
+
+def response_language(response: str, language: str) -> bool:
+    """language:response_language: the whole response is in the language, decided by script.
+
+    IFEval asks ``langdetect`` and counts a text it cannot classify as following. Here the letters'
+    scripts decide (module docstring), the same way on every machine:
+
+    * ``en``: :func:`is_english` (at least 90% Latin letters), as ``change_case:*``.
+    * ``ko`` (Hangul), ``ru``/``uk``/``bg`` (Cyrillic), ``ar``/``fa``/``ur`` (Arabic), ``hi``/``mr``/``ne``
+      (Devanagari), ``bn``, ``pa``, ``gu``, ``ta``, ``te``, ``kn``, ``ml``, ``th``, ``he``, ``el``:
+      more than half of the letters are in the language's script. Languages that share a script pass
+      for each other (a Bulgarian answer passes ``ru``); what the check catches is an answer in
+      another script, typically English.
+    * ``ja``: more than half of the letters are kana or CJK ideographs, and at least one is kana.
+    * ``zh``: more than half of the letters are CJK ideographs, and none is kana.
+    * Any other code, Google's Latin-script ones (``es``, ``pt``, ``fr``, ``de``, ``it``, ``pl``,
+      ``vi``, ``sw``, ``fi``) among them, raises ``ValueError``: the likeliest wrong answer, English,
+      is in the same script, so the prompt is reported as not scored instead of guessed. So does
+      ``zh-cn``/``zh-tw`` (simplified and traditional share the script).
+
+    A response without letters does not follow (IFEval: followed, because ``langdetect`` fails).
+    """
+    code = _language_code(language)
+    if code == "en":
+        return is_english(response)
+    scripts = [script_of(ch) for ch in response if ch.isalpha()]
+    if not scripts:
+        return False
+    kana = sum(1 for s in scripts if s in _KANA)
+    if (code == "ja" and not kana) or (code == "zh" and kana):
+        return False
+    in_script = sum(1 for s in scripts if s in LANGUAGE_SCRIPTS[code])
+    return in_script * 2 > len(scripts)
+
+
+def nth_paragraph_first_word(response: str, num_paragraphs: int, nth_paragraph: int, first_word: str) -> bool:
+    """length_constraints:nth_paragraph_first_word: N paragraphs, and paragraph n starts with the word.
+
+    As IFEval: paragraphs are split on ``\\n\\n``; the count is of the non-blank pieces, but paragraph
+    n is the n-th piece counted with blank ones (a blank n-th piece fails). Its first word is the first
+    whitespace-separated unit with leading ``'`` and ``"`` removed, cut at the first ``. , ? ! ' "``,
+    lowercased; it must equal ``first_word`` lowercased. Deviation: a ``first_word`` with Hangul
+    only has to start the first word, because Korean attaches particles (``녹차는`` starts with
+    ``녹차``), as in :func:`forbidden_words`.
+    """
+    nth = _paragraph_number(nth_paragraph)
+    paragraphs = re.split(r"\n\n", response)
+    count = sum(1 for p in paragraphs if p.strip())
+    if nth > count:
+        return False
+    paragraph = paragraphs[nth - 1].strip()
+    if not paragraph:
+        return False
+    word = paragraph.split()[0].strip().lstrip("'").lstrip('"')
+    got = re.split(r"""[.,?!'"]""", word, maxsplit=1)[0].lower()
+    want = str(first_word).lower()
+    matches = got.startswith(want) if _HANGUL.search(want) else got == want
+    return count == int(num_paragraphs) and matches
+
+
+def number_placeholders(response: str, num_placeholders: int) -> bool:
+    """detectable_content:number_placeholders: at least N ``[placeholders]`` (as IFEval).
+
+    A placeholder is the shortest ``[…]`` within one line; ``[]`` counts too.
+    """
+    return len(re.findall(r"\[.*?\]", response)) >= int(num_placeholders)
+
+
+CONSTRAINED_RESPONSES = ("My answer is yes.", "My answer is no.", "My answer is maybe.")
+
+
+def constrained_response(response: str) -> bool:
+    """detectable_format:constrained_response: contains one of IFEval's three options, case-sensitive (as IFEval).
+
+    The options are ``My answer is yes.``, ``My answer is no.`` and ``My answer is maybe.``; text
+    around them is allowed.
+    """
+    value = response.strip()
+    return any(option in value for option in CONSTRAINED_RESPONSES)
+
+
+def number_highlighted_sections(response: str, num_highlights: int) -> bool:
+    """detectable_format:number_highlighted_sections: at least N Markdown highlights (as IFEval).
+
+    Each non-blank ``*text*`` within one line counts, and so does each non-blank ``**text**``; the
+    stars of ``**text**`` only give blank ``*…*`` matches, so ``**bold**`` counts once.
+    """
+    singles = re.findall(r"\*[^\n\*]*\*", response)
+    doubles = re.findall(r"\*\*[^\n\*]*\*\*", response)
+    n = sum(1 for h in singles if h.strip("*").strip())
+    n += sum(1 for h in doubles if h.removeprefix("**").removesuffix("**").strip())
+    return n >= int(num_highlights)
+
+
+def multiple_sections(response: str, section_spliter: str, num_sections: int) -> bool:
+    """detectable_format:multiple_sections: at least N sections marked ``<spliter> <number>`` (as IFEval).
+
+    The response is split on the spliter followed by a number (``Section 1``, ``SECTION 2``,
+    ``섹션 3``; case-sensitive, spaces optional) and the pieces after the first are the sections.
+    IFEval puts the spliter into the pattern as a regular expression; here it is matched literally.
+    """
+    pattern = r"\s?" + re.escape(str(section_spliter).strip()) + r"\s?\d+\s?"
+    return len(re.split(pattern, response)) - 1 >= int(num_sections)
+
+
+def two_responses(response: str) -> bool:
+    """combination:two_responses: exactly two different responses separated by ``******`` (as IFEval).
+
+    A blank piece before the first or after the last separator is ignored; a blank piece between
+    two separators fails. The two responses must differ once outer whitespace is stripped.
+    """
+    valid = []
+    pieces = response.split("******")
+    for i, piece in enumerate(pieces):
+        if piece.strip():
+            valid.append(piece.strip())
+        elif i not in (0, len(pieces) - 1):
+            return False
+    return len(valid) == 2 and valid[0] != valid[1]
+
+
+_WORD_TOKEN = re.compile(r"\w+(?:[-'\u2019]\w+)*")
+
+
+def capital_word_frequency(response: str, capital_frequency: int, capital_relation: str) -> bool:
+    """change_case:capital_word_frequency: fewer than / at least N words in capitals (``str.isupper``).
+
+    IFEval tokenizes with ``nltk.word_tokenize``; here a word is a run of word characters, hyphens
+    and apostrophes joining runs (``WELL-KNOWN`` and ``DON'T`` are one word, as is ``AI가``).
+    Deviations from nltk: ``DON'T`` counts once (nltk: ``DO`` and ``N'T``, twice) and ``U.S.`` twice
+    (nltk: once). Korean words have no case and never count unless they carry capital Latin letters.
+    """
+    n = sum(1 for w in _WORD_TOKEN.findall(response) if w.isupper())
+    return _compare(n, _relation(capital_relation), int(capital_frequency))
+
+
 VERIFIERS: dict[str, Verifier] = {
     "punctuation:no_comma": no_comma,
     "change_case:english_lowercase": english_lowercase,
     "change_case:english_capital": english_capital,
+    "change_case:capital_word_frequency": capital_word_frequency,
+    "language:response_language": response_language,
     "length_constraints:number_words": number_words,
     "length_constraints:number_sentences": number_sentences,
     "length_constraints:number_paragraphs": number_paragraphs,
+    "length_constraints:nth_paragraph_first_word": nth_paragraph_first_word,
     "detectable_format:number_bullet_lists": number_bullet_lists,
-    "detectable_format:numbered_list": numbered_list,
     "detectable_format:json_format": json_format,
     "detectable_format:title": title,
+    "detectable_format:constrained_response": constrained_response,
+    "detectable_format:number_highlighted_sections": number_highlighted_sections,
+    "detectable_format:multiple_sections": multiple_sections,
     "keywords:existence": keyword_existence,
     "keywords:forbidden_words": forbidden_words,
     "keywords:frequency": keyword_frequency,
+    "keywords:letter_frequency": letter_frequency,
     "startend:end_checker": end_checker,
     "startend:quotation": quotation,
     "detectable_content:postscript": postscript,
+    "detectable_content:number_placeholders": number_placeholders,
     "combination:repeat_prompt": repeat_prompt,
+    "combination:two_responses": two_responses,
+    "cascade_repro:numbered_list": numbered_list,
 }
 """Instruction id → verifier(response, **kwargs)."""
+
+GOOGLE_IFEVAL_IDS: tuple[str, ...] = (
+    "keywords:existence",
+    "keywords:frequency",
+    "keywords:forbidden_words",
+    "keywords:letter_frequency",
+    "language:response_language",
+    "length_constraints:number_sentences",
+    "length_constraints:number_paragraphs",
+    "length_constraints:number_words",
+    "length_constraints:nth_paragraph_first_word",
+    "detectable_content:number_placeholders",
+    "detectable_content:postscript",
+    "detectable_format:number_bullet_lists",
+    "detectable_format:constrained_response",
+    "detectable_format:number_highlighted_sections",
+    "detectable_format:multiple_sections",
+    "detectable_format:json_format",
+    "detectable_format:title",
+    "combination:two_responses",
+    "combination:repeat_prompt",
+    "startend:end_checker",
+    "change_case:capital_word_frequency",
+    "change_case:english_capital",
+    "change_case:english_lowercase",
+    "punctuation:no_comma",
+    "startend:quotation",
+)
+"""The 25 instruction ids of Google IFEval, in the order of its ``instructions_registry.INSTRUCTION_DICT``."""
+
+ALIASES: dict[str, str] = {"detectable_format:numbered_list": "cascade_repro:numbered_list"}
+"""Old spelling → id: prompt files and runs written before the id moved to this project's namespace."""
+
+
+def canonical_id(instruction_id: str) -> str:
+    """The id a verifier is registered under: :data:`ALIASES` resolved, any other id unchanged."""
+    return ALIASES.get(instruction_id, instruction_id)
+
+
+# Checks of kwargs that do not need the response, per verifier (beyond the generic ones in _prepare).
+_KWARG_CHECKS: dict[Verifier, Callable[[dict[str, Any]], object]] = {
+    response_language: lambda kw: _language_code(kw["language"]),
+    letter_frequency: lambda kw: _one_letter(kw["letter"]),
+    nth_paragraph_first_word: lambda kw: _paragraph_number(kw["nth_paragraph"]),
+}
 
 
 def check(instruction_id: str, response: str, kwargs: dict[str, Any] | None = None) -> bool:
     """Return whether response follows one instruction (strict: the response as it is).
 
     An empty or blank response follows nothing, as in IFEval. Kwargs the verifier does not take are
-    ignored (IFEval datasets carry extra ones). Raises KeyError for an unknown id and ValueError
-    for missing or malformed kwargs.
+    ignored (IFEval datasets carry extra ones), and so are null ones. Raises KeyError for an unknown
+    id and ValueError for kwargs the verifier cannot use (:func:`kwargs_problem`), whatever the
+    response, the blank one included.
     """
-    fn = VERIFIERS[instruction_id]
-    sig = _signature(fn)
-    names = list(sig.parameters)[1:]  # the first is the response
-    kw = {k: v for k, v in (kwargs or {}).items() if k in names and v is not None}
-    try:
-        sig.bind(response, **kw)
-    except TypeError as e:
-        raise ValueError(f"{instruction_id}: bad kwargs {kw!r}: {e}") from None
+    fn, kw, problem = _prepare(instruction_id, kwargs)
+    if problem is not None:
+        raise ValueError(f"{instruction_id}: bad kwargs {kw!r}: {problem}")
     if not response.strip():
         return False
     try:
         return bool(fn(response, **kw))
     except (TypeError, ValueError) as e:
         raise ValueError(f"{instruction_id}: bad kwargs {kw!r}: {e}") from None
+
+
+def kwargs_problem(instruction_id: str, kwargs: dict[str, Any] | None = None) -> str | None:
+    """Why no response can be scored on this instruction with these kwargs, or None when it can.
+
+    A missing kwarg, a relation other than ``less than``/``at least``, a count that is not a whole
+    number, a ``letter`` that is not one character, an ``nth_paragraph`` below 1, or a language a
+    script test cannot decide. Raises KeyError for an unknown id.
+    """
+    return _prepare(instruction_id, kwargs)[2]
+
+
+def _prepare(
+    instruction_id: str, kwargs: dict[str, Any] | None
+) -> tuple[Verifier, dict[str, Any], str | None]:
+    """The verifier, the kwargs it takes, and what is wrong with them (None: nothing)."""
+    fn = VERIFIERS[canonical_id(instruction_id)]
+    sig = _signature(fn)
+    params = dict(list(sig.parameters.items())[1:])  # the first is the response
+    kw = {k: v for k, v in (kwargs or {}).items() if k in params and v is not None}
+    try:
+        sig.bind("", **kw)
+        for name, value in kw.items():
+            if name.endswith("relation"):
+                _relation(value)
+            elif params[name].annotation in ("int", int):
+                _whole_number(name, value)
+        if (extra_check := _KWARG_CHECKS.get(fn)) is not None:
+            extra_check(kw)
+    except (TypeError, ValueError) as e:
+        return fn, kw, str(e)
+    return fn, kw, None
 
 
 @functools.cache
