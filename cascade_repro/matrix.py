@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import itertools
 import json
 import tomllib
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from cascade_repro import inject as inj
 from cascade_repro.engines import ENGINES as ENGINE_REGISTRY
@@ -21,6 +23,7 @@ INJECTIONS = ("lse-layout", "lse-shift=X")  # as --help and error messages spell
 ARM_SWITCHES = ("toggle", "restart")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 FAIL_ON = ("regression", "error", "never")
+FAIL_ON_DEFAULT = "regression"  # matrix, report and merge
 
 
 @dataclass
@@ -74,126 +77,198 @@ class MatrixSpec:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "config") -> MatrixSpec:
+    def from_dict(
+        cls, data: dict[str, Any], source: str = "config", flags: Collection[str] | None = None
+    ) -> MatrixSpec:
+        """Build and validate a spec from field values (a TOML file's, with flags over them).
+
+        ``source`` and ``flags`` name the values in errors as ``validate`` does.
+        """
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
+            hints = [m for k in unknown for m in difflib.get_close_matches(k, TOML_KEYS, n=1, cutoff=0.75)]
+            hint = f" (did you mean {', '.join(dict.fromkeys(hints))}?)" if hints else ""
             raise UsageError(
-                f"{source}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}"
+                f"{source}: unknown key(s) {', '.join(unknown)}{hint}; known: {', '.join(TOML_KEYS)}"
             )
         spec = cls(**data)
-        spec.validate(source)
+        spec.validate(source, flags)
         return spec
 
-    def validate(self, source: str = "options") -> None:
-        """Raise UsageError on the first invalid value, naming it."""
+    def validate(self, source: str = "options", flags: Collection[str] | None = None) -> None:
+        """Raise UsageError on the first invalid value, naming it the way the user gave it.
 
-        def bad(msg: str) -> None:
-            raise UsageError(f"{source}: {msg}")
+        ``source`` is ``"options"`` (every value came from command-line flags) or the TOML file the
+        values came from, with ``flags`` the fields given as flags over it. A flag's value is named
+        by the flag (``--max-tokens must be a positive integer, got 0``), a file's by the file and
+        its key (``m.toml: max_tokens must be a positive integer, got 0``).
+        """
+        given = set(FIELDS) if source == "options" else set(flags or ())
+
+        def n(field_: str) -> str:
+            return flag_name(field_) if field_ in given else toml_key(field_)
+
+        def setting(field_: str, value: str, toml: str | None = None) -> str:
+            """How to set a field: ``--engine vllm``, or ``engine = "vllm"`` in the file."""
+            return (
+                f"{flag_name(field_)} {value}" if field_ in given else f"{toml_key(field_)} = {toml or value}"
+            )
+
+        use_vllm = setting("engine", "vllm", '"vllm"')
+        both_arms = setting("cascade", "on,off", '["on", "off"]')
+
+        def bad(msg: str, *fields: str) -> NoReturn:
+            in_file = source != "options" and (not fields or any(f not in given for f in fields))
+            raise UsageError(f"{source}: {msg}" if in_file else msg)
 
         if self.engine not in ENGINES:
-            bad(f"engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
+            bad(f"{n('engine')} must be one of {', '.join(ENGINES)}, not {show(self.engine)}", "engine")
         # A config file can hold any TOML type: a number where a name belongs would surface as a
         # traceback, and a string "false" is truthy (trust_remote_code = "false" would trust).
         for name in ("model", "prompts", "system_prompt", "load_format", "device"):
             if not isinstance(getattr(self, name), str):
-                bad(f"{name} must be a string, got {getattr(self, name)!r}")
+                bad(f"{n(name)} must be a string, got {show(getattr(self, name))}", name)
         for name in ("prompt_field", "key_field"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v.strip()):
-                bad(f"{name} must name a column, got {v!r}")
-        for name in ("rerun", "enforce_eager", "trust_remote_code", "auto_controls"):
+                bad(f"{n(name)} must name a column, got {show(v)}", name)
+        for name in ("rerun", "enforce_eager", "graphs_for_batches", "trust_remote_code", "auto_controls",
+                     "ignore_eos", "force_cascade"):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
-                bad(f"{name} must be true or false, got {getattr(self, name)!r}")
+                bad(f"{n(name)} must be true or false, got {show(getattr(self, name))}", name)
         if not isinstance(self.hf_overrides, dict):
-            bad(f"hf_overrides must be a table of config overrides, got {self.hf_overrides!r}")
+            bad(f"{n('hf_overrides')} must be a table of config overrides, got {show(self.hf_overrides)}",
+                "hf_overrides")  # fmt: skip
         if not isinstance(self.engine_args, dict):
-            bad(f"engine_args must be a table of vLLM engine arguments, got {self.engine_args!r}")
+            bad(f"{n('engine_args')} must be a table of vLLM engine arguments, got {show(self.engine_args)}",
+                "engine_args")  # fmt: skip
         if self.engine_args and not engine_info(self.engine).is_vllm:
-            bad(f"engine_args are vLLM engine arguments; the {self.engine} engine takes none")
+            bad(f"{n('engine_args')} are vLLM engine arguments; the {self.engine} engine takes none "
+                f"(use {use_vllm})", "engine_args", "engine")  # fmt: skip
         for name in ("tp", "batch", "cascade", "seeds", "dtypes", "fa_versions", "backends"):
             val = getattr(self, name)
             if not isinstance(val, list) or not val:
-                bad(f"{name} must be a non-empty list")
+                bad(f"{n(name)} must be a non-empty list", name)
             norm = [v.upper() if isinstance(v, str) else repr(v) for v in val]
             if len(set(norm)) != len(val):
-                bad(f"{name} has duplicate values: {val}")
+                bad(f"{n(name)} has duplicate values: {show(val)}", name)
         if not all(isinstance(b, str) for b in self.backends):
-            bad("backends must be names such as FLASH_ATTN")
+            bad(f"{n('backends')} must be names such as FLASH_ATTN, got {show(self.backends)}", "backends")
         self.backends = [b.upper() for b in self.backends]
         for name in ("tp", "batch"):
             for v in getattr(self, name):
                 if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                    bad(f"{name} values must be positive integers, got {v!r}")
+                    bad(f"{n(name)} values must be positive integers, got {show(v)}", name)
         if self.engine_args:
             from cascade_repro import engine_args as eargs
 
             try:
                 eargs.check(self.engine_args, max(self.batch))
             except UsageError as e:
-                bad(str(e).removeprefix("options: "))
+                bad(str(e).removeprefix("options: "), "engine_args")
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in self.seeds):
-            bad(f"seeds must be integers, got {self.seeds!r}")
+            bad(f"{n('seeds')} values must be integers, got {show(self.seeds)}", "seeds")
         if not all(isinstance(c, bool) for c in self.cascade):
-            bad("cascade values must be on/off")
+            bad(f"{n('cascade')} values must be on/off, got {show(self.cascade)}", "cascade")
         for d in self.dtypes:
             if d not in DTYPES:
-                bad(f"dtype must be one of {', '.join(DTYPES)}, not {d!r}")
+                bad(f"{n('dtypes')} must be one of {', '.join(DTYPES)}, not {show(d)}", "dtypes")
         for fa in self.fa_versions:
             if fa not in (None, 2, 3, 4):
-                bad(f"fa version must be 2, 3, 4 or default, not {fa!r}")
+                bad(f"{n('fa_versions')} must be 2, 3, 4 or default, not {show(fa)}", "fa_versions")
         if self.limit is not None and (
             not isinstance(self.limit, int) or isinstance(self.limit, bool) or self.limit <= 0
         ):
-            bad(f"limit must be a positive integer, got {self.limit!r}")
+            bad(f"{n('limit')} must be a positive integer, got {show(self.limit)}", "limit")
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens <= 0:
-            bad(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        if not isinstance(self.ignore_eos, bool):
-            bad(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
-        if not isinstance(self.force_cascade, bool):
-            bad(f"force_cascade must be true or false, got {self.force_cascade!r}")
+            bad(f"{n('max_tokens')} must be a positive integer, got {show(self.max_tokens)}", "max_tokens")
         if self.force_cascade and not engine_info(self.engine).cost_model:
-            bad(f"force_cascade overrides vLLM's cost model; the {self.engine} engine has none")
+            bad(f"{n('force_cascade')} overrides vLLM's cost model; the {self.engine} engine has none "
+                f"(use {use_vllm})", "force_cascade", "engine")  # fmt: skip
         mml = self.max_model_len
         if mml is not None and (not isinstance(mml, int) or isinstance(mml, bool) or mml <= 0):
-            bad(f"max_model_len must be a positive integer, got {mml!r}")
+            bad(f"{n('max_model_len')} must be a positive integer, got {show(mml)}", "max_model_len")
         if not isinstance(self.topk, int) or isinstance(self.topk, bool) or not 1 <= self.topk <= 20:
-            bad(f"topk must be between 1 and 20, got {self.topk!r}")
+            bad(f"{n('topk')} must be between 1 and 20, got {show(self.topk)}", "topk")
         if self.inject is not None:
             if not isinstance(self.inject, str):
-                bad(f"inject must be one of {', '.join(INJECTIONS)}, not {self.inject!r}")
+                bad(
+                    f"{n('inject')} must be one of {', '.join(INJECTIONS)}, not {show(self.inject)}", "inject"
+                )
             try:
                 parsed = inj.parse(self.inject)
             except ValueError as e:
-                bad(f"inject: {e}")
+                bad(f"{n('inject')}: {e}", "inject")
             self.inject = parsed.label if parsed else None
         if not isinstance(self.calibrate, list) or not all(
             isinstance(x, int | float) and not isinstance(x, bool) and 0 < x <= 100 for x in self.calibrate
         ):
-            bad(f"calibrate must be a list of shifts in (0, 100] nats, got {self.calibrate!r}")
+            bad(f"{n('calibrate')} must be a list of shifts in (0, 100] nats, got {show(self.calibrate)}",
+                "calibrate")  # fmt: skip
         if len(set(self.calibrate)) != len(self.calibrate):
-            bad(f"calibrate has duplicate shifts: {self.calibrate}")
+            bad(f"{n('calibrate')} has duplicate shifts: {show(self.calibrate)}", "calibrate")
         self.calibrate = sorted(float(x) for x in self.calibrate)
         if self.calibrate and self.inject:
-            bad("calibrate runs its own ladder of lse-shift injections beside the clean cells: drop inject")
+            bad(f"{n('calibrate')} runs its own ladder of lse-shift injections beside the clean cells: "
+                f"drop {n('inject')}", "calibrate", "inject")  # fmt: skip
         if self.calibrate and True not in self.cascade:
-            bad("calibrate needs the cascade arm (--cascade on,off)")
-        if not isinstance(self.auto_controls, bool):
-            bad(f"auto_controls must be true or false, got {self.auto_controls!r}")
-        if self.arm_switch not in ARM_SWITCHES:
-            bad(f"arm_switch must be one of {', '.join(ARM_SWITCHES)}, not {self.arm_switch!r}")
-        if not engine_info(self.engine).tensor_parallel and any(t != 1 for t in self.tp):
             bad(
-                f"the {self.engine} engine runs on one device: use --tp 1 (tensor parallelism needs --engine vllm)"
+                f"{n('calibrate')} needs the cascade arm ({both_arms})",
+                "calibrate",
+                "cascade",
             )
+        if self.arm_switch not in ARM_SWITCHES:
+            bad(f"{n('arm_switch')} must be one of {', '.join(ARM_SWITCHES)}, not {show(self.arm_switch)}",
+                "arm_switch")  # fmt: skip
+        if not engine_info(self.engine).tensor_parallel and any(t != 1 for t in self.tp):
+            bad(f"the {self.engine} engine runs on one device: use {setting('tp', '1')} (tensor parallelism "
+                f"needs {use_vllm})", "tp", "engine")  # fmt: skip
         for name in ("engine_timeout", "gpu_memory_utilization"):
             v = getattr(self, name)
             if not isinstance(v, int | float) or isinstance(v, bool):
-                bad(f"{name} must be a number, got {v!r}")
+                bad(f"{n(name)} must be a number, got {show(v)}", name)
         if not self.engine_timeout > 0:  # NaN too: it would never time out
-            bad("engine_timeout must be positive")
+            bad(f"{n('engine_timeout')} must be positive, got {show(self.engine_timeout)}", "engine_timeout")
         if not 0 < self.gpu_memory_utilization <= 1:
-            bad("gpu_memory_utilization must be in (0, 1]")
+            bad(f"{n('gpu_memory_utilization')} must be in (0, 1], got {show(self.gpu_memory_utilization)}",
+                "gpu_memory_utilization")  # fmt: skip
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(MatrixSpec))
+# A --config TOML file's keys for the fields whose flag is singular (load_toml also takes the field
+# names themselves, and dashes for underscores).
+TOML_ALIASES = {"seed": "seeds", "dtype": "dtypes", "fa_version": "fa_versions", "backend": "backends"}
+_KEY_OF = {field_: key for key, field_ in TOML_ALIASES.items()}
+
+
+def toml_key(field_: str) -> str:
+    """The key a --config TOML file sets a MatrixSpec field by, as the README spells it: ``fa_version``."""
+    return _KEY_OF.get(field_, field_)
+
+
+def flag_name(field_: str) -> str:
+    """The command-line flag of a MatrixSpec field: ``--fa-version`` for ``fa_versions``."""
+    return "--" + toml_key(field_).replace("_", "-")
+
+
+TOML_KEYS = tuple(sorted(toml_key(f) for f in FIELDS))
+
+
+def show(value: Any) -> str:
+    """A value as an error message shows it: text quoted, lists comma-separated, tables as JSON,
+    true/false as TOML spells them; never a Python repr of a list or dict."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "nothing"
+    if isinstance(value, list | tuple):
+        return ", ".join(show(v) for v in value) if value else "an empty list"
+    if isinstance(value, dict):
+        return json.dumps(value, ensure_ascii=False, default=str)
+    if isinstance(value, str):
+        return repr(value)
+    return str(value)
 
 
 ORIGINS = ("matrix", "control", "calibration")
@@ -377,12 +452,10 @@ def load_toml(path: Path) -> dict[str, Any]:
         if not isinstance(data["matrix"], dict):
             raise UsageError(f"{path}: [matrix] must be a table")
         data = data["matrix"]
-    # Friendly aliases matching the CLI flags.
-    aliases = {"seed": "seeds", "dtype": "dtypes", "fa_version": "fa_versions", "backend": "backends"}
     out: dict[str, Any] = {}
     for k, v in data.items():
         k = k.replace("-", "_")
-        k = aliases.get(k, k)
+        k = TOML_ALIASES.get(k, k)
         if k in ("tp", "batch", "seeds", "dtypes", "fa_versions", "backends", "cascade") and not isinstance(
             v, list
         ):
@@ -391,7 +464,7 @@ def load_toml(path: Path) -> dict[str, Any]:
             v = [_parse_onoff(x, f"{path}: cascade") for x in v]
         if k == "fa_versions":
             try:
-                v = parse_fa_list(",".join(str(x) for x in v))
+                v = parse_fa_list(",".join(str(x) for x in v), toml_key(k))
             except UsageError as e:
                 raise UsageError(f"{path}: {e}") from None
         out[k] = v
@@ -432,7 +505,8 @@ def parse_onoff_list(text: str, name: str) -> list[bool]:
     return [_parse_onoff(p, f"--{name}") for p in text.split(",") if p.strip()]
 
 
-def parse_fa_list(text: str) -> list[int | None]:
+def parse_fa_list(text: str, name: str = "--fa-version") -> list[int | None]:
+    """Parse ``"default,2,3"``; ``name`` is how the error names the value (a flag or a TOML key)."""
     out: list[int | None] = []
     for p in text.split(","):
         p = p.strip().lower()
@@ -441,7 +515,7 @@ def parse_fa_list(text: str) -> list[int | None]:
         elif p in ("2", "3", "4", "fa2", "fa3", "fa4"):
             out.append(int(p[-1]))
         else:
-            raise UsageError(f"--fa-version: expected 2, 3, 4 or default, got {p!r}")
+            raise UsageError(f"{name}: expected 2, 3, 4 or default, got {p!r}")
     return out
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import os
 import re
 import shlex
@@ -21,6 +22,7 @@ from typing import Any
 
 from cascade_repro import runstore
 from cascade_repro.errors import UsageError
+from cascade_repro.matrix import FAIL_ON, FAIL_ON_DEFAULT
 from cascade_repro.shard import Shard, assign
 
 # Outputs of an earlier merge into the same directory, replaced by this one.
@@ -88,11 +90,13 @@ def _locked(run_dir: Path) -> bool:
     return False
 
 
-def check_shards(dirs: list[Path]) -> tuple[list[_ShardDir], list[str]]:
+def check_shards(dirs: list[Path], allow_partial: bool = False) -> tuple[list[_ShardDir], list[str]]:
     """Read and cross-check shard directories; return them sorted by index, and warnings.
 
     Errors (UsageError, one line): not a shard, different matrix, different plan or prompts,
-    different shard counts, the same shard twice. Missing shards are a warning.
+    different shard counts, the same shard twice, and a missing shard that holds cells unless
+    ``allow_partial`` (then a warning: its cells show as pending). A missing shard without cells
+    (more shards than engine keys) is a warning either way.
     """
     if not dirs:
         raise UsageError("merge: give at least one shard directory")
@@ -123,13 +127,25 @@ def check_shards(dirs: list[Path]) -> tuple[list[_ShardDir], list[str]]:
 
     warnings: list[str] = []
     n = first.shard.count
-    per_shard = assign(first.run["plan"]["engines"], n)
-    for i in range(1, n + 1):
-        if i not in seen:
-            n_cells = sum(len(first.run["plan"]["engines"][k]["cells"]) for k in per_shard[i - 1])
-            warnings.append(f"shard {i}/{n} is missing: its {n_cells} cells show as pending")
+    engines = first.run["plan"]["engines"]
+    per_shard = assign(engines, n)
+    missing = {
+        i: sum(len(engines[k]["cells"]) for k in per_shard[i - 1]) for i in range(1, n + 1) if i not in seen
+    }
+    # A shard that would hold no cells (more shards than engine keys) loses nothing when missing.
+    lost = [f"{i}/{n}" for i, n_cells in missing.items() if n_cells]
+    if lost and not allow_partial:
+        n_lost = sum(missing.values())
+        n_all = sum(len(e["cells"]) for e in engines.values())
+        raise UsageError(
+            f"shard{'s' if len(lost) > 1 else ''} {', '.join(lost)} {'are' if len(lost) > 1 else 'is'} missing "
+            f"({n_lost} of the matrix's {n_all} cells): give every shard's directory (or --allow-partial: "
+            "the missing cells then show as pending and their pairs as error)"
+        )
+    for i, n_cells in missing.items():
+        warnings.append(f"shard {i}/{n} is missing: its {n_cells} cells show as pending")
     for what in ("tool_version", "thresholds", "model_name"):
-        values = {repr(s.run.get(what)) for s in shards}
+        values = {json.dumps(s.run.get(what), sort_keys=True, default=str) for s in shards}
         if len(values) > 1:
             warnings.append(f"shards differ in {what}: {', '.join(sorted(values))}")
     gpus = {_gpu_line(s.run) for s in shards}
@@ -186,20 +202,20 @@ def _unsharded_command(command: Any) -> str:
     return re.sub(r"\s--shard(?:=|\s+)\S+", "", text)
 
 
-def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = "regression", link: bool = False,
-          command: str = "") -> MergeOutcome:  # fmt: skip
+def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = FAIL_ON_DEFAULT, link: bool = False,
+          command: str = "", allow_partial: bool = False) -> MergeOutcome:  # fmt: skip
     """Merge shard run directories into ``out_dir``, score it and write every report.
 
+    A missing shard is a UsageError (exit 2), before anything is written, unless ``allow_partial``.
     Exit code as for ``cascade-repro report``: 1 when ``fail_on`` says the verdicts fail.
     """
-    from cascade_repro.matrix import FAIL_ON
     from cascade_repro.outcome import outcome_of
     from cascade_repro.runner import finalize
 
     if fail_on not in FAIL_ON:
-        raise UsageError(f"--fail-on must be one of {', '.join(FAIL_ON)}")
+        raise UsageError(f"--fail-on must be one of {', '.join(FAIL_ON)}, not {fail_on!r}")
     out_dir = Path(out_dir)
-    shards, warnings = check_shards([Path(d) for d in shard_dirs])
+    shards, warnings = check_shards([Path(d) for d in shard_dirs], allow_partial=allow_partial)
     first = shards[0]
     engines_plan = first.run["plan"]["engines"]
     per_shard = assign(engines_plan, first.shard.count)

@@ -14,14 +14,29 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-# CI must be reproducible: the same examples every run (a failure there is a bug, not bad luck).
-# Locally the search stays random, which is where new counterexamples come from.
-# HYPOTHESIS_PROFILE=fast runs 10 examples per property for a quick local pass.
+# Hypothesis profiles. `ci` (CI=1): reproducible, the same examples every run (a failure there is a
+# bug, not bad luck), as many as each test asks for. `dev` (the default without CI): a quick local
+# pass, at most DEV_EXAMPLES examples per property, no deadline (a loaded laptop is not a failure);
+# the search stays random, which is where new counterexamples come from. HYPOTHESIS_PROFILE=NAME
+# picks one (`default` is Hypothesis's own: 100 examples, random); `fast` is an older name of `dev`.
+DEV_EXAMPLES = 10
 settings.register_profile("ci", derandomize=True)
-settings.register_profile("fast", max_examples=10)
-_profile = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else None)
-if _profile:
-    settings.load_profile(_profile)
+settings.register_profile("dev", max_examples=DEV_EXAMPLES, deadline=None)
+settings.register_profile("fast", settings.get_profile("dev"))
+HYPOTHESIS_PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
+settings.load_profile(HYPOTHESIS_PROFILE)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under `dev` (or `fast`), a test's own ``@settings(max_examples=N)`` is capped too: those are the
+    slow properties (the input fuzzers ask for 120 to 400), and a profile alone never overrides them."""
+    if HYPOTHESIS_PROFILE not in ("dev", "fast"):
+        return
+    for item in items:
+        test = getattr(item, "obj", None)
+        own = getattr(test, "_hypothesis_internal_use_settings", None)  # where @given keeps them
+        if getattr(test, "is_hypothesis_test", False) and own is not None and own.max_examples > DEV_EXAMPLES:
+            test._hypothesis_internal_use_settings = settings(own, max_examples=DEV_EXAMPLES)
 
 
 @pytest.fixture(scope="session", autouse=True)

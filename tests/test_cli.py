@@ -68,7 +68,7 @@ def test_matrix_help_groups_options_in_panels():
         "Exit codes: 0 clean, 1 regression (per --fail-on) or every cascade pair errored, 2 usage error, "
         "4 nothing exercised (cascade never fired in any pair), 5 inconclusive (no noise control), "
         "6 the machine refused (a permission, a full disk, an I/O error: one line names the path), "
-        "130 interrupted."
+        "130 interrupted, 141 a pipe closed early (| head -1: SIGPIPE, as any Unix tool)."
     ) in flat(res.stdout)
 
 
@@ -440,3 +440,256 @@ def test_the_verdict_options_defaults_in_help_are_the_thresholds_defaults():
         shown = re.search(re.escape(option) + r" .*?\[default: ([0-9.]+)\]", text)
         assert shown and float(shown.group(1)) == float(value), option
     assert "[default: regression]" in text and "[default: all of the set]" in text
+
+
+# --- help in the user's words: placeholders, defaults, names ------------------------------------
+
+
+def _commands():
+    """Every command of the app as (its words on the command line, its click command)."""
+    import typer
+
+    root = typer.main.get_command(app)
+    out = []
+
+    def walk(cmd, path):
+        out.append((path, cmd))
+        for name, sub in sorted(getattr(cmd, "commands", {}).items()):
+            walk(sub, [*path, name])
+
+    walk(root, [])
+    return out
+
+
+@pytest.mark.parametrize("path", [p for p, _ in _commands()], ids=lambda p: " ".join(p) or "app")
+def test_no_help_shows_a_bare_type_name(path):
+    import re
+
+    res = invoke(*path, "--help")
+    assert res.exit_code == 0, res.output
+    bare = re.findall(r"<(?:bool|str|int|float|path|Path|list\[[^\]]*\])>", res.stdout)
+    assert not bare, bare
+
+
+def test_every_option_that_takes_a_value_names_it():
+    for path, cmd in _commands():
+        for p in cmd.params:
+            if getattr(p, "is_flag", False):
+                assert not p.metavar, (path, p.opts)  # a flag takes no value: no placeholder
+            else:
+                assert p.metavar and p.metavar == p.metavar.strip(), (path, p.name)
+
+
+def _option_row(text: str, option: str) -> str:
+    """The help row of one option, from its name up to the next option."""
+    for line in text.splitlines():
+        cells = line.strip("│ ").split()
+        if cells and option in cells[0].split(","):
+            return " ".join(cells)
+    raise AssertionError(f"{option} not in help")
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "row"),
+    [
+        ("matrix", "--batch", "--batch SIZES Batch sizes, comma-separated:"),
+        ("matrix", "--cascade", "--cascade on,off Cascade arms: on,off, on or off. [default: on,off]"),
+        ("matrix", "--engine", "--engine hf|vllm Engine: hf (transformers, CPU or GPU, reference cascade) or vllm. [default: hf]"),
+        ("matrix", "--fail-on", "--fail-on regression|error|never Exit 1 on regression, error (regression or error cells) or never. [default: regression]"),
+        ("matrix", "--alpha", "--alpha P Significance level:"),
+        ("matrix", "--min-topk-violations", "--min-topk-violations N Divergences outside top-k needed (besides significance) to flag. [default: 1]"),
+        ("matrix", "--limit", "--limit N Use only the first N prompts. [default: all of the set]"),
+        ("matrix", "--shard", "--shard I/N Run only shard I of N"),
+        ("matrix", "--run-id", "--run-id RUN_ID Name of the run directory. [default: ENGINE-MODEL-HASH, e.g. hf-embedded-44136fa355b3,"),
+        ("matrix", "--quiet", "--quiet -q No progress bars."),
+        ("matrix", "--dry-run", "--dry-run Print the cell table and the number of engine starts, run nothing."),
+        ("report", "--fail-on", "--fail-on regression|error|never Exit 1 on regression, error (regression or error cells) or never. [default: regression]"),
+        ("merge", "--allow-partial", "--allow-partial Merge even when a shard's directory is missing:"),
+        ("explain", "--engine", "--engine hf|vllm Engine whose decision to predict:"),
+    ],
+)  # fmt: skip
+def test_help_rows_name_the_value_and_its_default(command, option, row):
+    assert _option_row(invoke(command, "--help").stdout, option).startswith(row)
+
+
+def _command(words: str):
+    return dict((" ".join(path), cmd) for path, cmd in _commands())[words]
+
+
+@pytest.mark.parametrize(
+    ("option", "commands"),
+    [
+        ("--fail-on", ["matrix", "report", "merge"]),
+        ("--model", ["matrix", "explain", "doctor"]),
+        ("--model", ["prompts list", "prompts show"]),
+        ("--system-prompt", ["matrix", "explain", "doctor"]),
+        ("--prompts", ["matrix", "explain"]),
+        ("--limit", ["matrix", "explain"]),
+        ("--prompt-field", ["matrix", "prompts show"]),
+        ("--key-field", ["matrix", "prompts show"]),
+        ("--trust-remote-code", ["matrix", "doctor"]),
+        ("--results-dir", ["matrix", "explain"]),
+        ("--fresh", ["matrix", "explain"]),
+        ("--json", ["doctor", "env"]),
+    ],
+)
+def test_an_option_several_commands_take_reads_the_same_in_each(option, commands):
+    """Declared once (cli/options.py): the same words, placeholder and env var wherever it appears."""
+    params = [next(p for p in _command(c).params if option in p.opts) for c in commands]
+    assert len({(p.help, p.metavar, p.envvar, tuple(p.opts), tuple(p.secondary_opts)) for p in params}) == 1
+
+
+def test_a_command_with_few_options_lists_them_all_under_options():
+    for words in ("report", "merge", "doctor", "minimize", "env", "prompts show"):
+        assert "╭─ Options ─" in invoke(*words.split(), "--help").stdout
+        assert all(p.rich_help_panel is None for p in _command(words).params), words
+
+
+def test_every_matrix_option_shows_its_default_from_the_spec():
+    """One source of truth: the help's default is MatrixSpec's (or Thresholds') own value."""
+    import dataclasses
+
+    import typer
+
+    from cascade_repro.cli.app import as_typed
+    from cascade_repro.matrix import MatrixSpec, flag_name
+    from cascade_repro.verdicts import Thresholds
+
+    cmd = typer.main.get_command(app).commands["matrix"]
+    by_flag = {o: p for p in cmd.params for o in p.opts}
+    spec = MatrixSpec()
+    described = {"limit", "prompt_field", "key_field", "max_model_len", "hf_overrides", "engine_args", "calibrate",
+                 "inject"}  # fmt: skip
+    for f in dataclasses.fields(MatrixSpec):
+        p = by_flag[flag_name(f.name)]  # every field has its flag
+        expect = "[default: " if f.name in described else f"[default: {as_typed(getattr(spec, f.name))}"
+        assert expect in p.help, (f.name, p.help)
+    th = Thresholds()
+    for name in ("alpha", "rep_delta", "min_topk_violations", "drift_min"):
+        p = by_flag["--" + name.replace("_", "-")]
+        assert p.default == getattr(th, name) and f"[default: {as_typed(getattr(th, name))}]" in p.help
+    for p in cmd.params:
+        if not getattr(p, "is_flag", False) and p.name not in ("config", "engine_arg"):
+            assert "[default: " in p.help, p.name
+
+
+def test_the_kernel_commands_defaults_are_kernel_options_own():
+    import typer
+
+    from cascade_repro.kernel.session import KernelOptions
+
+    cmd = typer.main.get_command(app).commands["kernel"]
+    opts = KernelOptions()
+    for p in cmd.params:
+        if p.name != "help":
+            assert p.default == getattr(opts, p.name), p.name
+
+
+def test_the_example_run_directory_is_named_as_a_run_is():
+    from cascade_repro.cli.app import EXAMPLE_RUN_DIR
+    from cascade_repro.matrix import MatrixSpec
+    from cascade_repro.runner import default_run_id
+
+    assert EXAMPLE_RUN_DIR == f"results/{default_run_id(MatrixSpec())}"
+    assert f"RUN_DIR A run directory, e.g. {EXAMPLE_RUN_DIR}." in flat(invoke("report", "--help").stdout)
+
+
+def test_arm_switch_help_names_what_the_hf_engine_records():
+    from cascade_repro.engines import get as engine_info
+
+    assert not engine_info("hf").attention_axes  # so runner records arm_switch "shared" for it
+    assert "The hf engine always serves both arms from one model: its run.json and report say shared." in flat(
+        invoke("matrix", "--help").stdout
+    )
+
+
+def test_quiet_has_a_short_form():
+    assert invoke("matrix", "-q", "--dry-run", "--limit", "2", "--batch", "8").exit_code == 0
+
+
+def one_error(res) -> str:
+    assert res.exit_code == 2, res.output
+    assert res.stdout == "" and "Traceback" not in res.output
+    return flat(res.stderr)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-tokens", "0"], "--max-tokens must be a positive integer, got 0"),
+        (["--topk", "50"], "--topk must be between 1 and 20, got 50"),
+        (["--batch", "8,8"], "--batch has duplicate values: 8, 8"),
+        (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be in (0, 1], got 1.5"),
+        (["--calibrate", "0.1", "--inject", "lse-layout"],
+         "--calibrate runs its own ladder of lse-shift injections beside the clean cells: drop --inject"),
+        (["--calibrate", "0.1", "--cascade", "off"], "--calibrate needs the cascade arm (--cascade on,off)"),
+        (["--force-cascade"], "--force-cascade overrides vLLM's cost model; the hf engine has none (use --engine vllm)"),
+        (["-E", "block_size=32"], "--engine-args are vLLM engine arguments; the hf engine takes none (use --engine vllm)"),
+        (["--tp", "2"], "the hf engine runs on one device: use --tp 1 (tensor parallelism needs --engine vllm)"),
+        (["--arm-switch", "swap"], "--arm-switch must be one of toggle, restart, not 'swap'"),
+        (["--fail-on", "sometimes"], "--fail-on must be one of regression, error, never, not 'sometimes'"),
+    ],
+)  # fmt: skip
+def test_flag_errors_name_the_flag(args, message):
+    assert one_error(invoke("matrix", "--dry-run", "--limit", "2", *args)) == f"error: {message}"
+
+
+@pytest.mark.parametrize(
+    ("toml", "flags", "message"),
+    [
+        ("max_tokens = 0", [], "{cfg}: max_tokens must be a positive integer, got 0"),
+        ('seed = "a"', [], "{cfg}: seed values must be integers, got 'a'"),
+        ("fa_version = [1]", [], "{cfg}: fa_version: expected 2, 3, 4 or default, got '1'"),
+        ("topk = true", [], "{cfg}: topk must be between 1 and 20, got true"),
+        ("batch = [8, 8]", [], "{cfg}: batch has duplicate values: 8, 8"),
+        ("hf_overrides = [1, 2]", [], "{cfg}: hf_overrides must be a table of config overrides, got 1, 2"),
+        ("engine_args = 5", [], "{cfg}: engine_args must be a table of vLLM engine arguments, got 5"),
+        ("tp = 2", [], '{cfg}: the hf engine runs on one device: use tp = 1 (tensor parallelism needs engine = "vllm")'),
+        ('cascade = "off"\ncalibrate = [0.1]', [], '{cfg}: calibrate needs the cascade arm (cascade = ["on", "off"])'),
+        # A flag over the file: the flag's own error names the flag, the file's the file.
+        ("batch = [1, 8]", ["--max-tokens", "0"], "--max-tokens must be a positive integer, got 0"),
+        ("max_tokens = 0", ["--batch", "8"], "{cfg}: max_tokens must be a positive integer, got 0"),
+        ("batches = [1, 8]", [], "{cfg}: unknown key(s) batches (did you mean batch?); known: arm_switch, "
+         "auto_controls, backend, batch, calibrate, cascade, device, dtype, enforce_eager, engine, engine_args, "
+         "engine_timeout, fa_version, force_cascade, gpu_memory_utilization, graphs_for_batches, hf_overrides, "
+         "ignore_eos, inject, key_field, limit, load_format, max_model_len, max_tokens, model, prompt_field, prompts, "
+         "rerun, seed, system_prompt, topk, tp, trust_remote_code"),
+    ],
+)  # fmt: skip
+def test_config_errors_name_the_file_and_its_key(tmp_path, toml, flags, message):
+    cfg = tmp_path / "m.toml"
+    cfg.write_text(toml + "\n")
+    res = invoke("matrix", "--dry-run", "--config", str(cfg), *flags)
+    assert one_error(res) == "error: " + message.format(cfg=cfg)
+
+
+def test_the_known_config_keys_are_the_readmes_names():
+    import re
+
+    from cascade_repro.matrix import TOML_KEYS
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    toml_blocks = re.findall(r"```toml\n(.*?)```", readme, re.S)
+    assert toml_blocks
+    for block in toml_blocks:
+        for key in re.findall(r"^([a-z_-]+)\s*=", block, re.M):
+            assert key in TOML_KEYS, key
+    assert "fa_version" in TOML_KEYS and "fa_versions" not in TOML_KEYS
+    # Every known key is read as a field, and is its flag's name with underscores.
+    from cascade_repro.matrix import FIELDS, TOML_ALIASES, flag_name
+
+    for key in TOML_KEYS:
+        field = TOML_ALIASES.get(key, key)
+        assert field in FIELDS and flag_name(field) == "--" + key.replace("_", "-")
+
+
+def test_explain_errors_name_the_flag():
+    res = invoke("explain", "--max-tokens", "0", "--gpu", "H200", "--prefix-tokens", "1597")
+    assert one_error(res) == "error: --max-tokens must be a positive integer, got 0"
+
+
+def test_prompts_show_prints_no_python_dict():
+    res = invoke("prompts", "show", "ko-ifeval-style", "--limit", "1")
+    assert res.exit_code == 0, res.output
+    line = next(line for line in res.stdout.splitlines() if "prompts, languages:" in line)
+    assert "{" not in line and "'" not in line

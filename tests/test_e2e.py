@@ -92,6 +92,15 @@ def test_report_rerenders_identically_offline(clean_run, tmp_path):
     assert (clean_run.run_dir / "report.md").read_text() == before
 
 
+def test_the_manifest_round_trips_a_real_run_json_byte_for_byte(clean_run, tmp_path):
+    raw = (clean_run.run_dir / runstore.RUN_JSON).read_bytes()
+    m = runstore.read_manifest(clean_run.run_dir)
+    assert m.to_json() == json.loads(raw) and list(m.to_json()) == list(json.loads(raw))
+    assert m.invocations and m.plan.cells and m.spec == MatrixSpec(**SMALL)
+    runstore.write_manifest(tmp_path, m)
+    assert (tmp_path / runstore.RUN_JSON).read_bytes() == raw
+
+
 def _sample_lines(run_dir: Path) -> list[str]:
     lines = []
     for p in sorted((run_dir / "samples").glob("*.jsonl")):

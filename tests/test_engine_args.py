@@ -66,7 +66,7 @@ def test_the_spec_carries_them_for_vllm_only():
     assert spec.to_dict()["engine_args"] == {"block_size": 32}
     with pytest.raises(UsageError, match="the hf engine takes none"):
         MatrixSpec(engine="hf", engine_args={"block_size": 32}).validate()
-    with pytest.raises(UsageError, match="engine_args must be a table"):
+    with pytest.raises(UsageError, match="--engine-args must be a table"):
         MatrixSpec(engine="vllm", engine_args=["block_size=32"]).validate()
 
 

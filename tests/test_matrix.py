@@ -226,7 +226,7 @@ def test_waves_property_every_prompt_once_every_wave_exactly_b(n, b):
         ({"batch": [8, -1]}, r"batch values must be positive integers, got -1"),
         ({"batch": []}, r"batch must be a non-empty list"),
         ({"batch": [8, 8]}, r"batch has duplicate values"),
-        ({"tp": [2]}, r"hf engine runs on one device: use --tp 1"),
+        ({"tp": [2]}, r"hf engine runs on one device: use tp = 1 \(tensor parallelism needs engine = \"vllm\"\)"),
         ({"dtypes": ["fp8"]}, r"dtype must be one of auto, float32, float16, bfloat16, not 'fp8'"),
         ({"inject": "bit-flip"}, r"inject: expected lse-layout or lse-shift=X \(X in nats\), got 'bit-flip'"),
         ({"inject": "lse-shift=abc"}, r"inject: lse-shift needs a number of nats"),
@@ -235,7 +235,7 @@ def test_waves_property_every_prompt_once_every_wave_exactly_b(n, b):
         ({"calibrate": [0.1], "inject": "lse-layout"}, r"calibrate runs its own ladder"),
         ({"calibrate": [0.1], "cascade": [False]}, r"calibrate needs the cascade arm"),
         ({"engine": "sglang"}, r"engine must be one of hf, vllm, not 'sglang'"),
-        ({"fa_versions": [1]}, r"fa version must be 2, 3, 4 or default, not 1"),
+        ({"fa_versions": [1]}, r"fa_version must be 2, 3, 4 or default, not 1"),
         ({"topk": 0}, r"topk must be between 1 and 20, got 0"),
         ({"limit": 0}, r"limit must be a positive integer, got 0"),
         ({"max_tokens": 0}, r"max_tokens must be a positive integer, got 0"),
@@ -258,12 +258,12 @@ def test_validate_accepts_the_defaults_and_tp_on_vllm():
 
 
 def test_validate_rejects_non_numeric_timeouts_with_a_usage_error():
-    with pytest.raises(UsageError, match="engine_timeout"):
+    with pytest.raises(UsageError, match="^--engine-timeout must be a number, got '10m'$"):
         MatrixSpec(engine_timeout="10m").validate()
 
 
 def test_from_dict_rejects_unknown_keys_naming_them_and_the_source():
-    with pytest.raises(UsageError, match=r"^run\.toml: unknown key\(s\) batches, colour; known: .*batch"):
+    with pytest.raises(UsageError, match=r"^run\.toml: unknown key\(s\) batches, colour \(did you mean batch\?\); known: .*batch"):
         MatrixSpec.from_dict({"batches": [1], "colour": "red"}, source="run.toml")
 
 

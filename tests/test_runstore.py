@@ -476,3 +476,123 @@ def test_fresh_deletes_only_what_a_run_wrote(tmp_path):
     with pytest.raises(Exception, match="holds a different matrix"):
         PreparedRun(run_dir, {**new, "spec_hash": "other"}, [], fresh=False).write()
     assert (run_dir / "worker-k.log").exists()
+
+
+# --- the typed manifest (run.json) and the typed records (samples files) ---
+
+
+def _same_order(a, b, where="run.json"):
+    """Equal, and every object's keys in the same order."""
+    assert a == b, where
+    if isinstance(a, dict):
+        assert list(a) == list(b), where
+        for k in a:
+            _same_order(a[k], b[k], f"{where}/{k}")
+    elif isinstance(a, list):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _same_order(x, y, f"{where}[{i}]")
+
+
+def test_manifest_round_trips_a_synthetic_run_byte_for_byte(tmp_path):
+    from conftest import synthetic_run
+
+    from cascade_repro.manifest import Manifest
+
+    run_dir = tmp_path / "synth"
+    synthetic_run(run_dir, prompts=4, batch="1,8")
+    raw = (run_dir / runstore.RUN_JSON).read_bytes()
+    m = runstore.read_manifest(run_dir)
+    _same_order(m.to_json(), json.loads(raw))
+    assert m.prompt_set.n == 4 and m.spec.batch == [1, 8] and m.spec.engine == "vllm"
+    assert [c.cell_id for c in m.plan.cells] == [c for ep in m.plan.engines.values() for c in ep.cells]
+    runstore.write_manifest(run_dir, m)
+    assert (run_dir / runstore.RUN_JSON).read_bytes() == raw
+    assert Manifest.from_json(m.to_json()).to_json() == m.to_json()
+
+
+OLD_RUN_JSON = {  # an early run.json: no invocations, predictions, tool_source or prompt_tokens_max
+    "run_id": "old",
+    "created_at": "2026-01-02T03:04:05+0000",
+    "spec": {"engine": "hf", "batch": [1, 8], "max_tokens": 12, "retired_option": 3},
+    "spec_hash": "abc",
+    "model_name": "m",
+    "prompt_set": {"name": "p", "n": 2, "system_prompt_text": "sys", "some_new_fact": [1]},
+    "plan": {
+        "engines": {"hf-tp1-auto-s0": {"key": "hf-tp1-auto-s0", "tp": 1, "cells": ["c1"], "note": "x"}},
+        "cells": [{"cell_id": "c1", "engine_key": "hf-tp1-auto-s0", "batch": 8, "arm": "cascade"}],
+    },
+    "engines": {},
+    "timings": {},
+    "a_key_from_the_future": {"kept": True},
+}
+
+
+def test_manifest_of_an_old_run_json_defaults_missing_keys_and_keeps_unknown_ones(tmp_path):
+    from cascade_repro.manifest import Manifest
+
+    m = Manifest.from_json(OLD_RUN_JSON)
+    assert m.spec.engine == "hf" and m.spec.topk == 5 and m.spec.batch == [1, 8]  # retired key dropped
+    assert m.prompt_set.system_prompt_text == "sys" and m.prompt_set.prompt_tokens_max == 0
+    assert m.prompt_set.extra == {"some_new_fact": [1]} and m.extra == {"a_key_from_the_future": {"kept": True}}
+    cell = m.plan.cells[0]
+    assert cell.fa_version is None and cell.origin == "matrix" and not cell.has("inject")
+    assert m.invocations is None and m.first_invocation().started_at == OLD_RUN_JSON["created_at"]
+    _same_order(m.to_json(), OLD_RUN_JSON)  # nothing added, nothing lost, the stored spec as it was
+    m.fail_on = "error"  # a field the file lacked is written once set
+    m.timings.total_s = 1.5
+    out = m.to_json()
+    assert out["fail_on"] == "error" and out["timings"] == {"total_s": 1.5}
+    assert {k: v for k, v in out.items() if k != "fail_on" and k != "timings"} == {
+        k: v for k, v in OLD_RUN_JSON.items() if k != "timings"
+    }
+    (tmp_path / runstore.RUN_JSON).write_text(json.dumps(OLD_RUN_JSON))
+    assert runstore.read_manifest(tmp_path).run_id == "old"
+
+
+def test_a_manifest_built_in_code_writes_its_fields_and_leaves_unset_optional_ones_out():
+    from cascade_repro.manifest import Manifest
+
+    out = Manifest(run_id="r").to_json()
+    assert out["run_id"] == "r" and out["engines"] == {} and out["timings"] == {} and "spec" in out
+    assert not {"shard", "predictions", "invocations", "mixed_stack", "vllm_collect_env"} & set(out)
+
+
+def test_each_record_encodes_as_the_dict_writer_did_and_decodes_back():
+    old = [  # what the worker and the runner wrote as dicts before the typed records
+        {"type": "engine", "engine_key": "k", "effective": {"dtype": "bf16"}, "shared_prefix_tokens": 300,
+         "start_s": 1.5, "started_at": "2026-01-02T03:04:05+0000"},
+        {"type": "cell_start", "cell_id": "c"},
+        {"type": "cell_start", "cell_id": "c", "kept_waves": 2},
+        {"type": "sample", "cell_id": "c", "wave": 0, "prompt_index": 3, "prompt_key": "k3", "prompt_hash": "h",
+         "prompt_tokens": 9, "token_ids": [1, 2], "text": "한국어", "finish_reason": "length",
+         "logprobs": [-0.1, -0.2], "topk": [[[1, -0.1]], [[2, -0.2]]]},
+        {"type": "wave", "cell_id": "c", "wave": 0, "batch": 8, "n_real": 8, "cascade_steps": 3, "total_steps": 4,
+         "cascade_calls": 90, "cascade_decode_steps": None, "common_prefix_len": 300, "wall_s": 0.25, "tokens": 16},
+        {"type": "wave", "cell_id": "c", "wave": 1, "batch": 8, "n_real": 8, "cascade_steps": 3, "total_steps": 4,
+         "cascade_calls": 90, "cascade_decode_steps": 2, "common_prefix_len": 300, "wall_s": 0.25, "tokens": 16,
+         "extra": {"steps": {"decode_cascade_n": 2}}},
+        {"type": "cell_done", "cell_id": "c", "n_samples": 8, "wall_s": 1.0},
+        {"type": "cell_error", "cell_id": "c", "reason": "RuntimeError: x"},
+        {"type": "cell_done", "cell_id": "c", "n_samples": 8, "wall_s": 1.0, "from_the_future": 1},
+    ]  # fmt: skip
+    for d in old:
+        line = json.dumps(d, ensure_ascii=False, separators=(",", ":"))
+        rec = runstore.decode(line.encode())
+        assert runstore.encode(rec) == line
+        assert runstore.decode(d) == rec
+    sample = runstore.decode(json.dumps(old[3]))
+    assert isinstance(sample, runstore.SampleRecord) and sample.token_ids == [1, 2]
+    raw = runstore.encode(sample).encode()
+    assert runstore.is_sample_line(raw) and runstore.SAMPLE_HEAD.match(raw).groups() == (b"c", b"3")
+    assert runstore.decode(b'{"type":"unknown"}') is None
+
+
+def test_the_writer_takes_typed_records(tmp_path):
+    p = tmp_path / "s.jsonl"
+    w = JsonlWriter(p)
+    w.write(runstore.CellStart("c"))
+    w.write(runstore.WaveRecord(cell_id="c", wave=0, batch=1, n_real=1, wall_s=0.1, tokens=2))
+    w.write(runstore.CellDone("c", n_samples=1, wall_s=0.2))
+    w.close()
+    prog = read_progress(p)
+    assert prog.done == {"c"} and prog.waves["c"][0]["tokens"] == 2

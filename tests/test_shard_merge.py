@@ -245,13 +245,56 @@ def test_merge_rejects_a_directory_that_is_no_run(tmp_path):
         check_shards([tmp_path / "nope"])
 
 
-def test_missing_shards_are_a_warning(tmp_path):
+def test_a_missing_shard_is_a_usage_error(tmp_path):
     a = fake_shard(tmp_path / "a", "1/3")
-    shards, warnings = check_shards([a])
+    with pytest.raises(UsageError) as exc:
+        check_shards([a])
+    assert str(exc.value) == (
+        "shard 2/3 is missing (6 of the matrix's 12 cells): give every shard's directory "
+        "(or --allow-partial: the missing cells then show as pending and their pairs as error)"
+    )
+    c = fake_shard(tmp_path / "c", "3/3")
+    with pytest.raises(UsageError, match=r"^shards 1/3, 2/3 are missing \(12 of the matrix's 12 cells\)"):
+        check_shards([c])
+
+
+def test_allow_partial_makes_missing_shards_a_warning(tmp_path):
+    a = fake_shard(tmp_path / "a", "1/3")
+    shards, warnings = check_shards([a], allow_partial=True)
     assert [str(s.shard) for s in shards] == ["1/3"]
     assert warnings == [
         "shard 2/3 is missing: its 6 cells show as pending",
         "shard 3/3 is missing: its 0 cells show as pending",
+    ]
+
+
+def test_a_missing_shard_without_cells_is_only_a_warning(tmp_path):
+    """More shards than engine keys: the empty shard's directory loses nothing when it is missing."""
+    a, b = fake_shard(tmp_path / "a", "1/3"), fake_shard(tmp_path / "b", "2/3")
+    _, warnings = check_shards([a, b])
+    assert warnings == ["shard 3/3 is missing: its 0 cells show as pending"]
+
+
+def test_merge_cli_refuses_a_missing_shard_before_writing_anything(tmp_path):
+    a = fake_shard(tmp_path / "a", "1/2")
+    res = invoke("merge", str(tmp_path / "out"), str(a))
+    assert res.exit_code == 2
+    assert one_error_line(res) == (
+        "error: shard 2/2 is missing (6 of the matrix's 12 cells): give every shard's directory "
+        "(or --allow-partial: the missing cells then show as pending and their pairs as error)"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_merge_warnings_show_no_python_repr(tmp_path):
+    a, b = fake_shard(tmp_path / "a", "1/2"), fake_shard(tmp_path / "b", "2/2")
+    for path, alpha in ((a, 0.01), (b, 0.05)):
+        run = runstore.read_run_json(path)
+        run["thresholds"] = {"alpha": alpha, "drift_min": 2.0}
+        runstore.write_json_atomic(path / runstore.RUN_JSON, run)
+    _, warnings = check_shards([a, b])
+    assert warnings == [
+        'shards differ in thresholds: {"alpha": 0.01, "drift_min": 2.0}, {"alpha": 0.05, "drift_min": 2.0}'
     ]
 
 
@@ -396,18 +439,24 @@ def test_merge_again_into_the_same_directory(runs):
 
 
 @pytest.mark.slow
-def test_merge_with_a_missing_shard_warns_and_leaves_its_cells_pending(runs):
+def test_merge_with_a_missing_shard_fails_unless_partial_is_allowed(runs):
     out = runs["root"] / "partial"
     res = invoke("merge", str(out), str(runs["shard1"].run_dir))
+    assert res.exit_code == 2, res.output  # a CI guard must not pass with half the matrix absent
+    assert "shard 2/2 is missing (4 of the matrix's 8 cells)" in one_error_line(res)
+    assert not out.exists()
+    res = invoke("merge", str(out), str(runs["shard1"].run_dir), "--allow-partial")
     assert res.exit_code == 0, res.output  # fail_on=regression: pending is not a regression
     assert "shard 2/2 is missing: its 4 cells show as pending" in " ".join(res.stderr.split())
+    assert "cascade-repro: partial merge (4 of 8 cells: shard 2/2 missing); so far: " in " ".join(res.stderr.split())
     cells = pd.read_parquet(out / "cells.parquet").set_index("cell_id")
     assert (cells.loc[cells["seed"] == 1, "status"] == "pending").all()
     assert (cells.loc[cells["seed"] == 0, "status"] == "done").all()
     pairs = pd.read_parquet(out / "pairs.parquet").set_index("pair_id")
     assert pairs.loc["tp1-b8-cascade-s1~flat", "verdict"] == "error"
     assert runstore.read_run_json(out)["shards_missing"] == ["2/2"]
-    res = invoke("merge", str(runs["root"] / "partial2"), str(runs["shard1"].run_dir), "--fail-on", "error")
+    res = invoke("merge", str(runs["root"] / "partial2"), str(runs["shard1"].run_dir), "--fail-on", "error",
+                 "--allow-partial")  # fmt: skip
     assert res.exit_code == 1
 
 

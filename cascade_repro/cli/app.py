@@ -1,16 +1,89 @@
-"""The Typer app and options shared by several commands."""
+"""The Typer app, its command classes, and what every command prints through (consoles, errors, the
+verdict). The options several commands share are in ``options.py``."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 from rich.markup import escape
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 
-app = typer.Typer(
+from cascade_repro.matrix import MatrixSpec
+
+
+class _NamedArgument(TyperArgument):
+    """An argument with a metavar (``RUN_DIR``): help shows that name alone, not a type after it."""
+
+    def display_type_rich(self, ctx: Any) -> str | None:
+        return None
+
+
+def _plain_placeholders(params: list[Any]) -> None:
+    """A flag takes no value, so help shows none (Typer would print ``<bool>``); an argument with a
+    metavar shows that name without ``<Path>`` or ``<str>`` beside it."""
+    for p in params:
+        if getattr(p, "is_flag", False) and p.metavar is None:
+            p.metavar = ""
+        elif isinstance(p, TyperArgument) and p.metavar is not None and type(p) is TyperArgument:
+            p.__class__ = _NamedArgument
+
+
+class Command(TyperCommand):
+    """Every command of this app: Typer's, with the placeholders above (the help option too)."""
+
+    panels = True  # the options' help panels (a shared option brings the one it is declared in)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _plain_placeholders(self.params)
+        if not self.panels:
+            for p in self.params:
+                p.rich_help_panel = None
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)
+        if option is not None:
+            _plain_placeholders([option])
+        return option
+
+
+class UngroupedCommand(Command):
+    """A command with few options: help lists them all under Options."""
+
+    panels = False
+
+
+class Group(TyperGroup):
+    """The app and its command groups, with the placeholders above."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _plain_placeholders(self.params)
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)
+        if option is not None:
+            _plain_placeholders([option])
+        return option
+
+
+class Typer(typer.Typer):
+    """A Typer app whose commands and groups are the classes above."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("cls", Group)
+        super().__init__(*args, **kwargs)
+
+    def command(self, *args: Any, cls: Any = None, panels: bool = True, **kwargs: Any) -> Any:
+        """``panels=False``: every option under Options, whatever panel a shared option names."""
+        return super().command(*args, cls=cls or (Command if panels else UngroupedCommand), **kwargs)
+
+
+app = Typer(
     name="cascade-repro",
     help=(
         "Reproduce and guard against vLLM's cascade-attention repetition bug.\n\n"
@@ -25,12 +98,38 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-RunDirArg = Annotated[
-    Path,
-    typer.Argument(
-        help="A run directory, e.g. results/hf-smollm2-135m-instruct-1a2b3c4d5e6f.", show_default=False
-    ),
-]
+# A run id as runner.default_run_id names a run: ENGINE-MODEL-HASH (this one: MatrixSpec()'s, which a
+# test holds it to).
+EXAMPLE_RUN_DIR = "results/hf-embedded-44136fa355b3"
+
+
+# The defaults --help shows are MatrixSpec's own: a new default changes every command's help with it.
+SPEC = MatrixSpec()
+RESULTS_DIR = Path("results")
+
+
+def default(value: Any) -> str:
+    """`` [default: X]`` for a help text, X as the flag would be typed."""
+    return f" [default: {as_typed(value)}]"
+
+
+def spec_default(field: str) -> str:
+    """`` [default: X]`` of a MatrixSpec field."""
+    return default(getattr(SPEC, field))
+
+
+def as_typed(value: Any) -> str:
+    """A value as it is typed on the command line: ``1,8,16`` for a list, ``on``/``off`` for a switch,
+    ``default`` for an unset FlashAttention version, ``1800`` for 1800.0."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value is None:
+        return "default"
+    if isinstance(value, list | tuple):
+        return ",".join(as_typed(v) for v in value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 @contextmanager
@@ -56,12 +155,26 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(130) from None
 
 
-def err_console():
+# Where output is not a terminal (a pipe, a CI log) rich assumes 80 columns: tables are squeezed
+# and cell ids broken mid-word. There a table gets this width unless COLUMNS says otherwise.
+PIPE_WIDTH = 200
+
+
+def out_console(stderr: bool = False):
+    """The console a command prints through: messages never wrapped (soft_wrap, so a report path or
+    a cell id stays whole), tables at their natural width when output is not a terminal."""
+    import os
+
     from rich.console import Console
 
-    # soft_wrap: a message is one line however wide, so a report path or a cell id is never split
-    # where output is not a terminal (rich wraps at 80 columns there).
-    return Console(stderr=True, soft_wrap=True)
+    console = Console(stderr=stderr, soft_wrap=True)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(stderr=stderr, soft_wrap=True, width=PIPE_WIDTH)
+    return console
+
+
+def err_console():
+    return out_console(stderr=True)
 
 
 def print_outcome(console: Any, headline: str, exit_code: int, reason: str) -> None:

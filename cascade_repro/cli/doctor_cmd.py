@@ -6,28 +6,33 @@ from typing import Annotated
 
 import typer
 
-from cascade_repro.cli.app import app, user_errors
+from cascade_repro.cli.app import SPEC, app, out_console, spec_default, user_errors
+from cascade_repro.cli.options import Json, Model, Prompts, SystemPrompt, TrustRemoteCode, variant
 
 STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}
 
+# Only the prefix is measured with the set: what it is for here, not what a set can be.
+MeasuredPrompts = variant(
+    Prompts, help="Prompt set whose shared prefix is measured." + spec_default("prompts")
+)
 
-@app.command()
+
+@app.command(panels=False)
 def doctor(
-    model: Annotated[
-        str, typer.Option(help="`embedded`, a local HF folder, or a Hub id.", envvar="CASCADE_REPRO_MODEL")
-    ] = "embedded",
-    tp: Annotated[int, typer.Option(help="Tensor-parallel size to check.")] = 1,
-    system_prompt: Annotated[
-        str, typer.Option(help="Shared system prompt: `ko`, `en`, `none`, or a text file.")
-    ] = "ko",
-    prompts: Annotated[
-        str, typer.Option(help="Prompt set whose shared prefix is measured.")
-    ] = "ko-ifeval-style",
+    model: Model = SPEC.model,
+    tp: Annotated[int, typer.Option(help="Tensor-parallel size to check.", metavar="SIZE")] = SPEC.tp[0],
+    system_prompt: SystemPrompt = SPEC.system_prompt,
+    prompts: MeasuredPrompts = SPEC.prompts,
     hf_overrides: Annotated[
-        str | None, typer.Option(help="JSON dict of config overrides, as for `matrix`.", show_default=False)
+        str | None,
+        typer.Option(
+            help="JSON object of config overrides, as for `matrix`. [default: none]",
+            show_default=False,
+            metavar="JSON",
+        ),
     ] = None,
-    trust_remote_code: Annotated[bool, typer.Option(help="Allow model code from the Hub.")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    trust_remote_code: TrustRemoteCode = SPEC.trust_remote_code,
+    json_out: Json = False,
 ) -> None:
     """Check vLLM, GPUs, tensor parallelism, FlashAttention, env switches, prefix length and model config.
 
@@ -51,7 +56,6 @@ def doctor(
     if json_out:
         typer.echo(json.dumps({"checks": [c.to_dict() for c in checks], "exit_code": code}, indent=2))
         raise typer.Exit(code)
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
@@ -62,7 +66,7 @@ def doctor(
         table.add_row(
             escape(c.name), f"[{STYLE.get(c.status, '')}]{c.status}[/]", escape(c.detail), escape(c.fix)
         )
-    console = Console()
+    console = out_console()
     console.print(table)
     n_fail = sum(c.status == "fail" for c in checks)
     n_warn = sum(c.status == "warn" for c in checks)

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import typer
 
-from cascade_repro.cli.app import app
+from cascade_repro.cli.app import app, out_console
+from cascade_repro.cli.options import Json
 
 
-@app.command()
+@app.command(panels=False)
 def env(
-    json_out: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    json_out: Json = False,
 ) -> None:
     """Print GPU, driver, CUDA, torch, vLLM, transformers and the VLLM_* variables (secrets redacted)."""
     import json
@@ -22,7 +21,6 @@ def env(
     if json_out:
         typer.echo(json.dumps(info, indent=2, sort_keys=True))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(show_header=False)
@@ -31,4 +29,4 @@ def env(
             table.add_row(k, str(v))
     for k, v in info["vllm_env"].items():
         table.add_row(k, v)
-    Console().print(table)
+    out_console().print(table)

