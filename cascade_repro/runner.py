@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import shutil
@@ -18,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cascade_repro import cuda_cache, runstore
+from cascade_repro import cuda_cache, runstore, supervise
 from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
 from cascade_repro.matrix import MatrixSpec, all_cells, plan, spec_hash
@@ -105,11 +104,7 @@ class PreparedRun:
             else:
                 self.run = resumed_run(old, self.run, self.allow_mixed)
         (run_dir / runstore.SAMPLES).mkdir(parents=True, exist_ok=True)
-        runstore.write_prompts(
-            run_dir,
-            [{"key": r.key, "prompt": r.prompt, "instruction_id_list": list(r.instruction_id_list),
-              "kwargs": list(r.kwargs), "lang": r.lang} for r in self.records],
-        )  # fmt: skip
+        runstore.write_prompts(run_dir, self.records)  # with the prompt source's extra columns
         runstore.write_run_json(run_dir, self.run)
 
 
@@ -210,6 +205,7 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": opts.command,
         "tool_version": envinfo._version("cascade-repro"),
+        "tool_source": envinfo.source_info(),  # commit and repository, for the report's install line
         "spec": spec.to_dict(),
         "spec_hash": spec_hash(spec),
         "model_path": model_path,
@@ -323,17 +319,17 @@ def cells_done(
 
 def execute(run_dir: Path, show_progress: bool = True, console: Any = None) -> list[str]:
     """Run one worker per engine key with unfinished cells; return error lines for the summary."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from cascade_repro import estimate
+    from cascade_repro.progress import RunProgress
 
     run = restrict(runstore.read_run_json(run_dir))  # a shard runs only its own engine keys
     spec = run["spec"]
-    n_prompts = run["prompt_set"]["n"]
     cells = {c["cell_id"]: c for c in run["plan"]["cells"]}
     errors: list[str] = []
-    progress = Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(), console=console, disable=not show_progress, transient=False,
-    )  # fmt: skip
+    if console is None:
+        from rich.console import Console
+
+        console = Console(stderr=True, soft_wrap=True)
     # Each key's samples file is written only by its own worker, so this one scan stays true for a
     # key until its worker runs.
     progs = _progress_by_key(run_dir, run)
@@ -343,28 +339,41 @@ def execute(run_dir: Path, show_progress: bool = True, console: Any = None) -> l
         for key, prog in progs.items()
         for cid, lines in prog.corrupt.items()
     ]
-    if done_before:
+    kept = 0
+    if engine_info(spec["engine"]).exact_wave_resume:
+        kept = sum(
+            runstore.kept_wave_count(progs[k], c)
+            for k, ep in run["plan"]["engines"].items()
+            for c in ep["cells"]
+        )
+    if done_before or kept:
         # Said once, before the bar: a rerun that silently skipped work would look like a fast run.
+        waves_kept = f", {kept} finished wave{'s' if kept != 1 else ''} of cut cells kept" if kept else ""
         notes.append(
-            f"resuming {run_dir.name}: {done_before} of {len(cells)} cells already done, "
+            f"resuming {run_dir.name}: {done_before} of {len(cells)} cells already done{waves_kept}, "
             f"running the other {len(cells) - done_before} (--fresh starts over)"
         )
-    if notes:
-        from rich.console import Console
-
-        out = console if console is not None else Console(stderr=True, soft_wrap=True)
-        for line in notes:
-            out.print(line, highlight=False)
+    for line in notes:
+        console.print(line, highlight=False)
+    device = estimate.run_device(spec["engine"], spec.get("device", "auto"))
+    progress = RunProgress(
+        console,
+        show=show_progress,
+        cells=cells,
+        n_prompts=int(run["prompt_set"]["n"]),
+        max_tokens=int(spec["max_tokens"]),
+        table=estimate.SPEEDS.get((spec["engine"], device)),
+        measured=[w for prog in progs.values() for ws in prog.waves.values() for w in ws],
+        starts_left=sum(
+            1 for k, ep in run["plan"]["engines"].items() if any(c not in progs[k].done for c in ep["cells"])
+        ),
+    )
     with progress, sigterm_as_interrupt():
-        total_waves = sum(math.ceil(n_prompts / c["batch"]) for c in cells.values())
-        t_cells = progress.add_task("cells", total=len(cells), info="")
-        t_waves = progress.add_task("waves", total=total_waves, info="")
         for key, ep in run["plan"]["engines"].items():
             path = runstore.samples_path(run_dir, key)
             prog = progs[key]
             done = [c for c in ep["cells"] if c in prog.done]
-            progress.advance(t_cells, len(done))
-            progress.advance(t_waves, sum(math.ceil(n_prompts / cells[c]["batch"]) for c in done))
+            progress.already_done(done)
             if len(done) == len(ep["cells"]):
                 continue
             env = cuda_cache.apply(dict(os.environ, PYTHONUNBUFFERED="1"))
@@ -373,10 +382,8 @@ def execute(run_dir: Path, show_progress: bool = True, console: Any = None) -> l
                 env, gpu
             )
             # A silent first FA2 start on a fresh Hopper machine lasts minutes: say why.
-            progress.update(t_cells, info=f"engine {key}: starting" + (f" ({FA2_JIT_NOTE})" if jit else ""))
-            rc, reason = _run_worker(
-                run_dir, key, float(spec["engine_timeout"]), progress, t_cells, t_waves, env=env
-            )
+            progress.engine_starting(key, FA2_JIT_NOTE if jit else "")
+            rc, reason = _run_worker(run_dir, key, float(spec["engine_timeout"]), progress, env=env)
             prog = runstore.read_progress(path)
             if jit and prog.engine:
                 cuda_cache.mark_fa2_compiled(env, gpu)
@@ -384,18 +391,11 @@ def execute(run_dir: Path, show_progress: bool = True, console: Any = None) -> l
             if unfinished:
                 writer = runstore.JsonlWriter(path)
                 for cid in unfinished:
-                    writer.write(
-                        {
-                            "type": runstore.CELL_ERROR,
-                            "cell_id": cid,
-                            "reason": reason or f"worker exited {rc}",
-                        }
-                    )
+                    writer.write(runstore.CellError(cid, reason or f"worker exited {rc}"))
                 writer.close()
-                progress.advance(t_cells, len(unfinished))
+                progress.cells_failed(len(unfinished))
             for cid, why in runstore.read_progress(path).errors.items():
                 errors.append(f"{cid}: {why}")
-        progress.update(t_cells, info="")
     return errors
 
 
@@ -404,82 +404,42 @@ def _run_worker(
     key: str,
     timeout: float,
     progress: Any,
-    t_cells: Any,
-    t_waves: Any,
     env: dict[str, str] | None = None,
 ) -> tuple[int, str]:
     """Run the worker of one engine key; kill its process group when it hangs past ``timeout``.
 
     ``timeout`` is inactivity: seconds without a new record or a new line in the worker's log, so a
-    slow engine start (logging as it goes) is not killed but a silent hang is.
+    slow engine start (logging as it goes) is not killed but a silent hang is. Every control record
+    the worker appends goes to ``progress`` (a :class:`~cascade_repro.progress.RunProgress`).
     """
     log_path = runstore.worker_log(run_dir, key)
     tail = _Tail(runstore.samples_path(run_dir, key))
     if env is None:
         env = cuda_cache.apply(dict(os.environ, PYTHONUNBUFFERED="1"))
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "cascade_repro.worker", str(run_dir), key],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-        )  # fmt: skip
-        last_activity = time.monotonic()
-        log_size = 0
-        tokens = 0
-        t_start = time.monotonic()
-        try:
-            while proc.poll() is None:
-                time.sleep(POLL_S)
-                recs = tail.poll()
-                size = log_path.stat().st_size
-                if recs or size != log_size:
-                    last_activity, log_size = time.monotonic(), size
-                for r in recs:
-                    t = r.get("type")
-                    if t == runstore.WAVE:
-                        progress.advance(t_waves)
-                        tokens += r.get("tokens", 0)
-                        rate = tokens / max(time.monotonic() - t_start, 1e-9)
-                        progress.update(t_waves, info=f"{r['cell_id']} · {rate:,.0f} tok/s")
-                    elif t in (runstore.CELL_DONE, runstore.CELL_ERROR):
-                        progress.advance(t_cells)
-                    elif t == runstore.ENGINE:
-                        progress.update(t_cells, info=f"engine {key} up in {r.get('start_s', 0):.0f}s")
-                if time.monotonic() - last_activity > timeout:
-                    _kill_group(proc)
-                    return -9, f"timeout: no progress for {timeout:.0f}s (--engine-timeout); worker killed"
-        except BaseException:
-            _kill_group(proc)
-            raise
-        for r in tail.poll():
-            if r.get("type") in (runstore.CELL_DONE, runstore.CELL_ERROR):
-                progress.advance(t_cells)
-            elif r.get("type") == runstore.WAVE:
-                progress.advance(t_waves)
-    rc = proc.returncode
+
+    def check() -> str | None:
+        recs = tail.poll()
+        if recs:
+            w.mark_active()
+        for r in recs:
+            if r.get("type") == runstore.ENGINE:
+                progress.engine_up(key, float(r.get("start_s") or 0.0))
+            else:
+                progress.record(r)
+        if w.idle_s() > timeout:
+            return f"timeout: no progress for {timeout:.0f}s (--engine-timeout); worker killed"
+        return None
+
+    argv = [sys.executable, "-m", "cascade_repro.worker", str(run_dir), key]
+    with supervise.Worker(argv, env=env, log_path=log_path) as w:
+        stopped = supervise.watch(w, check, POLL_S)  # its last check reads what the worker wrote last
+    if stopped is not None:
+        return -9, stopped
+    rc = w.returncode
     if rc in (0, 3):
         return rc, ""
-    line = _last_error_line(log_path)
+    line = supervise.last_error_line(log_path)
     return rc, f"worker exited with code {rc}" + (f": {line}" if line else "")
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
-
-
-def _last_error_line(log_path: Path) -> str:
-    """Return the last line of the worker log that names an error, for the report."""
-    try:
-        lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-200:]
-    except OSError:
-        return ""
-    for line in reversed(lines):
-        if re.search(r"(Error|Exception|Killed|out of memory)", line):
-            return line.strip()[:300]
-    return ""
 
 
 def finalize(run_dir: Path, thresholds: Thresholds | None = None) -> tuple[Path, Any]:
@@ -519,6 +479,13 @@ def run_matrix(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> RunOu
     t0 = time.time()
     prepared = prepare(spec, opts, console)
     run_dir = prepared.run_dir
+    if console is not None:
+        from cascade_repro import estimate
+
+        # Before anything starts: a CPU run of an hour should not be discovered an hour in.
+        est = estimate.for_run(prepared.run, run_dir)
+        if (warning := estimate.warning_for(est, estimate.run_device(spec.engine, spec.device))) is not None:
+            console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     with runstore.RunLock(run_dir):
         prepared.write()
         kept = cells_done(run_dir)

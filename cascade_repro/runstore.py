@@ -15,6 +15,7 @@ This module owns the run directory's file names: no other module spells one out.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -22,9 +23,10 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from cascade_repro.errors import EnvironmentFailure, RunLockedError, UsageError
+from cascade_repro.manifest import Manifest
 
 RUN_JSON = "run.json"
 PROMPTS = "prompts.jsonl"
@@ -57,6 +59,140 @@ def sample_record(cell_id: str, wave: int, prompt_index: int, fields: dict[str, 
     return {"type": SAMPLE, "cell_id": cell_id, "wave": wave, "prompt_index": prompt_index, **fields}
 
 
+# The typed records. Each one's JSON form is {"type": TYPE, its fields in declaration order (an
+# optional one left out while unset), then ``other``: keys this version does not know, kept}.
+# ``encode`` and ``decode`` are the only translation between a record and its line.
+
+
+@dataclass
+class EngineStart:
+    """An engine came up: the flags read back from it, the prompts' shared prefix, its start time."""
+
+    TYPE: ClassVar[str] = ENGINE
+    engine_key: str = ""
+    effective: dict[str, Any] = field(default_factory=dict)
+    shared_prefix_tokens: int = 0
+    start_s: float = 0.0
+    started_at: str = ""
+    other: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CellStart:
+    """An attempt at a cell begins; ``kept_waves``: waves of the cut attempt copied after it."""
+
+    TYPE: ClassVar[str] = CELL_START
+    _OPTIONAL: ClassVar[dict[str, Any]] = {
+        "kept_waves": 0
+    }  # a field left out of the line while it has this value
+    cell_id: str = ""
+    kept_waves: int = 0
+    other: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SampleRecord:
+    """One prompt's completion in one wave of a cell (its head: type, cell_id, wave, prompt_index)."""
+
+    TYPE: ClassVar[str] = SAMPLE
+    _OPTIONAL: ClassVar[dict[str, Any]] = {"wave": None}  # samples of early versions had none
+    cell_id: str = ""
+    wave: int | None = None
+    prompt_index: int = 0
+    prompt_key: str = ""
+    prompt_hash: str = ""
+    prompt_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str = ""
+    logprobs: list[float] = field(default_factory=list)
+    topk: list[Any] = field(default_factory=list)
+    other: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class WaveRecord:
+    """The probe's counters and timings of one wave; ``extra``: the engine's own (steps, phases)."""
+
+    TYPE: ClassVar[str] = WAVE
+    _OPTIONAL: ClassVar[dict[str, Any]] = {"extra": {}}
+    cell_id: str = ""
+    wave: int = 0
+    batch: int = 0
+    n_real: int = 0
+    cascade_steps: int | None = 0
+    total_steps: int | None = 0
+    cascade_calls: int | None = 0
+    cascade_decode_steps: int | None = None
+    common_prefix_len: int | None = 0
+    wall_s: float | None = None
+    tokens: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+    other: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CellDone:
+    """A cell's last wave is written: the cell counts as finished."""
+
+    TYPE: ClassVar[str] = CELL_DONE
+    cell_id: str = ""
+    n_samples: int = 0
+    wall_s: float = 0.0
+    other: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CellError:
+    """A cell failed (the worker's exception, or the runner's reason for a worker that died)."""
+
+    TYPE: ClassVar[str] = CELL_ERROR
+    cell_id: str = ""
+    reason: str = ""
+    other: dict[str, Any] = field(default_factory=dict)
+
+
+Record = EngineStart | CellStart | SampleRecord | WaveRecord | CellDone | CellError
+RECORD_TYPES: dict[str, type] = {
+    c.TYPE: c for c in (EngineStart, CellStart, SampleRecord, WaveRecord, CellDone, CellError)
+}
+_FIELDS: dict[type, tuple[str, ...]] = {
+    c: tuple(f.name for f in dataclasses.fields(c) if f.name != "other") for c in RECORD_TYPES.values()
+}
+
+
+def record_json(record: Record) -> dict[str, Any]:
+    """A record's JSON object, ``type`` first (a sample's head in the layout SAMPLE_HEAD reads)."""
+    out: dict[str, Any] = {"type": record.TYPE}
+    unset = getattr(record, "_OPTIONAL", {})
+    for name in _FIELDS[type(record)]:
+        value = getattr(record, name)
+        if name in unset and (value is None or value == unset[name]):
+            continue
+        out[name] = value
+    out.update(record.other)
+    return out
+
+
+def encode(record: Record) -> str:
+    """The record's line without its newline: compact JSON, keys in the order of ``record_json``."""
+    return json.dumps(record_json(record), ensure_ascii=False, separators=(",", ":"))
+
+
+def decode(line: bytes | str | dict[str, Any]) -> Record | None:
+    """The record of a line (or of its parsed object); None for a line that is not a known record.
+
+    Raises ``json.JSONDecodeError`` / ``UnicodeDecodeError`` on a line that is not JSON.
+    """
+    obj = line if isinstance(line, dict) else json.loads(line)
+    if not isinstance(obj, dict) or (cls := RECORD_TYPES.get(obj.get("type"))) is None:
+        return None
+    names = _FIELDS[cls]
+    kw = {k: v for k, v in obj.items() if k in names}
+    other = {k: v for k, v in obj.items() if k not in names and k != "type"}
+    return cls(**kw, other=other)
+
+
 def is_sample_line(raw: bytes) -> bool:
     return raw.startswith(SAMPLE_PREFIX)
 
@@ -79,16 +215,23 @@ def prompts_path(run_dir: Path) -> Path:
 
 
 def read_prompts(run_dir: Path) -> list[dict[str, Any]]:
-    """The run's prompt records as written by the runner (``key``, ``prompt``, IFEval fields)."""
+    """The run's prompt records as written by the runner.
+
+    Each is a dict with ``key``, ``prompt``, the IFEval fields (``instruction_id_list``, ``kwargs``,
+    ``lang``) and, when the prompt source had other columns, ``extra`` (column name -> JSON data).
+    """
     with open(prompts_path(run_dir), encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def write_prompts(run_dir: Path, records: list[dict[str, Any]]) -> None:
-    """Write prompts.jsonl atomically (temp file and rename)."""
-    write_text_atomic(
-        prompts_path(run_dir), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-    )
+def write_prompts(run_dir: Path, records: list[Any]) -> None:
+    """Write prompts.jsonl atomically (temp file and rename).
+
+    A record is a dict, or a :class:`~cascade_repro.promptsets.PromptRecord`, written as its
+    ``to_json()`` (its extra columns under ``extra``).
+    """
+    rows = (r if isinstance(r, dict) else r.to_json() for r in records)
+    write_text_atomic(prompts_path(run_dir), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
 def write_parquet_atomic(df: Any, path: Path) -> None:
@@ -102,8 +245,9 @@ def write_parquet_atomic(df: Any, path: Path) -> None:
         raise
 
 
-def write_run_json(run_dir: Path, run: dict[str, Any]) -> None:
-    write_json_atomic(Path(run_dir) / RUN_JSON, run)
+def write_run_json(run_dir: Path, run: dict[str, Any] | Manifest) -> None:
+    """Write run.json (a Manifest or its JSON form) atomically."""
+    write_json_atomic(Path(run_dir) / RUN_JSON, run.to_json() if isinstance(run, Manifest) else run)
 
 
 def worker_log(run_dir: Path, engine_key: str) -> Path:
@@ -119,13 +263,22 @@ def sweep_path(run_dir: Path) -> Path:
     return run_dir / SWEEP_MD
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write text through a temp file and rename, so readers never see half a file."""
+def write_text_atomic(path: Path, text: str, *, mode: int | None = None, durable: bool = False) -> None:
+    """Write text through a temp file and rename, so readers never see half a file.
+
+    ``mode``: the file's permissions (the temp file is created 0600; reports, meant to be shared,
+    pass 0o644); ``durable``: fsync before the rename, so a power loss cannot leave an empty file.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -144,6 +297,15 @@ def write_json_atomic(path: Path, data: Any) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def read_manifest(run_dir: Path) -> Manifest:
+    """run.json as a :class:`~cascade_repro.manifest.Manifest` (any version's file)."""
+    return Manifest.from_json(read_run_json(run_dir))
+
+
+def write_manifest(run_dir: Path, manifest: Manifest) -> None:
+    write_run_json(run_dir, manifest.to_json())
 
 
 def read_run_json(run_dir: Path) -> dict[str, Any]:
@@ -171,8 +333,16 @@ class JsonlWriter:
         truncate_torn_tail(path)
         self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
-    def write(self, record: dict[str, Any]) -> None:
-        self._f.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
+    def write(self, record: Record | dict[str, Any]) -> None:
+        """Append one record (a typed record through :func:`encode`, or a JSON object as is)."""
+        if isinstance(record, dict):
+            self._f.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
+        else:
+            self._f.write(encode(record) + "\n")
+
+    def write_line(self, raw: bytes) -> None:
+        """Append a line another writer wrote (a kept wave's record), byte for byte."""
+        self._f.write(raw.decode("utf-8"))
 
     def flush(self) -> None:
         self._f.flush()
@@ -266,6 +436,45 @@ def read_progress(path: Path) -> CellProgress:
         elif t == ENGINE:
             prog.engine = rec
     return prog
+
+
+def kept_wave_count(prog: CellProgress, cell_id: str) -> int:
+    """Waves 0..K-1 of an unfinished cell's last attempt that are whole (their wave record is there,
+    so are their samples, written before it): what a wave-level resume keeps. 0 for a finished cell
+    or an attempt with an unreadable line."""
+    if cell_id in prog.done or cell_id in prog.corrupt:
+        return 0
+    k = 0
+    for w in prog.waves.get(cell_id, []):
+        if w.get("wave") != k:
+            break
+        k += 1
+    return k
+
+
+def kept_wave_lines(path: Path, cells: dict[str, int]) -> dict[str, list[bytes]]:
+    """The raw sample and wave lines of waves 0..K-1 of each cell's last attempt (``cells``: cell id
+    -> K from :func:`kept_wave_count`), in file order, for a resumed attempt to copy after its
+    ``cell_start``: readers then see one whole attempt, as if it had never been cut."""
+    out: dict[str, list[bytes]] = {c: [] for c in cells}
+    if not cells or not path.exists():
+        return out
+    with open(path, "rb") as f:
+        for raw in f:
+            if not raw.endswith(b"\n"):
+                break  # a torn tail
+            try:
+                rec = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                continue
+            if not isinstance(rec, dict) or (cid := rec.get("cell_id")) not in cells:
+                continue
+            t = rec.get("type")
+            if t == CELL_START:
+                out[cid] = []
+            elif t in (SAMPLE, WAVE) and isinstance(rec.get("wave"), int) and rec["wave"] < cells[cid]:
+                out[cid].append(raw)
+    return out
 
 
 def corrupt_reason(engine_key: str, lines: list[int]) -> str:

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from cascade_repro import runstore
-from cascade_repro.matrix import waves
+from cascade_repro.manifest import CellPlan, EnginePlanRecord, Manifest
+from cascade_repro.matrix import MatrixSpec, waves
 
 # Exit codes the runner understands.
 EXIT_OK = 0
@@ -29,72 +30,85 @@ def load_prompts(run_dir: Path) -> list[dict[str, Any]]:
     return runstore.read_prompts(run_dir)
 
 
-def build_engine(run: dict[str, Any], eplan: dict[str, Any]):
+def build_engine(
+    run: Manifest | dict[str, Any], eplan: EnginePlanRecord | dict[str, Any], run_dir: Path | None = None
+):
     """Construct the engine named by the spec for this engine plan (the registry in engines/)."""
     from cascade_repro import engines
 
-    return engines.build(run, eplan)
+    return engines.build(run, eplan, run_dir)
 
 
 def run_engine(run_dir: Path, engine_key: str) -> int:
     """Run every unfinished cell of ``engine_key``; return the process exit code."""
-    run = runstore.read_run_json(run_dir)
-    run["run_dir"] = str(run_dir)
-    eplan = run["plan"]["engines"][engine_key]
-    cells = {c["cell_id"]: c for c in run["plan"]["cells"]}
-    spec = run["spec"]
+    run = runstore.read_manifest(run_dir)
+    eplan = run.plan.engines[engine_key]
+    cells = run.plan.cell_map()
+    spec = run.spec
     out_path = runstore.samples_path(run_dir, engine_key)
-    done = runstore.read_progress(out_path).done
-    todo = [cells[cid] for cid in eplan["cells"] if cid not in done]
+    prog = runstore.read_progress(out_path)
+    todo = [cells[cid] for cid in eplan.cells if cid not in prog.done]
     if not todo:
         return EXIT_OK
+    from cascade_repro.engines import get as engine_info
+
+    keep: dict[str, int] = {}
+    if engine_info(spec.engine).exact_wave_resume:
+        keep = {c.cell_id: k for c in todo if (k := runstore.kept_wave_count(prog, c.cell_id))}
+    kept_lines = runstore.kept_wave_lines(out_path, keep)
 
     prompts = load_prompts(run_dir)
     writer = runstore.JsonlWriter(out_path)
     t0 = time.time()
-    engine = build_engine(run, eplan)
+    engine = build_engine(run, eplan, run_dir)
     from cascade_repro.chat import prompt_hash, render_all
 
-    system_prompt = run["prompt_set"].get("system_prompt_text", "")
+    system_prompt = run.prompt_set.system_prompt_text or ""
     rendered, shared = render_all(engine.tokenizer(), system_prompt, [p["prompt"] for p in prompts])
     writer.write(
-        {
-            "type": runstore.ENGINE,
-            "engine_key": engine_key,
-            "effective": engine.effective(),
-            "shared_prefix_tokens": shared,
-            "start_s": round(time.time() - t0, 3),
-            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
+        runstore.EngineStart(
+            engine_key=engine_key,
+            effective=engine.effective(),
+            shared_prefix_tokens=shared,
+            start_s=round(time.time() - t0, 3),
+            started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        )
     )
     writer.flush()
     hashes = [prompt_hash(r) for r in rendered]
     status = EXIT_OK
     for cell in todo:
-        cid = cell["cell_id"]
-        writer.write({"type": runstore.CELL_START, "cell_id": cid})
+        cid = cell.cell_id
+        kept = keep.get(cid, 0)
+        # A resumed attempt copies the finished waves of the cut one right after its cell_start, so
+        # every reader sees one whole attempt between cell_start and cell_done.
+        writer.write(runstore.CellStart(cid, kept_waves=kept))
+        for raw in kept_lines.get(cid, []):
+            writer.write_line(raw)
         writer.flush()
         c0 = time.time()
-        n = 0
+        n = sum(1 for raw in kept_lines.get(cid, []) if runstore.is_sample_line(raw))
         engine.inject = cell_inject(cell, spec)
         try:
-            for w, wave in enumerate(waves(len(prompts), cell["batch"])):
+            for w, wave in enumerate(waves(len(prompts), cell.batch)):
+                if w < kept:
+                    continue
                 _maybe_fault(cid, w)
                 w0 = time.time()
                 comps, stats = engine.run_wave(
-                    [rendered[i] for i, _ in wave], cell["arm"], spec["max_tokens"], prefix_len=shared
+                    [rendered[i] for i, _ in wave], cell.arm, spec.max_tokens, prefix_len=shared
                 )
-                samples, wave_rec = wave_records(cid, w, wave, comps, stats, prompts, hashes, rendered)
+                samples, wave_rec = typed_wave_records(cid, w, wave, comps, stats, prompts, hashes, rendered)
                 for rec in samples:
                     writer.write(rec)
-                wave_rec["wall_s"] = round(time.time() - w0, 4)  # generation and recording, as before
+                wave_rec.wall_s = round(time.time() - w0, 4)  # generation and recording, as before
                 writer.write(wave_rec)
                 n += len(samples)
                 writer.flush()
         except Exception as e:  # noqa: BLE001 - recorded for the report, then decide whether to go on
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]
             traceback.print_exc(file=sys.stderr)
-            writer.write({"type": runstore.CELL_ERROR, "cell_id": cid, "reason": reason})
+            writer.write(runstore.CellError(cid, reason))
             writer.sync()
             status = EXIT_CELL_ERRORS
             if any(m in reason for m in FATAL_MARKERS):
@@ -102,23 +116,22 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
                 writer.close()
                 return EXIT_FATAL
             continue
-        writer.write(
-            {"type": runstore.CELL_DONE, "cell_id": cid, "n_samples": n, "wall_s": round(time.time() - c0, 3)}
-        )
+        writer.write(runstore.CellDone(cid, n_samples=n, wall_s=round(time.time() - c0, 3)))
         writer.sync()  # resume trusts cell_done, so it (and the samples before it) must reach the disk
     writer.close()
     engine.close()
     return status
 
 
-def cell_inject(cell: dict[str, Any], spec: dict[str, Any]) -> str | None:
-    """The fault a cell's cascade arm runs with: the cell's own (calibration) or the spec's."""
-    if cell["arm"] != "cascade":
+def cell_inject(cell: CellPlan, spec: MatrixSpec) -> str | None:
+    """The fault a cell's cascade arm runs with: the cell's own (calibration) or the spec's (a cell
+    planned by a version without a per-cell ``inject``)."""
+    if cell.arm != "cascade":
         return None
-    return cell["inject"] if "inject" in cell else spec.get("inject")
+    return cell.inject if cell.has("inject") else spec.inject
 
 
-def wave_records(
+def typed_wave_records(
     cid: str,
     w: int,
     wave: list[tuple[int, bool]],
@@ -127,46 +140,49 @@ def wave_records(
     prompts: list[dict[str, Any]],
     hashes: list[str],
     rendered: list[list[int]],
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+) -> tuple[list[runstore.SampleRecord], runstore.WaveRecord]:
     """The sample records of a wave's real requests (fillers are not recorded) and its wave record.
 
     The wave record's ``wall_s`` is left for the caller to set once the samples are written.
     """
     samples = [
-        runstore.sample_record(
-            cid,
-            w,
-            i,
-            {
-                "prompt_key": prompts[i]["key"],
-                "prompt_hash": hashes[i],
-                "prompt_tokens": len(rendered[i]),
-                "token_ids": c.token_ids,
-                "text": c.text,
-                "finish_reason": c.finish_reason,
-                "logprobs": c.logprobs,
-                "topk": c.topk,
-            },
+        runstore.SampleRecord(
+            cell_id=cid,
+            wave=w,
+            prompt_index=i,
+            prompt_key=prompts[i]["key"],
+            prompt_hash=hashes[i],
+            prompt_tokens=len(rendered[i]),
+            token_ids=c.token_ids,
+            text=c.text,
+            finish_reason=c.finish_reason,
+            logprobs=c.logprobs,
+            topk=c.topk,
         )
         for (i, real), c in zip(wave, comps, strict=True)
         if real
     ]
-    wave_rec = {
-        "type": runstore.WAVE,
-        "cell_id": cid,
-        "wave": w,
-        "batch": len(wave),
-        "n_real": sum(1 for _, r in wave if r),
-        "cascade_steps": stats.cascade_steps,
-        "total_steps": stats.total_steps,
-        "cascade_calls": stats.cascade_calls,
-        "cascade_decode_steps": stats.cascade_decode_steps,
-        "common_prefix_len": stats.common_prefix_len,
-        "wall_s": None,
-        "tokens": sum(len(r["token_ids"]) for r in samples),
-        **({"extra": stats.extra} if stats.extra else {}),
-    }
+    wave_rec = runstore.WaveRecord(
+        cell_id=cid,
+        wave=w,
+        batch=len(wave),
+        n_real=sum(1 for _, r in wave if r),
+        cascade_steps=stats.cascade_steps,
+        total_steps=stats.total_steps,
+        cascade_calls=stats.cascade_calls,
+        cascade_decode_steps=stats.cascade_decode_steps,
+        common_prefix_len=stats.common_prefix_len,
+        wall_s=None,
+        tokens=sum(len(r.token_ids) for r in samples),
+        extra=stats.extra or {},
+    )
     return samples, wave_rec
+
+
+def wave_records(*args: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """:func:`typed_wave_records` as JSON objects (the benchmarks time and write these)."""
+    samples, wave_rec = typed_wave_records(*args)
+    return [runstore.record_json(r) for r in samples], runstore.record_json(wave_rec)
 
 
 def _die_with_parent() -> None:

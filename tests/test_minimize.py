@@ -281,6 +281,9 @@ def test_minimize_injected_hf_run(tmp_path):
     ):
         assert heading in issue
     assert "fault injected" in issue.lower() and "8 concurrent requests" in issue
+    # An hf run says first that vLLM was not run, before anything reads as a vLLM bug report.
+    note = "> **Note: vLLM was not run.** This case comes from the `hf` engine: transformers"
+    assert issue.split("\n")[2].startswith(note)
 
 
 def _fake_run(tmp_path):

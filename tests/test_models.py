@@ -34,3 +34,44 @@ def test_quiet_progress_silences_the_conversions_bars_and_restores_them(monkeypa
     assert hf_logging.is_progress_bar_enabled() and "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ
     with quiet_progress(False):
         assert hf_logging.is_progress_bar_enabled()
+
+
+def test_check_model_fails_in_one_line_for_what_cannot_be_loaded(tmp_path, monkeypatch):
+    from cascade_repro import models
+    from cascade_repro.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"^model './nope' is neither 'embedded', an existing folder nor a Hub id"):
+        models.check_model("./nope")
+    (tmp_path / "m").mkdir()
+    with pytest.raises(UsageError, match=r"has no config.json$"):
+        models.check_model(str(tmp_path / "m"))
+    (tmp_path / "m" / "config.json").write_text("{}")
+    assert models.check_model(str(tmp_path / "m")) == "local"
+
+    # A Hub id: cached is fine; not cached, offline by setting or unreachable, is one line at once
+    # (transformers would retry for ~50 s, a line per retry).
+    monkeypatch.setattr(models, "_hub_cached", lambda repo: repo == "org/cached")
+    assert models.check_model("org/cached") == "hub-cached"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(UsageError, match=r"not in the local Hugging Face cache and HF_HUB_OFFLINE is set$"):
+        models.check_model("org/missing")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(models, "_hub_unreachable", lambda: "huggingface.co: Name or service not known")
+    with pytest.raises(UsageError, match=r"the Hub cannot be reached \(huggingface.co: Name or service not known\)"):
+        models.check_model("org/missing")
+    monkeypatch.setattr(models, "_hub_unreachable", lambda: None)
+    assert models.check_model("org/missing") == "hub"
+
+
+def test_hub_probe_names_the_host_it_could_not_reach(monkeypatch):
+    import socket
+
+    from cascade_repro import models
+
+    def refuse(addr, timeout):
+        assert addr == ("hub.example.org", 8443) and timeout == models.HUB_PROBE_TIMEOUT_S
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setenv("HF_ENDPOINT", "https://hub.example.org:8443")
+    assert models._hub_unreachable() == "hub.example.org: Name or service not known"

@@ -382,7 +382,8 @@ def test_kill_9_of_the_parent_then_rerun_resumes_to_the_same_report(tmp_path, pr
     rc, out, err = _finish(_start(cwd, prompts_file))
     assert rc == 0, err
     assert not (run_dir / runstore.LOCK).exists()
-    assert "1 of 4 cells already done, running the other 3" in err  # it says it resumed
+    # It says it resumed, and that the cut cell's finished first wave is kept.
+    assert "1 of 4 cells already done, 1 finished wave of cut cells kept, running the other 3" in err
 
     # No torn line survives: every line is whole and parses.
     lines = _lines(path)
@@ -394,6 +395,16 @@ def test_kill_9_of_the_parent_then_rerun_resumes_to_the_same_report(tmp_path, pr
     assert starts == {"tp1-b4-cascade": 1, "tp1-b4-flat": 2, "tp1-b8-cascade": 1, "tp1-b8-flat": 1}
     assert Counter(r["type"] for r in recs)["engine"] == 2
     assert [ln for ln in lines if b'"cell_id":"tp1-b4-cascade"' in ln] == finished_before
+    # Wave-level resume: the cut cell's finished wave 0 (4 samples and its wave record) was copied
+    # into the new attempt byte for byte, not generated again (its wall time would differ), and the
+    # new attempt says so; wave 1 was generated once, by the rerun.
+    flat = [ln for ln in lines if b'"cell_id":"tp1-b4-flat"' in ln]
+    wave0 = [ln for ln in flat if b'"wave":0,' in ln and not ln.startswith(b'{"type":"cell_start"')]
+    assert len(wave0) == 10 and wave0[:5] == wave0[5:]
+    flat_starts = [json.loads(ln) for ln in flat if ln.startswith(b'{"type":"cell_start"')]
+    assert flat_starts == [{"type": "cell_start", "cell_id": "tp1-b4-flat"},
+                           {"type": "cell_start", "cell_id": "tp1-b4-flat", "kept_waves": 1}]  # fmt: skip
+    assert sum(1 for ln in flat if ln.startswith(b'{"type":"wave"') and b'"wave":1,' in ln) == 1
     # The killed attempt's 4 samples stay in the file, but scoring reads each (cell, prompt) once.
     raw = Counter((r["cell_id"], r["prompt_index"]) for r in recs if r["type"] == "sample")
     assert sum(raw.values()) == 8 * len(CELLS) + 4
@@ -567,13 +578,13 @@ def worker_with_grandchild(cmd, **kw):
     return real_popen([sys.executable, "-c", code], **kw)
 
 class Quiet:
-    def advance(self, *a, **k): pass
-    def update(self, *a, **k): pass
+    def engine_up(self, *a, **k): pass
+    def record(self, *a, **k): pass
 
 runner.subprocess.Popen = worker_with_grandchild
 try:
     with runner.sigterm_as_interrupt():
-        runner._run_worker(run_dir, "k", 600.0, Quiet(), 0, 1)
+        runner._run_worker(run_dir, "k", 600.0, Quiet())
 except KeyboardInterrupt:
     sys.exit(130)
 """

@@ -1255,3 +1255,29 @@ def test_report_md_of_a_200_cell_run_fits_a_github_issue(tmp_path: Path) -> None
     assert len(md) <= GITHUB_LIMIT < 65_536
     assert "Shortened to fit a GitHub issue" in md and "report.html" in md
     assert md.startswith("## cascade-repro:") and "### Verdicts" in md and "### Reproduce" in md
+
+
+def test_report_of_a_cut_run_scores_what_finished_and_says_it_is_not_finished(tmp_path):
+    from conftest import synthetic_run
+    from typer.testing import CliRunner
+
+    from cascade_repro import runstore
+    from cascade_repro.cli import app
+
+    run_dir = synthetic_run(tmp_path / "run", prompts=16, batch="8,16", max_tokens=64)
+    # Cut it as an interrupt would: the last cell's cell_done never written, nothing scored yet.
+    (path,) = runstore.samples_files(run_dir)
+    lines = path.read_bytes().splitlines(keepends=True)
+    last_done = max(i for i, ln in enumerate(lines) if ln.startswith(b'{"type":"cell_done"'))
+    path.write_bytes(b"".join(lines[:last_done]))
+    for name in (*runstore.TABLES, *runstore.REPORTS):
+        (run_dir / name).unlink(missing_ok=True)
+    n_cells = len(runstore.read_run_json(run_dir)["plan"]["cells"])
+
+    res = CliRunner().invoke(app, ["report", str(run_dir)])
+    assert res.exit_code == 5, res.output
+    head = f"cascade-repro: not finished ({n_cells - 1} of {n_cells} cells done: rerun the same command to finish); so far: "
+    assert head in res.stderr and f"exit 5: not finished: 1 of {n_cells} cells never ran; rerun the same command" in res.stderr
+    report = (run_dir / "report.md").read_text()
+    assert report.startswith(f"## {head}")
+    assert all((run_dir / t).is_file() for t in runstore.TABLES)  # the finished pairs are scored

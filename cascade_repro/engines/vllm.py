@@ -31,6 +31,8 @@ from typing import Any
 from cascade_repro import probe, runstore
 from cascade_repro.engines.base import Completion, WaveStats
 from cascade_repro.errors import UsageError
+from cascade_repro.manifest import EnginePlanRecord, spec_of
+from cascade_repro.matrix import MatrixSpec
 
 RPC_TIMEOUT_S = 120.0
 MIN_DEFAULT_MAX_NUM_SEQS = 256
@@ -77,17 +79,24 @@ class VLLMEngine:
     name = "vllm"
 
     def __init__(
-        self, model_path: str, spec: dict[str, Any], eplan: dict[str, Any], run_dir: Path | str
+        self,
+        model_path: str,
+        spec: MatrixSpec | dict[str, Any],
+        eplan: EnginePlanRecord | dict[str, Any],
+        run_dir: Path | str,
     ) -> None:
+        # run.json's forms of the spec and the engine plan are converted here (tests, benchmarks).
+        spec = spec if isinstance(spec, MatrixSpec) else spec_of(spec)
+        eplan = eplan if isinstance(eplan, EnginePlanRecord) else EnginePlanRecord.from_json(eplan)
         self.model_path = model_path
         self.spec = spec
         self.eplan = eplan
         self.run_dir = Path(run_dir).resolve()  # spawned vLLM processes share the cwd, but be safe
-        self.key = str(eplan.get("key") or "engine")
-        self.engine_arm: str | None = eplan.get("arm")
-        self.topk = int(spec.get("topk", 5))
-        self.seed = int(eplan.get("seed", 0))
-        self.inject = spec.get("inject")
+        self.key = str(eplan.key or "engine")
+        self.engine_arm: str | None = eplan.arm
+        self.topk = int(spec.topk)
+        self.seed = int(eplan.seed)
+        self.inject = spec.inject
         self._wave_seq = 0
         self._ctl_seq = 0
         self._rpc_ok: bool | None = None
@@ -119,28 +128,28 @@ class VLLMEngine:
             raise UsageError(f"the vllm engine needs vLLM: pip install 'cascade-repro[vllm]' ({e})") from None
         self.vllm_version = getattr(vllm, "__version__", "unknown")
 
-        backend = str(eplan.get("backend") or "FLASH_ATTN")
-        fa = eplan.get("fa_version")
+        backend = str(eplan.backend or "FLASH_ATTN")
+        fa = eplan.fa_version
         names = _engine_arg_names()
-        max_batch = max([int(b) for b in spec.get("batch", [1])] or [1])
+        max_batch = max([int(b) for b in spec.batch] or [1])
         kwargs: dict[str, Any] = {
             "model": model_path,
-            "tensor_parallel_size": int(eplan.get("tp", 1)),
-            "dtype": eplan.get("dtype") or "auto",
+            "tensor_parallel_size": int(eplan.tp),
+            "dtype": eplan.dtype or "auto",
             "seed": self.seed,
             "enable_prefix_caching": True,
-            "enforce_eager": bool(spec.get("enforce_eager", False)),
-            "load_format": spec.get("load_format") or "auto",
-            "hf_overrides": dict(spec.get("hf_overrides") or {}) or None,
-            "gpu_memory_utilization": float(spec.get("gpu_memory_utilization", 0.5)),
-            "trust_remote_code": bool(spec.get("trust_remote_code", False)),
+            "enforce_eager": bool(spec.enforce_eager),
+            "load_format": spec.load_format or "auto",
+            "hf_overrides": dict(spec.hf_overrides or {}) or None,
+            "gpu_memory_utilization": float(spec.gpu_memory_utilization),
+            "trust_remote_code": bool(spec.trust_remote_code),
         }
         # Every wave must run as one batch: max_num_seqs >= the largest batch. vLLM's own default
         # for the LLM class is 256 (1024 on >= 70 GiB GPUs; EngineArgs.get_batch_defaults); keep it
         # unless a wave is bigger, so the engine stays configured as users run it.
         if max_batch > MIN_DEFAULT_MAX_NUM_SEQS:
             kwargs["max_num_seqs"] = max_batch
-        max_model_len = spec.get("max_model_len") or self._auto_max_model_len()
+        max_model_len = spec.max_model_len or self._auto_max_model_len()
         if max_model_len:
             kwargs["max_model_len"] = int(max_model_len)
         if "disable_cascade_attn" in names:
@@ -155,16 +164,16 @@ class VLLMEngine:
             kwargs["attention_config"] = attn
         else:
             self._set_legacy_attention_env(backend, fa)
-        if spec.get("graphs_for_batches") and not kwargs["enforce_eager"] and "compilation_config" in names:
+        if spec.graphs_for_batches and not kwargs["enforce_eager"] and "compilation_config" in names:
             # Capturing graphs for the matrix's batch sizes only cuts a cold start by minutes; decode
             # steps with fewer running requests are padded up to the next captured size.
-            sizes = sorted({1, *(int(b) for b in spec.get("batch", [1]))})
+            sizes = sorted({1, *(int(b) for b in spec.batch)})
             kwargs["compilation_config"] = {"cudagraph_capture_sizes": sizes}
         if kwargs["hf_overrides"] is None:
             kwargs.pop("hf_overrides")
         # The user's engine arguments, the same for both arms (matrix validated them: none of them
         # is one the harness sets per arm or per axis).
-        kwargs.update(dict(spec.get("engine_args") or {}))
+        kwargs.update(dict(spec.engine_args or {}))
         self.requested = dict(kwargs)
 
         try:
@@ -202,18 +211,18 @@ class VLLMEngine:
             from cascade_repro.chat import render_all
             from cascade_repro.models import load_tokenizer
 
-            run = runstore.read_run_json(self.run_dir)
+            run = runstore.read_manifest(self.run_dir)
             prompts = [r["prompt"] for r in runstore.read_prompts(self.run_dir)]
-            tok = load_tokenizer(self.model_path, bool(self.spec.get("trust_remote_code", False)))
-            rendered, _ = render_all(tok, run.get("prompt_set", {}).get("system_prompt_text", ""), prompts)
-            need = max(len(r) for r in rendered) + int(self.spec.get("max_tokens", 64)) + 1
+            tok = load_tokenizer(self.model_path, bool(self.spec.trust_remote_code))
+            rendered, _ = render_all(tok, run.prompt_set.system_prompt_text or "", prompts)
+            need = max(len(r) for r in rendered) + int(self.spec.max_tokens) + 1
             need = -(-need // 256) * 256
             limit = None
             try:
                 from cascade_repro.models import load_config
 
                 cfg = load_config(self.model_path)
-                cfg.update(self.spec.get("hf_overrides") or {})
+                cfg.update(self.spec.hf_overrides or {})
                 limit = cfg.get("max_position_embeddings")
             except Exception:  # noqa: BLE001 - the limit is only a cap
                 limit = None
@@ -289,7 +298,7 @@ class VLLMEngine:
         except Exception:  # noqa: BLE001 - e.g. skip_tokenizer_init; render with transformers instead
             from cascade_repro.models import load_tokenizer
 
-            return load_tokenizer(self.model_path, bool(self.spec.get("trust_remote_code", False)))
+            return load_tokenizer(self.model_path, bool(self.spec.trust_remote_code))
 
     def effective(self) -> dict[str, Any]:
         cfg = self.llm.llm_engine.vllm_config
@@ -332,7 +341,7 @@ class VLLMEngine:
             "arm_switch": "toggle" if self.engine_arm is None else "restart",
             "engine_arm": self.engine_arm or "both",
             "inject": self.inject or "none",
-            "force_cascade": bool(self.spec.get("force_cascade", False)),
+            "force_cascade": bool(self.spec.force_cascade),
             "probe": facts.get("source") if facts.get("active") else "inactive",
             "probe_procs": facts.get("procs", 0),
             "probe_patched": facts.get("patched", []),
@@ -395,7 +404,7 @@ class VLLMEngine:
                     break
         extra["prefix_cache_reset"] = reset_ok
         phases["reset_s"], t = clock() - t, clock()
-        greedy = dict(temperature=0.0, seed=self.seed, ignore_eos=bool(self.spec.get("ignore_eos", False)))
+        greedy = dict(temperature=0.0, seed=self.seed, ignore_eos=bool(self.spec.ignore_eos))
         if p > 0:
             self.llm.generate(
                 [self._TokensPrompt(prompt_token_ids=list(prompts[0][: p + 1]))],
@@ -406,7 +415,7 @@ class VLLMEngine:
 
         # 2. The wave itself, counted under its own id. The control file's size changes with every
         #    write (probe.control_text), so the wave's first decision sees it without a round trip.
-        force_on = arm == "cascade" and bool(self.spec.get("force_cascade", False))
+        force_on = arm == "cascade" and bool(self.spec.force_cascade)
         probe.write_control(self.probe_dir, wave_id, force_off, inject, self._next_ctl(), force_on)
         params = self._SamplingParams(max_tokens=max_tokens, logprobs=self.topk, **greedy)
         phases["control_s"], t = clock() - t, clock()

