@@ -61,16 +61,28 @@ def embedded_available() -> bool:
     return True
 
 
-def embedded_model_dir() -> Path:
-    """Return the converted embedded model folder, converting it on first use."""
-    gguf = embedded_gguf_path()
+def _embedded_target(gguf: Path) -> Path:
     stamp = f"v{CONVERSION_VERSION}-{gguf.stat().st_size}"
     # The tokenizer files are written in the installed transformers' format: one written by
     # transformers 5 names a tokenizer class 4.x lacks, so each major version converts its own.
     major = _transformers_major()
     if major is not None and major < 5:
         stamp += f"-tf{major}"
-    target = cache_root() / "models" / f"smollm2-135m-instruct-{stamp}"
+    return cache_root() / "models" / f"smollm2-135m-instruct-{stamp}"
+
+
+def embedded_converted() -> bool:
+    """True when the embedded model's converted folder is already in the user cache."""
+    try:
+        return (_embedded_target(embedded_gguf_path()) / "config.json").is_file()
+    except UsageError:
+        return False
+
+
+def embedded_model_dir() -> Path:
+    """Return the converted embedded model folder, converting it on first use."""
+    gguf = embedded_gguf_path()
+    target = _embedded_target(gguf)
     if (target / "config.json").is_file():
         return target
     _convert_gguf(gguf, target)
@@ -96,6 +108,7 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
+    gguf_utils = _silence_gguf_bar() if not hf_logging.is_progress_bar_enabled() else None
     try:
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(
@@ -120,8 +133,26 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
                 raise
     finally:
         hf_logging.set_verbosity(verbosity)
+        if gguf_utils is not None:
+            gguf_utils[0].tqdm = gguf_utils[1]
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _silence_gguf_bar() -> tuple[Any, Any] | None:
+    """transformers' GGUF dequantization draws a bare tqdm that ignores its own progress-bar switch:
+    give that module a disabled one while progress bars are off; return (module, original)."""
+    import functools
+
+    try:
+        from transformers import modeling_gguf_pytorch_utils as mod
+    except ImportError:
+        return None
+    original = getattr(mod, "tqdm", None)
+    if original is None:
+        return None
+    mod.tqdm = functools.partial(original, disable=True)
+    return mod, original
 
 
 @contextmanager
@@ -134,18 +165,20 @@ def quiet_progress(enabled: bool = True) -> Iterator[None]:
     from transformers.utils import logging as hf_logging
 
     was = hf_logging.is_progress_bar_enabled()
-    old_env = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS")
+    names = ("HF_HUB_DISABLE_PROGRESS_BARS",)
+    old_env = {k: os.environ.get(k) for k in names}
     hf_logging.disable_progress_bar()
-    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    os.environ.update(dict.fromkeys(names, "1"))
     try:
         yield
     finally:
         if was:
             hf_logging.enable_progress_bar()
-        if old_env is None:
-            os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
-        else:
-            os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = old_env
+        for k, v in old_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 HUB_PROBE_TIMEOUT_S = 3.0

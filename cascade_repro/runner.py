@@ -177,7 +177,13 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
     """
     from cascade_repro import envinfo
     from cascade_repro.chat import MIN_CASCADE_PREFIX, render_all
-    from cascade_repro.models import load_tokenizer, quiet_progress, resolve_model
+    from cascade_repro.models import (
+        EMBEDDED,
+        embedded_converted,
+        load_tokenizer,
+        quiet_progress,
+        resolve_model,
+    )
     from cascade_repro.promptsets import load_prompt_set, load_system_prompt
 
     spec.validate()
@@ -191,7 +197,20 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
             raise UsageError(f"--tp {max(spec.tp)} needs {max(spec.tp)} GPUs, {gpus} visible")
     pset = load_prompt_set(spec.prompts, spec.limit, spec.prompt_field, spec.key_field)
     system_text = load_system_prompt(spec.system_prompt)
-    with quiet_progress(not opts.progress):  # the first conversion draws progress bars
+    # The first conversion of the embedded model draws progress bars: on a terminal they show it
+    # working; in a log they are carriage-return noise, so there one line says what is happening.
+    plain = not getattr(console, "is_terminal", False)
+    if (
+        opts.progress
+        and plain
+        and console is not None
+        and spec.model in ("", EMBEDDED)
+        and not embedded_converted()
+    ):
+        console.print(
+            "converting the embedded model into the user cache (first run only, ~15 s)", highlight=False
+        )
+    with quiet_progress(not opts.progress or plain):
         model_path, model_name = resolve_model(spec.model)
         tokenizer = load_tokenizer(model_path, spec.trust_remote_code)
     rendered, shared = render_all(tokenizer, system_text, [r.prompt for r in pset.records])

@@ -75,3 +75,18 @@ def test_hub_probe_names_the_host_it_could_not_reach(monkeypatch):
     monkeypatch.setattr(socket, "create_connection", refuse)
     monkeypatch.setenv("HF_ENDPOINT", "https://hub.example.org:8443")
     assert models._hub_unreachable() == "hub.example.org: Name or service not known"
+
+
+def test_the_gguf_dequantization_bar_is_silenced_and_restored():
+    from transformers import modeling_gguf_pytorch_utils as mod
+
+    from cascade_repro import models
+
+    original = mod.tqdm
+    silenced = models._silence_gguf_bar()
+    try:
+        assert silenced == (mod, original) and mod.tqdm.keywords == {"disable": True}
+        bar = mod.tqdm(range(3))
+        assert bar.disable and list(bar) == [0, 1, 2]
+    finally:
+        mod.tqdm = original
