@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cascade_repro.cli.app import app, err_console, user_errors
+from cascade_repro.cli.app import app, err_console, out_console, user_errors
 from cascade_repro.cli.options import GRID as G
 from cascade_repro.cli.options import OUTPUT as OUT
 from cascade_repro.cli.options import Out, option, variant
@@ -90,5 +90,5 @@ def kernel(
     opts = KernelOptions(quick=quick, fa_version=fa_version, dtype=dtype, inject=inject, factor=factor, seed=seed,
                          max_seconds=max_seconds, case_timeout=case_timeout, out=out, dry_run=dry_run)  # fmt: skip
     with user_errors():
-        outcome = run_kernel(opts, err_console())
+        outcome = run_kernel(opts, err_console(), out_console())
     raise typer.Exit(outcome.exit_code)
