@@ -94,6 +94,7 @@ class Estimate:
 
 
 def plural(n: int, word: str) -> str:
+    # report.text.plural's twin: importing report/ would pull pandas into --dry-run.
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
