@@ -113,14 +113,25 @@ def wave_count(n_prompts: int, batch: int) -> int:
     return -(-n_prompts // batch) if n_prompts > 0 and batch > 0 else 0
 
 
+def wave_wall(w: Mapping[str, Any]) -> tuple[int, float] | None:
+    """(batch, wall seconds) of a wave record that has both, else None."""
+    batch, wall = w.get("batch"), w.get("wall_s")
+    if isinstance(batch, int) and isinstance(wall, (int, float)) and wall > 0:
+        return batch, float(wall)
+    return None
+
+
+def mean_walls(walls: Mapping[int, list[float]]) -> dict[int, float]:
+    return {b: sum(v) / len(v) for b, v in walls.items() if v}
+
+
 def measured_wave_seconds(waves: Iterable[Mapping[str, Any]]) -> dict[int, float]:
     """Mean wall seconds of a wave per batch size, from a run's wave records (the run's own speed)."""
-    sums: dict[int, list[float]] = {}
+    walls: dict[int, list[float]] = {}
     for w in waves:
-        batch, wall = w.get("batch"), w.get("wall_s")
-        if isinstance(batch, int) and isinstance(wall, (int, float)) and wall > 0:
-            sums.setdefault(batch, []).append(float(wall))
-    return {b: sum(v) / len(v) for b, v in sums.items()}
+        if (bw := wave_wall(w)) is not None:
+            walls.setdefault(bw[0], []).append(bw[1])
+    return mean_walls(walls)
 
 
 def wave_seconds(
@@ -246,10 +257,13 @@ def for_plan(
             prog = runstore.read_progress(runstore.samples_path(run_dir, key))
             done |= prog.done
             waves += [w for ws in prog.waves.values() for w in ws]
-    env = cuda_cache.apply(dict(os.environ))
+    compiled = True
+    if any(cuda_cache.needs_fa2_jit(ep.get("fa_version"), gpu_name) for ep in engines.values()):
+        # Only then is the compute cache worth looking at (apply() creates its folder).
+        compiled = cuda_cache.fa2_compiled(cuda_cache.apply(dict(os.environ)), gpu_name)
     return estimate(
         spec["engine"], run_device(spec["engine"], spec.get("device", "auto")), n_prompts, int(spec["max_tokens"]),
-        engines, done, measured_wave_seconds(waves), gpu_name, cuda_cache.fa2_compiled(env, gpu_name),
+        engines, done, measured_wave_seconds(waves), gpu_name, compiled,
     )  # fmt: skip
 
 

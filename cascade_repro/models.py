@@ -251,14 +251,12 @@ def resolve_model(model: str) -> tuple[str, str]:
     ``embedded`` is the shipped model; an existing folder is used as is; anything else is treated
     as a Hub id, which is only fetched when the user named it (offline it fails clearly at load).
     """
-    if model in ("", EMBEDDED):
+    kind = check_model(model)  # one line for what cannot be loaded, a Hub id that cannot be fetched too
+    if kind == "embedded":
         return str(embedded_model_dir()), EMBEDDED_NAME
-    p = Path(model).expanduser()
-    if p.exists():
-        if not (p / "config.json").is_file():
-            raise UsageError(f"model folder {p} has no config.json")
+    if kind == "local":
+        p = Path(model).expanduser()
         return str(p.resolve()), p.name
-    check_model(model)  # a Hub id: fail in one line when it cannot be fetched
     return model, model
 
 

@@ -150,7 +150,7 @@ class RunProgress:
         return self.tokens / self.gen_s if self.gen_s > 0 else None
 
     def eta_s(self) -> float | None:
-        measured = {b: sum(v) / len(v) for b, v in self.walls.items() if v}
+        measured = estimate.mean_walls(self.walls)
         table = self.table
         if table is None and (r := self.rate()):
             # No table for this engine and device: the run's own tokens/s stands in for one.
@@ -184,9 +184,8 @@ class RunProgress:
     # --- drawing --------------------------------------------------------------------------------
 
     def _add_wall(self, w: Mapping[str, Any]) -> None:
-        b, wall = w.get("batch"), w.get("wall_s")
-        if isinstance(b, int) and isinstance(wall, (int, float)) and wall > 0:
-            self.walls.setdefault(b, []).append(float(wall))
+        if (bw := estimate.wave_wall(w)) is not None:
+            self.walls.setdefault(bw[0], []).append(bw[1])
 
     def _advance(self, cells: int = 0, waves: int = 0) -> None:
         if self._bar is None:

@@ -502,8 +502,10 @@ def run_matrix(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> RunOu
         from cascade_repro import estimate
 
         # Before anything starts: a CPU run of an hour should not be discovered an hour in.
-        est = estimate.for_run(prepared.run, run_dir)
-        if (warning := estimate.warning_for(est, estimate.run_device(spec.engine, spec.device))) is not None:
+        device = estimate.run_device(spec.engine, spec.device)
+        # Only a CPU run is warned about: a GPU run need not pay the estimate's scan of its samples.
+        est = estimate.for_run(prepared.run, run_dir) if device == "cpu" else None
+        if est is not None and (warning := estimate.warning_for(est, device)) is not None:
             console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     with runstore.RunLock(run_dir):
         prepared.write()
