@@ -65,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="every request generates --max-tokens tokens, so the arms do the same work even "
                          "where their tokens differ (they did on most b>=8 waves on an H200)")  # fmt: skip
     ap.add_argument("--gc-freeze", action="store_true",
-                    help="gc.freeze() once the engine is up (the change under test: the engine's objects "
+                    help="worker.freeze_heap() once the engine is up, as a worker does (the engine's objects "
                          "leave the collector's scans); compare the harness/raw ratio with a run without it")  # fmt: skip
     ap.add_argument("--budget-s", type=float, default=480.0, help="stop starting rounds after this")
     ap.add_argument("--out", type=Path, required=True)
@@ -187,9 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     start_s = time.monotonic() - t0
     print(f"engine {key} up in {start_s:.1f} s", flush=True)
     if args.gc_freeze:
-        gc.collect()
-        gc.freeze()
-        print(f"gc.freeze(): {gc.get_freeze_count():,} objects frozen", flush=True)
+        from cascade_repro.worker import freeze_heap
+
+        print(f"gc.freeze() as the worker does it: {freeze_heap():,} objects frozen", flush=True)
     prompts = runstore.read_prompts(run_dir)
     rendered, shared = render_all(engine.tokenizer(), run["prompt_set"]["system_prompt_text"], [p["prompt"] for p in prompts])
     hashes = [prompt_hash(r) for r in rendered]
