@@ -7,6 +7,7 @@
 #   abf       the same with --gc-freeze (worker.freeze_heap() after the engine start)
 #   mqa       the embedded model with its 3 KV heads reduced to 1 (pool_kv_heads.py MODE), FA2,
 #             cascade forced, b32/b128 x on/off with the planner's noise controls, 112 prompts x 64 tokens
+#   gqa       the same matrix with the embedded model as it is (3 KV heads): the control for mqa
 # OUT_DIR gets STEP.log (the command's output with wall times) and STEP.tgz (tables, reports,
 # run.json, wave records, worker log tails). A step cut by its timeout resumes when run again.
 set -u
@@ -40,13 +41,16 @@ for step in "$@"; do
       timeout "${AB_TIMEOUT:-420}" python3 benchmarks/bench_wave_ab.py --out "$out/$step.json" --ignore-eos \
         --waves 4 --budget-s "${AB_BUDGET:-340}" "${extra[@]}" >> "$log" 2>&1
       echo "exit $?" >> "$log" ;;
-    mqa)
-      model=${MQA_MODEL:-/tmp/mqa-model}
-      [ -f "$model/config.json" ] || python3 "$here/pool_kv_heads.py" "${POOL_MODE:-0}" "$model" >> "$log" 2>&1
+    mqa|gqa)
+      model=embedded
+      if [ "$step" = mqa ]; then
+        model=${MQA_MODEL:-/tmp/mqa-model}
+        [ -f "$model/config.json" ] || python3 "$here/pool_kv_heads.py" "${POOL_MODE:-0}" "$model" >> "$log" 2>&1
+      fi
       timeout "${STEP_TIMEOUT:-540}" cascade-repro matrix --engine vllm --model "$model" --fa-version 2 \
         --batch 32,128 --cascade on,off --force-cascade --max-tokens 64 --limit 112 --graphs-for-batches \
-        --results-dir "$res" --run-id mqa --fail-on never >> "$log" 2>&1
-      echo "exit $?" >> "$log"; pack mqa "$res/mqa" ;;
+        --results-dir "$res" --run-id "$step" --fail-on never >> "$log" 2>&1
+      echo "exit $?" >> "$log"; pack "$step" "$res/$step" ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
   echo "step $step wall $(python3 -c "import time; print(round(time.time() - $t0, 1))") s" >> "$log"
