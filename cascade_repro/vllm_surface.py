@@ -146,6 +146,26 @@ def has_fa2_lse_bug(version: str | None) -> bool | None:
     return vt < FA2_LSE_FIX_IN
 
 
+# SamplingParams(flat_logprobs=True) (vLLM 0.11.1 on) returns a request's logprobs as one
+# FlatLogprobs of flat lists instead of a dict of Logprob objects per token: a constant number of
+# objects per request, so less for vLLM to build and for the garbage collector to scan, and a
+# cheaper conversion (engines/vllm.py reads either).
+FLAT_LOGPROBS = "flat_logprobs"
+
+
+def sampling_fields(sampling_params_cls: Any) -> frozenset[str]:
+    """The keyword fields this vLLM's SamplingParams takes (a msgspec Struct, or a plain class)."""
+    fields = getattr(sampling_params_cls, "__struct_fields__", None)
+    if fields is None:
+        import inspect
+
+        try:
+            fields = tuple(inspect.signature(sampling_params_cls).parameters)
+        except (TypeError, ValueError):
+            fields = ()
+    return frozenset(fields)
+
+
 # What vLLM reads from a model's config to decide on cascade: one parser for explain and doctor.
 
 

@@ -66,13 +66,14 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
         return EXIT_OK
     from cascade_repro.engines import get as engine_info
 
+    info = engine_info(spec.engine)
     keep: dict[str, int] = {}
-    if engine_info(spec.engine).exact_wave_resume:
+    if info.exact_wave_resume:
         keep = {c.cell_id: k for c in todo if (k := runstore.kept_wave_count(prog, c.cell_id))}
     kept_lines = runstore.kept_wave_lines(out_path, keep)
 
     prompts = load_prompts(run_dir)
-    writer = runstore.JsonlWriter(out_path)
+    writer = runstore.JsonlWriter(out_path, background=info.background_writes)
     t0 = time.time()
     engine = build_engine(run, eplan, run_dir)
     from cascade_repro.chat import prompt_hash, render_all
@@ -108,7 +109,7 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
             for w, wave in enumerate(waves(len(prompts), cell.batch)):
                 if w < kept:
                     continue
-                _maybe_fault(cid, w)
+                _maybe_fault(cid, w, writer)
                 w0 = time.time()
                 comps, stats = engine.run_wave(
                     [rendered[i] for i, _ in wave], cell.arm, spec.max_tokens, prefix_len=shared
@@ -116,7 +117,9 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
                 samples, wave_rec = typed_wave_records(cid, w, wave, comps, stats, prompts, hashes, rendered)
                 for rec in samples:
                     writer.write(rec)
-                wave_rec.wall_s = round(time.time() - w0, 4)  # generation and recording, as before
+                # Generation, conversion and the records (their JSON too, unless a background
+                # writer encodes it while the next wave runs).
+                wave_rec.wall_s = round(time.time() - w0, 4)
                 writer.write(wave_rec)
                 n += len(samples)
                 writer.flush()
@@ -217,11 +220,13 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _maybe_fault(cell_id: str, wave: int) -> None:
+def _maybe_fault(cell_id: str, wave: int, writer: runstore.JsonlWriter | None = None) -> None:
     """Test hook: CASCADE_REPRO_FAULT="KIND:CELL_ID[:WAVE]" makes the worker fail on purpose.
 
     KIND is ``exit`` (exit 9), ``hang`` (sleep forever), ``oom`` (raise a CUDA-OOM-like error) or
-    ``raise`` (an ordinary exception). Used by the crash-isolation tests on CPU.
+    ``raise`` (an ordinary exception). Used by the crash-isolation tests on CPU. The fault strikes
+    at the start of the wave, once ``writer`` has written every earlier wave (a background writer
+    would otherwise make what a test finds on disk depend on the thread's timing).
     """
     import os
 
@@ -232,6 +237,8 @@ def _maybe_fault(cell_id: str, wave: int) -> None:
     target, _, w = rest.partition(":")
     if target != cell_id or (w and int(w) != wave):
         return
+    if writer is not None:
+        writer.wait()
     if kind == "exit":
         os._exit(9)
     if kind == "hang":

@@ -35,6 +35,11 @@ class EngineInfo:
     # cell can keep its finished waves (hf: greedy, no state between waves). vLLM's engine starts
     # differ (flat b8 twice: 51/64 identical on the H200), so its cells resume whole.
     exact_wave_resume: bool
+    # The worker writes a wave's records on a thread while the next wave runs (runstore.JsonlWriter
+    # background=True): their JSON was 10-40 ms of a vLLM wave at b8-b64 on an H200. hf's waves take
+    # seconds, its exact resume wants each wave on disk before the next, and a thread would take
+    # a core from torch on a small CPU box: it writes in the foreground.
+    background_writes: bool
     build: Callable[[Manifest, EnginePlanRecord, Path | None], Any]
 
 
@@ -65,12 +70,12 @@ ENGINES: dict[str, EngineInfo] = {
     "hf": EngineInfo(
         "hf", "transformers, CPU or GPU, with a reference cascade (prefix pass, suffix pass, LSE merge)",
         cost_model=False, attention_axes=False, tensor_parallel=False, is_vllm=False, exact_wave_resume=True,
-        build=_build_hf,
+        background_writes=False, build=_build_hf,
     ),
     "vllm": EngineInfo(
         "vllm", "vLLM's own cascade attention, counted and toggled by the probe plugin",
         cost_model=True, attention_axes=True, tensor_parallel=True, is_vllm=True, exact_wave_resume=False,
-        build=_build_vllm,
+        background_writes=True, build=_build_vllm,
     ),
 }  # fmt: skip
 

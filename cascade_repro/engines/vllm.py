@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cascade_repro import probe, runstore
+from cascade_repro import probe, runstore, vllm_surface
 from cascade_repro.engines.base import Completion, WaveStats
 from cascade_repro.errors import UsageError
 from cascade_repro.manifest import EnginePlanRecord, spec_of
@@ -192,6 +192,7 @@ class VLLMEngine:
 
         self._SamplingParams = SamplingParams
         self._TokensPrompt = TokensPrompt
+        self.flat_logprobs = vllm_surface.FLAT_LOGPROBS in vllm_surface.sampling_fields(SamplingParams)
         self.start_facts = self._check_probe()
 
     # --------------------------------------------------------------------------------------
@@ -417,7 +418,7 @@ class VLLMEngine:
         #    write (probe.control_text), so the wave's first decision sees it without a round trip.
         force_on = arm == "cascade" and bool(self.spec.force_cascade)
         probe.write_control(self.probe_dir, wave_id, force_off, inject, self._next_ctl(), force_on)
-        params = self._SamplingParams(max_tokens=max_tokens, logprobs=self.topk, **greedy)
+        params = self._SamplingParams(max_tokens=max_tokens, **self.logprob_kwargs(), **greedy)
         phases["control_s"], t = clock() - t, clock()
         outs = self.llm.generate(
             [self._TokensPrompt(prompt_token_ids=list(x)) for x in prompts], params, use_tqdm=False
@@ -465,13 +466,23 @@ class VLLMEngine:
         extra["phases"] = {k: round(v, 6) for k, v in phases.items()}
         return comps, stats
 
+    def logprob_kwargs(self) -> dict[str, Any]:
+        """The SamplingParams keywords that ask for the top-k logprobs (flat where vLLM can)."""
+        kw: dict[str, Any] = {"logprobs": self.topk}
+        if self.flat_logprobs:
+            kw[vllm_surface.FLAT_LOGPROBS] = True
+        return kw
+
     def _completion(self, out: Any) -> Completion:
         c = out.outputs[0]
         token_ids = [int(t) for t in c.token_ids]
         finish = "stop" if c.finish_reason == "stop" else "length"
+        steps = c.logprobs
+        if steps is not None and hasattr(steps, "start_indices"):
+            lps, topk = flat_topk(steps, token_ids, self.topk)
+            return Completion(token_ids, c.text, finish, lps, topk)
         lps: list[float] = []
         topk: list[list[list[float]]] = []
-        steps = c.logprobs
         for i, tid in enumerate(token_ids):
             d = steps[i] if steps is not None and i < len(steps) else None
             chosen, top = topk_entries(d, tid, self.topk)
@@ -502,6 +513,40 @@ class VLLMEngine:
             destroy_distributed_environment()
         except Exception:  # noqa: BLE001 - best effort
             pass
+
+
+def flat_topk(flat: Any, token_ids: list[int], k: int) -> tuple[list[float], list[list[list[float]]]]:
+    """(chosen logprobs, top-k [id, logprob] lists) of each of ``token_ids`` from a vLLM FlatLogprobs.
+
+    vLLM stores each position as the sampled token first (with its own rank), then the top-k in
+    rank order (ranks 1..k, logprobs descending): so the chosen logprob is the first entry and the
+    top-k list is the rest, as :func:`topk_entries` computes it from the dict form (which holds
+    the sampled token once; here it appears twice when it is in the top-k). A position laid out
+    otherwise (another first token, ranks not 1..k) goes through :func:`topk_entries` on its dict.
+    """
+    starts, ends, ids, vals, ranks = (
+        flat.start_indices,
+        flat.end_indices,
+        flat.token_ids,
+        flat.logprobs,
+        flat.ranks,
+    )
+    lps: list[float] = []
+    topk: list[list[list[float]]] = []
+    n = min(len(token_ids), len(starts))
+    for i in range(n):
+        s, e = starts[i], ends[i]
+        if e > s and ids[s] == token_ids[i] and e - s - 1 <= k and ranks[s + 1 : e] == list(range(1, e - s)):
+            lps.append(float(vals[s]))
+            topk.append([[t, float(v)] for t, v in zip(ids[s + 1 : e], vals[s + 1 : e], strict=True)])
+        else:
+            chosen, top = topk_entries(flat[i], token_ids[i], k)
+            lps.append(chosen)
+            topk.append(top)
+    for _ in range(len(token_ids) - n):  # positions without logprobs, as topk_entries gives them
+        lps.append(float("nan"))
+        topk.append([])
+    return lps, topk
 
 
 def topk_entries(step: Any, token_id: int, k: int) -> tuple[float, list[list[float]]]:

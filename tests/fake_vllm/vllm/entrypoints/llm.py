@@ -3,14 +3,15 @@ import os
 import types
 
 
+from vllm.logprobs import FlatLogprobs
+from vllm.logprobs import Logprob as Lp
+
+
 class SamplingParams:
-    def __init__(self, max_tokens=16, temperature=1.0, logprobs=None, seed=None, ignore_eos=False):
+    def __init__(self, max_tokens=16, temperature=1.0, logprobs=None, seed=None, ignore_eos=False,
+                 flat_logprobs=False):
         self.max_tokens, self.temperature, self.logprobs = max_tokens, temperature, logprobs
-
-
-class Lp:  # vllm.logprobs.Logprob
-    def __init__(self, logprob, rank):
-        self.logprob, self.rank, self.decoded_token = logprob, rank, None
+        self.flat_logprobs = flat_logprobs
 
 
 class LLM:
@@ -73,7 +74,13 @@ class LLM:
         outs = []
         for i in range(n):
             toks = [10 + i] * params.max_tokens
-            lps = [{t: Lp(-0.5, 1), 99: Lp(-1.5, 2), 98: Lp(-2.5, 3)} for t in toks] if params.logprobs else None
+            lps = None
+            if params.logprobs and params.flat_logprobs:  # sampled token first, then the top-k by rank
+                lps = FlatLogprobs()
+                for t in toks:
+                    lps.append_fast([t, t, 99, 98], [-0.5, -0.5, -1.5, -2.5], [1, 1, 2, 3], [None] * 4)
+            elif params.logprobs:
+                lps = [{t: Lp(-0.5, 1), 99: Lp(-1.5, 2), 98: Lp(-2.5, 3)} for t in toks]
             c = types.SimpleNamespace(token_ids=toks, text="x", finish_reason="length", logprobs=lps)
             outs.append(types.SimpleNamespace(outputs=[c]))
         return outs

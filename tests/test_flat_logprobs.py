@@ -1,0 +1,112 @@
+"""vLLM's flat logprobs (SamplingParams(flat_logprobs=True)) convert to exactly what the dict form
+gives, and the engine asks for them where vLLM's SamplingParams has the field."""
+
+from __future__ import annotations
+
+import math
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from cascade_repro import vllm_surface
+from cascade_repro.engines.vllm import VLLMEngine, flat_topk, topk_entries
+
+
+class Lp:  # vllm.logprobs.Logprob
+    def __init__(self, logprob, rank, decoded_token=None):
+        self.logprob, self.rank, self.decoded_token = logprob, rank, decoded_token
+
+
+class Flat:  # vllm.logprobs.FlatLogprobs: flat lists, the sampled token first at each position
+    def __init__(self):
+        self.start_indices, self.end_indices = [], []
+        self.token_ids, self.logprobs, self.ranks, self.decoded_tokens = [], [], [], []
+
+    def append(self, entries):
+        self.start_indices.append(len(self.logprobs))
+        for t, v, r in entries:
+            self.token_ids.append(t)
+            self.logprobs.append(v)
+            self.ranks.append(r)
+            self.decoded_tokens.append(None)
+        self.end_indices.append(len(self.logprobs))
+
+    def __getitem__(self, i):
+        return {self.token_ids[j]: Lp(self.logprobs[j], self.ranks[j])
+                for j in range(self.start_indices[i], self.end_indices[i])}  # fmt: skip
+
+
+def draw(rng: random.Random, n: int, k: int, outside: float, ties: bool):
+    """One request as vLLM hands it over: the dict form (append_logprobs_for_next_position's dict
+    branch: sampled first, then the top-k, a repeated id overwritten) and the flat form."""
+    token_ids, dicts, flat = [], [], Flat()
+    for _ in range(n):
+        ids = rng.sample(range(1000), k + 1)
+        vals = sorted((round(-abs(rng.gauss(0, 2)), 1 if ties else 6) for _ in range(k + 1)), reverse=True)
+        top = [(ids[r], vals[r], r + 1) for r in range(k)]
+        sampled = (ids[k], vals[k] - 0.25, k + 1 + rng.randrange(40)) if rng.random() < outside else top[0]
+        entries = [sampled, *top]
+        dicts.append({t: Lp(v, r) for t, v, r in entries})
+        flat.append(entries)
+        token_ids.append(sampled[0])
+    return token_ids, dicts, flat
+
+
+def same(a: list[float], b: list[float]) -> bool:
+    return len(a) == len(b) and all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("k", [1, 5, 20])
+@pytest.mark.parametrize("ties", [False, True])
+def test_flat_equals_dict_form(k: int, ties: bool):
+    rng = random.Random(k * 7 + ties)
+    for _ in range(20):
+        token_ids, dicts, flat = draw(rng, 64, k, outside=0.3, ties=ties)
+        lps, topk = flat_topk(flat, token_ids, k)
+        want = [topk_entries(d, t, k) for d, t in zip(dicts, token_ids, strict=True)]
+        assert same(lps, [c for c, _ in want])
+        assert topk == [t for _, t in want]
+
+
+def test_a_position_laid_out_otherwise_goes_through_the_dict_form():
+    flat = Flat()
+    flat.append([(7, -0.1, 1), (7, -0.1, 1), (8, -2.0, 2)])
+    flat.append([(9, -3.0, 2), (8, -0.5, 1), (9, -3.0, 2)])  # the first entry is not the sampled token
+    lps, topk = flat_topk(flat, [7, 8, 5], 2)  # and a third token without logprobs
+    assert lps[:2] == [-0.1, -0.5] and math.isnan(lps[2])
+    assert topk == [[[7, -0.1], [8, -2.0]], [[8, -0.5], [9, -3.0]], []]
+
+
+def test_completion_reads_either_form():
+    rng = random.Random(3)
+    token_ids, dicts, flat = draw(rng, 16, 5, outside=0.5, ties=False)
+    shim = SimpleNamespace(topk=5)
+
+    def out(lps):
+        return SimpleNamespace(outputs=[SimpleNamespace(token_ids=token_ids, text="t", finish_reason="length", logprobs=lps)])
+
+    a, b = VLLMEngine._completion(shim, out(dicts)), VLLMEngine._completion(shim, out(flat))
+    assert a.topk == b.topk and same(a.logprobs, b.logprobs) and a.token_ids == b.token_ids
+
+
+def test_sampling_fields_of_a_struct_and_of_a_plain_class():
+    class Struct:  # msgspec.Struct keeps its fields here
+        __struct_fields__ = ("max_tokens", "logprobs", "flat_logprobs")
+
+    class Plain:
+        def __init__(self, max_tokens=16, logprobs=None):
+            pass
+
+    assert vllm_surface.FLAT_LOGPROBS in vllm_surface.sampling_fields(Struct)
+    assert vllm_surface.sampling_fields(Plain) == {"max_tokens", "logprobs"}
+
+
+def test_the_engine_asks_for_flat_logprobs_where_vllm_has_them(fake_vllm):
+    from vllm import SamplingParams
+
+    assert vllm_surface.FLAT_LOGPROBS in vllm_surface.sampling_fields(SamplingParams)
+    shim = SimpleNamespace(topk=5, flat_logprobs=True)
+    assert VLLMEngine.logprob_kwargs(shim) == {"logprobs": 5, "flat_logprobs": True}
+    shim.flat_logprobs = False  # a vLLM before 0.11.1
+    assert VLLMEngine.logprob_kwargs(shim) == {"logprobs": 5}
