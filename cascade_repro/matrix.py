@@ -265,7 +265,9 @@ def show(value: Any) -> str:
     if isinstance(value, list | tuple):
         return ", ".join(show(v) for v in value) if value else "an empty list"
     if isinstance(value, dict):
-        return json.dumps(value, ensure_ascii=False, default=str)
+        text = json.dumps(value, ensure_ascii=False, default=str)
+        # JSON leaves U+0085, U+2028 and the like raw, and they break a one-line error: escape them.
+        return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
     if isinstance(value, str):
         return repr(value)
     return str(value)

@@ -380,6 +380,7 @@ _toml_values = st.recursive(
 @FUZZ
 @given(values=st.dictionaries(st.sampled_from(KEYS), _toml_values, max_size=4), table=st.booleans())
 @example(values={"prompts": "\x1f"}, table=False)  # found in CI: the message prints the value escaped
+@example(values={"arm_switch": {"x": "\x85"}}, table=False)  # a table's JSON kept U+0085 raw: two lines
 def test_toml_of_random_values_for_known_keys(tmp_path_factory, values, table):
     tmp = tmp_path_factory.mktemp("toml")
     body = "".join(f"{k} = {toml_value(v)}\n" for k, v in values.items())
