@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from cascade_repro import runstore
 from cascade_repro.matrix import MatrixSpec, plan
 
 BATCHES = [1, 8, 16, 32, 64]
@@ -67,14 +68,14 @@ def real_run(results_dir: Path) -> dict:
                 starts_s.append(rec.get("start_s"))
             elif rec.get("type") == "cell_done":
                 done += 1
-    run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    run = runstore.read_manifest(run_dir)
     return {
         "command": "cascade-repro " + " ".join(cmd[3:]),
         "rc": proc.returncode,
         "stderr_tail": proc.stderr[-2000:] if proc.returncode not in (0, 1) else "",
-        "cells": len(run["plan"]["cells"]),
+        "cells": len(run.plan.cells),
         "cells_done": done,
-        "engine_keys": len(run["plan"]["engines"]),
+        "engine_keys": len(run.plan.engines),
         "engine_records": engine_recs,
         "worker_logs": len(list(run_dir.glob("worker-*.log"))),
         "engine_start_s": starts_s,

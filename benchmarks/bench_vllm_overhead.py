@@ -22,8 +22,9 @@ Two child processes, one after the other (vLLM cannot hold two engines in one pr
    (fillers included) doing exactly what ``VLLMEngine.run_wave`` asks of vLLM: ``reset_prefix_cache``
    (retried as the engine does), a 1-token greedy warm-up of the shared prefix, then one
    ``llm.generate`` of the wave with ``SamplingParams(max_tokens, logprobs=topk, temperature=0,
-   seed, ignore_eos=False)``. Nothing else: no probe, no conversion, no JSON. Before the timed pass
-   it runs the first wave of every cell once, untimed (``--no-raw-prewarm`` skips that).
+   seed, ignore_eos=False)`` (and ``flat_logprobs=True`` where this vLLM has it, as the engine
+   asks). Nothing else: no probe, no conversion, no JSON. Before the timed pass it runs the first
+   wave of every cell once, untimed (``--no-raw-prewarm`` skips that).
 2. **harness**: the real CLI, ``cascade-repro matrix --engine vllm ... --fresh --quiet``, in a
    process of its own (runner -> worker -> engine), as a user runs it.
 
@@ -324,9 +325,7 @@ def read_jsonl(path: Path, skip_prefix: bytes | None = None) -> list[dict[str, A
 
 
 # -------------------------------------------------------------------------------------- raw child
-def _engine_kwargs_as_the_harness(
-    run: dict[str, Any], eplan: dict[str, Any], run_dir: Path
-) -> dict[str, Any]:
+def _engine_kwargs_as_the_harness(run: Any, eplan: Any, run_dir: Path) -> dict[str, Any]:
     """Run ``VLLMEngine.__init__`` with ``vllm.LLM`` replaced by a recorder; return its kwargs.
 
     The engine sets its environment, imports vLLM and computes the kwargs itself, so nothing here
@@ -349,7 +348,7 @@ def _engine_kwargs_as_the_harness(
     before = vllm.__dict__.get("LLM", missing)
     vllm.LLM = recorder  # `from vllm import LLM` in VLLMEngine.__init__ picks this up
     try:
-        VLLMEngine(run["model_path"], run["spec"], eplan, run_dir=run_dir)
+        VLLMEngine(run.model_path, run.spec, eplan, run_dir=run_dir)
     except _Got:
         pass
     finally:
@@ -392,7 +391,7 @@ def child_raw(cfg: dict[str, Any], progress: Path) -> int:
         f.write(json.dumps({"event": event, "t": time.time(), **kw}, default=str) + "\n")
         f.flush()
 
-    from cascade_repro import envinfo, probe, runstore, worker
+    from cascade_repro import envinfo, probe, runstore, vllm_surface, worker
     from cascade_repro.chat import render_all
     from cascade_repro.matrix import MatrixSpec, waves
     from cascade_repro.runner import RunOptions, prepare
@@ -410,15 +409,14 @@ def child_raw(cfg: dict[str, Any], progress: Path) -> int:
     finally:
         envinfo.capture = capture
     run_dir = prepared.run_dir.resolve()
-    run = runstore.read_run_json(run_dir)
-    run["run_dir"] = str(run_dir)
-    (key,) = run["plan"]["engines"]
-    eplan = run["plan"]["engines"][key]
-    by_id = {c["cell_id"]: c for c in run["plan"]["cells"]}
-    cells = [by_id[cid] for cid in eplan["cells"]]  # the worker's order
-    spec = run["spec"]
-    emit("prepared", engine_key=key, spec_hash=run["spec_hash"], cells=[c["cell_id"] for c in cells],
-         n_prompts=run["prompt_set"]["n"])  # fmt: skip
+    run = runstore.read_manifest(run_dir)
+    (key,) = run.plan.engines
+    eplan = run.plan.engines[key]
+    by_id = run.plan.cell_map()
+    cells = [by_id[cid] for cid in eplan.cells]  # the worker's order
+    spec = run.spec
+    emit("prepared", engine_key=key, spec_hash=run.spec_hash, cells=[c.cell_id for c in cells],
+         n_prompts=run.prompt_set.n)  # fmt: skip
 
     kwargs = _engine_kwargs_as_the_harness(run, eplan, run_dir)
     os.environ.pop(probe.ENV_VAR, None)  # the plugin stays inert: a bare vLLM
@@ -441,13 +439,15 @@ def child_raw(cfg: dict[str, Any], progress: Path) -> int:
          env={k: os.environ[k] for k in VLLM_ENV if k in os.environ}, facts=facts, cuda_initialized_before=cuda_before)  # fmt: skip
 
     prompts = worker.load_prompts(run_dir)
-    rendered, shared = render_all(llm.get_tokenizer(), run["prompt_set"].get("system_prompt_text", ""),
+    rendered, shared = render_all(llm.get_tokenizer(), run.prompt_set.system_prompt_text,
                                   [p["prompt"] for p in prompts])  # fmt: skip
     n = len(prompts)
-    seed, topk, max_tokens = int(eplan.get("seed", 0)), int(spec.get("topk", 5)), int(spec["max_tokens"])
+    seed, topk, max_tokens = int(eplan.seed), int(spec.topk), int(spec.max_tokens)
     greedy = dict(temperature=0.0, seed=seed, ignore_eos=False)
     warm_params = SamplingParams(max_tokens=1, **greedy)
     params = SamplingParams(max_tokens=max_tokens, logprobs=topk, **greedy)
+    if vllm_surface.FLAT_LOGPROBS in vllm_surface.sampling_fields(SamplingParams):  # as the engine asks
+        params = SamplingParams(max_tokens=max_tokens, logprobs=topk, flat_logprobs=True, **greedy)
 
     phase_log: list[tuple[int, dict[str, float], float]] = []
 
@@ -474,16 +474,16 @@ def child_raw(cfg: dict[str, Any], progress: Path) -> int:
     if cfg["raw_prewarm"]:
         t0 = time.perf_counter()
         for c in cells:
-            run_wave([i for i, _ in waves(n, c["batch"])[0]])
+            run_wave([i for i, _ in waves(n, c.batch)[0]])
         emit("prewarm", s=time.perf_counter() - t0)
         phase_log.clear()
 
     for c in cells:
-        cid = c["cell_id"]
+        cid = c.cell_id
         wlist: list[dict[str, Any]] = []
         outputs: dict[int, list[int]] = {}
         c0 = time.perf_counter()
-        for wave in waves(n, c["batch"]):
+        for wave in waves(n, c.batch):
             w0 = time.perf_counter()
             outs = run_wave([i for i, _ in wave])
             tokens = 0
@@ -493,7 +493,7 @@ def child_raw(cfg: dict[str, Any], progress: Path) -> int:
                     tokens += len(ids)
                     outputs[i] = ids
             wlist.append({"wall_s": time.perf_counter() - w0, "tokens": tokens})
-        entry = cell_entry(cid, int(c["batch"]), c["arm"], time.perf_counter() - c0, wlist)
+        entry = cell_entry(cid, int(c.batch), c.arm, time.perf_counter() - c0, wlist)
         emit("cell", cell=entry, outputs=outputs)
     emit("phases", phases=median_phases(phase_log))
     emit("done")
@@ -835,15 +835,17 @@ def main(argv: list[str] | None = None) -> int:
             records += read_jsonl(path)
         engine, h_cells, h_outputs = harness_cells(records)
         errors = {r["cell_id"]: r.get("reason") for r in records if r.get("type") == "cell_error"}
+        from cascade_repro.manifest import Manifest
+
         try:
-            h_run = json.loads((run_dir / "run.json").read_text())
+            h_run = Manifest.from_json(json.loads((run_dir / "run.json").read_text()))
         except (OSError, ValueError):
-            h_run = {}
+            h_run = Manifest.of()  # none written: every field absent
         h_start = engine.get("start_s")
         info = {
             "rc": h_rc, "cli_wall_s": round(h_wall, 1), "engine_key": engine.get("engine_key"), "start_s": h_start,
             "effective": engine.get("effective"), "cells": h_cells, "cell_errors": errors, "src": str(src) if src else None,
-            "spec_hash": h_run.get("spec_hash"), "end_to_end_minus_start_s": (h_wall - h_start) if h_start and h_rc == 0 else None,
+            "spec_hash": h_run.stored("spec_hash"), "end_to_end_minus_start_s": (h_wall - h_start) if h_start and h_rc == 0 else None,
             "phases": wave_phases(records),
         }  # fmt: skip
         if h_rc != 0 or not h_cells:
@@ -864,7 +866,7 @@ def main(argv: list[str] | None = None) -> int:
     h_wall, h_start = h_info["cli_wall_s"], h_info["start_s"]
 
     # --- compare -------------------------------------------------------------------------------
-    order = raw_info.get("cells") or [c["cell_id"] for c in h_run.get("plan", {}).get("cells", [])]
+    order = raw_info.get("cells") or [c.cell_id for c in h_run.plan.cells]
     h_cells = h_info["cells"]
     s = summarize(raw_cells, h_cells, order)
     same = identical_outputs(raw_outputs, h_outputs)
@@ -873,7 +875,7 @@ def main(argv: list[str] | None = None) -> int:
         result["baseline_summary"] = summarize(raw_cells, b_info["cells"], order)
     mism = compare_facts(raw_info.get("facts") or {}, engine.get("effective") or {})
     checks = {
-        "same_spec_hash": raw_info.get("spec_hash") is not None and raw_info.get("spec_hash") == h_run.get("spec_hash"),
+        "same_spec_hash": raw_info.get("spec_hash") is not None and raw_info.get("spec_hash") == h_run.stored("spec_hash"),
         "same_engine_key": raw_info.get("engine_key") == engine.get("engine_key"),
         "engine_settings_differ": mism,
         "cuda_initialized_before_raw_engine": raw_info.get("cuda_initialized_before"),
@@ -888,7 +890,7 @@ def main(argv: list[str] | None = None) -> int:
           f"raw pre-warm {_fmt(raw_info.get('prewarm_s'), '.1f')} s untimed")  # fmt: skip
     if s["rows"]:
         print(format_table(s, same))
-    if raw_info.get("spec_hash") and h_run.get("spec_hash") and not checks["same_spec_hash"]:
+    if raw_info.get("spec_hash") and h_run.stored("spec_hash") and not checks["same_spec_hash"]:
         print("WARNING: raw and harness ran different matrices (spec hash differs)")
     if raw_info.get("engine_key") and engine.get("engine_key") and not checks["same_engine_key"]:
         print("WARNING: raw and harness ran different engine keys")

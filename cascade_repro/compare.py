@@ -16,6 +16,7 @@ import pandas as pd
 
 from cascade_repro import runstore, speed
 from cascade_repro.ifeval.score import paired_if, score_response
+from cascade_repro.manifest import CellPlan, Manifest, as_manifest
 from cascade_repro.metrics.divergence import divergence_metrics
 from cascade_repro.metrics.drift import drift_floor, drift_triple
 from cascade_repro.metrics.repetition import repetition_metrics
@@ -111,37 +112,39 @@ def _mean(values: list[float]) -> float:
     return float(statistics.fmean(values)) if values else float("nan")
 
 
-def cell_rows(run: dict[str, Any], run_dir: Path, samples: dict[str, CellSamples]) -> pd.DataFrame:
+def cell_rows(run: Manifest | dict[str, Any], run_dir: Path, samples: dict[str, CellSamples]) -> pd.DataFrame:
     """One row per planned cell: status, probe counters, throughput and repetition means."""
+    m = as_manifest(run)
     rows = []
-    spec = run["spec"]
-    progress = {k: runstore.read_progress(runstore.samples_path(run_dir, k)) for k in run["plan"]["engines"]}
-    for c in run["plan"]["cells"]:
-        prog = progress[c["engine_key"]]
-        cid = c["cell_id"]
+    spec = m.spec
+    model = m.model_name if m.has("model_name") else spec.model
+    progress = {k: runstore.read_progress(runstore.samples_path(run_dir, k)) for k in m.plan.engines}
+    for c in m.plan.cells:
+        prog = progress[c.engine_key]
+        cid = c.cell_id
         waves = prog.waves.get(cid, [])
         status = "done" if cid in prog.done else ("error" if cid in prog.errors else "pending")
         error = prog.errors.get(cid, "")
         if status != "done" and prog.corrupt.get(cid):
             # Never a silent "pending": say which record was lost and what to do.
-            status, error = "error", runstore.corrupt_reason(c["engine_key"], prog.corrupt[cid])
+            status, error = "error", runstore.corrupt_reason(c.engine_key, prog.corrupt[cid])
         cs = samples.get(cid, CellSamples())
         reps = list(cs.rep.values())
         wall = sum(w.get("wall_s", 0.0) for w in waves)
         tokens = sum(w.get("tokens", 0) for w in waves)
         row = {
             "cell_id": cid,
-            "engine_key": c["engine_key"],
-            "engine": spec["engine"],
-            "model": run.get("model_name", spec["model"]),
-            "tp": c["tp"],
-            "batch": c["batch"],
-            "arm": c["arm"],
-            "rerun": c["rerun"],
-            "seed": c["seed"],
-            "dtype": c["dtype"],
-            "fa_version": "default" if c["fa_version"] is None else str(c["fa_version"]),
-            "backend": c["backend"],
+            "engine_key": c.engine_key,
+            "engine": spec.engine,
+            "model": model,
+            "tp": c.tp,
+            "batch": c.batch,
+            "arm": c.arm,
+            "rerun": c.rerun,
+            "seed": c.seed,
+            "dtype": c.dtype,
+            "fa_version": "default" if c.fa_version is None else str(c.fa_version),
+            "backend": c.backend,
             "status": status,
             "error": error,
             "n_prompts": len(reps),
@@ -152,9 +155,9 @@ def cell_rows(run: dict[str, Any], run_dir: Path, samples: dict[str, CellSamples
             "cascade_decode_steps": sum(w["cascade_decode_steps"] for w in waves)
             if waves and all(w.get("cascade_decode_steps") is not None for w in waves)
             else float("nan"),
-            "inject": c.get("inject") or "",
-            "origin": c.get("origin", "matrix"),
-            "dtype_effective": str(prog.engine.get("effective", {}).get("dtype") or c["dtype"]).replace(
+            "inject": c.inject or "",
+            "origin": c.origin,
+            "dtype_effective": str(prog.engine.get("effective", {}).get("dtype") or c.dtype).replace(
                 "torch.", ""
             ),
             "wall_s": wall,
@@ -188,47 +191,48 @@ FLOOR_KINDS = (NOISE_BATCH, NOISE_RESTART)
 class PairSpec:
     pair_id: str
     kind: str  # cascade | calibration | noise-batch | noise-restart | noise-rerun
-    test: dict[str, Any]
-    ref: dict[str, Any]
+    test: CellPlan
+    ref: CellPlan
 
 
-def twin_key(c: dict[str, Any]) -> tuple:
-    return tuple(c[a] for a in TWIN_AXES)
+def twin_key(c: CellPlan) -> tuple:
+    return tuple(getattr(c, a) for a in TWIN_AXES)
 
 
-def plan_pairs(cells: list[dict[str, Any]]) -> list[PairSpec]:
+def plan_pairs(cells: list[CellPlan] | list[dict[str, Any]]) -> list[PairSpec]:
     """Pair each cascade cell with its flat twin; add flat-vs-flat noise controls.
 
     Noise controls, per engine configuration: flat at batch B vs flat at the smallest batch, the
     smallest batch vs the next one (so every flat cell is the test side of one batch control), and
     a flat rerun vs its first run: ``noise-restart`` when the rerun had an engine start of its own,
     ``noise-rerun`` when it shared the engine. Calibration cells (cascade with an injected LSE
-    shift) pair with the same twin as the clean cascade cell.
+    shift) pair with the same twin as the clean cascade cell. Cells may come in their run.json form.
     """
-    flat = {(twin_key(c), c["batch"], c["rerun"]): c for c in cells if c["arm"] == "flat"}
+    cells = [c if isinstance(c, CellPlan) else CellPlan.from_json(c) for c in cells]
+    flat = {(twin_key(c), c.batch, c.rerun): c for c in cells if c.arm == "flat"}
     pairs: list[PairSpec] = []
     for c in cells:
-        if c["arm"] == "cascade" and c["rerun"] == 0:
-            ref = flat.get((twin_key(c), c["batch"], 0))
+        if c.arm == "cascade" and c.rerun == 0:
+            ref = flat.get((twin_key(c), c.batch, 0))
             if ref:
-                kind = CALIBRATION if c.get("origin") == "calibration" else CASCADE
-                pairs.append(PairSpec(f"{c['cell_id']}~flat", kind, c, ref))
-    by_twin: dict[tuple, list[dict[str, Any]]] = {}
+                kind = CALIBRATION if c.origin == "calibration" else CASCADE
+                pairs.append(PairSpec(f"{c.cell_id}~flat", kind, c, ref))
+    by_twin: dict[tuple, list[CellPlan]] = {}
     for c in cells:
-        if c["arm"] == "flat" and c["rerun"] == 0:
+        if c.arm == "flat" and c.rerun == 0:
             by_twin.setdefault(twin_key(c), []).append(c)
     for group in by_twin.values():
-        group = sorted(group, key=lambda c: c["batch"])
+        group = sorted(group, key=lambda c: c.batch)
         base = group[0]
         for c in group[1:]:
-            pairs.append(PairSpec(f"{c['cell_id']}~b{base['batch']}", NOISE_BATCH, c, base))
+            pairs.append(PairSpec(f"{c.cell_id}~b{base.batch}", NOISE_BATCH, c, base))
         if len(group) > 1:
-            pairs.append(PairSpec(f"{base['cell_id']}~b{group[1]['batch']}", NOISE_BATCH, base, group[1]))
+            pairs.append(PairSpec(f"{base.cell_id}~b{group[1].batch}", NOISE_BATCH, base, group[1]))
     for (tk, b, r), c in flat.items():
         if r == 1 and (tk, b, 0) in flat:
             ref = flat[(tk, b, 0)]
-            kind = NOISE_RESTART if c["engine_key"] != ref["engine_key"] else NOISE_RERUN
-            pairs.append(PairSpec(f"{c['cell_id']}~r0", kind, c, ref))
+            kind = NOISE_RESTART if c.engine_key != ref.engine_key else NOISE_RERUN
+            pairs.append(PairSpec(f"{c.cell_id}~r0", kind, c, ref))
     return pairs
 
 
@@ -245,23 +249,23 @@ def control_candidates(pairs: list[PairSpec]) -> dict[str, list[tuple[PairSpec, 
     by_cell: dict[str, list[PairSpec]] = {}
     for ps in pairs:
         if ps.kind in FLOOR_KINDS:
-            by_cell.setdefault(ps.test["cell_id"], []).append(ps)
-            by_cell.setdefault(ps.ref["cell_id"], []).append(ps)
+            by_cell.setdefault(ps.test.cell_id, []).append(ps)
+            by_cell.setdefault(ps.ref.cell_id, []).append(ps)
     out: dict[str, list[tuple[PairSpec, str]]] = {}
     for ps in pairs:
         if ps.kind not in (CASCADE, CALIBRATION):
             continue
-        twin = ps.ref["cell_id"]
+        twin = ps.ref.cell_id
         seen: dict[str, PairSpec] = {}
         for c in by_cell.get(twin, []):
-            seen.setdefault(_other(c, twin)["cell_id"], c)  # one control per other cell
+            seen.setdefault(_other(c, twin).cell_id, c)  # one control per other cell
         if seen:
             out[ps.pair_id] = [(c, other) for other, c in seen.items()]
     return out
 
 
-def _other(ps: PairSpec, cell_id: str) -> dict[str, Any]:
-    return ps.ref if ps.test["cell_id"] == cell_id else ps.test
+def _other(ps: PairSpec, cell_id: str) -> CellPlan:
+    return ps.ref if ps.test.cell_id == cell_id else ps.test
 
 
 DRIFT_KEYS = (
@@ -279,8 +283,8 @@ def compare_pair(
     test and control against the twin (``metrics/drift.py``) on agreeing positions, for the
     candidate with the largest mean control drift; its id is ``agg["_control_other"]``.
     """
-    a = samples.get(ps.test["cell_id"], CellSamples())
-    b = samples.get(ps.ref["cell_id"], CellSamples())
+    a = samples.get(ps.test.cell_id, CellSamples())
+    b = samples.get(ps.ref.cell_id, CellSamples())
     common = sorted(set(a.tokens) & set(b.tokens))
     triples: dict[str, dict[int, dict[str, Any]]] = {}
     for other in others:
@@ -329,16 +333,16 @@ def compare_pair(
     agg = {
         "pair_id": ps.pair_id,
         "kind": ps.kind,
-        "inject": ps.test.get("inject") or "",
-        "test_cell": ps.test["cell_id"],
-        "ref_cell": ps.ref["cell_id"],
-        "tp": ps.test["tp"],
-        "batch": ps.test["batch"],
-        "ref_batch": ps.ref["batch"],
-        "seed": ps.test["seed"],
-        "dtype": ps.test["dtype"],
-        "fa_version": "default" if ps.test["fa_version"] is None else str(ps.test["fa_version"]),
-        "backend": ps.test["backend"],
+        "inject": ps.test.inject or "",
+        "test_cell": ps.test.cell_id,
+        "ref_cell": ps.ref.cell_id,
+        "tp": ps.test.tp,
+        "batch": ps.test.batch,
+        "ref_batch": ps.ref.batch,
+        "seed": ps.test.seed,
+        "dtype": ps.test.dtype,
+        "fa_version": "default" if ps.test.fa_version is None else str(ps.test.fa_version),
+        "backend": ps.test.backend,
         "n": len(rows),
         "n_identical": len(rows) - len(diverged),
         "n_diverged": len(diverged),
@@ -370,18 +374,19 @@ def compare_pair(
 
 
 def build_tables(
-    run: dict[str, Any], run_dir: Path, thresholds: Thresholds
+    run: Manifest | dict[str, Any], run_dir: Path, thresholds: Thresholds
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Score the run and return (cells, pairs, comparisons) DataFrames."""
-    cells = run["plan"]["cells"]
+    """Score the run (its manifest, or run.json as a dict) and return (cells, pairs, comparisons) DataFrames."""
+    m = as_manifest(run)
+    cells = m.plan.cells
     pair_specs = plan_pairs(cells)
     candidates = control_candidates(pair_specs)
-    wanted = {c["cell_id"] for c in cells}
-    samples = load_cell_samples(run_dir, run["plan"]["engines"], wanted, load_prompts(run_dir))
-    cells_df = cell_rows(run, run_dir, samples)
+    wanted = {c.cell_id for c in cells}
+    samples = load_cell_samples(run_dir, m.plan.engines, wanted, load_prompts(run_dir))
+    cells_df = cell_rows(m, run_dir, samples)
     by_id = cells_df.set_index("cell_id").to_dict("index")
-    progress = {k: runstore.read_progress(runstore.samples_path(run_dir, k)) for k in run["plan"]["engines"]}
-    preds = run.get("predictions") if isinstance(run.get("predictions"), dict) else {}
+    progress = {k: runstore.read_progress(runstore.samples_path(run_dir, k)) for k in m.plan.engines}
+    preds = m.predictions if isinstance(m.predictions, dict) else {}
     predicted = preds.get("cells") if isinstance(preds.get("cells"), dict) else {}
 
     aggs, comp_rows = [], []
@@ -418,7 +423,7 @@ def build_tables(
             agg.pop("_deltas"), thresholds.bootstrap, thresholds.ci, thresholds.seed
         )
         agreeing = agg.pop("_agreeing")
-        test_cell = by_id.get(ps.test["cell_id"], {})
+        test_cell = by_id.get(ps.test.cell_id, {})
         agg.update(d_seq_rep_4_mean=mean, d_seq_rep_4_lo=lo, d_seq_rep_4_hi=hi)
         agg.update(_speed_columns(ps, progress, predicted))
         agg["cascade_steps"] = int(test_cell.get("cascade_steps", 0))
@@ -459,7 +464,7 @@ def build_tables(
                 floor,
             )
         agg.update(_drift_columns(drift, topk, control.pair_id if control else "", bias))
-        ok = test_cell.get("status") == "done" and by_id.get(ps.ref["cell_id"], {}).get("status") == "done"
+        ok = test_cell.get("status") == "done" and by_id.get(ps.ref.cell_id, {}).get("status") == "done"
         ev = Evidence(
             n=agg["n"],
             n_diverged=agg["n_diverged"],
@@ -496,12 +501,12 @@ def _speed_columns(
     """Decode speed of the test cell against the ref cell, wave by wave (``speed.py``), and for a
     cascade pair the heuristic's predicted speedup and the flag when it chose cascade and lost."""
 
-    def waves_of(cell: dict[str, Any]) -> list[dict[str, Any]]:
-        prog = progress.get(cell["engine_key"])
-        return prog.waves.get(cell["cell_id"], []) if prog is not None else []
+    def waves_of(cell: CellPlan) -> list[dict[str, Any]]:
+        prog = progress.get(cell.engine_key)
+        return prog.waves.get(cell.cell_id, []) if prog is not None else []
 
     out: dict[str, Any] = dict(speed.paired_speed(waves_of(ps.test), waves_of(ps.ref)))
-    pred = predicted.get(ps.test["cell_id"]) if ps.kind in (CASCADE, CALIBRATION) else None
+    pred = predicted.get(ps.test.cell_id) if ps.kind in (CASCADE, CALIBRATION) else None
     out["predicted_speedup"] = speed.predicted_speedup(
         pred.get("decode_cost") if isinstance(pred, dict) else None
     )

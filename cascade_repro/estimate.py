@@ -23,9 +23,13 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cascade_repro import cuda_cache
+
+if TYPE_CHECKING:
+    from cascade_repro.manifest import Manifest
+    from cascade_repro.matrix import MatrixSpec
 
 
 @dataclass(frozen=True)
@@ -240,15 +244,21 @@ def run_device(engine: str, device: str) -> str:
 
 
 def for_plan(
-    spec: Mapping[str, Any],
+    spec: MatrixSpec | Mapping[str, Any],
     n_prompts: int,
     engines: Mapping[str, Mapping[str, Any]],
     run_dir: Path | None = None,
     gpu_name: str = "",
 ) -> Estimate:
-    """The estimate of a planned matrix (``spec`` as in run.json), refined by the run directory's
-    samples when a run of the same id already has waves (a rerun resumes; finished cells are free)."""
+    """The estimate of a planned matrix (``spec`` a MatrixSpec or its run.json form), refined by the
+    run directory's samples when a run of the same id already has waves (a rerun resumes; finished
+    cells are free)."""
     from cascade_repro import runstore
+    from cascade_repro.manifest import spec_of
+    from cascade_repro.matrix import MatrixSpec
+
+    if not isinstance(spec, MatrixSpec):
+        spec = spec_of(spec)
 
     done: set[str] = set()
     waves: list[dict[str, Any]] = []
@@ -262,17 +272,20 @@ def for_plan(
         # Only then is the compute cache worth looking at (apply() creates its folder).
         compiled = cuda_cache.fa2_compiled(cuda_cache.apply(dict(os.environ)), gpu_name)
     return estimate(
-        spec["engine"], run_device(spec["engine"], spec.get("device", "auto")), n_prompts, int(spec["max_tokens"]),
+        spec.engine, run_device(spec.engine, spec.device), n_prompts, int(spec.max_tokens),
         engines, done, measured_wave_seconds(waves), gpu_name, compiled,
     )  # fmt: skip
 
 
-def for_run(run: Mapping[str, Any], run_dir: Path | None = None) -> Estimate:
-    """The estimate of a prepared run (run.json's content)."""
-    cells = {c["cell_id"]: c for c in run["plan"]["cells"]}
+def for_run(run: Manifest | dict[str, Any], run_dir: Path | None = None) -> Estimate:
+    """The estimate of a prepared run (its manifest, or run.json's content)."""
+    from cascade_repro.manifest import as_manifest
+
+    m = as_manifest(run)
+    cells = m.plan.cell_map()
     engines = {
-        k: {"cells": [cells[c] for c in ep["cells"]], "fa_version": ep.get("fa_version")}
-        for k, ep in run["plan"]["engines"].items()
+        k: {"cells": [{"cell_id": c, "batch": cells[c].batch} for c in ep.cells], "fa_version": ep.fa_version}
+        for k, ep in m.plan.engines.items()
     }
-    gpu = str((run.get("env") or {}).get("gpu_name") or "")
-    return for_plan(run["spec"], int(run["prompt_set"]["n"]), engines, run_dir, gpu)
+    gpu = str(m.stack_env.get("gpu_name") or "")
+    return for_plan(m.spec, int(m.prompt_set.n), engines, run_dir, gpu)

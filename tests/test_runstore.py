@@ -557,6 +557,31 @@ def test_a_manifest_built_in_code_writes_its_fields_and_leaves_unset_optional_on
     assert not {"shard", "predictions", "invocations", "mixed_stack", "vllm_collect_env"} & set(out)
 
 
+def test_manifest_edits_write_what_the_same_dict_edits_wrote():
+    from cascade_repro.manifest import EngineRecord, Invocation, Manifest, Plan
+    from cascade_repro.matrix import MatrixSpec, all_cells, plan
+
+    # of: exactly the fields given, a None among them (a pending engine's start_s).
+    assert EngineRecord.of(effective={}, start_s=None, status="pending", error="").to_json() == {
+        "effective": {}, "start_s": None, "status": "pending", "error": ""}  # fmt: skip
+    assert Invocation.of(started_at="t", command="c", kind="merge").to_json() == {
+        "started_at": "t", "command": "c", "kind": "merge"}  # fmt: skip
+    # update writes a field the file lacked even at its default; drop removes one, as pop does.
+    m = Manifest.from_json({"run_id": "r", "shard": "1/2", "spec": {"engine": "hf"}})
+    m.update(fail_on="regression", engines={})
+    m.drop("shard")
+    assert m.to_json() == {"run_id": "r", "spec": {"engine": "hf"}, "fail_on": "regression", "engines": {}}
+    # stored: what to_json writes under a key, None where it writes none (a dict's get).
+    assert (m.stored("spec"), m.stored("fail_on"), m.stored("created_at"), m.stored("timings")) == (
+        {"engine": "hf"}, "regression", None, None)  # fmt: skip
+    # The planner's plan keeps every key its to_dict writes (fa_version None included).
+    engines = plan(MatrixSpec(seeds=[0, 1]))
+    assert Plan.of_engines(engines).to_json() == {
+        "engines": {k: ep.to_dict() for k, ep in engines.items()},
+        "cells": [c.to_dict() for c in all_cells(engines)],
+    }
+
+
 def test_each_record_encodes_as_the_dict_writer_did_and_decodes_back():
     old = [  # what the worker and the runner wrote as dicts before the typed records
         {"type": "engine", "engine_key": "k", "effective": {"dtype": "bf16"}, "shared_prefix_tokens": 300,

@@ -215,7 +215,7 @@ def cells_of(**spec) -> list[dict]:
 
 
 def pairs_by_id(cells: list[dict]) -> dict[str, tuple[str, str, str]]:
-    return {p.pair_id: (p.kind, p.test["cell_id"], p.ref["cell_id"]) for p in plan_pairs(cells)}
+    return {p.pair_id: (p.kind, p.test.cell_id, p.ref.cell_id) for p in plan_pairs(cells)}
 
 
 def test_each_cascade_cell_pairs_with_its_flat_twin_and_flat_cells_with_the_smallest_batch():
@@ -262,11 +262,11 @@ def test_pairs_never_cross_tp_seed_dtype_fa_or_backend():
     assert kinds.count("noise-rerun") == combos * 2
     for p in pairs:
         for axis in ("tp", "seed", "dtype", "fa_version", "backend"):
-            assert p.test[axis] == p.ref[axis], (p.pair_id, axis)
+            assert getattr(p.test, axis) == getattr(p.ref, axis), (p.pair_id, axis)
         if p.kind == "cascade":
-            assert (p.test["arm"], p.ref["arm"], p.test["batch"]) == ("cascade", "flat", p.ref["batch"])
+            assert (p.test.arm, p.ref.arm, p.test.batch) == ("cascade", "flat", p.ref.batch)
         else:
-            assert p.test["arm"] == p.ref["arm"] == "flat"
+            assert p.test.arm == p.ref.arm == "flat"
     assert len({p.pair_id for p in pairs}) == len(pairs)
 
 
@@ -332,7 +332,7 @@ def test_calibration_cells_pair_with_the_clean_twin_and_share_its_control():
     pairs = plan_pairs(cells)
     by_id = {p.pair_id: p for p in pairs}
     cal = by_id["tp1-b16-cascade-shift0.1~flat"]
-    assert (cal.kind, cal.test["inject"], cal.ref["cell_id"]) == ("calibration", "lse-shift=0.1", "tp1-b16-flat")
+    assert (cal.kind, cal.test.inject, cal.ref.cell_id) == ("calibration", "lse-shift=0.1", "tp1-b16-flat")
     m = control_candidates(pairs)
     assert m["tp1-b16-cascade-shift0.1~flat"] == m["tp1-b16-cascade~flat"]
 

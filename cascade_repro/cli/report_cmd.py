@@ -43,7 +43,7 @@ def report(
                 is_run
                 and not all((run_dir / t).is_file() for t in runstore.TABLES)
                 and (run_dir / runstore.SAMPLES).is_dir()
-                and "plan" in runstore.read_run_json(run_dir)
+                and runstore.read_manifest(run_dir).has("plan")
             )
             if unscored and not rescore:
                 # Interrupted before scoring: score the cells it finished, so the report shows them

@@ -30,6 +30,7 @@ def smoke(
     import traceback
 
     from cascade_repro.chat import render_all
+    from cascade_repro.manifest import EnginePlanRecord, Manifest, PromptSetFacts
     from cascade_repro.matrix import MatrixSpec
     from cascade_repro.models import resolve_model
     from cascade_repro.promptsets import load_prompt_set, load_system_prompt
@@ -46,13 +47,21 @@ def smoke(
         run_dir = Path(tempfile.mkdtemp(prefix="cascade-smoke-"))
         system = load_system_prompt("ko")
         records = load_prompt_set("ko-ifeval-style", batch).records
-        runstore.write_run_json(run_dir, {"prompt_set": {"system_prompt_text": system}})
+        # Only what the engine reads back from run.json: the system prompt.
+        manifest = Manifest.of(prompt_set=PromptSetFacts.of(system_prompt_text=system))
+        runstore.write_manifest(run_dir, manifest)
         runstore.write_prompts(run_dir, [{"prompt": r.prompt} for r in records])
-        spec = MatrixSpec(
-            engine="vllm", batch=[batch], max_tokens=max_tokens, topk=5, enforce_eager=eager
-        ).to_dict()
-        eplan = {"key": f"smoke-tp{tp}", "tp": tp, "seed": 0, "dtype": "auto", "fa_version": None,
-                 "backend": "FLASH_ATTN", "arm": None, "cells": []}  # fmt: skip
+        spec = MatrixSpec(engine="vllm", batch=[batch], max_tokens=max_tokens, topk=5, enforce_eager=eager)
+        eplan = EnginePlanRecord(
+            key=f"smoke-tp{tp}",
+            tp=tp,
+            seed=0,
+            dtype="auto",
+            fa_version=None,
+            backend="FLASH_ATTN",
+            arm=None,
+            cells=[],
+        )
         model_path, _ = resolve_model("embedded")
         t1 = time.time()
         engine = VLLMEngine(model_path, spec, eplan, run_dir=run_dir)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from cascade_repro import inject as inj
 from cascade_repro import runstore
 from cascade_repro.errors import UsageError
+from cascade_repro.manifest import EnginePlanRecord, Manifest
 from cascade_repro.minimize.search import CRITERIA, MIN_REQUESTS, MinimizeResult, Oracle, Trial, search
 
 __all__ = ["CRITERIA", "MinimizeOutput", "minimize_run"]
@@ -39,12 +40,13 @@ def minimize_run(
     max_tests: int = 64,
     confirm: int = 3,
     on_trial: Callable[[Trial], None] | None = None,
-    engine_factory: Callable[[dict[str, Any], dict[str, Any]], Any] | None = None,
+    engine_factory: Callable[[Manifest, EnginePlanRecord], Any] | None = None,
 ) -> MinimizeOutput:
     """Search the smallest failing case of one pair of ``run_dir`` on one engine; write its files.
 
     The engine is built as the pair's engine key was, with both arms on it (the flat arm toggled
     off through the probe, as `--arm-switch toggle` does), whatever arm switch the run used.
+    ``engine_factory`` gets the run (its ``extra`` holding ``run_dir``) and that engine plan.
     """
     from cascade_repro.chat import render_all
     from cascade_repro.minimize.render import render_issue, render_repro, repro_engine_args, safe_dirname
@@ -57,16 +59,16 @@ def minimize_run(
         raise UsageError("--max-tests must be at least 1")
     if confirm < 1:
         raise UsageError("--confirm must be at least 1")
-    run = runstore.read_run_json(run_dir)
-    if (fault := inj.try_parse(run["spec"].get("inject"))) is not None and fault.kind != inj.LSE_LAYOUT:
+    run = runstore.read_manifest(run_dir)
+    spec = run.spec
+    if (fault := inj.try_parse(spec.inject)) is not None and fault.kind != inj.LSE_LAYOUT:
         # repro.py carries the lse-layout fault only; a graded shift is a calibration, not a bug to file.
         raise UsageError(f"minimize reproduces lse-layout injections only, not {fault.label}")
     pair = pick_pair(run_dir, pair_id)
-    cells = {c["cell_id"]: c for c in run["plan"]["cells"]}
-    test_cell = cells[pair["test_cell"]]
-    eplan = dict(run["plan"]["engines"][test_cell["engine_key"]])
-    eplan["arm"] = None  # both arms on one engine
-    eplan["key"] = f"{eplan.get('key') or test_cell['engine_key']}-minimize"
+    test_cell = run.plan.cell_map()[pair["test_cell"]]
+    eplan = run.plan.engines[test_cell.engine_key]
+    # arm None: both arms on one engine
+    eplan = replace(eplan, arm=None, key=f"{eplan.key or test_cell.engine_key}-minimize")
     start = start_case(run, run_dir, pair, criterion)
     if not start.prompt_indices:
         raise UsageError(f"pair {pair['pair_id']} has no samples to start from")
@@ -78,7 +80,8 @@ def minimize_run(
         raise UsageError(f"--out {out_dir}: {e.strerror or e}") from None
 
     t0 = time.time()
-    run_for_engine = dict(run, run_dir=str(run_dir))
+    # The run dir travels as the run_dir key engines.build reads from a run's extra keys.
+    run_for_engine = replace(run, extra={**run.extra, "run_dir": str(run_dir)})
     if engine_factory is None:
         from cascade_repro.worker import build_engine
 
@@ -90,12 +93,12 @@ def minimize_run(
     except Exception as e:  # noqa: BLE001 - e.g. vLLM refusing to start: one line, not a traceback
         lines = [x for x in str(e).splitlines() if x.strip()]
         raise UsageError(
-            f"could not start the {run['spec'].get('engine', '?')} engine for {test_cell['engine_key']}: "
+            f"could not start the {spec.engine} engine for {test_cell.engine_key}: "
             f"{type(e).__name__}: {lines[-1] if lines else ''} (the engine's own log above has the cause; "
             "a GPU busy with another process is a common one)"
         ) from None
     try:
-        system_prompt = run["prompt_set"].get("system_prompt_text", "")
+        system_prompt = run.prompt_set.system_prompt_text
         rendered, shared = render_all(engine.tokenizer(), system_prompt, [p["prompt"] for p in prompts])
         oracle = Oracle(engine, rendered, shared, criterion, on_trial=on_trial)
         final, tests, exhausted, confirmations = search(
@@ -103,7 +106,7 @@ def minimize_run(
             start,
             max_tests=max_tests,
             min_requests=MIN_REQUESTS,
-            full_tokens=int(run["spec"]["max_tokens"]),
+            full_tokens=int(spec.max_tokens),
             confirm=confirm,
         )
         effective = engine.effective()
@@ -136,25 +139,26 @@ def minimize_run(
         confirmations=confirmations,
     )
     files: dict[str, Path] = {}
-    data = result.to_dict() | {"run_id": run.get("run_id"), "engine_key": test_cell["engine_key"]}
+    run_id = run.run_id if run.has("run_id") else None
+    data = result.to_dict() | {"run_id": run_id, "engine_key": test_cell.engine_key}
     runstore.write_json_atomic(out_dir / "minimized.json", data)
     files["json"] = out_dir / "minimized.json"
     if result.reproduced:
         assert final is not None
-        inject = run["spec"].get("inject") == "lse-layout"
+        inject = spec.inject == "lse-layout"
         repro = render_repro(
-            model=str(run.get("model_path") or run["spec"]["model"]),
-            system_prompt=run["prompt_set"].get("system_prompt_text", ""),
+            model=str(run.model_path or spec.model),
+            system_prompt=run.prompt_set.system_prompt_text,
             prompts=[prompts[i]["prompt"] for i in final.case.prompt_indices],
             engine_args=repro_engine_args(run, eplan, requested),
             engine_env=requested_env,
-            ignore_eos=bool(run["spec"].get("ignore_eos", False)),
+            ignore_eos=bool(spec.ignore_eos),
             max_tokens=final.case.max_tokens,
-            topk=int(run["spec"].get("topk", 5)),
-            seed=int(eplan.get("seed", 0)),
+            topk=int(spec.topk),
+            seed=int(eplan.seed),
             inject=inject,
-            header=f"model {run.get('model_name') or run['spec']['model']}; from run {run.get('run_id')}, pair {pair['pair_id']} ({run['spec']['engine']} engine, "
-            f"vLLM {run.get('env', {}).get('vllm', 'unknown')})",
+            header=f"model {run.model_name or spec.model}; from run {run_id}, pair {pair['pair_id']} ({spec.engine} engine, "
+            f"vLLM {run.env.get('vllm', 'unknown')})",
         )
         (out_dir / "repro.py").write_text(repro, encoding="utf-8")
         files["repro"] = out_dir / "repro.py"

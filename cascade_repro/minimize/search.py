@@ -21,6 +21,7 @@ from typing import Any
 
 from cascade_repro import runstore, vllm_surface
 from cascade_repro.errors import UsageError
+from cascade_repro.manifest import Manifest, as_manifest
 from cascade_repro.matrix import waves
 from cascade_repro.metrics.divergence import divergence_metrics
 from cascade_repro.minimize.ddmin import ddmin
@@ -143,12 +144,13 @@ def _cell_samples(run_dir: Path, engine_key: str, cell_id: str) -> dict[int, dic
     return {r["prompt_index"]: r for r in runstore.iter_samples(path, {cell_id})}
 
 
-def start_case(run: dict[str, Any], run_dir: Path, pair: dict[str, Any], criterion: str) -> Case:
+def start_case(run: Manifest | dict[str, Any], run_dir: Path, pair: dict[str, Any], criterion: str) -> Case:
     """The recorded wave with the most failing prompts, cut to the earliest failing step + 1 tokens."""
-    cells = {c["cell_id"]: c for c in run["plan"]["cells"]}
+    m = as_manifest(run)
+    cells = m.plan.cell_map()
     test, ref = cells[pair["test_cell"]], cells[pair["ref_cell"]]
-    a = _cell_samples(run_dir, test["engine_key"], test["cell_id"])
-    b = _cell_samples(run_dir, ref["engine_key"], ref["cell_id"])
+    a = _cell_samples(run_dir, test.engine_key, test.cell_id)
+    b = _cell_samples(run_dir, ref.engine_key, ref.cell_id)
     failing: dict[int, int] = {}  # prompt index -> first divergence
     waves_of: dict[int, int] = {}
     for i, ra in a.items():
@@ -166,9 +168,9 @@ def start_case(run: dict[str, Any], run_dir: Path, pair: dict[str, Any], criteri
         if _fails(d, criterion):
             failing[i] = d["first_div"]
             waves_of[i] = int(ra.get("wave", 0))
-    max_tokens = int(run["spec"]["max_tokens"])
-    n_prompts = int(run["prompt_set"].get("n") or (max(a) + 1 if a else 0))
-    batch = int(test["batch"])
+    max_tokens = int(m.spec.max_tokens)
+    n_prompts = int(m.prompt_set.n or (max(a) + 1 if a else 0))
+    batch = int(test.batch)
     plan = waves(n_prompts, batch)
     if not failing:
         # Nothing to go on in the samples (e.g. --pair on a noisy pair): start from the first wave.

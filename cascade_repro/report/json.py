@@ -106,11 +106,12 @@ class JsonFormatter(ReportFormatter):
 
     def render(self, data: RunData) -> str:
         """Return the summary as sorted, indented JSON."""
-        fail_on = str(data.run.get("fail_on") or "regression")
+        m = data.manifest
+        fail_on = str(m.fail_on or "regression")
         code, reason = c.exit_status(data, fail_on if fail_on in c.FAIL_ON else "regression")
         summary = {
             "schema_version": SCHEMA_VERSION,
-            "run_id": data.run.get("run_id"),
+            "run_id": c.recorded(m, "run_id"),
             "headline": c.headline(data),
             "counts": c.verdict_counts(data),
             "fail_on": fail_on,
@@ -124,13 +125,18 @@ class JsonFormatter(ReportFormatter):
             # Informational: neither changes a verdict or the exit code.
             "predictions": c.predictions(data),
             "if_note": c.if_note(data),
-            "env": c.section(data.run, "env"),
+            "env": m.stack_env,
             # Every invocation of the run (the first, each resume) and the stack keys that changed.
             "invocations": [
-                {k: i.get(k) for k in ("started_at", "command", "cells_kept", "cells_run", "total_s")}
-                for i in data.run.get("invocations") or []
-                if isinstance(i, dict)
+                {
+                    "started_at": c.recorded(i, "started_at"),
+                    "command": c.recorded(i, "command"),
+                    "cells_kept": i.cells_kept,
+                    "cells_run": i.cells_run,
+                    "total_s": i.total_s,
+                }
+                for i in c.invocations(data)
             ],
-            "mixed_stack": data.run.get("mixed_stack") or [],
+            "mixed_stack": m.mixed_stack or [],
         }
         return json_text(summary)

@@ -49,14 +49,13 @@ class JunitFormatter(ReportFormatter):
         cell_status = {r["cell_id"]: r for r in c.cells(data)}
         # The Ant JUnit schema requires timestamp (no zone) and hostname; the host is not recorded on
         # purpose (reports are pasted into public issues), which the schema spells "localhost".
-        created = str(data.run.get("created_at") or "")[:19]
+        created = str(data.manifest.created_at or "")[:19]
         doc = JunitDocument(SUITE, timestamp=created or "1970-01-01T00:00:00", hostname="localhost")
-        spec = c.section(data.run, "spec")
         for k, v in (
-            ("run_id", data.run.get("run_id")),
-            ("engine", spec.get("engine")),
-            ("model", spec.get("model")),
-            ("inject", spec.get("inject")),
+            ("run_id", data.manifest.run_id),
+            ("engine", c.spec_field(data, "engine")),
+            ("model", c.spec_field(data, "model")),
+            ("inject", c.spec_field(data, "inject")),
         ):
             if v:
                 doc.add_property(k, str(v))
@@ -102,4 +101,4 @@ class JunitFormatter(ReportFormatter):
                 doc.outcome(case, "skipped", message=one_line(f"inconclusive: {text_of(r.get('reasons'))}"))
             # Every pair's evidence, passing ones too: a CI page shows why a pair passed.
             element(case, "system-out", f"verdict {verdict}\n{_details(r)}")
-        return doc.render(c.section(data.run, "timings").get("total_s"))
+        return doc.render(data.manifest.timings.total_s)

@@ -7,6 +7,7 @@ import math
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import pandas as pd
 
 from cascade_repro import runstore
 from cascade_repro.errors import UsageError
+from cascade_repro.manifest import Manifest
 from cascade_repro.report.text import as_int, is_missing
 from cascade_repro.tables import CELL_COLUMNS, COMPARISON_COLUMNS, PAIR_COLUMNS
 
@@ -43,7 +45,11 @@ class Example:
 
 @dataclass
 class RunData:
-    """Everything a report needs, read from one run directory."""
+    """Everything a report needs, read from one run directory.
+
+    ``run`` is run.json as read (the dict callers outside the report still take); the report reads
+    it through ``manifest``, its typed sections.
+    """
 
     run_dir: Path
     run: dict
@@ -51,6 +57,11 @@ class RunData:
     pairs: pd.DataFrame
     comparisons: pd.DataFrame
     examples: list[Example]
+
+    @cached_property
+    def manifest(self) -> Manifest:
+        """run.json as a :class:`~cascade_repro.manifest.Manifest` (made once, on first use)."""
+        return Manifest.from_json(self.run)
 
 
 def load_run(run_dir: Path, n_examples: int = 3) -> RunData:

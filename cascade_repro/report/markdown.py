@@ -164,7 +164,7 @@ class MarkdownFormatter(ReportFormatter):
         env = "\n".join(f"{k}: {v}" for k, v in c.env_lines(data))
         if "environment" not in drop:
             out += ["### Environment", "", *fenced(env, "text"), ""]
-            collected = data.run.get("vllm_collect_env")
+            collected = data.manifest.vllm_collect_env
             if isinstance(collected, str) and collected.strip():
                 out += ["<details><summary>vLLM's collect_env</summary>", "", *fenced(collected, "text"), "",
                         "</details>", ""]  # fmt: skip

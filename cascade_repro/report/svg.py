@@ -245,7 +245,7 @@ def forest_plot(data: RunData) -> str:
     rows = forest_rows(data)
     if not rows:
         return f'<p class="nodata">{escape(title)}: no data</p>'
-    drift_min = _positive(c.section(data.run, "thresholds").get("drift_min"))
+    drift_min = _positive(c.thresholds(data).get("drift_min"))
     xs = [v for r in rows for v in (r["ratio"], r["lo"], r["hi"], r["threshold"]) if v is not None]
     lo, hi = log_domain([*xs, 1.0, *([drift_min] if drift_min else [])])
     left = 16 + CHAR_W * min(LABEL_CHARS, max(len(r["label"]) for r in rows))

@@ -23,7 +23,7 @@ class FlatLogprobs:
 
     def append_fast(self, token_ids, logprobs, ranks, decoded_tokens):
         self.start_indices.append(len(self.logprobs))
-        for t, lp, r, d in zip(token_ids, logprobs, ranks, decoded_tokens):
+        for t, lp, r, d in zip(token_ids, logprobs, ranks, decoded_tokens, strict=False):
             self.token_ids.append(t)
             self.logprobs.append(lp)
             self.ranks.append(r)

@@ -2,7 +2,6 @@ import importlib
 import os
 import types
 
-
 from vllm.logprobs import FlatLogprobs
 from vllm.logprobs import Logprob as Lp
 
