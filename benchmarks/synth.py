@@ -66,13 +66,15 @@ def _loop_tail(rng: random.Random, start: list[int], length: int) -> list[int]:
 
 def _ref_tokens(rng: random.Random, length: int) -> list[int]:
     t = _zipf(rng, length)
-    if rng.random() < 0.25:  # copied spans
+    # Short completions (--max-tokens below ~60) get shorter spans and no tail loop; from 64 tokens
+    # up the draws are the ones longer runs always had.
+    if rng.random() < 0.25 and length >= 17:  # copied spans
         for _ in range(rng.randint(1, 3)):
-            n = rng.randint(8, 40)
+            n = rng.randint(8, 40 if length > 48 else length // 2)
             src = rng.randrange(0, length - n)
             dst = rng.randrange(src + 1, length - n + 1) if src + 1 <= length - n else src
             t[dst : dst + n] = t[src : src + n]
-    if rng.random() < 0.15:  # tail loop
+    if rng.random() < 0.15 and length >= 64:  # tail loop
         t = _loop_tail(rng, t[: rng.randint(16, length - 48)], length)
     return t
 
