@@ -236,11 +236,11 @@ def check_vllm(f: Facts) -> Check:
     bug = vllm_surface.has_fa2_lse_bug(v)
     bug_txt = {True: "; its FA2 has the split-KV LSE bug (PR #87 came in 0.11.1)", False: "", None: ""}[bug]
     if status == "removed":
+        # The same sentence matrix and explain print (vllm_surface.cascade_note), then the fix.
         return Check(
             "vLLM",
             FAIL,
-            f"vLLM {v}: cascade attention was removed in 0.32.0 (disable_cascade_attn has no effect): "
-            "every pair would be 'not exercised'",
+            vllm_surface.cascade_note(v) or status,
             "use a vLLM from 0.10.2 to 0.31 (cascade is opt-in from 0.18.0; this harness opts in)",
         )
     if vt is None or vt < vllm_surface.version_tuple(vllm_surface.RELEASES[0].version):
