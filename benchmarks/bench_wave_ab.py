@@ -3,7 +3,7 @@
 ``bench_vllm_overhead.py`` compares two engine starts run one after the other; on an H200 with a
 135M model a batch-1 wave is launch-bound, so it measures the host CPU of that moment (the raw loop's
 own b1 waves went from 388 to 299 ms within 20 s) and one pass per side cannot resolve 3 %. Here one
-process builds the harness's own engine (``engines.build``: the probe loaded, the same ``vllm.LLM``
+process builds the harness's own engine (``worker.build_engine``: the probe loaded, the same ``vllm.LLM``
 kwargs a worker gets) and runs each wave of each batch size under three arms, in a rotating order
 (ABC, BCA, CAB, ...), so machine drift hits every arm alike:
 
@@ -186,13 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     from cascade_repro import engines, runstore
     from cascade_repro.chat import prompt_hash, render_all
     from cascade_repro.matrix import waves
-    from cascade_repro.worker import wave_records
+    from cascade_repro.worker import build_engine, wave_records
 
     results = Path(tempfile.mkdtemp(prefix="wave-ab-", dir=os.environ.get("TMPDIR")))
     run_dir, run = prepare_run(args, results)
     key, eplan = next(iter(run.plan.engines.items()))
     t0 = time.monotonic()
-    engine = engines.build(run, eplan, run_dir)
+    engine = build_engine(run, eplan, run_dir)
     start_s = time.monotonic() - t0
     print(f"engine {key} up in {start_s:.1f} s", flush=True)
     if args.gc_freeze:

@@ -21,6 +21,7 @@ from cascade_repro.metrics.divergence import divergence_metrics
 from cascade_repro.metrics.drift import drift_floor, drift_triple
 from cascade_repro.metrics.repetition import repetition_metrics
 from cascade_repro.tables import PAIR_COLUMNS
+from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.verdicts import (
     BiasStats,
     DriftStats,
@@ -180,7 +181,7 @@ def cell_rows(run: Manifest | dict[str, Any], run_dir: Path, samples: dict[str, 
     return pd.DataFrame(rows)
 
 
-CASCADE, CALIBRATION = "cascade", "calibration"
+TWIN_KIND, CALIBRATION = TWIN.pair_kind, "calibration"
 NOISE_BATCH, NOISE_RESTART, NOISE_RERUN = "noise-batch", "noise-restart", "noise-rerun"
 # Controls that measure noise. A rerun inside one engine is bitwise identical (the prefix cache is
 # reset per wave, seen on the H200), so it is shown but never taken as a noise floor.
@@ -209,17 +210,17 @@ def plan_pairs(cells: list[CellPlan] | list[dict[str, Any]]) -> list[PairSpec]:
     shift) pair with the same twin as the clean cascade cell. Cells may come in their run.json form.
     """
     cells = [c if isinstance(c, CellPlan) else CellPlan.from_json(c) for c in cells]
-    flat = {(twin_key(c), c.batch, c.rerun): c for c in cells if c.arm == "flat"}
+    flat = {(twin_key(c), c.batch, c.rerun): c for c in cells if c.arm == TWIN.ref}
     pairs: list[PairSpec] = []
     for c in cells:
-        if c.arm == "cascade" and c.rerun == 0:
+        if c.arm == TWIN.test and c.rerun == 0:
             ref = flat.get((twin_key(c), c.batch, 0))
             if ref:
-                kind = CALIBRATION if c.origin == "calibration" else CASCADE
-                pairs.append(PairSpec(f"{c.cell_id}~flat", kind, c, ref))
+                kind = CALIBRATION if c.origin == "calibration" else TWIN_KIND
+                pairs.append(PairSpec(f"{c.cell_id}~{TWIN.ref}", kind, c, ref))
     by_twin: dict[tuple, list[CellPlan]] = {}
     for c in cells:
-        if c.arm == "flat" and c.rerun == 0:
+        if c.arm == TWIN.ref and c.rerun == 0:
             by_twin.setdefault(twin_key(c), []).append(c)
     for group in by_twin.values():
         group = sorted(group, key=lambda c: c.batch)
@@ -253,7 +254,7 @@ def control_candidates(pairs: list[PairSpec]) -> dict[str, list[tuple[PairSpec, 
             by_cell.setdefault(ps.ref.cell_id, []).append(ps)
     out: dict[str, list[tuple[PairSpec, str]]] = {}
     for ps in pairs:
-        if ps.kind not in (CASCADE, CALIBRATION):
+        if ps.kind not in (TWIN_KIND, CALIBRATION):
             continue
         twin = ps.ref.cell_id
         seen: dict[str, PairSpec] = {}
@@ -431,8 +432,10 @@ def build_tables(
         decode_steps = test_cell.get("cascade_decode_steps", float("nan"))
         decode_steps = None if pd.isna(decode_steps) else int(decode_steps)
         agg["cascade_decode_steps"] = float("nan") if decode_steps is None else decode_steps
-        agg["depth"] = depth(agg["cascade_steps"], decode_steps) if ps.kind in (CASCADE, CALIBRATION) else ""
-        if ps.kind not in (CASCADE, CALIBRATION):
+        agg["depth"] = (
+            depth(agg["cascade_steps"], decode_steps) if ps.kind in (TWIN_KIND, CALIBRATION) else ""
+        )
+        if ps.kind not in (TWIN_KIND, CALIBRATION):
             agg.update(noise_pair_id="", noise_n=0, noise_n_diverged=0, noise_topk_violations=0)
             agg.update(_drift_columns(None, None, "", None))
             agg.update(
@@ -506,12 +509,12 @@ def _speed_columns(
         return prog.waves.get(cell.cell_id, []) if prog is not None else []
 
     out: dict[str, Any] = dict(speed.paired_speed(waves_of(ps.test), waves_of(ps.ref)))
-    pred = predicted.get(ps.test.cell_id) if ps.kind in (CASCADE, CALIBRATION) else None
+    pred = predicted.get(ps.test.cell_id) if ps.kind in (TWIN_KIND, CALIBRATION) else None
     out["predicted_speedup"] = speed.predicted_speedup(
         pred.get("decode_cost") if isinstance(pred, dict) else None
     )
     out["speed_flag"] = ""
-    if ps.kind == CASCADE:
+    if ps.kind == TWIN_KIND:
         test_waves = waves_of(ps.test)
         decode = sum(int(w.get("cascade_decode_steps") or 0) for w in test_waves)
         forced = sum(int((w.get("extra") or {}).get("forced_on") or 0) for w in test_waves)

@@ -45,6 +45,7 @@ from cascade_repro import splitkv, vllm_surface
 from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
 from cascade_repro.manifest import CellPlan, Manifest, as_manifest
+from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.vllm_surface import ModelAttention
 
 MIN_COMMON_PREFIX = vllm_surface.MIN_COMMON_PREFIX
@@ -430,8 +431,8 @@ def predict(
         if not engine_info(engine).cost_model:  # the hf engine: hard conditions only
             ok = not (attention.use_sliding_window or attention.use_alibi)
             hard = ok and aligned >= MIN_COMMON_PREFIX
-            fire = arm == "cascade" and hard and batch >= MIN_REQUESTS
-            if arm != "cascade":
+            fire = arm == TWIN.test and hard and batch >= MIN_REQUESTS
+            if arm != TWIN.test:
                 why = "flat arm: cascade off"
             elif not ok:
                 why = "sliding window or ALiBi: the hf engine runs flat"
@@ -462,7 +463,7 @@ def predict(
                 _fa2_band(attention, qh, kvh, aligned, longest, num_sms, dcp_world_size, rule, variants)
             )
         off = None
-        if arm != "cascade":
+        if arm != TWIN.test:
             off = "flat arm: cascade off"
         elif backend != CASCADE_BACKEND:
             off = f"{backend} never picks cascade (only FLASH_ATTN implements it)"

@@ -17,6 +17,7 @@ from cascade_repro import inject as inj
 from cascade_repro.engines import ENGINES as ENGINE_REGISTRY
 from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
+from cascade_repro.twin import CASCADE as TWIN
 
 ENGINES = tuple(ENGINE_REGISTRY)
 INJECTIONS = ("lse-layout", "lse-shift=X")  # as --help and error messages spell them
@@ -24,6 +25,8 @@ ARM_SWITCHES = ("toggle", "restart")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 FAIL_ON = ("regression", "error", "never")
 FAIL_ON_DEFAULT = "regression"  # matrix, report and merge
+# The fields that hold a list (a TOML file may give one value for them).
+LIST_FIELDS = ("tp", "batch", TWIN.spec_field, "seeds", "dtypes", "fa_versions", "backends")
 
 
 @dataclass
@@ -116,7 +119,7 @@ class MatrixSpec:
             )
 
         use_vllm = setting("engine", "vllm", '"vllm"')
-        both_arms = setting("cascade", "on,off", '["on", "off"]')
+        both_arms = setting(TWIN.spec_field, "on,off", '["on", "off"]')
 
         def bad(msg: str, *fields: str) -> NoReturn:
             in_file = source != "options" and (not fields or any(f not in given for f in fields))
@@ -146,7 +149,7 @@ class MatrixSpec:
         if self.engine_args and not engine_info(self.engine).is_vllm:
             bad(f"{n('engine_args')} are vLLM engine arguments; the {self.engine} engine takes none "
                 f"(use {use_vllm})", "engine_args", "engine")  # fmt: skip
-        for name in ("tp", "batch", "cascade", "seeds", "dtypes", "fa_versions", "backends"):
+        for name in LIST_FIELDS:
             val = getattr(self, name)
             if not isinstance(val, list) or not val:
                 bad(f"{n(name)} must be a non-empty list", name)
@@ -170,7 +173,7 @@ class MatrixSpec:
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in self.seeds):
             bad(f"{n('seeds')} values must be integers, got {show(self.seeds)}", "seeds")
         if not all(isinstance(c, bool) for c in self.cascade):
-            bad(f"{n('cascade')} values must be on/off, got {show(self.cascade)}", "cascade")
+            bad(f"{n(TWIN.spec_field)} values must be on/off, got {show(self.cascade)}", TWIN.spec_field)
         for d in self.dtypes:
             if d not in DTYPES:
                 bad(f"{n('dtypes')} must be one of {', '.join(DTYPES)}, not {show(d)}", "dtypes")
@@ -214,9 +217,9 @@ class MatrixSpec:
                 f"drop {n('inject')}", "calibrate", "inject")  # fmt: skip
         if self.calibrate and True not in self.cascade:
             bad(
-                f"{n('calibrate')} needs the cascade arm ({both_arms})",
+                f"{n('calibrate')} needs the {TWIN.test} arm ({both_arms})",
                 "calibrate",
-                "cascade",
+                TWIN.spec_field,
             )
         if self.arm_switch not in ARM_SWITCHES:
             bad(f"{n('arm_switch')} must be one of {', '.join(ARM_SWITCHES)}, not {show(self.arm_switch)}",
@@ -288,7 +291,7 @@ class Cell:
     engine_key: str
     tp: int
     batch: int
-    arm: str  # "cascade" | "flat"
+    arm: str  # TWIN.test | TWIN.ref
     rerun: int
     seed: int
     dtype: str
@@ -364,7 +367,7 @@ def plan(spec: MatrixSpec) -> dict[str, EnginePlan]:
         "backend": len(spec.backends) > 1,
     }
     restart = engine_info(spec.engine).attention_axes and spec.arm_switch == "restart"
-    arms = ["cascade" if c else "flat" for c in spec.cascade]
+    arms = [TWIN.arm(c) for c in spec.cascade]
     engines: dict[str, EnginePlan] = {}
 
     def add(axes: tuple, batch: int, arm: str, r: int, inject: str | None, origin: str) -> None:
@@ -395,18 +398,18 @@ def plan(spec: MatrixSpec) -> dict[str, EnginePlan]:
     for axes in itertools.product(spec.tp, spec.seeds, spec.dtypes, spec.fa_versions, spec.backends):
         for batch in spec.batch:
             for arm in arms:
-                for r in [0, 1] if (spec.rerun and arm == "flat") else [0]:
-                    add(axes, batch, arm, r, spec.inject if arm == "cascade" else None, "matrix")
-                if arm == "cascade":
+                for r in [0, 1] if (spec.rerun and arm == TWIN.ref) else [0]:
+                    add(axes, batch, arm, r, spec.inject if arm == TWIN.test else None, "matrix")
+                if arm == TWIN.test:
                     for x in spec.calibrate:
                         add(axes, batch, arm, 0, inj.Injection(inj.LSE_SHIFT, x).label, "calibration")
-        if not (spec.auto_controls and "cascade" in arms and "flat" in arms):
+        if not (spec.auto_controls and TWIN.test in arms and TWIN.ref in arms):
             continue
         if restart and not spec.rerun:
             for batch in spec.batch:
-                add(axes, batch, "flat", 1, None, "control")
+                add(axes, batch, TWIN.ref, 1, None, "control")
         elif not restart and len(spec.batch) == 1:
-            add(axes, control_batch(spec.batch[0]), "flat", 0, None, "control")
+            add(axes, control_batch(spec.batch[0]), TWIN.ref, 0, None, "control")
     return engines
 
 
@@ -458,12 +461,10 @@ def load_toml(path: Path) -> dict[str, Any]:
     for k, v in data.items():
         k = k.replace("-", "_")
         k = TOML_ALIASES.get(k, k)
-        if k in ("tp", "batch", "seeds", "dtypes", "fa_versions", "backends", "cascade") and not isinstance(
-            v, list
-        ):
+        if k in LIST_FIELDS and not isinstance(v, list):
             v = [v]
-        if k == "cascade":
-            v = [_parse_onoff(x, f"{path}: cascade") for x in v]
+        if k == TWIN.spec_field:
+            v = [_parse_onoff(x, f"{path}: {TWIN.spec_field}") for x in v]
         if k == "fa_versions":
             try:
                 v = parse_fa_list(",".join(str(x) for x in v), toml_key(k))
@@ -477,9 +478,10 @@ def _parse_onoff(x: Any, where: str) -> bool:
     if isinstance(x, bool):
         return x
     s = str(x).strip().lower()
-    if s in ("on", "true", "1", "yes", "cascade"):
+    # An arm's name says which value it is.
+    if s in ("on", "true", "1", "yes", TWIN.test):
         return True
-    if s in ("off", "false", "0", "no", "flat"):
+    if s in ("off", "false", "0", "no", TWIN.ref):
         return False
     raise UsageError(f"{where}: expected on/off, got {x!r}")
 

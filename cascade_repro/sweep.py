@@ -22,6 +22,7 @@ from typing import Any
 from cascade_repro import speed
 from cascade_repro.manifest import Manifest, as_manifest
 from cascade_repro.report.text import as_int
+from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.vllm_surface import MIN_REQUESTS
 
 FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0)  # of the heuristic's decode threshold
@@ -42,7 +43,7 @@ def sweep_values(values: dict[str, Any], threshold: int | None, given: set[str])
     defaults: dict[str, Any] = {
         "batch": sweep_batches(threshold),
         "fa_versions": list(FA_VERSIONS),
-        "cascade": [True, False],
+        TWIN.spec_field: [True, False],
         "force_cascade": True,
         "ignore_eos": True,
         "graphs_for_batches": True,
@@ -89,7 +90,7 @@ def sweep_rows(pairs: list[dict[str, Any]], predictions: dict[str, dict[str, Any
     """One row per (tp, batch) from a run's cascade pair rows and its per-cell predictions."""
     rows: dict[tuple[int, int], SweepRow] = {}
     for p in pairs:
-        if p.get("kind") != "cascade":
+        if p.get("kind") != TWIN.pair_kind:
             continue
         tp, batch = as_int(p.get("tp")), as_int(p.get("batch"))
         if tp is None or batch is None:

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from cascade_repro import runstore
-from cascade_repro.manifest import CellPlan, EnginePlanRecord, Manifest
+from cascade_repro.manifest import CellPlan, EnginePlanRecord, Manifest, as_manifest
 from cascade_repro.matrix import MatrixSpec, waves
+from cascade_repro.twin import CASCADE as TWIN
 
 # Exit codes the runner understands.
 EXIT_OK = 0
@@ -34,10 +35,18 @@ def load_prompts(run_dir: Path) -> list[dict[str, Any]]:
 def build_engine(
     run: Manifest | dict[str, Any], eplan: EnginePlanRecord | dict[str, Any], run_dir: Path | None = None
 ):
-    """Construct the engine named by the spec for this engine plan (the registry in engines/)."""
-    from cascade_repro import engines
+    """Construct the engine named by the run's spec for one engine plan (the registry in engines/).
 
-    return engines.build(run, eplan, run_dir)
+    ``run`` and ``eplan`` may come as their run.json form (converted here); ``run_dir`` defaults to
+    a ``run_dir`` key such a run carries.
+    """
+    from cascade_repro.engines import get as engine_info
+
+    m = as_manifest(run)
+    ep = eplan if isinstance(eplan, EnginePlanRecord) else EnginePlanRecord.from_json(eplan)
+    if run_dir is None and m.extra.get("run_dir"):
+        run_dir = Path(m.extra["run_dir"])
+    return engine_info(m.spec.engine).load_builder()(m, ep, run_dir)
 
 
 def freeze_heap() -> int:
@@ -144,7 +153,7 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
 def cell_inject(cell: CellPlan, spec: MatrixSpec) -> str | None:
     """The fault a cell's cascade arm runs with: the cell's own (calibration) or the spec's (a cell
     planned by a version without a per-cell ``inject``)."""
-    if cell.arm != "cascade":
+    if cell.arm != TWIN.test:
         return None
     return cell.inject if cell.has("inject") else spec.inject
 

@@ -25,6 +25,7 @@ from cascade_repro.cli.options import (
     option,
     variant,
 )
+from cascade_repro.twin import CASCADE as TWIN
 
 ENGINE = "vllm"  # explain's engine when neither a flag nor the TOML file names one (matrix's is hf)
 BLOCK_SIZE, DCP = 16, 1
@@ -77,7 +78,7 @@ def explain(
     cascade: Annotated[
         str | None,
         option(
-            "Cascade arms, as for `matrix` (flat cells never fire)." + spec_default("cascade"),
+            "Cascade arms, as for `matrix` (flat cells never fire)." + spec_default(TWIN.spec_field),
             MATRIX,
             metavar="on,off",
         ),
@@ -240,7 +241,7 @@ def explain(
 _SWEEP_GIVEN = {
     "batch": "batch",
     "fa_version": "fa_versions",
-    "cascade": "cascade",
+    TWIN.spec_field: TWIN.spec_field,
     "max_tokens": "max_tokens",
 }
 
@@ -303,11 +304,11 @@ class _NotGiven(dict):
 
 # The flags shared with `matrix` (parsed by its _flag_values), and the spec fields a TOML may set here.
 _SHARED_FLAGS = (
-    "engine", "model", "tp", "batch", "cascade", "backend", "hf_overrides", "prompts", "system_prompt", "limit",
+    "engine", "model", "tp", "batch", TWIN.spec_field, "backend", "hf_overrides", "prompts", "system_prompt", "limit",
     "trust_remote_code", "max_tokens", "fa_version",
 )  # fmt: skip
 _SPEC_FIELDS = (
-    "engine", "model", "prompts", "system_prompt", "limit", "prompt_field", "key_field", "tp", "batch", "cascade", "seeds",
+    "engine", "model", "prompts", "system_prompt", "limit", "prompt_field", "key_field", "tp", "batch", TWIN.spec_field, "seeds",
     "dtypes", "fa_versions",
     "backends", "rerun", "hf_overrides", "trust_remote_code", "max_tokens",
 )  # fmt: skip
@@ -358,7 +359,7 @@ def _print(ex: Any, lines: list[str]) -> None:
         table.add_column(col, overflow="fold")
     flat = 0
     for c in ex.cells:
-        if c.arm != "cascade":
+        if c.arm != TWIN.test:
             flat += 1
             continue
         table.add_row(

@@ -49,6 +49,7 @@ from cascade_repro.cli.options import (
 )
 from cascade_repro.inject import DEFAULT_LADDER
 from cascade_repro.matrix import ARM_SWITCHES, FAIL_ON, FAIL_ON_DEFAULT, MatrixSpec
+from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.verdicts import Thresholds
 
 
@@ -79,7 +80,9 @@ def matrix(
     ] = None,
     cascade: Annotated[
         str | None,
-        option("Cascade arms: `on,off`, `on` or `off`." + spec_default("cascade"), MATRIX, metavar="on,off"),
+        option(
+            "Cascade arms: `on,off`, `on` or `off`." + spec_default(TWIN.spec_field), MATRIX, metavar="on,off"
+        ),
     ] = None,
     seed: Annotated[
         str | None,
@@ -416,8 +419,9 @@ def _flag_values(given: dict[str, Any]) -> dict[str, Any]:
             out["seeds"] = [int(x) for x in given["seed"].split(",") if x.strip()]
         except ValueError:
             raise UsageError(f"--seed: expected integers, got {given['seed']!r}") from None
-    if given["cascade"] is not None:
-        out["cascade"] = parse_onoff_list(given["cascade"], "cascade")
+    # The axis's flag is its spec field's (--cascade), and so is the parameter that holds it.
+    if given[TWIN.spec_field] is not None:
+        out[TWIN.spec_field] = parse_onoff_list(given[TWIN.spec_field], TWIN.spec_field)
     if given["dtype"] is not None:
         out["dtypes"] = [
             VLLM_DTYPES.get(x.strip(), x.strip()) for x in given["dtype"].split(",") if x.strip()

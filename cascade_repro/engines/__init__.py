@@ -1,20 +1,20 @@
 """The engines a matrix can run, behind one registry (simonw/llm's plugin pattern, without plugins yet).
 
 Every other module asks :func:`get` what an engine can do instead of comparing its name, so a new
-engine is one entry here and one module beside this one. Engines are imported only when built.
+engine is one entry here and one module beside this one. The table is data: an engine's builder is
+named by a ``module:function`` path (as an entry point names it) and imported only when an engine
+is built, so the planner can read the table without the engines, and nothing here imports the
+manifest or the planner that import this (``worker.build_engine`` builds from a run).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cascade_repro.errors import UsageError
-
-if TYPE_CHECKING:
-    from cascade_repro.manifest import EnginePlanRecord, Manifest  # noqa: F401 - annotations
 
 
 @dataclass(frozen=True)
@@ -40,42 +40,26 @@ class EngineInfo:
     # seconds, its exact resume wants each wave on disk before the next, and a thread would take
     # a core from torch on a small CPU box: it writes in the foreground.
     background_writes: bool
-    build: Callable[[Manifest, EnginePlanRecord, Path | None], Any]
+    # ``module:function`` of the builder, called as ``builder(run: Manifest, eplan: EnginePlanRecord,
+    # run_dir: Path | None)``; a path, not the function, so that reading the table imports no engine.
+    builder: str
 
-
-def _build_hf(run: Manifest, eplan: EnginePlanRecord, run_dir: Path | None) -> Any:
-    from cascade_repro.engines.hf import HFEngine, default_threads
-
-    spec = run.spec
-    default_threads()
-    return HFEngine(
-        run.model_path,
-        dtype=eplan.dtype,
-        device=spec.device,
-        topk=spec.topk,
-        inject=spec.inject,
-        trust_remote_code=spec.trust_remote_code,
-        seed=eplan.seed,
-        ignore_eos=bool(spec.ignore_eos),
-    )
-
-
-def _build_vllm(run: Manifest, eplan: EnginePlanRecord, run_dir: Path | None) -> Any:
-    from cascade_repro.engines.vllm import VLLMEngine
-
-    return VLLMEngine(run.model_path, run.spec, eplan, run_dir=run_dir)
+    def load_builder(self) -> Callable[..., Any]:
+        """Import the engine's module and return its builder."""
+        module, _, name = self.builder.partition(":")
+        return getattr(importlib.import_module(module), name)
 
 
 ENGINES: dict[str, EngineInfo] = {
     "hf": EngineInfo(
         "hf", "transformers, CPU or GPU, with a reference cascade (prefix pass, suffix pass, LSE merge)",
         cost_model=False, attention_axes=False, tensor_parallel=False, is_vllm=False, exact_wave_resume=True,
-        background_writes=False, build=_build_hf,
+        background_writes=False, builder="cascade_repro.engines.hf:build",
     ),
     "vllm": EngineInfo(
         "vllm", "vLLM's own cascade attention, counted and toggled by the probe plugin",
         cost_model=True, attention_axes=True, tensor_parallel=True, is_vllm=True, exact_wave_resume=False,
-        background_writes=True, build=_build_vllm,
+        background_writes=True, builder="cascade_repro.engines.vllm:build",
     ),
 }  # fmt: skip
 
@@ -86,20 +70,3 @@ def get(name: str) -> EngineInfo:
         return ENGINES[str(name)]
     except KeyError:
         raise UsageError(f"unknown engine {name!r}; known: {', '.join(sorted(ENGINES))}") from None
-
-
-def build(
-    run: Manifest | dict[str, Any], eplan: EnginePlanRecord | dict[str, Any], run_dir: Path | None = None
-) -> Any:
-    """Construct the engine named by the run's spec for one engine plan.
-
-    ``run`` and ``eplan`` may come as their run.json form (converted here); ``run_dir`` defaults to
-    a ``run_dir`` key such a dict carries.
-    """
-    from cascade_repro.manifest import EnginePlanRecord, as_manifest
-
-    m = as_manifest(run)
-    ep = eplan if isinstance(eplan, EnginePlanRecord) else EnginePlanRecord.from_json(eplan)
-    if run_dir is None and m.extra.get("run_dir"):
-        run_dir = Path(m.extra["run_dir"])
-    return get(m.spec.engine).build(m, ep, run_dir)

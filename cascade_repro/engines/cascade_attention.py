@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from cascade_repro import inject as inj
 from cascade_repro import vllm_surface
+from cascade_repro.twin import CASCADE as TWIN
 
 ATTN_NAME = "cascade_repro"
 # vLLM's hard conditions in use_cascade_attention (vllm/v1/attention/backends/flash_attn.py).
@@ -45,7 +46,7 @@ MIN_REQUESTS = vllm_surface.MIN_REQUESTS
 class CascadeState:
     """Per-process switchboard the engine sets before each forward; the attention reads it."""
 
-    arm: str = "flat"
+    arm: str = TWIN.ref
     prefix_len: int = 0
     block_size: int = 16
     inject: str | None = None
@@ -68,7 +69,7 @@ class CascadeState:
         compares SM occupancy on a GPU and has no CPU counterpart, so it is not applied here.
         """
         aligned = (self.prefix_len // self.block_size) * self.block_size
-        use = self.arm == "cascade" and aligned >= MIN_COMMON_PREFIX and n_requests >= MIN_REQUESTS
+        use = self.arm == TWIN.test and aligned >= MIN_COMMON_PREFIX and n_requests >= MIN_REQUESTS
         self.use_now = use
         self.common_prefix_len = aligned if use else 0
         self.steps_total += 1

@@ -20,13 +20,18 @@ import copy
 import functools
 import inspect
 import os
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from cascade_repro.engines import cascade_attention as ca
 from cascade_repro.engines.base import Completion, WaveStats
 from cascade_repro.errors import UsageError
+from cascade_repro.twin import CASCADE as TWIN
+
+if TYPE_CHECKING:
+    from cascade_repro.manifest import EnginePlanRecord, Manifest
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -145,7 +150,7 @@ class HFEngine:
         p = common_prefix_len(prompts) if prefix_len is None else prefix_len
         p = min(p, min(len(x) for x in prompts) - 1)
         state = ca.STATE
-        state.arm = arm if self._cascade_supported else "flat"
+        state.arm = arm if self._cascade_supported else TWIN.ref
         state.prefix_len, state.inject = p, self.inject
         state.reset_counters()
 
@@ -316,3 +321,19 @@ def default_threads() -> None:
     """Use every core for intra-op work unless the user pinned OMP_NUM_THREADS."""
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(os.cpu_count() or 1)
+
+
+def build(run: Manifest, eplan: EnginePlanRecord, run_dir: Path | None) -> HFEngine:
+    """The registry's builder (engines.ENGINES): the engine of one engine plan of a run."""
+    spec = run.spec
+    default_threads()
+    return HFEngine(
+        run.model_path,
+        dtype=eplan.dtype,
+        device=spec.device,
+        topk=spec.topk,
+        inject=spec.inject,
+        trust_remote_code=spec.trust_remote_code,
+        seed=eplan.seed,
+        ignore_eos=bool(spec.ignore_eos),
+    )

@@ -31,8 +31,9 @@ from typing import Any
 from cascade_repro import probe, runstore, vllm_surface
 from cascade_repro.engines.base import Completion, WaveStats
 from cascade_repro.errors import UsageError
-from cascade_repro.manifest import EnginePlanRecord, spec_of
+from cascade_repro.manifest import EnginePlanRecord, Manifest, spec_of
 from cascade_repro.matrix import MatrixSpec
+from cascade_repro.twin import CASCADE as TWIN
 
 RPC_TIMEOUT_S = 120.0
 MIN_DEFAULT_MAX_NUM_SEQS = 256
@@ -71,6 +72,11 @@ def _prepare_probe_dir(path: Path) -> None:
             else:
                 p.unlink(missing_ok=True)
     path.mkdir(parents=True, exist_ok=True)
+
+
+def build(run: Manifest, eplan: EnginePlanRecord, run_dir: Path | None) -> VLLMEngine:
+    """The registry's builder (engines.ENGINES): the engine of one engine plan of a run."""
+    return VLLMEngine(run.model_path, run.spec, eplan, run_dir=run_dir)
 
 
 class VLLMEngine:
@@ -153,7 +159,7 @@ class VLLMEngine:
         if max_model_len:
             kwargs["max_model_len"] = int(max_model_len)
         if "disable_cascade_attn" in names:
-            kwargs["disable_cascade_attn"] = self.engine_arm == "flat"
+            kwargs["disable_cascade_attn"] = self.engine_arm == TWIN.ref
         else:
             self._env_notes["disable_cascade_attn"] = "not an EngineArgs field in this vLLM"
         self.legacy_attention_env = "attention_config" not in names
@@ -372,16 +378,16 @@ class VLLMEngine:
         """Reset the prefix cache, re-warm the shared prefix, then submit all prompts at once."""
         from cascade_repro.chat import common_prefix_len
 
-        if arm not in ("cascade", "flat"):
-            raise ValueError(f"arm must be 'cascade' or 'flat', not {arm!r}")
+        if arm not in TWIN.arms:
+            raise ValueError(f"arm must be {TWIN.test!r} or {TWIN.ref!r}, not {arm!r}")
         if self.engine_arm is not None and arm != self.engine_arm:
             raise RuntimeError(
                 f"engine {self.key} was started for the {self.engine_arm} arm, asked for {arm}"
             )
         self._wave_seq += 1
         wave_id = f"{self.key}/w{self._wave_seq:05d}-{arm}"
-        force_off = arm == "flat"
-        inject = self.inject if arm == "cascade" else None
+        force_off = arm == TWIN.ref
+        inject = self.inject if arm == TWIN.test else None
         p = common_prefix_len(prompts) if prefix_len is None else prefix_len
         p = max(0, min(p, min(len(x) for x in prompts) - 1))
         extra: dict[str, Any] = {}
@@ -416,7 +422,7 @@ class VLLMEngine:
 
         # 2. The wave itself, counted under its own id. The control file's size changes with every
         #    write (probe.control_text), so the wave's first decision sees it without a round trip.
-        force_on = arm == "cascade" and bool(self.spec.force_cascade)
+        force_on = arm == TWIN.test and bool(self.spec.force_cascade)
         probe.write_control(self.probe_dir, wave_id, force_off, inject, self._next_ctl(), force_on)
         params = self._SamplingParams(max_tokens=max_tokens, **self.logprob_kwargs(), **greedy)
         phases["control_s"], t = clock() - t, clock()

@@ -25,6 +25,7 @@ from cascade_repro.manifest import Manifest, as_manifest
 from cascade_repro.matrix import waves
 from cascade_repro.metrics.divergence import divergence_metrics
 from cascade_repro.minimize.ddmin import ddmin
+from cascade_repro.twin import CASCADE as TWIN
 
 CRITERIA = ("topk", "any")
 MIN_REQUESTS = vllm_surface.MIN_REQUESTS  # vLLM never runs cascade with fewer requests in a step
@@ -122,7 +123,7 @@ def pick_pair(run_dir: Path, pair_id: str | None) -> dict[str, Any]:
             f"{run_dir} has no {runstore.PAIRS}: is it a finished run? (`cascade-repro report --rescore` rebuilds it)"
         )
     pairs = pd.read_parquet(path)
-    pairs = pairs[pairs["kind"] == "cascade"]
+    pairs = pairs[pairs["kind"] == TWIN.pair_kind]
     if pair_id is not None:
         row = pairs[pairs["pair_id"] == pair_id]
         if row.empty:
@@ -221,8 +222,8 @@ class Oracle:
     def __call__(self, case: Case) -> Trial:
         t0 = time.time()
         prompts = [self.rendered[i] for i in case.prompt_indices]
-        cas, stats = self.engine.run_wave(prompts, "cascade", case.max_tokens, prefix_len=self.prefix_len)
-        flat, _ = self.engine.run_wave(prompts, "flat", case.max_tokens, prefix_len=self.prefix_len)
+        cas, stats = self.engine.run_wave(prompts, TWIN.test, case.max_tokens, prefix_len=self.prefix_len)
+        flat, _ = self.engine.run_wave(prompts, TWIN.ref, case.max_tokens, prefix_len=self.prefix_len)
         tok = self.engine.tokenizer()
         violations, diverged = [], 0
         for pos, (c, f) in enumerate(zip(cas, flat, strict=True)):

@@ -34,13 +34,14 @@ from cascade_repro.report.text import (
     text_or_missing,
     truncate,
 )
+from cascade_repro.twin import CASCADE as TWIN
 
 VERDICTS = ("regression", "error", "not exercised", "inconclusive", "within noise", "identical")
 # Verdicts of a pair in which cascade ran and both cells were compared: something was measured.
 EXERCISED = ("identical", "within noise", "regression", "inconclusive")
 AXES = ("seed", "dtype", "fa_version", "backend")
 FAIL_ON = ("regression", "error", "never")
-CASCADE, CALIBRATION = "cascade", "calibration"
+TWIN_KIND, CALIBRATION = TWIN.pair_kind, "calibration"
 NOISE_RERUN = "noise-rerun"
 # Exit codes besides 0 (clean) and 1 (regression / errors); 2 is the CLI's usage error.
 EXIT_NOTHING_EXERCISED = 4
@@ -138,7 +139,7 @@ def _pairs_of(data: RunData, keep: Callable[[object], bool]) -> list[dict]:
 
 def cascade_pairs(data: RunData) -> list[dict]:
     """Return cascade pair rows ordered by tp, batch and the other axes (calibration rows excluded)."""
-    return _pairs_of(data, lambda k: k == CASCADE)
+    return _pairs_of(data, lambda k: k == TWIN_KIND)
 
 
 def calibration_pairs(data: RunData) -> list[dict]:
@@ -157,7 +158,7 @@ def _shift(r: dict) -> float:
 
 def control_pairs(data: RunData) -> list[dict]:
     """Return noise-control pair rows in the same order."""
-    return _pairs_of(data, lambda k: k not in (CASCADE, CALIBRATION))
+    return _pairs_of(data, lambda k: k not in (TWIN_KIND, CALIBRATION))
 
 
 def cells(data: RunData) -> list[dict]:
@@ -305,7 +306,7 @@ def _flag_true(v) -> bool:
 def never_fired_because(data: RunData) -> str:
     """Why cascade never fired, from what the run recorded; the generic answer when nothing explains it."""
     why = []
-    batches = [as_int(r.get("batch")) for r in cells(data) if r.get("arm") == "cascade"]
+    batches = [as_int(r.get("batch")) for r in cells(data) if r.get("arm") == TWIN.test]
     batches = [b for b in batches if b is not None] or [
         b for b in (as_int(r.get("batch")) for r in cascade_pairs(data)) if b is not None
     ]
@@ -322,7 +323,7 @@ def never_fired_because(data: RunData) -> str:
 def _nothing_exercised_reason(data: RunData, counts: dict[str, int]) -> str:
     total, fired = sum(counts.values()), counts.get("not exercised", 0)
     if total == 0:
-        has_arm = any(r.get("arm") == "cascade" for r in cells(data))
+        has_arm = any(r.get("arm") == TWIN.test for r in cells(data))
         why = "no cascade cell has a finished flat twin" if has_arm else "the matrix has no cascade arm"
         return f"nothing exercised: the run has no cascade pairs ({why})"
     if fired == total:
@@ -430,7 +431,7 @@ def warnings(data: RunData) -> list[str]:
     for r in cells(data):
         if r.get("status") == "error":
             out.append(f"cell {r['cell_id']} failed: {text_of(r.get('error'))}")
-        elif r.get("arm") == "cascade" and r.get("status") == "done" and as_int(r.get("cascade_steps")) == 0:
+        elif r.get("arm") == TWIN.test and r.get("status") == "done" and as_int(r.get("cascade_steps")) == 0:
             out.append(f"cell {r['cell_id']} ran 0 cascade steps: not exercised: proves nothing")
     out += _depth_warnings(data)
     out += [
@@ -900,7 +901,7 @@ def example_title(ex: Example) -> str:
 
 def example_table(ex: Example) -> Table:
     """Show both sides' token, log-probability and top-k at the first divergence."""
-    sides = [f"cascade ({ex.test_cell})", f"flat ({ex.ref_cell})"]
+    sides = [f"{TWIN.test} ({ex.test_cell})", f"{TWIN.ref} ({ex.ref_cell})"]
     return Table(
         [f"at token {fmt_int(ex.first_div)}", *sides],
         [

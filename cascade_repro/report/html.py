@@ -10,6 +10,7 @@ from cascade_repro.report import svg
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.load import Example, RunData
 from cascade_repro.report.text import clean, one_line
+from cascade_repro.twin import CASCADE as TWIN
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#1f2328;background:#fff}
@@ -77,8 +78,8 @@ def _example(ex: Example) -> str:
         f"<details>\n<summary>{escape(c.example_title(ex))}</summary>\n"
         f"{html_table(c.example_table(ex), 'no token data')}\n"
         '<div class="sbs">\n'
-        f"<div><h4>cascade (test) <code>{escape(ex.test_cell)}</code></h4>{_pre(ex.test_text)}</div>\n"
-        f"<div><h4>flat (ref) <code>{escape(ex.ref_cell)}</code></h4>{_pre(ex.ref_text)}</div>\n"
+        f"<div><h4>{escape(TWIN.test_label)} <code>{escape(ex.test_cell)}</code></h4>{_pre(ex.test_text)}</div>\n"
+        f"<div><h4>{escape(TWIN.ref_label)} <code>{escape(ex.ref_cell)}</code></h4>{_pre(ex.ref_text)}</div>\n"
         "</div>\n</details>"
     )
 

@@ -19,6 +19,7 @@ from cascade_repro.errors import UsageError
 from cascade_repro.manifest import Manifest
 from cascade_repro.report.text import as_int, is_missing
 from cascade_repro.tables import CELL_COLUMNS, COMPARISON_COLUMNS, PAIR_COLUMNS
+from cascade_repro.twin import CASCADE as TWIN
 
 
 @dataclass
@@ -88,7 +89,7 @@ def load_run(run_dir: Path, n_examples: int = 3) -> RunData:
     comparisons = _read_table(run_dir / runstore.COMPARISONS, COMPARISON_COLUMNS)
     if pairs["kind"].isna().all() and len(pairs):
         # Old runs had no kind column: only cascade pairs carry a real verdict.
-        pairs["kind"] = ["noise" if v == "control" else "cascade" for v in pairs["verdict"]]
+        pairs["kind"] = ["noise" if v == "control" else TWIN.pair_kind for v in pairs["verdict"]]
     examples = pick_examples(pairs, comparisons, n_examples)
     _attach_samples(run_dir, examples)
     return RunData(run_dir, run, cells, pairs, comparisons, examples)
@@ -113,7 +114,7 @@ def pick_examples(pairs: pd.DataFrame, comparisons: pd.DataFrame, n: int) -> lis
     """
     if n <= 0 or comparisons.empty or pairs.empty:
         return []
-    cascade = {r["pair_id"]: r for r in pairs.to_dict("records") if r.get("kind") == "cascade"}
+    cascade = {r["pair_id"]: r for r in pairs.to_dict("records") if r.get("kind") == TWIN.pair_kind}
     cols = {c: comparisons[c].to_numpy(dtype=object) for c in ("pair_id", "prompt_index", "exact", "first_div",
                                                                  "topk_ok", "edit_distance")}  # fmt: skip
     keep = [

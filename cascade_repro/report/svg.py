@@ -9,6 +9,7 @@ from html import escape
 from cascade_repro.report import content as c
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import as_int, fmt_x, fmt_x_ci, is_missing, text_of, truncate
+from cascade_repro.twin import CASCADE as TWIN
 
 Series = dict[int, list[float]]  # x (batch size) -> values
 COLORS = ("#d1242f", "#0969da", "#1a7f37", "#8250df", "#bf8700")
@@ -140,7 +141,7 @@ def first_divergence_plot(data: RunData) -> str:
         # Calibration pairs carry an injected error: they are neither cascade evidence nor noise.
         if p is None or p.get("kind") == c.CALIBRATION or (not is_missing(r["exact"]) and bool(r["exact"])):
             continue
-        _add(cascade if p.get("kind") == "cascade" else noise, p.get("batch"), r["first_div"])
+        _add(cascade if p.get("kind") == TWIN.pair_kind else noise, p.get("batch"), r["first_div"])
     return whisker_plot(
         "First divergence by batch size",
         "batch size",
@@ -151,7 +152,7 @@ def first_divergence_plot(data: RunData) -> str:
 
 def seq_rep_plot(data: RunData) -> str:
     """Plot seq-rep-4 of finished cells by batch, cascade arm vs flat arm."""
-    arms: dict[str, Series] = {"cascade arm": {}, "flat arm": {}}
+    arms: dict[str, Series] = {f"{arm} arm": {} for arm in TWIN.arms}
     for r in c.cells(data):
         if r.get("status") == "done" and f"{r.get('arm')} arm" in arms:
             _add(arms[f"{r['arm']} arm"], r.get("batch"), r.get("seq_rep_4"))
