@@ -3,8 +3,8 @@
 Every other module asks :func:`get` what an engine can do instead of comparing its name, so a new
 engine is one entry here and one module beside this one. The table is data: an engine's builder is
 named by a ``module:function`` path (as an entry point names it) and imported only when an engine
-is built, so the planner can read the table without the engines, and nothing here imports the
-manifest or the planner that import this (``worker.build_engine`` builds from a run).
+is built: the planner reads this table, so nothing here may import the planner or the manifest
+(which imports the planner), as the engines do; ``worker.build_engine`` builds from a run.
 """
 
 from __future__ import annotations
