@@ -24,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from cascade_repro import runstore
-from cascade_repro.matrix import MatrixSpec, plan
+from cascade_repro.plan.matrix import MatrixSpec, plan
+from cascade_repro.run import runstore
 
 BATCHES = [1, 8, 16, 32, 64]
 

@@ -35,10 +35,10 @@ def measure(batches: list[int], steps: int, model: str, clock: str) -> dict:
     """Run in the subprocess: per (batch, arm) prefill ms, decode ms/step, wall s."""
     import torch
 
-    from cascade_repro.chat import render_all
     from cascade_repro.engines.hf import HFEngine, default_threads
-    from cascade_repro.models import resolve_model
-    from cascade_repro.promptsets import load_prompt_set, load_system_prompt
+    from cascade_repro.plan.models import resolve_model
+    from cascade_repro.prompts.chat import render_all
+    from cascade_repro.prompts.promptsets import load_prompt_set, load_system_prompt
 
     default_threads()
     pset = load_prompt_set("ko-ifeval-style", max(batches))

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import synth  # noqa: E402
 
-from cascade_repro.metrics import divergence_metrics, edit_distance_norm, repetition_metrics  # noqa: E402
+from cascade_repro.judge.metrics import divergence_metrics, edit_distance_norm, repetition_metrics  # noqa: E402
 
 TARGET_TOK_S = 1_000_000
 

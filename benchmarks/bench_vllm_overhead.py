@@ -74,7 +74,7 @@ if str(REPO) not in sys.path:
 TARGET_RATIO = 1.03
 PROBE_EP_GROUP = "vllm.general_plugins"
 PROBE_EP_NAME = "cascade_repro_probe"
-PROBE_EP_VALUE = "cascade_repro.probe:register"
+PROBE_EP_VALUE = "cascade_repro.vllm_surface.probe:register"
 SHIM_DIST = "cascade_repro_bench_probe-0.0.0.dist-info"
 VLLM_ENV = ("VLLM_USE_V2_MODEL_RUNNER", "VLLM_USE_FLASHINFER_SAMPLER", "VLLM_ATTENTION_BACKEND",
             "VLLM_FLASH_ATTN_VERSION", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_BATCH_INVARIANT",
@@ -90,7 +90,7 @@ LOG_TAIL_BYTES = 200_000
 # ------------------------------------------------------------------------------- pure helpers
 def spec_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
     """MatrixSpec fields of the benchmarked matrix (the CLI flags of :func:`matrix_cli_args`)."""
-    from cascade_repro.matrix import parse_fa_list
+    from cascade_repro.plan.matrix import parse_fa_list
 
     return {
         "engine": "vllm", "model": cfg["model"], "tp": [cfg["tp"]], "batch": list(cfg["batch"]),
@@ -391,10 +391,12 @@ def child_raw(cfg: dict[str, Any], progress: Path) -> int:
         f.write(json.dumps({"event": event, "t": time.time(), **kw}, default=str) + "\n")
         f.flush()
 
-    from cascade_repro import envinfo, probe, runstore, vllm_surface, worker
-    from cascade_repro.chat import render_all
-    from cascade_repro.matrix import MatrixSpec, waves
-    from cascade_repro.runner import RunOptions, prepare
+    from cascade_repro import vllm_surface
+    from cascade_repro.plan.matrix import MatrixSpec, waves
+    from cascade_repro.prompts.chat import render_all
+    from cascade_repro.run import envinfo, runstore, worker
+    from cascade_repro.run.runner import RunOptions, prepare
+    from cascade_repro.vllm_surface import probe
 
     # The same run directory the CLI makes; GPU facts skipped: they would initialise CUDA in this
     # process before vLLM's engine (the CLI does that in the runner, not in the worker).
@@ -547,7 +549,7 @@ def _kill_workers_of(run_dir: Path) -> None:
             cmd = (d / "cmdline").read_bytes()
         except OSError:
             continue
-        if b"cascade_repro.worker" in cmd and needle in cmd:
+        if b"cascade_repro.run.worker" in cmd and needle in cmd:
             _reap_group(int(d.name), wait_s=5.0)
 
 
@@ -707,7 +709,7 @@ def main(argv: list[str] | None = None) -> int:
         [str(p) for p in (shim, REPO) if p] + [x for x in env.get("PYTHONPATH", "").split(os.pathsep) if x]
     )
     # A broken import (the CLI loads every command module) must not cost two engine starts.
-    chk = subprocess.run([sys.executable, "-c", "import cascade_repro.cli, cascade_repro.worker, cascade_repro.engines.vllm"],
+    chk = subprocess.run([sys.executable, "-c", "import cascade_repro.cli, cascade_repro.run.worker, cascade_repro.engines.vllm"],
                          env=env, cwd=str(REPO), capture_output=True, text=True, timeout=300)  # fmt: skip
     if chk.returncode != 0:
         print(f"cascade_repro does not import here:\n{chk.stderr[-3000:]}", file=sys.stderr)
@@ -835,7 +837,7 @@ def main(argv: list[str] | None = None) -> int:
             records += read_jsonl(path)
         engine, h_cells, h_outputs = harness_cells(records)
         errors = {r["cell_id"]: r.get("reason") for r in records if r.get("type") == "cell_error"}
-        from cascade_repro.manifest import Manifest
+        from cascade_repro.run.manifest import Manifest
 
         try:
             h_run = Manifest.from_json(json.loads((run_dir / "run.json").read_text()))

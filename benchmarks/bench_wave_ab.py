@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from cascade_repro.manifest import Manifest
+    from cascade_repro.run.manifest import Manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -78,10 +78,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def prepare_run(args: argparse.Namespace, results: Path) -> tuple[Path, Manifest]:
     """A real run directory for the matrix (so the engine gets exactly a worker's settings)."""
-    from cascade_repro import runstore
-    from cascade_repro.matrix import MatrixSpec
-    from cascade_repro.runner import RunOptions, prepare
-    from cascade_repro.verdicts import Thresholds
+    from cascade_repro.judge.verdicts import Thresholds
+    from cascade_repro.plan.matrix import MatrixSpec
+    from cascade_repro.run import runstore
+    from cascade_repro.run.runner import RunOptions, prepare
 
     values: dict[str, Any] = {
         "engine": "vllm",
@@ -183,10 +183,11 @@ def table(summary: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     t_begin = time.monotonic()
-    from cascade_repro import engines, runstore
-    from cascade_repro.chat import prompt_hash, render_all
-    from cascade_repro.matrix import waves
-    from cascade_repro.worker import build_engine, wave_records
+    from cascade_repro import engines
+    from cascade_repro.plan.matrix import waves
+    from cascade_repro.prompts.chat import prompt_hash, render_all
+    from cascade_repro.run import runstore
+    from cascade_repro.run.worker import build_engine, wave_records
 
     results = Path(tempfile.mkdtemp(prefix="wave-ab-", dir=os.environ.get("TMPDIR")))
     run_dir, run = prepare_run(args, results)
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     start_s = time.monotonic() - t0
     print(f"engine {key} up in {start_s:.1f} s", flush=True)
     if args.gc_freeze:
-        from cascade_repro.worker import freeze_heap
+        from cascade_repro.run.worker import freeze_heap
 
         print(f"gc.freeze() as the worker does it: {freeze_heap():,} objects frozen", flush=True)
     prompts = runstore.read_prompts(run_dir)

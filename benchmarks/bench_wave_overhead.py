@@ -53,11 +53,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from cascade_repro import probe, runstore  # noqa: E402
-from cascade_repro.chat import prompt_hash  # noqa: E402
 from cascade_repro.engines.base import WaveStats  # noqa: E402
 from cascade_repro.engines.vllm import VLLMEngine  # noqa: E402 - importing it does not import vLLM
-from cascade_repro.worker import wave_records  # noqa: E402
+from cascade_repro.prompts.chat import prompt_hash  # noqa: E402
+from cascade_repro.run import runstore  # noqa: E402
+from cascade_repro.run.worker import wave_records  # noqa: E402
+from cascade_repro.vllm_surface import probe  # noqa: E402
 
 VOCAB = 49152  # SmolLM2 (the model of the H200 measurement)
 PROMPT_TOKENS = 420  # about the rendered length of the ko-ifeval-style prompts with the system prompt

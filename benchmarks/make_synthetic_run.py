@@ -41,13 +41,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import synth  # noqa: E402
 
-from cascade_repro import runstore  # noqa: E402
-from cascade_repro.matrix import MatrixSpec, all_cells, plan, waves  # noqa: E402
-from cascade_repro.metrics import divergence_metrics, repetition_metrics  # noqa: E402
-from cascade_repro.verdicts import Evidence, Thresholds, decide, paired_bootstrap_ci  # noqa: E402
+from cascade_repro.judge.metrics import divergence_metrics, repetition_metrics  # noqa: E402
+from cascade_repro.judge.verdicts import Evidence, Thresholds, decide, paired_bootstrap_ci  # noqa: E402
+from cascade_repro.plan.matrix import MatrixSpec, all_cells, plan, waves  # noqa: E402
+from cascade_repro.run import runstore  # noqa: E402
 
 LAYERS = 30  # SmolLM2-135M: cascade_calls = steps x layers
-from cascade_repro.compare import TWIN_AXES  # noqa: E402 - the pairing axes, defined once
+from cascade_repro.judge.compare import TWIN_AXES  # noqa: E402 - the pairing axes, defined once
 
 
 def plan_pairs(cells: list[dict[str, Any]]) -> list[tuple[str, str, dict, dict]]:

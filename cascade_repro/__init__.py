@@ -16,11 +16,11 @@ __all__ = ["MatrixSpec", "RunOptions", "run_matrix", "write_reports", "__version
 def __getattr__(name: str) -> Any:
     # Lazy, so `import cascade_repro` (and `--help`) never pulls in torch or pandas.
     if name == "MatrixSpec":
-        from cascade_repro.matrix import MatrixSpec
+        from cascade_repro.plan.matrix import MatrixSpec
 
         return MatrixSpec
     if name in ("RunOptions", "run_matrix"):
-        from cascade_repro import runner
+        from cascade_repro.run import runner
 
         return getattr(runner, name)
     if name == "write_reports":

@@ -95,7 +95,7 @@ def probe_targets() -> dict[str, bool]:
     """Which names the probe patches exist in this vLLM (imports the flash_attn backend)."""
     import importlib
 
-    from cascade_repro import probe
+    from cascade_repro.vllm_surface import probe
 
     fa = importlib.import_module(probe.FLASH_ATTN_MODULE)
     wrapper = None
@@ -120,7 +120,7 @@ def probe_targets() -> dict[str, bool]:
 
 
 def gpus() -> list[dict[str, Any]]:
-    from cascade_repro import envinfo
+    from cascade_repro.run import envinfo
 
     return envinfo.gpu_devices()
 
@@ -153,7 +153,7 @@ def fa_support() -> tuple[dict[int, str | None], int | None]:
 
 
 def model_config(model: str, hf_overrides: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-    from cascade_repro.models import load_config, resolve_model
+    from cascade_repro.plan.models import load_config, resolve_model
 
     path, _ = resolve_model(model)
     cfg = dict(load_config(path))
@@ -162,9 +162,9 @@ def model_config(model: str, hf_overrides: dict[str, Any] | None = None) -> tupl
 
 
 def shared_prefix(model_path: str, system_prompt: str, prompts: str, trust_remote_code: bool = False) -> int:
-    from cascade_repro.chat import render_all
-    from cascade_repro.models import load_tokenizer
-    from cascade_repro.promptsets import load_prompt_set, load_system_prompt
+    from cascade_repro.plan.models import load_tokenizer
+    from cascade_repro.prompts.chat import render_all
+    from cascade_repro.prompts.promptsets import load_prompt_set, load_system_prompt
 
     pset = load_prompt_set(prompts)
     text = load_system_prompt(system_prompt)

@@ -41,12 +41,12 @@ from typing import Any
 
 import numpy as np
 
-from cascade_repro import splitkv, vllm_surface
+from cascade_repro import vllm_surface
 from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
-from cascade_repro.manifest import CellPlan, Manifest, as_manifest
+from cascade_repro.run.manifest import CellPlan, Manifest, as_manifest
 from cascade_repro.twin import CASCADE as TWIN
-from cascade_repro.vllm_surface import ModelAttention
+from cascade_repro.vllm_surface import ModelAttention, splitkv
 
 MIN_COMMON_PREFIX = vllm_surface.MIN_COMMON_PREFIX
 MIN_REQUESTS = vllm_surface.MIN_REQUESTS
@@ -397,7 +397,7 @@ def predict(
 ) -> tuple[list[CellPrediction], dict[int, dict[str, Any]]]:
     """Predict every cell (cell_id, tp, batch, arm, backend, fa_version) and the decode threshold per TP.
 
-    A cell is a :class:`~cascade_repro.manifest.CellPlan` or its run.json form (a dict).
+    A cell is a :class:`~cascade_repro.run.manifest.CellPlan` or its run.json form (a dict).
 
     ``suffix_lens`` are the prompt lengths after the block-aligned prefix, in prompt order (the
     first wave of a cell takes the first ``batch`` of them, cycling); by default every prompt is
@@ -607,8 +607,8 @@ def explain_spec(
 
     ``prefix_tokens`` skips tokenization (the shared prefix length, in tokens, before alignment).
     """
-    from cascade_repro.matrix import all_cells, plan
-    from cascade_repro.models import load_config, resolve_model
+    from cascade_repro.plan.matrix import all_cells, plan
+    from cascade_repro.plan.models import load_config, resolve_model
 
     spec.validate()
     if dcp_world_size <= 0:
@@ -620,9 +620,9 @@ def explain_spec(
     attention = ModelAttention.from_config(cfg)
     suffix_lens = None
     if prefix_tokens is None:
-        from cascade_repro.chat import render_all
-        from cascade_repro.models import load_tokenizer
-        from cascade_repro.promptsets import load_prompt_set, load_system_prompt
+        from cascade_repro.plan.models import load_tokenizer
+        from cascade_repro.prompts.chat import render_all
+        from cascade_repro.prompts.promptsets import load_prompt_set, load_system_prompt
 
         pset = load_prompt_set(spec.prompts, spec.limit, spec.prompt_field, spec.key_field)
         tok = load_tokenizer(model_path, spec.trust_remote_code)
@@ -691,7 +691,7 @@ def predict_cells(
     from ``model_path`` (``spec.hf_overrides`` applied for vLLM). ``decode`` is None when it
     depends on an SM count nobody recorded.
     """
-    from cascade_repro.models import load_config
+    from cascade_repro.plan.models import load_config
 
     m = as_manifest(run)
     spec = m.spec

@@ -19,9 +19,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from cascade_repro import speed
-from cascade_repro.manifest import Manifest, as_manifest
+from cascade_repro.judge import speed
 from cascade_repro.report.text import as_int
+from cascade_repro.run.manifest import Manifest, as_manifest
 from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.vllm_surface import MIN_REQUESTS
 
@@ -253,10 +253,10 @@ def require_vllm() -> None:
 def measure(spec: Any, opts: Any, console: Any = None) -> tuple[Any, list[SweepRow], str]:
     """Run the sweep's matrix (resumable like any matrix), write ``sweep.md`` beside its reports,
     and return (the run's outcome, the rows, the Markdown)."""
-    from cascade_repro import runstore
     from cascade_repro.report.content import predictions
     from cascade_repro.report.load import load_run
-    from cascade_repro.runner import run_matrix
+    from cascade_repro.run import runstore
+    from cascade_repro.run.runner import run_matrix
 
     require_vllm()
     outcome = run_matrix(spec, opts, console)

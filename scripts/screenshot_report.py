@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from test_unsafe_content import build_unsafe_run  # noqa: E402
 
-from cascade_repro.runner import finalize  # noqa: E402
+from cascade_repro.run.runner import finalize  # noqa: E402
 
 
 def main() -> int:

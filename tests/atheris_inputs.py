@@ -21,8 +21,9 @@ from pathlib import Path
 import atheris
 
 with atheris.instrument_imports():
-    from cascade_repro import matrix, promptsets
     from cascade_repro.errors import UsageError
+    from cascade_repro.plan import matrix
+    from cascade_repro.prompts import promptsets
 
 TMP = Path(tempfile.mkdtemp(prefix="cascade-repro-atheris-"))
 SUFFIXES = (".jsonl", ".csv", ".parquet", ".toml")

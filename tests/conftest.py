@@ -68,7 +68,7 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch):
     import importlib.util
     import sys
 
-    from cascade_repro import probe
+    from cascade_repro.vllm_surface import probe
 
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("a real vLLM is installed; the fake would shadow it")

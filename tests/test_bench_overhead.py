@@ -58,9 +58,9 @@ def test_cli_args_make_the_same_matrix_as_the_raw_side(bench, tmp_path: Path, mo
     """The harness runs `cascade-repro matrix ARGS`; the raw side builds MatrixSpec(**spec_kwargs)."""
     from typer.testing import CliRunner
 
-    from cascade_repro import runner
     from cascade_repro.cli import app
-    from cascade_repro.matrix import MatrixSpec, spec_hash
+    from cascade_repro.plan.matrix import MatrixSpec, spec_hash
+    from cascade_repro.run import runner
 
     cfg = _cfg(bench, tmp_path, *argv)
     seen = {}

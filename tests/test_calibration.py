@@ -1,11 +1,11 @@
-"""cascade_repro.calibration and inject: the ladder's threshold and what the report says of it."""
+"""cascade_repro.judge.calibration and inject: the ladder's threshold and what the report says of it."""
 
 from __future__ import annotations
 
 import pytest
 
-from cascade_repro import inject as inj
-from cascade_repro.calibration import detection_power, statement
+from cascade_repro.judge.calibration import detection_power, statement
+from cascade_repro.vllm_surface import inject as inj
 
 
 def _pair(x: float, verdict: str, batch: int = 64, kind: str = "calibration") -> dict:

@@ -17,7 +17,6 @@ import math
 import pytest
 import torch
 
-from cascade_repro.chat import common_prefix_len, prompt_hash, render, render_all
 from cascade_repro.engines import cascade_attention as ca
 from cascade_repro.engines.cascade_attention import (
     CascadeState,
@@ -28,6 +27,7 @@ from cascade_repro.engines.cascade_attention import (
     transpose_lse_layout,
 )
 from cascade_repro.errors import UsageError
+from cascade_repro.prompts.chat import common_prefix_len, prompt_hash, render, render_all
 
 H, KVH, D = 9, 3, 8
 SCALE = 1 / math.sqrt(D)

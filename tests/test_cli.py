@@ -287,7 +287,7 @@ def test_run_ids_that_leave_the_results_dir_are_refused_before_anything_runs(run
 
 
 def test_report_refuses_a_run_that_a_matrix_is_writing(tmp_path):
-    from cascade_repro import runstore
+    from cascade_repro.run import runstore
 
     (tmp_path / "run.json").write_text("{}", encoding="utf-8")
     with runstore.RunLock(tmp_path):  # what a running matrix holds
@@ -300,8 +300,8 @@ def test_report_refuses_a_run_that_a_matrix_is_writing(tmp_path):
 
 
 def test_an_unwritable_results_dir_is_one_line_not_a_traceback(tmp_path):
-    from cascade_repro import runstore
     from cascade_repro.errors import EnvironmentFailure
+    from cascade_repro.run import runstore
 
     # A results dir that cannot be created (a file stands in its path) fails like a read-only one
     # does for a non-root user, and this works as root too.
@@ -322,7 +322,7 @@ def test_a_full_disk_while_scoring_is_one_line_naming_the_path_and_leaves_no_tem
     # A synthetic run, scored with --rescore while the disk is full.
     from conftest import synthetic_run
 
-    from cascade_repro import runstore
+    from cascade_repro.run import runstore
 
     run_dir = synthetic_run(tmp_path / "synth", prompts=8, batch="1,8")
 
@@ -431,7 +431,7 @@ def test_a_csv_whose_prompts_are_in_question(tmp_path):
 def test_the_verdict_options_defaults_in_help_are_the_thresholds_defaults():
     import re
 
-    from cascade_repro.verdicts import Thresholds
+    from cascade_repro.judge.verdicts import Thresholds
 
     text = flat(invoke("matrix", "--help").stdout)
     th = Thresholds()
@@ -552,8 +552,8 @@ def test_every_matrix_option_shows_its_default_from_the_spec():
     import typer
 
     from cascade_repro.cli.app import as_typed
-    from cascade_repro.matrix import MatrixSpec, flag_name
-    from cascade_repro.verdicts import Thresholds
+    from cascade_repro.judge.verdicts import Thresholds
+    from cascade_repro.plan.matrix import MatrixSpec, flag_name
 
     cmd = typer.main.get_command(app).commands["matrix"]
     by_flag = {o: p for p in cmd.params for o in p.opts}
@@ -587,8 +587,8 @@ def test_the_kernel_commands_defaults_are_kernel_options_own():
 
 def test_the_example_run_directory_is_named_as_a_run_is():
     from cascade_repro.cli.app import EXAMPLE_RUN_DIR
-    from cascade_repro.matrix import MatrixSpec
-    from cascade_repro.runner import default_run_id
+    from cascade_repro.plan.matrix import MatrixSpec
+    from cascade_repro.run.runner import default_run_id
 
     assert EXAMPLE_RUN_DIR == f"results/{default_run_id(MatrixSpec())}"
     assert f"RUN_DIR A run directory, e.g. {EXAMPLE_RUN_DIR}." in flat(invoke("report", "--help").stdout)
@@ -666,7 +666,7 @@ def test_config_errors_name_the_file_and_its_key(tmp_path, toml, flags, message)
 def test_the_known_config_keys_are_the_readmes_names():
     import re
 
-    from cascade_repro.matrix import TOML_KEYS
+    from cascade_repro.plan.matrix import TOML_KEYS
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     toml_blocks = re.findall(r"```toml\n(.*?)```", readme, re.S)
@@ -676,7 +676,7 @@ def test_the_known_config_keys_are_the_readmes_names():
             assert key in TOML_KEYS, key
     assert "fa_version" in TOML_KEYS and "fa_versions" not in TOML_KEYS
     # Every known key is read as a field, and is its flag's name with underscores.
-    from cascade_repro.matrix import FIELDS, TOML_ALIASES, flag_name
+    from cascade_repro.plan.matrix import FIELDS, TOML_ALIASES, flag_name
 
     for key in TOML_KEYS:
         field = TOML_ALIASES.get(key, key)

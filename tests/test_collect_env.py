@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cascade_repro import envinfo
+from cascade_repro.run import envinfo
 
 
 def test_collect_env_is_captured_and_redacted(fake_vllm, monkeypatch):

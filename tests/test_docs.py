@@ -20,7 +20,7 @@ import typer
 from typer.testing import CliRunner
 
 from cascade_repro.cli import app
-from cascade_repro.models import embedded_available
+from cascade_repro.plan.models import embedded_available
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -174,7 +174,7 @@ def test_the_worked_examples_quoted_output_is_a_real_runs(tmp_path):
 
     # The --dry-run estimate of this matrix (the speed table alone) against what the run took: the
     # table was measured with 2 threads on an idle box, this run has 1 on a shared one.
-    from cascade_repro import estimate
+    from cascade_repro.plan import estimate
 
     est, took = estimate.for_run(run).seconds, float(run["timings"]["total_s"])
     assert est is not None and est / 3 < took < est * 3, (est, took)

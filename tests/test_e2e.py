@@ -12,10 +12,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from cascade_repro import runstore
-from cascade_repro.matrix import MatrixSpec
-from cascade_repro.models import embedded_available
-from cascade_repro.runner import RunOptions, run_matrix
+from cascade_repro.plan.matrix import MatrixSpec
+from cascade_repro.plan.models import embedded_available
+from cascade_repro.run import runstore
+from cascade_repro.run.runner import RunOptions, run_matrix
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow
@@ -184,7 +184,7 @@ def calibrated_run(tmp_path_factory):
 
 
 def test_an_lse_shift_ladder_is_flagged_from_some_shift_on_and_the_clean_pair_never(calibrated_run):
-    from cascade_repro.calibration import detection_power
+    from cascade_repro.judge.calibration import detection_power
 
     pairs = _pairs(calibrated_run.run_dir)
     # One batch size: the planner added the flat b1 control, and the clean pair is judged against it.

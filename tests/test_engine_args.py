@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from cascade_repro import engine_args as ea
 from cascade_repro.errors import UsageError
-from cascade_repro.matrix import MatrixSpec
+from cascade_repro.plan import engine_args as ea
+from cascade_repro.plan.matrix import MatrixSpec
 
 DATA = Path(__file__).parent / "data"
 no_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="checks the recorded list")
@@ -71,7 +71,7 @@ def test_the_spec_carries_them_for_vllm_only():
 
 
 def test_toml_engine_args_table(tmp_path):
-    from cascade_repro.matrix import load_toml
+    from cascade_repro.plan.matrix import load_toml
 
     p = tmp_path / "m.toml"
     p.write_text('engine = "vllm"\nbatch = [8, 64]\n[engine_args]\nblock_size = 32\nmax_num_seqs = 64\n')

@@ -1,4 +1,4 @@
-"""cascade_repro.envinfo: the environment goes into run.json and every report, so no secret may.
+"""cascade_repro.run.envinfo: the environment goes into run.json and every report, so no secret may.
 
 Reports get pasted into GitHub issues. A value is redacted when its *name* says secret (TOKEN, SECRET,
 API_KEY, ...), and inline when it *looks* like a credential under an innocent name (``hf_...``,
@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from cascade_repro import envinfo
-from cascade_repro.envinfo import REDACTED, capture, redact_value, relevant_env
+from cascade_repro.run import envinfo
+from cascade_repro.run.envinfo import REDACTED, capture, redact_value, relevant_env
 
 HF = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345"
 OPENAI = "sk-proj-Zz9Yy8Xx7Ww6Vv5Uu4Tt3Ss2"

@@ -40,7 +40,7 @@ from cascade_repro.explain import (
     use_cascade_attention,
     vllm_rule,
 )
-from cascade_repro.matrix import MatrixSpec
+from cascade_repro.plan.matrix import MatrixSpec
 
 EMBEDDED = {"num_attention_heads": 9, "num_key_value_heads": 3, "model_type": "llama"}
 PREFIX = 1584  # the ko system prompt's shared prefix with the embedded tokenizer, block-aligned (1597 -> 1584)
@@ -262,7 +262,7 @@ def _model_dir(tmp_path: Path, cfg: dict = EMBEDDED) -> Path:
 
 def _run(model: Path, engine: str = "vllm", env: dict | None = None) -> dict:
     spec = MatrixSpec(engine=engine, model=str(model), batch=[8, 64])
-    from cascade_repro.matrix import all_cells, plan
+    from cascade_repro.plan.matrix import all_cells, plan
 
     return {
         "spec": spec.to_dict(),

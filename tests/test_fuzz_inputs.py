@@ -33,8 +33,8 @@ from typer.testing import CliRunner
 
 from cascade_repro.cli import app
 from cascade_repro.errors import UsageError
-from cascade_repro.matrix import MatrixSpec
-from cascade_repro.promptsets import load_prompt_set
+from cascade_repro.plan.matrix import MatrixSpec
+from cascade_repro.prompts.promptsets import load_prompt_set
 
 FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "COLUMNS": "80"}  # narrow: wrapping shows

@@ -1,6 +1,6 @@
-"""cascade_repro.ifeval: IFEval-style verifiers on crafted Korean and English responses, scoring, IF in compare.
+"""cascade_repro.judge.ifeval: IFEval-style verifiers on crafted Korean and English responses, scoring, IF in compare.
 
-Every expectation was worked out by hand from the rules in cascade_repro/ifeval/verifiers.py
+Every expectation was worked out by hand from the rules in cascade_repro/judge/ifeval/verifiers.py
 (Google IFEval's instructions.py, with the Korean word rule: a word is a whitespace-separated unit,
 and the deviations each verifier's docstring states).
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cascade_repro.ifeval import (
+from cascade_repro.judge.ifeval import (
     ALIASES,
     GOOGLE_IFEVAL_IDS,
     VERIFIERS,
@@ -30,8 +30,8 @@ from cascade_repro.ifeval import (
     unknown_instruction_ids,
     unscorable,
 )
-from cascade_repro.ifeval.verifiers import is_english, loose_variants, script_of, split_sentences
-from cascade_repro.promptsets import load_prompt_set
+from cascade_repro.judge.ifeval.verifiers import is_english, loose_variants, script_of, split_sentences
+from cascade_repro.prompts.promptsets import load_prompt_set
 
 # (instruction id, kwargs, response, strict expectation)
 CASES: list[tuple[str, dict, str, bool]] = [
@@ -529,11 +529,11 @@ def test_report_names_unknown_ids(tmp_path: Path) -> None:
 
 
 def test_markdown_report_carries_the_unscored_note(tmp_path: Path) -> None:
-    from cascade_repro import runstore
-    from cascade_repro.compare import build_tables
+    from cascade_repro.judge.compare import build_tables
+    from cascade_repro.judge.verdicts import Thresholds
     from cascade_repro.report.load import load_run
     from cascade_repro.report.markdown import MarkdownFormatter
-    from cascade_repro.verdicts import Thresholds
+    from cascade_repro.run import runstore
 
     root = _write_run(tmp_path / "r", GOOD)
     prompts = [*PROMPTS[:3], {**PROMPTS[3], "instruction_id_list": ["x:unknown"], "kwargs": [{}]}]
@@ -590,7 +590,7 @@ BAD = ["하나, 둘, 셋", "제목 없음", "Done. All set.", "hello"]
 
 
 def _write_run(root: Path, cascade_texts: list[str]) -> Path:
-    from cascade_repro.runstore import JsonlWriter
+    from cascade_repro.run.runstore import JsonlWriter
 
     root.mkdir(parents=True)
     cells = [
@@ -619,8 +619,8 @@ def _write_run(root: Path, cascade_texts: list[str]) -> Path:
 
 
 def test_compare_adds_if_columns_without_touching_verdicts(tmp_path: Path) -> None:
-    from cascade_repro.compare import build_tables
-    from cascade_repro.verdicts import Thresholds
+    from cascade_repro.judge.compare import build_tables
+    from cascade_repro.judge.verdicts import Thresholds
 
     out = {}
     for name, texts in (("same", GOOD), ("worse", BAD)):
@@ -643,8 +643,8 @@ def test_compare_adds_if_columns_without_touching_verdicts(tmp_path: Path) -> No
 
 
 def test_compare_without_prompts_file_has_no_if(tmp_path: Path) -> None:
-    from cascade_repro.compare import build_tables
-    from cascade_repro.verdicts import Thresholds
+    from cascade_repro.judge.compare import build_tables
+    from cascade_repro.judge.verdicts import Thresholds
 
     root = _write_run(tmp_path / "r", BAD)
     (root / "prompts.jsonl").unlink()

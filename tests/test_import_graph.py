@@ -6,7 +6,7 @@ that must close a cycle for an annotation should be exempted here by name, with 
 
 An edge A -> B means running A's import statement runs B's module code: the module named, and
 each package above it that is not already A's own (importing ``cascade_repro.engines.vllm`` from
-``cascade_repro.matrix`` runs ``cascade_repro/engines/__init__.py`` first; from inside
+``cascade_repro.plan.matrix`` runs ``cascade_repro/engines/__init__.py`` first; from inside
 ``cascade_repro.engines`` it does not, that package is already being imported). ``from pkg import
 name`` inside pkg depends on pkg itself only where ``name`` is not a submodule.
 
@@ -117,10 +117,10 @@ def test_package_import_graph_has_no_cycle():
 def test_graph_sees_the_imports_it_must():
     graph = import_graph()
     # Module level, package __init__ run by a submodule import, and inside a function.
-    assert "cascade_repro.engines" in graph["cascade_repro.matrix"]
-    assert "cascade_repro.engines" in graph["cascade_repro.worker"]  # imported inside run_engine
-    assert "cascade_repro.chat" in graph["cascade_repro.engines.vllm"]  # imported inside run_wave
-    assert "cascade_repro.manifest" in graph["cascade_repro.engines.hf"]  # under TYPE_CHECKING
+    assert "cascade_repro.engines" in graph["cascade_repro.plan.matrix"]
+    assert "cascade_repro.engines" in graph["cascade_repro.run.worker"]  # imported inside run_engine
+    assert "cascade_repro.prompts.chat" in graph["cascade_repro.engines.vllm"]  # imported inside run_wave
+    assert "cascade_repro.run.manifest" in graph["cascade_repro.engines.hf"]  # under TYPE_CHECKING
     # A submodule imported from inside its package does not run the package again.
     assert "cascade_repro.engines" not in graph["cascade_repro.engines.hf"]
     assert "cascade_repro.report" not in graph["cascade_repro.report.html"]

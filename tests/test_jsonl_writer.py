@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cascade_repro import runstore
+from cascade_repro.run import runstore
 
 
 def records(n: int) -> list:

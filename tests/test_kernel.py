@@ -38,7 +38,7 @@ from cascade_repro.kernel.reference import (
     naive_attention,
     paged_partial_attention,
 )
-from cascade_repro.probe import misread_lse
+from cascade_repro.vllm_surface.probe import misread_lse
 
 
 def small_case(kind: str = "decode", **kw) -> KernelCase:

@@ -1,4 +1,4 @@
-"""cascade_repro.matrix: the spec (flags or TOML) → cells grouped by the engine that serves them.
+"""cascade_repro.plan.matrix: the spec (flags or TOML) → cells grouped by the engine that serves them.
 
 Reading guide: one engine key = one worker process = one model load. The hf engine toggles the
 cascade arm inside one model, so every batch size and both arms share one engine; vLLM with
@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cascade_repro.errors import UsageError
-from cascade_repro.matrix import (
+from cascade_repro.plan.matrix import (
     MatrixSpec,
     all_cells,
     load_toml,
@@ -402,7 +402,7 @@ def test_spec_hash_is_short_hex_equal_for_equal_specs_and_changes_with_any_field
 def test_spec_hash_is_stable_across_processes():
     """A resumed run recomputes the hash in a new interpreter (new hash seed): it must not change."""
     code = (
-        "from cascade_repro.matrix import MatrixSpec, spec_hash; print(spec_hash(MatrixSpec(batch=[1, 8])))"
+        "from cascade_repro.plan.matrix import MatrixSpec, spec_hash; print(spec_hash(MatrixSpec(batch=[1, 8])))"
     )
     outs = {
         subprocess.run(
@@ -418,7 +418,7 @@ def test_force_cascade_is_for_engines_with_a_cost_model():
     import pytest
 
     from cascade_repro.errors import UsageError
-    from cascade_repro.matrix import MatrixSpec
+    from cascade_repro.plan.matrix import MatrixSpec
 
     assert MatrixSpec(engine="vllm", force_cascade=True).force_cascade is True
     MatrixSpec(engine="vllm", force_cascade=True).validate()
@@ -432,7 +432,7 @@ def test_a_field_at_its_default_does_not_change_the_hash():
     # A release that adds a field must not change the run id of a matrix users already run.
     import dataclasses
 
-    from cascade_repro.matrix import MatrixSpec, spec_hash
+    from cascade_repro.plan.matrix import MatrixSpec, spec_hash
 
     spec = MatrixSpec(batch=[1, 8], max_tokens=32)
     assert spec_hash(spec) == spec_hash(dataclasses.replace(spec, force_cascade=False, engine_args={}))

@@ -1,4 +1,4 @@
-"""Tests of the pure metric functions (cascade_repro.metrics): hand-computed cases and properties."""
+"""Tests of the pure metric functions (cascade_repro.judge.metrics): hand-computed cases and properties."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from cascade_repro.metrics import (
+from cascade_repro.judge.metrics import (
     common_prefix_ratio,
     compression_ratio,
     distinct_n,
@@ -25,7 +25,7 @@ from cascade_repro.metrics import (
     tail_loop,
     topk_contains,
 )
-from cascade_repro.metrics import repetition as repetition_mod
+from cascade_repro.judge.metrics import repetition as repetition_mod
 
 # --------------------------------------------------------------------------- reference helpers
 
@@ -515,7 +515,7 @@ def test_divergence_metrics_consistent(a, b):
 
 # --- drift on agreeing positions (metrics/drift.py) -------------------------------------------------
 
-from cascade_repro.metrics.drift import (  # noqa: E402
+from cascade_repro.judge.metrics.drift import (  # noqa: E402
     agreeing_len,
     chosen_drift,
     drift_floor,
@@ -579,7 +579,7 @@ long_tokens = st.lists(st.integers(0, 5), min_size=0, max_size=600)
 @settings(max_examples=150)
 @given(long_tokens, long_tokens)
 def test_the_default_edit_distance_is_exact_and_equals_the_pure_exact_one(a, b):
-    from cascade_repro.metrics import divergence
+    from cascade_repro.judge.metrics import divergence
 
     if divergence._rapidfuzz is None:
         pytest.skip("rapidfuzz not installed here")
@@ -587,7 +587,7 @@ def test_the_default_edit_distance_is_exact_and_equals_the_pure_exact_one(a, b):
 
 
 def test_without_rapidfuzz_the_default_is_the_256_band(monkeypatch):
-    from cascade_repro.metrics import divergence
+    from cascade_repro.judge.metrics import divergence
 
     x = [3] + [1] * 10 + [5]
     y = [4] + [1] * 300 + [6]  # a length gap of 290 > 256: the banded code's trivial bound

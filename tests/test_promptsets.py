@@ -1,4 +1,4 @@
-"""Tests for the shipped prompt sets and the prompt loaders (cascade_repro.promptsets).
+"""Tests for the shipped prompt sets and the prompt loaders (cascade_repro.prompts.promptsets).
 
 The shipped data is tested for the properties a run relies on: enough prompts in both languages,
 only instruction ids that verifiers know, kwargs parallel to the ids, and system prompts long enough
@@ -22,9 +22,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cascade_repro import promptsets
 from cascade_repro.errors import UsageError
-from cascade_repro.promptsets import (
+from cascade_repro.prompts import promptsets
+from cascade_repro.prompts.promptsets import (
     BUILTIN_SETS,
     BUILTIN_SYSTEM_PROMPTS,
     PromptRecord,
@@ -714,7 +714,7 @@ def test_extra_values_that_are_not_json_become_text(tmp_path):
 
 
 def test_a_runs_prompts_jsonl_reads_back_as_the_same_records(tmp_path):
-    from cascade_repro import runstore
+    from cascade_repro.run import runstore
 
     sheet = write_csv(
         tmp_path / "s.csv",

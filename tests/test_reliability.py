@@ -30,9 +30,9 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from cascade_repro import runstore
 from cascade_repro.errors import RunLockedError
-from cascade_repro.models import embedded_available
+from cascade_repro.plan.models import embedded_available
+from cascade_repro.run import runstore
 
 RUN_ID_KEY = "hf-tp1-auto-s0"  # the hf engine serves every cell from one engine key
 PROMPTS = [f"Write one short sentence about the number {i}." for i in range(8)]
@@ -360,7 +360,7 @@ def test_kill_9_of_the_parent_then_rerun_resumes_to_the_same_report(tmp_path, pr
 
     _wait_for(at_hang, 180, "the first cell_done and the hang point", proc)
     workers = [
-        p for p in _children(proc.pid) if b"cascade_repro.worker" in Path(f"/proc/{p}/cmdline").read_bytes()
+        p for p in _children(proc.pid) if b"cascade_repro.run.worker" in Path(f"/proc/{p}/cmdline").read_bytes()
     ]
     assert len(workers) == 1
     os.kill(proc.pid, signal.SIGKILL)  # the parent only: no process group, no signal to the worker
@@ -476,7 +476,7 @@ def test_crash_soak_kill_9_at_random_moments_then_resume_gives_the_same_tables(t
             killed_at.append(None)
         except subprocess.TimeoutExpired:
             workers = [p for p in _children(proc.pid)
-                       if b"cascade_repro.worker" in Path(f"/proc/{p}/cmdline").read_bytes()]  # fmt: skip
+                       if b"cascade_repro.run.worker" in Path(f"/proc/{p}/cmdline").read_bytes()]  # fmt: skip
             os.kill(proc.pid, signal.SIGKILL)  # the runner only: its worker dies by PR_SET_PDEATHSIG
             proc.communicate(timeout=30)
             for w in workers:
@@ -566,7 +566,7 @@ def test_planted_secrets_reach_no_file_of_any_run_dir(reference, tmp_path_factor
 SIGTERM_SCRIPT = r"""
 import subprocess, sys, time
 from pathlib import Path
-from cascade_repro import runner
+from cascade_repro.run import runner
 
 run_dir, pidfile = Path(sys.argv[1]), sys.argv[2]
 real_popen = subprocess.Popen

@@ -1240,9 +1240,10 @@ def test_junit_has_the_attributes_the_ant_schema_requires(run_dir: Path) -> None
 def test_report_md_of_a_200_cell_run_fits_a_github_issue(tmp_path: Path) -> None:
     from conftest import synthetic_run
 
-    from cascade_repro import compare, runstore
+    from cascade_repro.judge import compare
+    from cascade_repro.judge.verdicts import Thresholds
     from cascade_repro.report.markdown import GITHUB_LIMIT, MarkdownFormatter
-    from cascade_repro.verdicts import Thresholds
+    from cascade_repro.run import runstore
 
     batches = "1,2,3,4,6,8,12,16,24,32,48,64,96,128,192,256,384"
     run_dir = synthetic_run(tmp_path / "big", prompts=4, batch=batches, tp="1,2,4,8")
@@ -1261,8 +1262,8 @@ def test_report_of_a_cut_run_scores_what_finished_and_says_it_is_not_finished(tm
     from conftest import synthetic_run
     from typer.testing import CliRunner
 
-    from cascade_repro import runstore
     from cascade_repro.cli import app
+    from cascade_repro.run import runstore
 
     run_dir = synthetic_run(tmp_path / "run", prompts=16, batch="8,16", max_tokens=64)
     # Cut it as an interrupt would: the last cell's cell_done never written, nothing scored yet.

@@ -1,4 +1,4 @@
-"""cascade_repro.runstore: append-only JSONL that survives crashes, resume bookkeeping, the run lock.
+"""cascade_repro.run.runstore: append-only JSONL that survives crashes, resume bookkeeping, the run lock.
 
 A worker can die at any byte (kill -9, OOM, a GPU fault). The rules these tests pin down:
 
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from cascade_repro import runstore
 from cascade_repro.errors import RunLockedError, UsageError
-from cascade_repro.runstore import (
+from cascade_repro.run import runstore
+from cascade_repro.run.runstore import (
     JsonlWriter,
     RunLock,
     finished_spans,
@@ -399,7 +399,7 @@ def test_an_unreadable_lock_file_is_treated_as_stale(tmp_path, content):
 
 
 def test_sample_line_layout_is_the_one_readers_expect(tmp_path):
-    from cascade_repro import runstore
+    from cascade_repro.run import runstore
 
     path = tmp_path / "s.jsonl"
     w = runstore.JsonlWriter(path)
@@ -415,7 +415,7 @@ def test_sample_line_layout_is_the_one_readers_expect(tmp_path):
 def test_a_corrupt_record_in_the_middle_names_its_line_and_unfinishes_its_cell(tmp_path):
     import json as _json
 
-    from cascade_repro import runstore as rs
+    from cascade_repro.run import runstore as rs
 
     p = tmp_path / "k.jsonl"
     lines = [
@@ -443,7 +443,7 @@ def test_a_corrupt_record_in_the_middle_names_its_line_and_unfinishes_its_cell(t
 
 
 def test_a_torn_last_line_is_not_corruption(tmp_path):
-    from cascade_repro import runstore as rs
+    from cascade_repro.run import runstore as rs
 
     p = tmp_path / "k.jsonl"
     p.write_bytes(b'{"type": "cell_start", "cell_id": "a"}\n{"type": "cell_do')
@@ -453,8 +453,8 @@ def test_a_torn_last_line_is_not_corruption(tmp_path):
 def test_fresh_deletes_only_what_a_run_wrote(tmp_path):
     import json as _json
 
-    from cascade_repro import runstore as rs
-    from cascade_repro.runner import PreparedRun, invocation
+    from cascade_repro.run import runstore as rs
+    from cascade_repro.run.runner import PreparedRun, invocation
 
     run_dir = tmp_path / "results" / "r1"
     (run_dir / "samples").mkdir(parents=True)
@@ -496,7 +496,7 @@ def _same_order(a, b, where="run.json"):
 def test_manifest_round_trips_a_synthetic_run_byte_for_byte(tmp_path):
     from conftest import synthetic_run
 
-    from cascade_repro.manifest import Manifest
+    from cascade_repro.run.manifest import Manifest
 
     run_dir = tmp_path / "synth"
     synthetic_run(run_dir, prompts=4, batch="1,8")
@@ -528,7 +528,7 @@ OLD_RUN_JSON = {  # an early run.json: no invocations, predictions, tool_source 
 
 
 def test_manifest_of_an_old_run_json_defaults_missing_keys_and_keeps_unknown_ones(tmp_path):
-    from cascade_repro.manifest import Manifest
+    from cascade_repro.run.manifest import Manifest
 
     m = Manifest.from_json(OLD_RUN_JSON)
     assert m.spec.engine == "hf" and m.spec.topk == 5 and m.spec.batch == [1, 8]  # retired key dropped
@@ -550,7 +550,7 @@ def test_manifest_of_an_old_run_json_defaults_missing_keys_and_keeps_unknown_one
 
 
 def test_a_manifest_built_in_code_writes_its_fields_and_leaves_unset_optional_ones_out():
-    from cascade_repro.manifest import Manifest
+    from cascade_repro.run.manifest import Manifest
 
     out = Manifest(run_id="r").to_json()
     assert out["run_id"] == "r" and out["engines"] == {} and out["timings"] == {} and "spec" in out
@@ -558,8 +558,8 @@ def test_a_manifest_built_in_code_writes_its_fields_and_leaves_unset_optional_on
 
 
 def test_manifest_edits_write_what_the_same_dict_edits_wrote():
-    from cascade_repro.manifest import EngineRecord, Invocation, Manifest, Plan
-    from cascade_repro.matrix import MatrixSpec, all_cells, plan
+    from cascade_repro.plan.matrix import MatrixSpec, all_cells, plan
+    from cascade_repro.run.manifest import EngineRecord, Invocation, Manifest, Plan
 
     # of: exactly the fields given, a None among them (a pending engine's start_s).
     assert EngineRecord.of(effective={}, start_s=None, status="pending", error="").to_json() == {

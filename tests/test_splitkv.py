@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cascade_repro import explain, splitkv
+from cascade_repro import explain
+from cascade_repro.vllm_surface import splitkv
 
 H200_SMS = 132
 

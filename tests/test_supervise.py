@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cascade_repro import supervise
+from cascade_repro.run import supervise
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "killpg"), reason="needs process groups")
 

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from cascade_repro import sweep
-from cascade_repro.matrix import MatrixSpec
+from cascade_repro.plan.matrix import MatrixSpec
 
 
 def test_batches_around_the_threshold():
@@ -79,10 +79,11 @@ def test_rows_from_a_finished_run(tmp_path):
     from conftest import synthetic_run
 
     run_dir = synthetic_run(tmp_path / "synth", prompts=16, batch="1,8")
-    from cascade_repro import compare, runstore
+    from cascade_repro.judge import compare
+    from cascade_repro.judge.verdicts import Thresholds
     from cascade_repro.report.content import predictions
     from cascade_repro.report.load import load_run
-    from cascade_repro.verdicts import Thresholds
+    from cascade_repro.run import runstore
 
     cells, pairs, comps = compare.build_tables(runstore.read_run_json(run_dir), run_dir, Thresholds())
     for name, df in ((runstore.CELLS, cells), (runstore.PAIRS, pairs), (runstore.COMPARISONS, comps)):

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from conftest import synthetic_run
 
-from cascade_repro import compare, runstore, tables
+from cascade_repro.judge import compare, tables
+from cascade_repro.run import runstore
 
 
 def test_compare_writes_the_schema(tmp_path):
     run_dir = synthetic_run(tmp_path / "synth", prompts=8, batch="1,8", max_tokens=12)
-    from cascade_repro.verdicts import Thresholds
+    from cascade_repro.judge.verdicts import Thresholds
 
     cells, pairs, comparisons = compare.build_tables(runstore.read_run_json(run_dir), run_dir, Thresholds())
     assert list(pairs.columns) == tables.PAIR_COLUMNS
@@ -23,7 +24,7 @@ def test_compare_writes_the_schema(tmp_path):
 def test_speed_columns_on_a_synthetic_run(tmp_path):
     # make_synthetic_run times cascade's decode steps at 1.2 x flat's from batch 8 on.
     run_dir = synthetic_run(tmp_path / "synth", prompts=16, batch="1,8")
-    from cascade_repro.verdicts import Thresholds
+    from cascade_repro.judge.verdicts import Thresholds
 
     cells, pairs, _ = compare.build_tables(runstore.read_run_json(run_dir), run_dir, Thresholds())
     casc = pairs[(pairs["kind"] == "cascade") & (pairs["batch"] == 8)].iloc[0]
@@ -39,7 +40,7 @@ def test_speed_columns_on_a_synthetic_run(tmp_path):
 
 def test_a_cell_with_an_unreadable_record_is_an_error_naming_the_line(tmp_path):
     run_dir = synthetic_run(tmp_path / "synth", prompts=8, batch="1,8")
-    from cascade_repro.verdicts import Thresholds
+    from cascade_repro.judge.verdicts import Thresholds
 
     (path,) = (run_dir / "samples").glob("*.jsonl")
     lines = path.read_bytes().split(b"\n")

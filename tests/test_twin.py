@@ -36,13 +36,13 @@ ALLOWED = {
         "vLLM's cost model's two paths (predictions' decode_cost keys)",
     ("report/content.py", 'ct, ft = as_int(cost.get("cascade")), as_int(cost.get("flash_decoding"))'):
         "reads decode_cost: the cost model's cascade time",
-    ("speed.py", 'c, f = cost.get("cascade"), cost.get("flash_decoding")'):
+    ("judge/speed.py", 'c, f = cost.get("cascade"), cost.get("flash_decoding")'):
         "reads decode_cost: the cost model's cascade time",
     ("sweep.py", 'tp, batch, dec if isinstance(dec, bool) else None, as_int(cost.get("cascade")),'):
         "reads decode_cost: the cost model's cascade time",
-    ("speed.py", '"cascade_step_ms": _ratio_ms(waves, "cascade"),'):
+    ("judge/speed.py", '"cascade_step_ms": _ratio_ms(waves, "cascade"),'):
         "the probe's step kinds (decode_cascade_s / decode_flat_s): which path a step took",
-    ("speed.py", '"flat_step_ms": _ratio_ms(waves, "flat"),'):
+    ("judge/speed.py", '"flat_step_ms": _ratio_ms(waves, "flat"),'):
         "the probe's step kinds (decode_cascade_s / decode_flat_s): which path a step took",
     ("sweep.py", 'heur = {True: "cascade", False: "flat", None: "?"}[r.heuristic]'):
         "the path vLLM's heuristic picks for a decode step, not an arm",
@@ -105,7 +105,7 @@ def test_axis_is_frozen_and_the_spec_has_its_field():
 
     import pytest
 
-    from cascade_repro.matrix import MatrixSpec
+    from cascade_repro.plan.matrix import MatrixSpec
 
     with pytest.raises(dataclasses.FrozenInstanceError):
         CASCADE.test = "x"  # type: ignore[misc]

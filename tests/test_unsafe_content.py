@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from cascade_repro.matrix import MatrixSpec, plan
-from cascade_repro.runner import finalize
-from cascade_repro.verdicts import Thresholds
+from cascade_repro.judge.verdicts import Thresholds
+from cascade_repro.plan.matrix import MatrixSpec, plan
+from cascade_repro.run.runner import finalize
 
 SCRIPT = "<script>document.title='PWNED'</script>"
 IMG = "<img src=x onerror=\"document.title='PWNED-IMG'\">"

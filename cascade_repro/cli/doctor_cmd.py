@@ -42,7 +42,7 @@ def doctor(
 
     with user_errors():
         from cascade_repro.doctor import doctor as run_doctor
-        from cascade_repro.matrix import parse_hf_overrides
+        from cascade_repro.plan.matrix import parse_hf_overrides
 
         overrides = parse_hf_overrides(hf_overrides) if hf_overrides is not None else None
         checks, code = run_doctor(

@@ -15,7 +15,7 @@ def env(
     """Print GPU, driver, CUDA, torch, vLLM, transformers and the VLLM_* variables (secrets redacted)."""
     import json
 
-    from cascade_repro import envinfo
+    from cascade_repro.run import envinfo
 
     info = envinfo.capture()
     if json_out:

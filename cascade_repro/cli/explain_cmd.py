@@ -202,7 +202,7 @@ def explain(
     with user_errors():
         from cascade_repro.cli.matrix_cmd import _flag_values
         from cascade_repro.explain import explain_spec, threshold_lines
-        from cascade_repro.matrix import MatrixSpec, load_toml
+        from cascade_repro.plan.matrix import MatrixSpec, load_toml
 
         if measure:
             from cascade_repro.sweep import require_vllm
@@ -252,10 +252,10 @@ def _measure(ex: Any, values: dict[str, Any], flags: dict[str, Any], config_keys
 
     from rich.markup import escape
 
-    from cascade_repro import runstore
     from cascade_repro.cli.matrix_cmd import _command_line
-    from cascade_repro.matrix import MatrixSpec
-    from cascade_repro.runner import RunOptions
+    from cascade_repro.plan.matrix import MatrixSpec
+    from cascade_repro.run import runstore
+    from cascade_repro.run.runner import RunOptions
     from cascade_repro.sweep import as_dict, measure, summary_lines, sweep_values, table
 
     console = out_console(stderr=True)

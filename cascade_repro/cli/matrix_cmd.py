@@ -9,7 +9,6 @@ from typing import Annotated, Any
 
 import typer
 
-from cascade_repro import runstore
 from cascade_repro.cli.app import (
     RESULTS_DIR,
     SPEC,
@@ -47,10 +46,11 @@ from cascade_repro.cli.options import (
     TrustRemoteCode,
     option,
 )
-from cascade_repro.inject import DEFAULT_LADDER
-from cascade_repro.matrix import ARM_SWITCHES, FAIL_ON, FAIL_ON_DEFAULT, MatrixSpec
+from cascade_repro.judge.verdicts import Thresholds
+from cascade_repro.plan.matrix import ARM_SWITCHES, FAIL_ON, FAIL_ON_DEFAULT, MatrixSpec
+from cascade_repro.run import runstore
 from cascade_repro.twin import CASCADE as TWIN
-from cascade_repro.verdicts import Thresholds
+from cascade_repro.vllm_surface.inject import DEFAULT_LADDER
 
 
 @app.command()
@@ -338,7 +338,7 @@ def matrix(
     130 interrupted, 141 a pipe closed early (`| head -1`: SIGPIPE, as any Unix tool).
     """
     with user_errors():
-        from cascade_repro.matrix import load_toml
+        from cascade_repro.plan.matrix import load_toml
 
         flags = _flag_values(locals())
         values: dict[str, Any] = load_toml(config) if config else {}
@@ -348,7 +348,7 @@ def matrix(
             from cascade_repro.errors import UsageError
 
             raise UsageError(f"--fail-on must be one of {', '.join(FAIL_ON)}, not {fail_on!r}")
-        from cascade_repro.shard import Shard
+        from cascade_repro.plan.shard import Shard
 
         shard_ = Shard.parse(shard) if shard is not None else None
         from cascade_repro.engines import get as engine_info
@@ -364,15 +364,15 @@ def matrix(
 
                 raise typer.Exit(EXIT_NOTHING_EXERCISED)
         if dry_run:
-            from cascade_repro.models import check_model
-            from cascade_repro.runner import check_run_id, default_run_id
+            from cascade_repro.plan.models import check_model
+            from cascade_repro.run.runner import check_run_id, default_run_id
 
             if run_id is not None:
                 check_run_id(run_id)
             check_model(spec.model)  # a typo in --model fails now, not after the plan looked fine
             _print_plan(spec, shard_, results_dir / (run_id or default_run_id(spec)))
             return
-        from cascade_repro.runner import RunOptions, run_matrix
+        from cascade_repro.run.runner import RunOptions, run_matrix
 
         opts = RunOptions(
             results_dir=results_dir,
@@ -407,7 +407,7 @@ def _flag_values(given: dict[str, Any]) -> dict[str, Any]:
     """Turn the flags the user gave into MatrixSpec values (comma lists parsed, JSON decoded)."""
 
     from cascade_repro.errors import UsageError
-    from cascade_repro.matrix import parse_fa_list, parse_hf_overrides, parse_int_list, parse_onoff_list
+    from cascade_repro.plan.matrix import parse_fa_list, parse_hf_overrides, parse_int_list, parse_onoff_list
 
     out: dict[str, Any] = {}
     lists = {"tp": "tp", "batch": "batch"}
@@ -431,7 +431,7 @@ def _flag_values(given: dict[str, Any]) -> dict[str, Any]:
     if given["backend"] is not None:
         out["backends"] = [x.strip().upper() for x in given["backend"].split(",") if x.strip()]
     if given["calibrate"] is not None:
-        from cascade_repro.inject import parse_ladder
+        from cascade_repro.vllm_surface.inject import parse_ladder
 
         try:
             out["calibrate"] = parse_ladder(given["calibrate"])
@@ -440,7 +440,7 @@ def _flag_values(given: dict[str, Any]) -> dict[str, Any]:
     if given["hf_overrides"] is not None:
         out["hf_overrides"] = parse_hf_overrides(given["hf_overrides"])
     if given["engine_args"] is not None or given["engine_arg"]:
-        from cascade_repro import engine_args as eargs
+        from cascade_repro.plan import engine_args as eargs
 
         merged = eargs.parse_json(given["engine_args"]) if given["engine_args"] is not None else {}
         merged.update(eargs.parse_pairs(given["engine_arg"] or []))
@@ -465,15 +465,15 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None) -> No
     count and the time estimate (refined by ``run_dir``'s waves when that run already has some)."""
     from rich.table import Table
 
-    from cascade_repro.matrix import plan
-    from cascade_repro.promptsets import load_prompt_set, load_system_prompt
+    from cascade_repro.plan.matrix import plan
+    from cascade_repro.prompts.promptsets import load_prompt_set, load_system_prompt
 
     load_system_prompt(spec.system_prompt)  # a bad --system-prompt fails here, not hours later
     n = len(load_prompt_set(spec.prompts, spec.limit, spec.prompt_field, spec.key_field).records)
     engines = plan(spec)
     title = f"{spec.engine} matrix over {n} prompts"
     if shard is not None:
-        from cascade_repro.shard import empty_warning, keys_for
+        from cascade_repro.plan.shard import empty_warning, keys_for
 
         if warning := empty_warning(engines, shard):
             out_console(stderr=True).print(f"[yellow]warning:[/] {warning}")
@@ -500,12 +500,12 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None) -> No
     if added:
         line += f"; {added} noise-control cell{'s' if added != 1 else ''} added by the planner (--no-auto-controls to drop)"
     console.print(line)
-    from cascade_repro import estimate
     from cascade_repro.engines import get as engine_info
+    from cascade_repro.plan import estimate
 
     gpu = ""
     if engine_info(spec.engine).is_vllm:
-        from cascade_repro.envinfo import gpu_info
+        from cascade_repro.run.envinfo import gpu_info
 
         gpu = gpu_info().get("gpu_name", "")
     planned = {
@@ -519,7 +519,7 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None) -> No
     if spec.engine_args:
         from rich.markup import escape
 
-        from cascade_repro.engine_args import known_fields
+        from cascade_repro.plan.engine_args import known_fields
 
         shown = ", ".join(
             f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in spec.engine_args.items()

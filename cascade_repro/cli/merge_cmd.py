@@ -11,7 +11,7 @@ import typer
 
 from cascade_repro.cli.app import app, err_console, print_outcome, user_errors
 from cascade_repro.cli.options import FailOn
-from cascade_repro.matrix import FAIL_ON_DEFAULT
+from cascade_repro.plan.matrix import FAIL_ON_DEFAULT
 
 
 @app.command(panels=False)
@@ -40,7 +40,7 @@ def merge(
     """
     console = err_console()
     with user_errors():
-        from cascade_repro.merge import merge as merge_shards
+        from cascade_repro.run.merge import merge as merge_shards
 
         command = " ".join(["cascade-repro", *map(shlex.quote, sys.argv[1:])])
         outcome = merge_shards(

@@ -19,8 +19,8 @@ from typing import Annotated, Any, get_args
 import typer
 
 from cascade_repro.cli.app import EXAMPLE_RUN_DIR, RESULTS_DIR, default, spec_default
-from cascade_repro.matrix import ENGINES, FAIL_ON, FAIL_ON_DEFAULT
-from cascade_repro.verdicts import Thresholds
+from cascade_repro.judge.verdicts import Thresholds
+from cascade_repro.plan.matrix import ENGINES, FAIL_ON, FAIL_ON_DEFAULT
 
 # Help panels: `matrix`'s, then those of `kernel` and `explain` alone.
 MATRIX, PROMPTS, ENGINE, OUTPUT, VERDICTS, DEBUG = (

@@ -31,9 +31,9 @@ app.add_typer(prompts_app, name="prompts")
 
 
 def _prefix_tokens(system_prompt: str, prompts: list[str], model: str) -> int:
-    from cascade_repro.chat import render_all
-    from cascade_repro.models import load_tokenizer, resolve_model
-    from cascade_repro.promptsets import load_system_prompt
+    from cascade_repro.plan.models import load_tokenizer, resolve_model
+    from cascade_repro.prompts.chat import render_all
+    from cascade_repro.prompts.promptsets import load_system_prompt
 
     path, _ = resolve_model(model)
     _, shared = render_all(load_tokenizer(path, False), load_system_prompt(system_prompt), prompts)
@@ -56,7 +56,7 @@ def list_sets(
         from rich.console import Console
         from rich.table import Table
 
-        from cascade_repro.promptsets import BUILTIN_SYSTEM_PROMPTS, list_builtin_sets
+        from cascade_repro.prompts.promptsets import BUILTIN_SYSTEM_PROMPTS, list_builtin_sets
 
         sets = list_builtin_sets()
         table = Table(title="prompt sets")
@@ -102,9 +102,9 @@ def show(
         from rich.markup import escape
         from rich.table import Table
 
-        from cascade_repro.chat import MIN_CASCADE_PREFIX
-        from cascade_repro.ifeval.score import unscorable
-        from cascade_repro.promptsets import load_prompt_set
+        from cascade_repro.judge.ifeval.score import unscorable
+        from cascade_repro.prompts.chat import MIN_CASCADE_PREFIX
+        from cascade_repro.prompts.promptsets import load_prompt_set
 
         ps = load_prompt_set(name, prompt_field=prompt_field, key_field=key_field)
         console = Console()

@@ -8,7 +8,7 @@ import typer
 
 from cascade_repro.cli.app import app, err_console, print_outcome, user_errors
 from cascade_repro.cli.options import FailOn, RunDir
-from cascade_repro.matrix import FAIL_ON_DEFAULT
+from cascade_repro.plan.matrix import FAIL_ON_DEFAULT
 
 
 @app.command(panels=False)
@@ -29,10 +29,10 @@ def report(
     with user_errors():
         from contextlib import nullcontext
 
-        from cascade_repro import runstore
-        from cascade_repro.outcome import outcome_of
         from cascade_repro.report import write_reports
         from cascade_repro.report.load import load_run
+        from cascade_repro.report.outcome import outcome_of
+        from cascade_repro.run import runstore
 
         # The run's lock: a matrix still writing this directory would be scored half-way, and two
         # writers of the reports would interleave. Not a run directory: nothing to lock (and no
@@ -48,14 +48,14 @@ def report(
             if unscored and not rescore:
                 # Interrupted before scoring: score the cells it finished, so the report shows them
                 # (and its headline says the run is not finished).
-                from cascade_repro.runner import finalize
+                from cascade_repro.run.runner import finalize
 
                 finalize(run_dir)
             elif rescore:
                 import shlex
                 import sys
 
-                from cascade_repro.runner import finalize, record_invocation
+                from cascade_repro.run.runner import finalize, record_invocation
 
                 record_invocation(
                     run_dir, "rescore", " ".join(["cascade-repro", *map(shlex.quote, sys.argv[1:])])

@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from cascade_repro import inject as inj
 from cascade_repro import vllm_surface
 from cascade_repro.twin import CASCADE as TWIN
+from cascade_repro.vllm_surface import inject as inj
 
 ATTN_NAME = "cascade_repro"
 # vLLM's hard conditions in use_cascade_attention (vllm/v1/attention/backends/flash_attn.py).

@@ -31,7 +31,7 @@ from cascade_repro.errors import UsageError
 from cascade_repro.twin import CASCADE as TWIN
 
 if TYPE_CHECKING:
-    from cascade_repro.manifest import EnginePlanRecord, Manifest
+    from cascade_repro.run.manifest import EnginePlanRecord, Manifest
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -144,7 +144,7 @@ class HFEngine:
         self, prompts: list[list[int]], arm: str, max_tokens: int, prefix_len: int | None = None
     ) -> tuple[list[Completion], WaveStats]:
         """Generate greedily for all prompts at once; ``prefix_len`` defaults to their common prefix."""
-        from cascade_repro.chat import common_prefix_len
+        from cascade_repro.prompts.chat import common_prefix_len
 
         b = len(prompts)
         p = common_prefix_len(prompts) if prefix_len is None else prefix_len

@@ -13,7 +13,7 @@ tokens already in the prefix cache, and at least 8 requests in the step. Each wa
 the prefix cache and re-warms the shared prefix with one request before the wave is submitted.
 
 Arms: with ``arm_switch="toggle"`` one engine (cascade enabled) serves both arms, and the probe
-plugin (``cascade_repro/probe.py``) forces ``use_cascade_attention`` to False during flat waves;
+plugin (``cascade_repro/vllm_surface/probe.py``) forces ``use_cascade_attention`` to False during flat waves;
 with ``"restart"`` each engine serves one arm and the flat one is started with
 ``disable_cascade_attn=True``.
 """
@@ -28,12 +28,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cascade_repro import probe, runstore, vllm_surface
+from cascade_repro import vllm_surface
 from cascade_repro.engines.base import Completion, WaveStats
 from cascade_repro.errors import UsageError
-from cascade_repro.manifest import EnginePlanRecord, Manifest, spec_of
-from cascade_repro.matrix import MatrixSpec
+from cascade_repro.plan.matrix import MatrixSpec
+from cascade_repro.run import runstore
+from cascade_repro.run.manifest import EnginePlanRecord, Manifest, spec_of
 from cascade_repro.twin import CASCADE as TWIN
+from cascade_repro.vllm_surface import probe
 
 RPC_TIMEOUT_S = 120.0
 MIN_DEFAULT_MAX_NUM_SEQS = 256
@@ -215,8 +217,8 @@ class VLLMEngine:
     def _auto_max_model_len(self) -> int | None:
         """Longest rendered prompt + max_tokens + 1, rounded up to 256 (None: vLLM's default)."""
         try:
-            from cascade_repro.chat import render_all
-            from cascade_repro.models import load_tokenizer
+            from cascade_repro.plan.models import load_tokenizer
+            from cascade_repro.prompts.chat import render_all
 
             run = runstore.read_manifest(self.run_dir)
             prompts = [r["prompt"] for r in runstore.read_prompts(self.run_dir)]
@@ -226,7 +228,7 @@ class VLLMEngine:
             need = -(-need // 256) * 256
             limit = None
             try:
-                from cascade_repro.models import load_config
+                from cascade_repro.plan.models import load_config
 
                 cfg = load_config(self.model_path)
                 cfg.update(self.spec.hf_overrides or {})
@@ -303,7 +305,7 @@ class VLLMEngine:
         try:
             return self.llm.get_tokenizer()
         except Exception:  # noqa: BLE001 - e.g. skip_tokenizer_init; render with transformers instead
-            from cascade_repro.models import load_tokenizer
+            from cascade_repro.plan.models import load_tokenizer
 
             return load_tokenizer(self.model_path, bool(self.spec.trust_remote_code))
 
@@ -376,7 +378,7 @@ class VLLMEngine:
         self, prompts: list[list[int]], arm: str, max_tokens: int, prefix_len: int | None = None
     ) -> tuple[list[Completion], WaveStats]:
         """Reset the prefix cache, re-warm the shared prefix, then submit all prompts at once."""
-        from cascade_repro.chat import common_prefix_len
+        from cascade_repro.prompts.chat import common_prefix_len
 
         if arm not in TWIN.arms:
             raise ValueError(f"arm must be {TWIN.test!r} or {TWIN.ref!r}, not {arm!r}")

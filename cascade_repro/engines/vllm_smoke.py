@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cascade_repro import runstore
 from cascade_repro.engines.base import Completion
 from cascade_repro.engines.vllm import VLLMEngine, _jsonable
+from cascade_repro.run import runstore
 
 
 def smoke(
@@ -29,11 +29,11 @@ def smoke(
     import tempfile
     import traceback
 
-    from cascade_repro.chat import render_all
-    from cascade_repro.manifest import EnginePlanRecord, Manifest, PromptSetFacts
-    from cascade_repro.matrix import MatrixSpec
-    from cascade_repro.models import resolve_model
-    from cascade_repro.promptsets import load_prompt_set, load_system_prompt
+    from cascade_repro.plan.matrix import MatrixSpec
+    from cascade_repro.plan.models import resolve_model
+    from cascade_repro.prompts.chat import render_all
+    from cascade_repro.prompts.promptsets import load_prompt_set, load_system_prompt
+    from cascade_repro.run.manifest import EnginePlanRecord, Manifest, PromptSetFacts
 
     found: dict[str, Any] = {"ok": False, "tp": tp, "batch": batch, "max_tokens": max_tokens, "eager": eager}
     t0 = time.time()

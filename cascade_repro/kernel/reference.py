@@ -340,10 +340,10 @@ def cascade_reference(inputs: PagedInputs, inject: str | None = None) -> torch.T
     the suffix pass runs each request causally over ``block_table[:, num_common_kv_blocks:]`` and
     ``seq_len - common_prefix_len`` keys; the partial outputs (rounded to the model dtype, LSEs in
     float32 ``[H, T]``) are merged by their LSEs. ``inject="lse-layout"`` hands the merge the suffix
-    LSE through :func:`cascade_repro.probe.misread_lse`, the probe's own transformation.
+    LSE through :func:`cascade_repro.vllm_surface.probe.misread_lse`, the probe's own transformation.
     """
     from cascade_repro.engines.cascade_attention import merge_attn_states
-    from cascade_repro.probe import misread_lse
+    from cascade_repro.vllm_surface.probe import misread_lse
 
     t = inputs.num_tokens
     p = inputs.prefix_len

@@ -13,7 +13,6 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from cascade_repro import runstore
 from cascade_repro.report.base import Formatter
 from cascade_repro.report.junit_xml import JunitDocument
 from cascade_repro.report.text import (
@@ -28,6 +27,7 @@ from cascade_repro.report.text import (
     plural,
     text_of,
 )
+from cascade_repro.run import runstore
 
 SUITE = "cascade-repro-kernel"
 FILES = ("report.md", "summary.json", "junit.xml")

@@ -13,7 +13,7 @@ Per case, on the same inputs (``reference.build_inputs``):
 
 Verdict: ``ok`` when cascade's relative error is within ``factor`` times the flat path's, else
 ``mismatch``. ``inject="lse-layout"`` wraps the ``merge_attn_states`` that ``cascade_attention``
-calls with :func:`cascade_repro.probe.wrap_merge`, the probe's own wrapper, for the cascade call
+calls with :func:`cascade_repro.vllm_surface.probe.wrap_merge`, the probe's own wrapper, for the cascade call
 only; the flat path never merges.
 
 vLLM is imported only by :func:`load_vllm`; the rest of this module runs without it, and the
@@ -242,7 +242,7 @@ class InjectSwitch:
     """The part of ``probe.ProbeState`` that ``probe.wrap_merge`` reads, without its files."""
 
     def __init__(self, inject: str | None) -> None:
-        from cascade_repro import inject as inj
+        from cascade_repro.vllm_surface import inject as inj
 
         self.inject = inj.try_parse(inject)  # what wrap_merge reads: a parsed injection
         self.in_cascade = False
@@ -258,7 +258,7 @@ def merge_injected(module: ModuleType, inject: str | None) -> Iterator[InjectSwi
 
     Set ``switch.in_cascade`` around the cascade call: the wrapper changes nothing outside it.
     """
-    from cascade_repro.probe import wrap_merge
+    from cascade_repro.vllm_surface.probe import wrap_merge
 
     switch = InjectSwitch(inject)
     if inject is None:

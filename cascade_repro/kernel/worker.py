@@ -15,7 +15,7 @@ it exits with :data:`EXIT_CUDA_LOST`. When the worker dies, hangs past ``case_ti
 start, the parent records the case in flight as an ``error`` row and starts a new worker for the cases
 left (at most ``max_restarts`` times). ``max_seconds`` bounds the whole run: cases not finished by
 then are ``skipped``, so a run under a hard time limit still ends with complete reports. The worker
-runs in a session of its own, under the runner's supervisor (:mod:`cascade_repro.supervise`):
+runs in a session of its own, under the runner's supervisor (:mod:`cascade_repro.run.supervise`):
 stopping it kills its whole process group.
 """
 
@@ -31,7 +31,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from cascade_repro import cuda_cache, supervise
 from cascade_repro.kernel.grid import KernelCase
 from cascade_repro.kernel.run import (
     DEFAULT_EPS,
@@ -46,6 +45,7 @@ from cascade_repro.kernel.run import (
     load_vllm,
     run_one,
 )
+from cascade_repro.run import cuda_cache, supervise
 
 EXIT_OK = 0
 EXIT_FATAL = 2

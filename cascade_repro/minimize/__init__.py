@@ -8,11 +8,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from cascade_repro import inject as inj
-from cascade_repro import runstore
 from cascade_repro.errors import UsageError
-from cascade_repro.manifest import EnginePlanRecord, Manifest
 from cascade_repro.minimize.search import CRITERIA, MIN_REQUESTS, MinimizeResult, Oracle, Trial, search
+from cascade_repro.run import runstore
+from cascade_repro.run.manifest import EnginePlanRecord, Manifest
+from cascade_repro.vllm_surface import inject as inj
 
 __all__ = ["CRITERIA", "MinimizeOutput", "minimize_run"]
 
@@ -27,7 +27,7 @@ class MinimizeOutput:
 def _load_prompts(run_dir: Path) -> list[dict[str, Any]]:
     if not runstore.prompts_path(run_dir).is_file():
         raise UsageError(f"{run_dir} has no {runstore.PROMPTS}")
-    from cascade_repro.worker import load_prompts
+    from cascade_repro.run.worker import load_prompts
 
     return load_prompts(run_dir)
 
@@ -48,9 +48,9 @@ def minimize_run(
     off through the probe, as `--arm-switch toggle` does), whatever arm switch the run used.
     ``engine_factory`` gets the run (its ``extra`` holding ``run_dir``) and that engine plan.
     """
-    from cascade_repro.chat import render_all
     from cascade_repro.minimize.render import render_issue, render_repro, repro_engine_args, safe_dirname
     from cascade_repro.minimize.search import pick_pair, start_case
+    from cascade_repro.prompts.chat import render_all
 
     run_dir = Path(run_dir)
     if criterion not in CRITERIA:
@@ -83,7 +83,7 @@ def minimize_run(
     # The run dir travels as the run_dir key engines.build reads from a run's extra keys.
     run_for_engine = replace(run, extra={**run.extra, "run_dir": str(run_dir)})
     if engine_factory is None:
-        from cascade_repro.worker import build_engine
+        from cascade_repro.run.worker import build_engine
 
         engine_factory = build_engine
     try:

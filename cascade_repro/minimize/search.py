@@ -19,12 +19,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cascade_repro import runstore, vllm_surface
+from cascade_repro import vllm_surface
 from cascade_repro.errors import UsageError
-from cascade_repro.manifest import Manifest, as_manifest
-from cascade_repro.matrix import waves
-from cascade_repro.metrics.divergence import divergence_metrics
+from cascade_repro.judge.metrics.divergence import divergence_metrics
 from cascade_repro.minimize.ddmin import ddmin
+from cascade_repro.plan.matrix import waves
+from cascade_repro.run import runstore
+from cascade_repro.run.manifest import Manifest, as_manifest
 from cascade_repro.twin import CASCADE as TWIN
 
 CRITERIA = ("topk", "any")

@@ -7,7 +7,6 @@ from enum import Enum
 from pathlib import Path
 from typing import assert_never
 
-from cascade_repro import runstore
 from cascade_repro.errors import UsageError
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.content import EXIT_INCONCLUSIVE, EXIT_NOTHING_EXERCISED, exit_status
@@ -16,6 +15,7 @@ from cascade_repro.report.json import JsonFormatter
 from cascade_repro.report.junit import JunitFormatter
 from cascade_repro.report.load import Example, RunData, load_run
 from cascade_repro.report.markdown import MarkdownFormatter
+from cascade_repro.run import runstore
 
 __all__ = [
     "EXIT_INCONCLUSIVE",

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cascade_repro import calibration, engines, speed, vllm_surface
+from cascade_repro import engines, vllm_surface
 from cascade_repro.errors import UsageError
-from cascade_repro.manifest import EngineRecord, Invocation, PromptSetFacts
-from cascade_repro.matrix import MatrixSpec
+from cascade_repro.judge import calibration, speed
+from cascade_repro.plan.matrix import MatrixSpec
 from cascade_repro.report.load import Example, RunData
 from cascade_repro.report.text import (
     MISSING,
@@ -34,6 +34,7 @@ from cascade_repro.report.text import (
     text_or_missing,
     truncate,
 )
+from cascade_repro.run.manifest import EngineRecord, Invocation, PromptSetFacts
 from cascade_repro.twin import CASCADE as TWIN
 
 VERDICTS = ("regression", "error", "not exercised", "inconclusive", "within noise", "identical")
@@ -518,8 +519,8 @@ def if_note(data: RunData) -> str | None:
 
 def unscored_note(data: RunData) -> str | None:
     """Name the instruction ids (and kwargs) no verifier could score and the prompts they left unscored; None if none."""
-    from cascade_repro.compare import load_prompts
-    from cascade_repro.ifeval.score import unscorable
+    from cascade_repro.judge.compare import load_prompts
+    from cascade_repro.judge.ifeval.score import unscorable
 
     return unscorable(load_prompts(data.run_dir)).note()
 

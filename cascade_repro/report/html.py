@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from html import escape
 
-from cascade_repro import runstore
 from cascade_repro.report import content as c
 from cascade_repro.report import svg
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.load import Example, RunData
 from cascade_repro.report.text import clean, one_line
+from cascade_repro.run import runstore
 from cascade_repro.twin import CASCADE as TWIN
 
 CSS = """

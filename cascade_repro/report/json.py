@@ -8,11 +8,11 @@ docs/summary-json.md.
 
 from __future__ import annotations
 
-from cascade_repro import runstore
 from cascade_repro.report import content as c
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import as_int, json_text
+from cascade_repro.run import runstore
 
 PAIR_FIELDS = (
     "pair_id",

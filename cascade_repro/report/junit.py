@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from cascade_repro import runstore
 from cascade_repro.report import content as c
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.junit_xml import JunitDocument, element
@@ -16,6 +15,7 @@ from cascade_repro.report.text import (
     text_of,
     text_or_missing,
 )
+from cascade_repro.run import runstore
 from cascade_repro.twin import CASCADE as TWIN
 
 SUITE = "cascade-repro"

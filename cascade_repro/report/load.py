@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from cascade_repro import runstore
 from cascade_repro.errors import UsageError
-from cascade_repro.manifest import Manifest
+from cascade_repro.judge.tables import CELL_COLUMNS, COMPARISON_COLUMNS, PAIR_COLUMNS
 from cascade_repro.report.text import as_int, is_missing
-from cascade_repro.tables import CELL_COLUMNS, COMPARISON_COLUMNS, PAIR_COLUMNS
+from cascade_repro.run import runstore
+from cascade_repro.run.manifest import Manifest
 from cascade_repro.twin import CASCADE as TWIN
 
 
@@ -61,7 +61,7 @@ class RunData:
 
     @cached_property
     def manifest(self) -> Manifest:
-        """run.json as a :class:`~cascade_repro.manifest.Manifest` (made once, on first use)."""
+        """run.json as a :class:`~cascade_repro.run.manifest.Manifest` (made once, on first use)."""
         return Manifest.from_json(self.run)
 
 

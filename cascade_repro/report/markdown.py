@@ -5,11 +5,11 @@ from __future__ import annotations
 import html
 import re
 
-from cascade_repro import runstore
 from cascade_repro.report import content as c
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.load import Example, RunData
 from cascade_repro.report.text import clean, fence_for, md_escape_html, md_table_rows, one_line
+from cascade_repro.run import runstore
 from cascade_repro.twin import CASCADE as TWIN
 
 # GitHub rejects issue bodies over 65536 characters; keep each sample text well below that.

@@ -17,7 +17,7 @@ class LLM:
     """Counts what the harness asks of it; generates request i of a call as [10 + i] * max_tokens."""
 
     def __init__(self, model, **kwargs):
-        from cascade_repro import probe
+        from cascade_repro.vllm_surface import probe
         from vllm.engine.arg_utils import EngineArgs  # noqa: F401 - vLLM loads its general plugins here
 
         probe.register()

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cascade_repro import runstore
 from cascade_repro.errors import UsageError
-from cascade_repro.manifest import Invocation, Manifest, Timings
-from cascade_repro.matrix import FAIL_ON, FAIL_ON_DEFAULT
-from cascade_repro.shard import Shard, assign
+from cascade_repro.plan.matrix import FAIL_ON, FAIL_ON_DEFAULT
+from cascade_repro.plan.shard import Shard, assign
+from cascade_repro.run import runstore
+from cascade_repro.run.manifest import Invocation, Manifest, Timings
 
 # Outputs of an earlier merge into the same directory, replaced by this one.
 _OUTPUTS = (*runstore.TABLES, *runstore.REPORTS, runstore.PROMPTS)
@@ -221,8 +221,8 @@ def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = FAIL_ON_DEFAULT,
     A missing shard is a UsageError (exit 2), before anything is written, unless ``allow_partial``.
     Exit code as for ``cascade-repro report``: 1 when ``fail_on`` says the verdicts fail.
     """
-    from cascade_repro.outcome import outcome_of
-    from cascade_repro.runner import finalize
+    from cascade_repro.report.outcome import outcome_of
+    from cascade_repro.run.runner import finalize
 
     if fail_on not in FAIL_ON:
         raise UsageError(f"--fail-on must be one of {', '.join(FAIL_ON)}, not {fail_on!r}")

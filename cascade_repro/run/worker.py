@@ -1,6 +1,6 @@
 """Worker process: build one engine for one engine key and run all its unfinished cells.
 
-Started by the runner as ``python -m cascade_repro.worker RUN_DIR ENGINE_KEY``. It reads the plan
+Started by the runner as ``python -m cascade_repro.run.worker RUN_DIR ENGINE_KEY``. It reads the plan
 from ``run.json`` and the prompts from ``prompts.jsonl``, and appends records to
 ``samples/<key>.jsonl`` (flushed after every wave). One engine per process: vLLM cannot build a
 second engine in a process that held one, and a crash or hang stays contained.
@@ -15,9 +15,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from cascade_repro import runstore
-from cascade_repro.manifest import CellPlan, EnginePlanRecord, Manifest, as_manifest
-from cascade_repro.matrix import MatrixSpec, waves
+from cascade_repro.plan.matrix import MatrixSpec, waves
+from cascade_repro.run import runstore
+from cascade_repro.run.manifest import CellPlan, EnginePlanRecord, Manifest, as_manifest
 from cascade_repro.twin import CASCADE as TWIN
 
 # Exit codes the runner understands.
@@ -85,7 +85,7 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
     writer = runstore.JsonlWriter(out_path, background=info.background_writes)
     t0 = time.time()
     engine = build_engine(run, eplan, run_dir)
-    from cascade_repro.chat import prompt_hash, render_all
+    from cascade_repro.prompts.chat import prompt_hash, render_all
 
     system_prompt = run.prompt_set.system_prompt_text or ""
     rendered, shared = render_all(engine.tokenizer(), system_prompt, [p["prompt"] for p in prompts])
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_parent()
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
-        print("usage: python -m cascade_repro.worker RUN_DIR ENGINE_KEY", file=sys.stderr)
+        print("usage: python -m cascade_repro.run.worker RUN_DIR ENGINE_KEY", file=sys.stderr)
         return 2
     return run_engine(Path(argv[0]), argv[1])
 

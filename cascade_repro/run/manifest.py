@@ -11,7 +11,7 @@ still unset; one built with ``of`` writes the fields given, as a dict literal of
 
 Values are kept as read (an int stays an int where a float was declared), so the bytes of run.json
 survive a round trip. ``runstore.read_manifest`` / ``runstore.write_manifest`` are the file's
-reader and writer; the spec is a :class:`~cascade_repro.matrix.MatrixSpec` built without
+reader and writer; the spec is a :class:`~cascade_repro.plan.matrix.MatrixSpec` built without
 validation (a stored spec was valid where it was made; ``--engine-args`` checks depend on the
 installed vLLM).
 """
@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from cascade_repro.matrix import EnginePlan, MatrixSpec, all_cells
+from cascade_repro.plan.matrix import EnginePlan, MatrixSpec, all_cells
 
 _MISSING = dataclasses.MISSING
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from cascade_repro import estimate
+from cascade_repro.plan import estimate
 
 HEARTBEAT_S = 30.0
 
@@ -110,7 +110,7 @@ class RunProgress:
 
     def record(self, rec: Mapping[str, Any]) -> None:
         """A control record the worker appended (cell_start, wave, cell_done, cell_error)."""
-        from cascade_repro import runstore
+        from cascade_repro.run import runstore
 
         t = rec.get("type")
         if t == runstore.CELL_START:

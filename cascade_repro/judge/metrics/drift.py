@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from cascade_repro.metrics.divergence import _common_prefix_len
-from cascade_repro.metrics.repetition import _as_list
+from cascade_repro.judge.metrics.divergence import _common_prefix_len
+from cascade_repro.judge.metrics.repetition import _as_list
 
 __all__ = ["agreeing_len", "chosen_bias", "chosen_drift", "drift_floor", "drift_triple", "topk_drift"]
 

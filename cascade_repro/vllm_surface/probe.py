@@ -78,8 +78,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from cascade_repro import inject as inj  # standard library only, like this module
-from cascade_repro import splitkv, vllm_surface
+from cascade_repro import vllm_surface
+from cascade_repro.vllm_surface import inject as inj  # standard library only, like this module
+from cascade_repro.vllm_surface import splitkv
 
 ENV_VAR = "CASCADE_REPRO_PROBE"
 FLASH_ATTN_MODULE = vllm_surface.FLASH_ATTN_MODULE
@@ -644,7 +645,9 @@ class _PatchingLoader(importlib.abc.Loader):
         try:
             self._hook(module)
         except Exception as e:  # noqa: BLE001 - a failed patch must not fail vLLM's import
-            print(f"cascade_repro.probe: patching {module.__name__} failed: {e!r}", file=sys.stderr)
+            print(
+                f"cascade_repro.vllm_surface.probe: patching {module.__name__} failed: {e!r}", file=sys.stderr
+            )
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_filename, is_package, ...
         return getattr(self._loader, name)
@@ -729,7 +732,7 @@ def register() -> None:
     try:
         activate(directory)
     except Exception as e:  # noqa: BLE001 - never break vLLM's startup
-        print(f"cascade_repro.probe: not active: {e!r}", file=sys.stderr)
+        print(f"cascade_repro.vllm_surface.probe: not active: {e!r}", file=sys.stderr)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Pure metric functions over the token ids of generated completions (no torch, no tokenizer)."""
 
-from cascade_repro.metrics.divergence import (
+from cascade_repro.judge.metrics.divergence import (
     common_prefix_ratio,
     divergence_metrics,
     dlogprob_stats,
@@ -9,7 +9,7 @@ from cascade_repro.metrics.divergence import (
     logprob_margin,
     topk_contains,
 )
-from cascade_repro.metrics.repetition import (
+from cascade_repro.judge.metrics.repetition import (
     compression_ratio,
     distinct_n,
     longest_repeated_span,

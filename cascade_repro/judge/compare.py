@@ -14,15 +14,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from cascade_repro import runstore, speed
-from cascade_repro.ifeval.score import paired_if, score_response
-from cascade_repro.manifest import CellPlan, Manifest, as_manifest
-from cascade_repro.metrics.divergence import divergence_metrics
-from cascade_repro.metrics.drift import drift_floor, drift_triple
-from cascade_repro.metrics.repetition import repetition_metrics
-from cascade_repro.tables import PAIR_COLUMNS
-from cascade_repro.twin import CASCADE as TWIN
-from cascade_repro.verdicts import (
+from cascade_repro.judge import speed
+from cascade_repro.judge.ifeval.score import paired_if, score_response
+from cascade_repro.judge.metrics.divergence import divergence_metrics
+from cascade_repro.judge.metrics.drift import drift_floor, drift_triple
+from cascade_repro.judge.metrics.repetition import repetition_metrics
+from cascade_repro.judge.tables import PAIR_COLUMNS
+from cascade_repro.judge.verdicts import (
     BiasStats,
     DriftStats,
     Evidence,
@@ -33,6 +31,9 @@ from cascade_repro.verdicts import (
     drift_ratio_stats,
     paired_bootstrap_ci,
 )
+from cascade_repro.run import runstore
+from cascade_repro.run.manifest import CellPlan, Manifest, as_manifest
+from cascade_repro.twin import CASCADE as TWIN
 
 REP_KEYS = [f"seq_rep_{n}" for n in range(1, 5)] + [f"distinct_{n}" for n in range(1, 5)]
 TWIN_AXES = ("tp", "seed", "dtype", "fa_version", "backend")
@@ -67,7 +68,7 @@ def compact_topk(topk: list) -> Any:
 def load_prompts(run_dir: Path) -> list[Any]:
     """Return the run's prompt records (prompts.jsonl, index i = prompt_index i), or [] when absent or unreadable."""
     from cascade_repro.errors import UsageError
-    from cascade_repro.promptsets import iter_prompt_records
+    from cascade_repro.prompts.promptsets import iter_prompt_records
 
     path = runstore.prompts_path(run_dir)
     if not path.is_file():

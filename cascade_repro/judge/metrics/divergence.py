@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from cascade_repro.metrics.repetition import _as_list  # one list conversion for both metric families
+from cascade_repro.judge.metrics.repetition import _as_list  # one list conversion for both metric families
 
 __all__ = [
     "common_prefix_ratio",

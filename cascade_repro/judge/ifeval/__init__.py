@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cascade_repro.ifeval.score import (
+from cascade_repro.judge.ifeval.score import (
     Unscorable,
     if_accuracy,
     mcnemar_exact,
@@ -11,7 +11,7 @@ from cascade_repro.ifeval.score import (
     unknown_instruction_ids,
     unscorable,
 )
-from cascade_repro.ifeval.verifiers import (
+from cascade_repro.judge.ifeval.verifiers import (
     ALIASES,
     GOOGLE_IFEVAL_IDS,
     VERIFIERS,

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, overload
 
 from cascade_repro.errors import UsageError
-from cascade_repro.manifest import Manifest, as_manifest
+from cascade_repro.run.manifest import Manifest, as_manifest
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ FA2_MARK = ".fa2-compiled-{gpu}"
 
 
 def default_path() -> Path:
-    from cascade_repro.models import cache_root
+    from cascade_repro.plan.models import cache_root
 
     return cache_root() / SUBDIR
 

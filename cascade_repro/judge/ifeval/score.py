@@ -3,7 +3,7 @@
 Accuracy is prompt-level, as IFEval's headline numbers: a response passes when it follows every
 instruction of its prompt. ``strict`` checks the response as it is; ``loose`` also accepts it when
 one of IFEval's relaxed variants follows (first or last line removed, ``*`` removed; see
-:func:`cascade_repro.ifeval.verifiers.loose_variants`), instruction by instruction.
+:func:`cascade_repro.judge.ifeval.verifiers.loose_variants`), instruction by instruction.
 
 A prompt without instructions, or with an instruction id no verifier knows, or with kwargs no
 verifier can use, is not scored (``strict``/``loose`` are ``None``) and leaves every mean; ``if_n``
@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cascade_repro.ifeval.verifiers import VERIFIERS, canonical_id, check, check_loose, kwargs_problem
+from cascade_repro.judge.ifeval.verifiers import VERIFIERS, canonical_id, check, check_loose, kwargs_problem
 
 
 def _instructions(record: Any) -> tuple[list[str], list[dict]]:

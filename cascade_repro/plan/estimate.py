@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cascade_repro import cuda_cache
+from cascade_repro.run import cuda_cache
 
 if TYPE_CHECKING:
-    from cascade_repro.manifest import Manifest
-    from cascade_repro.matrix import MatrixSpec
+    from cascade_repro.plan.matrix import MatrixSpec
+    from cascade_repro.run.manifest import Manifest
 
 
 @dataclass(frozen=True)
@@ -253,9 +253,9 @@ def for_plan(
     """The estimate of a planned matrix (``spec`` a MatrixSpec or its run.json form), refined by the
     run directory's samples when a run of the same id already has waves (a rerun resumes; finished
     cells are free)."""
-    from cascade_repro import runstore
-    from cascade_repro.manifest import spec_of
-    from cascade_repro.matrix import MatrixSpec
+    from cascade_repro.plan.matrix import MatrixSpec
+    from cascade_repro.run import runstore
+    from cascade_repro.run.manifest import spec_of
 
     if not isinstance(spec, MatrixSpec):
         spec = spec_of(spec)
@@ -279,7 +279,7 @@ def for_plan(
 
 def for_run(run: Manifest | dict[str, Any], run_dir: Path | None = None) -> Estimate:
     """The estimate of a prepared run (its manifest, or run.json's content)."""
-    from cascade_repro.manifest import as_manifest
+    from cascade_repro.run.manifest import as_manifest
 
     m = as_manifest(run)
     cells = m.plan.cell_map()

@@ -18,10 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, overload
 
-from cascade_repro import cuda_cache, runstore, supervise
 from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
-from cascade_repro.manifest import (
+from cascade_repro.judge.verdicts import Thresholds
+from cascade_repro.plan.matrix import MatrixSpec, plan, spec_hash
+from cascade_repro.plan.shard import Shard, empty_warning, restrict
+from cascade_repro.run import cuda_cache, runstore, supervise
+from cascade_repro.run.manifest import (
     EngineRecord,
     Invocation,
     Manifest,
@@ -30,9 +33,6 @@ from cascade_repro.manifest import (
     Timings,
     as_manifest,
 )
-from cascade_repro.matrix import MatrixSpec, plan, spec_hash
-from cascade_repro.shard import Shard, empty_warning, restrict
-from cascade_repro.verdicts import Thresholds
 
 POLL_S = 0.5
 FA2_JIT_NOTE = "compiling FlashAttention 2 kernels for this GPU, first run only: about 3 min"
@@ -176,7 +176,7 @@ def resumed_run(
 
 def record_invocation(run_dir: Path, kind: str, command: str) -> None:
     """Append a non-matrix invocation (``rescore``) to run.json's list, the earlier ones kept."""
-    from cascade_repro import envinfo
+    from cascade_repro.run import envinfo
 
     m = runstore.read_manifest(run_dir)
     invs = list(m.invocations or [m.own_invocation()])
@@ -204,16 +204,16 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
 
     Nothing is written here, so a usage error leaves no half-made run directory behind.
     """
-    from cascade_repro import envinfo
-    from cascade_repro.chat import MIN_CASCADE_PREFIX, render_all
-    from cascade_repro.models import (
+    from cascade_repro.plan.models import (
         EMBEDDED,
         embedded_converted,
         load_tokenizer,
         quiet_progress,
         resolve_model,
     )
-    from cascade_repro.promptsets import load_prompt_set, load_system_prompt
+    from cascade_repro.prompts.chat import MIN_CASCADE_PREFIX, render_all
+    from cascade_repro.prompts.promptsets import load_prompt_set, load_system_prompt
+    from cascade_repro.run import envinfo
 
     spec.validate()
     run_id = opts.run_id or default_run_id(spec)
@@ -365,8 +365,8 @@ def cells_done(
 
 def execute(run_dir: Path, show_progress: bool = True, console: Any = None) -> list[str]:
     """Run one worker per engine key with unfinished cells; return error lines for the summary."""
-    from cascade_repro import estimate
-    from cascade_repro.progress import RunProgress
+    from cascade_repro.plan import estimate
+    from cascade_repro.run.progress import RunProgress
 
     run = restrict(runstore.read_manifest(run_dir))  # a shard runs only its own engine keys
     spec = run.spec
@@ -452,7 +452,7 @@ def _run_worker(
 
     ``timeout`` is inactivity: seconds without a new record or a new line in the worker's log, so a
     slow engine start (logging as it goes) is not killed but a silent hang is. Every control record
-    the worker appends goes to ``progress`` (a :class:`~cascade_repro.progress.RunProgress`).
+    the worker appends goes to ``progress`` (a :class:`~cascade_repro.run.progress.RunProgress`).
     """
     log_path = runstore.worker_log(run_dir, key)
     tail = _Tail(runstore.samples_path(run_dir, key))
@@ -472,7 +472,7 @@ def _run_worker(
             return f"timeout: no progress for {timeout:.0f}s (--engine-timeout); worker killed"
         return None
 
-    argv = [sys.executable, "-m", "cascade_repro.worker", str(run_dir), key]
+    argv = [sys.executable, "-m", "cascade_repro.run.worker", str(run_dir), key]
     with supervise.Worker(argv, env=env, log_path=log_path) as w:
         stopped = supervise.watch(w, check, POLL_S)  # its last check reads what the worker wrote last
     if stopped is not None:
@@ -486,7 +486,7 @@ def _run_worker(
 
 def finalize(run_dir: Path, thresholds: Thresholds | None = None) -> tuple[Path, Any]:
     """Score the samples, write the tables and every report; return (run_dir, RunData)."""
-    from cascade_repro.compare import build_tables
+    from cascade_repro.judge.compare import build_tables
     from cascade_repro.report import write_reports
     from cascade_repro.report.load import load_run
 
@@ -517,13 +517,13 @@ def finalize(run_dir: Path, thresholds: Thresholds | None = None) -> tuple[Path,
 
 def run_matrix(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> RunOutcome:
     """Prepare, execute and finalize a matrix; the library entry point behind ``cascade-repro matrix``."""
-    from cascade_repro.outcome import outcome_of
+    from cascade_repro.report.outcome import outcome_of
 
     t0 = time.time()
     prepared = prepare(spec, opts, console)
     run_dir = prepared.run_dir
     if console is not None:
-        from cascade_repro import estimate
+        from cascade_repro.plan import estimate
 
         # Before anything starts: a CPU run of an hour should not be discovered an hour in.
         device = estimate.run_device(spec.engine, spec.device)

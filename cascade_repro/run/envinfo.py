@@ -69,7 +69,7 @@ def source_info() -> dict[str, str]:
         if label.strip().lower() in ("repository", "source", "homepage") and url.strip():
             out["repository"] = redact_value("URL", url.strip())
             break
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
 
     def git(*args: str) -> str | None:
         try:

@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from cascade_repro import inject as inj
+from cascade_repro.vllm_surface import inject as inj
 
 GROUP_AXES = ("tp", "batch", "seed", "dtype", "fa_version", "backend")
 FLAGGED = "regression"

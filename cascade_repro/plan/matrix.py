@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from cascade_repro import inject as inj
 from cascade_repro.engines import ENGINES as ENGINE_REGISTRY
 from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
 from cascade_repro.twin import CASCADE as TWIN
+from cascade_repro.vllm_surface import inject as inj
 
 ENGINES = tuple(ENGINE_REGISTRY)
 INJECTIONS = ("lse-layout", "lse-shift=X")  # as --help and error messages spell them
@@ -164,7 +164,7 @@ class MatrixSpec:
                 if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                     bad(f"{n(name)} values must be positive integers, got {show(v)}", name)
         if self.engine_args:
-            from cascade_repro import engine_args as eargs
+            from cascade_repro.plan import engine_args as eargs
 
             try:
                 eargs.check(self.engine_args, max(self.batch))

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from cascade_repro.errors import EnvironmentFailure, RunLockedError, UsageError
-from cascade_repro.manifest import Manifest
+from cascade_repro.run.manifest import Manifest
 
 RUN_JSON = "run.json"
 PROMPTS = "prompts.jsonl"
@@ -227,7 +227,7 @@ def read_prompts(run_dir: Path) -> list[dict[str, Any]]:
 def write_prompts(run_dir: Path, records: list[Any]) -> None:
     """Write prompts.jsonl atomically (temp file and rename).
 
-    A record is a dict, or a :class:`~cascade_repro.promptsets.PromptRecord`, written as its
+    A record is a dict, or a :class:`~cascade_repro.prompts.promptsets.PromptRecord`, written as its
     ``to_json()`` (its extra columns under ``extra``).
     """
     rows = (r if isinstance(r, dict) else r.to_json() for r in records)
@@ -300,7 +300,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 
 def read_manifest(run_dir: Path) -> Manifest:
-    """run.json as a :class:`~cascade_repro.manifest.Manifest` (any version's file)."""
+    """run.json as a :class:`~cascade_repro.run.manifest.Manifest` (any version's file)."""
     return Manifest.from_json(read_run_json(run_dir))
 
 

@@ -270,7 +270,7 @@ def _shipped(file_name: str) -> Traversable:
     try:
         return resources.files(PACKAGE_DATA).joinpath(file_name)
     except ModuleNotFoundError:
-        return Path(__file__).resolve().parent.parent.joinpath("prompts", file_name)
+        return Path(__file__).resolve().parents[2].joinpath("prompts", file_name)
 
 
 def _as_file(path: PromptPath) -> Path | Traversable:

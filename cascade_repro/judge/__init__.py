@@ -1,0 +1,1 @@
+"""Judge: pure metrics, the pairs and their noise controls, the statistics and the verdicts."""

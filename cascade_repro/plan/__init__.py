@@ -1,0 +1,1 @@
+"""Plan: the matrix spec, its cells and engine keys, the model, shards, the time estimate."""

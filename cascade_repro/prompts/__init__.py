@@ -1,0 +1,1 @@
+"""Prompts: the prompt sets and the chat template that turns them into token ids."""

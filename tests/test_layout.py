@@ -1,0 +1,83 @@
+"""The package's folders follow the data's flow: prompts/ -> plan/ -> run/ -> judge/ -> report/.
+
+Every import statement of every module (function level included) is read; an import from one stage
+into a LATER stage, or into one of the commands and tools at the top of the package, must be one
+of the few listed here with why. engines/ and vllm_surface/ stand beside the flow: any stage may use
+them; engines/ may use the stages up to run/ (what it builds from), vllm_surface/ nothing but the
+shared modules. twin.py and errors.py are shared by all. docs/architecture.md describes the same.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "cascade_repro"
+FLOW = ("prompts", "plan", "run", "judge", "report")
+BESIDE = {"engines": {"prompts", "plan", "run", "vllm_surface"}, "vllm_surface": set()}
+SHARED = {"twin", "errors"}
+# (importing module, imported stage or tool): why the flow runs backwards there.
+EXCEPTIONS = {
+    ("plan.estimate", "run"): "a rerun's estimate uses that run's own wave times (runstore, manifest)",
+    ("plan.shard", "run"): "a shard is a cut of a run's manifest plan",
+    ("run.runner", "judge"): "the runner scores the run once its workers finish",
+    ("run.runner", "report"): "and writes its reports",
+    ("run.runner", "explain"): "vLLM's rule's predictions go into run.json beside the probe's counts",
+    ("run.merge", "report"): "a merge ends in the merged run's outcome and reports",
+}
+
+
+def stage_of(module: str) -> str | None:
+    """``cascade_repro.run.worker`` -> ``run``; a top-level module -> its name; the package -> None."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "cascade_repro" else None
+
+
+def imports() -> list[tuple[str, str]]:
+    """(importing module without the package prefix, imported stage/tool/shared name)."""
+    out = []
+    for path in PACKAGE.rglob("*.py"):
+        mod = ".".join(path.relative_to(PACKAGE).with_suffix("").parts).removesuffix(".__init__")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("cascade_repro"):
+                names = [node.module] if node.module != "cascade_repro" else [f"cascade_repro.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names if a.name.startswith("cascade_repro.")]
+            for name in names:
+                target = stage_of(name)
+                if target is not None and target != mod.split(".")[0]:
+                    out.append((mod, target))
+    return out
+
+
+def allowed(mod: str, target: str) -> bool:
+    src = mod.split(".")[0]
+    if target in SHARED:
+        return True
+    if src in FLOW:
+        if target in FLOW:
+            return FLOW.index(target) < FLOW.index(src) or (mod, target) in EXCEPTIONS
+        return target in BESIDE or (mod, target) in EXCEPTIONS
+    if src in BESIDE:
+        return target in BESIDE[src]
+    if src in SHARED:
+        return False
+    return True  # the commands and tools at the top use whatever they need
+
+
+def test_the_flow_runs_one_way():
+    wrong = sorted({(m, t) for m, t in imports() if not allowed(m, t)})
+    assert not wrong, f"imports against the flow (add to EXCEPTIONS only with a reason): {wrong}"
+
+
+def test_every_exception_is_still_needed():
+    seen = set(imports())
+    assert not [e for e in EXCEPTIONS if e not in seen], "drop the exceptions the code no longer needs"
+
+
+def test_the_stages_are_folders():
+    for name in (*FLOW, *BESIDE):
+        assert (PACKAGE / name / "__init__.py").is_file(), name
+    for name in SHARED:
+        assert (PACKAGE / f"{name}.py").is_file(), name
