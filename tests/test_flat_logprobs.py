@@ -3,8 +3,11 @@ gives, and the engine asks for them where vLLM's SamplingParams has the field.""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import random
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -13,34 +16,32 @@ from cascade_repro import vllm_surface
 from cascade_repro.engines.vllm import VLLMEngine, flat_topk, topk_entries
 
 
-class Lp:  # vllm.logprobs.Logprob
-    def __init__(self, logprob, rank, decoded_token=None):
-        self.logprob, self.rank, self.decoded_token = logprob, rank, decoded_token
+def _fake_logprobs():
+    """The fake vLLM's ``vllm.logprobs`` (vLLM 0.26.0's Logprob and FlatLogprobs), loaded by path."""
+    path = Path(__file__).parent / "fake_vllm" / "vllm" / "logprobs.py"
+    spec = importlib.util.spec_from_file_location("fake_vllm_logprobs", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
 
 
-class Flat:  # vllm.logprobs.FlatLogprobs: flat lists, the sampled token first at each position
-    def __init__(self):
-        self.start_indices, self.end_indices = [], []
-        self.token_ids, self.logprobs, self.ranks, self.decoded_tokens = [], [], [], []
+_LP = _fake_logprobs()
+Lp, FlatLogprobs = _LP.Logprob, _LP.FlatLogprobs
 
-    def append(self, entries):
-        self.start_indices.append(len(self.logprobs))
-        for t, v, r in entries:
-            self.token_ids.append(t)
-            self.logprobs.append(v)
-            self.ranks.append(r)
-            self.decoded_tokens.append(None)
-        self.end_indices.append(len(self.logprobs))
 
-    def __getitem__(self, i):
-        return {self.token_ids[j]: Lp(self.logprobs[j], self.ranks[j])
-                for j in range(self.start_indices[i], self.end_indices[i])}  # fmt: skip
+def flat_of(positions: list[list[tuple[int, float, int]]]) -> FlatLogprobs:
+    flat = FlatLogprobs()
+    for entries in positions:
+        flat.append_fast([t for t, _, _ in entries], [v for _, v, _ in entries], [r for _, _, r in entries],
+                         [None] * len(entries))  # fmt: skip
+    return flat
 
 
 def draw(rng: random.Random, n: int, k: int, outside: float, ties: bool):
     """One request as vLLM hands it over: the dict form (append_logprobs_for_next_position's dict
     branch: sampled first, then the top-k, a repeated id overwritten) and the flat form."""
-    token_ids, dicts, flat = [], [], Flat()
+    token_ids, dicts, positions = [], [], []
     for _ in range(n):
         ids = rng.sample(range(1000), k + 1)
         vals = sorted((round(-abs(rng.gauss(0, 2)), 1 if ties else 6) for _ in range(k + 1)), reverse=True)
@@ -48,9 +49,9 @@ def draw(rng: random.Random, n: int, k: int, outside: float, ties: bool):
         sampled = (ids[k], vals[k] - 0.25, k + 1 + rng.randrange(40)) if rng.random() < outside else top[0]
         entries = [sampled, *top]
         dicts.append({t: Lp(v, r) for t, v, r in entries})
-        flat.append(entries)
+        positions.append(entries)
         token_ids.append(sampled[0])
-    return token_ids, dicts, flat
+    return token_ids, dicts, flat_of(positions)
 
 
 def same(a: list[float], b: list[float]) -> bool:
@@ -70,9 +71,10 @@ def test_flat_equals_dict_form(k: int, ties: bool):
 
 
 def test_a_position_laid_out_otherwise_goes_through_the_dict_form():
-    flat = Flat()
-    flat.append([(7, -0.1, 1), (7, -0.1, 1), (8, -2.0, 2)])
-    flat.append([(9, -3.0, 2), (8, -0.5, 1), (9, -3.0, 2)])  # the first entry is not the sampled token
+    flat = flat_of([
+        [(7, -0.1, 1), (7, -0.1, 1), (8, -2.0, 2)],
+        [(9, -3.0, 2), (8, -0.5, 1), (9, -3.0, 2)],  # the first entry is not the sampled token
+    ])  # fmt: skip
     lps, topk = flat_topk(flat, [7, 8, 5], 2)  # and a third token without logprobs
     assert lps[:2] == [-0.1, -0.5] and math.isnan(lps[2])
     assert topk == [[[7, -0.1], [8, -2.0]], [[8, -0.5], [9, -3.0]], []]
