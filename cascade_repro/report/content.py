@@ -75,12 +75,7 @@ def ran_vllm(spec: MatrixSpec) -> bool:
 
 
 # run.json may be old or hand-edited: the readers below take a section that is not an object as
-# empty, and a field the file lacked as missing (a section's default is not what the file said).
-
-
-def recorded(section: Any, name: str) -> Any:
-    """Field ``name`` of a run.json section as the file held it; None where the file lacked it."""
-    return getattr(section, name) if section.has(name) else None
+# empty, and a field the file lacked as missing (`Section.stored`: a default is not what the file said).
 
 
 def prompt_set(data: RunData) -> PromptSetFacts:
@@ -241,9 +236,9 @@ def invocations_table(data: RunData) -> Table | None:
     for k, inv in enumerate(invs, 1):
         env = inv.env if isinstance(inv.env, dict) else {}
         stack = ", ".join(f"{key} {env[key]}" for key in ("vllm", "torch", "gpu_name") if env.get(key))
-        rows.append([str(k), text_of(inv.kind or "matrix"), text_of(recorded(inv, "started_at")), fmt_int(inv.cells_kept),
+        rows.append([str(k), text_of(inv.kind or "matrix"), text_of(inv.stored("started_at")), fmt_int(inv.cells_kept),
                      fmt_int(inv.cells_run), fmt_float(inv.total_s, ".1f"), stack or MISSING,
-                     one_line(text_of(recorded(inv, "command")))])  # fmt: skip
+                     one_line(text_of(inv.stored("command")))])  # fmt: skip
     return Table(["#", "kind", "started", "cells kept", "cells run", "s", "stack", "command"], rows,
                  wrap=frozenset({"command"}))  # fmt: skip
 
@@ -313,7 +308,7 @@ def never_fired_because(data: RunData) -> str:
     ]
     if batches and max(batches) < CASCADE_MIN_BATCH:
         why.append(f"every batch size is below {CASCADE_MIN_BATCH} requests")
-    prefix = as_int(recorded(prompt_set(data), "shared_prefix_tokens"))
+    prefix = as_int(prompt_set(data).stored("shared_prefix_tokens"))
     if prefix is not None and prefix < CASCADE_MIN_PREFIX:
         why.append(f"shared prefix {prefix} tokens < {CASCADE_MIN_PREFIX}")
     if any(_flag_true(effective(e).get("disable_cascade_attn")) for e in engine_records(data).values()):
@@ -386,9 +381,9 @@ def intro(data: RunData, code: Callable[[str], str]) -> str:
     prompts = ""
     if ps.name:
         prompts = f" The prompts come from {code(str(ps.name))}"
-        if not is_missing(n := recorded(ps, "n")):
+        if not is_missing(n := ps.stored("n")):
             prompts += f" ({fmt_int(n)} prompts"
-            if not is_missing(prefix := recorded(ps, "shared_prefix_tokens")):
+            if not is_missing(prefix := ps.stored("shared_prefix_tokens")):
                 prompts += f", shared prefix {fmt_int(prefix)} tokens"
             prompts += ")"
         prompts += "."
@@ -423,12 +418,12 @@ def warnings(data: RunData) -> list[str]:
             "conditions allow, also where its cost model would have declined it; vLLM itself would not run "
             "those steps this way"
         )
-    prefix = as_int(recorded(prompt_set(data), "shared_prefix_tokens"))
+    prefix = as_int(prompt_set(data).stored("shared_prefix_tokens"))
     if prefix is not None and prefix < CASCADE_MIN_PREFIX:
         out.append(f"shared prefix is {prefix} tokens (< {CASCADE_MIN_PREFIX}): cascade cannot fire")
     for key, e in sorted(engine_records(data).items()):
         if e.status == "error":
-            out.append(f"engine {key} failed: {text_of(recorded(e, 'error'))}")
+            out.append(f"engine {key} failed: {text_of(e.stored('error'))}")
     for r in cells(data):
         if r.get("status") == "error":
             out.append(f"cell {r['cell_id']} failed: {text_of(r.get('error'))}")
@@ -945,7 +940,7 @@ def env_lines(data: RunData) -> list[tuple[str, str]]:
     out.extend(env_pairs(m.stack_env))
     for key, e in sorted(engine_records(data).items()):
         for k in ("status", "error"):
-            if v := recorded(e, k):
+            if v := e.stored(k):
                 out.append((f"engine[{key}].{k}", _flat(v)))
         out.extend((f"engine[{key}].{k}", _flat(v)) for k, v in sorted(effective(e).items()))
     out.extend((f"thresholds.{k}", _flat(v)) for k, v in sorted(thresholds(data).items()))

@@ -111,7 +111,7 @@ class JsonFormatter(ReportFormatter):
         code, reason = c.exit_status(data, fail_on if fail_on in c.FAIL_ON else "regression")
         summary = {
             "schema_version": SCHEMA_VERSION,
-            "run_id": c.recorded(m, "run_id"),
+            "run_id": m.stored("run_id"),
             "headline": c.headline(data),
             "counts": c.verdict_counts(data),
             "fail_on": fail_on,
@@ -129,8 +129,8 @@ class JsonFormatter(ReportFormatter):
             # Every invocation of the run (the first, each resume) and the stack keys that changed.
             "invocations": [
                 {
-                    "started_at": c.recorded(i, "started_at"),
-                    "command": c.recorded(i, "command"),
+                    "started_at": i.stored("started_at"),
+                    "command": i.stored("command"),
                     "cells_kept": i.cells_kept,
                     "cells_run": i.cells_run,
                     "total_s": i.total_s,
