@@ -19,7 +19,17 @@ STAMP := $(VENV)/.setup-stamp
 
 setup: $(STAMP)
 
+# The environment takes ~2 GB (torch alone ~1 GB) and pip unpacks wheels in TMPDIR first. On a full
+# disk pip reports a failed write as "Connection interrupted while downloading" (seen in CI, a 93 MB
+# wheel stopping at 82 MB six times), so setup checks the space first and says what is short.
+SETUP_FREE_MB ?= 3000
 $(STAMP): $(BIN)/python pyproject.toml Makefile
+	@for dir in "$(VENV)" "$${TMPDIR:-/tmp}"; do \
+		free=$$(df -Pm "$$dir" | awk 'NR==2 {print $$4}'); \
+		if [ -n "$$free" ] && [ "$$free" -lt $(SETUP_FREE_MB) ]; then \
+			echo "error: setup needs $(SETUP_FREE_MB) MB free on $$dir's disk, found $$free MB"; exit 1; \
+		fi; \
+	done
 	@if ! command -v nvidia-smi >/dev/null 2>&1 && ! $(BIN)/python -c "import torch" 2>/dev/null; then \
 		echo "no GPU found: installing a CPU build of torch ($(CPU_TORCH))"; \
 		$(BIN)/python -m pip install -q "$(CPU_TORCH)" || $(BIN)/python -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu; \
