@@ -483,3 +483,24 @@ def test_empty_shard_runs_nothing_and_merges(runs, tmp_path):
     assert outcome.exit_code == 0
     assert runstore.read_run_json(outcome.run_dir)["shard"] == "3/3"
     assert not list((outcome.run_dir / "samples").iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shard", ["shard1", "shard2"])
+def test_rerunning_a_finished_shard_counts_its_cells_once(runs, shard):
+    """Resuming a shard counts its own finished cells; the plan was once cut twice and shard 2/2
+    of this two-key matrix then counted none of its cells and said nothing about resuming."""
+    import io
+
+    from rich.console import Console
+
+    from cascade_repro.plan.shard import restrict
+    from cascade_repro.run.runner import execute
+
+    run_dir = runs[shard].run_dir
+    n = len(restrict(runstore.read_manifest(run_dir)).plan.cells)
+    buf = io.StringIO()
+    assert execute(run_dir, show_progress=False, console=Console(file=buf, width=300)) == []
+    assert buf.getvalue().splitlines()[0] == (
+        f"resuming {run_dir.name}: {n} of {n} cells already done, running the other 0 (--fresh starts over)"
+    )

@@ -93,7 +93,7 @@ def test_rows_from_a_finished_run(tmp_path):
     assert [r.batch for r in rows] == [1, 8]
     (m8,) = rows[1].by_fa.values()
     assert abs(m8.ratio - 1.2) < 1e-3 and m8.waves == 2  # the synthetic run's cascade: 20 % slower
-    assert "facts" not in sweep.facts(data.run)[0]
+    assert "facts" not in sweep.facts(data.manifest)[0]
 
 
 def test_measure_without_vllm_is_a_one_line_error(tmp_path):

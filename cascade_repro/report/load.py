@@ -7,7 +7,6 @@ import math
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -46,23 +45,14 @@ class Example:
 
 @dataclass
 class RunData:
-    """Everything a report needs, read from one run directory.
-
-    ``run`` is run.json as read (the dict callers outside the report still take); the report reads
-    it through ``manifest``, its typed sections.
-    """
+    """Everything a report needs, read from one run directory; run.json as its typed sections."""
 
     run_dir: Path
-    run: dict
+    manifest: Manifest
     cells: pd.DataFrame
     pairs: pd.DataFrame
     comparisons: pd.DataFrame
     examples: list[Example]
-
-    @cached_property
-    def manifest(self) -> Manifest:
-        """run.json as a :class:`~cascade_repro.run.manifest.Manifest` (made once, on first use)."""
-        return Manifest.from_json(self.run)
 
 
 def load_run(run_dir: Path, n_examples: int = 3) -> RunData:
@@ -92,7 +82,7 @@ def load_run(run_dir: Path, n_examples: int = 3) -> RunData:
         pairs["kind"] = ["noise" if v == "control" else TWIN.pair_kind for v in pairs["verdict"]]
     examples = pick_examples(pairs, comparisons, n_examples)
     _attach_samples(run_dir, examples)
-    return RunData(run_dir, run, cells, pairs, comparisons, examples)
+    return RunData(run_dir, Manifest.from_json(run), cells, pairs, comparisons, examples)
 
 
 def _read_table(path: Path, columns: list[str]) -> pd.DataFrame:

@@ -368,7 +368,8 @@ def execute(run_dir: Path, show_progress: bool = True, console: Any = None) -> l
     from cascade_repro.plan import estimate
     from cascade_repro.run.progress import RunProgress
 
-    run = restrict(runstore.read_manifest(run_dir))  # a shard runs only its own engine keys
+    whole = runstore.read_manifest(run_dir)
+    run = restrict(whole)  # a shard runs only its own engine keys
     spec = run.spec
     cells = run.plan.cell_map()
     errors: list[str] = []
@@ -379,7 +380,9 @@ def execute(run_dir: Path, show_progress: bool = True, console: Any = None) -> l
     # Each key's samples file is written only by its own worker, so this one scan stays true for a
     # key until its worker runs.
     progs = _progress_by_key(run_dir, run)
-    done_before = cells_done(run_dir, run, progs)
+    # cells_done cuts the plan to the shard itself; cutting the cut plan again would re-assign its
+    # keys as if they were the whole matrix (shard 2/2 of two keys would count none).
+    done_before = cells_done(run_dir, whole, progs)
     notes = [
         f"warning: {cid or 'before any cell'}: {runstore.corrupt_reason(key, lines)}"
         for key, prog in progs.items()
