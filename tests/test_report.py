@@ -1282,3 +1282,62 @@ def test_report_of_a_cut_run_scores_what_finished_and_says_it_is_not_finished(tm
     report = (run_dir / "report.md").read_text()
     assert report.startswith(f"## {head}")
     assert all((run_dir / t).is_file() for t in runstore.TABLES)  # the finished pairs are scored
+
+
+def test_report_of_a_run_cut_after_its_first_cell_is_not_finished_not_all_errored(tmp_path):
+    """Every pair of such a run is an error (its twin never ran): the exit code still says "rerun"."""
+    from conftest import synthetic_run
+    from typer.testing import CliRunner
+
+    from cascade_repro.cli import app
+    from cascade_repro.run import runstore
+
+    run_dir = synthetic_run(tmp_path / "run", prompts=16, batch="8,16", max_tokens=64)
+    (path,) = runstore.samples_files(run_dir)
+    lines = path.read_bytes().splitlines(keepends=True)
+    first_done = min(i for i, ln in enumerate(lines) if ln.startswith(b'{"type":"cell_done"'))
+    path.write_bytes(b"".join(lines[: first_done + 1]))
+    for name in (*runstore.TABLES, *runstore.REPORTS):
+        (run_dir / name).unlink(missing_ok=True)
+    n_cells = len(runstore.read_run_json(run_dir)["plan"]["cells"])
+
+    res = CliRunner().invoke(app, ["report", str(run_dir)])
+    assert res.exit_code == 5, res.output
+    assert f"exit 5: not finished: {n_cells - 1} of {n_cells} cells never ran; rerun the same command" in res.stderr
+    # With a regression among the finished pairs the run fails at once; here there is none.
+    assert CliRunner().invoke(app, ["report", str(run_dir), "--fail-on", "error"]).exit_code == 5
+
+
+def test_report_judges_by_the_runs_own_fail_on_unless_told_and_summary_json_agrees(tmp_path):
+    import json
+
+    from conftest import synthetic_run
+    from typer.testing import CliRunner
+
+    from cascade_repro.cli import app
+    from cascade_repro.run import runstore
+
+    run_dir = synthetic_run(tmp_path / "run", prompts=16, batch="8,16", max_tokens=64)
+    (path,) = runstore.samples_files(run_dir)  # cut: a not-finished run exits 5 under regression
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[: max(i for i, ln in enumerate(lines) if ln.startswith(b'{"type":"cell_done"'))]))
+    for name in runstore.TABLES:
+        (run_dir / name).unlink()
+
+    def report(*args: str) -> tuple[int, str, int]:
+        res = CliRunner().invoke(app, ["report", str(run_dir), *args])
+        summary = json.loads((run_dir / runstore.SUMMARY_JSON).read_text())
+        return res.exit_code, summary["fail_on"], summary["exit_code"]
+
+    assert report() == (5, "regression", 5)
+    assert report("--fail-on", "never") == (0, "never", 0)
+    assert report() == (5, "regression", 5)  # the override judged one rendering; run.json kept its own
+    run = runstore.read_run_json(run_dir)
+    run["fail_on"] = "never"  # as `matrix --fail-on never` records it
+    runstore.write_run_json(run_dir, run)
+    assert report() == (0, "never", 0)
+    assert report("--fail-on", "regression") == (5, "regression", 5)
+
+    res = CliRunner().invoke(app, ["report", str(run_dir), "--fail-on", "bogus"])
+    assert res.exit_code == 2
+    assert res.stderr == "error: --fail-on must be one of regression, error, never, not 'bogus'\n"

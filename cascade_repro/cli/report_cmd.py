@@ -7,8 +7,16 @@ from typing import Annotated
 import typer
 
 from cascade_repro.cli.app import app, err_console, print_outcome, user_errors
-from cascade_repro.cli.options import FailOn, RunDir
-from cascade_repro.plan.matrix import FAIL_ON_DEFAULT
+from cascade_repro.cli.options import FailOn, RunDir, variant
+from cascade_repro.errors import UsageError
+from cascade_repro.plan.matrix import FAIL_ON
+
+# Not matrix's default: a report judges the run as its own matrix command asked, unless told.
+ReportFailOn = variant(
+    FailOn,
+    help="Exit 1 on `regression`, `error` (regression or error cells) or `never`; summary.json follows. "
+    "[default: the run's own --fail-on]",
+)
 
 
 @app.command(panels=False)
@@ -20,16 +28,20 @@ def report(
             "--rescore", help="Recompute the tables from samples/*.jsonl first (after a metrics change)."
         ),
     ] = False,
-    fail_on: FailOn = FAIL_ON_DEFAULT,
+    fail_on: ReportFailOn = None,
 ) -> None:
     """Re-render report.md, report.html, summary.json and junit.xml from a run directory.
 
-    Needs no GPU and no model: only the files the run saved. Exit code as for `matrix`.
+    Needs no GPU and no model: only the files the run saved. Exit code as for `matrix`, judged by the
+    run's own --fail-on unless one is given.
     """
     with user_errors():
+        if fail_on is not None and fail_on not in FAIL_ON:  # before anything is scored or written
+            raise UsageError(f"--fail-on must be one of {', '.join(FAIL_ON)}, not {fail_on!r}")
         from contextlib import nullcontext
 
         from cascade_repro.report import write_reports
+        from cascade_repro.report.content import run_fail_on
         from cascade_repro.report.load import load_run
         from cascade_repro.report.outcome import outcome_of
         from cascade_repro.run import runstore
@@ -61,8 +73,9 @@ def report(
                     run_dir, "rescore", " ".join(["cascade-repro", *map(shlex.quote, sys.argv[1:])])
                 )
                 finalize(run_dir)
-            paths = write_reports(run_dir)
-        outcome = outcome_of(load_run(run_dir), fail_on)
+            paths = write_reports(run_dir, fail_on=fail_on)
+        data = load_run(run_dir)
+        outcome = outcome_of(data, fail_on if fail_on is not None else run_fail_on(data))
     console = err_console()
     for p in paths.values():
         console.print(f"wrote {p}")

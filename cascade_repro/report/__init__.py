@@ -56,11 +56,21 @@ def formatter_for(fmt: ReportFormat) -> ReportFormatter:
 
 
 def write_reports(
-    run_dir: Path, formats: Iterable[ReportFormat | str] = tuple(ReportFormat), n_examples: int = 3
+    run_dir: Path,
+    formats: Iterable[ReportFormat | str] = tuple(ReportFormat),
+    n_examples: int = 3,
+    fail_on: str | None = None,
 ) -> dict[ReportFormat, Path]:
-    """Load run_dir once and write one file per format into it, each replaced atomically."""
+    """Load run_dir once and write one file per format into it, each replaced atomically.
+
+    ``fail_on`` judges this rendering (summary.json's exit code) in place of the run's own
+    ``--fail-on``; run.json is not changed, so a later plain ``report`` uses the run's again.
+    """
     run_dir = Path(run_dir)
     data = load_run(run_dir, n_examples=n_examples)
+    if fail_on is not None:
+        exit_status(data, fail_on)  # a one-line UsageError for an unknown value, before any write
+        data.manifest.update(fail_on=str(getattr(fail_on, "value", fail_on)))
     written: dict[ReportFormat, Path] = {}
     for fmt in dict.fromkeys(_parse_format(f) for f in formats):
         formatter = formatter_for(fmt)

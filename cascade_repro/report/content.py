@@ -337,12 +337,20 @@ def _inconclusive_reason(data: RunData, n: int) -> str:
     return f"{n} inconclusive: no noise control measured ({why})"
 
 
+def run_fail_on(data: RunData) -> str:
+    """The run's own ``--fail-on`` as run.json holds it; ``regression`` where it holds none or an
+    unknown one (what summary.json's exit code has always been computed with)."""
+    fail_on = str(data.manifest.fail_on or "regression")
+    return fail_on if fail_on in FAIL_ON else "regression"
+
+
 def exit_status(data: RunData, fail_on: str) -> tuple[int, str]:
     """Return the exit code for fail_on and a one-line reason; the one place exit codes are decided.
 
     0 clean; 1 a cascade regression, errors under fail_on=error, or every cascade pair errored;
     4 no cascade pair exercised (a guard that passes when nothing was tested hides a broken setup);
-    5 some pair inconclusive (no noise control to judge it against). Calibration pairs never count.
+    5 the run is not finished (a regression among its finished pairs still gives 1), or some pair
+    is inconclusive (no noise control to judge it against). Calibration pairs never count.
     """
     fail_on = str(getattr(fail_on, "value", fail_on))
     if fail_on not in FAIL_ON:
@@ -353,18 +361,20 @@ def exit_status(data: RunData, fail_on: str) -> tuple[int, str]:
     n_reg, total = counts["regression"], sum(counts.values())
     if n_reg:
         return 1, f"{plural(n_reg, 'regression')} (fail_on={fail_on})"
+    pending, cells = unfinished_cells(data)
+    if pending and not data.manifest.shards_missing:  # a partial merge was asked for (--allow-partial)
+        # A half-run matrix must not pass a guard: what it has not run it has not cleared. Said
+        # before the error checks: a pair whose twin never ran is an error too, and a run cut after
+        # its first cell would otherwise read "every cascade pair errored" when rerunning finishes it.
+        return (
+            EXIT_INCONCLUSIVE,
+            f"not finished: {pending} of {cells} cells never ran; rerun the same command",
+        )
     if fail_on == "error" and has_errors(data):
         return 1, f"errors in the run (fail_on={fail_on})"
     if total and counts.get("error", 0) == total:
         # A guard that passes when nothing ran would hide a broken CI runner.
         return 1, f"every cascade pair errored: nothing was measured (fail_on={fail_on})"
-    pending, cells = unfinished_cells(data)
-    if pending and not data.manifest.shards_missing:  # a partial merge was asked for (--allow-partial)
-        # A half-run matrix must not pass a guard: what it has not run it has not cleared.
-        return (
-            EXIT_INCONCLUSIVE,
-            f"not finished: {pending} of {cells} cells never ran; rerun the same command",
-        )
     if n_exercised(counts) == 0:
         return EXIT_NOTHING_EXERCISED, _nothing_exercised_reason(data, counts)
     if counts["inconclusive"]:

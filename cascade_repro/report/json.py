@@ -108,7 +108,7 @@ class JsonFormatter(ReportFormatter):
         """Return the summary as sorted, indented JSON."""
         m = data.manifest
         fail_on = str(m.fail_on or "regression")
-        code, reason = c.exit_status(data, fail_on if fail_on in c.FAIL_ON else "regression")
+        code, reason = c.exit_status(data, c.run_fail_on(data))
         summary = {
             "schema_version": SCHEMA_VERSION,
             "run_id": m.stored("run_id"),
