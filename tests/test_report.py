@@ -1341,3 +1341,24 @@ def test_report_judges_by_the_runs_own_fail_on_unless_told_and_summary_json_agre
     res = CliRunner().invoke(app, ["report", str(run_dir), "--fail-on", "bogus"])
     assert res.exit_code == 2
     assert res.stderr == "error: --fail-on must be one of regression, error, never, not 'bogus'\n"
+
+
+def test_report_of_a_run_cut_before_any_sample_scores_it_as_not_finished(tmp_path):
+    """Cut during the first engine start: run.json and its plan exist, samples/ does not yet."""
+    import shutil
+
+    from conftest import synthetic_run
+    from typer.testing import CliRunner
+
+    from cascade_repro.cli import app
+    from cascade_repro.run import runstore
+
+    run_dir = synthetic_run(tmp_path / "run", prompts=16, batch="8,16", max_tokens=64)
+    shutil.rmtree(run_dir / runstore.SAMPLES)
+    for name in (*runstore.TABLES, *runstore.REPORTS):
+        (run_dir / name).unlink(missing_ok=True)
+    n_cells = len(runstore.read_run_json(run_dir)["plan"]["cells"])
+
+    res = CliRunner().invoke(app, ["report", str(run_dir)])
+    assert res.exit_code == 5, res.output
+    assert res.stderr.endswith(f"exit 5: not finished: {n_cells} of {n_cells} cells never ran; rerun the same command\n")

@@ -54,7 +54,7 @@ def report(
             unscored = (
                 is_run
                 and not all((run_dir / t).is_file() for t in runstore.TABLES)
-                and (run_dir / runstore.SAMPLES).is_dir()
+                # samples/ may not exist yet (cut during the first engine start): all cells pending
                 and runstore.read_manifest(run_dir).has("plan")
             )
             if unscored and not rescore:
