@@ -503,7 +503,7 @@ def _option_row(text: str, option: str) -> str:
         ("matrix", "--run-id", "--run-id RUN_ID Name of the run directory. [default: ENGINE-MODEL-HASH, e.g. hf-embedded-44136fa355b3,"),
         ("matrix", "--quiet", "--quiet -q No progress bars."),
         ("matrix", "--dry-run", "--dry-run Print the cell table and the number of engine starts, run nothing."),
-        ("report", "--fail-on", "--fail-on regression|error|never Exit 1 on regression, error (regression or error cells) or never. [default: regression]"),
+        ("report", "--fail-on", "--fail-on regression|error|never Exit 1 on regression, error (regression or error cells) or never; summary.json follows. [default: the run's own --fail-on]"),
         ("merge", "--allow-partial", "--allow-partial Merge even when a shard's directory is missing:"),
         ("explain", "--engine", "--engine hf|vllm Engine whose decision to predict:"),
     ],
@@ -519,7 +519,7 @@ def _command(words: str):
 @pytest.mark.parametrize(
     ("option", "commands"),
     [
-        ("--fail-on", ["matrix", "report", "merge"]),
+        ("--fail-on", ["matrix", "merge"]),  # report: its default is the run's own, said in its help
         ("--model", ["matrix", "explain", "doctor"]),
         ("--model", ["prompts list", "prompts show"]),
         ("--system-prompt", ["matrix", "explain", "doctor"]),
@@ -693,3 +693,25 @@ def test_prompts_show_prints_no_python_dict():
     assert res.exit_code == 0, res.output
     line = next(line for line in res.stdout.splitlines() if "prompts, languages:" in line)
     assert "{" not in line and "'" not in line
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["matrix", "--limit", "abc"], "error: Invalid value for '--limit': Input should be a valid integer, unable to parse string as an integer (see `cascade-repro matrix --help`)"),
+        (["matrix", "--nosuch"], "error: No such option: --nosuch (see `cascade-repro matrix --help`)"),
+        (["report"], "error: Missing argument 'RUN_DIR'. (see `cascade-repro report --help`)"),
+        (["prompts", "show"], "error: Missing argument 'SET'. (see `cascade-repro prompts show --help`)"),
+        (["nosuchcmd"], "error: No such command 'nosuchcmd'. (see `cascade-repro --help`)"),
+    ],
+)  # fmt: skip
+def test_clicks_own_usage_errors_are_one_line_too(args, line):
+    """What Click rejects before a command runs reads like the tool's own errors: one line, exit 2."""
+    res = invoke(*args)
+    assert res.exit_code == 2
+    assert res.stderr == line + "\n" and res.stdout == ""
+
+
+def test_a_bare_group_still_shows_its_help():
+    res = invoke("prompts")
+    assert res.exit_code == 2 and "Usage: cascade-repro prompts" in flat(res.stdout) and res.stderr == ""

@@ -3,6 +3,7 @@ verdict). The options several commands share are in ``options.py``."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -63,6 +64,34 @@ class Group(TyperGroup):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _plain_placeholders(self.params)
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        """Click's own usage errors (an unknown flag, a value of the wrong type, a missing argument)
+        as one line and exit code 2, like the tool's own: Typer draws them as a five-line box."""
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        # Click's exceptions, wherever this Typer takes them from (click, or its own copy from 0.24).
+        exc = sys.modules[typer.BadParameter.__module__]
+        no_args = getattr(exc, "NoArgsIsHelpError", ())  # Click >= 8.2: a bare group asks for help
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except no_args as e:
+            # Typer's rich help prints itself (to stdout) and returns ""; plain help is returned.
+            if text := (e.ctx.get_help() if e.ctx is not None else str(e)):
+                typer.echo(text)
+            sys.exit(e.exit_code)
+        except exc.UsageError as e:
+            where = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
+            message = " ".join(e.format_message().split())  # one line, however Click wrapped it
+            err_console().print(f"[bold red]error:[/] {escape(message)}{escape(where)}", highlight=False)
+            sys.exit(e.exit_code)
+        except exc.ClickException as e:
+            e.show()
+            sys.exit(e.exit_code)
+        except exc.Abort:
+            typer.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
 
     def get_help_option(self, ctx: Any) -> Any:
         option = super().get_help_option(ctx)
