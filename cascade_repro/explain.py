@@ -613,6 +613,8 @@ def explain_spec(
     spec.validate()
     if dcp_world_size <= 0:
         raise UsageError(f"--dcp must be positive, got {dcp_world_size}")
+    if block_size <= 0:
+        raise UsageError(f"--block-size must be positive, got {block_size}")
     model_path, model_name = resolve_model(spec.model)
     cfg = dict(load_config(model_path))
     if engine_info(spec.engine).is_vllm:  # vLLM applies hf_overrides to the config it reads

@@ -715,3 +715,20 @@ def test_clicks_own_usage_errors_are_one_line_too(args, line):
 def test_a_bare_group_still_shows_its_help():
     res = invoke("prompts")
     assert res.exit_code == 2 and "Usage: cascade-repro prompts" in flat(res.stdout) and res.stderr == ""
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        ("tpu", "error: --device must be auto, cpu, cuda or cuda:N, not 'tpu'"),
+        ("cuda:x", "error: --device must be auto, cpu, cuda or cuda:N, not 'cuda:x'"),
+        ("cuda:7", "error: --device cuda:7: 0 CUDA GPUs visible"),
+    ],
+)
+def test_a_device_the_machine_lacks_is_refused_before_the_engine_starts(device, message, tmp_path, monkeypatch):
+    from cascade_repro.run import runner
+
+    monkeypatch.setattr(runner, "visible_gpus", lambda: 0)
+    res = invoke("matrix", "--limit", "2", "--batch", "8", "--device", device, "--results-dir", str(tmp_path / "r"))
+    assert res.exit_code == 2 and res.stderr == message + "\n"
+    assert not (tmp_path / "r").exists()

@@ -422,3 +422,27 @@ def test_fa2_band_per_tp_moves_with_kv_heads_per_gpu():
     lines = threshold_lines(ex)
     assert lines[1].startswith("TP 1: with FA2, decode steps of 17-26 concurrent requests run cascade")
     assert lines[3].startswith("TP 2: with FA2, decode steps of 34-52 concurrent requests run cascade")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--block-size", "0"], "error: --block-size must be positive, got 0"),
+        (["--hf-overrides", '{"num_key_value_heads": "x"}'],
+         "error: --hf-overrides num_key_value_heads must be a positive integer, got 'x'"),
+        (["--hf-overrides", '{"num_kv_heads": 0}'], "error: --hf-overrides num_kv_heads must be a positive integer, got 0"),
+    ],
+)  # fmt: skip
+def test_explain_refuses_values_it_cannot_predict_with(args, message):
+    """A zero block size divided by zero; a KV head count it could not read fell back to the query
+    heads, predicting for another model."""
+    res = CliRunner().invoke(app, ["explain", "--gpu", "H200", *args])
+    assert res.exit_code == 2 and res.stderr == message + "\n"
+
+
+def test_a_config_with_an_unreadable_kv_head_count_is_refused_not_read_as_mha():
+    from cascade_repro.vllm_surface import ModelAttention
+
+    with pytest.raises(UsageError, match=r"^model config: num_key_value_heads must be a positive integer, got 'x'$"):
+        ModelAttention.from_config({"num_attention_heads": 9, "num_key_value_heads": "x"})
+    assert ModelAttention.from_config({"num_attention_heads": 9, "num_key_value_heads": None}).num_kv_heads == 9

@@ -7,12 +7,14 @@ import difflib
 import hashlib
 import itertools
 import json
+import re
 import tomllib
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+from cascade_repro import vllm_surface
 from cascade_repro.engines import ENGINES as ENGINE_REGISTRY
 from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
@@ -132,6 +134,8 @@ class MatrixSpec:
         for name in ("model", "prompts", "system_prompt", "load_format", "device"):
             if not isinstance(getattr(self, name), str):
                 bad(f"{n(name)} must be a string, got {show(getattr(self, name))}", name)
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            bad(f"{n('device')} must be auto, cpu, cuda or cuda:N, not {show(self.device)}", "device")
         for name in ("prompt_field", "key_field"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v.strip()):
@@ -143,6 +147,10 @@ class MatrixSpec:
         if not isinstance(self.hf_overrides, dict):
             bad(f"{n('hf_overrides')} must be a table of config overrides, got {show(self.hf_overrides)}",
                 "hf_overrides")  # fmt: skip
+        for key in (*vllm_surface.KV_HEAD_KEYS, "num_attention_heads"):
+            v = self.hf_overrides.get(key)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+                bad(f"{n('hf_overrides')} {key} must be a positive integer, got {show(v)}", "hf_overrides")
         if not isinstance(self.engine_args, dict):
             bad(f"{n('engine_args')} must be a table of vLLM engine arguments, got {show(self.engine_args)}",
                 "engine_args")  # fmt: skip

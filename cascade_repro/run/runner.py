@@ -224,6 +224,11 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
         gpus = visible_gpus()
         if max(spec.tp) > gpus:
             raise UsageError(f"--tp {max(spec.tp)} needs {max(spec.tp)} GPUs, {gpus} visible")
+    elif spec.device.startswith("cuda"):
+        # Said now, not as every cell's error once the engine has started on a machine without one.
+        index, gpus = int(spec.device.partition(":")[2] or 0), visible_gpus()
+        if index >= gpus:
+            raise UsageError(f"--device {spec.device}: {gpus} CUDA GPU{'s' if gpus != 1 else ''} visible")
     pset = load_prompt_set(spec.prompts, spec.limit, spec.prompt_field, spec.key_field)
     system_text = load_system_prompt(spec.system_prompt)
     # The first conversion of the embedded model draws progress bars: on a terminal they show it

@@ -168,6 +168,9 @@ def sampling_fields(sampling_params_cls: Any) -> frozenset[str]:
 
 # What vLLM reads from a model's config to decide on cascade: one parser for explain and doctor.
 
+# The config keys vLLM's get_total_num_kv_heads reads the KV head count from, in its order.
+KV_HEAD_KEYS = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num")
+
 
 @dataclass(frozen=True)
 class ModelAttention:
@@ -202,9 +205,14 @@ class ModelAttention:
         kv = None
         if t.get("multi_query") and not t.get("new_decoder_architecture"):
             kv = 1
-        for name in ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num"):
-            if kv is None and isinstance(t.get(name), int) and t[name] > 0:
-                kv = t[name]
+        for name in KV_HEAD_KEYS:
+            value = t.get(name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+                # Falling back to the query heads would predict for another model (an MQA model
+                # read as MHA moves the decode threshold by its head count).
+                raise UsageError(f"model config: {name} must be a positive integer, got {value!r}")
+            if kv is None and value is not None:
+                kv = value
         kv = kv or heads
         attn_cfg = cfg.get("attn_config")
         alibi = bool(
