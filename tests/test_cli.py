@@ -638,7 +638,7 @@ def test_flag_errors_name_the_flag(args, message):
     ("toml", "flags", "message"),
     [
         ("max_tokens = 0", [], "{cfg}: max_tokens must be a positive integer, got 0"),
-        ('seed = "a"', [], "{cfg}: seed values must be integers, got 'a'"),
+        ('seed = "a"', [], "{cfg}: seed values must be integers >= 0, got 'a'"),
         ("fa_version = [1]", [], "{cfg}: fa_version: expected 2, 3, 4 or default, got '1'"),
         ("topk = true", [], "{cfg}: topk must be between 1 and 20, got true"),
         ("batch = [8, 8]", [], "{cfg}: batch has duplicate values: 8, 8"),
@@ -732,3 +732,19 @@ def test_a_device_the_machine_lacks_is_refused_before_the_engine_starts(device, 
     res = invoke("matrix", "--limit", "2", "--batch", "8", "--device", device, "--results-dir", str(tmp_path / "r"))
     assert res.exit_code == 2 and res.stderr == message + "\n"
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--alpha", "2"], "error: --alpha must be in (0, 1), got 2.0"),
+        (["--alpha", "0"], "error: --alpha must be in (0, 1), got 0.0"),
+        (["--drift-min", "-1"], "error: --drift-min must be a number >= 0, got -1.0"),
+        (["--rep-delta", "-5"], "error: --rep-delta must be a number >= 0, got -5.0"),
+        (["--min-topk-violations", "-1"], "error: --min-topk-violations must be an integer >= 0, got -1"),
+        (["--seed", "-1"], "error: --seed values must be integers >= 0, got -1"),
+    ],
+)
+def test_verdict_knobs_out_of_range_are_refused_even_on_a_dry_run(args, message):
+    res = invoke("matrix", "--dry-run", *args)
+    assert res.exit_code == 2 and res.stderr == message + "\n" and res.stdout == ""

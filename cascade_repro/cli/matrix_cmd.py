@@ -348,6 +348,10 @@ def matrix(
             from cascade_repro.errors import UsageError
 
             raise UsageError(f"--fail-on must be one of {', '.join(FAIL_ON)}, not {fail_on!r}")
+        # Checked before a dry run too: a plan that looks fine must not hide a knob that is not.
+        thresholds = Thresholds(
+            alpha=alpha, rep_delta=rep_delta, min_topk_violations=min_topk_violations, drift_min=drift_min
+        )
         from cascade_repro.plan.shard import Shard
 
         shard_ = Shard.parse(shard) if shard is not None else None
@@ -379,9 +383,7 @@ def matrix(
             run_id=run_id,
             fresh=fresh,
             fail_on=fail_on,
-            thresholds=Thresholds(
-                alpha=alpha, rep_delta=rep_delta, min_topk_violations=min_topk_violations, drift_min=drift_min
-            ),
+            thresholds=thresholds,
             command=_command_line(),
             progress=not quiet,
             shard=shard_,

@@ -178,8 +178,9 @@ class MatrixSpec:
                 eargs.check(self.engine_args, max(self.batch))
             except UsageError as e:
                 bad(str(e).removeprefix("options: "), "engine_args")
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in self.seeds):
-            bad(f"{n('seeds')} values must be integers, got {show(self.seeds)}", "seeds")
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in self.seeds):
+            # vLLM's SamplingParams reads a seed of -1 as no seed at all; torch seeds with it.
+            bad(f"{n('seeds')} values must be integers >= 0, got {show(self.seeds)}", "seeds")
         if not all(isinstance(c, bool) for c in self.cascade):
             bad(f"{n(TWIN.spec_field)} values must be on/off, got {show(self.cascade)}", TWIN.spec_field)
         for d in self.dtypes:
