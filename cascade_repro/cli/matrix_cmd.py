@@ -105,7 +105,7 @@ def matrix(
     fa_version: Annotated[
         str | None,
         option(
-            "FlashAttention versions for vLLM, comma-separated: default, 2, 3 (FA2 is where the field bug lived; FA3 is Hopper's default)."
+            "FlashAttention versions for vLLM, comma-separated: default, 2, 3, 4 (FA2 is where the field bug lived; FA3 is Hopper's default, FA4 Blackwell's)."
             + spec_default("fa_versions"),
             MATRIX,
             metavar="VERSIONS",
@@ -462,6 +462,23 @@ def _command_line() -> str:
     return " ".join(["cascade-repro", *map(shlex.quote, sys.argv[1:])])
 
 
+def _short_prefix_warning(spec: Any, system_text: str, records: list[Any]) -> str | None:
+    """The run's own warning for a shared prefix too short for cascade, said by the dry run where the
+    model's tokenizer is on disk already (a local folder, the embedded model once converted): a Hub
+    id is not fetched and the embedded model not converted just to plan."""
+    from cascade_repro.plan.models import check_model, embedded_converted, load_tokenizer, resolve_model
+    from cascade_repro.prompts.chat import MIN_CASCADE_PREFIX, render_all
+
+    kind = check_model(spec.model)
+    if not (kind == "local" or (kind == "embedded" and embedded_converted())):
+        return None
+    tok = load_tokenizer(resolve_model(spec.model)[0], spec.trust_remote_code)
+    _, shared = render_all(tok, system_text, [r.prompt for r in records])
+    if shared >= MIN_CASCADE_PREFIX:
+        return None
+    return f"shared prefix is {shared} tokens (< {MIN_CASCADE_PREFIX}): cascade cannot fire"
+
+
 def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None) -> None:
     """Print every cell (of the shard, if given), its engine and wave count; then the engine-start
     count and the time estimate (refined by ``run_dir``'s waves when that run already has some)."""
@@ -470,8 +487,9 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None) -> No
     from cascade_repro.plan.matrix import plan
     from cascade_repro.prompts.promptsets import load_prompt_set, load_system_prompt
 
-    load_system_prompt(spec.system_prompt)  # a bad --system-prompt fails here, not hours later
-    n = len(load_prompt_set(spec.prompts, spec.limit, spec.prompt_field, spec.key_field).records)
+    system_text = load_system_prompt(spec.system_prompt)  # a bad --system-prompt fails here, not hours later
+    records = load_prompt_set(spec.prompts, spec.limit, spec.prompt_field, spec.key_field).records
+    n = len(records)
     engines = plan(spec)
     title = f"{spec.engine} matrix over {n} prompts"
     if shard is not None:
@@ -496,6 +514,8 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None) -> No
             table.add_row(c.cell_id, key, str(c.tp), str(c.batch), c.arm, str(-(-n // c.batch)), role)
     console = out_console()
     console.print(table)
+    if (warning := _short_prefix_warning(spec, system_text, records)) is not None:
+        out_console(stderr=True).print(f"[yellow]warning:[/] {warning}", highlight=False)
     cells = sum(len(ep.cells) for ep in engines.values())
     added = sum(1 for ep in engines.values() for c in ep.cells if c.origin == "control")
     line = f"{cells} cells, {len(engines)} engine start{'s' if len(engines) != 1 else ''}"
