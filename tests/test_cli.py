@@ -763,3 +763,10 @@ def test_dry_run_warns_of_a_prefix_too_short_for_cascade(tmp_path):
     assert res.exit_code == 0
     assert "warning: shared prefix is 12 tokens (< 256): cascade cannot fire\n" in res.stderr
     assert "warning" not in invoke("matrix", "--dry-run", "--limit", "8", "--batch", "8").stderr
+
+
+def test_version_prints_the_installed_version():
+    from importlib.metadata import version
+
+    res = invoke("--version")
+    assert res.exit_code == 0 and res.stdout == f"cascade-repro {version('cascade-repro')}\n"

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -126,6 +126,31 @@ app = Typer(
     add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        from cascade_repro import __version__
+
+        try:
+            installed = version("cascade-repro")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            installed = __version__
+        typer.echo(f"cascade-repro {installed}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _app_options(
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", help="Print the version and exit.", is_eager=True, callback=_print_version),
+    ] = False,
+) -> None:
+    """Options of the app itself (before any command)."""
+
 
 # A run id as runner.default_run_id names a run: ENGINE-MODEL-HASH (this one: MatrixSpec()'s, which a
 # test holds it to).
