@@ -227,6 +227,10 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
     elif spec.device.startswith("cuda"):
         # Said now, not as every cell's error once the engine has started on a machine without one.
         index, gpus = int(spec.device.partition(":")[2] or 0), visible_gpus()
+        if index >= gpus:  # nvidia-smi may be absent where CUDA works: torch has the last word
+            import torch
+
+            gpus = max(gpus, torch.cuda.device_count())
         if index >= gpus:
             raise UsageError(f"--device {spec.device}: {gpus} CUDA GPU{'s' if gpus != 1 else ''} visible")
     pset = load_prompt_set(spec.prompts, spec.limit, spec.prompt_field, spec.key_field)
