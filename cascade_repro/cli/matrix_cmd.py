@@ -47,7 +47,7 @@ from cascade_repro.cli.options import (
     option,
 )
 from cascade_repro.judge.verdicts import Thresholds
-from cascade_repro.plan.matrix import ARM_SWITCHES, FAIL_ON, FAIL_ON_DEFAULT, MatrixSpec
+from cascade_repro.plan.matrix import ARM_SWITCHES, FAIL_ON_DEFAULT, MatrixSpec, check_fail_on
 from cascade_repro.run import runstore
 from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.vllm_surface.inject import DEFAULT_LADDER
@@ -344,10 +344,7 @@ def matrix(
         values: dict[str, Any] = load_toml(config) if config else {}
         values.update(flags)
         spec = MatrixSpec.from_dict(values, source=str(config) if config else "options", flags=flags)
-        if fail_on not in FAIL_ON:
-            from cascade_repro.errors import UsageError
-
-            raise UsageError(f"--fail-on must be one of {', '.join(FAIL_ON)}, not {fail_on!r}")
+        check_fail_on(fail_on)
         # Checked before a dry run too: a plan that looks fine must not hide a knob that is not.
         thresholds = Thresholds(
             alpha=alpha, rep_delta=rep_delta, min_topk_violations=min_topk_violations, drift_min=drift_min

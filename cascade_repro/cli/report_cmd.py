@@ -8,8 +8,7 @@ import typer
 
 from cascade_repro.cli.app import app, err_console, print_outcome, user_errors
 from cascade_repro.cli.options import FailOn, RunDir, variant
-from cascade_repro.errors import UsageError
-from cascade_repro.plan.matrix import FAIL_ON
+from cascade_repro.plan.matrix import check_fail_on
 
 # Not matrix's default: a report judges the run as its own matrix command asked, unless told.
 ReportFailOn = variant(
@@ -36,8 +35,8 @@ def report(
     run's own --fail-on unless one is given.
     """
     with user_errors():
-        if fail_on is not None and fail_on not in FAIL_ON:  # before anything is scored or written
-            raise UsageError(f"--fail-on must be one of {', '.join(FAIL_ON)}, not {fail_on!r}")
+        if fail_on is not None:  # before anything is scored or written
+            check_fail_on(fail_on)
         from contextlib import nullcontext
 
         from cascade_repro.report import write_reports

@@ -59,25 +59,30 @@ class Thresholds:
     def __post_init__(self) -> None:
         # Out of range, a knob silently changes what every verdict means (alpha 2 flags every
         # pair, a negative drift_min none of the ratio's floor): refused, named as the flag.
-        def number(v: object) -> bool:
-            return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-
         checks = (
-            ("alpha", number(self.alpha) and 0 < self.alpha < 1, "in (0, 1)"),
-            ("rep_delta", number(self.rep_delta) and self.rep_delta >= 0, "a number >= 0"),
-            ("drift_min", number(self.drift_min) and self.drift_min >= 0, "a number >= 0"),
+            ("alpha", _finite(self.alpha) and 0 < self.alpha < 1, "in (0, 1)"),
+            ("rep_delta", _finite(self.rep_delta) and self.rep_delta >= 0, "a number >= 0"),
+            ("drift_min", _finite(self.drift_min) and self.drift_min >= 0, "a number >= 0"),
             ("min_topk_violations", _count(self.min_topk_violations, 0), "an integer >= 0"),
             ("bootstrap", _count(self.bootstrap, 1), "an integer >= 1"),
-            ("ci", number(self.ci) and 0 < self.ci < 1, "in (0, 1)"),
+            ("ci", _finite(self.ci) and 0 < self.ci < 1, "in (0, 1)"),
             ("seed", _count(self.seed, 0), "an integer >= 0"),
         )
         for name, ok, want in checks:
             if not ok:
-                flag = "--" + name.replace("_", "-")
-                raise UsageError(f"{flag} must be {want}, got {getattr(self, name)!r}")
+                # bootstrap, ci and seed have no flag: only a run.json can hold a bad one
+                where = f"--{name.replace('_', '-')}" if name in _FLAGGED else f"thresholds: {name}"
+                raise UsageError(f"{where} must be {want}, got {getattr(self, name)!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+_FLAGGED = ("alpha", "rep_delta", "drift_min", "min_topk_violations")  # matrix's own flags
+
+
+def _finite(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _count(v: object, least: int) -> bool:

@@ -27,8 +27,15 @@ ARM_SWITCHES = ("toggle", "restart")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 FAIL_ON = ("regression", "error", "never")
 FAIL_ON_DEFAULT = "regression"  # matrix, report and merge
+
 # The fields that hold a list (a TOML file may give one value for them).
 LIST_FIELDS = ("tp", "batch", TWIN.spec_field, "seeds", "dtypes", "fa_versions", "backends")
+
+
+def check_fail_on(fail_on: str) -> None:
+    """A one-line UsageError for a ``--fail-on`` value matrix, report and merge do not know."""
+    if fail_on not in FAIL_ON:
+        raise UsageError(f"--fail-on must be one of {', '.join(FAIL_ON)}, not {fail_on!r}")
 
 
 @dataclass

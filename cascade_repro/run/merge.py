@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cascade_repro.errors import UsageError
-from cascade_repro.plan.matrix import FAIL_ON, FAIL_ON_DEFAULT
+from cascade_repro.plan.matrix import FAIL_ON_DEFAULT, check_fail_on
 from cascade_repro.plan.shard import Shard, assign
 from cascade_repro.run import runstore
 from cascade_repro.run.manifest import Invocation, Manifest, Timings
@@ -224,8 +224,7 @@ def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = FAIL_ON_DEFAULT,
     from cascade_repro.report.outcome import outcome_of
     from cascade_repro.run.runner import finalize
 
-    if fail_on not in FAIL_ON:
-        raise UsageError(f"--fail-on must be one of {', '.join(FAIL_ON)}, not {fail_on!r}")
+    check_fail_on(fail_on)
     out_dir = Path(out_dir)
     shards, warnings = check_shards([Path(d) for d in shard_dirs], allow_partial=allow_partial)
     first = shards[0]
