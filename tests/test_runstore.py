@@ -621,3 +621,28 @@ def test_the_writer_takes_typed_records(tmp_path):
     w.close()
     prog = read_progress(p)
     assert prog.done == {"c"} and prog.waves["c"][0]["tokens"] == 2
+
+
+def test_fresh_clears_everything_the_old_run_derived_from_its_samples(tmp_path):
+    """A --fresh run cut before it scored once kept the old report.md, summary.json and a passing
+    junit.xml beside its empty samples; minimize/ and the sweep table outlived their samples too."""
+    from conftest import synthetic_run
+
+    from cascade_repro.report import write_reports
+    from cascade_repro.run.runner import PreparedRun
+
+    run_dir = synthetic_run(tmp_path / "run", prompts=16, batch="8,16", max_tokens=64)
+    write_reports(run_dir)
+    (run_dir / runstore.MINIMIZE).mkdir()
+    (run_dir / runstore.MINIMIZE / "repro.py").write_text("print()\n")
+    (run_dir / runstore.SWEEP_MD).write_text("| b |\n")
+    runstore.probe_dir(run_dir, "k").mkdir(parents=True)
+    runstore.worker_log(run_dir, "k").write_text("log\n")
+    assert all((run_dir / name).exists() for name in (*runstore.TABLES, *runstore.REPORTS))
+
+    run = runstore.read_manifest(run_dir)
+    PreparedRun(run_dir, run, runstore.read_prompts(run_dir), fresh=True).write()
+    assert sorted(p.name for p in run_dir.iterdir()) == sorted(
+        [runstore.RUN_JSON, runstore.PROMPTS, runstore.SAMPLES]
+    )
+    assert not list((run_dir / runstore.SAMPLES).iterdir())

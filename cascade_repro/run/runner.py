@@ -6,7 +6,6 @@ import copy
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -107,9 +106,7 @@ class PreparedRun:
         if (run_dir / runstore.RUN_JSON).exists():
             old = runstore.read_manifest(run_dir)
             if self.fresh:
-                shutil.rmtree(run_dir / runstore.SAMPLES, ignore_errors=True)
-                for p in run_dir.glob("worker-*.log"):
-                    p.unlink(missing_ok=True)
+                runstore.clear_derived(run_dir)
             elif old.stored("spec_hash") != self.run.spec_hash:
                 raise UsageError(
                     f"{run_dir} holds a different matrix; pass --fresh to start it over or choose another --run-id"

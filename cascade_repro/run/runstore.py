@@ -254,6 +254,24 @@ def worker_log(run_dir: Path, engine_key: str) -> Path:
     return run_dir / f"worker-{engine_key}.log"
 
 
+def clear_derived(run_dir: Path) -> None:
+    """Remove what a run made from its engines' output (``--fresh``): samples, worker logs, probe
+    counters, the tables, every report, ``minimize/`` and the sweep table.
+
+    The reports go with the samples: a ``--fresh`` run cut before it scored would otherwise leave
+    the old run's verdict (a passing junit.xml) beside samples that no longer hold it.
+    """
+    import shutil
+
+    run_dir = Path(run_dir)
+    for name in (SAMPLES, PROBE, MINIMIZE):
+        shutil.rmtree(run_dir / name, ignore_errors=True)
+    for name in (*TABLES, *REPORTS, SWEEP_MD):
+        (run_dir / name).unlink(missing_ok=True)
+    for p in run_dir.glob("worker-*.log"):
+        p.unlink(missing_ok=True)
+
+
 def new_run_id(now: str) -> str:
     """Return a sortable run id from an ISO timestamp (``20261130-053012``)."""
     return re.sub(r"[^0-9]", "", now)[:14].ljust(14, "0")[:8] + "-" + re.sub(r"[^0-9]", "", now)[8:14]
