@@ -212,3 +212,29 @@ def test_make_setup_is_skipped_when_its_stamp_is_newer_than_what_it_reads():
     # `make -q` answers without running anything: 0 when up to date, 1 when setup would run pip.
     rc = subprocess.run(["make", "-q", "setup"], cwd=root, capture_output=True).returncode
     assert rc == (0 if current else 1)
+
+
+def test_a_log_gets_a_line_every_30_s_even_while_a_long_wave_finishes_nothing():
+    """The README's promise for CI logs: a 49-s wave once left the log silent for 49 s."""
+    out, clock = Lines(), Clock()
+    p = _progress(out, clock)
+    p.engine_starting("hf-tp1-auto-s0")
+    for _ in range(int(HEARTBEAT_S) - 1):  # the runner's polls during a silent engine start
+        clock.t += 1
+        p.tick()
+    assert len(out.lines) == 1
+    clock.t += 1
+    p.tick()
+    assert [ln.split(" · ")[:2] for ln in out.lines] == [
+        ["[0:00:00] cells 0/3, waves 0/5", "engine hf-tp1-auto-s0: starting"],
+        ["[0:00:30] cells 0/3, waves 0/5", "engine hf-tp1-auto-s0: starting"],
+    ]
+    p.tick()  # no second line within the next 30 s
+    assert len(out.lines) == 2
+
+
+def test_tick_prints_nothing_when_progress_is_off():
+    out = Lines()
+    p = RunProgress(out, show=False, cells={"a": {"batch": 1}}, n_prompts=1, max_tokens=4, table=None)
+    p.tick()
+    assert out.lines == []

@@ -2,7 +2,8 @@
 
 On a terminal it is rich's live bar. Where stderr is not a terminal (CI, ``2> log``, ``| tee``) a
 live bar prints nothing until it ends, so a 30-minute run looked hung: there it is plain lines, one
-per engine start and finished cell and one at least every ``HEARTBEAT_S`` while waves finish.
+per engine start and finished cell, and one at least every ``HEARTBEAT_S`` (``tick``: also while a
+long wave or an engine start finishes nothing, so the log never looks hung).
 
 The time left is the remaining waves per batch size times the run's own mean wave time at that
 batch (``estimate.measured_wave_seconds``), the measured speed table where the run has none yet
@@ -135,6 +136,12 @@ class RunProgress:
         elif t in (runstore.CELL_DONE, runstore.CELL_ERROR):
             self.cells_done += 1
             self._advance(cells=1)
+            self._refresh(force=True)
+
+    def tick(self) -> None:
+        """Called while the runner waits on a worker: in a log, a line once ``HEARTBEAT_S`` have
+        passed since the last one even though nothing finished (the bar redraws itself)."""
+        if self.show and self._bar is None and self.clock() - self._last_line >= HEARTBEAT_S:
             self._refresh(force=True)
 
     def cells_failed(self, n: int) -> None:

@@ -477,6 +477,7 @@ def _run_worker(
                 progress.engine_up(key, float(r.get("start_s") or 0.0))
             else:
                 progress.record(r)
+        progress.tick()
         if w.idle_s() > timeout:
             return f"timeout: no progress for {timeout:.0f}s (--engine-timeout); worker killed"
         return None
