@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import random
 import runpy
@@ -216,6 +217,33 @@ def test_rendered_repro_is_valid_python_with_the_case():
     assert "import vllm" not in src.split("def ")[0]  # vLLM is imported inside the arm only
 
 
+def _repro_file(tmp_path, model: str) -> Path:
+    src = render_repro(model=model, system_prompt="", prompts=["p"], engine_args={}, max_tokens=1, topk=5,
+                       seed=0, inject=False, header="test")  # fmt: skip
+    path = tmp_path / "repro.py"
+    path.write_text(src, encoding="utf-8")
+    return path
+
+
+def test_repro_that_cannot_run_exits_2_not_1_which_means_the_bug(tmp_path):
+    """Without vLLM (this machine) an arm fails: that is no evidence of the bug either way."""
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed: the arm would run")
+    (tmp_path / "model").mkdir()
+    res = subprocess.run([sys.executable, str(_repro_file(tmp_path, str(tmp_path / "model")))],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert res.returncode == 2
+    assert res.stderr.rstrip().endswith("error: the cascade arm failed (exit 1); nothing was compared")
+
+    res = subprocess.run([sys.executable, str(_repro_file(tmp_path, "/nonexistent/cache/model"))],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert res.returncode == 2
+    assert res.stderr == "error: model folder not found: /nonexistent/cache/model (pass --model PATH_OR_HUB_ID)\n"
+
+
 # --------------------------------------------------------------------------- CLI errors
 
 
@@ -281,6 +309,14 @@ def test_minimize_injected_hf_run(tmp_path):
     ):
         assert heading in issue
     assert "fault injected" in issue.lower() and "8 concurrent requests" in issue
+    # What the bug's sentence says is what repro.py runs (an hf run's own flags hold float32, no TP).
+    args = ns["ENGINE_ARGS"]
+    assert f"tensor parallel {args['tensor_parallel_size']}, dtype {args['dtype']}." in issue
+    start = data["start"]
+    assert (
+        f"from the recorded wave cut at its first failing step ({len(start['prompt_indices'])} requests x "
+        f"{start['max_tokens']} tokens" in issue
+    )
     # An hf run says first that vLLM was not run, before anything reads as a vLLM bug report.
     note = "> **Note: vLLM was not run.** This case comes from the `hf` engine: transformers"
     assert issue.split("\n")[2].startswith(note)

@@ -146,11 +146,12 @@ def minimize_run(
     if result.reproduced:
         assert final is not None
         inject = spec.inject == "lse-layout"
+        engine_args = repro_engine_args(run, eplan, requested)
         repro = render_repro(
             model=str(run.model_path or spec.model),
             system_prompt=run.prompt_set.system_prompt_text,
             prompts=[prompts[i]["prompt"] for i in final.case.prompt_indices],
-            engine_args=repro_engine_args(run, eplan, requested),
+            engine_args=engine_args,
             engine_env=requested_env,
             ignore_eos=bool(spec.ignore_eos),
             max_tokens=final.case.max_tokens,
@@ -169,6 +170,7 @@ def minimize_run(
             repro_src=repro,
             prompt_keys=[p.get("key", str(i)) for i, p in enumerate(prompts)],
             inject=inject,
+            engine_args=engine_args,
         )
         (out_dir / "issue.md").write_text(issue, encoding="utf-8")
         files["issue"] = out_dir / "issue.md"

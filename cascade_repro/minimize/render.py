@@ -146,8 +146,13 @@ def render_issue(
     repro_src: str,
     prompt_keys: list[str],
     inject: bool,
+    engine_args: dict[str, Any] | None = None,
 ) -> str:
-    """An issue body in the shape of vLLM's bug template (environment, bug, repro, expected/actual)."""
+    """An issue body in the shape of vLLM's bug template (environment, bug, repro, expected/actual).
+
+    ``engine_args`` are repro.py's: the bug's sentence gives their tensor-parallel size and dtype, so
+    it says what the repro runs (an hf run's effective flags hold its own dtype and no TP size).
+    """
     final = result["final"]
     case = final["case"]
     v = final["violations"][0]
@@ -156,6 +161,7 @@ def render_issue(
     run = as_manifest(run)
     spec = run.spec
     eplan_fa = effective.get("flash_attn_version_used") or effective.get("fa_version") or "default"
+    args = engine_args if engine_args is not None else effective
     vllm_version = run.env.get("vllm", "unknown")
     gpu = run.env.get("gpu_name", "unknown GPU")
     ps = run.prompt_set
@@ -202,14 +208,19 @@ def render_issue(
         f"same engine with cascade disabled, beyond floating-point near-ties: at the first differing "
         f"token, the token one path picks is not among the other path's top-{spec.topk} candidates. "
         f"Model runner V1, prefix caching on, FLASH_ATTN backend (FlashAttention version: {eplan_fa}), "
-        f"tensor parallel {effective.get('tensor_parallel_size', effective.get('tp', '?'))}, "
-        f"dtype {effective.get('dtype', '?')}.",
+        f"tensor parallel {args.get('tensor_parallel_size', args.get('tp', '?'))}, "
+        f"dtype {args.get('dtype', '?')}.",
         "",
         f"Minimal case: **{n_req} concurrent requests** behind a shared system prompt of "
-        f"{prefix} tokens, **{n_tok} generated token(s)**, "
-        f"greedy. Found by delta-debugging (cascade-repro `minimize`) from {len(start['prompt_indices'])} "
-        f"requests x {start['max_tokens']} tokens in {result['tests']} test runs; "
-        f"cascade ran on {final['cascade_steps']} of {final['total_steps']} engine steps of the final case."
+        f"{prefix} tokens, **{n_tok} generated token(s)**, greedy. Found by cascade-repro `minimize` in "
+        f"{result['tests']} test runs from the recorded wave cut at its first failing step "
+        f"({len(start['prompt_indices'])} requests x {start['max_tokens']} tokens"
+        + (
+            "; already minimal"
+            if (len(start["prompt_indices"]), start["max_tokens"]) == (n_req, n_tok)
+            else ""
+        )
+        + f"); cascade ran on {final['cascade_steps']} of {final['total_steps']} engine steps of the final case."
         + _confirm_text(result),
         "",
         "#### Expected vs actual",
@@ -244,8 +255,8 @@ def render_issue(
         "",
         "#### Minimal reproduction",
         "",
-        "Standalone, needs only vLLM; runs each arm in its own process and fails while the bug is "
-        "present (`python repro.py [--model PATH]`):",
+        "Standalone, needs only vLLM and the model; runs each arm in its own process and exits 1 while "
+        "the bug is present, 2 when an arm cannot run (`python repro.py [--model PATH_OR_HUB_ID]`):",
         "",
         "<details>",
         "<summary>repro.py</summary>",
