@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import assert_never
 
 from cascade_repro.errors import UsageError
+from cascade_repro.plan.matrix import check_fail_on
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.content import EXIT_INCONCLUSIVE, EXIT_NOTHING_EXERCISED, exit_status
 from cascade_repro.report.html import HtmlFormatter
@@ -67,10 +68,12 @@ def write_reports(
     ``--fail-on``; run.json is not changed, so a later plain ``report`` uses the run's again.
     """
     run_dir = Path(run_dir)
+    if fail_on is not None:
+        fail_on = str(getattr(fail_on, "value", fail_on))
+        check_fail_on(fail_on)  # before anything is read or written
     data = load_run(run_dir, n_examples=n_examples)
     if fail_on is not None:
-        exit_status(data, fail_on)  # a one-line UsageError for an unknown value, before any write
-        data.manifest.update(fail_on=str(getattr(fail_on, "value", fail_on)))
+        data.manifest.update(fail_on=fail_on)
     written: dict[ReportFormat, Path] = {}
     for fmt in dict.fromkeys(_parse_format(f) for f in formats):
         formatter = formatter_for(fmt)

@@ -13,7 +13,7 @@ from typing import Any
 from cascade_repro import engines, vllm_surface
 from cascade_repro.errors import UsageError
 from cascade_repro.judge import calibration, speed
-from cascade_repro.plan.matrix import MatrixSpec
+from cascade_repro.plan.matrix import FAIL_ON, MatrixSpec
 from cascade_repro.report.load import Example, RunData
 from cascade_repro.report.text import (
     MISSING,
@@ -41,7 +41,6 @@ VERDICTS = ("regression", "error", "not exercised", "inconclusive", "within nois
 # Verdicts of a pair in which cascade ran and both cells were compared: something was measured.
 EXERCISED = ("identical", "within noise", "regression", "inconclusive")
 AXES = ("seed", "dtype", "fa_version", "backend")
-FAIL_ON = ("regression", "error", "never")
 TWIN_KIND, CALIBRATION = TWIN.pair_kind, "calibration"
 NOISE_RERUN = "noise-rerun"
 # Exit codes besides 0 (clean) and 1 (regression / errors); 2 is the CLI's usage error.
