@@ -4,28 +4,37 @@
 135M model a batch-1 wave is launch-bound, so it measures the host CPU of that moment (the raw loop's
 own b1 waves went from 388 to 299 ms within 20 s) and one pass per side cannot resolve 3 %. Here one
 process builds the harness's own engine (``worker.build_engine``: the probe loaded, the same ``vllm.LLM``
-kwargs a worker gets) and runs each wave of each batch size under three arms, in a rotating order
-(ABC, BCA, CAB, ...), so machine drift hits every arm alike:
+kwargs a worker gets) and runs each wave of each batch size under every arm, in a rotating order
+(ABC.., BC..A, ...), so machine drift hits every arm alike. The arms (``--arms``):
 
 - **raw**: what a bare loop asks of vLLM for a wave: ``reset_prefix_cache``, a 1-token greedy
-  warm-up of the shared prefix, one ``llm.generate`` with the harness's ``SamplingParams``. The
-  probe is idle (the previous harness wave's sync left it so): vLLM's own decisions.
-- **harness**: ``VLLMEngine.run_wave`` (control writes, the sync RPC, conversion of the outputs)
-  plus the worker's records (``worker.wave_records``) queued to a background ``JsonlWriter``, as a
-  worker does; the writer's remaining work once the wave returns (``drain``) is waited for outside
-  the arm's time, and the summary also gives the ratio with it added (the foreground cost).
-- **harness-nogc**: the same with Python's garbage collector disabled during the wave (the
-  conversion of vLLM's outputs grew to 300-560 ms at b32/b64 on the H200, irregularly: a collection
-  over the engine's millions of objects is the suspect).
+  warm-up of the shared prefix, one ``llm.generate`` with the harness's ``SamplingParams`` (flat
+  logprobs where vLLM has them). The probe is idle (the previous harness wave's sync left it so).
+- **harness**: what a worker does now: ``VLLMEngine.run_wave`` (control writes, the sync RPC,
+  conversion of the outputs) plus the worker's records (``worker.wave_records``) queued to a
+  background ``JsonlWriter``. A worker's writer encodes the last wave's records while the next wave
+  generates, so this arm replays its own previous wave's records into a second background writer
+  at the start of the wave: the JSON runs during this wave's ``generate``, and any GIL contention it
+  causes lands in this arm's time. What the writer still had left of this wave's own records when
+  the wave returned is waited for outside every arm (``drain``; the replay does that work inside).
+- **harness-fg**: the same with the records encoded and written in the foreground, as the worker
+  did before its background writer: the writer's effect is harness-fg minus harness.
+- **raw-nested** / **harness-nested**: both asking vLLM for the nested logprobs (a dict per token,
+  as before flat logprobs), the records in the foreground: the harness as it was before both
+  changes, paired with its own raw twin (vLLM builds the nested form for the raw loop too).
+- **harness-nogc** (not in the default set): the harness with Python's garbage collector off during
+  the wave (the diagnosis that led to ``worker.freeze_heap``).
 
-The cascade arm on both sides follows vLLM's heuristic (not forced), so raw and harness compute the
-same thing: their outputs are compared token by token (a rerun inside one engine is bitwise
-identical). Each batch size's first round is a warm-up and is not counted (first-call compiles).
-The table gives, per batch and arm, the median wave ms, and the median and range of the paired
-ratio arm/raw; the overall ratio is the sum over counted waves (the target: harness <= 1.03 x raw).
-The engine start is outside every figure.
+Each harness arm is paired with its raw twin (raw-nested for harness-nested, raw for the others).
+The cascade arm on both sides follows vLLM's heuristic (not forced), so an arm and its twin compute
+the same thing: their outputs are compared token by token. Each batch size's first round is a
+warm-up and is not counted (first-call compiles). The table gives, per batch and arm, the median wave
+ms, the median and range of the paired ratio, and the harness phases; overall, each arm's sum over
+counted waves against its twin's, with a 95 % bootstrap CI (waves resampled), and the harness's own
+work (control writes, sync RPC, conversion, records in the foreground) as a share of the twin's time.
+The target: harness <= 1.03 x raw. The engine start is outside every figure.
 
-    python benchmarks/bench_wave_ab.py --out $OUT/wave_ab.json
+    python benchmarks/bench_wave_ab.py --ignore-eos --gc-freeze --out $OUT/wave_ab.json
 
 Needs vLLM and a GPU (or the CPU test's fake vLLM, which proves the plumbing only). Exit code 0:
 harness within 1.03 x raw overall; 1: not; 2: incomplete.
@@ -41,6 +50,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,8 +61,34 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-ARMS = ("raw", "harness", "harness-nogc")
+
+@dataclass(frozen=True)
+class Arm:
+    """One way of running a wave: raw vLLM or the harness, and how."""
+
+    name: str
+    harness: bool
+    flat: bool = True  # ask vLLM for flat logprobs (where it has them)
+    background: bool = True  # records queued to a background writer (harness arms)
+    nogc: bool = False
+    twin: str = "raw"  # the raw arm a harness arm is paired with
+
+
+ARM_SPECS = {
+    a.name: a
+    for a in (
+        Arm("raw", harness=False),
+        Arm("raw-nested", harness=False, flat=False),
+        Arm("harness", harness=True),
+        Arm("harness-fg", harness=True, background=False),
+        Arm("harness-nested", harness=True, flat=False, background=False, twin="raw-nested"),
+        Arm("harness-nogc", harness=True, nogc=True),
+    )
+}
+DEFAULT_ARMS = ("raw", "harness", "harness-fg", "raw-nested", "harness-nested")
+ARMS = DEFAULT_ARMS  # kept for callers of the old name
 TARGET = 1.03
+OWN_PHASES = ("control_s", "sync_s", "convert_s", "records_s")  # the harness's work that raw does not do
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -71,9 +107,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--gc-freeze", action="store_true",
                     help="worker.freeze_heap() once the engine is up, as a worker does (the engine's objects "
                          "leave the collector's scans); compare the harness/raw ratio with a run without it")  # fmt: skip
+    ap.add_argument("--arms", default=",".join(DEFAULT_ARMS),
+                    help=f"comma-separated, from {', '.join(ARM_SPECS)}; each harness arm needs its raw twin")  # fmt: skip
     ap.add_argument("--budget-s", type=float, default=480.0, help="stop starting rounds after this")
     ap.add_argument("--out", type=Path, required=True)
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    names = [a.strip() for a in args.arms.split(",") if a.strip()]
+    bad = [a for a in names if a not in ARM_SPECS]
+    if bad:
+        ap.error(f"unknown arm {bad[0]!r}; choose from {', '.join(ARM_SPECS)}")
+    missing = sorted({ARM_SPECS[a].twin for a in names if ARM_SPECS[a].harness} - set(names))
+    if missing or "harness" not in names:
+        ap.error(f"--arms needs 'harness' and each harness arm's raw twin (missing: {', '.join(missing or ['harness'])})")
+    args.arm_names = tuple(dict.fromkeys(names))
+    return args
 
 
 def prepare_run(args: argparse.Namespace, results: Path) -> tuple[Path, Manifest]:
@@ -110,73 +157,110 @@ def median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
+def arms_of(rows: list[dict[str, Any]]) -> list[str]:
+    """The arms the rows ran, in the order of ARM_SPECS."""
+    seen = {a for r in rows for a in r["arms"]}
+    return [a for a in ARM_SPECS if a in seen]
+
+
+def bootstrap_ci(pairs: list[tuple[float, float]], *, n: int = 2000, seed: int = 0) -> tuple[float, float] | None:
+    """95 % CI of sum(arm) / sum(twin), resampling the paired waves (seeded: the same data, the same CI)."""
+    import random
+
+    if len(pairs) < 2:
+        return None
+    rng = random.Random(seed)
+    k = len(pairs)
+    stats = []
+    for _ in range(n):
+        pick = [pairs[rng.randrange(k)] for _ in range(k)]
+        base = sum(b for _, b in pick)
+        stats.append(sum(a for a, _ in pick) / base if base else float("nan"))
+    stats.sort()
+    return stats[int(0.025 * n)], stats[int(0.975 * n) - 1]
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per batch and arm: median ms, paired ratio to raw (median, min, max); overall sum ratios."""
+    """Per batch and arm: median ms, paired ratio to the arm's raw twin (median, min, max); overall sums."""
     counted = [r for r in rows if not r["warmup"]]
+    names = arms_of(counted)
     out: dict[str, Any] = {"per_batch": {}, "overall": {}}
     for b in sorted({r["batch"] for r in counted}):
         rb = [r for r in counted if r["batch"] == b]
         entry: dict[str, Any] = {}
-        for arm in ARMS:
+        for arm in names:
+            twin = ARM_SPECS[arm].twin
             secs = [r["arms"][arm]["s"] for r in rb if arm in r["arms"]]
-            ratios = [r["arms"][arm]["s"] / r["arms"]["raw"]["s"] for r in rb if arm in r["arms"] and "raw" in r["arms"]]
+            ratios = [r["arms"][arm]["s"] / r["arms"][twin]["s"] for r in rb if arm in r["arms"] and twin in r["arms"]]
             phases: dict[str, float | None] = {}
-            if arm != "raw":
-                names = {k for r in rb if arm in r["arms"] for k in r["arms"][arm].get("phases", {})}
-                phases = {k: median([r["arms"][arm]["phases"][k] * 1e3 for r in rb if k in r["arms"].get(arm, {}).get("phases", {})]) for k in sorted(names)}
+            if ARM_SPECS[arm].harness:
+                keys = {k for r in rb if arm in r["arms"] for k in r["arms"][arm].get("phases", {})}
+                phases = {k: median([r["arms"][arm]["phases"][k] * 1e3 for r in rb if k in r["arms"].get(arm, {}).get("phases", {})]) for k in sorted(keys)}
             entry[arm] = {
                 "n": len(secs),
                 "median_ms": median([s * 1e3 for s in secs]),
-                "ratio_median": median(ratios),
-                "ratio_min": min(ratios) if ratios else None,
-                "ratio_max": max(ratios) if ratios else None,
+                "ratio_median": median(ratios) if ARM_SPECS[arm].harness else None,
+                "ratio_min": (min(ratios) if ratios else None) if ARM_SPECS[arm].harness else None,
+                "ratio_max": (max(ratios) if ratios else None) if ARM_SPECS[arm].harness else None,
                 "phases_ms": phases,
             }
         out["per_batch"][str(b)] = entry
-    raw_total = sum(r["arms"]["raw"]["s"] for r in counted if "raw" in r["arms"])
-    for arm in ARMS:
-        both = [r for r in counted if arm in r["arms"] and "raw" in r["arms"]]
+    for arm in names:
+        spec = ARM_SPECS[arm]
+        twin = spec.twin if spec.harness else arm
+        both = [r for r in counted if arm in r["arms"] and twin in r["arms"]]
         tot = sum(r["arms"][arm]["s"] for r in both)
-        base = sum(r["arms"]["raw"]["s"] for r in both)
-        out["overall"][arm] = {"s": round(tot, 4), "ratio": round(tot / base, 4) if base else None}
-        if arm != "raw":  # with the writer's thread's work added: as if the JSON ran in the foreground
+        base = sum(r["arms"][twin]["s"] for r in both)
+        o: dict[str, Any] = {"s": round(tot, 4), "waves": len(both)}
+        if spec.harness:
+            o["twin"] = twin
+            o["ratio"] = round(tot / base, 4) if base else None
+            ci = bootstrap_ci([(r["arms"][arm]["s"], r["arms"][twin]["s"]) for r in both])
+            o["ci95"] = [round(x, 4) for x in ci] if ci else None
+            own = sum(r["arms"][arm].get("phases", {}).get(k, 0.0) for r in both for k in OWN_PHASES)
+            o["own_work"] = round(own / base, 4) if base else None
+            # With the writer's remaining work added: as if the JSON ran in the foreground after the wave.
             fg = tot + sum(r["arms"][arm].get("phases", {}).get("drain_s", 0.0) for r in both)
-            out["overall"][arm]["ratio_with_drain"] = round(fg / base, 4) if base else None
-    out["overall"]["raw_s"] = round(raw_total, 4)
+            o["ratio_with_drain"] = round(fg / base, 4) if base else None
+            o["identical"] = sum(1 for r in both if r.get("same_as_twin", {}).get(arm))
+        out["overall"][arm] = o
+    out["overall"]["raw_s"] = out["overall"].get("raw", {}).get("s", 0.0)
     out["identical"] = {
         "waves": sum(1 for r in counted if r.get("identical") is not None),
         "identical": sum(1 for r in counted if r.get("identical")),
-        "harness_eq_nogc": sum(1 for r in counted if r.get("harness_eq_nogc")),
     }
     return out
 
 
 def table(summary: dict[str, Any]) -> str:
-    lines = [
-        "| batch | raw ms | harness ms | harness/raw median [min, max] | nogc ms | nogc/raw median [min, max] | harness phases (ms) |",
-        "|---|---|---|---|---|---|---|",
-    ]
-
     def f(x: Any, spec: str = ".1f") -> str:
         return "-" if x is None else format(x, spec)
 
+    lines = [
+        "| batch | arm | ms (median) | / twin median [min, max] | harness phases (ms, median) |",
+        "|---|---|---|---|---|",
+    ]
     for b, e in summary["per_batch"].items():
-        h, g, r = e["harness"], e["harness-nogc"], e["raw"]
-        ph = ", ".join(f"{k.removesuffix('_s')} {f(v)}" for k, v in h["phases_ms"].items())
+        for arm, h in e.items():
+            ph = ", ".join(f"{k.removesuffix('_s')} {f(v)}" for k, v in h["phases_ms"].items())
+            ratio = "" if h["ratio_median"] is None else (
+                f"{f(h['ratio_median'], '.3f')} [{f(h['ratio_min'], '.3f')}, {f(h['ratio_max'], '.3f')}]")  # fmt: skip
+            lines.append(f"| {b} | {arm} | {f(h['median_ms'])} | {ratio} | {ph} |")
+    lines += [
+        "",
+        "| arm | / twin | all counted waves | 95 % CI | own work / twin | with drain | token-identical to twin |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for arm, o in summary["overall"].items():
+        if not isinstance(o, dict) or "ratio" not in o:
+            continue
+        ci = o.get("ci95")
+        own = o.get("own_work")
         lines.append(
-            f"| {b} | {f(r['median_ms'])} | {f(h['median_ms'])} | {f(h['ratio_median'], '.3f')} "
-            f"[{f(h['ratio_min'], '.3f')}, {f(h['ratio_max'], '.3f')}] | {f(g['median_ms'])} | "
-            f"{f(g['ratio_median'], '.3f')} [{f(g['ratio_min'], '.3f')}, {f(g['ratio_max'], '.3f')}] | {ph} |"
+            f"| {arm} | {o['twin']} | **{f(o['ratio'], '.3f')}** | "
+            f"{'-' if not ci else f'[{ci[0]:.3f}, {ci[1]:.3f}]'} | {'-' if own is None else f'{own * 100:.1f} %'} | "
+            f"{f(o.get('ratio_with_drain'), '.3f')} | {o['identical']}/{o['waves']} |"
         )
-    o = summary["overall"]
-    lines.append(
-        f"| **all** | {f(o['raw_s'] * 1e3, '.0f')} | {f(o['harness']['s'] * 1e3, '.0f')} | **{f(o['harness']['ratio'], '.3f')}** | "
-        f"{f(o['harness-nogc']['s'] * 1e3, '.0f')} | **{f(o['harness-nogc']['ratio'], '.3f')}** | |"
-    )
-    lines.append(
-        f"\nwith the background writer's remaining work (drain) added to each harness wave: harness "
-        f"{f(o['harness'].get('ratio_with_drain'), '.3f')}, nogc {f(o['harness-nogc'].get('ratio_with_drain'), '.3f')}"
-    )
     return "\n".join(lines)
 
 
@@ -204,14 +288,22 @@ def main(argv: list[str] | None = None) -> int:
     rendered, shared = render_all(engine.tokenizer(), run.prompt_set.system_prompt_text, [p["prompt"] for p in prompts])
     hashes = [prompt_hash(r) for r in rendered]
     llm = engine.llm
-    # As a worker writes: on a background thread for vLLM (EngineInfo.background_writes).
-    writer = runstore.JsonlWriter(runstore.samples_path(run_dir, key), background=engines.get("vllm").background_writes)
+    # As a worker writes: on a background thread for vLLM (EngineInfo.background_writes). The
+    # replay writer takes each background arm's previous wave (its JSON overlaps this wave); the
+    # foreground arms write to their own file (the same bytes, so the same cost).
+    bg = engines.get("vllm").background_writes
+    writer = runstore.JsonlWriter(runstore.samples_path(run_dir, key), background=bg)
+    replay = runstore.JsonlWriter(run_dir / "ab-replay.jsonl", background=True)
+    fg_writer = runstore.JsonlWriter(run_dir / "ab-foreground.jsonl")
+    last_records: dict[str, list[Any]] = {}
     sp = engine._SamplingParams
     tp = engine._TokensPrompt
     greedy = dict(temperature=0.0, seed=eplan.seed, ignore_eos=bool(args.ignore_eos))
     p = max(0, min(shared, min(map(len, rendered)) - 1))
+    can_flat = engine.flat_logprobs
 
-    def raw_wave(batch_prompts: list[list[int]]) -> tuple[float, list[list[int]]]:
+    def raw_wave(arm: Arm, batch_prompts: list[list[int]]) -> tuple[float, list[list[int]]]:
+        engine.flat_logprobs = can_flat and arm.flat
         t = time.perf_counter()
         if not llm.reset_prefix_cache():
             for _ in range(20):
@@ -226,36 +318,50 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
         return time.perf_counter() - t, [list(o.outputs[0].token_ids) for o in outs]
 
-    def harness_wave(cid: str, w: int, wave: list[tuple[int, bool]], nogc: bool) -> tuple[float, list[list[int]], dict]:
+    def harness_wave(arm: Arm, cid: str, w: int, wave: list[tuple[int, bool]]) -> tuple[float, list[list[int]], dict]:
+        engine.flat_logprobs = can_flat and arm.flat
+        out = writer if (arm.background and bg) else fg_writer
         was = gc.isenabled()
-        if nogc:
+        if arm.nogc:
             gc.disable()
         try:
             t = time.perf_counter()
+            if out is writer:  # the previous wave's JSON, still being written as a worker's next wave starts
+                for rec in last_records.get(arm.name, []):
+                    replay.write(rec)
+                replay.flush()
             comps, stats = engine.run_wave([rendered[i] for i, _ in wave], "cascade", args.max_tokens, prefix_len=shared)
+            t_rec = time.perf_counter()
             samples, wave_rec = wave_records(cid, w, wave, comps, stats, prompts, hashes, rendered)
             for rec in samples:
-                writer.write(rec)
+                out.write(rec)
             wave_rec["wall_s"] = round(time.perf_counter() - t, 4)
-            writer.write(wave_rec)
-            writer.flush()
+            out.write(wave_rec)
+            out.flush()
             took = time.perf_counter() - t
-            # What the writer's thread still had to do once the wave returned: the JSON a worker
-            # overlaps with its next wave. Waited for here, outside the arm's time, so no other
-            # arm's time holds it; the table gives the ratio with it added too (the foreground cost).
+            records = took - (t_rec - t)
+            # Outside the arm's time: what the replay had not finished when the wave returned (it
+            # should be nothing: a wave is longer than its JSON) and this wave's own records, which
+            # the next wave of this arm replays.
             t = time.perf_counter()
-            writer.wait()
+            replay.wait()
+            replay_left = time.perf_counter() - t
+            t = time.perf_counter()
+            if out is writer:
+                out.wait()
             drain = time.perf_counter() - t
         finally:
-            if nogc and was:
+            if arm.nogc and was:
                 gc.enable()
-        phases = dict((stats.extra or {}).get("phases", {}), drain_s=drain)
+        last_records[arm.name] = [*samples, wave_rec]
+        phases = dict((stats.extra or {}).get("phases", {}), records_s=records, drain_s=drain, replay_left_s=replay_left)
         return took, [c.token_ids for c in comps], phases
 
+    arms = [ARM_SPECS[a] for a in args.arm_names]
     rows: list[dict[str, Any]] = []
     complete = True
     data: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "engine_start_s": round(start_s, 2),
-                            "gc_frozen": gc.get_freeze_count()}  # fmt: skip
+                            "gc_frozen": gc.get_freeze_count(), "flat_logprobs_available": can_flat}  # fmt: skip
     for batch in [int(b) for b in args.batch.split(",")]:
         wv = waves(len(rendered), batch)[: args.waves]
         cid = f"ab-b{batch}"
@@ -265,36 +371,38 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"budget reached before b{batch} round {rnd}", flush=True)
                 break
             for w, wave in enumerate(wv):
-                order = [ARMS[(i + rnd + w) % len(ARMS)] for i in range(len(ARMS))]
-                row: dict[str, Any] = {"batch": batch, "round": rnd, "wave": w, "warmup": rnd == 0, "order": order, "arms": {}}
+                order = [arms[(i + rnd + w) % len(arms)] for i in range(len(arms))]
+                row: dict[str, Any] = {"batch": batch, "round": rnd, "wave": w, "warmup": rnd == 0,
+                                       "order": [a.name for a in order], "arms": {}}  # fmt: skip
                 toks: dict[str, list[list[int]]] = {}
                 real = [j for j, (_, is_real) in enumerate(wave) if is_real]
                 for arm in order:
-                    if arm == "raw":
-                        s, t = raw_wave([rendered[i] for i, _ in wave])
-                        row["arms"][arm] = {"s": s}
+                    if arm.harness:
+                        s, t, ph = harness_wave(arm, cid, w, wave)
+                        row["arms"][arm.name] = {"s": s, "phases": ph}
                     else:
-                        s, t, ph = harness_wave(cid, w, wave, nogc=arm == "harness-nogc")
-                        row["arms"][arm] = {"s": s, "phases": ph}
-                    toks[arm] = [t[j] for j in real]
-                row["identical"] = all(toks[a] == toks["raw"] for a in ARMS)
-                row["harness_eq_nogc"] = toks["harness"] == toks["harness-nogc"]
+                        s, t = raw_wave(arm, [rendered[i] for i, _ in wave])
+                        row["arms"][arm.name] = {"s": s}
+                    toks[arm.name] = [t[j] for j in real]
+                row["same_as_twin"] = {a.name: toks[a.name] == toks[a.twin] for a in arms if a.harness}
+                row["identical"] = all(toks[a.name] == toks[arms[0].name] for a in arms)
                 rows.append(row)
             print(f"b{batch} round {rnd}: " + ", ".join(
-                f"{a} {statistics.median([r['arms'][a]['s'] for r in rows if r['batch'] == batch and r['round'] == rnd]) * 1e3:.1f} ms"
-                for a in ARMS), flush=True)  # fmt: skip
+                f"{a.name} {statistics.median([r['arms'][a.name]['s'] for r in rows if r['batch'] == batch and r['round'] == rnd]) * 1e3:.1f} ms"
+                for a in arms), flush=True)  # fmt: skip
         data.update(rows=rows, summary=summarize(rows), complete=complete)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(data, indent=1))
-    writer.close()
+    for wr in (writer, replay, fg_writer):
+        wr.close()
+    engine.flat_logprobs = can_flat
     engine.close()
     summary = summarize(rows)
     data.update(rows=rows, summary=summary, complete=complete, total_s=round(time.monotonic() - t_begin, 1))
     args.out.write_text(json.dumps(data, indent=1))
     print(table(summary))
     ident = summary["identical"]
-    print(f"token-identical waves (raw = harness = nogc): {ident['identical']}/{ident['waves']}; "
-          f"harness = nogc: {ident['harness_eq_nogc']}/{ident['waves']}")  # fmt: skip
+    print(f"token-identical waves (every arm): {ident['identical']}/{ident['waves']}")
     ratio = summary["overall"]["harness"]["ratio"]
     if not complete or ratio is None:
         return 2

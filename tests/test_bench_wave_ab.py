@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,16 +20,18 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_wave_ab.py"
 
 
 @pytest.fixture()
-def bench():
+def bench(monkeypatch):
     spec = importlib.util.spec_from_file_location("bench_wave_ab", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_wave_ab", mod)  # its dataclasses look their module up
     spec.loader.exec_module(mod)
     return mod
 
 
 def _row(batch, rnd, raw, harness, nogc, warmup=False):
     return {"batch": batch, "round": rnd, "warmup": warmup, "identical": True,
-            "arms": {"raw": {"s": raw}, "harness": {"s": harness, "phases": {"sync_s": 0.004}},
+            "same_as_twin": {"harness": True, "harness-nogc": False},
+            "arms": {"raw": {"s": raw}, "harness": {"s": harness, "phases": {"sync_s": 0.004, "drain_s": 0.01}},
                      "harness-nogc": {"s": nogc, "phases": {"sync_s": 0.002}}}}  # fmt: skip
 
 
@@ -39,13 +42,40 @@ def test_summary_pairs_each_wave_with_its_own_raw_and_drops_warmups(bench):
     b1 = s["per_batch"]["1"]
     assert b1["harness"]["n"] == 2 and b1["harness"]["ratio_min"] == pytest.approx(1.05)
     assert b1["harness"]["ratio_max"] == pytest.approx(1.1)
-    assert b1["harness"]["phases_ms"] == {"sync_s": pytest.approx(4.0)}
-    assert s["overall"]["raw_s"] == pytest.approx(2.9)
-    assert s["overall"]["harness"]["ratio"] == pytest.approx((0.55 + 0.42 + 2.2) / 2.9, abs=1e-4)
-    assert s["overall"]["harness-nogc"]["ratio"] == pytest.approx((0.5 + 0.41 + 2.0) / 2.9, abs=1e-4)
-    assert s["identical"] == {"waves": 3, "identical": 3, "harness_eq_nogc": 0}
+    assert b1["harness"]["phases_ms"] == {"drain_s": pytest.approx(10.0), "sync_s": pytest.approx(4.0)}
+    assert b1["raw"]["ratio_median"] is None and b1["raw"]["median_ms"] == pytest.approx(450.0)
+    o = s["overall"]
+    assert o["raw_s"] == pytest.approx(2.9)
+    assert o["harness"]["ratio"] == pytest.approx((0.55 + 0.42 + 2.2) / 2.9, abs=1e-4)
+    assert o["harness-nogc"]["ratio"] == pytest.approx((0.5 + 0.41 + 2.0) / 2.9, abs=1e-4)
+    assert o["harness"]["own_work"] == pytest.approx(3 * 0.004 / 2.9, abs=1e-4)  # sync only: drain is not own work
+    assert o["harness"]["ratio_with_drain"] == pytest.approx((0.55 + 0.42 + 2.2 + 0.03) / 2.9, abs=1e-4)
+    assert (o["harness"]["identical"], o["harness-nogc"]["identical"], o["harness"]["waves"]) == (3, 0, 3)
+    lo, hi = o["harness"]["ci95"]
+    assert 1.05 <= lo <= o["harness"]["ratio"] <= hi <= 1.1  # every resample lies between the waves' ratios
+    assert s["identical"] == {"waves": 3, "identical": 3}
     text = bench.table(s)
-    assert "| 8 | 2000.0 | 2200.0 | 1.100 [1.100, 1.100] |" in text
+    assert "| 8 | harness | 2200.0 | 1.100 [1.100, 1.100] | drain 10.0, sync 4.0 |" in text
+    assert "| 8 | raw | 2000.0 |  |  |" in text
+    assert f"| harness | raw | **{o['harness']['ratio']:.3f}** | [{lo:.3f}, {hi:.3f}] | 0.4 % | 1.103 | 3/3 |" in text
+
+
+def test_bootstrap_ci_is_seeded_and_needs_two_waves(bench):
+    pairs = [(1.0, 1.0), (1.2, 1.0), (0.9, 1.0), (1.1, 1.0)]
+    assert bench.bootstrap_ci(pairs) == bench.bootstrap_ci(pairs)
+    lo, hi = bench.bootstrap_ci(pairs)
+    assert 0.9 <= lo < 1.05 < hi <= 1.2
+    assert bench.bootstrap_ci(pairs[:1]) is None
+
+
+def test_arms_are_checked(bench, tmp_path, capsys):
+    out = str(tmp_path / "x.json")
+    for arms, msg in (("raw,bogus", "unknown arm 'bogus'"), ("harness", "missing: raw"),
+                      ("raw,harness,harness-nested", "missing: raw-nested"), ("raw,raw-nested", "missing: harness")):  # fmt: skip
+        with pytest.raises(SystemExit) as e:
+            bench.parse_args(["--arms", arms, "--out", out])
+        assert e.value.code == 2 and msg in capsys.readouterr().err
+    assert bench.parse_args(["--out", out]).arm_names == bench.DEFAULT_ARMS
 
 
 @pytest.mark.slow
@@ -67,9 +97,22 @@ def test_runs_every_arm_of_every_wave_against_the_fake_vllm(bench, fake_vllm, tm
     # b1: 2 waves x 3 rounds; b8: 1 wave (8 prompts) x 3 rounds; each arm once per wave, rotating.
     assert [(r["batch"], r["round"], r["wave"]) for r in rows] == [
         (1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1), (1, 2, 0), (1, 2, 1), (8, 0, 0), (8, 1, 0), (8, 2, 0)]
-    assert all(sorted(r["order"]) == sorted(bench.ARMS) for r in rows)
-    assert len({tuple(r["order"]) for r in rows}) == 3  # the order rotates
-    assert all(r["identical"] and r["harness_eq_nogc"] for r in rows)  # same engine, same heuristic: same tokens
+    assert all(sorted(r["order"]) == sorted(bench.DEFAULT_ARMS) for r in rows)
+    arms = list(bench.DEFAULT_ARMS)  # the order rotates by round + wave
+    assert all(r["order"] == arms[(r["round"] + r["wave"]) % 5:] + arms[:(r["round"] + r["wave"]) % 5] for r in rows)
+    assert len({tuple(r["order"]) for r in rows}) == 4
+    # Same engine, same heuristic: same tokens, nested or flat logprobs.
+    assert all(r["identical"] and all(r["same_as_twin"].values()) for r in rows)
     assert data["gc_frozen"] > 0 and data["args"]["ignore_eos"] == "True"
     assert data["summary"]["per_batch"]["1"]["harness"]["n"] == 4  # round 0 is warm-up
-    assert "sync_s" in data["summary"]["per_batch"]["8"]["harness"]["phases_ms"]
+    b8 = data["summary"]["per_batch"]["8"]
+    assert {"sync_s", "records_s", "drain_s", "replay_left_s"} <= set(b8["harness"]["phases_ms"])
+    assert data["flat_logprobs_available"] is True
+    # The harness arm replays its previous wave's records: the replay file holds every counted
+    # harness wave's predecessor (all but the very first harness wave), the foreground file the
+    # fg and nested arms' records (two arms x 9 waves x (samples + 1 wave record)).
+    run_dir = next((tmp_path).glob("wave-ab-*/wave-ab"))
+    fg = (run_dir / "ab-foreground.jsonl").read_text().splitlines()
+    assert sum('"type":"wave"' in line for line in fg) == 2 * 9
+    replay = (run_dir / "ab-replay.jsonl").read_text().splitlines()
+    assert sum('"type":"wave"' in line for line in replay) == 9 - 1

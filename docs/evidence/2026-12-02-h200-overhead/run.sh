@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The H200 runs behind this directory's README (vLLM 0.26.0, torch 2.11), one step per call:
+#   bash run.sh OUT_DIR STEP [STEP...]
+# Steps:
+#   ab    benchmarks/bench_wave_ab.py --ignore-eos --gc-freeze with its default arms (raw, harness,
+#         harness-fg, raw-nested, harness-nested) interleaved in one engine: FA3 default, 48 prompts x
+#         128 tokens, b1/8/32/64, 4 waves per batch size and round, 6 rounds (the first is warm-up)
+# OUT_DIR gets STEP.log (the command's output with wall times) and STEP.json (every wave of every arm).
+set -u
+out=$1; shift
+mkdir -p "$out"
+for step in "$@"; do
+  log="$out/$step.log"
+  t0=$(date +%s.%N)
+  echo "step $step start $(date -u +%FT%TZ)" >> "$log"
+  case $step in
+    ab*)
+      timeout "${AB_TIMEOUT:-570}" python3 benchmarks/bench_wave_ab.py --out "$out/$step.json" --ignore-eos \
+        --gc-freeze --waves 4 --rounds "${AB_ROUNDS:-6}" --budget-s "${AB_BUDGET:-500}" >> "$log" 2>&1
+      echo "exit $?" >> "$log" ;;
+    *) echo "unknown step $step" >&2; exit 2 ;;
+  esac
+  echo "step $step wall $(python3 -c "import time; print(round(time.time() - $t0, 1))") s" >> "$log"
+  grep -v -E "INFO|WARNING|reset prefix cache" "$log" | tail -40
+done
