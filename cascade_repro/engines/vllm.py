@@ -25,6 +25,7 @@ import gc
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -375,7 +376,13 @@ class VLLMEngine:
         return _jsonable(out)
 
     def run_wave(
-        self, prompts: list[list[int]], arm: str, max_tokens: int, prefix_len: int | None = None
+        self,
+        prompts: list[list[int]],
+        arm: str,
+        max_tokens: int,
+        prefix_len: int | None = None,
+        *,
+        before_generate: Callable[[], None] | None = None,
     ) -> tuple[list[Completion], WaveStats]:
         """Reset the prefix cache, re-warm the shared prefix, then submit all prompts at once."""
         from cascade_repro.prompts.chat import common_prefix_len
@@ -427,6 +434,8 @@ class VLLMEngine:
         force_on = arm == TWIN.test and bool(self.spec.force_cascade)
         probe.write_control(self.probe_dir, wave_id, force_off, inject, self._next_ctl(), force_on)
         params = self._SamplingParams(max_tokens=max_tokens, **self.logprob_kwargs(), **greedy)
+        if before_generate is not None:
+            before_generate()
         phases["control_s"], t = clock() - t, clock()
         outs = self.llm.generate(
             [self._TokensPrompt(prompt_token_ids=list(x)) for x in prompts], params, use_tqdm=False

@@ -352,9 +352,17 @@ class JsonlWriter:
     ``close`` wait first. A write that failed on the thread is raised by the next call. A process
     killed with records still queued loses them, as it loses the wave it was generating: resume
     counts only what reached the file.
+
+    ``hold`` makes the thread stop at that point of the queue until ``release`` (or ``wait``,
+    ``sync``, ``close``, or :attr:`HOLD_MAX_S`): the worker holds a wave's records until the next
+    wave's ``generate`` is under way. Started at once, their JSON competed for the GIL with that
+    wave's ``reset_prefix_cache`` RPC, which grew from ~14 to ~37 ms at b64 on an H200 host
+    (benchmarks/RESULTS.md 1g); during ``generate`` the main thread mostly waits on the GPU.
+    In the foreground both are no-ops.
     """
 
-    _WRITE, _RAW, _FLUSH, _WAIT, _STOP = range(5)
+    _WRITE, _RAW, _FLUSH, _WAIT, _STOP, _HOLD = range(6)
+    HOLD_MAX_S = 10.0  # a hold nobody releases still ends: records never wait longer than this
 
     def __init__(self, path: Path, *, background: bool = False) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -362,11 +370,14 @@ class JsonlWriter:
         self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self._queue: Any = None
         self._error: BaseException | None = None
+        self._go: Any = None
         if background:
             import queue
             import threading
 
             self._queue = queue.SimpleQueue()
+            self._go = threading.Event()
+            self._go.set()
             self._thread = threading.Thread(target=self._run, name="jsonl-writer", daemon=True)
             self._thread.start()
 
@@ -399,11 +410,24 @@ class JsonlWriter:
         else:
             self._f.flush()
 
+    def hold(self) -> None:
+        """Records queued after this wait on the thread until :meth:`release` (background only)."""
+        if self._queue is not None:
+            self._raise_pending()
+            self._go.clear()
+            self._queue.put((self._HOLD, None))
+
+    def release(self) -> None:
+        """Let the thread go on past the last :meth:`hold`."""
+        if self._go is not None:
+            self._go.set()
+
     def wait(self) -> None:
         """Return once every record queued so far is written and flushed (no-op in the foreground)."""
         if self._queue is not None and self._thread.is_alive():
             import threading
 
+            self._go.set()
             done = threading.Event()
             self._queue.put((self._WAIT, done))
             done.wait()
@@ -421,6 +445,7 @@ class JsonlWriter:
             self.sync()
         finally:
             if self._queue is not None:
+                self._go.set()
                 self._queue.put((self._STOP, None))
                 self._thread.join()
             self._f.close()
@@ -435,6 +460,9 @@ class JsonlWriter:
             op, arg = self._queue.get()
             if op == self._STOP:
                 return
+            if op == self._HOLD:
+                self._go.wait(self.HOLD_MAX_S)
+                continue
             if op == self._WAIT:
                 if self._error is None:
                     try:

@@ -121,9 +121,16 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
                 _maybe_fault(cid, w, writer)
                 w0 = time.time()
                 comps, stats = engine.run_wave(
-                    [rendered[i] for i, _ in wave], cell.arm, spec.max_tokens, prefix_len=shared
+                    [rendered[i] for i, _ in wave],
+                    cell.arm,
+                    spec.max_tokens,
+                    prefix_len=shared,
+                    before_generate=writer.release,
                 )
                 samples, wave_rec = typed_wave_records(cid, w, wave, comps, stats, prompts, hashes, rendered)
+                # A background writer keeps these until the next wave's generate is under way (or
+                # the cell's sync): their JSON then overlaps the GPU, not the next wave's reset RPC.
+                writer.hold()
                 for rec in samples:
                     writer.write(rec)
                 # Generation, conversion and the records (their JSON too, unless a background

@@ -2,9 +2,12 @@
 # The H200 runs behind this directory's README (vLLM 0.26.0, torch 2.11), one step per call:
 #   bash run.sh OUT_DIR STEP [STEP...]
 # Steps:
-#   ab    benchmarks/bench_wave_ab.py --ignore-eos --gc-freeze with its default arms (raw, harness,
-#         harness-fg, raw-nested, harness-nested) interleaved in one engine: FA3 default, 48 prompts x
-#         128 tokens, b1/8/32/64, 4 waves per batch size and round, 6 rounds (the first is warm-up)
+#   ab*   benchmarks/bench_wave_ab.py --ignore-eos --gc-freeze with the arms this directory's runs had
+#         (raw, harness-nohold, harness-fg, raw-nested, harness-nested; the background arm was called
+#         "harness" then, before JsonlWriter.hold) interleaved in one engine: FA3 default, 48 prompts
+#         x 128 tokens, b1/8/32/64, 4 waves per batch size and round, 6 rounds (the first is warm-up)
+#   hold* the same with the default arms (raw, harness, harness-nohold), 8 rounds: does the writer's
+#         hold pay on the GPU? (not run yet)
 # OUT_DIR gets STEP.log (the command's output with wall times) and STEP.json (every wave of every arm).
 set -u
 out=$1; shift
@@ -14,9 +17,11 @@ for step in "$@"; do
   t0=$(date +%s.%N)
   echo "step $step start $(date -u +%FT%TZ)" >> "$log"
   case $step in
-    ab*)
+    ab*|hold*)
+      if [ "${step#hold}" != "$step" ]; then arms=raw,harness,harness-nohold; rounds=${AB_ROUNDS:-8}
+      else arms=raw,harness-nohold,harness-fg,raw-nested,harness-nested; rounds=${AB_ROUNDS:-6}; fi
       timeout "${AB_TIMEOUT:-570}" python3 benchmarks/bench_wave_ab.py --out "$out/$step.json" --ignore-eos \
-        --gc-freeze --waves 4 --rounds "${AB_ROUNDS:-6}" --budget-s "${AB_BUDGET:-500}" >> "$log" 2>&1
+        --gc-freeze --arms "$arms" --waves 4 --rounds "$rounds" --budget-s "${AB_BUDGET:-500}" >> "$log" 2>&1
       echo "exit $?" >> "$log" ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
