@@ -124,3 +124,27 @@ def test_hold_and_release_do_nothing_in_the_foreground(tmp_path: Path):
     assert _lines(path) == 1
     wr.release()
     wr.close()
+
+
+def test_a_release_frees_every_earlier_hold_even_when_the_thread_comes_late(tmp_path: Path):
+    """hold, release, hold again before the thread reached the first hold: the first hold's records
+    must not wait for the second release (they were released already)."""
+    path = tmp_path / "l.jsonl"
+    wr = runstore.JsonlWriter(path, background=True)
+    wr.hold()  # the thread waits here
+    wr.write(runstore.CellStart("first"))
+    wr.flush()
+    wr.hold()
+    wr.write(runstore.CellStart("second"))
+    wr._released = 1  # what release() after the first hold alone would have recorded
+    with wr._go:
+        wr._go.notify()
+    deadline = time.monotonic() + 5
+    while _lines(path) < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)  # had the second hold let "second" through, it would be here by now
+    assert path.read_text().splitlines() == ['{"type":"cell_start","cell_id":"first"}']
+    wr.release()
+    wr.wait()
+    assert _lines(path) == 2
+    wr.close()

@@ -371,13 +371,17 @@ class JsonlWriter:
         self._queue: Any = None
         self._error: BaseException | None = None
         self._go: Any = None
+        # Holds are numbered: release() frees every hold queued so far, and the thread waits at
+        # hold k until release has covered k. (An Event would let a late thread stop at an old hold
+        # that a later hold() had re-armed, keeping its records one wave longer.)
+        self._holds = 0
+        self._released = 0
         if background:
             import queue
             import threading
 
             self._queue = queue.SimpleQueue()
-            self._go = threading.Event()
-            self._go.set()
+            self._go = threading.Condition()
             self._thread = threading.Thread(target=self._run, name="jsonl-writer", daemon=True)
             self._thread.start()
 
@@ -414,20 +418,25 @@ class JsonlWriter:
         """Records queued after this wait on the thread until :meth:`release` (background only)."""
         if self._queue is not None:
             self._raise_pending()
-            self._go.clear()
-            self._queue.put((self._HOLD, None))
+            self._holds += 1
+            self._queue.put((self._HOLD, self._holds))
 
     def release(self) -> None:
-        """Let the thread go on past the last :meth:`hold`."""
+        """Let the thread go on past every :meth:`hold` so far."""
+        self._release_all()
+
+    def _release_all(self) -> None:
         if self._go is not None:
-            self._go.set()
+            with self._go:
+                self._released = self._holds
+                self._go.notify()
 
     def wait(self) -> None:
         """Return once every record queued so far is written and flushed (no-op in the foreground)."""
         if self._queue is not None and self._thread.is_alive():
             import threading
 
-            self._go.set()
+            self._release_all()
             done = threading.Event()
             self._queue.put((self._WAIT, done))
             done.wait()
@@ -445,7 +454,7 @@ class JsonlWriter:
             self.sync()
         finally:
             if self._queue is not None:
-                self._go.set()
+                self._release_all()
                 self._queue.put((self._STOP, None))
                 self._thread.join()
             self._f.close()
@@ -461,7 +470,8 @@ class JsonlWriter:
             if op == self._STOP:
                 return
             if op == self._HOLD:
-                self._go.wait(self.HOLD_MAX_S)
+                with self._go:
+                    self._go.wait_for(lambda k=arg: self._released >= k, self.HOLD_MAX_S)
                 continue
             if op == self._WAIT:
                 if self._error is None:
