@@ -5,7 +5,8 @@
 own b1 waves went from 388 to 299 ms within 20 s) and one pass per side cannot resolve 3 %. Here one
 process builds the harness's own engine (``worker.build_engine``: the probe loaded, the same ``vllm.LLM``
 kwargs a worker gets) and runs each wave of each batch size under every arm, in a rotating order
-(ABC.., BC..A, ...), so machine drift hits every arm alike. The arms (``--arms``):
+(every rotation of the arms and of their reverse, ``arm_orders``), so machine drift hits every arm
+alike and no arm always follows the same other arm. The arms (``--arms``):
 
 - **raw**: what a bare loop asks of vLLM for a wave: ``reset_prefix_cache``, a 1-token greedy
   warm-up of the shared prefix, one ``llm.generate`` with the harness's ``SamplingParams`` (flat
@@ -159,6 +160,17 @@ def prepare_run(args: argparse.Namespace, results: Path) -> tuple[Path, Manifest
     prepared = prepare(spec, opts)
     prepared.write()
     return prepared.run_dir, runstore.read_manifest(prepared.run_dir)
+
+
+def arm_orders(arms: list[Any]) -> list[list[Any]]:
+    """Every rotation of the arms, then every rotation of them reversed: each arm runs in each
+    position equally often, and right after each other arm equally often (a Williams design for an
+    odd number of arms). A plain rotation put harness-fg right after harness every time in 1g."""
+    n = len(arms)
+    fwd = [arms[i:] + arms[:i] for i in range(n)]
+    rev = list(reversed(arms))
+    back = [rev[i:] + rev[:i] for i in range(n)]
+    return fwd + [o for o in back if o not in fwd]
 
 
 def median(xs: list[float]) -> float | None:
@@ -369,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         return took, [c.token_ids for c in comps], phases
 
     arms = [ARM_SPECS[a] for a in args.arm_names]
+    orders = arm_orders(arms)
     rows: list[dict[str, Any]] = []
     complete = True
     data: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "engine_start_s": round(start_s, 2),
@@ -382,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"budget reached before b{batch} round {rnd}", flush=True)
                 break
             for w, wave in enumerate(wv):
-                order = [arms[(i + rnd + w) % len(arms)] for i in range(len(arms))]
+                order = orders[(rnd + w) % len(orders)]
                 row: dict[str, Any] = {"batch": batch, "round": rnd, "wave": w, "warmup": rnd == 0,
                                        "order": [a.name for a in order], "arms": {}}  # fmt: skip
                 toks: dict[str, list[list[int]]] = {}

@@ -60,6 +60,17 @@ def test_summary_pairs_each_wave_with_its_own_raw_and_drops_warmups(bench):
     assert f"| harness | raw | **{o['harness']['ratio']:.3f}** | [{lo:.3f}, {hi:.3f}] | 0.4 % | 1.103 | 3/3 |" in text
 
 
+def test_arm_orders_balance_positions_and_neighbours(bench):
+    arms = ["raw", "harness", "harness-nohold"]
+    orders = bench.arm_orders(arms)
+    assert len(orders) == 6 and len({tuple(o) for o in orders}) == 6  # all six permutations
+    for a in arms:
+        assert sorted(o.index(a) for o in orders) == [0, 0, 1, 1, 2, 2]  # each position twice
+    follows = [(o[i], o[i + 1]) for o in orders for i in range(2)]
+    assert all(follows.count((x, y)) == 2 for x in arms for y in arms if x != y)  # each neighbour twice
+    assert len(bench.arm_orders(["a", "b"])) == 2  # reversing two arms is a rotation: no duplicates
+
+
 def test_bootstrap_ci_is_seeded_and_needs_two_waves(bench):
     pairs = [(1.0, 1.0), (1.2, 1.0), (0.9, 1.0), (1.1, 1.0)]
     assert bench.bootstrap_ci(pairs) == bench.bootstrap_ci(pairs)
@@ -98,8 +109,9 @@ def test_runs_every_arm_of_every_wave_against_the_fake_vllm(bench, fake_vllm, tm
     # b1: 2 waves x 3 rounds; b8: 1 wave (8 prompts) x 3 rounds; each arm once per wave, rotating.
     assert [(r["batch"], r["round"], r["wave"]) for r in rows] == [
         (1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1), (1, 2, 0), (1, 2, 1), (8, 0, 0), (8, 1, 0), (8, 2, 0)]
-    # The order rotates by round + wave.
-    assert all(r["order"] == arms[(r["round"] + r["wave"]) % 6:] + arms[:(r["round"] + r["wave"]) % 6] for r in rows)
+    # The order walks through the rotations of the arms and of their reverse, by round + wave.
+    orders = bench.arm_orders(arms)
+    assert all(r["order"] == orders[(r["round"] + r["wave"]) % 12] for r in rows)
     assert len({tuple(r["order"]) for r in rows}) == 4
     # Same engine, same heuristic: same tokens, nested or flat logprobs.
     assert all(r["identical"] and all(r["same_as_twin"].values()) for r in rows)

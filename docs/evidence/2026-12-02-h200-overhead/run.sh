@@ -6,6 +6,8 @@
 #         (raw, harness-nohold, harness-fg, raw-nested, harness-nested; the background arm was called
 #         "harness" then, before JsonlWriter.hold) interleaved in one engine: FA3 default, 48 prompts
 #         x 128 tokens, b1/8/32/64, 4 waves per batch size and round, 6 rounds (the first is warm-up)
+#         (these runs had the arms in plain rotation; the benchmark now also runs the reversed
+#         rotations, bench_wave_ab.arm_orders)
 #   hold* the same with the default arms (raw, harness, harness-nohold), 8 rounds: does the writer's
 #         hold pay on the GPU? (not run yet)
 # OUT_DIR gets STEP.log (the command's output with wall times) and STEP.json (every wave of every arm).
