@@ -95,7 +95,6 @@ ARM_SPECS = {
     )
 }
 DEFAULT_ARMS = ("raw", "harness", "harness-nohold")
-ARMS = DEFAULT_ARMS  # kept for callers of the old name
 TARGET = 1.03
 OWN_PHASES = ("control_s", "sync_s", "convert_s", "records_s")  # the harness's work that raw does not do
 
@@ -363,8 +362,8 @@ def main(argv: list[str] | None = None) -> int:
             out.flush()
             took = time.perf_counter() - t
             records = took - (t_rec - t)
-            # Outside the arm's time: what the replay had not finished when the wave returned (it
-            # should be nothing: a wave is longer than its JSON) and this wave's own records, which
+            # Outside the arm's time: what the replay had not finished when the wave returned (little:
+            # a wave is longer than its JSON; 1-5 ms on the H200) and this wave's own records, which
             # the next wave of this arm replays.
             t = time.perf_counter()
             replay.wait()

@@ -75,6 +75,14 @@ def _lines(path: Path) -> int:
     return path.read_bytes().count(b"\n")
 
 
+def _until_lines(path: Path, n: int, timeout: float = 5.0) -> int:
+    """Poll until the file has n lines (the writer's thread works on its own time); return the count."""
+    deadline = time.monotonic() + timeout
+    while _lines(path) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return _lines(path)
+
+
 def test_hold_keeps_what_follows_until_release(tmp_path: Path):
     path = tmp_path / "h.jsonl"
     wr = runstore.JsonlWriter(path, background=True)
@@ -87,10 +95,7 @@ def test_hold_keeps_what_follows_until_release(tmp_path: Path):
     time.sleep(0.2)  # the thread had time to write them, had it not been held
     assert _lines(path) == 1
     wr.release()
-    deadline = time.monotonic() + 5
-    while _lines(path) < 11 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert _lines(path) == 11
+    assert _until_lines(path, 11) == 11
     wr.hold()
     wr.write(runstore.CellDone("c", n_samples=8))
     wr.sync()  # waiting releases the hold: resume's cell_done reaches the disk
@@ -108,10 +113,7 @@ def test_a_hold_nobody_releases_ends_after_its_limit(tmp_path: Path):
     wr.hold()
     wr.write(runstore.CellStart("c"))
     wr.flush()
-    deadline = time.monotonic() + 5
-    while _lines(path) < 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert _lines(path) == 1
+    assert _until_lines(path, 1) == 1
     wr.close()
 
 
@@ -139,9 +141,7 @@ def test_a_release_frees_every_earlier_hold_even_when_the_thread_comes_late(tmp_
     wr._released = 1  # what release() after the first hold alone would have recorded
     with wr._go:
         wr._go.notify()
-    deadline = time.monotonic() + 5
-    while _lines(path) < 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _until_lines(path, 1)
     time.sleep(0.1)  # had the second hold let "second" through, it would be here by now
     assert path.read_text().splitlines() == ['{"type":"cell_start","cell_id":"first"}']
     wr.release()
