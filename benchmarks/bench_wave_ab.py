@@ -28,6 +28,10 @@ alike and no arm always follows the same other arm. The arms (``--arms``):
   changes, paired with its own raw twin (vLLM builds the nested form for the raw loop too).
 - **harness-nogc**: the harness with Python's garbage collector off during the wave (the
   diagnosis that led to ``worker.freeze_heap``).
+- **harness-defer** (an experiment, not what the worker does): the harness with the conversion of
+  vLLM's outputs moved to the writer's thread too, held like the records: one job per wave converts,
+  builds the records and encodes them (36.7 ms of conversion per b64 wave stayed in the foreground
+  in 1g).
 
 The default set is raw, harness and harness-nohold; ``--arms`` picks others (benchmarks/RESULTS.md
 1g ran raw, harness-nohold (then called harness), harness-fg, raw-nested and harness-nested).
@@ -79,6 +83,7 @@ class Arm:
     background: bool = True  # records queued to a background writer (harness arms)
     hold: bool = True  # the background writer waits for the next wave's generate (JsonlWriter.hold)
     nogc: bool = False
+    defer: bool = False  # vLLM's outputs converted on the writer's thread, not in the wave (an experiment)
     twin: str = "raw"  # the raw arm a harness arm is paired with
 
 
@@ -92,6 +97,7 @@ ARM_SPECS = {
         Arm("harness-fg", harness=True, background=False),
         Arm("harness-nested", harness=True, flat=False, background=False, twin="raw-nested"),
         Arm("harness-nogc", harness=True, nogc=True),
+        Arm("harness-defer", harness=True, defer=True),
     )
 }
 DEFAULT_ARMS = ("raw", "harness", "harness-nohold")
@@ -159,6 +165,21 @@ def prepare_run(args: argparse.Namespace, results: Path) -> tuple[Path, Manifest
     prepared = prepare(spec, opts)
     prepared.write()
     return prepared.run_dir, runstore.read_manifest(prepared.run_dir)
+
+
+def _deferring_writer() -> type:
+    from cascade_repro.run import runstore
+
+    class DeferringWriter(runstore.JsonlWriter):
+        """A JsonlWriter whose queue also takes a job: a callable the writer calls, writing the records
+        it returns (the harness-defer arm's conversion runs there). Records are written as ever."""
+
+        def _line(self, record: Any) -> str:  # type: ignore[override]
+            if callable(record):
+                return "".join(runstore.JsonlWriter._line(r) for r in record())
+            return runstore.JsonlWriter._line(record)
+
+    return DeferringWriter
 
 
 def arm_orders(arms: list[Any]) -> list[list[Any]]:
@@ -287,10 +308,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     t_begin = time.monotonic()
     from cascade_repro import engines
+    from cascade_repro.engines.vllm import VLLMEngine
     from cascade_repro.plan.matrix import waves
     from cascade_repro.prompts.chat import prompt_hash, render_all
     from cascade_repro.run import runstore
     from cascade_repro.run.worker import build_engine, wave_records
+
+    DeferringWriter = _deferring_writer()
 
     results = Path(tempfile.mkdtemp(prefix="wave-ab-", dir=os.environ.get("TMPDIR")))
     run_dir, run = prepare_run(args, results)
@@ -311,9 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     # replay writer takes each background arm's previous wave (its JSON overlaps this wave); the
     # foreground arms write to their own file (the same bytes, so the same cost).
     bg = engines.get("vllm").background_writes
-    writer = runstore.JsonlWriter(runstore.samples_path(run_dir, key), background=bg)
-    replay = runstore.JsonlWriter(run_dir / "ab-replay.jsonl", background=True)
-    fg_writer = runstore.JsonlWriter(run_dir / "ab-foreground.jsonl")
+    writer = DeferringWriter(runstore.samples_path(run_dir, key), background=bg)
+    replay = DeferringWriter(run_dir / "ab-replay.jsonl", background=True)
+    fg_writer = DeferringWriter(run_dir / "ab-foreground.jsonl")
     last_records: dict[str, list[Any]] = {}
     sp = engine._SamplingParams
     tp = engine._TokensPrompt
@@ -351,14 +375,32 @@ def main(argv: list[str] | None = None) -> int:
                 for rec in last_records.get(arm.name, []):
                     replay.write(rec)
                 replay.flush()
-            comps, stats = engine.run_wave([rendered[i] for i, _ in wave], "cascade", args.max_tokens, prefix_len=shared,
-                                           before_generate=replay.release)  # fmt: skip
+            if arm.defer:  # run_wave hands vLLM's outputs back as they are
+                engine._completion = lambda o: o
+            try:
+                comps, stats = engine.run_wave([rendered[i] for i, _ in wave], "cascade", args.max_tokens, prefix_len=shared,
+                                               before_generate=replay.release)  # fmt: skip
+            finally:
+                engine.__dict__.pop("_completion", None)
             t_rec = time.perf_counter()
-            samples, wave_rec = wave_records(cid, w, wave, comps, stats, prompts, hashes, rendered)
-            for rec in samples:
-                out.write(rec)
-            wave_rec["wall_s"] = round(time.perf_counter() - t, 4)
-            out.write(wave_rec)
+            if arm.defer:
+                # One job for the writer's thread: the conversion, the records and their JSON.
+                def job(outs: list[Any] = comps, stats: Any = stats) -> list[Any]:
+                    real = [VLLMEngine._completion(engine, o) for o in outs]
+                    samples, wave_rec = wave_records(cid, w, wave, real, stats, prompts, hashes, rendered)
+                    return [*samples, wave_rec]
+
+                kept: list[Any] = [job]
+                tokens = [list(o.outputs[0].token_ids) for o in comps]
+                out.write(job)
+            else:
+                samples, wave_rec = wave_records(cid, w, wave, comps, stats, prompts, hashes, rendered)
+                for rec in samples:
+                    out.write(rec)
+                wave_rec["wall_s"] = round(time.perf_counter() - t, 4)
+                out.write(wave_rec)
+                kept = [*samples, wave_rec]
+                tokens = [c.token_ids for c in comps]
             out.flush()
             took = time.perf_counter() - t
             records = took - (t_rec - t)
@@ -375,9 +417,9 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if arm.nogc and was:
                 gc.enable()
-        last_records[arm.name] = [*samples, wave_rec]
+        last_records[arm.name] = kept
         phases = dict((stats.extra or {}).get("phases", {}), records_s=records, drain_s=drain, replay_left_s=replay_left)
-        return took, [c.token_ids for c in comps], phases
+        return took, tokens, phases
 
     arms = [ARM_SPECS[a] for a in args.arm_names]
     orders = arm_orders(arms)
