@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     server.join(5)
     summary = {m: {k: round(statistics.median(r[k] for r in rows[m]), 2) for k in rows[m][0]} for m in MODES}
     result = {"args": {k: str(v) for k, v in vars(a).items()}, "json_ms_alone": round(json_ms, 2),
-              "switch_interval_s": sys.getswitchinterval(), "summary": summary}  # fmt: skip
+              "switch_interval_s": sys.getswitchinterval(), "summary": summary, "waves": rows}  # fmt: skip
     print(f"the records' JSON alone on the writer's thread: {json_ms:.1f} ms ({a.batch} records)")
     print("| mode | reset ms | generate ms | wave ms | writer left after the wave ms |")
     print("|---|---|---|---|---|")
