@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -57,15 +58,16 @@ from cascade_repro.engines.base import WaveStats  # noqa: E402
 from cascade_repro.engines.vllm import VLLMEngine  # noqa: E402 - importing it does not import vLLM
 from cascade_repro.prompts.chat import prompt_hash  # noqa: E402
 from cascade_repro.run import runstore  # noqa: E402
-from cascade_repro.run.worker import wave_records  # noqa: E402
+from cascade_repro.run.worker import freeze_heap, wave_records  # noqa: E402
 from cascade_repro.vllm_surface import probe  # noqa: E402
 
 VOCAB = 49152  # SmolLM2 (the model of the H200 measurement)
 PROMPT_TOKENS = 420  # about the rendered length of the ko-ifeval-style prompts with the system prompt
-COLUMNS = ("conversion", "conversion_flat", "json_write_flush", "fsync", "write_control_x3", "total_no_fsync",
+COLUMNS = ("conversion", "conversion_flat_loop", "conversion_flat", "json_write_flush", "fsync", "write_control_x3", "total_no_fsync",
            "total_fsync")  # fmt: skip
 HEADERS = (
     "conversion",
+    "conversion (flat, by position)",
     "conversion (flat)",
     "JSON+write+flush",
     "fsync (sync-flush)",
@@ -242,6 +244,8 @@ def measure_batch(batch: int, a: argparse.Namespace, workdir: Path) -> dict[str,
         "cid": f"tp1-b{batch}-cascade",
     }
     stats = _stats(batch, a.max_tokens)
+    if a.gc_freeze:  # as the worker does after its engine start: these outputs stand in for its heap
+        freeze_heap()
     comps = convert(shim, outs)
     assert all(len(s) == a.topk for c in comps for s in c.topk)
     budget = a.budget_s
@@ -251,6 +255,10 @@ def measure_batch(batch: int, a: argparse.Namespace, workdir: Path) -> dict[str,
     flat_comps = convert(shim, flat)
     assert [c.topk for c in flat_comps] == [c.topk for c in comps]  # the same conversion, cheaper
     conv_flat = _timed(lambda r: convert(shim, flat), a.reps, a.min_reps, budget)
+    # The same with the whole-list path switched off: every position through the loop, as before it.
+    with mock.patch("cascade_repro.engines.vllm.uniform_topk", return_value=None):
+        assert [c.topk for c in convert(shim, flat)] == [c.topk for c in comps]
+        conv_flat_loop = _timed(lambda r: convert(shim, flat), a.reps, a.min_reps, budget)
 
     res: dict[str, Any] = {"batch": batch}
     last: dict[str, list[float]] = {}
@@ -282,6 +290,7 @@ def measure_batch(batch: int, a: argparse.Namespace, workdir: Path) -> dict[str,
     wc = _timed(ctl, a.reps, a.min_reps, budget)
     res["conversion"] = _summ(conv)
     res["conversion_flat"] = _summ(conv_flat)
+    res["conversion_flat_loop"] = _summ(conv_flat_loop)
     res["write_control_x3"] = _summ(wc)
     res["bytes_per_wave"] = res.pop("json_write_flush_bytes_per_wave")
     res.pop("json_write_sync_bytes_per_wave")
@@ -325,6 +334,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="freeze the heap before timing each batch, as the worker does after its engine start",
+    )
+    ap.add_argument(
         "--dir", default=None, help="where the samples and control files go (default: under results/)"
     )
     ap.add_argument("--out", default=None, help="write the results as JSON here")
@@ -347,7 +361,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     res = {
         "config": {
             k: getattr(a, k)
-            for k in ("max_tokens", "topk", "extra_rate", "reps", "min_reps", "budget_s", "seed")
+            for k in ("max_tokens", "topk", "extra_rate", "reps", "min_reps", "budget_s", "seed", "gc_freeze")
         }
         | {"batch": batches, "dir": str(base)},
         "machine": {

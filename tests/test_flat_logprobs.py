@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from cascade_repro import vllm_surface
-from cascade_repro.engines.vllm import VLLMEngine, flat_topk, topk_entries
+from cascade_repro.engines.vllm import VLLMEngine, flat_topk, topk_by_position, topk_entries, uniform_topk
 
 
 def _fake_logprobs():
@@ -68,6 +68,53 @@ def test_flat_equals_dict_form(k: int, ties: bool):
         want = [topk_entries(d, t, k) for d, t in zip(dicts, token_ids, strict=True)]
         assert same(lps, [c for c, _ in want])
         assert topk == [t for _, t in want]
+
+
+@pytest.mark.parametrize("k", [1, 5, 20])
+def test_the_whole_list_path_takes_vllms_layout_and_gives_what_the_loop_gives(k: int):
+    rng = random.Random(k)
+    for outside in (0.0, 0.3, 1.0):
+        token_ids, _, flat = draw(rng, 128, k, outside=outside, ties=k == 5)
+        fast = uniform_topk(flat, token_ids, k)
+        assert fast is not None  # every position has all k entries: the layout vLLM gives
+        lps, topk = topk_by_position(flat, token_ids, k)
+        assert same(fast[0], lps) and fast[1] == topk
+        assert [type(v) for row in fast[1] for _, v in row] == [float] * (128 * k)
+
+
+def _spoil(flat, how: str, rng: random.Random) -> None:
+    """Lay one position out otherwise, each way the whole-list path must notice."""
+    i = rng.randrange(1, len(flat) - 1)
+    s, e = flat.start_indices[i], flat.end_indices[i]
+    if how == "short":  # a position with fewer than k entries
+        for col in (flat.token_ids, flat.logprobs, flat.ranks, flat.decoded_tokens):
+            del col[e - 1]
+        flat.end_indices[i] -= 1
+        for j in range(i + 1, len(flat)):
+            flat.start_indices[j] -= 1
+            flat.end_indices[j] -= 1
+    elif how == "first":  # the first entry is not the sampled token
+        flat.token_ids[s] = 100_000
+    elif how == "rank":  # ranks not 1..k in order
+        flat.ranks[s + 1], flat.ranks[s + 2] = flat.ranks[s + 2], flat.ranks[s + 1]
+    elif how == "int":  # a logprob that is not a float: the loop writes float(v)
+        flat.logprobs[s + 1] = 0
+    elif how == "fewer":  # fewer positions than tokens
+        for col in (flat.start_indices, flat.end_indices):
+            del col[-1]
+
+
+@pytest.mark.parametrize("how", ["short", "first", "rank", "int", "fewer"])
+def test_any_other_layout_falls_back_to_the_loop(how: str):
+    rng = random.Random(how)
+    for _ in range(10):
+        token_ids, _, flat = draw(rng, 32, 5, outside=0.3, ties=False)
+        _spoil(flat, how, rng)
+        assert uniform_topk(flat, token_ids, 5) is None
+        want = topk_by_position(flat, token_ids, 5)
+        got = flat_topk(flat, token_ids, 5)
+        assert same(got[0], want[0]) and got[1] == want[1]
+    assert uniform_topk(FlatLogprobs(), [], 5) is None
 
 
 def test_a_position_laid_out_otherwise_goes_through_the_dict_form():

@@ -541,6 +541,12 @@ def flat_topk(flat: Any, token_ids: list[int], k: int) -> tuple[list[float], lis
     the sampled token once; here it appears twice when it is in the top-k). A position laid out
     otherwise (another first token, ranks not 1..k) goes through :func:`topk_entries` on its dict.
     """
+    fast = uniform_topk(flat, token_ids, k)
+    return fast if fast is not None else topk_by_position(flat, token_ids, k)
+
+
+def topk_by_position(flat: Any, token_ids: list[int], k: int) -> tuple[list[float], list[list[list[float]]]]:
+    """:func:`flat_topk` one position at a time: any layout."""
     starts, ends, ids, vals, ranks = (
         flat.start_indices,
         flat.end_indices,
@@ -564,6 +570,37 @@ def flat_topk(flat: Any, token_ids: list[int], k: int) -> tuple[list[float], lis
         lps.append(float("nan"))
         topk.append([])
     return lps, topk
+
+
+def uniform_topk(
+    flat: Any, token_ids: list[int], k: int
+) -> tuple[list[float], list[list[list[float]]]] | None:
+    """:func:`flat_topk` for the layout vLLM gives when every position has all k entries: k + 1
+    entries each, back to back, the sampled token first, then ranks 1..k. Whole-list slices and
+    C-level ``map``/``zip`` instead of a Python loop per position: at b64 x 128 tokens x top-5 the
+    per-position loop was the harness's largest foreground cost left in a wave (benchmarks/RESULTS.md
+    1g). None when any position is laid out otherwise (the caller then goes position by position).
+    """
+    starts, ends, ids, vals, ranks = (
+        flat.start_indices,
+        flat.end_indices,
+        flat.token_ids,
+        flat.logprobs,
+        flat.ranks,
+    )
+    n, w = len(token_ids), k + 1
+    if k < 1 or n == 0 or len(starts) != n or len(ends) != n or len(ids) != n * w or len(vals) != n * w:
+        return None
+    if list(starts) != list(range(0, n * w, w)) or list(ends) != list(range(w, n * w + 1, w)):
+        return None
+    if list(ids[0::w]) != token_ids or any(list(ranks[j::w]).count(j) != n for j in range(1, w)):
+        return None
+    if set(map(type, vals)) != {float}:  # the loop writes float(v): keep the JSON the same, "0.0" not "0"
+        return None
+    top_ids, top_vals = list(ids), list(vals)
+    del top_ids[0::w], top_vals[0::w]  # drop each position's sampled entry: the top-k are left, in order
+    pairs = list(map(list, zip(top_ids, top_vals, strict=True)))
+    return list(vals[0::w]), [pairs[i : i + k] for i in range(0, len(pairs), k)]
 
 
 def topk_entries(step: Any, token_id: int, k: int) -> tuple[float, list[list[float]]]:
