@@ -32,6 +32,8 @@ alike and no arm always follows the same other arm. The arms (``--arms``):
   vLLM's outputs moved to the writer's thread too, held like the records: one job per wave converts,
   builds the records and encodes them (36.7 ms of conversion per b64 wave stayed in the foreground
   in 1g).
+- **harness-loop**: the harness with vLLM's flat logprobs converted position by position
+  (``engines.vllm.topk_by_position``), as before the whole-list conversion (``uniform_topk``).
 
 The default set is raw, harness and harness-nohold; ``--arms`` picks others (benchmarks/RESULTS.md
 1g ran raw, harness-nohold (then called harness), harness-fg, raw-nested and harness-nested).
@@ -84,6 +86,7 @@ class Arm:
     hold: bool = True  # the background writer waits for the next wave's generate (JsonlWriter.hold)
     nogc: bool = False
     defer: bool = False  # vLLM's outputs converted on the writer's thread, not in the wave (an experiment)
+    whole_lists: bool = True  # flat logprobs converted by whole-list slices (False: position by position)
     twin: str = "raw"  # the raw arm a harness arm is paired with
 
 
@@ -98,6 +101,7 @@ ARM_SPECS = {
         Arm("harness-nested", harness=True, flat=False, background=False, twin="raw-nested"),
         Arm("harness-nogc", harness=True, nogc=True),
         Arm("harness-defer", harness=True, defer=True),
+        Arm("harness-loop", harness=True, whole_lists=False),
     )
 }
 DEFAULT_ARMS = ("raw", "harness", "harness-nohold")
@@ -308,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     t_begin = time.monotonic()
     from cascade_repro import engines
+    from cascade_repro.engines import vllm as vllm_engine
     from cascade_repro.engines.vllm import VLLMEngine
     from cascade_repro.plan.matrix import waves
     from cascade_repro.prompts.chat import prompt_hash, render_all
@@ -315,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     from cascade_repro.run.worker import build_engine, wave_records
 
     DeferringWriter = _deferring_writer()
+    whole_lists = vllm_engine.uniform_topk
 
     results = Path(tempfile.mkdtemp(prefix="wave-ab-", dir=os.environ.get("TMPDIR")))
     run_dir, run = prepare_run(args, results)
@@ -377,11 +383,14 @@ def main(argv: list[str] | None = None) -> int:
                 replay.flush()
             if arm.defer:  # run_wave hands vLLM's outputs back as they are
                 engine._completion = lambda o: o
+            if not arm.whole_lists:  # flat_topk finds no uniform layout and goes position by position
+                vllm_engine.uniform_topk = lambda *a: None
             try:
                 comps, stats = engine.run_wave([rendered[i] for i, _ in wave], "cascade", args.max_tokens, prefix_len=shared,
                                                before_generate=replay.release)  # fmt: skip
             finally:
                 engine.__dict__.pop("_completion", None)
+                vllm_engine.uniform_topk = whole_lists
             t_rec = time.perf_counter()
             if arm.defer:
                 # One job for the writer's thread: the conversion, the records and their JSON.

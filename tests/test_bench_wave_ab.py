@@ -104,7 +104,8 @@ def test_runs_every_arm_of_every_wave_against_the_fake_vllm(bench, fake_vllm, tm
     monkeypatch.setattr(runner, "visible_gpus", lambda: 1)
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     out = tmp_path / "ab.json"
-    arms = ["raw", "harness", "harness-nohold", "harness-fg", "raw-nested", "harness-nested", "harness-defer"]
+    arms = ["raw", "harness", "harness-nohold", "harness-fg", "raw-nested", "harness-nested", "harness-defer",
+            "harness-loop"]
     rc = bench.main(["--limit", "8", "--batch", "1,8", "--waves", "2", "--rounds", "3", "--max-tokens", "4",
                      "--ignore-eos", "--gc-freeze", "--arms", ",".join(arms), "--out", str(out)])  # fmt: skip
     import gc
@@ -118,7 +119,7 @@ def test_runs_every_arm_of_every_wave_against_the_fake_vllm(bench, fake_vllm, tm
         (1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1), (1, 2, 0), (1, 2, 1), (8, 0, 0), (8, 1, 0), (8, 2, 0)]
     # The order walks through the rotations of the arms and of their reverse, by round + wave.
     orders = bench.arm_orders(arms)
-    assert len(orders) == 14 and all(r["order"] == orders[(r["round"] + r["wave"]) % 14] for r in rows)
+    assert len(orders) == 16 and all(r["order"] == orders[(r["round"] + r["wave"]) % 16] for r in rows)
     assert len({tuple(r["order"]) for r in rows}) == 4
     # Same engine, same heuristic: same tokens, nested or flat logprobs.
     assert all(r["identical"] and all(r["same_as_twin"].values()) for r in rows)
@@ -134,15 +135,19 @@ def test_runs_every_arm_of_every_wave_against_the_fake_vllm(bench, fake_vllm, tm
     fg = (run_dir / "ab-foreground.jsonl").read_text().splitlines()
     assert sum('"type":"wave"' in line for line in fg) == 2 * 9
     replay = (run_dir / "ab-replay.jsonl").read_text().splitlines()
-    assert sum('"type":"wave"' in line for line in replay) == 3 * (9 - 1)
-    # The samples file: the three background arms' own records (harness-defer's written by its job
+    assert sum('"type":"wave"' in line for line in replay) == 4 * (9 - 1)
+    # The samples file: the four background arms' own records (harness-defer's written by its job
     # on the writer's thread), 9 waves each of 1 (b1) or 8 (b8) real prompts.
     own = runstore_lines(run_dir)
-    assert sum('"type":"wave"' in line for line in own) == 3 * 9
+    assert sum('"type":"wave"' in line for line in own) == 4 * 9
     samples = [json.loads(line) for line in own if '"type":"sample"' in line]
-    assert len(samples) == 3 * (6 * 1 + 3 * 8)
+    assert len(samples) == 4 * (6 * 1 + 3 * 8)
     assert all(len(x["token_ids"]) == 4 and len(x["topk"]) == 4 for x in samples)
     groups: dict = {}
     for x in samples:  # b1: 2 waves of 1 prompt, b8: 1 of 8; each once per arm and round, converted alike
         groups.setdefault((x["cell_id"], x["wave"], x["prompt_index"]), []).append(x)
-    assert len(groups) == 2 + 8 and all(len(g) == 3 * 3 and all(y == g[0] for y in g) for g in groups.values())
+    # harness-loop's lists, converted position by position, are the whole-list arms' lists.
+    assert len(groups) == 2 + 8 and all(len(g) == 4 * 3 and all(y == g[0] for y in g) for g in groups.values())
+    from cascade_repro.engines import vllm as vllm_engine
+
+    assert vllm_engine.uniform_topk.__name__ == "uniform_topk"  # the loop arm put it back

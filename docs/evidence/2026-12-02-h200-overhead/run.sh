@@ -8,8 +8,9 @@
 #         x 128 tokens, b1/8/32/64, 4 waves per batch size and round, 6 rounds (the first is warm-up)
 #         (these runs had the arms in plain rotation; the benchmark now also runs the reversed
 #         rotations, bench_wave_ab.arm_orders)
-#   hold* the same with raw, harness, harness-nohold and harness-defer, 8 rounds: does the writer's
-#         hold pay on the GPU, and would the conversion on the writer's thread? (not run yet)
+#   hold* the same with raw, harness, harness-nohold, harness-defer and harness-loop, 6 rounds: does
+#         the writer's hold pay on the GPU, would the conversion on the writer's thread, and what did
+#         the whole-list conversion of flat logprobs take off? (not run yet)
 # OUT_DIR gets STEP.log (the command's output with wall times) and STEP.json (every wave of every arm).
 set -u
 out=$1; shift
@@ -20,7 +21,7 @@ for step in "$@"; do
   echo "step $step start $(date -u +%FT%TZ)" >> "$log"
   case $step in
     ab*|hold*)
-      if [ "${step#hold}" != "$step" ]; then arms=raw,harness,harness-nohold,harness-defer; rounds=${AB_ROUNDS:-8}
+      if [ "${step#hold}" != "$step" ]; then arms=raw,harness,harness-nohold,harness-defer,harness-loop; rounds=${AB_ROUNDS:-6}
       else arms=raw,harness-nohold,harness-fg,raw-nested,harness-nested; rounds=${AB_ROUNDS:-6}; fi
       timeout "${AB_TIMEOUT:-570}" python3 benchmarks/bench_wave_ab.py --out "$out/$step.json" --ignore-eos \
         --gc-freeze --arms "$arms" --waves 4 --rounds "$rounds" --budget-s "${AB_BUDGET:-500}" >> "$log" 2>&1
