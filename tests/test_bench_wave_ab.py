@@ -28,22 +28,26 @@ def bench(monkeypatch):
     return mod
 
 
-def _row(batch, rnd, raw, harness, nogc, warmup=False):
+def _row(batch, rnd, raw, harness, nogc, warmup=False, decode_steps=120):
     return {"batch": batch, "round": rnd, "warmup": warmup, "identical": True,
             "same_as_twin": {"harness": True, "harness-nogc": False},
-            "arms": {"raw": {"s": raw}, "harness": {"s": harness, "phases": {"sync_s": 0.004, "drain_s": 0.01}},
+            "arms": {"raw": {"s": raw},
+                     "harness": {"s": harness, "phases": {"sync_s": 0.004, "drain_s": 0.01},
+                                 "cascade": {"steps": decode_steps + 1, "decode_steps": decode_steps, "total_steps": 128}},
                      "harness-nogc": {"s": nogc, "phases": {"sync_s": 0.002}}}}  # fmt: skip
 
 
 def test_summary_pairs_each_wave_with_its_own_raw_and_drops_warmups(bench):
-    rows = [_row(1, 0, 1.0, 9.0, 9.0, warmup=True), _row(1, 1, 0.5, 0.55, 0.5), _row(1, 2, 0.4, 0.42, 0.41),
-            _row(8, 1, 2.0, 2.2, 2.0)]  # fmt: skip
+    rows = [_row(1, 0, 1.0, 9.0, 9.0, warmup=True, decode_steps=0), _row(1, 1, 0.5, 0.55, 0.5, decode_steps=40),
+            _row(1, 2, 0.4, 0.42, 0.41, decode_steps=127), _row(8, 1, 2.0, 2.2, 2.0)]  # fmt: skip
     s = bench.summarize(rows)
     b1 = s["per_batch"]["1"]
     assert b1["harness"]["n"] == 2 and b1["harness"]["ratio_min"] == pytest.approx(1.05)
     assert b1["harness"]["ratio_max"] == pytest.approx(1.1)
     assert b1["harness"]["phases_ms"] == {"drain_s": pytest.approx(10.0), "sync_s": pytest.approx(4.0)}
     assert b1["raw"]["ratio_median"] is None and b1["raw"]["median_ms"] == pytest.approx(450.0)
+    assert b1["harness"]["cascade_decode_steps"] == [40, 83.5, 127]  # the warm-up's 0 is not counted
+    assert b1["raw"]["cascade_decode_steps"] is None and b1["harness-nogc"]["cascade_decode_steps"] is None
     o = s["overall"]
     assert o["raw_s"] == pytest.approx(2.9)
     assert o["harness"]["ratio"] == pytest.approx((0.55 + 0.42 + 2.2) / 2.9, abs=1e-4)
@@ -55,8 +59,9 @@ def test_summary_pairs_each_wave_with_its_own_raw_and_drops_warmups(bench):
     assert 1.05 <= lo <= o["harness"]["ratio"] <= hi <= 1.1  # every resample lies between the waves' ratios
     assert s["identical"] == {"waves": 3, "identical": 3}
     text = bench.table(s)
-    assert "| 8 | harness | 2200.0 | 1.100 [1.100, 1.100] | drain 10.0, sync 4.0 |" in text
-    assert "| 8 | raw | 2000.0 |  |  |" in text
+    assert "| 8 | harness | 2200.0 | 1.100 [1.100, 1.100] | 120, 120, 120 | drain 10.0, sync 4.0 |" in text
+    assert "| 1 | harness | 485.0 | 1.075 [1.050, 1.100] | 40, 83.5, 127 | drain 10.0, sync 4.0 |" in text
+    assert "| 8 | raw | 2000.0 |  |  |  |" in text
     assert f"| harness | raw | **{o['harness']['ratio']:.3f}** | [{lo:.3f}, {hi:.3f}] | 0.4 % | 1.103 | 3/3 |" in text
 
 
@@ -128,6 +133,11 @@ def test_runs_every_arm_of_every_wave_against_the_fake_vllm(bench, fake_vllm, tm
     b8 = data["summary"]["per_batch"]["8"]
     assert {"sync_s", "records_s", "drain_s", "replay_left_s"} <= set(b8["harness"]["phases_ms"])
     assert data["flat_logprobs_available"] is True
+    # Each harness wave says what the engine computed: the fake fires cascade on every step of a b8
+    # wave (8 requests, the minimum), never with one request.
+    want = {1: {"steps": 0, "decode_steps": 0, "total_steps": 4}, 8: {"steps": 4, "decode_steps": 4, "total_steps": 4}}
+    casc = [(r["batch"], v["cascade"]) for r in rows for v in r["arms"].values() if "cascade" in v]
+    assert len(casc) == 9 * 6 and all(c == want[b] for b, c in casc)  # 9 waves x 6 harness arms
     # The background arms replay their previous wave's records: the replay file holds each one's
     # predecessor (all but each arm's very first wave), the foreground file the fg and nested arms'
     # records (two arms x 9 waves x (samples + 1 wave record)).
