@@ -34,6 +34,11 @@ alike and no arm always follows the same other arm. The arms (``--arms``):
   in 1g).
 - **harness-loop**: the harness with vLLM's flat logprobs converted position by position
   (``engines.vllm.topk_by_position``), as before the whole-list conversion (``uniform_topk``).
+- **raw-detok** / **harness-detok**: both with vLLM detokenizing (``SamplingParams(detokenize=True)``:
+  the text step by step and a string for every logprob token, in the LLM process), as before the
+  engine decoded each completion once itself; ``raw``/``harness`` ask for ``detokenize=False`` where
+  vLLM has it. raw-detok against raw is what vLLM's detokenization costs a wave; harness-detok is paired
+  with raw-detok.
 
 The default set is raw, harness and harness-nohold; ``--arms`` picks others (benchmarks/RESULTS.md
 1g ran raw, harness-nohold (then called harness), harness-fg, raw-nested and harness-nested).
@@ -89,6 +94,7 @@ class Arm:
     nogc: bool = False
     defer: bool = False  # vLLM's outputs converted on the writer's thread, not in the wave (an experiment)
     whole_lists: bool = True  # flat logprobs converted by whole-list slices (False: position by position)
+    vllm_text: bool = False  # vLLM detokenizes (text and logprob tokens) instead of the engine decoding once
     twin: str = "raw"  # the raw arm a harness arm is paired with
 
 
@@ -104,6 +110,8 @@ ARM_SPECS = {
         Arm("harness-nogc", harness=True, nogc=True),
         Arm("harness-defer", harness=True, defer=True),
         Arm("harness-loop", harness=True, whole_lists=False),
+        Arm("raw-detok", harness=False, vllm_text=True),
+        Arm("harness-detok", harness=True, vllm_text=True, twin="raw-detok"),
     )
 }
 DEFAULT_ARMS = ("raw", "harness", "harness-nohold")
@@ -319,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     t_begin = time.monotonic()
     from cascade_repro import engines
     from cascade_repro.engines import vllm as vllm_engine
-    from cascade_repro.engines.vllm import VLLMEngine
+    from cascade_repro.engines.vllm import completion_of, vllm_text
     from cascade_repro.plan.matrix import waves
     from cascade_repro.prompts.chat import prompt_hash, render_all
     from cascade_repro.run import runstore
@@ -356,9 +364,11 @@ def main(argv: list[str] | None = None) -> int:
     greedy = dict(temperature=0.0, seed=eplan.seed, ignore_eos=bool(args.ignore_eos))
     p = max(0, min(shared, min(map(len, rendered)) - 1))
     can_flat = engine.flat_logprobs
+    can_decode = engine.decode_here
 
     def raw_wave(arm: Arm, batch_prompts: list[list[int]]) -> tuple[float, list[list[int]]]:
         engine.flat_logprobs = can_flat and arm.flat
+        engine.decode_here = can_decode and not arm.vllm_text
         t = time.perf_counter()
         if not llm.reset_prefix_cache():
             for _ in range(20):
@@ -369,12 +379,13 @@ def main(argv: list[str] | None = None) -> int:
             llm.generate([tp(prompt_token_ids=list(batch_prompts[0][: p + 1]))], sp(max_tokens=1, **greedy), use_tqdm=False)
         outs = llm.generate(
             [tp(prompt_token_ids=list(x)) for x in batch_prompts],
-            sp(max_tokens=args.max_tokens, **engine.logprob_kwargs(), **greedy), use_tqdm=False,
+            sp(max_tokens=args.max_tokens, **engine.output_kwargs(), **greedy), use_tqdm=False,
         )  # fmt: skip
         return time.perf_counter() - t, [list(o.outputs[0].token_ids) for o in outs]
 
     def harness_wave(arm: Arm, cid: str, w: int, wave: list[tuple[int, bool]]) -> tuple[float, list[list[int]], dict, dict]:
         engine.flat_logprobs = can_flat and arm.flat
+        engine.decode_here = can_decode and not arm.vllm_text
         out = writer if (arm.background and bg) else fg_writer
         was = gc.isenabled()
         if arm.nogc:
@@ -400,8 +411,11 @@ def main(argv: list[str] | None = None) -> int:
             t_rec = time.perf_counter()
             if arm.defer:
                 # One job for the writer's thread: the conversion, the records and their JSON.
-                def job(outs: list[Any] = comps, stats: Any = stats) -> list[Any]:
-                    real = [VLLMEngine._completion(engine, o) for o in outs]
+                # The text as this wave asked for it: the job runs later, maybe under another arm's flags.
+                text = engine._decoded if engine.decode_here else vllm_text
+
+                def job(outs: list[Any] = comps, stats: Any = stats, text: Any = text) -> list[Any]:
+                    real = [completion_of(o, engine.topk, text) for o in outs]
                     samples, wave_rec = wave_records(cid, w, wave, real, stats, prompts, hashes, rendered)
                     return [*samples, wave_rec]
 
@@ -444,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     complete = True
     data: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "engine_start_s": round(start_s, 2),
-                            "gc_frozen": gc.get_freeze_count(), "flat_logprobs_available": can_flat}  # fmt: skip
+                            "gc_frozen": gc.get_freeze_count(), "flat_logprobs_available": can_flat,
+                            "engine_decodes_text": can_decode}  # fmt: skip
     for batch in [int(b) for b in args.batch.split(",")]:
         wv = waves(len(rendered), batch)[: args.waves]
         cid = f"ab-b{batch}"
@@ -478,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(data, indent=1))
     for wr in (writer, replay, fg_writer):
         wr.close()
-    engine.flat_logprobs = can_flat
+    engine.flat_logprobs, engine.decode_here = can_flat, can_decode
     engine.close()
     summary = summarize(rows)
     data.update(rows=rows, summary=summary, complete=complete, total_s=round(time.monotonic() - t_begin, 1))

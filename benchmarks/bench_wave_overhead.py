@@ -3,13 +3,13 @@
 ``benchmarks/bench_vllm_overhead.py`` measured the harness at ~40 ms per wave above a raw
 ``LLM.generate`` loop on an H200. Per wave the harness does, beyond the raw loop, (1) three
 ``probe.write_control`` calls and two ``collective_rpc`` round trips (``VLLMEngine.run_wave``),
-(2) the conversion of every completion's per-step logprob dicts (``VLLMEngine._completion`` ->
+(2) the conversion of every completion's per-step logprob dicts (``engines.vllm.completion_of`` ->
 ``topk_entries``), (3) one sample record per request plus a wave record, JSON-encoded by
 ``runstore.JsonlWriter.write``, then ``flush()`` (an fsync per wave until 2026-11-30; now only at
 ``cell_done``). This script times all of that except the RPCs, per wave, for each batch size:
 
-- **conversion**: ``VLLMEngine._completion`` (the real function, called unbound on a stand-in that
-  has only ``topk``) over synthetic vLLM-like outputs: ``out.outputs[0]`` with ``token_ids``,
+- **conversion**: ``engines.vllm.completion_of`` (the engine's real function, with vLLM's text)
+  over synthetic vLLM-like outputs: ``out.outputs[0]`` with ``token_ids``,
   ``text``, ``finish_reason`` and ``logprobs``, a list of per-step dicts ``{token_id: Logprob}``
   (a local copy of vLLM's ``Logprob`` dataclass: ``logprob``, ``rank``, ``decoded_token``) holding
   the sampled token first and the top-k with ranks 1..k; at ``--extra-rate`` of the steps the
@@ -54,8 +54,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from cascade_repro.engines.base import WaveStats  # noqa: E402
-from cascade_repro.engines.vllm import VLLMEngine  # noqa: E402 - importing it does not import vLLM
+from cascade_repro.engines.base import WaveStats, completion_text  # noqa: E402
+from cascade_repro.engines.vllm import completion_of  # noqa: E402 - importing it does not import vLLM
 from cascade_repro.prompts.chat import prompt_hash  # noqa: E402
 from cascade_repro.run import runstore  # noqa: E402
 from cascade_repro.run.worker import freeze_heap, wave_records  # noqa: E402
@@ -163,8 +163,8 @@ def make_outputs(batch: int, max_tokens: int, topk: int, extra_rate: float, seed
 
 
 def convert(shim: Any, outs: list[Any]) -> list[Any]:
-    """What ``VLLMEngine.run_wave`` returns: ``[self._completion(o) for o in outs]``."""
-    return [VLLMEngine._completion(shim, o) for o in outs]
+    """What ``VLLMEngine.run_wave`` returns, with vLLM's own text: ``engines.vllm.completion_of``."""
+    return [completion_of(o, shim.topk) for o in outs]
 
 
 def write_wave(
@@ -231,8 +231,18 @@ def _summ(ms: list[float]) -> dict[str, float]:
     return {"median": statistics.median(s), "p90": s[min(len(s) - 1, int(0.9 * len(s)))], "n": len(s)}
 
 
-def measure_batch(batch: int, a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+def text_tokenizer() -> Any:
+    """The embedded model's tokenizer where its folder is converted already (None otherwise: a
+    benchmark does not convert the model)."""
+    from cascade_repro.plan.models import embedded_converted, embedded_model_dir, load_tokenizer
+
+    return load_tokenizer(str(embedded_model_dir())) if embedded_converted() else None
+
+
+def measure_batch(batch: int, a: argparse.Namespace, workdir: Path, tok: Any = None) -> dict[str, Any]:
     outs = make_outputs(batch, a.max_tokens, a.topk, a.extra_rate, seed=a.seed + batch)
+    # The conversion columns time vLLM's text as it comes (detokenize=True); the text decode the
+    # engine does instead where vLLM has detokenize (completion_text) is timed on its own below.
     shim = SimpleNamespace(topk=a.topk)
     rng = random.Random(a.seed)
     rendered = [[rng.randrange(VOCAB) for _ in range(PROMPT_TOKENS)] for _ in range(batch)]
@@ -291,6 +301,11 @@ def measure_batch(batch: int, a: argparse.Namespace, workdir: Path) -> dict[str,
     res["conversion"] = _summ(conv)
     res["conversion_flat"] = _summ(conv_flat)
     res["conversion_flat_loop"] = _summ(conv_flat_loop)
+    if tok is not None:
+        ids = [(c.token_ids, c.finish_reason) for c in comps]
+        res["text_decode"] = _summ(
+            _timed(lambda r: [completion_text(tok, t, f) for t, f in ids], a.reps, a.min_reps, budget)
+        )
     res["write_control_x3"] = _summ(wc)
     res["bytes_per_wave"] = res.pop("json_write_flush_bytes_per_wave")
     res.pop("json_write_sync_bytes_per_wave")
@@ -353,8 +368,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="wave-overhead-", dir=base))
     load_before = os.getloadavg()
     t0 = time.perf_counter()
+    tok = text_tokenizer()
     try:
-        rows = [measure_batch(b, a, workdir) for b in batches]
+        rows = [measure_batch(b, a, workdir, tok) for b in batches]
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     load_after = os.getloadavg()
@@ -379,6 +395,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"per wave, {a.max_tokens} tokens x top-{a.topk}, ms as median / p90; files under {base}")
     print(table(rows))
     print("bytes of JSONL per wave: " + ", ".join(f"b{r['batch']} {r['bytes_per_wave']:,}" for r in rows))
+    if tok is None:
+        print("text decode: not timed (the embedded model's folder is not converted yet)")
+    else:
+        print("text decode (engines/base.completion_text, the embedded model's tokenizer), ms per wave: " + ", ".join(
+            f"b{r['batch']} {r['text_decode']['median']:.2f} / {r['text_decode']['p90']:.2f}" for r in rows))  # fmt: skip
     print(
         f"load average (1/5/15 min) before {res['loadavg_before']}, after {res['loadavg_after']} "
         f"on {os.cpu_count()} CPUs; {res['wall_s']} s"

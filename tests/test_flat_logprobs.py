@@ -13,7 +13,15 @@ from types import SimpleNamespace
 import pytest
 
 from cascade_repro import vllm_surface
-from cascade_repro.engines.vllm import VLLMEngine, flat_topk, topk_by_position, topk_entries, uniform_topk
+from cascade_repro.engines.base import completion_text
+from cascade_repro.engines.vllm import (
+    VLLMEngine,
+    completion_of,
+    flat_topk,
+    topk_by_position,
+    topk_entries,
+    uniform_topk,
+)
 
 
 def _fake_logprobs():
@@ -130,12 +138,11 @@ def test_a_position_laid_out_otherwise_goes_through_the_dict_form():
 def test_completion_reads_either_form():
     rng = random.Random(3)
     token_ids, dicts, flat = draw(rng, 16, 5, outside=0.5, ties=False)
-    shim = SimpleNamespace(topk=5)
 
     def out(lps):
         return SimpleNamespace(outputs=[SimpleNamespace(token_ids=token_ids, text="t", finish_reason="length", logprobs=lps)])
 
-    a, b = VLLMEngine._completion(shim, out(dicts)), VLLMEngine._completion(shim, out(flat))
+    a, b = completion_of(out(dicts), 5), completion_of(out(flat), 5)
     assert a.topk == b.topk and same(a.logprobs, b.logprobs) and a.token_ids == b.token_ids
 
 
@@ -159,3 +166,42 @@ def test_the_engine_asks_for_flat_logprobs_where_vllm_has_them(fake_vllm):
     assert VLLMEngine.logprob_kwargs(shim) == {"logprobs": 5, "flat_logprobs": True}
     shim.flat_logprobs = False  # a vLLM before 0.11.1
     assert VLLMEngine.logprob_kwargs(shim) == {"logprobs": 5}
+
+
+class _Tok:
+    """Records what the engine asks a tokenizer to decode."""
+
+    def __init__(self):
+        self.calls = []
+
+    def decode(self, ids, skip_special_tokens=False):
+        self.calls.append((list(ids), skip_special_tokens))
+        return "|".join(map(str, ids))
+
+
+def test_completion_text_skips_special_tokens_and_the_stopping_token():
+    tok = _Tok()
+    assert completion_text(tok, [5, 6, 2], "stop") == "5|6"  # the EOS that stopped it is not text
+    assert completion_text(tok, [5, 6, 2], "length") == "5|6|2"
+    assert completion_text(tok, [], "stop") == ""
+    assert tok.calls == [([5, 6], True), ([5, 6, 2], True), ([], True)]
+
+
+def test_the_engine_decodes_the_text_where_vllm_can_skip_it():
+    c = SimpleNamespace(token_ids=[7, 8, 2], text="", finish_reason="stop", logprobs=None)
+    out = SimpleNamespace(outputs=[c])
+    tok = _Tok()
+    here = SimpleNamespace(topk=5, flat_logprobs=True, decode_here=True, _text_tokenizer=None,
+                           tokenizer=lambda: tok)  # fmt: skip
+    here.logprob_kwargs = lambda: VLLMEngine.logprob_kwargs(here)
+    here._decoded = lambda c, ids, finish: VLLMEngine._decoded(here, c, ids, finish)
+    assert VLLMEngine.output_kwargs(here) == {"logprobs": 5, "flat_logprobs": True, "detokenize": False}
+    here.decode_here = False
+    assert VLLMEngine.output_kwargs(here) == {"logprobs": 5, "flat_logprobs": True}
+    here.decode_here = True
+    assert VLLMEngine._text(here, c, [7, 8, 2], "stop") == "7|8"
+    assert VLLMEngine._text(here, c, [7, 8], "length") == "7|8"
+    assert len(tok.calls) == 2 and here._text_tokenizer is tok  # asked for once, then kept
+    old = SimpleNamespace(decode_here=False)  # a vLLM without SamplingParams.detokenize: its own text
+    assert VLLMEngine._text(old, SimpleNamespace(text="vllm's"), [7], "length") == "vllm's"
+    assert completion_of(out, 5, lambda c, ids, finish: f"{ids}/{finish}").text == "[7, 8, 2]/stop"

@@ -140,6 +140,9 @@ def test_engine_flow_with_fake_vllm(fake_vllm, tmp_path: Path, inject):
     assert st.extra["forced_off"] == 4 and st.extra["probe"] == "rpc"
     assert comps[0].topk[0] == [[10, -0.5], [99, -1.5]] and comps[0].logprobs == [-0.5] * 4
     assert comps[3].token_ids == [13] * 4 and comps[3].finish_reason == "length"
+    # vLLM was asked not to detokenize (the fake then returns no text): the engine decoded it once.
+    assert eng.output_kwargs() == {"logprobs": 2, "flat_logprobs": True, "detokenize": False}
+    assert comps[3].text == "t13 t13 t13 t13"
 
     n_merged = len(eng.llm.fa.merged)
     comps, st = eng.run_wave(prompts, "cascade", 4, prefix_len=300)

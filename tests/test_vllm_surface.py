@@ -67,6 +67,11 @@ def test_engine_calls_exist(path):
     assert {"timeout", "args"} <= set(f["llm_methods"]["collective_rpc"])
     assert "reset_prefix_cache" in f["llm_methods"]
     assert {"ignore_eos", "logprobs", "max_tokens", "seed", "temperature"} <= set(f["sampling_params_fields"])
+    # Both releases take detokenize; the engine asks for detokenize=False only where flat logprobs
+    # exist too (0.26.0 here, not 0.10.2), the releases whose output path was read for it.
+    fields = set(f["sampling_params_fields"])
+    assert vllm_surface.DETOKENIZE in fields
+    assert (vllm_surface.FLAT_LOGPROBS in fields) == (f["version"] != "0.10.2")
 
 
 @pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)

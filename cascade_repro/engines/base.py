@@ -18,6 +18,15 @@ class Completion:
     topk: list[list[list[float]]] = field(default_factory=list)  # per step: [[token_id, logprob], ...]
 
 
+def completion_text(tokenizer: Any, token_ids: list[int], finish_reason: str) -> str:
+    """A completion's text, the same way for every engine: its tokens decoded once, special tokens
+    skipped, and the token that stopped it (EOS or a stop token id) left out, as vLLM's own
+    detokenizer leaves it out. (vLLM's incremental detokenizer also holds back a multi-byte character
+    cut off by max_tokens, where a one-shot decode ends in U+FFFD.)"""
+    ids = token_ids[:-1] if finish_reason == "stop" and token_ids else token_ids
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
 @dataclass
 class WaveStats:
     """What the engine (or the vLLM probe) saw while running one wave."""

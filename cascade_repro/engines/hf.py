@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from cascade_repro.engines import cascade_attention as ca
-from cascade_repro.engines.base import Completion, WaveStats
+from cascade_repro.engines.base import Completion, WaveStats, completion_text
 from cascade_repro.errors import UsageError
 from cascade_repro.twin import CASCADE as TWIN
 
@@ -230,16 +230,12 @@ class HFEngine:
         del cache, mask
         ca.release_step_masks()
 
-        tok = self._tok
-        completions = []
-        for i in range(b):
-            toks = out_tokens[i]
-            text_toks = toks[:-1] if reasons[i] == "stop" else toks
-            completions.append(
-                Completion(
-                    toks, tok.decode(text_toks, skip_special_tokens=True), reasons[i], out_lps[i], out_topk[i]
-                )
+        completions = [
+            Completion(
+                toks, completion_text(self._tok, toks, reasons[i]), reasons[i], out_lps[i], out_topk[i]
             )
+            for i, toks in enumerate(out_tokens[:b])
+        ]
         stats = WaveStats(
             state.steps_cascade,
             state.steps_total,

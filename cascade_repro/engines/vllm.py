@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from cascade_repro import vllm_surface
-from cascade_repro.engines.base import Completion, WaveStats
+from cascade_repro.engines.base import Completion, WaveStats, completion_text
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import MatrixSpec
 from cascade_repro.run import runstore
@@ -201,7 +201,13 @@ class VLLMEngine:
 
         self._SamplingParams = SamplingParams
         self._TokensPrompt = TokensPrompt
-        self.flat_logprobs = vllm_surface.FLAT_LOGPROBS in vllm_surface.sampling_fields(SamplingParams)
+        fields = vllm_surface.sampling_fields(SamplingParams)
+        self.flat_logprobs = vllm_surface.FLAT_LOGPROBS in fields
+        # The text decoded here, once per completion, instead of by vLLM at every step (DETOKENIZE).
+        # Only where flat logprobs exist too (0.11.1 on): the output path read for detokenize=False
+        # (no tokenizer, no logprob strings) is that of those releases; 0.10.2 keeps vLLM's text.
+        self.decode_here = vllm_surface.DETOKENIZE in fields and self.flat_logprobs
+        self._text_tokenizer: Any = None
         self.start_facts = self._check_probe()
 
     # --------------------------------------------------------------------------------------
@@ -433,7 +439,7 @@ class VLLMEngine:
         #    write (probe.control_text), so the wave's first decision sees it without a round trip.
         force_on = arm == TWIN.test and bool(self.spec.force_cascade)
         probe.write_control(self.probe_dir, wave_id, force_off, inject, self._next_ctl(), force_on)
-        params = self._SamplingParams(max_tokens=max_tokens, **self.logprob_kwargs(), **greedy)
+        params = self._SamplingParams(max_tokens=max_tokens, **self.output_kwargs(), **greedy)
         if before_generate is not None:
             before_generate()
         phases["control_s"], t = clock() - t, clock()
@@ -490,22 +496,25 @@ class VLLMEngine:
             kw[vllm_surface.FLAT_LOGPROBS] = True
         return kw
 
+    def output_kwargs(self) -> dict[str, Any]:
+        """Every SamplingParams keyword a wave's outputs depend on: the logprobs, and no
+        detokenization by vLLM where the engine decodes the text itself (``decode_here``)."""
+        kw = self.logprob_kwargs()
+        if self.decode_here:
+            kw[vllm_surface.DETOKENIZE] = False
+        return kw
+
+    def _text(self, c: Any, token_ids: list[int], finish: str) -> str:
+        return self._decoded(c, token_ids, finish) if self.decode_here else vllm_text(c, token_ids, finish)
+
+    def _decoded(self, c: Any, token_ids: list[int], finish: str) -> str:
+        """The text decoded here, whatever vLLM was asked (the tokenizer is asked for once)."""
+        if self._text_tokenizer is None:
+            self._text_tokenizer = self.tokenizer()
+        return completion_text(self._text_tokenizer, token_ids, finish)
+
     def _completion(self, out: Any) -> Completion:
-        c = out.outputs[0]
-        token_ids = [int(t) for t in c.token_ids]
-        finish = "stop" if c.finish_reason == "stop" else "length"
-        steps = c.logprobs
-        if steps is not None and hasattr(steps, "start_indices"):
-            lps, topk = flat_topk(steps, token_ids, self.topk)
-            return Completion(token_ids, c.text, finish, lps, topk)
-        lps: list[float] = []
-        topk: list[list[list[float]]] = []
-        for i, tid in enumerate(token_ids):
-            d = steps[i] if steps is not None and i < len(steps) else None
-            chosen, top = topk_entries(d, tid, self.topk)
-            lps.append(chosen)
-            topk.append(top)
-        return Completion(token_ids, c.text, finish, lps, topk)
+        return completion_of(out, self.topk, self._text)
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)
@@ -530,6 +539,32 @@ class VLLMEngine:
             destroy_distributed_environment()
         except Exception:  # noqa: BLE001 - best effort
             pass
+
+
+def vllm_text(c: Any, token_ids: list[int], finish: str) -> str:
+    """The text as vLLM detokenized it (SamplingParams(detokenize=True))."""
+    return c.text
+
+
+def completion_of(out: Any, k: int, text: Callable[[Any, list[int], str], str] = vllm_text) -> Completion:
+    """One vLLM RequestOutput as a Completion: its tokens, ``text(completion, token_ids, finish)``,
+    and the chosen and top-k logprobs of each position (flat or nested, as vLLM returned them)."""
+    c = out.outputs[0]
+    token_ids = [int(t) for t in c.token_ids]
+    finish = "stop" if c.finish_reason == "stop" else "length"
+    txt = text(c, token_ids, finish)
+    steps = c.logprobs
+    if steps is not None and hasattr(steps, "start_indices"):
+        lps, topk = flat_topk(steps, token_ids, k)
+        return Completion(token_ids, txt, finish, lps, topk)
+    lps = []
+    topk = []
+    for i, tid in enumerate(token_ids):
+        d = steps[i] if steps is not None and i < len(steps) else None
+        chosen, top = topk_entries(d, tid, k)
+        lps.append(chosen)
+        topk.append(top)
+    return Completion(token_ids, txt, finish, lps, topk)
 
 
 def flat_topk(flat: Any, token_ids: list[int], k: int) -> tuple[list[float], list[list[list[float]]]]:

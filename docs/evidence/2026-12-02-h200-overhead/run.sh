@@ -11,6 +11,9 @@
 #   hold* the same with raw, harness, harness-nohold, harness-defer and harness-loop, 6 rounds: does
 #         the writer's hold pay on the GPU, would the conversion on the writer's thread, and what did
 #         the whole-list conversion of flat logprobs take off? (not run yet)
+#   detok* raw, harness, raw-detok and harness-detok, 6 rounds: what vLLM's own detokenization (the
+#         text and a string per logprob token, in the LLM process) costs a wave, now that the engine
+#         asks for detokenize=False and decodes each completion once (not run yet)
 # OUT_DIR gets STEP.log (the command's output with wall times) and STEP.json (every wave of every arm).
 set -u
 out=$1; shift
@@ -20,8 +23,9 @@ for step in "$@"; do
   t0=$(date +%s.%N)
   echo "step $step start $(date -u +%FT%TZ)" >> "$log"
   case $step in
-    ab*|hold*)
+    ab*|hold*|detok*)
       if [ "${step#hold}" != "$step" ]; then arms=raw,harness,harness-nohold,harness-defer,harness-loop; rounds=${AB_ROUNDS:-6}
+      elif [ "${step#detok}" != "$step" ]; then arms=raw,harness,raw-detok,harness-detok; rounds=${AB_ROUNDS:-6}
       else arms=raw,harness-nohold,harness-fg,raw-nested,harness-nested; rounds=${AB_ROUNDS:-6}; fi
       timeout "${AB_TIMEOUT:-570}" python3 benchmarks/bench_wave_ab.py --out "$out/$step.json" --ignore-eos \
         --gc-freeze --arms "$arms" --waves 4 --rounds "$rounds" --budget-s "${AB_BUDGET:-500}" >> "$log" 2>&1

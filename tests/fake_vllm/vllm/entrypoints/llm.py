@@ -8,9 +8,16 @@ from vllm.logprobs import Logprob as Lp
 
 class SamplingParams:
     def __init__(self, max_tokens=16, temperature=1.0, logprobs=None, seed=None, ignore_eos=False,
-                 flat_logprobs=False):
+                 flat_logprobs=False, detokenize=True):
         self.max_tokens, self.temperature, self.logprobs = max_tokens, temperature, logprobs
-        self.flat_logprobs = flat_logprobs
+        self.flat_logprobs, self.detokenize = flat_logprobs, detokenize
+
+
+class Tokenizer:
+    """What the engine asks of a tokenizer when the model is no real folder: decode."""
+
+    def decode(self, ids, skip_special_tokens=False):
+        return " ".join(f"t{i}" for i in ids)
 
 
 class LLM:
@@ -43,11 +50,14 @@ class LLM:
                                                 engine_core=types.SimpleNamespace(shutdown=lambda: None))
 
     def get_tokenizer(self):
-        if os.path.isdir(self.model):  # a real model folder: the worker renders prompts with it
-            from transformers import AutoTokenizer
+        if getattr(self, "_tok", None) is None:
+            if os.path.isdir(self.model):  # a real model folder: the worker renders prompts with it
+                from transformers import AutoTokenizer
 
-            return AutoTokenizer.from_pretrained(self.model)
-        return "tok"
+                self._tok = AutoTokenizer.from_pretrained(self.model)
+            else:
+                self._tok = Tokenizer()
+        return self._tok
 
     def reset_prefix_cache(self):
         self.resets += 1
@@ -74,12 +84,16 @@ class LLM:
         for i in range(n):
             toks = [10 + i] * params.max_tokens
             lps = None
+            # detokenize=False: no text, and no string for a logprob token (vLLM's tokenizer is None then)
+            word = (lambda t: f"t{t}") if params.detokenize else (lambda t: None)
             if params.logprobs and params.flat_logprobs:  # sampled token first, then the top-k by rank
                 lps = FlatLogprobs()
                 for t in toks:
-                    lps.append_fast([t, t, 99, 98], [-0.5, -0.5, -1.5, -2.5], [1, 1, 2, 3], [None] * 4)
+                    lps.append_fast([t, t, 99, 98], [-0.5, -0.5, -1.5, -2.5], [1, 1, 2, 3], [word(x) for x in (t, t, 99, 98)])
             elif params.logprobs:
-                lps = [{t: Lp(-0.5, 1), 99: Lp(-1.5, 2), 98: Lp(-2.5, 3)} for t in toks]
-            c = types.SimpleNamespace(token_ids=toks, text="x", finish_reason="length", logprobs=lps)
+                lps = [{t: Lp(-0.5, 1, word(t)), 99: Lp(-1.5, 2, word(99)), 98: Lp(-2.5, 3, word(98))} for t in toks]
+            # vLLM's text is the tokens decoded, as the engine decodes them when vLLM does not
+            text = self.get_tokenizer().decode(toks, skip_special_tokens=True) if params.detokenize else ""
+            c = types.SimpleNamespace(token_ids=toks, text=text, finish_reason="length", logprobs=lps)
             outs.append(types.SimpleNamespace(outputs=[c]))
         return outs
