@@ -557,8 +557,8 @@ def completion_of(out: Any, k: int, text: Callable[[Any, list[int], str], str] =
     if steps is not None and hasattr(steps, "start_indices"):
         lps, topk = flat_topk(steps, token_ids, k)
         return Completion(token_ids, txt, finish, lps, topk)
-    lps = []
-    topk = []
+    lps: list[float] = []
+    topk: list[list[list[float]]] = []
     for i, tid in enumerate(token_ids):
         d = steps[i] if steps is not None and i < len(steps) else None
         chosen, top = topk_entries(d, tid, k)
