@@ -580,15 +580,14 @@ def flat_topk(flat: Any, token_ids: list[int], k: int) -> tuple[list[float], lis
     return fast if fast is not None else topk_by_position(flat, token_ids, k)
 
 
+def _columns(flat: Any) -> tuple[Any, Any, Any, Any, Any]:
+    """A FlatLogprobs' start and end indices, token ids, logprobs and ranks."""
+    return flat.start_indices, flat.end_indices, flat.token_ids, flat.logprobs, flat.ranks
+
+
 def topk_by_position(flat: Any, token_ids: list[int], k: int) -> tuple[list[float], list[list[list[float]]]]:
     """:func:`flat_topk` one position at a time: any layout."""
-    starts, ends, ids, vals, ranks = (
-        flat.start_indices,
-        flat.end_indices,
-        flat.token_ids,
-        flat.logprobs,
-        flat.ranks,
-    )
+    starts, ends, ids, vals, ranks = _columns(flat)
     lps: list[float] = []
     topk: list[list[list[float]]] = []
     n = min(len(token_ids), len(starts))
@@ -616,13 +615,7 @@ def uniform_topk(
     per-position loop was the harness's largest foreground cost left in a wave (benchmarks/RESULTS.md
     1g). None when any position is laid out otherwise (the caller then goes position by position).
     """
-    starts, ends, ids, vals, ranks = (
-        flat.start_indices,
-        flat.end_indices,
-        flat.token_ids,
-        flat.logprobs,
-        flat.ranks,
-    )
+    starts, ends, ids, vals, ranks = _columns(flat)
     n, w = len(token_ids), k + 1
     if k < 1 or n == 0 or len(starts) != n or len(ends) != n or len(ids) != n * w or len(vals) != n * w:
         return None
