@@ -447,10 +447,8 @@ def child_raw(cfg: dict[str, Any], progress: Path) -> int:
     seed, topk, max_tokens = int(eplan.seed), int(spec.topk), int(spec.max_tokens)
     greedy = dict(temperature=0.0, seed=seed, ignore_eos=False)
     warm_params = SamplingParams(max_tokens=1, **greedy)
-    # As the engine asks: flat logprobs, and no detokenization by vLLM, where this vLLM has them.
-    fields = vllm_surface.sampling_fields(SamplingParams)
-    asks = {vllm_surface.FLAT_LOGPROBS: True, vllm_surface.DETOKENIZE: False}
-    params = SamplingParams(max_tokens=max_tokens, logprobs=topk, **greedy, **{k: v for k, v in asks.items() if k in fields})
+    asks = vllm_surface.output_asks(vllm_surface.sampling_fields(SamplingParams))  # as the engine asks
+    params = SamplingParams(max_tokens=max_tokens, logprobs=topk, **greedy, **asks)
 
     phase_log: list[tuple[int, dict[str, float], float]] = []
 

@@ -63,6 +63,7 @@ harness within 1.03 x raw overall; 1: not; 2: incomplete.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -73,6 +74,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from unittest import mock
 
 if TYPE_CHECKING:
     from cascade_repro.run.manifest import Manifest
@@ -327,14 +329,13 @@ def main(argv: list[str] | None = None) -> int:
     t_begin = time.monotonic()
     from cascade_repro import engines
     from cascade_repro.engines import vllm as vllm_engine
-    from cascade_repro.engines.vllm import completion_of, vllm_text
+    from cascade_repro.engines.vllm import completion_of
     from cascade_repro.plan.matrix import waves
     from cascade_repro.prompts.chat import prompt_hash, render_all
     from cascade_repro.run import runstore
     from cascade_repro.run.worker import build_engine, wave_records
 
     DeferringWriter = _deferring_writer()
-    whole_lists = vllm_engine.uniform_topk
 
     results = Path(tempfile.mkdtemp(prefix="wave-ab-", dir=os.environ.get("TMPDIR")))
     run_dir, run = prepare_run(args, results)
@@ -400,19 +401,19 @@ def main(argv: list[str] | None = None) -> int:
                 replay.flush()
             if arm.defer:  # run_wave hands vLLM's outputs back as they are
                 engine._completion = lambda o: o
-            if not arm.whole_lists:  # flat_topk finds no uniform layout and goes position by position
-                vllm_engine.uniform_topk = lambda *a: None
+            # harness-loop: flat_topk finds no uniform layout and goes position by position
+            loop = contextlib.nullcontext() if arm.whole_lists else mock.patch.object(vllm_engine, "uniform_topk", return_value=None)
             try:
-                comps, stats = engine.run_wave([rendered[i] for i, _ in wave], "cascade", args.max_tokens, prefix_len=shared,
-                                               before_generate=replay.release)  # fmt: skip
+                with loop:
+                    comps, stats = engine.run_wave([rendered[i] for i, _ in wave], "cascade", args.max_tokens, prefix_len=shared,
+                                                   before_generate=replay.release)  # fmt: skip
             finally:
                 engine.__dict__.pop("_completion", None)
-                vllm_engine.uniform_topk = whole_lists
             t_rec = time.perf_counter()
             if arm.defer:
                 # One job for the writer's thread: the conversion, the records and their JSON.
                 # The text as this wave asked for it: the job runs later, maybe under another arm's flags.
-                text = engine._decoded if engine.decode_here else vllm_text
+                text = engine.text_source()
 
                 def job(outs: list[Any] = comps, stats: Any = stats, text: Any = text) -> list[Any]:
                     real = [completion_of(o, engine.topk, text) for o in outs]

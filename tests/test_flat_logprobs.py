@@ -199,9 +199,10 @@ def test_the_engine_decodes_the_text_where_vllm_can_skip_it():
     here.decode_here = False
     assert VLLMEngine.output_kwargs(here) == {"logprobs": 5, "flat_logprobs": True}
     here.decode_here = True
-    assert VLLMEngine._text(here, c, [7, 8, 2], "stop") == "7|8"
-    assert VLLMEngine._text(here, c, [7, 8], "length") == "7|8"
+    text = VLLMEngine.text_source(here)
+    assert text(c, [7, 8, 2], "stop") == "7|8"
+    assert text(c, [7, 8], "length") == "7|8"
     assert len(tok.calls) == 2 and here._text_tokenizer is tok  # asked for once, then kept
     old = SimpleNamespace(decode_here=False)  # a vLLM without SamplingParams.detokenize: its own text
-    assert VLLMEngine._text(old, SimpleNamespace(text="vllm's"), [7], "length") == "vllm's"
+    assert VLLMEngine.text_source(old)(SimpleNamespace(text="vllm's"), [7], "length") == "vllm's"
     assert completion_of(out, 5, lambda c, ids, finish: f"{ids}/{finish}").text == "[7, 8, 2]/stop"

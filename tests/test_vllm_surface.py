@@ -72,6 +72,9 @@ def test_engine_calls_exist(path):
     fields = set(f["sampling_params_fields"])
     assert vllm_surface.DETOKENIZE in fields
     assert (vllm_surface.FLAT_LOGPROBS in fields) == (f["version"] != "0.10.2")
+    want = {} if f["version"] == "0.10.2" else {vllm_surface.FLAT_LOGPROBS: True, vllm_surface.DETOKENIZE: False}
+    assert vllm_surface.output_asks(fields) == want
+    assert vllm_surface.output_asks({vllm_surface.FLAT_LOGPROBS}) == {vllm_surface.FLAT_LOGPROBS: True}
 
 
 @pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)

@@ -201,12 +201,11 @@ class VLLMEngine:
 
         self._SamplingParams = SamplingParams
         self._TokensPrompt = TokensPrompt
-        fields = vllm_surface.sampling_fields(SamplingParams)
-        self.flat_logprobs = vllm_surface.FLAT_LOGPROBS in fields
-        # The text decoded here, once per completion, instead of by vLLM at every step (DETOKENIZE).
-        # Only where flat logprobs exist too (0.11.1 on): the output path read for detokenize=False
-        # (no tokenizer, no logprob strings) is that of those releases; 0.10.2 keeps vLLM's text.
-        self.decode_here = vllm_surface.DETOKENIZE in fields and self.flat_logprobs
+        asks = vllm_surface.output_asks(vllm_surface.sampling_fields(SamplingParams))
+        self.flat_logprobs = vllm_surface.FLAT_LOGPROBS in asks
+        # The text decoded here, once per completion, instead of by vLLM at every step (DETOKENIZE;
+        # 0.11.1 on, see output_asks: 0.10.2 keeps vLLM's text).
+        self.decode_here = vllm_surface.DETOKENIZE in asks
         self._text_tokenizer: Any = None
         self.start_facts = self._check_probe()
 
@@ -504,8 +503,9 @@ class VLLMEngine:
             kw[vllm_surface.DETOKENIZE] = False
         return kw
 
-    def _text(self, c: Any, token_ids: list[int], finish: str) -> str:
-        return self._decoded(c, token_ids, finish) if self.decode_here else vllm_text(c, token_ids, finish)
+    def text_source(self) -> Callable[[Any, list[int], str], str]:
+        """Where a completion's text comes from under the current flags: decoded here or vLLM's."""
+        return self._decoded if self.decode_here else vllm_text
 
     def _decoded(self, c: Any, token_ids: list[int], finish: str) -> str:
         """The text decoded here, whatever vLLM was asked (the tokenizer is asked for once)."""
@@ -514,7 +514,7 @@ class VLLMEngine:
         return completion_text(self._text_tokenizer, token_ids, finish)
 
     def _completion(self, out: Any) -> Completion:
-        return completion_of(out, self.topk, self._text)
+        return completion_of(out, self.topk, self.text_source())
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)

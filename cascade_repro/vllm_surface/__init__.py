@@ -162,6 +162,14 @@ FLAT_LOGPROBS = "flat_logprobs"
 DETOKENIZE = "detokenize"
 
 
+def output_asks(fields: frozenset[str] | set[str]) -> dict[str, bool]:
+    """The SamplingParams keywords beyond ``logprobs`` that the engine sets on a release whose
+    SamplingParams has ``fields`` (the raw loops of the benchmarks ask the same)."""
+    if FLAT_LOGPROBS not in fields:
+        return {}
+    return {FLAT_LOGPROBS: True, **({DETOKENIZE: False} if DETOKENIZE in fields else {})}
+
+
 def sampling_fields(sampling_params_cls: Any) -> frozenset[str]:
     """The keyword fields this vLLM's SamplingParams takes (a msgspec Struct, or a plain class)."""
     fields = getattr(sampling_params_cls, "__struct_fields__", None)
