@@ -13,14 +13,17 @@ alike and no arm always follows the same other arm. The arms (``--arms``):
   logprobs where vLLM has them). The probe is idle (the previous harness wave's sync left it so).
 - **harness**: what a worker does now: ``VLLMEngine.run_wave`` (control writes, the sync RPC,
   conversion of the outputs) plus the worker's records (``worker.wave_records``) queued to a
-  background ``JsonlWriter``, held until the next wave's ``generate`` starts (``JsonlWriter.hold``).
-  A worker's writer encodes the last wave's records while the next wave generates, so this arm
-  replays its own previous wave's records into a second background writer, held and released the
-  same way: their JSON runs during this wave, and any GIL contention it causes lands in this arm's
-  time. What the writer still had left of this wave's own records when the wave returned is waited
-  for outside every arm (``drain``; the replay does that work inside).
-- **harness-nohold**: the same with the records started at once, as the writer did before
-  ``hold`` (2026-12-02: their JSON then slowed the next wave's ``reset_prefix_cache`` RPC).
+  background ``JsonlWriter``, which starts on them at once. A worker's writer encodes the last
+  wave's records while the next wave starts, so this arm replays its own previous wave's records
+  into a second background writer at the start of the wave: their JSON runs during this wave, and
+  any GIL contention it causes lands in this arm's time. What the writer still had left of this
+  wave's own records when the wave returned is waited for outside every arm (``drain``; the replay
+  does that work inside).
+- **harness-hold**: the same with the records held until the next wave's ``generate`` starts
+  (``JsonlWriter.hold``; the replay is held and released the same way). The worker held them for a
+  day: it took the JSON's contention out of the reset, but the b64 generate slowed by more on the
+  H200 (RESULTS.md 1i). The 2026-12-02 runs called this arm ``harness`` and the worker's current
+  form ``harness-nohold``, an arm kept under that name so their files still summarize.
 - **harness-fg**: records encoded and written in the foreground, as the worker did before its
   background writer.
 - **raw-nested** / **harness-nested**: both asking vLLM for the nested logprobs (a dict per token,
@@ -29,7 +32,7 @@ alike and no arm always follows the same other arm. The arms (``--arms``):
 - **harness-nogc**: the harness with Python's garbage collector off during the wave (the
   diagnosis that led to ``worker.freeze_heap``).
 - **harness-defer** (an experiment, not what the worker does): the harness with the conversion of
-  vLLM's outputs moved to the writer's thread too, held like the records: one job per wave converts,
+  vLLM's outputs moved to the writer's thread too, held as in harness-hold: one job per wave converts,
   builds the records and encodes them (36.7 ms of conversion per b64 wave stayed in the foreground
   in 1g).
 - **harness-loop**: the harness with vLLM's flat logprobs converted position by position
@@ -40,8 +43,10 @@ alike and no arm always follows the same other arm. The arms (``--arms``):
   vLLM has it. raw-detok against raw is what vLLM's detokenization costs a wave; harness-detok is paired
   with raw-detok.
 
-The default set is raw, harness and harness-nohold; ``--arms`` picks others (benchmarks/RESULTS.md
-1g ran raw, harness-nohold (then called harness), harness-fg, raw-nested and harness-nested).
+The default set is raw, harness and harness-hold; ``--arms`` picks others (benchmarks/RESULTS.md
+1g ran raw, harness (then the worker's only form), harness-fg, raw-nested and harness-nested).
+``--from-json A.json B.json ...`` runs nothing: it pools the waves those runs recorded and prints
+their table (RESULTS.md's pooled figures come from it).
 
 Each harness arm is paired with its raw twin (raw-nested for harness-nested, raw for the others).
 The cascade arm on both sides follows vLLM's heuristic (not forced), so an arm and its twin compute
@@ -92,7 +97,7 @@ class Arm:
     harness: bool
     flat: bool = True  # ask vLLM for flat logprobs (where it has them)
     background: bool = True  # records queued to a background writer (harness arms)
-    hold: bool = True  # the background writer waits for the next wave's generate (JsonlWriter.hold)
+    hold: bool = False  # the background writer waits for the next wave's generate (JsonlWriter.hold)
     nogc: bool = False
     defer: bool = False  # vLLM's outputs converted on the writer's thread, not in the wave (an experiment)
     whole_lists: bool = True  # flat logprobs converted by whole-list slices (False: position by position)
@@ -106,17 +111,18 @@ ARM_SPECS = {
         Arm("raw", harness=False),
         Arm("raw-nested", harness=False, flat=False),
         Arm("harness", harness=True),
-        Arm("harness-nohold", harness=True, hold=False),
+        Arm("harness-hold", harness=True, hold=True),
+        Arm("harness-nohold", harness=True),  # the 2026-12-02 runs' name for harness as it is now
         Arm("harness-fg", harness=True, background=False),
         Arm("harness-nested", harness=True, flat=False, background=False, twin="raw-nested"),
         Arm("harness-nogc", harness=True, nogc=True),
-        Arm("harness-defer", harness=True, defer=True),
+        Arm("harness-defer", harness=True, defer=True, hold=True),
         Arm("harness-loop", harness=True, whole_lists=False),
         Arm("raw-detok", harness=False, vllm_text=True),
         Arm("harness-detok", harness=True, vllm_text=True, twin="raw-detok"),
     )
 }
-DEFAULT_ARMS = ("raw", "harness", "harness-nohold")
+DEFAULT_ARMS = ("raw", "harness", "harness-hold")
 TARGET = 1.03
 OWN_PHASES = ("control_s", "sync_s", "convert_s", "records_s")  # the harness's work that raw does not do
 
@@ -140,8 +146,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--arms", default=",".join(DEFAULT_ARMS),
                     help=f"comma-separated, from {', '.join(ARM_SPECS)}; each harness arm needs its raw twin")  # fmt: skip
     ap.add_argument("--budget-s", type=float, default=480.0, help="stop starting rounds after this")
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, help="JSON with every wave of every arm (required unless --from-json)")
+    ap.add_argument("--from-json", type=Path, nargs="+", metavar="JSON",
+                    help="run nothing: pool the counted waves of these earlier --out files and print their table")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.from_json:
+        return args
+    if args.out is None:
+        ap.error("--out is required (or --from-json to summarize earlier runs)")
     names = [a.strip() for a in args.arms.split(",") if a.strip()]
     bad = [a for a in names if a not in ARM_SPECS]
     if bad:
@@ -324,8 +336,27 @@ def table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def pooled(files: list[Path]) -> tuple[dict[str, Any], int]:
+    """The summary of every counted wave in these runs' JSON, and how many files it read. An arm's
+    name means what it meant when each file was written (the module docstring lists the renames)."""
+    rows: list[dict[str, Any]] = []
+    for f in files:
+        rows += json.loads(f.read_text(encoding="utf-8"))["rows"]
+    return summarize(rows), len(files)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.from_json:
+        try:
+            summary, n = pooled(args.from_json)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"error: cannot read the runs: {type(e).__name__}: {e}", file=sys.stderr)
+            return 2
+        print(f"{n} run(s) pooled")
+        print(table(summary))
+        ratio = summary["overall"].get("harness", {}).get("ratio")
+        return 2 if ratio is None else (0 if ratio <= TARGET else 1)
     t_begin = time.monotonic()
     from cascade_repro import engines
     from cascade_repro.engines import vllm as vllm_engine
@@ -394,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             t = time.perf_counter()
             if out is writer:  # the previous wave's JSON, still being written as a worker's next wave starts
-                if arm.hold:  # as the worker holds it until this wave's generate starts
+                if arm.hold:  # harness-hold: held until this wave's generate starts
                     replay.hold()
                 for rec in last_records.get(arm.name, []):
                     replay.write(rec)

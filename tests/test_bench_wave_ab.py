@@ -94,6 +94,31 @@ def test_arms_are_checked(bench, tmp_path, capsys):
     assert bench.parse_args(["--out", out]).arm_names == bench.DEFAULT_ARMS
 
 
+def test_from_json_pools_the_counted_waves_of_several_runs(bench, tmp_path, capsys):
+    rows_a = [_row(1, 0, 1.0, 9.0, 9.0, warmup=True), _row(1, 1, 0.5, 0.55, 0.5)]
+    rows_b = [_row(8, 0, 3.0, 9.0, 9.0, warmup=True), _row(8, 1, 2.0, 2.0, 2.1), _row(8, 2, 2.0, 2.02, 2.0)]
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({"rows": rows_a}))
+    b.write_text(json.dumps({"rows": rows_b}))
+    summary, n = bench.pooled([a, b])
+    assert n == 2 and summary == bench.summarize(rows_a + rows_b)
+    assert summary["overall"]["harness"]["waves"] == 3  # the warm-ups of both runs are left out
+    assert summary["overall"]["harness"]["ratio"] == pytest.approx((0.55 + 2.0 + 2.02) / 4.5, abs=1e-4)
+    # 1.016 <= 1.03: exit 0, and the table is the pooled one.
+    assert bench.main(["--from-json", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("2 run(s) pooled\n") and "| harness | raw | **1.016** |" in out
+    # Over the target: 1; a file that is not a run: 2, one line on stderr, no traceback.
+    c = tmp_path / "c.json"
+    c.write_text(json.dumps({"rows": [_row(1, 1, 1.0, 1.2, 1.0)]}))
+    assert bench.main(["--from-json", str(c)]) == 1
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert bench.main(["--from-json", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot read the runs: KeyError") and "Traceback" not in err
+
+
 def runstore_lines(run_dir: Path) -> list[str]:
     from cascade_repro.run import runstore
 
@@ -109,8 +134,8 @@ def test_runs_every_arm_of_every_wave_against_the_fake_vllm(bench, fake_vllm, tm
     monkeypatch.setattr(runner, "visible_gpus", lambda: 1)
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     out = tmp_path / "ab.json"
-    arms = ["raw", "harness", "harness-nohold", "harness-fg", "raw-nested", "harness-nested", "harness-defer",
-            "harness-loop", "raw-detok", "harness-detok"]
+    arms = ["raw", "harness", "harness-hold", "harness-nohold", "harness-fg", "raw-nested", "harness-nested",
+            "harness-defer", "harness-loop", "raw-detok", "harness-detok"]
     rc = bench.main(["--limit", "8", "--batch", "1,8", "--waves", "2", "--rounds", "3", "--max-tokens", "4",
                      "--ignore-eos", "--gc-freeze", "--arms", ",".join(arms), "--out", str(out)])  # fmt: skip
     import gc
@@ -124,7 +149,7 @@ def test_runs_every_arm_of_every_wave_against_the_fake_vllm(bench, fake_vllm, tm
         (1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1), (1, 2, 0), (1, 2, 1), (8, 0, 0), (8, 1, 0), (8, 2, 0)]
     # The order walks through the rotations of the arms and of their reverse, by round + wave.
     orders = bench.arm_orders(arms)
-    assert len(orders) == 20 and all(r["order"] == orders[(r["round"] + r["wave"]) % 20] for r in rows)
+    assert len(orders) == 22 and all(r["order"] == orders[(r["round"] + r["wave"]) % 22] for r in rows)
     assert len({tuple(r["order"]) for r in rows}) == 4
     # Same engine, same heuristic: same tokens, nested or flat logprobs, text from vLLM or decoded here.
     assert all(r["identical"] and all(r["same_as_twin"].values()) for r in rows)
@@ -137,7 +162,7 @@ def test_runs_every_arm_of_every_wave_against_the_fake_vllm(bench, fake_vllm, tm
     # wave (8 requests, the minimum), never with one request.
     want = {1: {"steps": 0, "decode_steps": 0, "total_steps": 4}, 8: {"steps": 4, "decode_steps": 4, "total_steps": 4}}
     casc = [(r["batch"], v["cascade"]) for r in rows for v in r["arms"].values() if "cascade" in v]
-    assert len(casc) == 9 * 7 and all(c == want[b] for b, c in casc)  # 9 waves x 7 harness arms
+    assert len(casc) == 9 * 8 and all(c == want[b] for b, c in casc)  # 9 waves x 8 harness arms
     # The background arms replay their previous wave's records: the replay file holds each one's
     # predecessor (all but each arm's very first wave), the foreground file the fg and nested arms'
     # records (two arms x 9 waves x (samples + 1 wave record)).
@@ -145,20 +170,20 @@ def test_runs_every_arm_of_every_wave_against_the_fake_vllm(bench, fake_vllm, tm
     fg = (run_dir / "ab-foreground.jsonl").read_text().splitlines()
     assert sum('"type":"wave"' in line for line in fg) == 2 * 9
     replay = (run_dir / "ab-replay.jsonl").read_text().splitlines()
-    assert sum('"type":"wave"' in line for line in replay) == 5 * (9 - 1)
-    # The samples file: the five background arms' own records (harness-defer's written by its job
+    assert sum('"type":"wave"' in line for line in replay) == 6 * (9 - 1)
+    # The samples file: the six background arms' own records (harness-defer's written by its job
     # on the writer's thread), 9 waves each of 1 (b1) or 8 (b8) real prompts.
     own = runstore_lines(run_dir)
-    assert sum('"type":"wave"' in line for line in own) == 5 * 9
+    assert sum('"type":"wave"' in line for line in own) == 6 * 9
     samples = [json.loads(line) for line in own if '"type":"sample"' in line]
-    assert len(samples) == 5 * (6 * 1 + 3 * 8)
+    assert len(samples) == 6 * (6 * 1 + 3 * 8)
     assert all(len(x["token_ids"]) == 4 and len(x["topk"]) == 4 for x in samples)
     groups: dict = {}
     for x in samples:  # b1: 2 waves of 1 prompt, b8: 1 of 8; each once per arm and round, converted alike
         groups.setdefault((x["cell_id"], x["wave"], x["prompt_index"]), []).append(x)
     # harness-loop's lists, converted position by position, are the whole-list arms' lists, and
     # harness-detok's text, vLLM's, is the text the others decoded.
-    assert len(groups) == 2 + 8 and all(len(g) == 5 * 3 and all(y == g[0] for y in g) for g in groups.values())
+    assert len(groups) == 2 + 8 and all(len(g) == 6 * 3 and all(y == g[0] for y in g) for g in groups.values())
     assert {x["text"] for x in samples if x["prompt_index"] == 7} == {"!!!!"}  # 17 x 4; ids 10-16 are special
     from cascade_repro.engines import vllm as vllm_engine
 

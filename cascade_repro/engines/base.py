@@ -67,7 +67,7 @@ class Engine(Protocol):
         set (None: the engine measures this wave's own); the vLLM engine warms exactly that much into
         its prefix cache, the hf engine's reference cascade splits there. ``before_generate`` is
         called once the wave's own generation is about to start, after any reset and warm-up (the
-        worker releases the last wave's held records there).
+        benchmarks' ``harness-hold`` arm releases the last wave's held records there).
         """
 
     def close(self) -> None:

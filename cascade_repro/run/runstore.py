@@ -354,11 +354,12 @@ class JsonlWriter:
     counts only what reached the file.
 
     ``hold`` makes the thread stop at that point of the queue until ``release`` (or ``wait``,
-    ``sync``, ``close``, or :attr:`HOLD_MAX_S`): the worker holds a wave's records until the next
-    wave's ``generate`` is under way. Started at once, their JSON competed for the GIL with that
-    wave's ``reset_prefix_cache`` RPC, which grew from ~14 to ~37 ms at b64 on an H200 host
-    (benchmarks/RESULTS.md 1g); during ``generate`` the main thread mostly waits on the GPU.
-    In the foreground both are no-ops.
+    ``sync``, ``close``, or :attr:`HOLD_MAX_S`). The worker does not hold. Started at once, a wave's
+    JSON competes for the GIL with the next wave's ``reset_prefix_cache`` RPC (~14 to ~37 ms at b64
+    on an H200 host, benchmarks/RESULTS.md 1g); held until that wave's ``generate`` started, it slowed
+    the generate by more, since at b >= 32 the LLM process's output handling, not the GPU, bounds a
+    wave (RESULTS.md 1i). The benchmarks' ``harness-hold`` arm and ``bench_writer_contention`` keep
+    measuring it. In the foreground both are no-ops.
     """
 
     _WRITE, _RAW, _FLUSH, _WAIT, _STOP, _HOLD = range(6)

@@ -125,12 +125,11 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
                     cell.arm,
                     spec.max_tokens,
                     prefix_len=shared,
-                    before_generate=writer.release,
                 )
                 samples, wave_rec = typed_wave_records(cid, w, wave, comps, stats, prompts, hashes, rendered)
-                # A background writer keeps these until the next wave's generate is under way (or
-                # the cell's sync): their JSON then overlaps the GPU, not the next wave's reset RPC.
-                writer.hold()
+                # A background writer starts on these at once. Held until the next wave's generate
+                # (JsonlWriter.hold), their JSON took the reset's contention away but slowed the b64
+                # generate by more on the H200 (benchmarks/RESULTS.md 1i): they are not held.
                 for rec in samples:
                     writer.write(rec)
                 # Generation, conversion and the records (their JSON too, unless a background
