@@ -21,8 +21,10 @@ writer encodes ``--batch`` real sample records (128 tokens, top-5, float32 logpr
 writes them) in one of three modes, each wave in a rotating order:
 
 - **none**: no writer work (the floor);
-- **nohold**: the records queued as the wave starts (the writer before ``hold``);
-- **hold**: queued behind ``hold()`` and released when the generate starts (the worker now).
+- **nohold**: the records queued as the wave starts (what the worker does);
+- **hold**: queued behind ``hold()`` and released when the generate starts (the worker for a few
+  hours: on the H200 the held JSON slowed the b64 generate by more than it saved in the reset,
+  RESULTS.md 1i, a cost this model, with its light output handling, did not show).
 
     python benchmarks/bench_writer_contention.py --batch 64 --waves 12
 
