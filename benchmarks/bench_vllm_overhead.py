@@ -792,6 +792,9 @@ def main(argv: list[str] | None = None) -> int:
     save()
 
     # --- harness (and the baseline code, when given) ---------------------------------------------
+    # The run-directory layout of this checkout, whichever code runs the CLI.
+    from cascade_repro.run import runstore
+
     def harness_phase(label: str, src: Path | None, time_left: float) -> tuple[dict[str, Any], dict, list]:
         """Run the CLI once (``src``: another copy of cascade_repro first on the path); return its results."""
         results_dir = work / f"results-{label}"
@@ -799,8 +802,8 @@ def main(argv: list[str] | None = None) -> int:
         h_seen: set[str] = set()
 
         def poll_harness() -> bool:
-            for path in sorted((run_dir / "samples").glob("*.jsonl")):
-                for r in read_jsonl(path, skip_prefix=b'{"type":"sample"'):
+            for path in runstore.samples_files(run_dir):
+                for r in read_jsonl(path, skip_prefix=runstore.SAMPLE_PREFIX):
                     t = r.get("type")
                     if t == "engine" and "engine" not in h_seen:
                         h_seen.add("engine")
@@ -832,7 +835,7 @@ def main(argv: list[str] | None = None) -> int:
             logs.append(f"\n===== {wl.name} =====\n".encode() + _tail(wl))
         out.with_name(f"{out.stem}-{label}.log").write_bytes(b"".join(logs)[-2 * LOG_TAIL_BYTES :])
         records: list[dict[str, Any]] = []
-        for path in sorted((run_dir / "samples").glob("*.jsonl")):
+        for path in runstore.samples_files(run_dir):
             records += read_jsonl(path)
         engine, h_cells, h_outputs = harness_cells(records)
         errors = {r["cell_id"]: r.get("reason") for r in records if r.get("type") == "cell_error"}

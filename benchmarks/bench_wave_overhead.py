@@ -162,9 +162,9 @@ def make_outputs(batch: int, max_tokens: int, topk: int, extra_rate: float, seed
     return outs
 
 
-def convert(shim: Any, outs: list[Any]) -> list[Any]:
+def convert(k: int, outs: list[Any]) -> list[Any]:
     """What ``VLLMEngine.run_wave`` returns, with vLLM's own text: ``engines.vllm.completion_of``."""
-    return [completion_of(o, shim.topk) for o in outs]
+    return [completion_of(o, k) for o in outs]
 
 
 def write_wave(
@@ -243,7 +243,6 @@ def measure_batch(batch: int, a: argparse.Namespace, workdir: Path, tok: Any = N
     outs = make_outputs(batch, a.max_tokens, a.topk, a.extra_rate, seed=a.seed + batch)
     # The conversion columns time vLLM's text as it comes (detokenize=True); the text decode the
     # engine does instead where vLLM has detokenize (completion_text) is timed on its own below.
-    shim = SimpleNamespace(topk=a.topk)
     rng = random.Random(a.seed)
     rendered = [[rng.randrange(VOCAB) for _ in range(PROMPT_TOKENS)] for _ in range(batch)]
     ctx = {
@@ -256,19 +255,19 @@ def measure_batch(batch: int, a: argparse.Namespace, workdir: Path, tok: Any = N
     stats = _stats(batch, a.max_tokens)
     if a.gc_freeze:  # as the worker does after its engine start: these outputs stand in for its heap
         freeze_heap()
-    comps = convert(shim, outs)
+    comps = convert(a.topk, outs)
     assert all(len(s) == a.topk for c in comps for s in c.topk)
     budget = a.budget_s
 
-    conv = _timed(lambda r: convert(shim, outs), a.reps, a.min_reps, budget)
+    conv = _timed(lambda r: convert(a.topk, outs), a.reps, a.min_reps, budget)
     flat = flat_outputs(outs, a.topk)
-    flat_comps = convert(shim, flat)
+    flat_comps = convert(a.topk, flat)
     assert [c.topk for c in flat_comps] == [c.topk for c in comps]  # the same conversion, cheaper
-    conv_flat = _timed(lambda r: convert(shim, flat), a.reps, a.min_reps, budget)
+    conv_flat = _timed(lambda r: convert(a.topk, flat), a.reps, a.min_reps, budget)
     # The same with the whole-list path switched off: every position through the loop, as before it.
     with mock.patch("cascade_repro.engines.vllm.uniform_topk", return_value=None):
-        assert [c.topk for c in convert(shim, flat)] == [c.topk for c in comps]
-        conv_flat_loop = _timed(lambda r: convert(shim, flat), a.reps, a.min_reps, budget)
+        assert [c.topk for c in convert(a.topk, flat)] == [c.topk for c in comps]
+        conv_flat_loop = _timed(lambda r: convert(a.topk, flat), a.reps, a.min_reps, budget)
 
     res: dict[str, Any] = {"batch": batch}
     last: dict[str, list[float]] = {}

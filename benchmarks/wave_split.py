@@ -25,12 +25,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from cascade_repro.run import runstore  # noqa: E402 - light: no torch, no vLLM
+
 STEP_KEYS = ("decode_cascade_s", "decode_flat_s", "prefill_s")
 
 
 def _lines(path: Path) -> Iterator[bytes]:
     if path.is_dir():
-        for f in sorted((path / "samples").glob("*.jsonl")):
+        for f in runstore.samples_files(path):
             yield from f.read_bytes().splitlines()
     elif path.name.endswith((".tgz", ".tar.gz")):
         with tarfile.open(path) as tf:
