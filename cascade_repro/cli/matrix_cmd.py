@@ -39,6 +39,8 @@ from cascade_repro.cli.options import (
     PromptField,
     Prompts,
     Quiet,
+    Reference,
+    ReferenceDevice,
     RepDelta,
     ResultsDir,
     RunId,
@@ -293,6 +295,8 @@ def matrix(
     rep_delta: RepDelta = THRESHOLDS.rep_delta,
     min_topk_violations: MinTopkViolations = THRESHOLDS.min_topk_violations,
     drift_min: DriftMin = THRESHOLDS.drift_min,
+    reference: Reference = "auto",
+    reference_device: ReferenceDevice = "auto",
     calibrate: Annotated[
         str | None,
         option(
@@ -318,9 +322,11 @@ def matrix(
     against a noise control that is a different-but-equivalent computation: flat at batch B vs flat
     at another batch (added by the planner when the matrix has one batch size), or under
     `--arm-switch restart` a flat rerun in another engine start. A pair is a `regression` when its
-    logprob drift on agreeing tokens exceeds the control's beyond the permutation null and
-    --drift-min, or when divergence counts, top-k violations or repetition exceed the noise floor.
-    Verdicts: `not exercised`, `identical`, `within noise`, `regression`, `inconclusive`.
+    error against a more precise reference computation of the same model (--reference) exceeds
+    its twin's beyond chance and beyond what this run's own flat-vs-flat controls show. With
+    --reference off, when its logprob drift on agreeing tokens exceeds the control's beyond the
+    permutation null and --drift-min, or when divergence counts, top-k violations or repetition
+    exceed the noise floor. Verdicts: `not exercised`, `identical`, `within noise`, `regression`, `inconclusive`.
 
     Examples:
 
@@ -349,6 +355,9 @@ def matrix(
         thresholds = Thresholds(
             alpha=alpha, rep_delta=rep_delta, min_topk_violations=min_topk_violations, drift_min=drift_min
         )
+        from cascade_repro.run.reference import ReferenceOptions
+
+        ref_opts = ReferenceOptions(reference, reference_device)
         from cascade_repro.plan.shard import Shard
 
         shard_ = Shard.parse(shard) if shard is not None else None
@@ -371,7 +380,7 @@ def matrix(
             if run_id is not None:
                 check_run_id(run_id)
             check_model(spec.model)  # a typo in --model fails now, not after the plan looked fine
-            _print_plan(spec, shard_, results_dir / (run_id or default_run_id(spec)))
+            _print_plan(spec, shard_, results_dir / (run_id or default_run_id(spec)), ref_opts)
             return
         from cascade_repro.run.runner import RunOptions, run_matrix
 
@@ -385,6 +394,7 @@ def matrix(
             progress=not quiet,
             shard=shard_,
             allow_mixed=allow_mixed,
+            reference=ref_opts,
         )
         console = err_console()
         outcome = run_matrix(spec, opts, console)
@@ -476,7 +486,7 @@ def _short_prefix_warning(spec: Any, system_text: str, records: list[Any]) -> st
     return f"shared prefix is {shared} tokens (< {MIN_CASCADE_PREFIX}): cascade cannot fire"
 
 
-def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None) -> None:
+def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, reference: Any = None) -> None:
     """Print every cell (of the shard, if given), its engine and wave count; then the engine-start
     count and the time estimate (refined by ``run_dir``'s waves when that run already has some)."""
     from rich.table import Table
@@ -535,6 +545,15 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None) -> No
         for k, ep in engines.items()
     }
     console.print(estimate.for_plan(spec.to_dict(), n, planned, run_dir, gpu).line(), highlight=False)
+    if reference is not None:
+        from cascade_repro.run.runner import reference_cost
+
+        if (cost := reference_cost(spec, reference, n * cells)) is not None:
+            console.print(cost.line(), highlight=False, markup=False)
+            if not cost.fits:
+                from cascade_repro.errors import UsageError
+
+                raise UsageError(cost.refusal(spec.model))
     if spec.engine_args:
         from rich.markup import escape
 

@@ -258,3 +258,30 @@ DriftMin = Annotated[
         metavar="RATIO",
     ),
 ]
+
+Reference = Annotated[
+    str,
+    option(
+        "What each arm is judged against: every token it generated is read again, teacher-forced, by the same "
+        "weights at more precision (plain attention, one sequence per row, TF32 off), after the engines have "
+        "exited. `auto`: float64 where the arms ran float32 (the hf engine on CPU), float32 where they ran "
+        "bf16/fp16. Where it ran, it decides: `regression` when the test arm's mean error against it exceeds its "
+        "twin's (sign and Wilcoxon tests, the better doubled, below --alpha) by more than the largest ratio this "
+        "run's own flat-vs-flat controls show. `off`: the arm-vs-arm rule of --drift-min and the Fisher tests "
+        "decides, and the report says so." + default("auto"),
+        VERDICTS,
+        "--reference",
+        metavar="auto|fp32|fp64|off",
+    ),
+]
+
+ReferenceDevice = Annotated[
+    str,
+    option(
+        "Where the reference runs: `cuda`, `cuda:N`, `cpu`, or `balanced` (layers spread over the GPUs and the CPU "
+        "by accelerate, for a model whose float32 weights do not fit one GPU)." + default("auto"),
+        VERDICTS,
+        "--reference-device",
+        metavar="DEVICE",
+    ),
+]

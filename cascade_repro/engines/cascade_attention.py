@@ -57,10 +57,16 @@ class CascadeState:
     calls: int = 0
     common_prefix_len: int = 0
     decisions: list[bool] = field(default_factory=list)
+    step: int = 0  # this wave's step: the generated token it produces (the prefill produces token 0)
 
     def reset_counters(self) -> None:
-        self.steps_total = self.steps_cascade = self.steps_cascade_decode = self.calls = 0
+        self.steps_total = self.steps_cascade = self.steps_cascade_decode = self.calls = self.step = 0
         self.decisions = []
+
+    def fault_now(self) -> str | None:
+        """The injection this step carries: none before an ``@STEP`` onset."""
+        fault = _fault(self.inject)
+        return self.inject if fault is not None and fault.active(self.step) else None
 
     def begin_step(self, n_requests: int, decode: bool = False) -> bool:
         """Decide whether this forward step runs cascade, with vLLM's hard conditions.
@@ -72,6 +78,7 @@ class CascadeState:
         use = self.arm == TWIN.test and aligned >= MIN_COMMON_PREFIX and n_requests >= MIN_REQUESTS
         self.use_now = use
         self.common_prefix_len = aligned if use else 0
+        self.step = self.steps_total
         self.steps_total += 1
         self.steps_cascade += int(use)
         self.steps_cascade_decode += int(use and decode)
@@ -325,7 +332,7 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
             ("cascade", g, aligned),
             lambda: _grouped_mask(attention_mask[..., aligned:], g).logical_not_(),
         )
-        out = _cascade(query, key, value, suffix_masked_out, scale, aligned, STATE.inject)
+        out = _cascade(query, key, value, suffix_masked_out, scale, aligned, STATE.fault_now())
     else:
         add_mask = _STEP_MASKS.get(
             attention_mask,

@@ -14,10 +14,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from cascade_repro.judge import reference_verdict as refv
 from cascade_repro.judge import speed
 from cascade_repro.judge.ifeval.score import paired_if, score_response
 from cascade_repro.judge.metrics.divergence import divergence_metrics
 from cascade_repro.judge.metrics.drift import drift_floor, drift_triple
+from cascade_repro.judge.metrics.reference import ArmError, arm_error, by_step_mean
 from cascade_repro.judge.metrics.repetition import repetition_metrics
 from cascade_repro.judge.tables import PAIR_COLUMNS
 from cascade_repro.judge.verdicts import (
@@ -50,6 +52,8 @@ class CellSamples:
     rep: dict[int, dict[str, Any]] = field(default_factory=dict)
     # Instruction following per prompt index: (strict, loose); only prompts that could be scored.
     ifs: dict[int, tuple[bool, bool]] = field(default_factory=dict)
+    # The error against the reference per prompt index (only prompts the reference scored).
+    ref: dict[int, ArmError] = field(default_factory=dict)
 
 
 def compact_topk(topk: list) -> Any:
@@ -80,11 +84,19 @@ def load_prompts(run_dir: Path) -> list[Any]:
 
 
 def load_cell_samples(
-    run_dir: Path, engine_keys: Iterable[str], wanted: set[str], prompts: list[Any] | None = None
+    run_dir: Path,
+    engine_keys: Iterable[str],
+    wanted: set[str],
+    prompts: list[Any] | None = None,
+    reference: dict[str, Any] | None = None,
 ) -> dict[str, CellSamples]:
-    """Stream every samples file once, scoring repetition (and, given prompts, instruction following) as records go by."""
+    """Stream every samples file once, scoring repetition (and, given prompts, instruction following;
+    given the reference's rows by fingerprint, the error against it) as records go by."""
+    from cascade_repro.run.reference import fingerprint
+
     out: dict[str, CellSamples] = {}
     prompts = prompts or []
+    reference = reference or {}
     for key in engine_keys:
         for rec in runstore.iter_samples(runstore.samples_path(run_dir, key), wanted):
             cs = out.setdefault(rec["cell_id"], CellSamples())
@@ -97,6 +109,12 @@ def load_cell_samples(
                 rec["token_ids"], rec.get("text", ""), rec.get("finish_reason", "")
             )
             cs.ifs.pop(i, None)  # a later record of the same prompt replaces an earlier one
+            cs.ref.pop(i, None)
+            ph = rec.get("prompt_hash")
+            if reference and isinstance(ph, str) and isinstance(rec["token_ids"], list):
+                row = reference.get(fingerprint(ph, rec["token_ids"]))
+                if row is not None:
+                    cs.ref[i] = arm_error(cs.logprobs[i], row.lp, row.argmax_lp)
             if isinstance(i, int) and 0 <= i < len(prompts) and prompts[i].key == cs.keys[i]:
                 sc = score_response(prompts[i], rec.get("text") or "")
                 if sc["strict"] is not None:
@@ -326,6 +344,10 @@ def compare_pair(
                 "len_test": a.rep[i]["length"],
                 "len_ref": b.rep[i]["length"],
                 **drift,
+                "ref_err_test": a.ref[i].mean_abs if i in a.ref else float("nan"),
+                "ref_err_ref": b.ref[i].mean_abs if i in b.ref else float("nan"),
+                "ref_regret_test": a.ref[i].regret if i in a.ref else float("nan"),
+                "ref_regret_ref": b.ref[i].regret if i in b.ref else float("nan"),
             }
         )
     diverged = [r for r in rows if not r["exact"]]
@@ -371,6 +393,8 @@ def compare_pair(
         # bias statistics are computed from.
         "_agreeing": agreeing,
         "drift_tokens": int(sum(t["drift_positions"] for t in agreeing)),
+        # Both arms' errors against the reference, prompt by prompt (where it scored both).
+        "_ref": [(a.ref[i], b.ref[i]) for i in common if i in a.ref and i in b.ref],
     }
     return agg, rows
 
@@ -384,7 +408,11 @@ def build_tables(
     pair_specs = plan_pairs(cells)
     candidates = control_candidates(pair_specs)
     wanted = {c.cell_id for c in cells}
-    samples = load_cell_samples(run_dir, m.plan.engines, wanted, load_prompts(run_dir))
+    from cascade_repro.run.reference import read_reference
+
+    ref_rows, ref_start = read_reference(run_dir)
+    reference = str(ref_start.get("dtype") or "") if ref_rows else ""
+    samples = load_cell_samples(run_dir, m.plan.engines, wanted, load_prompts(run_dir), ref_rows)
     cells_df = cell_rows(m, run_dir, samples)
     by_id = cells_df.set_index("cell_id").to_dict("index")
     progress = {k: runstore.read_progress(runstore.samples_path(run_dir, k)) for k in m.plan.engines}
@@ -420,6 +448,20 @@ def build_tables(
             noise_div[k] = agg
         noise_topk[k] = max(noise_topk.get(k, 0), agg["topk_violations"])
 
+    # Every pair's errors against the reference, controls included: the controls' ratios are this
+    # run's measured null, the minimum effect a test pair must exceed (reference_verdict.py).
+    ref_stats: dict[str, refv.RefStats] = {}
+    for agg, ps in zip(aggs, pair_specs, strict=True):
+        both = agg.pop("_ref")
+        floor = drift_floor(by_id.get(ps.test.cell_id, {}).get("dtype_effective"))
+        stats = refv.reference_stats([x for x, _ in both], [y for _, y in both], floor, thresholds)
+        ref_stats[ps.pair_id] = stats
+        agg.update(_ref_columns(stats, both, reference))
+    ref_controls: dict[tuple, list[tuple[str, refv.RefStats]]] = {}
+    for ps in pair_specs:
+        if ps.kind in FLOOR_KINDS:
+            ref_controls.setdefault(twin_key(ps.test), []).append((ps.pair_id, ref_stats[ps.pair_id]))
+
     for agg, ps in zip(aggs, pair_specs, strict=True):
         mean, lo, hi = paired_bootstrap_ci(
             agg.pop("_deltas"), thresholds.bootstrap, thresholds.ci, thresholds.seed
@@ -440,8 +482,9 @@ def build_tables(
             agg.update(noise_pair_id="", noise_n=0, noise_n_diverged=0, noise_topk_violations=0)
             agg.update(_drift_columns(None, None, "", None))
             agg.update(
-                p_divergence=float("nan"), p_topk=float("nan"), verdict="control", reasons="", decided_by=""
-            )
+                p_divergence=float("nan"), p_topk=float("nan"), verdict="control", reasons="", decided_by="",
+                rule="", ref_min_effect=float("nan"), ref_min_effect_pair="",
+            )  # fmt: skip
             continue
         tk = twin_key(ps.test)
         noise = noise_div.get(tk)
@@ -485,10 +528,20 @@ def build_tables(
             bias=bias,
             cascade_decode_steps=decode_steps,
         )
-        dec = decide(ev, thresholds, has_noise=noise is not None and noise["n"] > 0)
+        has_noise = noise is not None and noise["n"] > 0
+        dec = decide(ev, thresholds, has_noise=has_noise)
+        floor_of, floor_id = refv.min_effect(ref_controls.get(tk, []))
+        noise_text = (
+            f"diverged {ev.n_diverged}/{ev.n} vs {ev.noise_n_diverged}/{ev.noise_n} in the control"
+            if has_noise
+            else f"diverged {ev.n_diverged}/{ev.n}"
+        )
+        dec = refv.decide(dec, ref_stats[ps.pair_id], floor_of, floor_id, thresholds, reference,
+                          n_diverged=ev.n_diverged, noise_text=noise_text)  # fmt: skip
         agg.update(
             p_divergence=dec.p_divergence, p_topk=dec.p_topk, verdict=dec.verdict, reasons=dec.reasons,
-            decided_by=dec.decided_by,
+            decided_by=dec.decided_by, rule=dec.rule, ref_min_effect=floor_of if dec.rule == refv.RULE_REFERENCE else float("nan"),
+            ref_min_effect_pair=floor_id if dec.rule == refv.RULE_REFERENCE else "",
         )  # fmt: skip
 
     pairs_df = pd.DataFrame(aggs, columns=PAIR_COLUMNS)
@@ -528,6 +581,38 @@ def _speed_columns(
             out["speed_ratio_hi"],
         )
     return out
+
+
+def _ref_columns(
+    stats: refv.RefStats, both: list[tuple[ArmError, ArmError]], reference: str
+) -> dict[str, Any]:
+    """The reference columns of one pair (NaN where the reference did not score it)."""
+    import json
+
+    def curve(errs: list[ArmError]) -> str:
+        vals = by_step_mean([e.by_step for e in errs])
+        return json.dumps([round(v, 6) if v == v else None for v in vals]) if vals else ""
+
+    return {
+        "reference": reference if stats.measured else "",
+        "ref_n": stats.n,
+        "ref_err_test": stats.test,
+        "ref_err_twin": stats.twin,
+        "ref_ratio": stats.ratio,
+        "ref_ratio_lo": stats.lo,
+        "ref_ratio_hi": stats.hi,
+        "ref_up": stats.up,
+        "ref_down": stats.down,
+        "p_ref_sign": stats.p_sign,
+        "p_ref_wilcoxon": stats.p_wilcoxon,
+        "p_ref": stats.p,
+        "ref_regret_test": stats.regret_test,
+        "ref_regret_twin": stats.regret_twin,
+        "ref_signed_test": stats.signed_test,
+        "ref_signed_twin": stats.signed_twin,
+        "ref_by_step_test": curve([a for a, _ in both]),
+        "ref_by_step_twin": curve([b for _, b in both]),
+    }
 
 
 def _drift_columns(

@@ -30,10 +30,16 @@ PAIR_COLUMNS = [
     "decided_by", "reasons", "if_n", "if_strict_test", "if_strict_ref", "if_strict_delta", "if_loose_delta",
     "if_gained", "if_lost", "p_if", "speed_ratio", "speed_ratio_lo", "speed_ratio_hi", "speed_waves",
     "wall_ratio", "predicted_speedup", "speed_flag",
+    # Against the reference (judge/reference_verdict.py); empty where no reference ran.
+    "rule", "reference", "ref_n", "ref_err_test", "ref_err_twin", "ref_ratio", "ref_ratio_lo", "ref_ratio_hi",
+    "ref_up", "ref_down", "p_ref_sign", "p_ref_wilcoxon", "p_ref", "ref_min_effect", "ref_min_effect_pair",
+    "ref_regret_test", "ref_regret_twin", "ref_signed_test", "ref_signed_twin", "ref_by_step_test",
+    "ref_by_step_twin",
 ]  # fmt: skip
 
 COMPARISON_COLUMNS = (
     "pair_id prompt_index prompt_key exact first_div common_prefix_ratio edit_distance topk_ok "
     "margin_test margin_ref dlogprob_mean dlogprob_max seq_rep_4_test seq_rep_4_ref len_test len_ref "
-    "drift_positions drift_test drift_control bias_test bias_control topk_drift_test topk_drift_control"
+    "drift_positions drift_test drift_control bias_test bias_control topk_drift_test topk_drift_control "
+    "ref_err_test ref_err_ref ref_regret_test ref_regret_ref"
 ).split()

@@ -214,6 +214,58 @@ def drift_ratio_stats(
     )
 
 
+def sign_test_greater(up: int, down: int) -> float:
+    """Exact one-sided sign test: P(at least ``up`` heads in ``up + down`` fair tosses)."""
+    n = up + down
+    if n == 0:
+        return 1.0
+    tail = sum(math.exp(_log_comb(n, i) - n * math.log(2)) for i in range(up, n + 1))
+    return min(1.0, tail)
+
+
+WILCOXON_EXACT_MAX_N = 60  # exact null by counting subsets of ranks up to here (no tied ranks)
+
+
+def wilcoxon_greater(diffs: Sequence[float]) -> float:
+    """One-sided Wilcoxon signed-rank test that the differences lean positive; zeros are dropped.
+
+    Ranks of |d| with ties averaged. Exact (the null's distribution counted over every sign
+    pattern) for up to ``WILCOXON_EXACT_MAX_N`` differences without tied ranks; otherwise the
+    normal approximation with the tie correction and a continuity correction.
+    """
+    d = [float(x) for x in diffs if math.isfinite(x) and x != 0]
+    n = len(d)
+    if n == 0:
+        return 1.0
+    order = sorted(range(n), key=lambda i: abs(d[i]))
+    ranks = [0.0] * n
+    ties: list[int] = []
+    i = 0
+    while i < n:
+        j = i
+        while j + 1 < n and abs(d[order[j + 1]]) == abs(d[order[i]]):
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        ties.append(j - i + 1)
+        i = j + 1
+    w = sum(r for r, x in zip(ranks, d, strict=True) if x > 0)
+    if n <= WILCOXON_EXACT_MAX_N and all(t == 1 for t in ties):
+        top = n * (n + 1) // 2
+        counts = [1] + [0] * top  # subsets of {1..n} by their sum
+        for r in range(1, n + 1):
+            for s in range(top, r - 1, -1):
+                counts[s] += counts[s - r]
+        need = math.ceil(w - 1e-9)
+        return min(1.0, sum(counts[need:]) / 2.0**n)
+    mean = n * (n + 1) / 4
+    var = n * (n + 1) * (2 * n + 1) / 24 - sum(t**3 - t for t in ties) / 48
+    if var <= 0:
+        return 1.0
+    z = (w - mean - 0.5) / math.sqrt(var)
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
 @dataclass
 class BiasStats:
     """Which way cascade moves the chosen token's logprob, prompt by prompt, with a sign test."""
@@ -297,6 +349,7 @@ class Decision:
     p_divergence: float
     p_topk: float
     decided_by: str = ""  # comma list of the evidence that fired: bias, drift, divergence, top-k, repetition
+    rule: str = "arm-vs-arm"  # which rule decided: "reference" (reference_verdict.py) or "arm-vs-arm"
 
 
 def depth(cascade_steps: int, cascade_decode_steps: int | None) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from html import escape
 
 from cascade_repro.report import content as c
+from cascade_repro.report import reference as ref
 from cascade_repro.report import svg
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.load import Example, RunData
@@ -13,6 +14,7 @@ from cascade_repro.run import runstore
 from cascade_repro.twin import CASCADE as TWIN
 
 CSS = """
+.multiples { display: flex; flex-wrap: wrap; gap: 8px; }
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#1f2328;background:#fff}
 main{max-width:1280px;margin:0 auto;padding:16px 24px}
 h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #d0d7de}
@@ -122,6 +124,14 @@ class HtmlFormatter(ReportFormatter):
         for note in (c.drift_note(data), c.if_note(data)):
             if note:
                 out.append(f'<p class="cap">{escape(note)}</p>')
+        out += ["<h2>Against the reference</h2>", f"<p>{escape(ref.rule_note(data))}</p>"]
+        if ref.has_reference(data):
+            out += [
+                html_table(ref.reference_table(data), "no pair scored"),
+                f'<p class="cap">{escape(ref.REFERENCE_NOTE)}</p>',
+                ref.by_step_plots(data),
+                f'<p class="cap">{escape(ref.BY_STEP_NOTE)}</p>',
+            ]
         if c.has_speed(data):
             out += ["<h2>Decode speed</h2>", html_table(c.speed_table(data), "no timed pairs")]
             out.append(f'<p class="cap">{escape(c.SPEED_NOTE)}</p>')

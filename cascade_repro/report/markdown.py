@@ -6,6 +6,7 @@ import html
 import re
 
 from cascade_repro.report import content as c
+from cascade_repro.report import reference as ref
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.load import Example, RunData
 from cascade_repro.report.text import clean, fence_for, md_escape_html, md_table_rows, one_line
@@ -148,6 +149,17 @@ class MarkdownFormatter(ReportFormatter):
         for note in (c.drift_note(data), c.if_note(data), c.unscored_note(data)):
             if note:
                 out += [f"_{md_text(note)}_", ""]
+        out += ["### Against the reference", "", md_text(ref.rule_note(data)), ""]
+        if ref.has_reference(data):
+            out += [
+                *md_table(ref.reference_table(data), "no pair scored"),
+                "",
+                f"_{md_text(ref.REFERENCE_NOTE)}_",
+                "",
+            ]
+            if lines := ref.by_step_lines(data):
+                out += ["<details><summary>Error against the reference by decode step</summary>", "",
+                        *(f"- {md_text(line)}" for line in lines), "", "</details>", ""]  # fmt: skip
         if c.has_speed(data) and "speed" not in drop:
             out += ["### Decode speed", "", *md_table(c.speed_table(data), "no timed pairs"), ""]
             out += [f"_{md_text(c.SPEED_NOTE)}_", ""]

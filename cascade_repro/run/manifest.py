@@ -301,6 +301,8 @@ class Manifest(_Section):
     vllm_collect_env: Any = None
     shard: str | None = None
     predictions: dict[str, Any] | None = None
+    # The reference pass (run/reference.py): precision, device, status, sequences scored, seconds.
+    reference: dict[str, Any] | None = None
     invocations: list[Invocation] | None = None
     mixed_stack: list[str] | None = None
     # merged runs (merge.py)

@@ -32,6 +32,7 @@ from cascade_repro.run.manifest import (
     Timings,
     as_manifest,
 )
+from cascade_repro.run.reference import ReferenceOptions
 
 POLL_S = 0.5
 FA2_JIT_NOTE = "compiling FlashAttention 2 kernels for this GPU, first run only: about 3 min"
@@ -50,6 +51,7 @@ class RunOptions:
     progress: bool = True
     shard: Shard | None = None  # run only this shard's engine keys (see shard.py); not part of the matrix
     allow_mixed: bool = False  # resume under another vLLM/torch/transformers/GPU than the run began with
+    reference: ReferenceOptions = field(default_factory=ReferenceOptions)  # what the judge compares with
 
 
 @dataclass
@@ -494,6 +496,97 @@ def _run_worker(
     return rc, f"worker exited with code {rc}" + (f": {line}" if line else "")
 
 
+def arm_dtypes(run_dir: Path, run: Manifest) -> list[str]:
+    """The dtypes the arms ran in, as their engines reported them (the plan's where none did)."""
+    out = []
+    for key, ep in run.plan.engines.items():
+        eff = runstore.read_progress(runstore.samples_path(run_dir, key)).engine.get("effective") or {}
+        out.append(str(eff.get("dtype") or ep.dtype).replace("torch.", ""))
+    return out
+
+
+def planned_dtypes(spec: MatrixSpec, model_path: str | None = None) -> list[str]:
+    """The dtypes the arms will run in, before any engine has said (``auto`` resolved as the engines do:
+    float32 for the hf engine on a CPU, the model's bf16/fp16 on a GPU; vLLM never runs float32 for
+    ``auto``)."""
+    info = engine_info(spec.engine)
+    cpu = spec.device == "cpu" or (spec.device == "auto" and not info.is_vllm and visible_gpus() == 0)
+    return [
+        d if d != "auto" else ("float32" if cpu and not info.is_vllm else "bfloat16") for d in spec.dtypes
+    ]
+
+
+def reference_cost(
+    spec: MatrixSpec, ref: ReferenceOptions, samples: int, model_path: str | None = None
+) -> Any:
+    """What the reference pass of this matrix will take (``reference.Cost``), None when it is off."""
+    from cascade_repro.plan.models import resolve_model
+    from cascade_repro.run import reference as refpass
+
+    precision = ref.resolve(planned_dtypes(spec))
+    if precision is None:
+        return None
+    path = model_path or resolve_model(spec.model)[0]
+    return refpass.cost(path, precision, ref.device, samples, float(spec.max_tokens))
+
+
+def run_reference(
+    run_dir: Path, ref: ReferenceOptions, timeout: float, console: Any = None
+) -> dict[str, Any]:
+    """Run the reference pass in a process of its own (the engines have exited); return run.json's record.
+
+    A failed pass is not fatal: the verdicts fall back to the arm-vs-arm rule, and the report says so.
+    """
+    from cascade_repro.run import reference as refpass
+
+    run = restrict(runstore.read_manifest(run_dir))
+    precision = ref.resolve(arm_dtypes(run_dir, run))
+    if precision is None:
+        return {"precision": "off", "status": "off"}
+    device = refpass.pick_device(ref.device)
+    record: dict[str, Any] = {"precision": precision, "device": device}
+    log_path = run_dir / "reference.log"
+    t0 = time.time()
+    seen = log_path.stat().st_size if log_path.exists() else 0
+
+    def check() -> str | None:
+        nonlocal seen
+        if log_path.exists() and log_path.stat().st_size > seen:
+            with open(log_path, "rb") as f:
+                f.seek(seen)
+                chunk = f.read()
+            cut = chunk.rfind(b"\n") + 1
+            seen += cut
+            for line in chunk[:cut].decode("utf-8", "replace").splitlines():
+                if line.startswith("reference:") and console is not None:
+                    console.print(line, highlight=False, markup=False)
+            w.mark_active()
+        if w.idle_s() > timeout:
+            return f"timeout: no progress for {timeout:.0f}s (--engine-timeout); reference pass killed"
+        return None
+
+    argv = [sys.executable, "-m", "cascade_repro.run.reference", str(run_dir), precision, device]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with supervise.Worker(argv, env=env, log_path=log_path) as w:
+        stopped = supervise.watch(w, check, POLL_S)
+    rc = w.returncode
+    record["wall_s"] = round(time.time() - t0, 2)
+    if stopped is not None or rc != 0:
+        why = stopped or f"exited with code {rc}" + (
+            f": {line}" if (line := supervise.last_error_line(log_path)) else ""
+        )
+        record["status"] = f"error: {why}"
+        if console is not None:
+            console.print(
+                f"warning: reference pass failed ({why}); verdicts fall back to the arm-vs-arm rule",
+                highlight=False,
+                markup=False,
+            )
+    else:
+        record["status"] = "done"
+    return record
+
+
 def finalize(run_dir: Path, thresholds: Thresholds | None = None) -> tuple[Path, Any]:
     """Score the samples, write the tables and every report; return (run_dir, RunData)."""
     from cascade_repro.judge.compare import build_tables
@@ -532,6 +625,10 @@ def run_matrix(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> RunOu
     t0 = time.time()
     prepared = prepare(spec, opts, console)
     run_dir = prepared.run_dir
+    n_samples = len(prepared.run.plan.cells) * int(prepared.run.prompt_set.n)
+    if (cost := reference_cost(spec, opts.reference, n_samples, prepared.run.model_path)) is not None:
+        if not cost.fits:  # said before any engine starts, not after the matrix has run
+            raise UsageError(cost.refusal(spec.model))
     if console is not None:
         from cascade_repro.plan import estimate
 
@@ -545,7 +642,12 @@ def run_matrix(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> RunOu
         prepared.write()
         kept = cells_done(run_dir)
         errors = execute(run_dir, opts.progress, console)
+        reference = None
+        if restrict(runstore.read_manifest(run_dir)).plan.cells:
+            reference = run_reference(run_dir, opts.reference, float(spec.engine_timeout), console)
         run = runstore.read_manifest(run_dir)
+        if reference is not None:
+            run.update(reference=reference)
         took = round(time.time() - t0, 2)
         if run.invocations is None:
             run.update(invocations=[Invocation.of()])

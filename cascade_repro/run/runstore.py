@@ -31,6 +31,7 @@ from cascade_repro.run.manifest import Manifest
 RUN_JSON = "run.json"
 PROMPTS = "prompts.jsonl"
 SAMPLES = "samples"
+REFERENCE = "reference"  # the reference pass's records, one file per engine key (run/reference.py)
 PROBE = "probe"
 MINIMIZE = "minimize"
 LOCK = ".lock"
@@ -206,6 +207,15 @@ def samples_files(run_dir: Path) -> list[Path]:
     return sorted((Path(run_dir) / SAMPLES).glob("*.jsonl"))
 
 
+def reference_path(run_dir: Path, engine_key: str) -> Path:
+    return Path(run_dir) / REFERENCE / f"{engine_key}.jsonl"
+
+
+def reference_files(run_dir: Path) -> list[Path]:
+    """The reference pass's files of a run, sorted (none before the pass ran)."""
+    return sorted((Path(run_dir) / REFERENCE).glob("*.jsonl"))
+
+
 def probe_dir(run_dir: Path, engine_key: str) -> Path:
     return Path(run_dir) / PROBE / engine_key
 
@@ -264,7 +274,7 @@ def clear_derived(run_dir: Path) -> None:
     import shutil
 
     run_dir = Path(run_dir)
-    for name in (SAMPLES, PROBE, MINIMIZE):
+    for name in (SAMPLES, REFERENCE, PROBE, MINIMIZE):
         shutil.rmtree(run_dir / name, ignore_errors=True)
     for name in (*TABLES, *REPORTS, SWEEP_MD):
         (run_dir / name).unlink(missing_ok=True)

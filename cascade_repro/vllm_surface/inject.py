@@ -9,6 +9,10 @@ cascade of the hf engine and by the vLLM probe alike:
   weighted ``e**X`` times too much against the suffix. Graded: a ladder of ``X`` (``--calibrate``)
   measures the smallest error a setup can see.
 
+Either may start mid-answer: ``lse-shift=X@STEP`` (or ``lse-layout@STEP``) leaves every step before
+generated token ``STEP`` alone (the prefill produces token 0, decode step ``k`` token ``k``), so a
+fault that begins late in an answer, as the field bug's split onset did, is a positive control too.
+
 Only the standard library is imported: the vLLM probe loads this module in every vLLM process.
 """
 
@@ -33,20 +37,32 @@ class Injection:
 
     kind: str
     nats: float = 0.0
+    onset: int = 0  # the first generated token whose step carries the fault
 
     @property
     def label(self) -> str:
         """The canonical spelling (what run.json, cell ids and reports show)."""
-        return f"{LSE_SHIFT}={self.nats:g}" if self.kind == LSE_SHIFT else self.kind
+        base = f"{LSE_SHIFT}={self.nats:g}" if self.kind == LSE_SHIFT else self.kind
+        return f"{base}@{self.onset}" if self.onset else base
+
+    def active(self, token_index: int) -> bool:
+        """Whether the step producing generated token ``token_index`` carries the fault."""
+        return token_index >= self.onset
 
 
 def parse(text: str | None) -> Injection | None:
     """Parse an ``--inject`` value; ``None``/empty is no injection. Raise ValueError naming the problem."""
     if text is None or not str(text).strip():
         return None
-    s = str(text).strip().lower()
+    s, at, step = str(text).strip().lower().partition("@")
+    onset = 0
+    if at:
+        if not step.strip().isdigit():
+            raise ValueError(f"the onset after @ must be a generated-token index >= 0, got {step!r}")
+        onset = int(step)
+    s = s.strip()
     if s == LSE_LAYOUT:
-        return Injection(LSE_LAYOUT)
+        return Injection(LSE_LAYOUT, onset=onset)
     kind, sep, amount = s.partition("=")
     if kind.strip() == LSE_SHIFT and sep:
         try:
@@ -57,8 +73,8 @@ def parse(text: str | None) -> Injection | None:
             ) from None
         if not math.isfinite(nats) or nats == 0 or abs(nats) > 100:
             raise ValueError(f"lse-shift must be a non-zero number of nats within +-100, got {amount!r}")
-        return Injection(LSE_SHIFT, nats)
-    raise ValueError(f"expected lse-layout or lse-shift=X (X in nats), got {text!r}")
+        return Injection(LSE_SHIFT, nats, onset)
+    raise ValueError(f"expected lse-layout or lse-shift=X (X in nats), each optionally @STEP, got {text!r}")
 
 
 def try_parse(text: str | None) -> Injection | None:

@@ -172,6 +172,9 @@ class ProbeState:
         self._since_flush = 0
         self._dirty = True  # the first flush announces the process
         self._last_step: tuple[float, str] | None = None  # (stamp, kind) of this wave's last decision
+        # Decode steps of this wave so far: the generated token the current step produces (the
+        # prefill produced token 0), what an injection's @STEP onset is counted in.
+        self.token_index = 0
         self.clock: Callable[[], float] = time.perf_counter
 
     def after_fork(self) -> None:
@@ -191,6 +194,7 @@ class ProbeState:
         self._since_flush = 0
         self._dirty = True
         self._last_step = None
+        self.token_index = 0
 
     # control ------------------------------------------------------------------------------
     def refresh(self, force: bool = False) -> None:
@@ -218,6 +222,7 @@ class ProbeState:
             self.flush()
             self.wave = wave
             self._last_step = None
+            self.token_index = 0
         self.force_off = bool(data.get("force_off", False))
         self.force_on = bool(data.get("force_on", False))
         self.inject = inj.try_parse(data.get("inject"))
@@ -250,6 +255,8 @@ class ProbeState:
         forced_on: bool = False,
     ) -> None:
         c = self.counters()
+        if decode:
+            self.token_index += 1
         if c is not None:
             if forced_on:
                 c["forced_on"] += 1
@@ -519,7 +526,7 @@ def wrap_merge(orig: Callable[..., Any], state: ProbeState) -> Callable[..., Any
     @functools.wraps(orig)
     def merge_attn_states(*args: Any, **kwargs: Any) -> Any:
         fault = state.inject
-        if state.in_cascade and fault is not None:
+        if state.in_cascade and fault is not None and fault.active(state.token_index):
             if fault.kind == inj.LSE_LAYOUT:
                 args = _replace_arg(args, kwargs, SUFFIX_LSE_POS, "suffix_lse", misread_lse)
             elif fault.kind == inj.LSE_SHIFT:

@@ -1,0 +1,540 @@
+"""The reference pass: every recorded sample read again, teacher-forced, by the same weights at more precision.
+
+Two noisy arms disagreeing is weak evidence: a small bf16 model drifts between batch sizes and
+engine starts on its own. What separates a wrong result from a reordered sum is how far each arm's
+own tokens are from a computation more precise than either: the same weights in float32 (TF32
+off) where the arms ran bf16/fp16, float64 where they ran float32; plain attention (no cascade,
+no fused kernel), each sequence in a row of its own (the rows share nothing but the read-only
+prefix KV). The judge (``judge/metrics/reference.py``, ``judge/verdicts.py``) compares each arm's
+logprobs with these.
+
+The shared system prompt is prefilled once and its KV copied into every row, so the cost is the
+per-request part. A record is keyed by the sample's content (the prompt's hash and the generated
+token ids), so a sequence two cells share is scored once, a cut pass resumes where it stopped, and a
+finished one is never recomputed. Files: ``reference/<engine key>.jsonl``:
+
+- ``reference_start``: ``{"type","precision","device","model","torch","transformers","started_at"}``
+- ``reference``: ``{"type","fp","n","lp":[float],"top_ids":[[int]],"top_lp":[[float]]}``: ``lp[i]``
+  the reference logprob of generated token ``i``, ``top_ids[i]``/``top_lp[i]`` the reference's top-k
+  at that step (its argmax first).
+
+It never runs inside the engine under test: the runner starts it as its own process
+(``python -m cascade_repro.run.reference RUN_DIR PRECISION DEVICE``) after every worker has exited,
+so the GPU is free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import struct
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cascade_repro.errors import UsageError
+from cascade_repro.run import runstore
+
+CHOICES = ("auto", "fp32", "fp64", "off")
+DEVICES = ("auto", "cpu", "cuda", "balanced")  # balanced: layers spread over GPUs and CPU (accelerate)
+TORCH_DTYPES = {"fp32": "float32", "fp64": "float64"}
+START, RECORD = "reference_start", "reference"
+ATTN_NAME = "cascade_repro_reference"
+# Logprobs are stored to 1e-9 nats: far below what separates any two arms (fp32 arms differ from
+# float64 by ~1e-6), and a third of the bytes of a full repr.
+DIGITS = 9
+# Rows of one forward: bounded by tokens, so a GPU batch is large and a CPU one stays in cache.
+TOKENS_PER_BATCH = {"cuda": 16384, "cpu": 2048}
+# Tokens per second scored (each row's own prompt part and its generated tokens, behind a ~1,600-token
+# prefix), for the time estimate; the pass reports its real speed as it goes. Measured on 2 CPU cores
+# (the embedded model: fp64 ~40, fp32 ~110) and an H200 (fp32, ~30 samples of ~250 tokens a second).
+SPEED = {("cuda", "fp32"): 7500.0, ("cuda", "fp64"): 700.0, ("cpu", "fp64"): 40.0, ("cpu", "fp32"): 110.0}
+OWN_TOKENS = 100  # a prompt's own part after the shared system prompt, typically
+
+
+@dataclass(frozen=True)
+class ReferenceOptions:
+    """``--reference`` and ``--reference-device``: what the judge's reference is computed in, and where."""
+
+    precision: str = "auto"
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.precision not in CHOICES:
+            raise UsageError(f"--reference must be one of {', '.join(CHOICES)}, not {self.precision!r}")
+        if self.device not in DEVICES and not _is_cuda_index(self.device):
+            raise UsageError(
+                f"--reference-device must be one of {', '.join(DEVICES)} or cuda:N, not {self.device!r}"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return self.precision != "off"
+
+    def resolve(self, arm_dtypes: list[str]) -> str | None:
+        """The precision to run: ``fp64`` over float32 arms, ``fp32`` over bf16/fp16 ones; None when off.
+
+        A reference no more precise than an arm it judges would call that arm's rounding an error.
+        """
+        if not self.enabled:
+            return None
+        fp32_arms = [d for d in arm_dtypes if d in ("float32", "fp32")]
+        if self.precision == "auto":
+            return "fp64" if fp32_arms else "fp32"
+        if self.precision == "fp32" and fp32_arms:
+            raise UsageError(
+                "--reference fp32 is no more precise than the float32 arms it would judge: "
+                "use --reference fp64 (or auto)"
+            )
+        return self.precision
+
+    def to_dict(self) -> dict[str, str]:
+        return {"precision": self.precision, "device": self.device}
+
+
+def _is_cuda_index(device: str) -> bool:
+    head, _, idx = device.partition(":")
+    return head == "cuda" and idx.isdigit()
+
+
+def fingerprint(prompt_hash: str, token_ids: list[int]) -> str:
+    """A sample's content key: the rendered prompt's hash and the tokens the arm generated."""
+    blob = f"{prompt_hash}|{','.join(map(str, token_ids))}"
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+@dataclass
+class RefRow:
+    """The reference's view of one generated sequence."""
+
+    lp: list[float]  # logprob of each generated token under the reference
+    top_ids: list[list[int]]  # the reference's top-k per step, argmax first
+    top_lp: list[list[float]]
+
+    @property
+    def argmax_lp(self) -> list[float]:
+        return [row[0] if row else math.nan for row in self.top_lp]
+
+
+def _valid(rec: dict[str, Any]) -> RefRow | None:
+    """A reference record as read from a file that may have travelled: None unless well formed."""
+    lp, ids, tl, n = rec.get("lp"), rec.get("top_ids"), rec.get("top_lp"), rec.get("n")
+    if not (isinstance(lp, list) and isinstance(ids, list) and isinstance(tl, list) and isinstance(n, int)):
+        return None
+    if not (len(lp) == len(ids) == len(tl) == n):
+        return None
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in lp):
+        return None
+    for i_row, l_row in zip(ids, tl, strict=True):
+        if not (isinstance(i_row, list) and isinstance(l_row, list) and len(i_row) == len(l_row)):
+            return None
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in i_row):
+            return None
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in l_row):
+            return None
+    return RefRow([float(v) for v in lp], ids, [[float(v) for v in r] for r in tl])
+
+
+def read_reference(run_dir: Path) -> tuple[dict[str, RefRow], dict[str, Any]]:
+    """Every stored reference record of a run, by fingerprint, and the last pass's start record.
+
+    Malformed records are skipped (they are recomputed by the next pass); a torn last line is
+    ignored, as in every JSONL file of a run.
+    """
+    rows: dict[str, RefRow] = {}
+    start: dict[str, Any] = {}
+    for path in runstore.reference_files(run_dir):
+        if path.is_symlink():  # a run directory travels: never read through a link out of it
+            continue
+        for rec in runstore.iter_records(path):
+            if not isinstance(rec, dict):
+                continue
+            if rec.get("type") == START:
+                start = rec
+            elif rec.get("type") == RECORD and isinstance(rec.get("fp"), str):
+                row = _valid(rec)
+                if row is not None:
+                    rows[rec["fp"]] = row
+    return rows, start
+
+
+@dataclass
+class Todo:
+    """One sequence the reference has not scored yet."""
+
+    fp: str
+    prompt_index: int
+    prompt_hash: str
+    token_ids: list[int]
+
+
+def needed(run_dir: Path, engine_keys: list[str], have: set[str]) -> dict[str, list[Todo]]:
+    """Per engine key, the finished cells' sequences not yet in ``have`` (each content once)."""
+    seen = set(have)
+    out: dict[str, list[Todo]] = {}
+    for key in engine_keys:
+        todo = out.setdefault(key, [])
+        for rec in runstore.iter_samples(runstore.samples_path(run_dir, key)):
+            toks, idx, ph = rec.get("token_ids"), rec.get("prompt_index"), rec.get("prompt_hash")
+            if not (isinstance(toks, list) and toks and isinstance(idx, int) and isinstance(ph, str)):
+                continue
+            if not all(isinstance(t, int) and not isinstance(t, bool) for t in toks):
+                continue
+            fp = fingerprint(ph, toks)
+            if fp not in seen:
+                seen.add(fp)
+                todo.append(Todo(fp, idx, ph, toks))
+    return out
+
+
+# --- cost and memory, said before anything runs ---------------------------------------------------
+
+
+def param_count(model_path: str) -> int | None:
+    """Parameters of a local model, from its safetensors headers (no tensor is read)."""
+    total = 0
+    files = sorted(Path(model_path).glob("*.safetensors")) if Path(model_path).is_dir() else []
+    for f in files:
+        try:
+            with open(f, "rb") as fh:
+                (n,) = struct.unpack("<Q", fh.read(8))
+                header = json.loads(fh.read(n))
+        except (OSError, ValueError, struct.error):
+            return None
+        for name, meta in header.items():
+            if name != "__metadata__" and isinstance(meta, dict):
+                total += math.prod(meta.get("shape") or [1])
+    return total or None
+
+
+def _cpu_available() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _gpu_total(index: int) -> int | None:
+    """A GPU's memory, from nvidia-smi (CUDA stays uninitialised in the runner's process)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", f"--id={index}"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+        return int(float(out.strip().splitlines()[0])) * 1024 * 1024
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return None
+
+
+def pick_device(device: str) -> str:
+    """``auto``: the first GPU if the machine has one (nvidia-smi or CUDA_VISIBLE_DEVICES), else the CPU."""
+    if device != "auto":
+        return device
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return "cpu"
+    return "cuda" if _gpu_total(0) is not None else "cpu"
+
+
+@dataclass
+class Cost:
+    """What the reference pass will take: said by ``--dry-run`` and checked before a run starts."""
+
+    precision: str
+    device: str
+    params: int | None
+    need_bytes: int | None
+    have_bytes: int | None
+    samples: int
+    est_s: float
+
+    @property
+    def fits(self) -> bool:
+        return self.need_bytes is None or self.have_bytes is None or self.need_bytes <= self.have_bytes
+
+    def line(self) -> str:
+        gb = f"{self.need_bytes / 2**30:.1f} GB" if self.need_bytes else "? GB"
+        where = "GPU + CPU (accelerate)" if self.device == "balanced" else self.device
+        return (
+            f"reference: {TORCH_DTYPES[self.precision]} on {where}, weights and work ~{gb}; "
+            f"{self.samples} samples at most, about {_duration(self.est_s)}"
+        )
+
+    def refusal(self, model: str) -> str:
+        have = f"{self.have_bytes / 2**30:.1f} GB" if self.have_bytes else "?"
+        need = f"{(self.need_bytes or 0) / 2**30:.1f} GB"
+        return (
+            f"--reference {self.precision}: the {TORCH_DTYPES[self.precision]} weights of {model} need ~{need}, "
+            f"the {self.device} has {have}: pass --reference-device balanced (layers spread over GPUs "
+            "and CPU), --reference-device cpu, or --reference off"
+        )
+
+
+def _duration(s: float) -> str:
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min"
+
+
+def cost(model_path: str, precision: str, device: str, samples: int, tokens_per_sample: float) -> Cost:
+    """``tokens_per_sample``: generated tokens (--max-tokens); ``samples``: at most every cell's."""
+    """Memory and time of a pass: weights at the reference's width plus a margin for activations."""
+    device = pick_device(device)
+    params = param_count(model_path)
+    width = 8 if precision == "fp64" else 4
+    need = int(params * width * 1.2 + 2**30) if params else None
+    if device == "cpu":
+        have = _cpu_available()
+    elif device == "balanced":
+        have = None  # accelerate spreads what does not fit
+    else:
+        have = _gpu_total(int(device.partition(":")[2] or 0))
+    kind = "cpu" if device == "cpu" else "cuda"
+    est = samples * (OWN_TOKENS + tokens_per_sample) / SPEED.get((kind, precision), 40.0)
+    return Cost(precision, device, params, need, have, samples, est)
+
+
+# --- the computation -------------------------------------------------------------------------------
+
+
+def plain_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """softmax(QKᵀ·scale + mask)·V in the model's own dtype, KV heads repeated: no fused kernel."""
+    import torch
+
+    scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scale
+    if attention_mask is not None:
+        scores = scores.masked_fill(~attention_mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, value).transpose(1, 2).contiguous(), None
+
+
+class ReferenceModel:
+    """The model at the reference's precision, with the shared prefix's KV computed once."""
+
+    def __init__(self, model_path: str, precision: str, device: str, topk: int, trust_remote_code: bool):
+        import torch
+        from transformers import AttentionInterface, AutoModelForCausalLM
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        # TF32 would round float32 matmuls to a 10-bit mantissa: less precise than the bf16 arms' sums.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.set_float32_matmul_precision("highest")
+        AttentionInterface.register(ATTN_NAME, plain_attention)
+        AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)  # the 4-D mask is passed ready
+        self.dtype = getattr(torch, TORCH_DTYPES[precision])
+        kwargs: dict[str, Any] = {"dtype": self.dtype, "attn_implementation": ATTN_NAME}
+        if device == "balanced":
+            kwargs["device_map"] = "auto"
+        try:
+            self.model = AutoModelForCausalLM.from_pretrained(
+                model_path, trust_remote_code=trust_remote_code, **kwargs
+            )
+        except OSError as e:
+            raise UsageError(f"could not load model {model_path!r}: {str(e).splitlines()[0]}") from None
+        if device != "balanced":
+            self.model.to(device)
+        self.model.eval()
+        self.device = next(self.model.parameters()).device
+        self.topk = topk
+        self._prefix: tuple[tuple[int, ...], Any] | None = None
+        import inspect
+
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kw = "past_key_values" if "past_key_values" in params else "cache"
+
+    def _prefix_cache(self, prefix: list[int]) -> Any:
+        import torch
+        from transformers import DynamicCache
+
+        key = tuple(prefix)
+        if self._prefix is None or self._prefix[0] != key:
+            cache = DynamicCache()
+            if prefix:
+                n = len(prefix)
+                with torch.inference_mode():
+                    self.model(
+                        input_ids=torch.tensor([prefix], device=self.device),
+                        attention_mask=torch.ones(1, 1, n, n, dtype=torch.bool, device=self.device).tril(),
+                        use_cache=True,
+                        **{self._cache_kw: cache},
+                    )
+            self._prefix = (key, cache)
+        return self._prefix[1]
+
+    def score(self, prefix: list[int], rows: list[tuple[list[int], list[int]]]) -> list[RefRow]:
+        """Score each row's generated tokens given its own prompt tokens after ``prefix``.
+
+        Rows are right-padded; a row's queries see the prefix and its own earlier tokens only.
+        """
+        import torch
+
+        from cascade_repro.engines.hf import _wave_cache
+
+        p, b = len(prefix), len(rows)
+        seqs = [own + gen for own, gen in rows]
+        width = max(len(s) for s in seqs)
+        lengths = torch.tensor([len(s) for s in seqs], device=self.device)
+        ids = torch.zeros((b, width), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = torch.tensor(s)
+        ids = ids.to(self.device)
+        q = torch.arange(width, device=self.device)
+        own = (q[None, :] <= q[:, None])[None] & (q[None, None, :] < lengths[:, None, None])  # [B,Q,Q]
+        mask = torch.cat([torch.ones((b, width, p), dtype=torch.bool, device=self.device), own], dim=-1)
+        # Padding queries see at least the row's first token, so no softmax row is empty.
+        mask[:, :, p] = True
+        first = min(len(o) for o, _ in rows) - 1  # the earliest position that predicts a generated token
+        with torch.inference_mode():
+            cache = _wave_cache(self._prefix_cache(prefix), b, p + width)
+            logits = self.model(
+                input_ids=ids,
+                position_ids=(p + q)[None].expand(b, -1),
+                attention_mask=mask[:, None],
+                use_cache=True,
+                logits_to_keep=width - first,
+                **{self._cache_kw: cache},
+            ).logits
+            lps = torch.log_softmax(logits.to(self.dtype), dim=-1)
+            out = []
+            for i, (own_toks, gen) in enumerate(rows):
+                start = len(own_toks) - 1 - first
+                rows_lp = lps[i, start : start + len(gen)]
+                chosen = rows_lp.gather(1, torch.tensor(gen, device=self.device)[:, None])[:, 0]
+                tv, ti = rows_lp.topk(self.topk, dim=-1)
+                out.append(
+                    RefRow(
+                        [round(v, DIGITS) for v in chosen.tolist()],
+                        ti.tolist(),
+                        [[round(v, DIGITS) for v in r] for r in tv.tolist()],
+                    )
+                )
+        del cache, logits, lps
+        return out
+
+
+def _batches(todo: list[Todo], own_len: Callable[[Todo], int], budget: int) -> Iterator[list[Todo]]:
+    """Rows in order of length (little padding), as many per batch as the token budget allows."""
+    order = sorted(todo, key=lambda t: own_len(t) + len(t.token_ids))
+    batch: list[Todo] = []
+    for t in order:
+        width = own_len(t) + len(t.token_ids)
+        if batch and width * (len(batch) + 1) > budget:
+            yield batch
+            batch = []
+        batch.append(t)
+    if batch:
+        yield batch
+
+
+def run_pass(run_dir: Path, precision: str, device: str, log: Callable[[str], None] = print) -> int:
+    """Score every finished cell's samples not yet scored; return how many sequences were scored."""
+    from cascade_repro.plan.models import load_tokenizer
+    from cascade_repro.prompts.chat import prompt_hash, render_all
+
+    run = runstore.read_manifest(run_dir)
+    keys = list(run.plan.engines)
+    have, _ = read_reference(run_dir)
+    todo = needed(run_dir, keys, set(have))
+    total = sum(len(v) for v in todo.values())
+    if not total:
+        return 0
+    device = pick_device(device)
+    spec = run.spec
+    prompts = runstore.read_prompts(run_dir)
+    tok = load_tokenizer(run.model_path, spec.trust_remote_code)
+    rendered, shared = render_all(
+        tok, run.prompt_set.system_prompt_text or "", [p["prompt"] for p in prompts]
+    )
+    hashes = [prompt_hash(r) for r in rendered]
+    t0 = time.time()
+    model = ReferenceModel(run.model_path, precision, device, int(spec.topk), spec.trust_remote_code)
+    log(f"reference: {TORCH_DTYPES[precision]} on {device}, {total} sequences to score")
+    import torch
+    import transformers
+
+    budget = TOKENS_PER_BATCH["cpu" if device == "cpu" else "cuda"]
+    done, last = 0, time.time()
+    for key, items in todo.items():
+        if not items:
+            continue
+        writer = runstore.JsonlWriter(runstore.reference_path(run_dir, key))
+        writer.write(
+            {
+                "type": START,
+                "precision": precision,
+                "device": device,
+                "dtype": TORCH_DTYPES[precision],
+                "model": run.model_name if run.has("model_name") else spec.model,
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+                "tf32": False,
+                "attention": "plain (softmax(QK^T)V), one row per sequence",
+                "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            }
+        )
+        bad = [
+            t
+            for t in items
+            if not (0 <= t.prompt_index < len(hashes)) or hashes[t.prompt_index] != t.prompt_hash
+        ]
+        for t in bad:
+            log(
+                f"reference: {key}: sample of prompt {t.prompt_index} does not match prompts.jsonl; not scored"
+            )
+        good = [t for t in items if t not in bad]
+        for batch in _batches(good, lambda t: len(rendered[t.prompt_index]) - shared, budget):
+            rows = [(rendered[t.prompt_index][shared:], t.token_ids) for t in batch]
+            for t, row in zip(batch, model.score(rendered[0][:shared], rows), strict=True):
+                writer.write(
+                    {
+                        "type": RECORD,
+                        "fp": t.fp,
+                        "n": len(row.lp),
+                        "lp": row.lp,
+                        "top_ids": row.top_ids,
+                        "top_lp": row.top_lp,
+                    }  # fmt: skip
+                )
+            writer.flush()  # a cut pass keeps every batch it finished
+            done += len(batch)
+            if time.time() - last >= 30:
+                last = time.time()
+                log(f"reference: {done}/{total} sequences, {done / (last - t0):.1f}/s")
+        writer.close()
+    log(f"reference: {done} sequences scored in {time.time() - t0:.0f} s")
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3 or args[1] not in TORCH_DTYPES:
+        print("usage: python -m cascade_repro.run.reference RUN_DIR fp32|fp64 DEVICE", file=sys.stderr)
+        return 2
+    run_pass(Path(args[0]), args[1], args[2], log=lambda line: print(line, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
