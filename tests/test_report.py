@@ -1043,7 +1043,7 @@ def test_detection_power_statement_and_ladder(run_dir: Path) -> None:
     statement = "This setup flags an LSE error of 0.1 nats at 4 prompts x 64 tokens (tp 1, batch 8)."
     assert f"### Detection power\n\n{statement}\n" in md
     assert (
-        "| 0.1 | tp1-b8-s0-cascade-shift0.1~flat | regression | 2.40 [2.10, 2.80] | > 1.14, p=0.0005 | 0↑ 4↓, p=0.125 | 3/4 |"
+        "| 0.1 | tp1-b8-s0-cascade-shift0.1~flat | regression | — | 2.40 [2.10, 2.80] | > 1.14, p=0.0005 | 0↑ 4↓, p=0.125 | 3/4 |"
         in md
     )
     assert statement in HtmlFormatter().render(data)

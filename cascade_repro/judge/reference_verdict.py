@@ -170,9 +170,11 @@ def decide(
     else:
         verdict, why = WITHIN_NOISE, text
         if arms.verdict == REGRESSION:
+            flagged = f" on {arms.decided_by.replace(',', ', ')}" if arms.decided_by else ""
             why += (
-                f"; {noise_text}, yet the test arm's tokens are as close to the reference as its "
-                f"twin's ({r.ratio:.2f}x): a different summation order, not a wrong result"
+                f"; the arm-vs-arm rule flags it{flagged} ({noise_text}), yet the test arm's tokens are as "
+                f"close to the reference as its twin's ({r.ratio:.2f}x): a different summation order, not a "
+                "wrong result"
             )
     supporting = f"; arm-vs-arm: {arms.reasons}" if arms.reasons else ""
     return Decision(

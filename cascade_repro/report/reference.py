@@ -38,7 +38,7 @@ def rule_note(data: RunData) -> str:
             "mean error exceeds its twin's beyond chance (sign and Wilcoxon tests, the better doubled, below alpha) "
             "and beyond the largest ratio this run's own flat-vs-flat controls show."
         )
-    status = text_of(ran.get("status"))
+    status = str(ran.get("status") or "")
     why = {
         "off": "the reference pass was turned off (--reference off)",
         "": "this run has no reference pass",
@@ -53,11 +53,10 @@ def _num(v: object, spec: str = ".3g") -> str:
 def reference_table(data: RunData) -> c.Table:
     """One row per pair the reference scored: cascade pairs, calibration pairs, then the controls (the null)."""
     rows = []
-    pairs = c.cascade_pairs(data) + c.calibration_pairs(data) + c.control_pairs(data)
-    for r in pairs:
+    judged = c.cascade_pairs(data) + c.calibration_pairs(data)
+    for control, r in [(False, r) for r in judged] + [(True, r) for r in c.control_pairs(data)]:
         if is_missing(r.get("ref_ratio")):
             continue
-        control = text_of(r.get("kind")) not in ("cascade", "calibration")
         rows.append(
             [
                 text_of(r.get("pair_id")),

@@ -164,6 +164,16 @@ def read_reference(run_dir: Path) -> tuple[dict[str, RefRow], dict[str, Any]]:
     return rows, start
 
 
+def count_records(run_dir: Path) -> int:
+    """How many reference records a run's files hold (a line count: no record is parsed)."""
+    n = 0
+    for path in runstore.reference_files(run_dir):
+        if not path.is_symlink():
+            with open(path, "rb") as f:
+                n += sum(1 for line in f if line.startswith(b'{"type":"reference"'))
+    return n
+
+
 @dataclass
 class Todo:
     """One sequence the reference has not scored yet."""

@@ -546,6 +546,7 @@ def run_reference(
     device = refpass.pick_device(ref.device)
     record: dict[str, Any] = {"precision": precision, "device": device}
     log_path = run_dir / "reference.log"
+    before = refpass.count_records(run_dir)
     t0 = time.time()
     seen = log_path.stat().st_size if log_path.exists() else 0
 
@@ -571,6 +572,7 @@ def run_reference(
         stopped = supervise.watch(w, check, POLL_S)
     rc = w.returncode
     record["wall_s"] = round(time.time() - t0, 2)
+    record["sequences"] = refpass.count_records(run_dir) - before
     if stopped is not None or rc != 0:
         why = stopped or f"exited with code {rc}" + (
             f": {line}" if (line := supervise.last_error_line(log_path)) else ""
@@ -585,6 +587,20 @@ def run_reference(
     else:
         record["status"] = "done"
     return record
+
+
+def merged_reference(old: Any, new: dict[str, Any]) -> dict[str, Any]:
+    """run.json's ``reference`` after another pass: a resumed run adds its sequences and seconds to the
+    earlier passes' (a resume that found everything scored must not erase what the first pass cost)."""
+    same = isinstance(old, dict) and all(old.get(k) == new.get(k) for k in ("precision", "device"))
+    if not same or old.get("status") != "done" or new.get("status") != "done":
+        return new
+    return {
+        **new,
+        "sequences": int(old.get("sequences") or 0) + int(new.get("sequences") or 0),
+        "wall_s": round(float(old.get("wall_s") or 0) + float(new.get("wall_s") or 0), 2),
+        "passes": int(old.get("passes") or 1) + 1,
+    }
 
 
 def finalize(run_dir: Path, thresholds: Thresholds | None = None) -> tuple[Path, Any]:
@@ -647,7 +663,7 @@ def run_matrix(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> RunOu
             reference = run_reference(run_dir, opts.reference, float(spec.engine_timeout), console)
         run = runstore.read_manifest(run_dir)
         if reference is not None:
-            run.update(reference=reference)
+            run.update(reference=merged_reference(run.reference, reference))
         took = round(time.time() - t0, 2)
         if run.invocations is None:
             run.update(invocations=[Invocation.of()])

@@ -11,8 +11,8 @@
 #                  as its two shards (one engine key each: FA2, FA3), merged into readme/
 #   fa3-cal fa2-cal  --calibrate default at b8/64/128, 64 prompts (the detection power)
 #   fa3-mid          --inject lse-shift=0.1@48 at b8/64/128, 64 prompts (a fault that begins mid-answer)
-# OUT_DIR gets, per step, STEP.tgz (run.json, tables, reports, logs' tails; samples and reference
-# records stay on the machine: tens of MB) and all.log.
+# OUT_DIR gets tables.tgz (every step's run.json, tables, reports, logs' tails), per step
+# STEP-records.tgz (its samples and reference records, to rescore offline) and all.log.
 set -u
 out=$1
 res=${RES:-/tmp/res}
@@ -36,13 +36,17 @@ wait
 t0=$(date +%s)
 cascade-repro merge "$res/readme" "$res/readme-s1" "$res/readme-s2" > "$res/readme.stdout" 2>&1
 echo "readme (merge): exit $?, wall $(( $(date +%s) - t0 )) s" >> "$res/readme.stdout"
-for name in readme-s1 readme-s2 readme fa3-cal fa2-cal fa3-mid; do
+names="readme-s1 readme-s2 readme fa3-cal fa2-cal fa3-mid"
+small=()
+for name in $names; do
   d="$res/$name"
   [ -d "$d" ] || continue
   tail -c 20000 "$d"/worker-*.log > "$d/worker.log.tail" 2>/dev/null
-  cp "$d/reference.log" "$d/reference.log.txt" 2>/dev/null
-  tar czf "$out/$name.tgz" -C "$res" "$name.stdout" \
-    $(cd "$res" && ls "$name"/{run.json,prompts.jsonl,cells.parquet,pairs.parquet,comparisons.parquet,report.md,summary.json,junit.xml,report.html,worker.log.tail,reference.log.txt} 2>/dev/null)
+  small+=("$name.stdout" $(cd "$res" && ls "$name"/{run.json,prompts.jsonl,cells.parquet,pairs.parquet,comparisons.parquet,report.md,summary.json,junit.xml,report.html,worker.log.tail,reference.log} 2>/dev/null))
+  # samples and reference records, so the runs can be rescored offline (merged readme: the shards')
+  [ "$name" = readme ] || tar czf "$out/$name-records.tgz" -C "$res" $(cd "$res" && ls -d "$name"/samples "$name"/reference 2>/dev/null)
 done
+tar czf "$out/tables.tgz" -C "$res" "${small[@]}"
 tail -n 3 "$res"/*.stdout | tee "$out/all.log"
 du -sh "$res"/*/samples "$res"/*/reference 2>/dev/null | tee -a "$out/all.log"
+ls -la "$out" | tee -a "$out/all.log"
