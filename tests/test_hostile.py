@@ -9,6 +9,7 @@ victim folder, compared byte for byte and by mtime). Run directories come from
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Callable
@@ -265,3 +266,191 @@ def test_writers_in_a_run_directory_do_not_follow_a_link(tmp_path: Path):
     with pytest.raises(UsageError, match=LINK):
         runstore.truncate_torn_tail(planted)
     assert snapshot(tmp_path) == before and len(before) == 3  # the victim, its folder and the folder's file
+
+
+# --- 2. prompt records whose IFEval kwargs have the wrong type --------------------------------------
+
+
+def prompt_file(root: Path, kwargs: dict, iid: str = "startend:end_checker", name: str = "bad.jsonl") -> Path:
+    """A prompt file whose second record carries ``kwargs`` for ``iid`` (the first is fine)."""
+    rows = [
+        {"key": "a", "prompt": "쉼표 없이 답하세요", "instruction_id_list": ["punctuation:no_comma"]},
+        {"key": "b", "prompt": "답하세요", "instruction_id_list": [iid], "kwargs": [kwargs]},
+    ]
+    path = root / name
+    if name.endswith(".csv"):
+        import csv
+
+        with open(path, "w", encoding="utf-8", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["key", "prompt", "instruction_id_list", "kwargs"])
+            w.writeheader()
+            for r in rows:
+                w.writerow(
+                    {k: json.dumps(v, ensure_ascii=False) if isinstance(v, list) else v for k, v in r.items()}
+                )
+    else:
+        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    victims(root)
+    return path
+
+
+def _show(kwargs: dict, iid: str = "startend:end_checker", name: str = "bad.jsonl"):
+    return lambda root, synth: ["prompts", "show", str(prompt_file(root, kwargs, iid, name))]
+
+
+def _dry_run(kwargs: dict, iid: str = "startend:end_checker"):
+    def plant(root: Path, synth: Path) -> list[str]:
+        path = prompt_file(root, kwargs, iid)
+        return ["matrix", "--dry-run", "--prompts", str(path), "--results-dir", str(root / "results")]
+
+    return plant
+
+
+def _rescore_unchecked_record(root: Path, synth: Path) -> list[str]:
+    """A run's prompts.jsonl that skipped the loaders (an older version wrote it, or a hand): scoring
+    once crashed on it after every cell had run, on every rerun; now that prompt alone is unscored."""
+    victims(root)
+    run = run_copy(synth, root / "run")
+    rows = runstore.read_prompts(run)
+    rows[0].update(instruction_id_list=["startend:end_checker"], kwargs=[{"end_phrase": 7}])
+    rows[1].update(instruction_id_list=["keywords:existence"], kwargs=[{"keywords": "notalist"}])
+    rows[2].update(instruction_id_list=["punctuation:no_comma"], kwargs=[{}])
+    runstore.write_prompts(run, rows)
+    return ["report", "--rescore", str(run)]
+
+
+TEXT = "end_phrase must be text, not 7"
+CASES_PROMPTS = [
+    Case(
+        "show-end-phrase-number",
+        _show({"end_phrase": 7}),
+        2,
+        f"bad.jsonl line 2: field 'kwargs' item 0 (startend:end_checker): {TEXT}",
+    ),
+    Case(
+        "show-postscript-number",
+        _show({"postscript_marker": 1}, "detectable_content:postscript"),
+        2,
+        "postscript_marker must be text, not 1",
+    ),
+    Case(
+        "show-repeat-list",
+        _show({"prompt_to_repeat": ["x"]}, "combination:repeat_prompt"),
+        2,
+        "prompt_to_repeat must be text",
+    ),
+    Case(
+        "show-keywords-not-a-list",
+        _show({"keywords": "notalist"}, "keywords:existence"),
+        2,
+        "keywords must be a list of texts, not 'notalist'",
+    ),
+    Case(
+        "show-forbidden-numbers",
+        _show({"forbidden_words": [1, 2]}, "keywords:forbidden_words"),
+        2,
+        "forbidden_words must be a list of texts",
+    ),
+    Case(
+        "show-count-text",
+        _show({"relation": "at least", "num_words": "many"}, "length_constraints:number_words"),
+        2,
+        "num_words must be a whole number, not 'many'",
+    ),
+    Case(
+        "show-relation-number",
+        _show({"relation": 1, "num_words": 5}, "length_constraints:number_words"),
+        2,
+        "relation must be text, not 1",
+    ),
+    Case(
+        "show-csv",
+        _show({"end_phrase": 7}, name="bad.csv"),
+        2,
+        f"bad.csv line 3: field 'kwargs' item 0 (startend:end_checker): {TEXT}",
+    ),
+    Case(
+        "dry-run-end-phrase-number",
+        _dry_run({"end_phrase": 7}),
+        2,
+        f"line 2: field 'kwargs' item 0 (startend:end_checker): {TEXT}",
+    ),
+    Case(
+        "dry-run-keywords-not-a-list",
+        _dry_run({"keywords": "tea"}, "keywords:existence"),
+        2,
+        "keywords must be a list of texts",
+    ),
+    Case("dry-run-well-typed", _dry_run({"end_phrase": "끝"}), 0),
+    Case("rescore-unchecked-record", _rescore_unchecked_record, 0),
+]
+
+
+@pytest.mark.parametrize("case", CASES_PROMPTS, ids=lambda c: c.id)
+def test_hostile_prompt_records(case: Case, synth: Path, tmp_path: Path):
+    argv = case.plant(tmp_path, synth)
+    before = snapshot(tmp_path)
+    res = CliRunner().invoke(app, argv, env=WIDE)
+    assert res.exit_code == case.code, res.output
+    assert "Traceback" not in res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    if case.says:
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1, res.stderr
+        assert lines[0].startswith("error: ") and case.says in lines[0], lines[0]
+        assert not (tmp_path / "results").exists()  # refused before anything was planned or written
+    assert snapshot(tmp_path) == before
+    if case.id == "rescore-unchecked-record":
+        report = (tmp_path / "run" / runstore.REPORT_MD).read_text(encoding="utf-8").replace("\\_", "_")
+        report = " ".join(report.split())  # the note, as Markdown escapes and wraps it
+        assert "IFEval: 2 of 8 prompts not scored" in report, report
+        assert "end_phrase must be text, not 7" in report and "keywords must be a list of texts" in report
+
+
+def test_every_verifier_kwarg_has_a_type_the_loaders_check():
+    """The types come from the verifiers' own signatures: each kwarg is text, a whole number or a
+    list of texts, a value of another type is refused, and one that reaches scoring is unscored."""
+    import inspect
+
+    from cascade_repro.judge.ifeval.score import score_response
+    from cascade_repro.judge.ifeval.verifiers import VERIFIERS, kwargs_problem, kwargs_type_problem
+
+    wrong = {"str": [7, 2.5, True, ["x"], {"a": 1}], "int": ["many", 2.5, True, [3], {"n": 3}],
+             "list[str]": ["notalist", 7, [1, 2], ["ok", None], {"a": "b"}]}  # fmt: skip
+    right = {"str": "at least", "int": 3, "list[str]": ["차", "tea"]}
+    for iid, fn in VERIFIERS.items():
+        params = list(inspect.signature(fn).parameters.values())[1:]
+        for p in params:
+            assert p.annotation in wrong, (
+                f"{iid}: {p.name} is typed {p.annotation!r}: teach _of_type that type"
+            )
+            for value in wrong[p.annotation]:
+                kw = {q.name: right[q.annotation] for q in params} | {p.name: value}
+                problem = kwargs_type_problem(iid, kw)
+                assert problem is not None and problem.startswith(f"{p.name} must be "), (iid, kw, problem)
+                assert kwargs_problem(iid, kw) == problem
+                scored = score_response(
+                    {"instruction_id_list": [iid], "kwargs": [kw]}, "at least 3 words here 차"
+                )
+                assert scored["strict"] is None and problem in scored["per_instruction"][0]["error"]
+            assert kwargs_type_problem(iid, {q.name: right[q.annotation] for q in params}) is None
+    assert kwargs_type_problem("x:unknown", {"end_phrase": 7}) is None  # an unknown id is only noted
+
+
+def test_scoring_survives_records_that_never_met_a_loader():
+    from cascade_repro.judge.ifeval.score import score_response, unscorable
+
+    hostile = [
+        {"instruction_id_list": [["a"]], "kwargs": [{}]},  # an id that is not text
+        {"instruction_id_list": "punctuation:no_comma"},  # not a list: no instructions
+        {"instruction_id_list": ["startend:end_checker"], "kwargs": "notalist"},
+        {
+            "instruction_id_list": ["startend:end_checker"],
+            "kwargs": [{"end_phrase": "x" * 10_000, "other": 1}],
+        },
+    ]
+    for rec in hostile:
+        score_response(rec, "답 x")
+    assert score_response(hostile[3], "답 " + "x" * 10_000)["strict"] is True
+    note = unscorable(hostile).note()
+    assert note is not None and "no verifier for ['a']" in note and "\n" not in note
