@@ -320,70 +320,32 @@ def _rescore_unchecked_record(root: Path, synth: Path) -> list[str]:
 
 
 TEXT = "end_phrase must be text, not 7"
+# fmt: off
 CASES_PROMPTS = [
-    Case(
-        "show-end-phrase-number",
-        _show({"end_phrase": 7}),
-        2,
-        f"bad.jsonl line 2: field 'kwargs' item 0 (startend:end_checker): {TEXT}",
-    ),
-    Case(
-        "show-postscript-number",
-        _show({"postscript_marker": 1}, "detectable_content:postscript"),
-        2,
-        "postscript_marker must be text, not 1",
-    ),
-    Case(
-        "show-repeat-list",
-        _show({"prompt_to_repeat": ["x"]}, "combination:repeat_prompt"),
-        2,
-        "prompt_to_repeat must be text",
-    ),
-    Case(
-        "show-keywords-not-a-list",
-        _show({"keywords": "notalist"}, "keywords:existence"),
-        2,
-        "keywords must be a list of texts, not 'notalist'",
-    ),
-    Case(
-        "show-forbidden-numbers",
-        _show({"forbidden_words": [1, 2]}, "keywords:forbidden_words"),
-        2,
-        "forbidden_words must be a list of texts",
-    ),
-    Case(
-        "show-count-text",
-        _show({"relation": "at least", "num_words": "many"}, "length_constraints:number_words"),
-        2,
-        "num_words must be a whole number, not 'many'",
-    ),
-    Case(
-        "show-relation-number",
-        _show({"relation": 1, "num_words": 5}, "length_constraints:number_words"),
-        2,
-        "relation must be text, not 1",
-    ),
-    Case(
-        "show-csv",
-        _show({"end_phrase": 7}, name="bad.csv"),
-        2,
-        f"bad.csv line 3: field 'kwargs' item 0 (startend:end_checker): {TEXT}",
-    ),
-    Case(
-        "dry-run-end-phrase-number",
-        _dry_run({"end_phrase": 7}),
-        2,
-        f"line 2: field 'kwargs' item 0 (startend:end_checker): {TEXT}",
-    ),
-    Case(
-        "dry-run-keywords-not-a-list",
-        _dry_run({"keywords": "tea"}, "keywords:existence"),
-        2,
-        "keywords must be a list of texts",
-    ),
+    Case("show-end-phrase-number", _show({"end_phrase": 7}), 2,
+         f"bad.jsonl line 2: field 'kwargs' item 0 (startend:end_checker): {TEXT}"),
+    Case("show-postscript-number", _show({"postscript_marker": 1}, "detectable_content:postscript"), 2,
+         "postscript_marker must be text, not 1"),
+    Case("show-repeat-list", _show({"prompt_to_repeat": ["x"]}, "combination:repeat_prompt"), 2,
+         "prompt_to_repeat must be text"),
+    Case("show-keywords-not-a-list", _show({"keywords": "notalist"}, "keywords:existence"), 2,
+         "keywords must be a list of texts, not 'notalist'"),
+    Case("show-forbidden-numbers", _show({"forbidden_words": [1, 2]}, "keywords:forbidden_words"), 2,
+         "forbidden_words must be a list of texts"),
+    Case("show-count-text", _show({"relation": "at least", "num_words": "many"}, "length_constraints:number_words"), 2,
+         "num_words must be a whole number, not 'many'"),
+    Case("show-relation-number", _show({"relation": 1, "num_words": 5}, "length_constraints:number_words"), 2,
+         "relation must be text, not 1"),
+    Case("show-csv", _show({"end_phrase": 7}, name="bad.csv"), 2,
+         f"bad.csv line 3: field 'kwargs' item 0 (startend:end_checker): {TEXT}"),
+    Case("dry-run-end-phrase-number", _dry_run({"end_phrase": 7}), 2,
+         f"line 2: field 'kwargs' item 0 (startend:end_checker): {TEXT}"),
+    Case("dry-run-keywords-not-a-list", _dry_run({"keywords": "tea"}, "keywords:existence"), 2,
+         "keywords must be a list of texts"),
     Case("dry-run-well-typed", _dry_run({"end_phrase": "끝"}), 0),
     Case("rescore-unchecked-record", _rescore_unchecked_record, 0),
 ]
+# fmt: on
 
 
 @pytest.mark.parametrize("case", CASES_PROMPTS, ids=lambda c: c.id)
@@ -454,3 +416,82 @@ def test_scoring_survives_records_that_never_met_a_loader():
     assert score_response(hostile[3], "답 " + "x" * 10_000)["strict"] is True
     note = unscorable(hostile).note()
     assert note is not None and "no verifier for ['a']" in note and "\n" not in note
+
+
+# --- 3. one error path: an unexpected error is one line and exit 70, Ctrl-C 130 ---------------------
+
+# Runs the real console entry point in a fresh interpreter, with a fault planted where FAULT_AT says:
+# inside a command (`prompts list` loading the sets) or outside every command's own handling (the
+# app's --version callback, run while the command line is parsed).
+FAULTY_CLI = """
+import importlib.metadata, os, signal, sys, time
+from cascade_repro.prompts import promptsets
+
+def fault(*args, **kwargs):
+    what = os.environ["FAULT"]
+    if what == "sigint":
+        os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C
+        time.sleep(30)
+    raise {"attr": AttributeError("'int' object has no attribute 'strip'"),
+           "multiline": RuntimeError("first line\\nsecond line"),
+           "interrupt": KeyboardInterrupt()}[what]
+
+if os.environ["FAULT_AT"] == "command":
+    promptsets.list_builtin_sets = fault
+else:
+    importlib.metadata.version = fault
+from cascade_repro.cli import main
+main()
+"""
+
+
+@dataclass
+class Fault:
+    id: str
+    argv: list[str]
+    env: dict[str, str]
+    code: int
+    says: str  # the one line of stderr; "Traceback" for the --debug rows (then the traceback, once)
+
+
+INTERNAL = (
+    "error: internal error: AttributeError: 'int' object has no attribute 'strip' (a bug in cascade-repro;"
+)
+CMD, VERSION = {"FAULT_AT": "command"}, {"FAULT_AT": "version"}
+# fmt: off
+FAULTS = [
+    Fault("internal-error-in-a-command", ["prompts", "list"], {**CMD, "FAULT": "attr"}, 70, INTERNAL),
+    Fault("internal-error-outside-a-command", ["--version"], {**VERSION, "FAULT": "attr"}, 70, INTERNAL),
+    Fault("internal-error-message-on-one-line", ["prompts", "list"], {**CMD, "FAULT": "multiline"}, 70,
+          "error: internal error: RuntimeError: first line second line"),
+    Fault("debug-flag-shows-the-traceback", ["--debug", "prompts", "list"], {**CMD, "FAULT": "attr"}, 70,
+          "Traceback"),
+    Fault("debug-env-shows-the-traceback", ["prompts", "list"],
+          {**CMD, "FAULT": "attr", "CASCADE_REPRO_DEBUG": "1"}, 70, "Traceback"),
+    Fault("debug-env-0-is-off", ["prompts", "list"], {**CMD, "FAULT": "attr", "CASCADE_REPRO_DEBUG": "0"}, 70,
+          INTERNAL),
+    Fault("ctrl-c-in-a-command", ["prompts", "list"], {**CMD, "FAULT": "sigint"}, 130,
+          "interrupted: finished cells are kept"),
+    Fault("ctrl-c-outside-a-command", ["--version"], {**VERSION, "FAULT": "interrupt"}, 130, ""),
+    Fault("usage-error-stays-2", ["prompts", "show", "missing.jsonl"], {**CMD, "FAULT": "attr"}, 2,
+          "error: prompt file not found: missing.jsonl"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.id)
+def test_one_error_path(fault: Fault, tmp_path: Path):
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "CASCADE_REPRO_DEBUG"} | fault.env | WIDE
+    res = subprocess.run([sys.executable, "-c", FAULTY_CLI, *fault.argv], capture_output=True, text=True,
+                         env=env, cwd=tmp_path, timeout=120)  # fmt: skip
+    assert res.returncode == fault.code, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    if fault.says == "Traceback":
+        assert res.stderr.count("Traceback") == 1 and "During handling" not in res.stderr, res.stderr
+        assert lines[-1] == "AttributeError: 'int' object has no attribute 'strip'"
+        return
+    assert "Traceback" not in res.stderr
+    assert len(lines) <= 1 and (lines[0] if lines else "").startswith(fault.says), res.stderr
