@@ -173,10 +173,25 @@ def _minimize_dir(root: Path, synth: Path) -> list[str]:
     return ["minimize", str(run), "--pair", PAIR]
 
 
+def _minimize_prompts(root: Path, synth: Path) -> list[str]:
+    """The prompts of the chosen wave are copied into repro.py and issue.md: never from a link."""
+    run = run_copy(synth, root / "run")
+    link(run / runstore.PROMPTS, victims(root)[0])
+    return ["minimize", str(run), "--pair", PAIR]
+
+
 def _minimize_output(root: Path, synth: Path) -> list[str]:
     run = run_copy(synth, root / "run")
     link(run / runstore.MINIMIZE / PAIR / "repro.py", victims(root)[0])
     return ["minimize", str(run), "--pair", PAIR]
+
+
+def _minimize_out_option(root: Path, synth: Path) -> list[str]:
+    """--out names the user's own folder: still, an output file there that is a link is not written through."""
+    run = run_copy(synth, root / "run")
+    (root / "mine").mkdir()
+    link(root / "mine" / "issue.md", victims(root)[0])
+    return ["minimize", str(run), "--pair", PAIR, "--out", str(root / "mine")]
 
 
 LINK = "is a symbolic link"
@@ -192,7 +207,9 @@ CASES = [
     Case("matrix-lock", _matrix_lock, 2, f".lock {LINK}", needs_model=True),
     Case("matrix-fresh-linked-samples", _matrix_fresh_samples, 2, f"samples {LINK}", needs_model=True),
     Case("minimize-linked-dir", _minimize_dir, 2, f"minimize {LINK}"),
+    Case("minimize-linked-prompts", _minimize_prompts, 2, f"prompts.jsonl {LINK}"),
     Case("minimize-linked-output", _minimize_output, 2, f"repro.py {LINK}"),
+    Case("minimize-linked-output-in-out", _minimize_out_option, 2, f"issue.md {LINK}"),
 ]
 
 

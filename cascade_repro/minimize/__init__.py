@@ -61,6 +61,8 @@ def minimize_run(
         raise UsageError("--max-tests must be at least 1")
     if confirm < 1:
         raise UsageError("--confirm must be at least 1")
+    # Its prompts end up in repro.py and issue.md, its minimize/ is written: nothing through a link.
+    runstore.refuse_run_links(run_dir)
     run = runstore.read_manifest(run_dir)
     spec = run.spec
     if (fault := inj.try_parse(spec.inject)) is not None and fault.kind != inj.LSE_LAYOUT:
