@@ -18,6 +18,7 @@ BESIDE = {"engines": {"prompts", "plan", "run", "vllm_surface"}, "vllm_surface":
 SHARED = {"twin", "errors"}
 # (importing module, imported stage or tool): why the flow runs backwards there.
 EXCEPTIONS = {
+    ("prompts.promptsets", "judge"): "a record's IFEval kwargs are checked, where it enters, against the types its verifier takes",
     ("plan.estimate", "run"): "a rerun's estimate uses that run's own wave times (runstore, manifest)",
     ("plan.shard", "run"): "a shard is a cut of a run's manifest plan",
     ("run.runner", "judge"): "the runner scores the run once its workers finish",

@@ -3,6 +3,7 @@ verdict). The options several commands share are in ``options.py``."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -66,11 +67,17 @@ class Group(TyperGroup):
         _plain_placeholders(self.params)
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
-        """Click's own usage errors (an unknown flag, a value of the wrong type, a missing argument)
-        as one line and exit code 2, like the tool's own: Typer draws them as a five-line box."""
+        """The one error path of every command. Click's own usage errors (an unknown flag, a value of
+        the wrong type, a missing argument) as one line and exit code 2, like the tool's own: Typer
+        draws them as a five-line box. Ctrl-C is 130; any other exception is a bug: one line and
+        :data:`EXIT_INTERNAL` (never 1, which CI reads as a regression), the traceback with --debug."""
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
+        global _debug
+        _debug = False  # set by --debug while the app's options are read (tests run many commands)
         # Click's exceptions, wherever this Typer takes them from (click, or its own copy from 0.24).
+        # Abort and Exit are not among them in the copy: those come from typer itself, which
+        # re-exports click's where it has no copy.
         exc = sys.modules[typer.BadParameter.__module__]
         no_args = getattr(exc, "NoArgsIsHelpError", ())  # Click >= 8.2: a bare group asks for help
         try:
@@ -88,9 +95,19 @@ class Group(TyperGroup):
         except exc.ClickException as e:
             e.show()
             sys.exit(e.exit_code)
-        except exc.Abort:
-            typer.echo("Aborted!", err=True)
-            sys.exit(1)
+        except (typer.Abort, KeyboardInterrupt):  # Click < 8.2 turns Ctrl-C into Abort
+            err_console().print("interrupted", highlight=False)
+            sys.exit(EXIT_INTERRUPTED)
+        except BrokenPipeError:
+            # Where SIGPIPE is ignored (main() restores its default, a parent may not), a pipe closed
+            # early ends the command quietly, as a SIGPIPE would, and never as 1.
+            try:  # nothing more reaches the closed pipe, not even the interpreter's last flush
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except (OSError, ValueError):  # stdout without a file descriptor (a test runner's)
+                pass
+            sys.exit(EXIT_BROKEN_PIPE)
+        except Exception as e:  # noqa: BLE001 - every unexpected error ends here, once
+            sys.exit(internal_error(e))
         sys.exit(code if isinstance(code, int) else 0)
 
     def get_help_option(self, ctx: Any) -> Any:
@@ -98,6 +115,38 @@ class Group(TyperGroup):
         if option is not None:
             _plain_placeholders([option])
         return option
+
+
+EXIT_INTERNAL = 70  # sysexits.h's EX_SOFTWARE: a bug in the tool, not in the run or the command line
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool that SIGPIPE ended
+DEBUG_ENV = "CASCADE_REPRO_DEBUG"
+_debug = False  # --debug of this invocation
+
+
+def debugging() -> bool:
+    """--debug, or CASCADE_REPRO_DEBUG set to anything but empty, 0, false, no or off."""
+    return _debug or os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def internal_error(e: BaseException) -> int:
+    """Say an unexpected exception in one line on stderr (with --debug, its traceback instead);
+    return :data:`EXIT_INTERNAL`."""
+    if debugging():
+        import traceback
+
+        traceback.print_exception(e)
+    else:
+        message = " ".join(str(e).split())  # one line, however the exception wrapped it
+        message = message[:300] + "..." if len(message) > 300 else message
+        what = f"{type(e).__name__}: {message}" if message else type(e).__name__
+        err_console().print(
+            f"[bold red]error:[/] internal error: {escape(what)} (a bug in cascade-repro; "
+            f"--debug or {DEBUG_ENV}=1 shows the traceback)",
+            highlight=False,
+            soft_wrap=True,
+        )
+    return EXIT_INTERNAL
 
 
 class Typer(typer.Typer):
@@ -148,8 +197,18 @@ def _app_options(
         bool,
         typer.Option("--version", help="Print the version and exit.", is_eager=True, callback=_print_version),
     ] = False,
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug",
+            help=f"On an internal error (exit {EXIT_INTERNAL}), print its traceback instead of one line "
+            f"(or set {DEBUG_ENV}=1).",
+        ),
+    ] = False,
 ) -> None:
     """Options of the app itself (before any command)."""
+    global _debug
+    _debug = debug
 
 
 # A run id as runner.default_run_id names a run: ENGINE-MODEL-HASH (this one: MatrixSpec()'s, which a
@@ -190,7 +249,7 @@ def as_typed(value: Any) -> str:
 def user_errors() -> Iterator[None]:
     """Turn a UsageError into one line on stderr and exit code 2, a failure of the machine (a
     permission, a full disk, an I/O error) into one line naming the path and exit code 6; Ctrl-C
-    into a resume hint."""
+    into a resume hint. Anything else is a bug, said once by ``Group.main`` (exit 70)."""
     from cascade_repro.errors import EnvironmentFailure, UsageError
 
     try:
@@ -206,7 +265,7 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(EnvironmentFailure.exit_code) from None
     except KeyboardInterrupt:
         err_console().print("interrupted: finished cells are kept; rerun the same command to resume")
-        raise typer.Exit(130) from None
+        raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
 # Where output is not a terminal (a pipe, a CI log) rich assumes 80 columns: tables are squeezed
@@ -217,8 +276,6 @@ PIPE_WIDTH = 200
 def out_console(stderr: bool = False):
     """The console a command prints through: messages never wrapped (soft_wrap, so a report path or
     a cell id stays whole), tables at their natural width when output is not a terminal."""
-    import os
-
     from rich.console import Console
 
     console = Console(stderr=stderr, soft_wrap=True)

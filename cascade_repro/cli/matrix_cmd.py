@@ -341,7 +341,8 @@ def matrix(
     Exit codes: 0 clean, 1 regression (per --fail-on) or every cascade pair errored, 2 usage error,
     4 nothing exercised (cascade never fired in any pair), 5 inconclusive (no noise control),
     6 the machine refused (a permission, a full disk, an I/O error: one line names the path),
-    130 interrupted, 141 a pipe closed early (`| head -1`: SIGPIPE, as any Unix tool).
+    70 internal error (a bug: `cascade-repro --debug` shows its traceback), 130 interrupted,
+    141 a pipe closed early (`| head -1`: SIGPIPE, as any Unix tool).
     """
     with user_errors():
         from cascade_repro.plan.matrix import load_toml

@@ -36,7 +36,7 @@ def merge(
         cascade-repro merge results/ci-1234 shards/shard-1 shards/shard-2
 
     Exit codes: as for `matrix`: 0 clean, 1 regression (per --fail-on), 2 usage error (a missing
-    shard too, without --allow-partial), 4 nothing exercised, 5 inconclusive.
+    shard too, without --allow-partial), 4 nothing exercised, 5 inconclusive, 70 internal error.
     """
     console = err_console()
     with user_errors():

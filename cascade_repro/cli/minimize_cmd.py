@@ -48,7 +48,7 @@ def minimize(
         gh issue create -R vllm-project/vllm --title "[Bug]: cascade attention ..." --body-file results/.../issue.md
 
     Exit codes: 0 minimized case written, 3 the fault did not reproduce (nothing but
-    minimized.json written), 2 usage error.
+    minimized.json written), 2 usage error, 70 internal error.
     """
     console = err_console()
     with user_errors():

@@ -15,8 +15,9 @@ SCHEMA_HELP = (
     "column with --prompt-field), `key` (unique text or integer; else `id`, else file name and row; "
     "another column with --key-field), `instruction_id_list` (IFEval instruction ids) and `kwargs` "
     "(one object per id; in CSV both are JSON text), `lang`. Every other column is kept, as JSON data, "
-    "under `extra` in the run's prompts.jsonl. Ids with no verifier, and kwargs no verifier can use, "
-    "leave their prompts unscored; `prompts show` and the run's report name them."
+    "under `extra` in the run's prompts.jsonl. A kwarg of another type than its verifier takes (text, "
+    "a whole number, a list of texts) is an error naming the line. Ids with no verifier, and kwargs "
+    "no verifier can use, leave their prompts unscored; `prompts show` and the run's report name them."
 )
 
 # The system prompt only measures the shared prefix here: what it is for, not what it can be.

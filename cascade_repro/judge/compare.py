@@ -78,7 +78,8 @@ def load_prompts(run_dir: Path) -> list[Any]:
     if not path.is_file():
         return []
     try:
-        return list(iter_prompt_records(path))
+        # A kwarg of the wrong type leaves its prompt unscored (score_response), not the whole run.
+        return list(iter_prompt_records(path, check_kwarg_types=False))
     except UsageError:
         return []
 

@@ -16,6 +16,8 @@ from cascade_repro.vllm_surface import inject as inj
 
 __all__ = ["CRITERIA", "MinimizeOutput", "minimize_run"]
 
+OUTPUTS = ("minimized.json", "repro.py", "issue.md")  # what minimize writes into its folder
+
 
 @dataclass
 class MinimizeOutput:
@@ -59,6 +61,8 @@ def minimize_run(
         raise UsageError("--max-tests must be at least 1")
     if confirm < 1:
         raise UsageError("--confirm must be at least 1")
+    # Its prompts end up in repro.py and issue.md, its minimize/ is written: nothing through a link.
+    runstore.refuse_run_links(run_dir)
     run = runstore.read_manifest(run_dir)
     spec = run.spec
     if (fault := inj.try_parse(spec.inject)) is not None and fault.kind != inj.LSE_LAYOUT:
@@ -73,7 +77,11 @@ def minimize_run(
     if not start.prompt_indices:
         raise UsageError(f"pair {pair['pair_id']} has no samples to start from")
     prompts = _load_prompts(run_dir)
-    out_dir = Path(out_dir) if out_dir else run_dir / "minimize" / safe_dirname(pair["pair_id"])
+    out_base = Path(out_dir) if out_dir else run_dir
+    out_dir = Path(out_dir) if out_dir else run_dir / runstore.MINIMIZE / safe_dirname(pair["pair_id"])
+    # Before the engine starts: a link planted in the run directory (minimize/, its pair folder, an
+    # output file) would take these writes outside it.
+    runstore.refuse_links(out_base, [out_dir / name for name in OUTPUTS])
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -161,7 +169,7 @@ def minimize_run(
             header=f"model {run.model_name or spec.model}; from run {run_id}, pair {pair['pair_id']} ({spec.engine} engine, "
             f"vLLM {run.env.get('vllm', 'unknown')})",
         )
-        (out_dir / "repro.py").write_text(repro, encoding="utf-8")
+        runstore.write_text_atomic(out_dir / "repro.py", repro, mode=0o644)  # replaces, never follows, a link
         files["repro"] = out_dir / "repro.py"
         issue = render_issue(
             result=data,
@@ -172,6 +180,6 @@ def minimize_run(
             inject=inject,
             engine_args=engine_args,
         )
-        (out_dir / "issue.md").write_text(issue, encoding="utf-8")
+        runstore.write_text_atomic(out_dir / "issue.md", issue, mode=0o644)
         files["issue"] = out_dir / "issue.md"
     return MinimizeOutput(result, out_dir, files)

@@ -298,4 +298,5 @@ def _topk_line(topk: list[list[float]]) -> str:
 
 
 def safe_dirname(pair_id: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._~-]+", "_", pair_id)
+    name = re.sub(r"[^A-Za-z0-9._~-]+", "_", pair_id)
+    return name.replace(".", "_") if set(name) <= {"."} else name  # "." or ".." would name no new folder

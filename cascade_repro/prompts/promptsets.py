@@ -224,9 +224,14 @@ def load_system_prompt(spec: str) -> str:
     return _read_system_prompt(path, spec)
 
 
-def iter_prompt_records(path: PromptPath) -> Iterator[PromptRecord]:
-    """Stream validated records from a local file, one at a time (keys are not checked for duplicates)."""
-    for _where, record in _file_records(_as_file(path), str(path)):
+def iter_prompt_records(path: PromptPath, *, check_kwarg_types: bool = True) -> Iterator[PromptRecord]:
+    """Stream validated records from a local file, one at a time (keys are not checked for duplicates).
+
+    ``check_kwarg_types=False`` lets a kwarg of the wrong type through (scoring a finished run's
+    ``prompts.jsonl``: that prompt is then not scored, and the report says why, where a refusal would
+    leave every prompt unscored).
+    """
+    for _where, record in _file_records(_as_file(path), str(path), check_kwarg_types):
         yield record
 
 
@@ -299,7 +304,9 @@ def _unique_keys(located: Iterable[tuple[_Where, PromptRecord]]) -> Iterator[Pro
 # --------------------------------------------------------------------------------------------
 
 
-def _file_records(file: Path | Traversable, display: str) -> Iterator[tuple[_Where, PromptRecord]]:
+def _file_records(
+    file: Path | Traversable, display: str, check_kwarg_types: bool = True
+) -> Iterator[tuple[_Where, PromptRecord]]:
     """Stream (location, record) pairs from a local or shipped file of any supported format."""
     if not file.is_file():
         raise UsageError(f"prompt file not found: {display}")
@@ -307,7 +314,7 @@ def _file_records(file: Path | Traversable, display: str) -> Iterator[tuple[_Whe
     stem = Path(file.name).stem
     try:
         for index, (where, (fields, extra)) in enumerate(read_rows(file, display)):
-            yield where, _to_record(fields, where, f"{stem}-{index:04d}", extra)
+            yield where, _to_record(fields, where, f"{stem}-{index:04d}", extra, check_kwarg_types)
     except OSError as exc:  # permissions, a vanished file, an I/O error mid-read
         raise UsageError(f"cannot read {display}: {_one_line(exc)}") from None
 
@@ -528,15 +535,22 @@ def _json_cell(text: str, where: _Where, field: str) -> Any:
 
 
 def _to_record(
-    row: Mapping[str, Any], where: _Where, default_key: str, extra: Mapping[str, Any] | None = None
+    row: Mapping[str, Any],
+    where: _Where,
+    default_key: str,
+    extra: Mapping[str, Any] | None = None,
+    check_kwarg_types: bool = True,
 ) -> PromptRecord:
     """Validate one row (already a mapping of record fields) and build its record."""
     ids = _instruction_ids(row.get("instruction_id_list"), where)
+    kwargs = _kwargs(row.get("kwargs"), where, len(ids))
+    if check_kwarg_types:
+        _check_kwarg_types(ids, kwargs, where)
     return PromptRecord(
         key=_key(row.get("key"), where, default_key),
         prompt=_prompt(row, where),
         instruction_id_list=ids,
-        kwargs=_kwargs(row.get("kwargs"), where, len(ids)),
+        kwargs=kwargs,
         lang=_optional_text(row.get("lang"), where, "lang"),
         extra=_extra_columns(extra or {}, where),
     )
@@ -643,6 +657,18 @@ def _kwargs(value: Any, where: _Where, n_instructions: int) -> tuple[dict, ...]:
             ) from None
         result.append(item)
     return tuple(result)
+
+
+def _check_kwarg_types(ids: tuple[str, ...], kwargs: tuple[dict, ...], where: _Where) -> None:
+    """Refuse a kwarg whose value is not of the type its instruction's verifier takes (text, a whole
+    number, a list of texts): found here, it costs nothing; found by scoring, it came after every
+    cell had run. Values of the right type that no verifier can use (a language a script test cannot
+    decide) are not refused: the prompt is then not scored, and `prompts show` says so."""
+    from cascade_repro.judge.ifeval.verifiers import kwargs_type_problem
+
+    for position, (iid, kw) in enumerate(zip(ids, kwargs, strict=False)):
+        if (problem := kwargs_type_problem(iid, kw)) is not None:
+            raise UsageError(f"{where}: field 'kwargs' item {position} ({iid}): {problem}")
 
 
 def _list_field(value: Any, where: _Where, field: str) -> list:

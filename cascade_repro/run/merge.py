@@ -53,6 +53,9 @@ class _ShardDir:
 def _read_shard(path: Path) -> _ShardDir:
     if not path.is_dir():
         raise UsageError(f"{path}: not a directory")
+    # Its prompts, samples and logs are copied into the merged run: a link there would copy the
+    # file it points at (a shard is a downloaded artifact).
+    runstore.refuse_run_links(path)
     raw = runstore.read_run_json(path)
     run = Manifest.from_json(raw)
     text = run.shard
@@ -81,8 +84,8 @@ def _locked(run_dir: Path) -> bool:
     """True when another process holds the run's lock; reads only (a shard dir may be read-only)."""
     import fcntl
 
-    try:
-        fd = os.open(run_dir / runstore.LOCK, os.O_RDONLY)
+    try:  # O_NONBLOCK: a FIFO planted as the lock file must not hang the merge
+        fd = os.open(run_dir / runstore.LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return False
     try:
@@ -176,14 +179,15 @@ def _prepare_out(out_dir: Path, shards: list[_ShardDir]) -> None:
         return
     if not out_dir.is_dir():
         raise UsageError(f"{out_dir} exists and is not a directory")
+    runstore.refuse_run_links(out_dir)  # before anything there is deleted or written
     if (out_dir / runstore.RUN_JSON).exists():
         old = runstore.read_manifest(out_dir)
         if not old.has("shards") or old.stored("spec_hash") != shards[0].run.spec_hash:
             raise UsageError(
                 f"{out_dir} holds another run, not a merge of this matrix: choose a new directory"
             )
-        shutil.rmtree(out_dir / runstore.SAMPLES, ignore_errors=True)
-        shutil.rmtree(out_dir / runstore.REFERENCE, ignore_errors=True)
+        runstore.remove_tree(out_dir, runstore.SAMPLES)
+        runstore.remove_tree(out_dir, runstore.REFERENCE)
         for p in out_dir.glob("worker-*.log"):
             p.unlink()
         for name in _OUTPUTS:
@@ -193,13 +197,16 @@ def _prepare_out(out_dir: Path, shards: list[_ShardDir]) -> None:
 
 
 def _copy(src: Path, dst: Path, link: bool) -> None:
+    """Copy (or hard-link) a shard's file; a link is never followed (the shard was checked too)."""
+    if src.is_symlink():
+        raise UsageError(f"{src} is a symbolic link: refusing to copy it into the merged run")
     if link:
         try:
-            os.link(src, dst)
+            os.link(src, dst, follow_symlinks=False)
             return
         except OSError:
             pass  # another filesystem: copy
-    shutil.copy2(src, dst)
+    shutil.copy2(src, dst, follow_symlinks=False)
 
 
 def _unsharded_command(command: Any) -> str:
@@ -234,7 +241,7 @@ def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = FAIL_ON_DEFAULT,
     _prepare_out(out_dir, shards)
     with runstore.RunLock(out_dir):
         (out_dir / runstore.SAMPLES).mkdir(parents=True, exist_ok=True)
-        shutil.copy2(runstore.prompts_path(first.path), runstore.prompts_path(out_dir))
+        _copy(runstore.prompts_path(first.path), runstore.prompts_path(out_dir), link=False)
         engines: dict[str, Any] = {}
         listed = []
         for s in shards:

@@ -545,7 +545,7 @@ def run_reference(
         return {"precision": "off", "status": "off"}
     device = refpass.pick_device(ref.device)
     record: dict[str, Any] = {"precision": precision, "device": device}
-    log_path = run_dir / "reference.log"
+    log_path = run_dir / runstore.REFERENCE_LOG
     before = refpass.count_records(run_dir)
     t0 = time.time()
     seen = log_path.stat().st_size if log_path.exists() else 0

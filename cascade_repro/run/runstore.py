@@ -16,11 +16,13 @@ This module owns the run directory's file names: no other module spells one out.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import re
+import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -32,6 +34,7 @@ RUN_JSON = "run.json"
 PROMPTS = "prompts.jsonl"
 SAMPLES = "samples"
 REFERENCE = "reference"  # the reference pass's records, one file per engine key (run/reference.py)
+REFERENCE_LOG = "reference.log"  # the reference pass's output
 PROBE = "probe"
 MINIMIZE = "minimize"
 LOCK = ".lock"
@@ -247,6 +250,9 @@ def write_prompts(run_dir: Path, records: list[Any]) -> None:
 def write_parquet_atomic(df: Any, path: Path) -> None:
     """Write a table through a temp file and rename; a failed write leaves no temp file behind."""
     tmp = path.with_name(f".{path.name}.tmp")
+    # A link planted under the temp file's name would be written through: remove it (a name, not
+    # what it points at) so to_parquet creates a new file.
+    tmp.unlink(missing_ok=True)
     try:
         df.to_parquet(tmp, index=False)
         os.replace(tmp, path)
@@ -269,17 +275,109 @@ def clear_derived(run_dir: Path) -> None:
     counters, the tables, every report, ``minimize/`` and the sweep table.
 
     The reports go with the samples: a ``--fresh`` run cut before it scored would otherwise leave
-    the old run's verdict (a passing junit.xml) beside samples that no longer hold it.
+    the old run's verdict (a passing junit.xml) beside samples that no longer hold it. A link among
+    them is refused (:func:`refuse_links`), and a folder that cannot be removed is an error: a
+    ``--fresh`` that quietly kept the old samples would resume the old run instead.
     """
-    import shutil
-
     run_dir = Path(run_dir)
     for name in (SAMPLES, REFERENCE, PROBE, MINIMIZE):
-        shutil.rmtree(run_dir / name, ignore_errors=True)
-    for name in (*TABLES, *REPORTS, SWEEP_MD):
+        remove_tree(run_dir, name)
+    for name in (*TABLES, *REPORTS, SWEEP_MD, REFERENCE_LOG):
         (run_dir / name).unlink(missing_ok=True)
     for p in run_dir.glob("worker-*.log"):
         p.unlink(missing_ok=True)
+
+
+def remove_tree(run_dir: Path, name: str) -> None:
+    """Delete the folder ``name`` of a run directory, if there is one; a link there is refused."""
+    import shutil
+
+    path = Path(run_dir) / name
+    refuse_links(run_dir, [path])
+    if path.is_dir():
+        shutil.rmtree(path)
+
+
+# --- links in a run directory ----------------------------------------------------------------------
+# A run directory is input from elsewhere (a CI artifact, a tarball, a copy): a symbolic link
+# planted in it, .lock -> ~/.bashrc or samples/k.jsonl -> /etc/passwd, would make a command
+# truncate, append to, delete or copy a file outside it. Every command that writes in a run
+# directory or copies out of one refuses it first (the lock, --fresh, merge, minimize), and the
+# files it appends to are opened with O_NOFOLLOW. The run directory itself may be a link: that is
+# the user's own choice, not the directory's content.
+
+
+def owned_paths(run_dir: Path) -> list[Path]:
+    """Every path of a run directory some command opens for writing, truncates, deletes or copies:
+    the fixed names, the worker logs, and everything under samples/, reference/, probe/ and minimize/."""
+    run_dir = Path(run_dir)
+    out = [run_dir / n for n in (LOCK, RUN_JSON, PROMPTS, *TABLES, *REPORTS, SWEEP_MD, REFERENCE_LOG)]
+    out += sorted(run_dir.glob("worker-*.log"))
+    for name in (SAMPLES, REFERENCE, PROBE, MINIMIZE):
+        top = run_dir / name
+        out.append(top)
+        if top.is_dir() and not top.is_symlink():
+            for root, dirs, files in os.walk(top):  # a link to a folder is listed, never entered
+                out += [Path(root) / n for n in sorted((*dirs, *files))]
+    return out
+
+
+def refuse_links(run_dir: Path, paths: Iterable[Path | str]) -> None:
+    """Raise a one-line UsageError naming the first of ``paths``, or a folder on the way to it from
+    ``run_dir``, that is a symbolic link (or is neither a file nor a folder: a FIFO would hang a
+    reader, a device node is no record). ``paths`` lie in ``run_dir`` (or are relative to it); a
+    path not there yet is fine."""
+    run_dir = Path(run_dir)
+    for p in paths:
+        p = Path(p)
+        rel = p.relative_to(run_dir) if p.is_relative_to(run_dir) else p
+        if rel.is_absolute() or ".." in rel.parts:
+            raise ValueError(f"{p} is not inside {run_dir}")
+        cur = run_dir
+        for part in rel.parts:
+            cur = cur / part
+            try:
+                st = os.lstat(cur)
+            except (FileNotFoundError, NotADirectoryError):
+                break
+            if stat.S_ISLNK(st.st_mode):
+                raise UsageError(_link_message(cur))
+            if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+                raise UsageError(
+                    f"{_shown(cur)} is neither a file nor a folder: refusing it in a run directory; remove it"
+                )
+
+
+def refuse_run_links(run_dir: Path) -> None:
+    """:func:`refuse_links` over :func:`owned_paths`: what a command checks before it writes in a
+    run directory, or copies out of one."""
+    refuse_links(run_dir, owned_paths(run_dir))
+
+
+def safe_open(path: Path, flags: int, mode: int = 0o644) -> int:
+    """``os.open`` that never follows a symbolic link at ``path`` (O_NOFOLLOW): a planted link is a
+    UsageError naming it, not a write into the file it points at."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP and os.path.islink(path):
+            raise UsageError(_link_message(Path(path))) from None
+        raise
+
+
+def _link_message(path: Path) -> str:
+    try:
+        target = f" (to {_shown(os.readlink(path))})"
+    except OSError:
+        target = ""
+    return (
+        f"{_shown(path)} is a symbolic link{target}: refusing to follow a link in a run directory; remove it"
+    )
+
+
+def _shown(path: Path | str) -> str:
+    """A path for a one-line message: a control character in a hostile name shows as ``?``."""
+    return re.sub(r"[\x00-\x1f\x7f]", "?", str(path))
 
 
 def new_run_id(now: str) -> str:
@@ -378,7 +476,9 @@ class JsonlWriter:
     def __init__(self, path: Path, *, background: bool = False) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         truncate_torn_tail(path)
-        self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        # Never through a link planted in the run directory (see refuse_links).
+        fd = safe_open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        self._f = os.fdopen(fd, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self._queue: Any = None
         self._error: BaseException | None = None
         self._go: Any = None
@@ -506,13 +606,13 @@ class JsonlWriter:
 
 
 def truncate_torn_tail(path: Path) -> None:
-    """Drop bytes after the last newline (an interrupted write)."""
+    """Drop bytes after the last newline (an interrupted write); never through a link."""
     if not path.exists():
         return
     size = path.stat().st_size
     if size == 0:
         return
-    with open(path, "rb+") as f:
+    with os.fdopen(safe_open(path, os.O_RDWR), "rb+") as f:
         f.seek(max(0, size - 1))
         if f.read(1) == b"\n":
             return
@@ -698,6 +798,10 @@ class RunLock:
     The kernel drops the lock when its holder dies, so a kill -9 does not block the rerun, and
     two reruns racing over a dead holder's file cannot both win (a pid check followed by
     unlink-and-recreate could hand the lock to both). The pid is only for the message.
+
+    ``matrix``, ``report`` and ``merge`` write in a run directory under it, so it is also where a
+    directory holding a link among its own files is refused (:func:`refuse_run_links`), the lock
+    file first: it is opened with O_NOFOLLOW, as truncating it for the pid would empty a link's target.
     """
 
     def __init__(self, run_dir: Path) -> None:
@@ -710,7 +814,7 @@ class RunLock:
         for _ in range(10):
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+                fd = safe_open(self.path, os.O_CREAT | os.O_RDWR)
             except OSError as e:  # a read-only or foreign directory: one line, not a traceback
                 raise EnvironmentFailure(f"cannot write in {self.path.parent}: {e.strerror or e}") from None
             try:
@@ -730,9 +834,14 @@ class RunLock:
             if not same:
                 os.close(fd)
                 continue
+            self._fd = fd
+            try:
+                refuse_run_links(self.path.parent)
+            except UsageError:
+                self.release()
+                raise
             os.ftruncate(fd, 0)
             os.write(fd, str(os.getpid()).encode())
-            self._fd = fd
             return
         raise RunLockedError(f"could not lock {self.path.parent}")
 

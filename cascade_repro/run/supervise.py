@@ -32,6 +32,10 @@ KILL_WAIT_S = 30.0
 ERROR_LINE = re.compile(r"(Error|Exception|Killed|out of memory)")
 
 
+def _no_follow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW, 0o666)
+
+
 class Worker:
     """A child process in a session of its own; a context manager that kills its group on exit."""
 
@@ -39,7 +43,10 @@ class Worker:
         self, argv: Sequence[str], *, env: dict[str, str] | None = None, log_path: Path | None = None
     ) -> None:
         self.log_path = log_path
-        self._log: IO[bytes] | None = open(log_path, "ab") if log_path is not None else None
+        # O_NOFOLLOW: a log planted as a link in a run directory must not append to its target.
+        self._log: IO[bytes] | None = (
+            open(log_path, "ab", opener=_no_follow) if log_path is not None else None
+        )
         try:
             # subprocess.Popen looked up here, at call time: tests stand a fake in for it.
             self.proc = subprocess.Popen(

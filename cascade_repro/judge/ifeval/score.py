@@ -27,12 +27,24 @@ from cascade_repro.judge.ifeval.verifiers import VERIFIERS, canonical_id, check,
 
 
 def _instructions(record: Any) -> tuple[list[str], list[dict]]:
-    """Read ``instruction_id_list`` and ``kwargs`` from a PromptRecord or a dict."""
+    """Read ``instruction_id_list`` and ``kwargs`` from a PromptRecord or a dict.
+
+    A field that is not a list (a record that skipped the loaders' checks) counts as absent.
+    """
     get = record.get if isinstance(record, Mapping) else (lambda k, d=None: getattr(record, k, d))
-    ids = list(get("instruction_id_list", None) or [])
-    kwargs = list(get("kwargs", None) or [])
+    ids = _as_list(get("instruction_id_list", None))
+    kwargs = _as_list(get("kwargs", None))
     kwargs += [{}] * (len(ids) - len(kwargs))
     return ids, [k if isinstance(k, Mapping) else {} for k in kwargs]
+
+
+def _as_list(value: Any) -> list:
+    return list(value) if isinstance(value, list | tuple) else []
+
+
+def _known(instruction_id: Any) -> bool:
+    """Whether a verifier takes this id (an id that is not text, from an unchecked record, is none)."""
+    return isinstance(instruction_id, str) and canonical_id(instruction_id) in VERIFIERS
 
 
 def score_response(record: Any, response: str) -> dict[str, Any]:
@@ -47,7 +59,7 @@ def score_response(record: Any, response: str) -> dict[str, Any]:
     per: list[dict[str, Any]] = []
     for iid, kw in zip(ids, kwargs, strict=False):
         entry: dict[str, Any] = {"id": iid, "kwargs": dict(kw), "strict": None, "loose": None, "error": None}
-        if canonical_id(iid) not in VERIFIERS:
+        if not _known(iid):
             entry["error"] = f"no verifier for {iid!r}"
         else:
             try:
@@ -113,8 +125,8 @@ def unscorable(records: Iterable[Any]) -> Unscorable:
         seen_unknown: set[str] = set()
         seen_bad: set[str] = set()
         for iid, kw in zip(ids, kwargs, strict=False):
-            if canonical_id(iid) not in VERIFIERS:
-                seen_unknown.add(iid)
+            if not _known(iid):
+                seen_unknown.add(iid if isinstance(iid, str) else repr(iid))
             elif (problem := kwargs_problem(iid, dict(kw))) is not None:
                 seen_bad.add(f"{iid}: {problem}")
         unknown.update(seen_unknown)

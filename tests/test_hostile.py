@@ -1,0 +1,514 @@
+"""Hostile run directories and prompt records: a run directory is input from elsewhere (a CI
+artifact, a tarball), so what it holds must never reach outside it.
+
+Each table row plants one thing, runs one command and asserts its exit code, that a refusal is one
+line on stderr, and that nothing outside the run directory changed (``outside/``: a victim file and a
+victim folder, compared byte for byte and by mtime). Run directories come from
+``benchmarks/make_synthetic_run.py`` (no model), copied for each row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cascade_repro.cli import app
+from cascade_repro.plan.models import embedded_available
+from cascade_repro.run import runstore
+
+WIDE = {"COLUMNS": "250"}
+PAIR = "tp1-b8-cascade~flat"  # a cascade pair of the synthetic run (minimize takes any with --pair)
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One synthetic run (two engine keys, scored), copied by every row that needs a run."""
+    from conftest import synthetic_run
+
+    return synthetic_run(tmp_path_factory.mktemp("hostile") / "synth", prompts=8, batch="1,8", tp="1,2")
+
+
+@dataclass
+class Case:
+    """One row: ``plant`` builds the directories under ``root`` and returns the command's arguments."""
+
+    id: str
+    plant: Callable[[Path, Path], list[str]]  # (root, the synthetic run) -> argv
+    code: int
+    says: str = ""  # what the one line of stderr holds (a refusal); "" for a command that goes on
+    needs_model: bool = False
+
+
+def run_copy(synth: Path, dest: Path) -> Path:
+    shutil.copytree(synth, dest, symlinks=True)
+    return dest
+
+
+def victims(root: Path) -> tuple[Path, Path]:
+    """``outside/victim.txt`` and ``outside/dir/`` (with a file): what a link in a run points at."""
+    out = root / "outside"
+    (out / "dir").mkdir(parents=True)
+    (out / "victim.txt").write_text("precious\n", encoding="utf-8")
+    (out / "dir" / "keep.jsonl").write_text('{"keep": 1}\n', encoding="utf-8")
+    return out / "victim.txt", out / "dir"
+
+
+def snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under ``root/outside``: its bytes and mtime (what a truncation or append changes)."""
+    out = {}
+    for p in sorted((root / "outside").rglob("*")):
+        st = os.lstat(p)
+        out[str(p.relative_to(root))] = (p.read_bytes() if p.is_file() else b"", st.st_mtime_ns)
+    return out
+
+
+def link(path: Path, target: Path) -> None:
+    """Replace ``path`` (a file or a folder of the run) with a symbolic link to ``target``."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.symlink_to(target)
+
+
+def samples_file(run: Path) -> Path:
+    return runstore.samples_files(run)[0]
+
+
+def shards(root: Path, synth: Path) -> tuple[Path, Path]:
+    """Two shard directories of the synthetic run's matrix (each holds every key: merge takes its own)."""
+    out = []
+    for i in (1, 2):
+        d = run_copy(synth, root / f"shard{i}")
+        run = runstore.read_run_json(d)
+        run["shard"] = f"{i}/2"
+        runstore.write_json_atomic(d / runstore.RUN_JSON, run)
+        out.append(d)
+    return out[0], out[1]
+
+
+# --- 1. links planted in a run directory ------------------------------------------------------------
+
+
+def _report_lock(root: Path, synth: Path) -> list[str]:
+    run = run_copy(synth, root / "run")
+    link(run / runstore.LOCK, victims(root)[0])
+    return ["report", str(run)]
+
+
+def _report_samples(root: Path, synth: Path) -> list[str]:
+    run = run_copy(synth, root / "run")
+    link(samples_file(run), victims(root)[0])
+    return ["report", "--rescore", str(run)]
+
+
+def _report_parquet_temp(root: Path, synth: Path) -> list[str]:
+    """A link under a table's temp name is removed, not written through: the report goes on."""
+    run = run_copy(synth, root / "run")
+    link(run / f".{runstore.CELLS}.tmp", victims(root)[0])
+    return ["report", "--rescore", str(run)]
+
+
+def _merge_shard_samples(root: Path, synth: Path) -> list[str]:
+    s1, s2 = shards(root, synth)
+    link(samples_file(s1), victims(root)[0])  # samples/*.jsonl -> /etc/passwd, say
+    return ["merge", str(root / "merged"), str(s1), str(s2)]
+
+
+def _merge_shard_prompts(root: Path, synth: Path) -> list[str]:
+    s1, s2 = shards(root, synth)
+    link(s1 / runstore.PROMPTS, victims(root)[0])
+    return ["merge", str(root / "merged"), str(s1), str(s2)]
+
+
+def _merge_out_lock(root: Path, synth: Path) -> list[str]:
+    s1, s2 = shards(root, synth)
+    (root / "merged").mkdir()
+    link(root / "merged" / runstore.LOCK, victims(root)[0])
+    return ["merge", str(root / "merged"), str(s1), str(s2)]
+
+
+def _merge_out_samples(root: Path, synth: Path) -> list[str]:
+    """An earlier merge whose samples/ is a link: merging again would empty the folder it points at."""
+    s1, s2 = shards(root, synth)
+    assert CliRunner().invoke(app, ["merge", str(root / "merged"), str(s1), str(s2)]).exit_code == 0
+    link(root / "merged" / runstore.SAMPLES, victims(root)[1])
+    return ["merge", str(root / "merged"), str(s1), str(s2)]
+
+
+def _merge_clean(root: Path, synth: Path) -> list[str]:
+    victims(root)
+    s1, s2 = shards(root, synth)
+    return ["merge", str(root / "merged"), str(s1), str(s2)]
+
+
+MATRIX = ["matrix", "--limit", "1", "--batch", "1", "--max-tokens", "2", "--no-auto-controls", "--quiet"]
+
+
+def _matrix_lock(root: Path, synth: Path) -> list[str]:
+    run = root / "results" / "r"
+    run.mkdir(parents=True)
+    link(run / runstore.LOCK, victims(root)[0])
+    return [*MATRIX, "--results-dir", str(root / "results"), "--run-id", "r"]
+
+
+def _matrix_fresh_samples(root: Path, synth: Path) -> list[str]:
+    """--fresh once left a linked samples/ in place (rmtree failing quietly) and resumed the old run."""
+    run = run_copy(synth, root / "results" / "r")
+    link(run / runstore.SAMPLES, victims(root)[1])
+    return [*MATRIX, "--results-dir", str(root / "results"), "--run-id", "r", "--fresh"]
+
+
+def _minimize_dir(root: Path, synth: Path) -> list[str]:
+    run = run_copy(synth, root / "run")
+    link(run / runstore.MINIMIZE, victims(root)[1])
+    return ["minimize", str(run), "--pair", PAIR]
+
+
+def _minimize_prompts(root: Path, synth: Path) -> list[str]:
+    """The prompts of the chosen wave are copied into repro.py and issue.md: never from a link."""
+    run = run_copy(synth, root / "run")
+    link(run / runstore.PROMPTS, victims(root)[0])
+    return ["minimize", str(run), "--pair", PAIR]
+
+
+def _minimize_output(root: Path, synth: Path) -> list[str]:
+    run = run_copy(synth, root / "run")
+    link(run / runstore.MINIMIZE / PAIR / "repro.py", victims(root)[0])
+    return ["minimize", str(run), "--pair", PAIR]
+
+
+def _minimize_out_option(root: Path, synth: Path) -> list[str]:
+    """--out names the user's own folder: still, an output file there that is a link is not written through."""
+    run = run_copy(synth, root / "run")
+    (root / "mine").mkdir()
+    link(root / "mine" / "issue.md", victims(root)[0])
+    return ["minimize", str(run), "--pair", PAIR, "--out", str(root / "mine")]
+
+
+LINK = "is a symbolic link"
+CASES = [
+    Case("report-lock", _report_lock, 2, f".lock {LINK}"),
+    Case("report-rescore-samples", _report_samples, 2, LINK),
+    Case("report-parquet-temp", _report_parquet_temp, 0),
+    Case("merge-shard-samples", _merge_shard_samples, 2, LINK),
+    Case("merge-shard-prompts", _merge_shard_prompts, 2, f"prompts.jsonl {LINK}"),
+    Case("merge-out-lock", _merge_out_lock, 2, f".lock {LINK}"),
+    Case("merge-out-samples", _merge_out_samples, 2, f"samples {LINK}"),
+    Case("merge-clean", _merge_clean, 0),
+    Case("matrix-lock", _matrix_lock, 2, f".lock {LINK}", needs_model=True),
+    Case("matrix-fresh-linked-samples", _matrix_fresh_samples, 2, f"samples {LINK}", needs_model=True),
+    Case("minimize-linked-dir", _minimize_dir, 2, f"minimize {LINK}"),
+    Case("minimize-linked-prompts", _minimize_prompts, 2, f"prompts.jsonl {LINK}"),
+    Case("minimize-linked-output", _minimize_output, 2, f"repro.py {LINK}"),
+    Case("minimize-linked-output-in-out", _minimize_out_option, 2, f"issue.md {LINK}"),
+]
+
+
+@pytest.fixture(scope="module")
+def model_ready() -> bool:
+    """The embedded model converted before a matrix row runs, so its stderr is the refusal alone."""
+    if not embedded_available():
+        return False
+    from cascade_repro.plan.models import resolve_model
+
+    resolve_model("embedded")
+    return True
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_hostile_run_directories(case: Case, synth: Path, tmp_path: Path, request: pytest.FixtureRequest):
+    if case.needs_model and not request.getfixturevalue("model_ready"):
+        pytest.skip("the embedded model is not installed")
+    argv = case.plant(tmp_path, synth)
+    before = snapshot(tmp_path)
+    res = CliRunner().invoke(app, argv, env=WIDE)
+    assert res.exit_code == case.code, res.output
+    assert "Traceback" not in res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    if case.says:
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1, res.stderr
+        assert lines[0].startswith("error: ") and case.says in lines[0], lines[0]
+        assert "resuming" not in res.output
+    assert snapshot(tmp_path) == before  # nothing outside the run directory changed
+    merged = tmp_path / "merged"
+    if case.code == 2 and case.id.startswith("merge-shard"):
+        assert not merged.exists()  # refused before anything was written
+    if merged.is_dir() and case.code == 0:
+        assert all(not p.is_symlink() for p in merged.rglob("*"))
+        assert "precious" not in "".join(p.read_text(errors="replace") for p in merged.rglob("*.jsonl"))
+
+
+def test_refuse_links_names_a_linked_folder_on_the_way(tmp_path: Path):
+    from cascade_repro.errors import UsageError
+
+    run = tmp_path / "run"
+    (tmp_path / "elsewhere").mkdir()
+    run.mkdir()
+    (run / "minimize").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(UsageError, match=f"^{run}/minimize is a symbolic link \\(to {tmp_path}/elsewhere\\)"):
+        runstore.refuse_links(run, [run / "minimize" / "pair" / "repro.py"])
+    runstore.refuse_links(run, [run / "samples" / "k.jsonl"])  # not there yet: nothing to refuse
+    os.mkfifo(run / runstore.LOCK)
+    with pytest.raises(UsageError, match="is neither a file nor a folder"):
+        runstore.refuse_run_links(run)
+
+
+def test_a_run_directory_that_is_itself_a_link_is_the_users_choice(synth: Path, tmp_path: Path):
+    real = run_copy(synth, tmp_path / "real")
+    (tmp_path / "alias").symlink_to(real)
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "alias")], env=WIDE)
+    assert res.exit_code == 0, res.output
+
+
+def test_writers_in_a_run_directory_do_not_follow_a_link(tmp_path: Path):
+    """Belt and braces under the directory check: the appending writers open with O_NOFOLLOW."""
+    from cascade_repro.errors import UsageError
+
+    victim, _ = victims(tmp_path)
+    before = snapshot(tmp_path)
+    planted = tmp_path / "k.jsonl"
+    planted.symlink_to(victim)
+    with pytest.raises(UsageError, match=LINK):
+        runstore.JsonlWriter(planted)
+    with pytest.raises(UsageError, match=LINK):
+        runstore.truncate_torn_tail(planted)
+    assert snapshot(tmp_path) == before and len(before) == 3  # the victim, its folder and the folder's file
+
+
+# --- 2. prompt records whose IFEval kwargs have the wrong type --------------------------------------
+
+
+def prompt_file(root: Path, kwargs: dict, iid: str = "startend:end_checker", name: str = "bad.jsonl") -> Path:
+    """A prompt file whose second record carries ``kwargs`` for ``iid`` (the first is fine)."""
+    rows = [
+        {"key": "a", "prompt": "쉼표 없이 답하세요", "instruction_id_list": ["punctuation:no_comma"]},
+        {"key": "b", "prompt": "답하세요", "instruction_id_list": [iid], "kwargs": [kwargs]},
+    ]
+    path = root / name
+    if name.endswith(".csv"):
+        import csv
+
+        with open(path, "w", encoding="utf-8", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["key", "prompt", "instruction_id_list", "kwargs"])
+            w.writeheader()
+            for r in rows:
+                w.writerow(
+                    {k: json.dumps(v, ensure_ascii=False) if isinstance(v, list) else v for k, v in r.items()}
+                )
+    else:
+        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    victims(root)
+    return path
+
+
+def _show(kwargs: dict, iid: str = "startend:end_checker", name: str = "bad.jsonl"):
+    return lambda root, synth: ["prompts", "show", str(prompt_file(root, kwargs, iid, name))]
+
+
+def _dry_run(kwargs: dict, iid: str = "startend:end_checker"):
+    def plant(root: Path, synth: Path) -> list[str]:
+        path = prompt_file(root, kwargs, iid)
+        return ["matrix", "--dry-run", "--prompts", str(path), "--results-dir", str(root / "results")]
+
+    return plant
+
+
+def _rescore_unchecked_record(root: Path, synth: Path) -> list[str]:
+    """A run's prompts.jsonl that skipped the loaders (an older version wrote it, or a hand): scoring
+    once crashed on it after every cell had run, on every rerun; now that prompt alone is unscored."""
+    victims(root)
+    run = run_copy(synth, root / "run")
+    rows = runstore.read_prompts(run)
+    rows[0].update(instruction_id_list=["startend:end_checker"], kwargs=[{"end_phrase": 7}])
+    rows[1].update(instruction_id_list=["keywords:existence"], kwargs=[{"keywords": "notalist"}])
+    rows[2].update(instruction_id_list=["punctuation:no_comma"], kwargs=[{}])
+    runstore.write_prompts(run, rows)
+    return ["report", "--rescore", str(run)]
+
+
+TEXT = "end_phrase must be text, not 7"
+# fmt: off
+CASES_PROMPTS = [
+    Case("show-end-phrase-number", _show({"end_phrase": 7}), 2,
+         f"bad.jsonl line 2: field 'kwargs' item 0 (startend:end_checker): {TEXT}"),
+    Case("show-postscript-number", _show({"postscript_marker": 1}, "detectable_content:postscript"), 2,
+         "postscript_marker must be text, not 1"),
+    Case("show-repeat-list", _show({"prompt_to_repeat": ["x"]}, "combination:repeat_prompt"), 2,
+         "prompt_to_repeat must be text"),
+    Case("show-keywords-not-a-list", _show({"keywords": "notalist"}, "keywords:existence"), 2,
+         "keywords must be a list of texts, not 'notalist'"),
+    Case("show-forbidden-numbers", _show({"forbidden_words": [1, 2]}, "keywords:forbidden_words"), 2,
+         "forbidden_words must be a list of texts"),
+    Case("show-count-text", _show({"relation": "at least", "num_words": "many"}, "length_constraints:number_words"), 2,
+         "num_words must be a whole number, not 'many'"),
+    Case("show-relation-number", _show({"relation": 1, "num_words": 5}, "length_constraints:number_words"), 2,
+         "relation must be text, not 1"),
+    Case("show-csv", _show({"end_phrase": 7}, name="bad.csv"), 2,
+         f"bad.csv line 3: field 'kwargs' item 0 (startend:end_checker): {TEXT}"),
+    Case("dry-run-end-phrase-number", _dry_run({"end_phrase": 7}), 2,
+         f"line 2: field 'kwargs' item 0 (startend:end_checker): {TEXT}"),
+    Case("dry-run-keywords-not-a-list", _dry_run({"keywords": "tea"}, "keywords:existence"), 2,
+         "keywords must be a list of texts"),
+    Case("dry-run-well-typed", _dry_run({"end_phrase": "끝"}), 0),
+    Case("rescore-unchecked-record", _rescore_unchecked_record, 0),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case", CASES_PROMPTS, ids=lambda c: c.id)
+def test_hostile_prompt_records(case: Case, synth: Path, tmp_path: Path):
+    argv = case.plant(tmp_path, synth)
+    before = snapshot(tmp_path)
+    res = CliRunner().invoke(app, argv, env=WIDE)
+    assert res.exit_code == case.code, res.output
+    assert "Traceback" not in res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    if case.says:
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1, res.stderr
+        assert lines[0].startswith("error: ") and case.says in lines[0], lines[0]
+        assert not (tmp_path / "results").exists()  # refused before anything was planned or written
+    assert snapshot(tmp_path) == before
+    if case.id == "rescore-unchecked-record":
+        report = (tmp_path / "run" / runstore.REPORT_MD).read_text(encoding="utf-8").replace("\\_", "_")
+        report = " ".join(report.split())  # the note, as Markdown escapes and wraps it
+        assert "IFEval: 2 of 8 prompts not scored" in report, report
+        assert "end_phrase must be text, not 7" in report and "keywords must be a list of texts" in report
+
+
+def test_every_verifier_kwarg_has_a_type_the_loaders_check():
+    """The types come from the verifiers' own signatures: each kwarg is text, a whole number or a
+    list of texts, a value of another type is refused, and one that reaches scoring is unscored."""
+    import inspect
+
+    from cascade_repro.judge.ifeval.score import score_response
+    from cascade_repro.judge.ifeval.verifiers import VERIFIERS, kwargs_problem, kwargs_type_problem
+
+    wrong = {"str": [7, 2.5, True, ["x"], {"a": 1}], "int": ["many", 2.5, True, [3], {"n": 3}],
+             "list[str]": ["notalist", 7, [1, 2], ["ok", None], {"a": "b"}]}  # fmt: skip
+    right = {"str": "at least", "int": 3, "list[str]": ["차", "tea"]}
+    for iid, fn in VERIFIERS.items():
+        params = list(inspect.signature(fn).parameters.values())[1:]
+        for p in params:
+            assert p.annotation in wrong, (
+                f"{iid}: {p.name} is typed {p.annotation!r}: teach _of_type that type"
+            )
+            for value in wrong[p.annotation]:
+                kw = {q.name: right[q.annotation] for q in params} | {p.name: value}
+                problem = kwargs_type_problem(iid, kw)
+                assert problem is not None and problem.startswith(f"{p.name} must be "), (iid, kw, problem)
+                assert kwargs_problem(iid, kw) == problem
+                scored = score_response(
+                    {"instruction_id_list": [iid], "kwargs": [kw]}, "at least 3 words here 차"
+                )
+                assert scored["strict"] is None and problem in scored["per_instruction"][0]["error"]
+            assert kwargs_type_problem(iid, {q.name: right[q.annotation] for q in params}) is None
+    assert kwargs_type_problem("x:unknown", {"end_phrase": 7}) is None  # an unknown id is only noted
+
+
+def test_scoring_survives_records_that_never_met_a_loader():
+    from cascade_repro.judge.ifeval.score import score_response, unscorable
+
+    hostile = [
+        {"instruction_id_list": [["a"]], "kwargs": [{}]},  # an id that is not text
+        {"instruction_id_list": "punctuation:no_comma"},  # not a list: no instructions
+        {"instruction_id_list": ["startend:end_checker"], "kwargs": "notalist"},
+        {
+            "instruction_id_list": ["startend:end_checker"],
+            "kwargs": [{"end_phrase": "x" * 10_000, "other": 1}],
+        },
+    ]
+    for rec in hostile:
+        score_response(rec, "답 x")
+    assert score_response(hostile[3], "답 " + "x" * 10_000)["strict"] is True
+    note = unscorable(hostile).note()
+    assert note is not None and "no verifier for ['a']" in note and "\n" not in note
+
+
+# --- 3. one error path: an unexpected error is one line and exit 70, Ctrl-C 130 ---------------------
+
+# Runs the real console entry point in a fresh interpreter, with a fault planted where FAULT_AT says:
+# inside a command (`prompts list` loading the sets) or outside every command's own handling (the
+# app's --version callback, run while the command line is parsed).
+FAULTY_CLI = """
+import importlib.metadata, os, signal, sys, time
+from cascade_repro.prompts import promptsets
+
+def fault(*args, **kwargs):
+    what = os.environ["FAULT"]
+    if what == "sigint":
+        os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C
+        time.sleep(30)
+    raise {"attr": AttributeError("'int' object has no attribute 'strip'"),
+           "multiline": RuntimeError("first line\\nsecond line"),
+           "interrupt": KeyboardInterrupt()}[what]
+
+if os.environ["FAULT_AT"] == "command":
+    promptsets.list_builtin_sets = fault
+else:
+    importlib.metadata.version = fault
+from cascade_repro.cli import main
+main()
+"""
+
+
+@dataclass
+class Fault:
+    id: str
+    argv: list[str]
+    env: dict[str, str]
+    code: int
+    says: str  # the one line of stderr; "Traceback" for the --debug rows (then the traceback, once)
+
+
+INTERNAL = (
+    "error: internal error: AttributeError: 'int' object has no attribute 'strip' (a bug in cascade-repro;"
+)
+CMD, VERSION = {"FAULT_AT": "command"}, {"FAULT_AT": "version"}
+# fmt: off
+FAULTS = [
+    Fault("internal-error-in-a-command", ["prompts", "list"], {**CMD, "FAULT": "attr"}, 70, INTERNAL),
+    Fault("internal-error-outside-a-command", ["--version"], {**VERSION, "FAULT": "attr"}, 70, INTERNAL),
+    Fault("internal-error-message-on-one-line", ["prompts", "list"], {**CMD, "FAULT": "multiline"}, 70,
+          "error: internal error: RuntimeError: first line second line"),
+    Fault("debug-flag-shows-the-traceback", ["--debug", "prompts", "list"], {**CMD, "FAULT": "attr"}, 70,
+          "Traceback"),
+    Fault("debug-env-shows-the-traceback", ["prompts", "list"],
+          {**CMD, "FAULT": "attr", "CASCADE_REPRO_DEBUG": "1"}, 70, "Traceback"),
+    Fault("debug-env-0-is-off", ["prompts", "list"], {**CMD, "FAULT": "attr", "CASCADE_REPRO_DEBUG": "0"}, 70,
+          INTERNAL),
+    Fault("ctrl-c-in-a-command", ["prompts", "list"], {**CMD, "FAULT": "sigint"}, 130,
+          "interrupted: finished cells are kept"),
+    Fault("ctrl-c-outside-a-command", ["--version"], {**VERSION, "FAULT": "interrupt"}, 130, ""),
+    Fault("usage-error-stays-2", ["prompts", "show", "missing.jsonl"], {**CMD, "FAULT": "attr"}, 2,
+          "error: prompt file not found: missing.jsonl"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.id)
+def test_one_error_path(fault: Fault, tmp_path: Path):
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "CASCADE_REPRO_DEBUG"} | fault.env | WIDE
+    res = subprocess.run([sys.executable, "-c", FAULTY_CLI, *fault.argv], capture_output=True, text=True,
+                         env=env, cwd=tmp_path, timeout=120)  # fmt: skip
+    assert res.returncode == fault.code, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    if fault.says == "Traceback":
+        assert res.stderr.count("Traceback") == 1 and "During handling" not in res.stderr, res.stderr
+        assert lines[-1] == "AttributeError: 'int' object has no attribute 'strip'"
+        return
+    assert "Traceback" not in res.stderr
+    assert len(lines) <= 1 and (lines[0] if lines else "").startswith(fault.says), res.stderr
