@@ -762,3 +762,22 @@ def test_version_prints_the_installed_version():
 
     res = invoke("--version")
     assert res.exit_code == 0 and res.stdout == f"cascade-repro {version('cascade-repro')}\n"
+
+
+def test_dry_run_states_the_reference_and_refuses_one_that_does_not_fit(monkeypatch):
+    from cascade_repro.run import reference
+
+    res = invoke("matrix", "--dry-run", "--limit", "8", "--batch", "8", "--device", "cpu")
+    assert res.exit_code == 0, res.output
+    line = next(x for x in res.stdout.splitlines() if x.startswith("reference:"))
+    assert line.startswith("reference: float64 on cpu, weights and work ~")
+    assert "24 samples at most, about" in line  # 3 cells (with the planner's control) x 8 prompts
+    off = invoke("matrix", "--dry-run", "--limit", "8", "--batch", "8", "--reference", "off")
+    assert off.exit_code == 0 and "reference:" not in off.stdout
+    monkeypatch.setattr(reference, "_cpu_available", lambda: 2**20)
+    small = invoke("matrix", "--dry-run", "--limit", "8", "--batch", "8", "--device", "cpu")
+    assert small.exit_code == 2
+    err = small.stderr.strip()
+    assert "\n" not in err and "--reference fp64: the float64 weights of embedded need ~" in err
+    bad = invoke("matrix", "--dry-run", "--reference", "fp16")
+    assert bad.exit_code == 2 and "--reference must be one of auto, fp32, fp64, off" in bad.stderr

@@ -60,6 +60,9 @@ def test_clean_run_has_no_regression(clean_run):
     # fp32 on CPU: the reference cascade path agrees with flat attention to float rounding.
     assert b8["dlogprob_max"] < 1e-3
     assert pairs.loc["tp1-b8-flat~b1", "kind"] == "noise-batch"
+    # The float64 reference decided, and saw the fp32 arms equally close to it.
+    assert b8["rule"] == "reference" and b8["reference"] == "float64"
+    assert b8["ref_ratio"] == pytest.approx(1.0)
 
 
 def test_injected_fault_is_flagged_as_regression(clean_run, injected_run):
@@ -67,6 +70,7 @@ def test_injected_fault_is_flagged_as_regression(clean_run, injected_run):
     inj = _pairs(injected_run.run_dir).loc["tp1-b8-cascade~flat"]
     clean = _pairs(clean_run.run_dir).loc["tp1-b8-cascade~flat"]
     assert inj["verdict"] == "regression"
+    assert inj["rule"] == "reference" and inj["ref_ratio"] > 10 and inj["p_ref"] < 0.01
     assert inj["n_diverged"] > clean["n_diverged"]
     assert inj["topk_violations"] > 0
     # Earlier divergence or more repetition than the clean run: the control must look like the bug.

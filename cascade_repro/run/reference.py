@@ -49,8 +49,10 @@ PREFIX_CACHE, PREFIX_CACHE_KEEP = "reference-prefix", 4  # KV files kept in the 
 # Logprobs are stored to 1e-9 nats: far below what separates any two arms (fp32 arms differ from
 # float64 by ~1e-6), and a third of the bytes of a full repr.
 DIGITS = 9
-# Rows of one forward: bounded by tokens, so a GPU batch is large and a CPU one stays in cache.
-TOKENS_PER_BATCH = {"cuda": 8192, "cpu": 2048}
+# Rows of one forward: bounded by tokens. A GPU batch is large; on a CPU one row at a time: a batch's
+# float64 attention scores (~22 MB a row and layer at a 1,800-token context) above glibc's 32 MB mmap
+# threshold are mapped and faulted in afresh for every layer (benchmarks/RESULTS.md, section 5).
+TOKENS_PER_BATCH = {"cuda": 8192, "cpu": 256}
 # Tokens per second scored (each row's own prompt part and its generated tokens, behind a ~1,600-token
 # prefix), for the time estimate; the pass reports its real speed as it goes. Measured on 2 CPU cores
 # (the embedded model: fp64 ~40, fp32 ~110) and an H200 (fp32, ~30 samples of ~250 tokens a second).
@@ -323,19 +325,24 @@ def cost(model_path: str, precision: str, device: str, samples: int, tokens_per_
 
 
 def plain_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """softmax(QKᵀ·scale + mask)·V in the model's own dtype, KV heads repeated: no fused kernel."""
+    """softmax(QKᵀ·scale + mask)·V in the model's own dtype: no fused kernel, no cascade, no split.
+
+    The query heads that share a KV head are stacked along the query axis, so each KV head is read
+    once per group instead of being copied per query head (the same dot products).
+    """
     import torch
 
     scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1:
-        key = key.repeat_interleave(groups, dim=1)
-        value = value.repeat_interleave(groups, dim=1)
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scale
+    b, h, q, d = query.shape
+    hk = key.shape[1]
+    g = h // hk
+    qg = query.reshape(b, hk, g * q, d)
+    scores = torch.matmul(qg, key.transpose(-1, -2)) * scale  # [B, Hk, G*Q, L]
     if attention_mask is not None:
-        scores = scores.masked_fill(~attention_mask, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    return torch.matmul(probs, value).transpose(1, 2).contiguous(), None
+        m = attention_mask[:, :, None].expand(-1, -1, g, -1, -1).reshape(b, 1, g * q, -1)
+        scores.masked_fill_(~m, float("-inf"))
+    out = torch.matmul(torch.softmax(scores, dim=-1), value)  # [B, Hk, G*Q, D]
+    return out.reshape(b, h, q, d).transpose(1, 2).contiguous(), None
 
 
 class ReferenceModel:
