@@ -46,7 +46,7 @@ def one(args: list[str], results: Path, reference: str) -> dict[str, float]:
 
 
 def spread(values: list[float]) -> str:
-    return f"{min(values):8.1f} {statistics.median(values):8.1f} {max(values):8.1f}"
+    return f"{min(values):8.3g} {statistics.median(values):8.3g} {max(values):8.3g}"
 
 
 def main(argv: list[str] | None = None) -> int:
