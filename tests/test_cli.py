@@ -767,7 +767,8 @@ def test_version_prints_the_installed_version():
 def test_dry_run_states_the_reference_and_refuses_one_that_does_not_fit(monkeypatch):
     from cascade_repro.run import reference
 
-    res = invoke("matrix", "--dry-run", "--limit", "8", "--batch", "8", "--device", "cpu")
+    on = {"CASCADE_REPRO_REFERENCE": "auto"}  # the test session turns the CLI's default off
+    res = invoke("matrix", "--dry-run", "--limit", "8", "--batch", "8", "--device", "cpu", env=on)
     assert res.exit_code == 0, res.output
     line = next(x for x in res.stdout.splitlines() if x.startswith("reference:"))
     assert line.startswith("reference: float64 on cpu, weights and work ~")
@@ -775,7 +776,7 @@ def test_dry_run_states_the_reference_and_refuses_one_that_does_not_fit(monkeypa
     off = invoke("matrix", "--dry-run", "--limit", "8", "--batch", "8", "--reference", "off")
     assert off.exit_code == 0 and "reference:" not in off.stdout
     monkeypatch.setattr(reference, "_cpu_available", lambda: 2**20)
-    small = invoke("matrix", "--dry-run", "--limit", "8", "--batch", "8", "--device", "cpu")
+    small = invoke("matrix", "--dry-run", "--limit", "8", "--batch", "8", "--device", "cpu", env=on)
     assert small.exit_code == 2
     err = small.stderr.strip()
     assert "\n" not in err and "--reference fp64: the float64 weights of embedded need ~" in err

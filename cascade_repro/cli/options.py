@@ -272,6 +272,7 @@ Reference = Annotated[
         VERDICTS,
         "--reference",
         metavar="auto|fp32|fp64|off",
+        envvar="CASCADE_REPRO_REFERENCE",
     ),
 ]
 
