@@ -87,6 +87,7 @@ PAIR_FIELDS = (
 )
 CONTROL_FIELDS = ("pair_id", "kind", "tp", "batch", "ref_batch", "n_diverged", "n", "ref_n", "ref_err_test",
                   "ref_err_twin", "ref_ratio", "ref_ratio_lo", "ref_ratio_hi", "p_ref")  # fmt: skip
+REFERENCE_FIELDS = ("precision", "device", "status", "sequences")
 SCHEMA_VERSION = 4
 CELL_FIELDS = (
     "cell_id",
@@ -143,7 +144,11 @@ class JsonFormatter(ReportFormatter):
             "pairs": [_row(r, PAIR_FIELDS) for r in c.cascade_pairs(data)],
             # The flat-vs-flat controls' error ratios against the reference: this run's measured null.
             "controls": [_row(r, CONTROL_FIELDS) for r in c.control_pairs(data)],
-            "reference": m.reference if isinstance(m.reference, dict) else None,
+            # What the reference pass was, not what it cost (run.json has its seconds): a resumed run's
+            # summary is the uninterrupted one's.
+            "reference": {k: v for k, v in m.reference.items() if k in REFERENCE_FIELDS}
+            if isinstance(m.reference, dict)
+            else None,
             "cells": [_row(r, CELL_FIELDS) for r in c.cells(data)],
             "warnings": c.warnings(data),
             # Calibration: the smallest injected LSE error this setup flags ([] when not calibrated).
