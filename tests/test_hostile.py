@@ -512,3 +512,119 @@ def test_one_error_path(fault: Fault, tmp_path: Path):
         return
     assert "Traceback" not in res.stderr
     assert len(lines) <= 1 and (lines[0] if lines else "").startswith(fault.says), res.stderr
+
+
+# --- 4. damaged sample lines: skipped and named on scoring, rerun on resume --------------------------
+
+
+def _cut(raw: bytes, rec: dict) -> bytes:
+    return raw[: len(raw) // 2] + b"\n"  # a line cut in half mid-file (a disk error, a bad copy)
+
+
+def _with(**fields: object) -> Callable[[bytes, dict], bytes]:
+    def how(raw: bytes, rec: dict) -> bytes:
+        return json.dumps({**rec, **fields}, separators=(",", ":")).encode() + b"\n"
+
+    return how
+
+
+def damage_sample(run: Path, how: Callable[[bytes, dict], bytes]) -> tuple[Path, int, str]:
+    """Rewrite the middle sample line of the run's first samples file with ``how``: (file, its 1-based
+    line number, the cell it belongs to)."""
+    path = samples_file(run)
+    lines = path.read_bytes().splitlines(keepends=True)
+    idx = [i for i, ln in enumerate(lines) if runstore.is_sample_line(ln)]
+    i = idx[len(idx) // 2]
+    rec = json.loads(lines[i])
+    lines[i] = how(lines[i], rec)
+    path.write_bytes(b"".join(lines))
+    return path, i + 1, rec["cell_id"]
+
+
+@dataclass
+class Damage:
+    id: str
+    how: Callable[[bytes, dict], bytes]
+    why: str  # what the warning says is wrong with the line
+
+
+# fmt: off
+DAMAGES = [
+    Damage("cut-in-half", _cut, "not JSON"),
+    Damage("token-ids-text", _with(token_ids="1,2,3"), "token_ids is not a list of whole numbers"),
+    Damage("token-ids-floats", _with(token_ids=[1.5, 2]), "token_ids is not a list of whole numbers"),
+    Damage("prompt-index-out-of-range", _with(prompt_index=99), "prompt_index 99 names no prompt (this run has 8)"),
+    Damage("prompt-index-text", _with(prompt_index="3"), "prompt_index '3' names no prompt (this run has 8)"),
+    Damage("from-another-run", _with(prompt_key="someone-else"),
+           "prompt_key 'someone-else' is not prompt"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("damage", DAMAGES, ids=lambda d: d.id)
+def test_a_damaged_sample_line_is_skipped_and_named(damage: Damage, synth: Path, tmp_path: Path):
+    import pandas as pd
+
+    run = run_copy(synth, tmp_path / "run")
+    path, line, cid = damage_sample(run, damage.how)
+    where = f"samples/{path.name} line {line}: "
+    res = CliRunner().invoke(app, ["report", "--rescore", str(run)], env=WIDE)
+    assert "Traceback" not in res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    assert res.exit_code == 1, res.output  # the damaged cell is an error: its pairs have no verdict
+    warned = [ln for ln in res.stderr.splitlines() if ln.startswith("warning:")]
+    assert len(warned) == 1 and warned[0].startswith(f"warning: {where}{damage.why}"), res.stderr
+    assert warned[0].endswith("; skipped")
+    # Nothing lost: every planned cell has its row; only the damaged one is an error, naming the line.
+    cells = pd.read_parquet(run / runstore.CELLS).set_index("cell_id")
+    planned = [c.cell_id for c in runstore.read_manifest(run).plan.cells]
+    assert sorted(cells.index) == sorted(planned)
+    assert cells.loc[cid, "status"] == "error"
+    assert f"record in samples/{path.name} at line {line}" in cells.loc[cid, "error"]
+    assert (cells.drop(cid)["status"] == "done").all()
+    assert f"samples/{path.name} at line {line}" in (run / runstore.REPORT_MD).read_text(encoding="utf-8")
+    # Re-rendering the scored run reads the samples again (the examples): no crash either.
+    again = CliRunner().invoke(app, ["report", str(run)], env=WIDE)
+    assert again.exit_code == 1 and "Traceback" not in again.output, again.output
+
+
+@pytest.mark.parametrize("damage", [DAMAGES[0], DAMAGES[1], DAMAGES[-1]], ids=lambda d: d.id)
+def test_resume_reruns_the_cell_of_a_damaged_sample_line(
+    damage: Damage, tmp_path: Path, request: pytest.FixtureRequest
+):
+    from collections import Counter
+
+    import pandas as pd
+
+    if not request.getfixturevalue("model_ready"):
+        pytest.skip("the embedded model is not installed")
+    argv = ["matrix", "--limit", "2", "--batch", "1", "--max-tokens", "2", "--no-auto-controls",
+            "--results-dir", str(tmp_path / "results"), "--run-id", "r"]  # fmt: skip
+    first = CliRunner().invoke(app, argv, env=WIDE)
+    assert first.exit_code == 0, first.output
+    run = tmp_path / "results" / "r"
+    path, line, cid = damage_sample(run, damage.how)
+    mine = b'"cell_id":"%s"' % cid.encode()
+    before = [ln for ln in path.read_bytes().splitlines(keepends=True) if mine not in ln]
+    res = CliRunner().invoke(app, argv, env=WIDE)
+    assert res.exit_code == 0, res.output
+    assert "Traceback" not in res.output
+    said = [ln for ln in res.output.splitlines() if ln.startswith("warning:")]
+    assert len(said) == 1 and said[0].startswith(f"warning: {cid}: "), res.output
+    assert f"record in samples/{path.name} at line {line}" in said[0] and "counts as unfinished" in said[0]
+    assert "resuming r: 1 of 2 cells already done, running the other 1" in res.output
+    # Every cell in the tables, all done; the damaged cell ran again, the other was kept as it was.
+    cells = pd.read_parquet(run / runstore.CELLS).set_index("cell_id")
+    assert sorted(cells.index) == sorted(c.cell_id for c in runstore.read_manifest(run).plan.cells)
+    assert (cells["status"] == "done").all(), cells["status"]
+    recs = []
+    for ln in path.read_bytes().splitlines():
+        try:
+            recs.append(json.loads(ln))
+        except ValueError:
+            assert damage.id == "cut-in-half"  # the damaged line stays where it was, unread
+    starts = Counter(r["cell_id"] for r in recs if r.get("type") == "cell_start")
+    assert starts[cid] == 2 and all(n == 1 for c, n in starts.items() if c != cid), starts
+    after = path.read_bytes().splitlines(keepends=True)
+    assert all(ln in after for ln in before if b'"type":"engine"' not in ln)  # the other cell's lines kept
+    assert runstore.read_progress(path, runstore.prompt_keys(run)).done == set(cells.index)
