@@ -631,3 +631,59 @@ def test_resume_reruns_the_cell_of_a_damaged_sample_line(
     after = path.read_bytes().splitlines(keepends=True)
     assert all(ln in after for ln in before if b'"type":"engine"' not in ln)  # the other cell's lines kept
     assert runstore.read_progress(path, runstore.prompt_keys(run)).done == set(cells.index)
+
+
+# --- 5. rich markup in paths: printed as is, never parsed --------------------------------------------
+
+# "[/x]" closes a tag nobody opened (rich raised MarkupError after the reports were written);
+# "[bold red]" was taken as a style and vanished from the printed path.
+BRACKETS = "a[/x] [bold red]b"
+
+
+def _report_brackets(root: Path, synth: Path) -> tuple[list[str], list[str]]:
+    run = run_copy(synth, root / BRACKETS / "run")
+    return ["report", str(run)], [f"wrote {run / runstore.REPORT_MD}"]
+
+
+def _rescore_brackets(root: Path, synth: Path) -> tuple[list[str], list[str]]:
+    run = run_copy(synth, root / BRACKETS / "run")
+    return ["report", "--rescore", str(run)], [f"wrote {run / runstore.JUNIT_XML}"]
+
+
+def _merge_brackets(root: Path, synth: Path) -> tuple[list[str], list[str]]:
+    s1, s2 = shards(root, synth)
+    out = root / BRACKETS / "merged"
+    return ["merge", str(out), str(s1), str(s2)], [f"report: {out / runstore.REPORT_MD}"]
+
+
+def _matrix_brackets(root: Path, synth: Path) -> tuple[list[str], list[str]]:
+    results = root / BRACKETS
+    argv = [*MATRIX, "--reference", "off", "--results-dir", str(results), "--run-id", "r"]
+    return argv, [f"report: {results / 'r' / runstore.REPORT_MD}"]
+
+
+# fmt: off
+MARKUP = [
+    Case("report-brackets-in-path", _report_brackets, 0),
+    Case("rescore-brackets-in-path", _rescore_brackets, 0),
+    Case("merge-brackets-in-path", _merge_brackets, 0),
+    Case("matrix-brackets-in-path", _matrix_brackets, 4, needs_model=True),  # 4: batch 1, nothing exercised
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case", MARKUP, ids=lambda c: c.id)
+def test_markup_in_paths_is_printed_as_is(
+    case: Case, synth: Path, tmp_path: Path, request: pytest.FixtureRequest
+):
+    if case.needs_model and not request.getfixturevalue("model_ready"):
+        pytest.skip("the embedded model is not installed")
+    argv, shows = case.plant(tmp_path, synth)
+    res = CliRunner().invoke(app, argv, env=WIDE)
+    assert "Traceback" not in res.output and "MarkupError" not in res.output, res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    assert res.exit_code == case.code, res.output
+    lines = res.output.splitlines()
+    for line in shows:
+        assert line in lines or any(ln.startswith(line) for ln in lines), res.output  # the whole path
+

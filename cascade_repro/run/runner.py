@@ -255,7 +255,7 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
     run_dir = opts.results_dir / run_id
     engines = plan(spec)
     if opts.shard and console is not None and (warning := empty_warning(engines, opts.shard)):
-        console.print(f"[yellow]warning:[/] {warning}")
+        console.print(f"[yellow]warning:[/] {_escape(warning)}", highlight=False)
     # Built in code, the manifest writes every field but the optional ones left unset: those set
     # below only where they apply.
     run = Manifest(
@@ -606,6 +606,13 @@ def merged_reference(old: Any, new: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _escape(text: str) -> str:
+    """Text for a rich console message: markup escaped, so "[x]" in a path or a key prints as is."""
+    from rich.markup import escape
+
+    return escape(text)
+
+
 def _warn_stderr(line: str) -> None:
     """A scoring warning (a damaged sample line skipped): one line on stderr, as written."""
     print(f"warning: {line}", file=sys.stderr, flush=True)
@@ -661,7 +668,7 @@ def run_matrix(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> RunOu
         # Only a CPU run is warned about: a GPU run need not pay the estimate's scan of its samples.
         est = estimate.for_run(prepared.run, run_dir) if device == "cpu" else None
         if est is not None and (warning := estimate.warning_for(est, device)) is not None:
-            console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+            console.print(f"[yellow]warning:[/] {_escape(warning)}", highlight=False)
     with runstore.RunLock(run_dir):
         prepared.write()
         kept = cells_done(run_dir)
