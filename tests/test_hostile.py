@@ -687,3 +687,82 @@ def test_markup_in_paths_is_printed_as_is(
     for line in shows:
         assert line in lines or any(ln.startswith(line) for ln in lines), res.output  # the whole path
 
+
+# --- 6. terminal escape sequences in prompt data: never reach the terminal ---------------------------
+
+OSC_TITLE, OSC_CLIPBOARD, CSI_CLEAR = "\x1b]0;pwned\x07", "\x1b]52;c;ZXZpbA==\x07", "\x1b[2J"
+RAW = ("\x1b", "\x07", "\x9b", "\x9d")  # ESC, BEL, and the 8-bit CSI and OSC
+
+
+def _escapes_file(root: Path, name: str) -> Path:
+    rows = [
+        {"key": f"k{OSC_TITLE}1", "prompt": f"first{OSC_CLIPBOARD} part{CSI_CLEAR} end\x9b2J", "lang": "en"},
+        {"key": "k2", "prompt": "second [bold red]prompt[/x]", "lang": f"ko{CSI_CLEAR}",
+         f"col{CSI_CLEAR}": "x"},
+    ]  # fmt: skip
+    path = root / name
+    if name.endswith(".csv"):
+        import csv
+
+        with open(path, "w", encoding="utf-8", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["key", "prompt", "lang", f"col{CSI_CLEAR}"])
+            w.writeheader()
+            w.writerows(rows)
+    else:
+        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _show_escapes(name: str):
+    def plant(root: Path, synth: Path) -> tuple[list[str], list[str]]:
+        path = _escapes_file(root, name)
+        # What is left of each text once its control characters are dropped: all of it is shown.
+        return ["prompts", "show", "--limit", "5", str(path)], [
+            "k]0;pwned1", "first]52;c;ZXZpbA== part[2J end2J", "second [bold red]prompt[/x]", "ko[2J", "col[2J",
+        ]  # fmt: skip
+
+    return plant
+
+
+def _missing_file_escapes(root: Path, synth: Path) -> tuple[list[str], list[str]]:
+    return ["prompts", "show", str(root / f"no{OSC_TITLE}such.jsonl")], []
+
+
+def _duplicate_key_escapes(root: Path, synth: Path) -> tuple[list[str], list[str]]:
+    path = root / "dup.jsonl"
+    row = json.dumps({"key": f"k{OSC_CLIPBOARD}", "prompt": "p"})
+    path.write_text(row + "\n" + row + "\n", encoding="utf-8")
+    return ["prompts", "show", str(path)], []
+
+
+def _dry_run_escapes(root: Path, synth: Path) -> tuple[list[str], list[str]]:
+    path = root / f"p{CSI_CLEAR}.jsonl"
+    path.write_text(json.dumps({"key": "a", "prompt": ""}) + "\n", encoding="utf-8")  # an empty prompt
+    return ["matrix", "--dry-run", "--prompts", str(path), "--results-dir", str(root / "results")], []
+
+
+# fmt: off
+ESCAPES = [
+    Case("show-jsonl-escapes", _show_escapes("esc.jsonl"), 0),
+    Case("show-csv-escapes", _show_escapes("esc.csv"), 0),
+    Case("show-missing-file-name-escapes", _missing_file_escapes, 2, "prompt file not found: "),
+    Case("show-duplicate-key-escapes", _duplicate_key_escapes, 2, "duplicate key"),
+    Case("dry-run-file-name-escapes", _dry_run_escapes, 2, "p[2J.jsonl"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case", ESCAPES, ids=lambda c: c.id)
+def test_escape_sequences_in_prompt_data_never_reach_the_terminal(case: Case, synth: Path, tmp_path: Path):
+    argv, shows = case.plant(tmp_path, synth)
+    res = CliRunner().invoke(app, argv, env=WIDE)
+    assert "Traceback" not in res.output, res.output
+    assert res.exit_code == case.code, res.output
+    assert not any(c in res.output for c in RAW), repr(res.output)
+    if case.says:
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1, res.stderr
+        assert lines[0].startswith("error: ") and case.says in lines[0], lines[0]
+    flat = " ".join(res.output.split())  # the table may wrap a long prompt: compare its words
+    for text in shows:
+        assert text in flat, (text, res.output)
