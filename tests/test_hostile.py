@@ -512,3 +512,257 @@ def test_one_error_path(fault: Fault, tmp_path: Path):
         return
     assert "Traceback" not in res.stderr
     assert len(lines) <= 1 and (lines[0] if lines else "").startswith(fault.says), res.stderr
+
+
+# --- 4. damaged sample lines: skipped and named on scoring, rerun on resume --------------------------
+
+
+def _cut(raw: bytes, rec: dict) -> bytes:
+    return raw[: len(raw) // 2] + b"\n"  # a line cut in half mid-file (a disk error, a bad copy)
+
+
+def _with(**fields: object) -> Callable[[bytes, dict], bytes]:
+    def how(raw: bytes, rec: dict) -> bytes:
+        return json.dumps({**rec, **fields}, separators=(",", ":")).encode() + b"\n"
+
+    return how
+
+
+def damage_sample(run: Path, how: Callable[[bytes, dict], bytes]) -> tuple[Path, int, str]:
+    """Rewrite the middle sample line of the run's first samples file with ``how``: (file, its 1-based
+    line number, the cell it belongs to)."""
+    path = samples_file(run)
+    lines = path.read_bytes().splitlines(keepends=True)
+    idx = [i for i, ln in enumerate(lines) if runstore.is_sample_line(ln)]
+    i = idx[len(idx) // 2]
+    rec = json.loads(lines[i])
+    lines[i] = how(lines[i], rec)
+    path.write_bytes(b"".join(lines))
+    return path, i + 1, rec["cell_id"]
+
+
+@dataclass
+class Damage:
+    id: str
+    how: Callable[[bytes, dict], bytes]
+    why: str  # what the warning says is wrong with the line
+
+
+# fmt: off
+DAMAGES = [
+    Damage("cut-in-half", _cut, "not JSON"),
+    Damage("token-ids-text", _with(token_ids="1,2,3"), "token_ids is not a list of whole numbers"),
+    Damage("token-ids-floats", _with(token_ids=[1.5, 2]), "token_ids is not a list of whole numbers"),
+    Damage("prompt-index-out-of-range", _with(prompt_index=99), "prompt_index 99 names no prompt (this run has 8)"),
+    Damage("prompt-index-text", _with(prompt_index="3"), "prompt_index '3' names no prompt (this run has 8)"),
+    Damage("from-another-run", _with(prompt_key="someone-else"),
+           "prompt_key 'someone-else' is not prompt"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("damage", DAMAGES, ids=lambda d: d.id)
+def test_a_damaged_sample_line_is_skipped_and_named(damage: Damage, synth: Path, tmp_path: Path):
+    import pandas as pd
+
+    run = run_copy(synth, tmp_path / "run")
+    path, line, cid = damage_sample(run, damage.how)
+    where = f"samples/{path.name} line {line}: "
+    res = CliRunner().invoke(app, ["report", "--rescore", str(run)], env=WIDE)
+    assert "Traceback" not in res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    # The run's own --fail-on is regression: the damaged cell is an error the headline counts, not exit 1.
+    assert res.exit_code == 0, res.output
+    assert "1 error" in res.output
+    warned = [ln for ln in res.stderr.splitlines() if ln.startswith("warning:")]
+    assert len(warned) == 1 and warned[0].startswith(f"warning: {where}{damage.why}"), res.stderr
+    assert warned[0].endswith("; skipped")
+    # Nothing lost: every planned cell has its row; only the damaged one is an error, naming the line.
+    cells = pd.read_parquet(run / runstore.CELLS).set_index("cell_id")
+    planned = [c.cell_id for c in runstore.read_manifest(run).plan.cells]
+    assert sorted(cells.index) == sorted(planned)
+    assert cells.loc[cid, "status"] == "error"
+    assert f"record in samples/{path.name} at line {line}" in cells.loc[cid, "error"]
+    assert (cells.drop(cid)["status"] == "done").all()
+    assert f"samples/{path.name} at line {line}" in (run / runstore.REPORT_MD).read_text(encoding="utf-8")
+    # Re-rendering the scored run reads the samples again (the examples): no crash either.
+    again = CliRunner().invoke(app, ["report", str(run)], env=WIDE)
+    assert again.exit_code == 0 and "Traceback" not in again.output, again.output
+
+
+@pytest.mark.parametrize("damage", [DAMAGES[0], DAMAGES[1], DAMAGES[-1]], ids=lambda d: d.id)
+def test_resume_reruns_the_cell_of_a_damaged_sample_line(
+    damage: Damage, tmp_path: Path, request: pytest.FixtureRequest
+):
+    from collections import Counter
+
+    import pandas as pd
+
+    if not request.getfixturevalue("model_ready"):
+        pytest.skip("the embedded model is not installed")
+    argv = ["matrix", "--limit", "2", "--batch", "1", "--max-tokens", "2", "--no-auto-controls",
+            "--reference", "off", "--results-dir", str(tmp_path / "results"), "--run-id", "r"]  # fmt: skip
+    first = CliRunner().invoke(app, argv, env=WIDE)
+    # Exit 4: at batch 1 cascade never fires (nothing exercised), the exit code of a finished run.
+    assert first.exit_code == 4, first.output
+    run = tmp_path / "results" / "r"
+    path, line, cid = damage_sample(run, damage.how)
+    mine = b'"cell_id":"%s"' % cid.encode()
+    before = [ln for ln in path.read_bytes().splitlines(keepends=True) if mine not in ln]
+    res = CliRunner().invoke(app, argv, env=WIDE)
+    assert res.exit_code == 4, res.output  # finished again (3 would be "not finished")
+    assert "Traceback" not in res.output
+    said = [ln for ln in res.output.splitlines() if ln.startswith("warning:")]
+    assert len(said) == 1 and said[0].startswith(f"warning: {cid}: "), res.output
+    assert f"record in samples/{path.name} at line {line}" in said[0] and "counts as unfinished" in said[0]
+    assert "resuming r: 1 of 2 cells already done, running the other 1" in res.output
+    # Every cell in the tables, all done; the damaged cell ran again, the other was kept as it was.
+    cells = pd.read_parquet(run / runstore.CELLS).set_index("cell_id")
+    assert sorted(cells.index) == sorted(c.cell_id for c in runstore.read_manifest(run).plan.cells)
+    assert (cells["status"] == "done").all(), cells["status"]
+    recs = []
+    for ln in path.read_bytes().splitlines():
+        try:
+            recs.append(json.loads(ln))
+        except ValueError:
+            assert damage.id == "cut-in-half"  # the damaged line stays where it was, unread
+    starts = Counter(r["cell_id"] for r in recs if r.get("type") == "cell_start")
+    assert starts[cid] == 2 and all(n == 1 for c, n in starts.items() if c != cid), starts
+    after = path.read_bytes().splitlines(keepends=True)
+    assert all(ln in after for ln in before if b'"type":"engine"' not in ln)  # the other cell's lines kept
+    assert runstore.read_progress(path, runstore.prompt_keys(run)).done == set(cells.index)
+
+
+# --- 5. rich markup in paths: printed as is, never parsed --------------------------------------------
+
+# "[/x]" closes a tag nobody opened (rich raised MarkupError after the reports were written);
+# "[bold red]" was taken as a style and vanished from the printed path.
+BRACKETS = "a[/x] [bold red]b"
+
+
+def _report_brackets(root: Path, synth: Path) -> tuple[list[str], list[str]]:
+    run = run_copy(synth, root / BRACKETS / "run")
+    return ["report", str(run)], [f"wrote {run / runstore.REPORT_MD}"]
+
+
+def _rescore_brackets(root: Path, synth: Path) -> tuple[list[str], list[str]]:
+    run = run_copy(synth, root / BRACKETS / "run")
+    return ["report", "--rescore", str(run)], [f"wrote {run / runstore.JUNIT_XML}"]
+
+
+def _merge_brackets(root: Path, synth: Path) -> tuple[list[str], list[str]]:
+    s1, s2 = shards(root, synth)
+    out = root / BRACKETS / "merged"
+    return ["merge", str(out), str(s1), str(s2)], [f"report: {out / runstore.REPORT_MD}"]
+
+
+def _matrix_brackets(root: Path, synth: Path) -> tuple[list[str], list[str]]:
+    results = root / BRACKETS
+    argv = [*MATRIX, "--reference", "off", "--results-dir", str(results), "--run-id", "r"]
+    return argv, [f"report: {results / 'r' / runstore.REPORT_MD}"]
+
+
+# fmt: off
+MARKUP = [
+    Case("report-brackets-in-path", _report_brackets, 0),
+    Case("rescore-brackets-in-path", _rescore_brackets, 0),
+    Case("merge-brackets-in-path", _merge_brackets, 0),
+    Case("matrix-brackets-in-path", _matrix_brackets, 4, needs_model=True),  # 4: batch 1, nothing exercised
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case", MARKUP, ids=lambda c: c.id)
+def test_markup_in_paths_is_printed_as_is(
+    case: Case, synth: Path, tmp_path: Path, request: pytest.FixtureRequest
+):
+    if case.needs_model and not request.getfixturevalue("model_ready"):
+        pytest.skip("the embedded model is not installed")
+    argv, shows = case.plant(tmp_path, synth)
+    res = CliRunner().invoke(app, argv, env=WIDE)
+    assert "Traceback" not in res.output and "MarkupError" not in res.output, res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    assert res.exit_code == case.code, res.output
+    lines = res.output.splitlines()
+    for line in shows:
+        assert line in lines or any(ln.startswith(line) for ln in lines), res.output  # the whole path
+
+
+# --- 6. terminal escape sequences in prompt data: never reach the terminal ---------------------------
+
+OSC_TITLE, OSC_CLIPBOARD, CSI_CLEAR = "\x1b]0;pwned\x07", "\x1b]52;c;ZXZpbA==\x07", "\x1b[2J"
+RAW = ("\x1b", "\x07", "\x9b", "\x9d")  # ESC, BEL, and the 8-bit CSI and OSC
+
+
+def _escapes_file(root: Path, name: str) -> Path:
+    rows = [
+        {"key": f"k{OSC_TITLE}1", "prompt": f"first{OSC_CLIPBOARD} part{CSI_CLEAR} end\x9b2J", "lang": "en"},
+        {"key": "k2", "prompt": "second [bold red]prompt[/x]", "lang": f"ko{CSI_CLEAR}",
+         f"col{CSI_CLEAR}": "x"},
+    ]  # fmt: skip
+    path = root / name
+    if name.endswith(".csv"):
+        import csv
+
+        with open(path, "w", encoding="utf-8", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["key", "prompt", "lang", f"col{CSI_CLEAR}"])
+            w.writeheader()
+            w.writerows(rows)
+    else:
+        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _show_escapes(name: str):
+    def plant(root: Path, synth: Path) -> tuple[list[str], list[str]]:
+        path = _escapes_file(root, name)
+        # What is left of each text once its control characters are dropped: all of it is shown.
+        return ["prompts", "show", "--limit", "5", str(path)], [
+            "k]0;pwned1", "first]52;c;ZXZpbA== part[2J end2J", "second [bold red]prompt[/x]", "ko[2J", "col[2J",
+        ]  # fmt: skip
+
+    return plant
+
+
+def _missing_file_escapes(root: Path, synth: Path) -> tuple[list[str], list[str]]:
+    return ["prompts", "show", str(root / f"no{OSC_TITLE}such.jsonl")], []
+
+
+def _duplicate_key_escapes(root: Path, synth: Path) -> tuple[list[str], list[str]]:
+    path = root / "dup.jsonl"
+    row = json.dumps({"key": f"k{OSC_CLIPBOARD}", "prompt": "p"})
+    path.write_text(row + "\n" + row + "\n", encoding="utf-8")
+    return ["prompts", "show", str(path)], []
+
+
+def _dry_run_escapes(root: Path, synth: Path) -> tuple[list[str], list[str]]:
+    path = root / f"p{CSI_CLEAR}.jsonl"
+    path.write_text(json.dumps({"key": "a", "prompt": ""}) + "\n", encoding="utf-8")  # an empty prompt
+    return ["matrix", "--dry-run", "--prompts", str(path), "--results-dir", str(root / "results")], []
+
+
+# fmt: off
+ESCAPES = [
+    Case("show-jsonl-escapes", _show_escapes("esc.jsonl"), 0),
+    Case("show-csv-escapes", _show_escapes("esc.csv"), 0),
+    Case("show-missing-file-name-escapes", _missing_file_escapes, 2, "prompt file not found: "),
+    Case("show-duplicate-key-escapes", _duplicate_key_escapes, 2, "duplicate key"),
+    Case("dry-run-file-name-escapes", _dry_run_escapes, 2, "p[2J.jsonl"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case", ESCAPES, ids=lambda c: c.id)
+def test_escape_sequences_in_prompt_data_never_reach_the_terminal(case: Case, synth: Path, tmp_path: Path):
+    argv, shows = case.plant(tmp_path, synth)
+    res = CliRunner().invoke(app, argv, env=WIDE)
+    assert "Traceback" not in res.output, res.output
+    assert res.exit_code == case.code, res.output
+    assert not any(c in res.output for c in RAW), repr(res.output)
+    if case.says:
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1, res.stderr
+        assert lines[0].startswith("error: ") and case.says in lines[0], lines[0]
+    flat = " ".join(res.output.split())  # the table may wrap a long prompt: compare its words
+    for text in shows:
+        assert text in flat, (text, res.output)

@@ -90,7 +90,7 @@ class Group(TyperGroup):
         except exc.UsageError as e:
             where = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
             message = " ".join(e.format_message().split())  # one line, however Click wrapped it
-            err_console().print(f"[bold red]error:[/] {escape(message)}{escape(where)}", highlight=False)
+            err_console().print(f"[bold red]error:[/] {shown(message)}{shown(where)}", highlight=False)
             sys.exit(e.exit_code)
         except exc.ClickException as e:
             e.show()
@@ -141,7 +141,7 @@ def internal_error(e: BaseException) -> int:
         message = message[:300] + "..." if len(message) > 300 else message
         what = f"{type(e).__name__}: {message}" if message else type(e).__name__
         err_console().print(
-            f"[bold red]error:[/] internal error: {escape(what)} (a bug in cascade-repro; "
+            f"[bold red]error:[/] internal error: {shown(what)} (a bug in cascade-repro; "
             f"--debug or {DEBUG_ENV}=1 shows the traceback)",
             highlight=False,
             soft_wrap=True,
@@ -255,13 +255,13 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except UsageError as e:
-        err_console().print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        err_console().print(f"[bold red]error:[/] {shown(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except (EnvironmentFailure, OSError) as e:
         if isinstance(e, BrokenPipeError):
             raise
         msg = str(e) if isinstance(e, EnvironmentFailure) else str(EnvironmentFailure.from_oserror(e))
-        err_console().print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
+        err_console().print(f"[bold red]error:[/] {shown(msg)}", highlight=False, soft_wrap=True)
         raise typer.Exit(EnvironmentFailure.exit_code) from None
     except KeyboardInterrupt:
         err_console().print("interrupted: finished cells are kept; rerun the same command to resume")
@@ -282,6 +282,15 @@ def out_console(stderr: bool = False):
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console = Console(stderr=stderr, soft_wrap=True, width=PIPE_WIDTH)
     return console
+
+
+def shown(text: str) -> str:
+    """Data (a path, a prompt, a key) for a rich console message: control characters dropped, as the
+    reports drop them (an escape sequence in a prompt file would retitle, clear or write the
+    clipboard of the terminal), and markup escaped ("[x]" prints as is)."""
+    from cascade_repro.report.text import clean
+
+    return escape(clean(text))
 
 
 def err_console():

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from cascade_repro.cli.app import (
     RESULTS_DIR,
@@ -369,7 +370,7 @@ def matrix(
 
             version = vllm_surface.installed_version()
             if note := vllm_surface.cascade_note(version):
-                err_console().print(f"note: {note}", highlight=False)
+                err_console().print(f"note: {note}", highlight=False, markup=False)
             if vllm_surface.cascade_status(version) == "removed" and not dry_run:
                 from cascade_repro.report.content import EXIT_NOTHING_EXERCISED
 
@@ -504,7 +505,7 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, refer
         from cascade_repro.plan.shard import empty_warning, keys_for
 
         if warning := empty_warning(engines, shard):
-            out_console(stderr=True).print(f"[yellow]warning:[/] {warning}")
+            out_console(stderr=True).print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
         keep = set(keys_for(engines, shard))
         engines = {k: ep for k, ep in engines.items() if k in keep}
         title += f", shard {shard}"
@@ -523,13 +524,13 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, refer
     console = out_console()
     console.print(table)
     if (warning := _short_prefix_warning(spec, system_text, records)) is not None:
-        out_console(stderr=True).print(f"[yellow]warning:[/] {warning}", highlight=False)
+        out_console(stderr=True).print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     cells = sum(len(ep.cells) for ep in engines.values())
     added = sum(1 for ep in engines.values() for c in ep.cells if c.origin == "control")
     line = f"{cells} cells, {len(engines)} engine start{'s' if len(engines) != 1 else ''}"
     if added:
         line += f"; {added} noise-control cell{'s' if added != 1 else ''} added by the planner (--no-auto-controls to drop)"
-    console.print(line)
+    console.print(line, highlight=False, markup=False)
     from cascade_repro.engines import get as engine_info
     from cascade_repro.plan import estimate
 
@@ -545,7 +546,9 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, refer
         }
         for k, ep in engines.items()
     }
-    console.print(estimate.for_plan(spec.to_dict(), n, planned, run_dir, gpu).line(), highlight=False)
+    console.print(
+        estimate.for_plan(spec.to_dict(), n, planned, run_dir, gpu).line(), highlight=False, markup=False
+    )
     if reference is not None:
         from cascade_repro.run.runner import reference_cost
 
@@ -556,8 +559,6 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, refer
 
                 raise UsageError(cost.refusal(spec.model))
     if spec.engine_args:
-        from rich.markup import escape
-
         from cascade_repro.plan.engine_args import known_fields
 
         shown = ", ".join(
@@ -578,10 +579,13 @@ def _print_outcome(outcome: Any, console: Any) -> None:
     else:
         print_outcome(console, outcome.headline, outcome.exit_code, outcome.reason)
     for e in outcome.errors:
-        console.print(f"[red]error[/] {e}", highlight=False)
+        console.print(f"[red]error[/] {escape(e)}", highlight=False)
+    # Paths and cell errors are data: printed without markup ("[x]" in a path is no style tag).
     if not (outcome.run_dir / runstore.REPORT_MD).exists():  # an empty shard scores nothing
-        console.print(f"run: {outcome.run_dir}")
+        console.print(f"run: {outcome.run_dir}", highlight=False, markup=False)
         return
     console.print(
-        f"report: {outcome.run_dir / runstore.REPORT_MD}  (html: {outcome.run_dir / runstore.REPORT_HTML})"
+        f"report: {outcome.run_dir / runstore.REPORT_MD}  (html: {outcome.run_dir / runstore.REPORT_HTML})",
+        highlight=False,
+        markup=False,
     )

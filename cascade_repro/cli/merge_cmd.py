@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from cascade_repro.cli.app import app, err_console, print_outcome, user_errors
 from cascade_repro.cli.options import FailOn
@@ -47,7 +48,11 @@ def merge(
             out_dir, shard_dirs, fail_on=fail_on, link=link, command=command, allow_partial=allow_partial
         )
     for w in outcome.warnings:
-        console.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
     print_outcome(console, outcome.headline, outcome.exit_code, outcome.reason)
-    console.print(f"report: {outcome.run_dir / 'report.md'}  (html: {outcome.run_dir / 'report.html'})")
+    console.print(
+        f"report: {outcome.run_dir / 'report.md'}  (html: {outcome.run_dir / 'report.html'})",
+        highlight=False,
+        markup=False,
+    )
     raise typer.Exit(outcome.exit_code)

@@ -6,6 +6,7 @@ from contextlib import nullcontext
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from cascade_repro.cli.app import app, err_console, user_errors
 from cascade_repro.cli.options import Out, Quiet, RunDir, variant
@@ -82,9 +83,9 @@ def minimize(
     r = outcome.result
     if not r.reproduced:
         console.print(
-            f"[yellow]pair {r.pair_id} did not reproduce[/] on this engine after {r.tests} test run(s) "
+            f"[yellow]pair {escape(r.pair_id)} did not reproduce[/] on this engine after {r.tests} test run(s) "
             f"({len(r.start.prompt_indices)} requests x {r.start.max_tokens} tokens, criterion {r.criterion}); "
-            f"see {outcome.files['json']}",
+            f"see {escape(str(outcome.files['json']))}",
             highlight=False,
         )
         raise typer.Exit(EXIT_NOT_REPRODUCED)
@@ -95,10 +96,14 @@ def minimize(
     if conf:
         note += f"; failed {conf['fails']}/{conf['runs']} runs" + ("" if r.stable else " [yellow](flaky)[/]")
     console.print(
-        f"[bold]{r.pair_id}[/]: {len(r.start.prompt_indices)} requests x {r.start.max_tokens} tokens -> "
+        f"[bold]{escape(r.pair_id)}[/]: {len(r.start.prompt_indices)} requests x {r.start.max_tokens} tokens -> "
         f"[bold]{len(f.case.prompt_indices)} requests x {f.case.max_tokens} tokens[/] in {r.tests} test runs, "
         f"{r.wall_s:.0f} s{note}",
         highlight=False,
     )
     for name, path in outcome.files.items():
-        console.print(f"wrote {path}" + ("  (run: python repro.py)" if name == "repro" else ""))
+        console.print(
+            f"wrote {path}" + ("  (run: python repro.py)" if name == "repro" else ""),
+            highlight=False,
+            markup=False,
+        )

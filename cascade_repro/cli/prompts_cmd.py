@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from cascade_repro.cli.app import SPEC, Typer, app, spec_default, user_errors
+from cascade_repro.cli.app import SPEC, Typer, app, shown, spec_default, user_errors
 from cascade_repro.cli.options import KeyField, PromptField, SystemPrompt, Tokenizer, variant
 
 SCHEMA_HELP = (
@@ -65,7 +65,7 @@ def list_sets(
             table.add_column(col)
         for s in sets:
             langs = sorted({r.lang for r in s.records if r.lang})
-            table.add_row(s.name, str(len(s.records)), ",".join(langs), s.source)
+            table.add_row(shown(s.name), str(len(s.records)), shown(",".join(langs)), shown(s.source))
         Console().print(table)
         sp = Table(title="system prompts (shared prefix with each set's prompts, in tokens)")
         sp.add_column("name")
@@ -100,7 +100,6 @@ def show(
         from collections import Counter
 
         from rich.console import Console
-        from rich.markup import escape
         from rich.table import Table
 
         from cascade_repro.judge.ifeval.score import unscorable
@@ -112,24 +111,27 @@ def show(
         shared = _prefix_tokens(system_prompt, [r.prompt for r in ps.records], model)
         langs = Counter(r.lang or "?" for r in ps.records)
         ids = Counter(i for r in ps.records for i in r.instruction_id_list)
-        shown = ", ".join(f"{lang} {n}" for lang, n in langs.most_common())
-        console.print(f"[bold]{escape(ps.name)}[/] ({escape(ps.source)}): {len(ps.records)} prompts, "
-                      f"languages: {escape(shown)}")  # fmt: skip
+        languages = ", ".join(f"{lang} {n}" for lang, n in langs.most_common())
+        # Every text from the set (file, Hub dataset) through shown(): control characters dropped, markup escaped.
+        console.print(f"[bold]{shown(ps.name)}[/] ({shown(ps.source)}): {len(ps.records)} prompts, "
+                      f"languages: {shown(languages)}")  # fmt: skip
         warn = (
             f"  [yellow](< {MIN_CASCADE_PREFIX}: cascade cannot fire)[/]"
             if shared < MIN_CASCADE_PREFIX
             else ""
         )
-        console.print(f"shared prefix with system prompt {system_prompt!r}: {shared} tokens{warn}")
+        console.print(f"shared prefix with system prompt {shown(repr(system_prompt))}: {shared} tokens{warn}")
         if ids:
-            console.print(escape("instructions: " + ", ".join(f"{k} ×{v}" for k, v in ids.most_common())))
+            console.print(shown("instructions: " + ", ".join(f"{k} ×{v}" for k, v in ids.most_common())))
         if note := unscorable(ps.records).note():
-            console.print(f"[yellow]{escape(note)}[/]")
+            console.print(f"[yellow]{shown(note)}[/]")
         if extra := sorted({k for r in ps.records for k in r.extra}):
-            console.print(escape("extra columns (kept in the run's prompts.jsonl): " + ", ".join(extra)))
+            console.print(shown("extra columns (kept in the run's prompts.jsonl): " + ", ".join(extra)))
         table = Table()
         for col in ("key", "lang", "instructions", "prompt"):
             table.add_column(col)
         for r in ps.records[:limit]:
-            table.add_row(r.key, r.lang, ", ".join(r.instruction_id_list), escape(r.prompt))
+            table.add_row(
+                shown(r.key), shown(r.lang), shown(", ".join(r.instruction_id_list)), shown(r.prompt)
+            )
         console.print(table)

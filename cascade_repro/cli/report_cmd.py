@@ -77,6 +77,6 @@ def report(
         outcome = outcome_of(data, fail_on if fail_on is not None else run_fail_on(data))
     console = err_console()
     for p in paths.values():
-        console.print(f"wrote {p}")
+        console.print(f"wrote {p}", highlight=False, markup=False)  # a path: "[x]" is no style tag
     print_outcome(console, outcome.headline, outcome.exit_code, outcome.reason)
     raise typer.Exit(outcome.exit_code)

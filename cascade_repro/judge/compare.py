@@ -6,7 +6,7 @@ Produces the three tables every report is rendered from (columns in docs/archite
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,16 +90,21 @@ def load_cell_samples(
     wanted: set[str],
     prompts: list[Any] | None = None,
     reference: dict[str, Any] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> dict[str, CellSamples]:
     """Stream every samples file once, scoring repetition (and, given prompts, instruction following;
-    given the reference's rows by fingerprint, the error against it) as records go by."""
+    given the reference's rows by fingerprint, the error against it) as records go by.
+
+    A damaged sample record, or one whose prompt_key is not its prompt's in prompts.jsonl (a sample
+    of another run), is not scored: ``warn`` is told its file and line (runstore.iter_samples)."""
     from cascade_repro.run.reference import fingerprint
 
     out: dict[str, CellSamples] = {}
     prompts = prompts or []
     reference = reference or {}
+    keys = runstore.prompt_keys(run_dir)
     for key in engine_keys:
-        for rec in runstore.iter_samples(runstore.samples_path(run_dir, key), wanted):
+        for rec in runstore.iter_samples(runstore.samples_path(run_dir, key), wanted, keys, warn):
             cs = out.setdefault(rec["cell_id"], CellSamples())
             i = rec["prompt_index"]
             cs.tokens[i] = rec["token_ids"]
@@ -139,7 +144,8 @@ def cell_rows(run: Manifest | dict[str, Any], run_dir: Path, samples: dict[str, 
     rows = []
     spec = m.spec
     model = m.model_name if m.has("model_name") else spec.model
-    progress = {k: runstore.read_progress(runstore.samples_path(run_dir, k)) for k in m.plan.engines}
+    keys = runstore.prompt_keys(run_dir)
+    progress = {k: runstore.read_progress(runstore.samples_path(run_dir, k), keys) for k in m.plan.engines}
     for c in m.plan.cells:
         prog = progress[c.engine_key]
         cid = c.cell_id
@@ -148,7 +154,7 @@ def cell_rows(run: Manifest | dict[str, Any], run_dir: Path, samples: dict[str, 
         error = prog.errors.get(cid, "")
         if status != "done" and prog.corrupt.get(cid):
             # Never a silent "pending": say which record was lost and what to do.
-            status, error = "error", runstore.corrupt_reason(c.engine_key, prog.corrupt[cid])
+            status, error = "error", runstore.corrupt_reason(c.engine_key, prog.corrupt[cid], prog.why)
         cs = samples.get(cid, CellSamples())
         reps = list(cs.rep.values())
         wall = sum(w.get("wall_s", 0.0) for w in waves)
@@ -401,9 +407,13 @@ def compare_pair(
 
 
 def build_tables(
-    run: Manifest | dict[str, Any], run_dir: Path, thresholds: Thresholds
+    run: Manifest | dict[str, Any],
+    run_dir: Path,
+    thresholds: Thresholds,
+    warn: Callable[[str], None] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Score the run (its manifest, or run.json as a dict) and return (cells, pairs, comparisons) DataFrames."""
+    """Score the run (its manifest, or run.json as a dict) and return (cells, pairs, comparisons)
+    DataFrames; ``warn`` is told of each sample line skipped as damaged (file and line)."""
     m = as_manifest(run)
     cells = m.plan.cells
     pair_specs = plan_pairs(cells)
@@ -413,10 +423,11 @@ def build_tables(
 
     ref_rows, ref_start = read_reference(run_dir)
     reference = str(ref_start.get("dtype") or "") if ref_rows else ""
-    samples = load_cell_samples(run_dir, m.plan.engines, wanted, load_prompts(run_dir), ref_rows)
+    samples = load_cell_samples(run_dir, m.plan.engines, wanted, load_prompts(run_dir), ref_rows, warn)
     cells_df = cell_rows(m, run_dir, samples)
     by_id = cells_df.set_index("cell_id").to_dict("index")
-    progress = {k: runstore.read_progress(runstore.samples_path(run_dir, k)) for k in m.plan.engines}
+    keys = runstore.prompt_keys(run_dir)
+    progress = {k: runstore.read_progress(runstore.samples_path(run_dir, k), keys) for k in m.plan.engines}
     preds = m.predictions if isinstance(m.predictions, dict) else {}
     predicted = preds.get("cells") if isinstance(preds.get("cells"), dict) else {}
 

@@ -263,8 +263,9 @@ def for_plan(
     done: set[str] = set()
     waves: list[dict[str, Any]] = []
     if run_dir is not None and run_dir.is_dir():
+        keys = runstore.prompt_keys(run_dir)
         for key in engines:
-            prog = runstore.read_progress(runstore.samples_path(run_dir, key))
+            prog = runstore.read_progress(runstore.samples_path(run_dir, key), keys)
             done |= prog.done
             waves += [w for ws in prog.waves.values() for w in ws]
     compiled = True

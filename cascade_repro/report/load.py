@@ -213,7 +213,8 @@ _cache: dict[tuple, dict[tuple[str, int], dict]] = {}
 def read_samples(paths: Iterable[Path], wanted: set[tuple[str, int]]) -> dict[tuple[str, int], dict]:
     """Stream sample records of the wanted (cell_id, prompt_index) keys from JSONL files.
 
-    A torn last line is skipped, later records replace earlier ones, and records of a cell are
+    A torn last line and a damaged sample record (``runstore.sample_problem``) are skipped, later
+    records replace earlier ones, and records of a cell are
     preferred once its `cell_done` line confirms them.
 
     Cost: one pass over the bytes. A sample line in the worker's layout is judged by its head alone
@@ -265,10 +266,15 @@ def _read_samples(paths: list[Path], wanted: set[tuple[str, int]]) -> dict[tuple
                 elif not any(buf.find(n, start, end) >= 0 for n in needles):
                     continue  # cheap filter before paying for json.loads
                 rec = _loads(bytes(buf[start:end]))
-                if not isinstance(rec, dict) or rec.get("cell_id") not in cells:
+                if (
+                    not isinstance(rec, dict)
+                    or not isinstance(cid := rec.get("cell_id"), str)
+                    or cid not in cells
+                ):
                     continue
-                cid = rec["cell_id"]
                 if rec.get("type") == "sample":
+                    if runstore.sample_problem(rec) is not None:
+                        continue  # damaged: scoring skipped it too, and said where
                     key = (cid, as_int(rec.get("prompt_index")))
                     if key in wanted:
                         pending[key] = rec

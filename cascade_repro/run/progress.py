@@ -214,5 +214,5 @@ class RunProgress:
             return
         now = self.clock()
         if force or (now - self._last_line >= HEARTBEAT_S and self.waves_done != self._waves_at_line):
-            self.console.print(self.line(), highlight=False, soft_wrap=True)
+            self.console.print(self.line(), highlight=False, soft_wrap=True, markup=False)
             self._last_line, self._waves_at_line = now, self.waves_done

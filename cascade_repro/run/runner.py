@@ -255,7 +255,7 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
     run_dir = opts.results_dir / run_id
     engines = plan(spec)
     if opts.shard and console is not None and (warning := empty_warning(engines, opts.shard)):
-        console.print(f"[yellow]warning:[/] {warning}")
+        console.print(f"[yellow]warning:[/] {_escape(warning)}", highlight=False)
     # Built in code, the manifest writes every field but the optional ones left unset: those set
     # below only where they apply.
     run = Manifest(
@@ -357,7 +357,10 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 def _progress_by_key(run_dir: Path, run: Manifest) -> dict[str, runstore.CellProgress]:
     """Each engine key's samples file, scanned once."""
-    return {key: runstore.read_progress(runstore.samples_path(run_dir, key)) for key in run.plan.engines}
+    keys = runstore.prompt_keys(run_dir)
+    return {
+        key: runstore.read_progress(runstore.samples_path(run_dir, key), keys) for key in run.plan.engines
+    }
 
 
 def cells_done(
@@ -392,7 +395,7 @@ def execute(run_dir: Path, show_progress: bool = True, console: Any = None) -> l
     # keys as if they were the whole matrix (shard 2/2 of two keys would count none).
     done_before = cells_done(run_dir, whole, progs)
     notes = [
-        f"warning: {cid or 'before any cell'}: {runstore.corrupt_reason(key, lines)}"
+        f"warning: {runstore._shown(cid) or 'before any cell'}: {runstore.corrupt_reason(key, lines, prog.why)}"
         for key, prog in progs.items()
         for cid, lines in prog.corrupt.items()
     ]
@@ -409,7 +412,7 @@ def execute(run_dir: Path, show_progress: bool = True, console: Any = None) -> l
             f"running the other {len(cells) - done_before} (--fresh starts over)"
         )
     for line in notes:
-        console.print(line, highlight=False)
+        console.print(line, highlight=False, markup=False)
     device = estimate.run_device(spec.engine, spec.device)
     progress = RunProgress(
         console,
@@ -437,7 +440,7 @@ def execute(run_dir: Path, show_progress: bool = True, console: Any = None) -> l
             # A silent first FA2 start on a fresh Hopper machine lasts minutes: say why.
             progress.engine_starting(key, FA2_JIT_NOTE if jit else "")
             rc, reason = _run_worker(run_dir, key, float(spec.engine_timeout), progress, env=env)
-            prog = runstore.read_progress(path)
+            prog = runstore.read_progress(path, runstore.prompt_keys(run_dir))
             if jit and prog.engine:
                 cuda_cache.mark_fa2_compiled(env, gpu)
             unfinished = [c for c in ep.cells if c not in prog.done and c not in prog.errors]
@@ -603,6 +606,18 @@ def merged_reference(old: Any, new: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _escape(text: str) -> str:
+    """Text for a rich console message: markup escaped, so "[x]" in a path or a key prints as is."""
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def _warn_stderr(line: str) -> None:
+    """A scoring warning (a damaged sample line skipped): one line on stderr, as written."""
+    print(f"warning: {line}", file=sys.stderr, flush=True)
+
+
 def finalize(run_dir: Path, thresholds: Thresholds | None = None) -> tuple[Path, Any]:
     """Score the samples, write the tables and every report; return (run_dir, RunData)."""
     from cascade_repro.judge.compare import build_tables
@@ -613,7 +628,7 @@ def finalize(run_dir: Path, thresholds: Thresholds | None = None) -> tuple[Path,
     th = thresholds or Thresholds(**run.thresholds)
     scored = restrict(run)  # a shard scores its own cells; merge scores them all
     # Scoring reads run.json's dict form.
-    cells_df, pairs_df, comp_df = build_tables(scored, run_dir, th)
+    cells_df, pairs_df, comp_df = build_tables(scored, run_dir, th, warn=_warn_stderr)
     for name, df in ((runstore.CELLS, cells_df), (runstore.PAIRS, pairs_df), (runstore.COMPARISONS, comp_df)):
         runstore.write_parquet_atomic(df, run_dir / name)
     engines = {}
@@ -653,7 +668,7 @@ def run_matrix(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> RunOu
         # Only a CPU run is warned about: a GPU run need not pay the estimate's scan of its samples.
         est = estimate.for_run(prepared.run, run_dir) if device == "cpu" else None
         if est is not None and (warning := estimate.warning_for(est, device)) is not None:
-            console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+            console.print(f"[yellow]warning:[/] {_escape(warning)}", highlight=False)
     with runstore.RunLock(run_dir):
         prepared.write()
         kept = cells_done(run_dir)

@@ -22,7 +22,7 @@ import os
 import re
 import stat
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -653,24 +653,109 @@ class CellProgress:
     errors: dict[str, str] = field(default_factory=dict)
     waves: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     engine: dict[str, Any] = field(default_factory=dict)
-    # Whole lines that do not parse (1-based line numbers), by the cell whose attempt they fell in
-    # ("" before any cell_start). Such a cell has lost a record: it counts as unfinished.
+    # Damaged lines (1-based line numbers) by the cell whose attempt they fell in ("" before any
+    # cell_start): a line that does not parse, a record that is not an object, a sample record of the
+    # wrong shape (:func:`sample_problem`). Such a cell has lost a record: it counts as unfinished.
     corrupt: dict[str, list[int]] = field(default_factory=dict)
+    # Of a cell in ``corrupt``: the wave its first damaged line fell in (wave records of the attempt
+    # before it). Waves before it are whole: a wave-level resume may keep them.
+    damaged_wave: dict[str, int] = field(default_factory=dict)
+    # Why a damaged line is damaged, by line number (a line that does not parse has none).
+    why: dict[int, str] = field(default_factory=dict)
 
 
-def read_progress(path: Path) -> CellProgress:
-    """Scan a samples file's control records (engine, cell_start, wave, cell_done, cell_error)."""
+def sample_problem(rec: Any, prompt_keys: list[str] | None = None) -> str | None:
+    """What is wrong with a sample record, or None for one every reader can use.
+
+    Checks the fields scoring reads: ``cell_id`` text, ``prompt_index`` a whole number naming a prompt
+    (below ``len(prompt_keys)`` when given), ``token_ids`` a list of whole numbers, ``wave`` a whole
+    number or absent, text fields text, ``logprobs`` numbers, ``topk`` a list; given ``prompt_keys``
+    (prompts.jsonl's keys), a ``prompt_key`` that is not its prompt's key (a sample of another run).
+    """
+    if not isinstance(rec, dict):
+        return "not a JSON object"
+    if not isinstance(rec.get("cell_id"), str):
+        return "cell_id is not text"
+    i = rec.get("prompt_index")
+    if type(i) is not int or i < 0 or (prompt_keys is not None and i >= len(prompt_keys)):
+        n = f" (this run has {len(prompt_keys)})" if prompt_keys is not None else ""
+        return f"prompt_index {_brief(i)} names no prompt{n}"
+    if (w := rec.get("wave")) is not None and type(w) is not int:
+        return f"wave {_brief(w)} is not a whole number"
+    ids = rec.get("token_ids")
+    if not isinstance(ids, list) or not all(type(t) is int for t in ids):
+        return "token_ids is not a list of whole numbers"
+    for name in ("prompt_key", "prompt_hash", "text", "finish_reason"):
+        if name in rec and not isinstance(rec[name], str):
+            return f"{name} is not text"
+    lps = rec.get("logprobs")
+    if lps is not None and (
+        not isinstance(lps, list) or not all(x is None or type(x) in (int, float) for x in lps)
+    ):
+        return "logprobs is not a list of numbers"
+    if (topk := rec.get("topk")) is not None and not isinstance(topk, list):
+        return "topk is not a list"
+    if prompt_keys is not None and "prompt_key" in rec and rec["prompt_key"] != prompt_keys[i]:
+        return (
+            f"prompt_key {_brief(rec['prompt_key'])} is not prompt {i}'s key {_brief(prompt_keys[i])} "
+            f"in {PROMPTS} (a sample of another run?)"
+        )
+    return None
+
+
+def _brief(v: Any, limit: int = 40) -> str:
+    """A value for a one-line message: repr (control characters escaped), cut at ``limit``."""
+    s = repr(v)
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def prompt_keys(run_dir: Path) -> list[str] | None:
+    """The keys of prompts.jsonl, in prompt-index order; None when it cannot be read."""
+    try:
+        keys = [r.get("key") if isinstance(r, dict) else None for r in read_prompts(run_dir)]
+    except (OSError, ValueError):
+        return None
+    return [k if isinstance(k, str) else str(i) for i, k in enumerate(keys)]
+
+
+def read_progress(path: Path, prompt_keys: list[str] | None = None) -> CellProgress:
+    """Scan a samples file's records: the control records (engine, cell_start, wave, cell_done,
+    cell_error) and the shape of every sample record (:func:`sample_problem`, against prompts.jsonl's
+    keys when given); a damaged line unfinishes the cell it falls in."""
     prog = CellProgress()
     current = ""
-    for lineno, rec in _iter_control(path, with_corrupt=True):
+
+    def damaged(lineno: int, why: str | None) -> None:
+        lines = prog.corrupt.setdefault(current, [])
+        if not lines:
+            prog.damaged_wave[current] = len(prog.waves.get(current, []))
+        lines.append(lineno + 1)
+        if why:
+            prog.why[lineno + 1] = why
+
+    for lineno, rec, raw in _iter_lines(path):
+        if raw is not None:  # a sample line
+            try:
+                obj = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                damaged(lineno, None)
+                continue
+            if (why := sample_problem(obj, prompt_keys)) is not None:
+                damaged(lineno, why)
+            continue
         if rec is None:
-            prog.corrupt.setdefault(current, []).append(lineno + 1)
+            damaged(lineno, None)
             continue
         t, cid = rec.get("type"), rec.get("cell_id")
+        if t in (CELL_START, CELL_DONE, CELL_ERROR, WAVE) and not isinstance(cid, str):
+            damaged(lineno, f"{t} record whose cell_id is not text")
+            continue
         if t == CELL_START:
-            current = str(cid)
-            prog.corrupt.pop(current, None)  # a new attempt rewrites the cell
-            # A new attempt: the earlier attempt's waves and error no longer describe this cell.
+            current = cid
+            # A new attempt rewrites the cell: its earlier attempt's damage, waves and error go.
+            for line in prog.corrupt.pop(current, []):
+                prog.why.pop(line, None)
+            prog.damaged_wave.pop(current, None)
             prog.waves[cid] = []
             prog.errors.pop(cid, None)
         elif t == CELL_DONE:
@@ -688,13 +773,14 @@ def read_progress(path: Path) -> CellProgress:
 
 def kept_wave_count(prog: CellProgress, cell_id: str) -> int:
     """Waves 0..K-1 of an unfinished cell's last attempt that are whole (their wave record is there,
-    so are their samples, written before it): what a wave-level resume keeps. 0 for a finished cell
-    or an attempt with an unreadable line."""
-    if cell_id in prog.done or cell_id in prog.corrupt:
+    so are their samples, written before it): what a wave-level resume keeps. 0 for a finished
+    cell; an attempt with a damaged line keeps only the waves before the one that line fell in."""
+    if cell_id in prog.done:
         return 0
+    limit = prog.damaged_wave.get(cell_id, 0) if cell_id in prog.corrupt else None
     k = 0
     for w in prog.waves.get(cell_id, []):
-        if w.get("wave") != k:
+        if w.get("wave") != k or (limit is not None and k >= limit):
             break
         k += 1
     return k
@@ -725,11 +811,15 @@ def kept_wave_lines(path: Path, cells: dict[str, int]) -> dict[str, list[bytes]]
     return out
 
 
-def corrupt_reason(engine_key: str, lines: list[int]) -> str:
-    """One line naming the unreadable records of a cell and what to do about them."""
+def corrupt_reason(engine_key: str, lines: list[int], why: dict[int, str] | None = None) -> str:
+    """One line naming the damaged records of a cell (and, given ``why``, what is wrong with the
+    first) and what to do about them."""
     where = ", ".join(map(str, lines[:5])) + (f" and {len(lines) - 5} more" if len(lines) > 5 else "")
+    first = (why or {}).get(lines[0]) if lines else None
     return (
-        f"unreadable record in {SAMPLES}/{engine_key}.jsonl at line{'s' if len(lines) > 1 else ''} {where}: "
+        f"{'damaged' if first else 'unreadable'} record in {SAMPLES}/{_shown(engine_key)}.jsonl "
+        f"at line{'s' if len(lines) > 1 else ''} "
+        f"{where}{f' ({first})' if first else ''}: "
         "the cell counts as unfinished; rerun the same command to redo it"
     )
 
@@ -738,8 +828,10 @@ def finished_spans(path: Path) -> dict[str, tuple[int, int]]:
     """Return, per finished cell, the line span (start, done) of the attempt that finished it."""
     spans: dict[str, tuple[int, int]] = {}
     starts: dict[str, int] = {}
-    for lineno, rec in _iter_control(path):
-        t, cid = rec.get("type"), rec.get("cell_id")
+    for lineno, rec, _ in _iter_lines(path):
+        if rec is None or not isinstance(cid := rec.get("cell_id"), str):
+            continue
+        t = rec.get("type")
         if t == CELL_START:
             starts[cid] = lineno
         elif t == CELL_DONE and cid in starts:
@@ -747,35 +839,39 @@ def finished_spans(path: Path) -> dict[str, tuple[int, int]]:
     return spans
 
 
-def _iter_control(path: Path, with_corrupt: bool = False) -> Iterator[tuple[int, dict[str, Any] | None]]:
-    """Yield (line number, record) for every non-sample record, without parsing sample lines.
-
-    With ``with_corrupt``, a whole line that does not parse yields (line number, None); a torn last
-    line (no newline: a write cut short, truncated by the next writer) is never reported.
-    """
+def _iter_lines(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, bytes | None]]:
+    """Yield (line number, record, None) for every whole non-sample line (record None when it does not
+    parse or is not an object) and (line number, None, raw line) for every whole sample line, left
+    unparsed. A torn last line (no newline: a write cut short) and blank lines are never yielded."""
     if not path.exists():
         return
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f):
-            if not raw.endswith(b"\n") or is_sample_line(raw):
+            if not raw.endswith(b"\n") or not raw.strip():
+                continue
+            if is_sample_line(raw):
+                yield lineno, None, raw
                 continue
             try:
                 rec = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError):
-                if with_corrupt and raw.strip():
-                    yield lineno, None
+                yield lineno, None, None
                 continue
-            if isinstance(rec, dict):
-                yield lineno, rec
-            elif with_corrupt:
-                yield lineno, None
+            yield lineno, rec if isinstance(rec, dict) else None, None
 
 
-def iter_samples(path: Path, cells: set[str] | None = None) -> Iterator[dict[str, Any]]:
+def iter_samples(
+    path: Path,
+    cells: set[str] | None = None,
+    prompt_keys: list[str] | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> Iterator[dict[str, Any]]:
     """Stream the sample records of finished cells, from the attempt that finished each.
 
     A resumed cell starts again with a ``cell_start`` line and rewrites all its samples, so earlier
     partial attempts are skipped. Two passes over the file; nothing but line spans is held in memory.
+    A damaged sample line inside a finished attempt (:func:`sample_problem`, against ``prompt_keys``
+    when given) is skipped, and ``warn`` is told its file and line.
     """
     spans = finished_spans(path)
     if cells is not None:
@@ -786,10 +882,19 @@ def iter_samples(path: Path, cells: set[str] | None = None) -> Iterator[dict[str
         for lineno, raw in enumerate(f):
             if not is_sample_line(raw) or not raw.endswith(b"\n"):
                 continue
-            rec = json.loads(raw)
-            span = spans.get(rec.get("cell_id"))
-            if span and span[0] < lineno < span[1]:
-                yield rec
+            try:
+                rec = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                rec, why = None, "not JSON"
+            else:
+                why = sample_problem(rec, prompt_keys)
+            if why is None:
+                span = spans.get(rec["cell_id"])
+                if span and span[0] < lineno < span[1]:
+                    yield rec
+            elif any(s < lineno < e for s, e in spans.values()):
+                if warn is not None:
+                    warn(f"{SAMPLES}/{_shown(path.name)} line {lineno + 1}: {why}; skipped")
 
 
 class RunLock:

@@ -69,7 +69,7 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
     cells = run.plan.cell_map()
     spec = run.spec
     out_path = runstore.samples_path(run_dir, engine_key)
-    prog = runstore.read_progress(out_path)
+    prog = runstore.read_progress(out_path, runstore.prompt_keys(run_dir))
     todo = [cells[cid] for cid in eplan.cells if cid not in prog.done]
     if not todo:
         return EXIT_OK
