@@ -832,11 +832,11 @@ def test_examples_prefer_distinct_pairs() -> None:
 def test_read_samples_keeps_unconfirmed_records_and_latest(tmp_path: Path) -> None:
     path = tmp_path / "k.jsonl"
     lines = [
-        {"type": "sample", "cell_id": "c1", "prompt_index": 0, "text": "first"},
-        {"type": "sample", "cell_id": "c10", "prompt_index": 0, "text": "other cell"},
+        {"type": "sample", "cell_id": "c1", "prompt_index": 0, "token_ids": [1], "text": "first"},
+        {"type": "sample", "cell_id": "c10", "prompt_index": 0, "token_ids": [1], "text": "other cell"},
         {"type": "cell_done", "cell_id": "c1"},
-        {"type": "sample", "cell_id": "c2", "prompt_index": 0, "text": "no cell_done"},
-        {"type": "sample", "cell_id": "c1", "prompt_index": 0, "text": "unfinished retry"},
+        {"type": "sample", "cell_id": "c2", "prompt_index": 0, "token_ids": [1], "text": "no cell_done"},
+        {"type": "sample", "cell_id": "c1", "prompt_index": 0, "token_ids": [1], "text": "unfinished retry"},
     ]
     path.write_text("".join(json.dumps(x) + "\n" for x in lines) + "not json\n", encoding="utf-8")
     got = read_samples([path], {("c1", 0), ("c2", 0)})

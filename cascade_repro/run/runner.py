@@ -450,7 +450,7 @@ def execute(run_dir: Path, show_progress: bool = True, console: Any = None) -> l
                     writer.write(runstore.CellError(cid, reason or f"worker exited {rc}"))
                 writer.close()
                 progress.cells_failed(len(unfinished))
-            for cid, why in runstore.read_progress(path).errors.items():
+            for cid, why in runstore.read_progress(path, samples=False).errors.items():
                 errors.append(f"{cid}: {why}")
     return errors
 
@@ -503,7 +503,10 @@ def arm_dtypes(run_dir: Path, run: Manifest) -> list[str]:
     """The dtypes the arms ran in, as their engines reported them (the plan's where none did)."""
     out = []
     for key, ep in run.plan.engines.items():
-        eff = runstore.read_progress(runstore.samples_path(run_dir, key)).engine.get("effective") or {}
+        eff = (
+            runstore.read_progress(runstore.samples_path(run_dir, key), samples=False).engine.get("effective")
+            or {}
+        )
         out.append(str(eff.get("dtype") or ep.dtype).replace("torch.", ""))
     return out
 
@@ -633,7 +636,7 @@ def finalize(run_dir: Path, thresholds: Thresholds | None = None) -> tuple[Path,
         runstore.write_parquet_atomic(df, run_dir / name)
     engines = {}
     for key in scored.plan.engines:
-        prog = runstore.read_progress(runstore.samples_path(run_dir, key))
+        prog = runstore.read_progress(runstore.samples_path(run_dir, key), samples=False)
         eff = dict(prog.engine.get("effective", {}))
         errs = {c: e for c, e in prog.errors.items()}
         # ``of``: a pending engine's start_s is written as null, as ever.

@@ -718,10 +718,13 @@ def prompt_keys(run_dir: Path) -> list[str] | None:
     return [k if isinstance(k, str) else str(i) for i, k in enumerate(keys)]
 
 
-def read_progress(path: Path, prompt_keys: list[str] | None = None) -> CellProgress:
+def read_progress(path: Path, prompt_keys: list[str] | None = None, *, samples: bool = True) -> CellProgress:
     """Scan a samples file's records: the control records (engine, cell_start, wave, cell_done,
     cell_error) and the shape of every sample record (:func:`sample_problem`, against prompts.jsonl's
-    keys when given); a damaged line unfinishes the cell it falls in."""
+    keys when given); a damaged line unfinishes the cell it falls in.
+
+    ``samples=False`` skips the sample records unparsed, for a caller that reads only the engine
+    record or the errors: parsing every sample is most of a large file's scan."""
     prog = CellProgress()
     current = ""
 
@@ -735,6 +738,8 @@ def read_progress(path: Path, prompt_keys: list[str] | None = None) -> CellProgr
 
     for lineno, rec, raw in _iter_lines(path):
         if raw is not None:  # a sample line
+            if not samples:
+                continue
             try:
                 obj = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError):
