@@ -304,8 +304,9 @@ def _duration(s: float) -> str:
 
 
 def cost(model_path: str, precision: str, device: str, samples: int, tokens_per_sample: float) -> Cost:
-    """``tokens_per_sample``: generated tokens (--max-tokens); ``samples``: at most every cell's."""
-    """Memory and time of a pass: weights at the reference's width plus a margin for activations."""
+    """Memory and time of a pass: weights at the reference's width plus a margin for activations.
+
+    ``tokens_per_sample``: generated tokens (--max-tokens); ``samples``: at most every cell's."""
     device = pick_device(device)
     params = param_count(model_path)
     width = 8 if precision == "fp64" else 4
