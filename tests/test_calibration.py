@@ -73,3 +73,16 @@ def test_ladders_parse_sorted_and_default():
     for bad in ("0", "-1", "x", "", "0.1,0.1"):
         with pytest.raises(ValueError):
             inj.parse_ladder(bad)
+
+
+def test_an_injection_may_start_mid_answer():
+    from cascade_repro.vllm_surface import inject as inj
+
+    late = inj.parse("lse-shift=0.1@48")
+    assert (late.kind, late.nats, late.onset, late.label) == (inj.LSE_SHIFT, 0.1, 48, "lse-shift=0.1@48")
+    assert not late.active(47) and late.active(48) and late.active(127)
+    assert inj.parse("LSE-Layout@3").label == "lse-layout@3"
+    assert inj.parse("lse-shift=0.3").active(0)  # no onset: every step
+    for bad in ("lse-shift=0.1@", "lse-shift=0.1@-1", "lse-shift=0.1@x"):
+        with pytest.raises(ValueError, match="onset after @"):
+            inj.parse(bad)

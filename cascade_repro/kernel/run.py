@@ -246,6 +246,7 @@ class InjectSwitch:
 
         self.inject = inj.try_parse(inject)  # what wrap_merge reads: a parsed injection
         self.in_cascade = False
+        self.token_index = 0  # one kernel call is no answer: an injection's @STEP onset never comes
         self.calls = 0
 
     def record_inject(self) -> None:
