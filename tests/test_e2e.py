@@ -222,9 +222,20 @@ def test_a_run_in_which_cascade_never_fired_exits_4(batch1_run):
     assert _pairs(batch1_run.run_dir).loc["tp1-b1-cascade~flat", "verdict"] == "not exercised"
 
 
-def test_without_controls_even_a_gross_fault_is_inconclusive_not_a_guess(tmp_path):
+def test_without_controls_the_reference_alone_judges_and_the_arm_rule_cannot(tmp_path):
+    from cascade_repro.run.reference import ReferenceOptions
+
     spec = MatrixSpec(limit=8, batch=[8], max_tokens=6, inject="lse-shift=1", auto_controls=False)
-    outcome = run_matrix(spec, RunOptions(results_dir=tmp_path, progress=False))
+    # Against the reference the fault is measured without any flat-vs-flat control (minimum effect 1),
+    # and the verdict line says that no control was measured.
+    outcome = run_matrix(spec, RunOptions(results_dir=tmp_path / "ref", progress=False))
     pair = _pairs(outcome.run_dir).loc["tp1-b8-cascade~flat"]
-    assert pair["verdict"] == "inconclusive"
+    assert pair["verdict"] == "regression" and pair["rule"] == "reference"
+    assert "no flat-vs-flat control measured: the tests alone decide" in pair["reasons"]
+    assert outcome.exit_code == 1
+    # The arm-vs-arm rule has nothing to judge against: even a gross fault is inconclusive, not a guess.
+    off = RunOptions(results_dir=tmp_path / "off", progress=False, reference=ReferenceOptions("off"))
+    outcome = run_matrix(spec, off)
+    pair = _pairs(outcome.run_dir).loc["tp1-b8-cascade~flat"]
+    assert pair["verdict"] == "inconclusive" and pair["rule"] == "arm-vs-arm"
     assert outcome.exit_code == 5
