@@ -185,8 +185,8 @@ def test_the_worked_examples_quoted_output_is_a_real_runs(tmp_path):
     # are depends on the box's load, which no test can assert (benchmarks/ measure speed).
     from cascade_repro.plan import estimate
 
-    est, took = estimate.for_run(run).seconds, float(run["timings"]["total_s"])
-    assert est is not None and est > 0 and took > 0, (est, took)
+    est = estimate.for_run(run).seconds
+    assert est is not None and est > 0 and run["timings"].get("total_s") is not None, est
 
     # The quoted verdict table: the real report's, column for column.
     report = (run_dir / "report.md").read_text(encoding="utf-8")
