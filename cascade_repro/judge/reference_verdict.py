@@ -29,6 +29,7 @@ import numpy as np
 from cascade_repro.judge.metrics.reference import ArmError
 from cascade_repro.judge.verdicts import (
     IDENTICAL,
+    INCONCLUSIVE,
     REGRESSION,
     WITHIN_NOISE,
     Decision,
@@ -147,11 +148,7 @@ def decide(
     nothing either way. ``noise_text``: the divergence counts against their control, for the words
     when the two rules disagree.
     """
-    if (
-        arms.verdict not in (IDENTICAL, WITHIN_NOISE, REGRESSION, "inconclusive")
-        or r is None
-        or not r.measured
-    ):
+    if arms.verdict not in (IDENTICAL, WITHIN_NOISE, REGRESSION, INCONCLUSIVE) or r is None or not r.measured:
         arms.rule = RULE_ARMS
         return arms
     text = _ref_text(r, reference, floor_of, floor_id, th)

@@ -676,11 +676,10 @@ def run_matrix(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> RunOu
         prepared.write()
         kept = cells_done(run_dir)
         errors = execute(run_dir, opts.progress, console)
-        reference = None
-        if restrict(runstore.read_manifest(run_dir)).plan.cells:
-            reference = run_reference(run_dir, opts.reference, float(spec.engine_timeout), console)
+        # The reference pass writes only reference/: run.json read once serves before and after it.
         run = runstore.read_manifest(run_dir)
-        if reference is not None:
+        if restrict(run).plan.cells:
+            reference = run_reference(run_dir, opts.reference, float(spec.engine_timeout), console)
             run.update(reference=merged_reference(run.reference, reference))
         took = round(time.time() - t0, 2)
         if run.invocations is None:
