@@ -75,12 +75,13 @@ def write_reports(
     if fail_on is not None:
         data.manifest.update(fail_on=fail_on)
     written: dict[ReportFormat, Path] = {}
-    for fmt in dict.fromkeys(_parse_format(f) for f in formats):
-        formatter = formatter_for(fmt)
-        path = run_dir / formatter.filename
-        # A reader (or a crash) sees the old file or the new one, never half of one.
-        runstore.write_text_atomic(path, formatter.render(data), mode=0o644, durable=True)
-        written[fmt] = path
+    with data.settled():
+        for fmt in dict.fromkeys(_parse_format(f) for f in formats):
+            formatter = formatter_for(fmt)
+            path = run_dir / formatter.filename
+            # A reader (or a crash) sees the old file or the new one, never half of one.
+            runstore.write_text_atomic(path, formatter.render(data), mode=0o644, durable=True)
+            written[fmt] = path
     return written
 
 

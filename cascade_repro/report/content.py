@@ -113,10 +113,6 @@ def effective(e: EngineRecord) -> dict:
     return e.effective if isinstance(e.effective, dict) else {}
 
 
-def _records(df) -> list[dict]:
-    return df.to_dict("records")
-
-
 def _axis(v) -> tuple:
     i = as_int(v)
     return (0, i, "") if i is not None else (1, 0, text_of(v))
@@ -128,7 +124,7 @@ def _sort_key(r: dict) -> tuple:
 
 
 def _pairs_of(data: RunData, keep: Callable[[object], bool]) -> list[dict]:
-    rows = (r for r in _records(data.pairs) if keep(r.get("kind")))
+    rows = (r for r in data.rows("pairs") if keep(r.get("kind")))
     return sorted(rows, key=lambda r: (*_sort_key(r), str(r.get("pair_id"))))
 
 
@@ -142,7 +138,7 @@ def calibration_pairs(data: RunData) -> list[dict]:
 
     Ordered like the other pairs, then by injected shift (a ladder reads small to large).
     """
-    rows = (r for r in _records(data.pairs) if r.get("kind") == CALIBRATION)
+    rows = (r for r in data.rows("pairs") if r.get("kind") == CALIBRATION)
     return sorted(rows, key=lambda r: (*_sort_key(r), _shift(r), str(r.get("pair_id"))))
 
 
@@ -159,7 +155,7 @@ def control_pairs(data: RunData) -> list[dict]:
 def cells(data: RunData) -> list[dict]:
     """Return cell rows ordered by tp, batch, the other axes, arm and id."""
     return sorted(
-        _records(data.cells), key=lambda r: (*_sort_key(r), text_of(r.get("arm")), str(r.get("cell_id")))
+        data.rows("cells"), key=lambda r: (*_sort_key(r), text_of(r.get("arm")), str(r.get("cell_id")))
     )
 
 
@@ -197,7 +193,7 @@ def n_exercised(counts: dict[str, int]) -> int:
 
 def unfinished_cells(data: RunData) -> tuple[int, int]:
     """(pending cells, all cells) of the run's cell table: a run cut before its last cell finished."""
-    recs = [r for r in _records(data.cells) if r.get("origin") != CALIBRATION]
+    recs = [r for r in data.rows("cells") if r.get("origin") != CALIBRATION]
     return sum(1 for r in recs if r.get("status") == "pending"), len(recs)
 
 
@@ -289,7 +285,7 @@ def has_errors(data: RunData) -> bool:
     """Return True when any cell, engine or cascade pair failed (calibration cells aside)."""
     if any(r.get("verdict") == "error" for r in cascade_pairs(data)):
         return True
-    if any(r.get("status") == "error" and r.get("origin") != CALIBRATION for r in _records(data.cells)):
+    if any(r.get("status") == "error" and r.get("origin") != CALIBRATION for r in data.rows("cells")):
         return True
     return any(e.status == "error" for e in engine_records(data).values())
 
@@ -657,7 +653,7 @@ def speed_table(data: RunData) -> Table:
     pairs = [r for r in cascade_pairs(data) if (as_int(r.get("speed_waves")) or 0) > 0]
     axes = varying_axes(cascade_pairs(data))
     preds = predictions(data)
-    by_cell = {text_of(r.get("cell_id")): r for r in _records(data.cells)}
+    by_cell = {text_of(r.get("cell_id")): r for r in data.rows("cells")}
     headers = ["pair", "tp", "batch", *axes, "verdict", "cascade decode steps", "ms/step cascade cell",
                "ms/step flat twin", "cascade vs flat (decode step)", "whole wave", "cost model (decode step)",
                "flag"]  # fmt: skip
@@ -759,7 +755,7 @@ def _uses(pairs: list[dict], key: str) -> dict[str, int]:
 
 def noise_table(data: RunData) -> Table:
     """Build one row per noise-control pair, saying which cascade pairs it serves."""
-    origins = {text_of(r.get("cell_id")): text_of(r.get("origin")) for r in _records(data.cells)}
+    origins = {text_of(r.get("cell_id")): text_of(r.get("origin")) for r in data.rows("cells")}
     judged = cascade_pairs(data)
     used, floors = _uses(judged, "control_pair_id"), _uses(judged, "noise_pair_id")
     headers = [

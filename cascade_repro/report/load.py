@@ -6,6 +6,7 @@ import json
 import math
 import os
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,29 @@ class RunData:
     pairs: pd.DataFrame
     comparisons: pd.DataFrame
     examples: list[Example]
+    _rows: dict[str, list[dict]] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def rows(self, table: str) -> list[dict]:
+        """``cells``, ``pairs`` or ``comparisons`` as one dict per row (copies: a caller may change
+        them). Inside :meth:`settled` each table is converted once: a report reads each table dozens
+        of times, and pandas' ``to_dict`` costs more than all the rendering."""
+        if self._rows is None:
+            return getattr(self, table).to_dict("records")
+        if table not in self._rows:
+            self._rows[table] = getattr(self, table).to_dict("records")
+        return [dict(r) for r in self._rows[table]]
+
+    @contextmanager
+    def settled(self) -> Iterator[RunData]:
+        """A block in which the tables do not change, so :meth:`rows` may convert each once."""
+        if self._rows is not None:  # already inside one
+            yield self
+            return
+        self._rows = {}
+        try:
+            yield self
+        finally:
+            self._rows = None
 
 
 def load_run(run_dir: Path, n_examples: int = 3) -> RunData:

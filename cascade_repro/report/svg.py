@@ -133,10 +133,10 @@ def _add(s: Series, x, v) -> None:
 
 def first_divergence_plot(data: RunData) -> str:
     """Plot first-divergence positions of non-identical prompts by batch, cascade pairs vs controls."""
-    kinds = {r["pair_id"]: r for r in data.pairs.to_dict("records")}
+    kinds = {r["pair_id"]: r for r in data.rows("pairs")}
     cascade: Series = {}
     noise: Series = {}
-    for r in data.comparisons.to_dict("records"):
+    for r in data.rows("comparisons"):
         p = kinds.get(r["pair_id"])
         # Calibration pairs carry an injected error: they are neither cascade evidence nor noise.
         if p is None or p.get("kind") == c.CALIBRATION or (not is_missing(r["exact"]) and bool(r["exact"])):
