@@ -65,11 +65,12 @@ def test_matrix_help_groups_options_in_panels():
     ):
         assert option in res.stdout
     assert (
-        "Exit codes: 0 clean, 1 regression (per --fail-on) or every cascade pair errored, 2 usage error, "
-        "4 nothing exercised (cascade never fired in any pair), 5 inconclusive (no noise control), "
-        "6 the machine refused (a permission, a full disk, an I/O error: one line names the path), "
-        "70 internal error (a bug: cascade-repro --debug shows its traceback), 130 interrupted, "
-        "141 a pipe closed early (| head -1: SIGPIPE, as any Unix tool)."
+        "Exit codes: • 0 success • 1 regression (per --fail-on), or every cascade pair errored "
+        "• 2 usage error, in one line • 4 nothing exercised (cascade never fired in any pair) "
+        "• 5 inconclusive (no noise control, or the run is not finished) "
+        "• 6 the machine refused (a permission, a full disk, an I/O error: one line names the path) "
+        "• 70 internal error (a bug: cascade-repro --debug shows its traceback) • 130 interrupted "
+        "• 141 a pipe closed early (| head -1: SIGPIPE, as any Unix tool)"
     ) in flat(res.stdout)
 
 
