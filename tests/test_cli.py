@@ -503,7 +503,7 @@ def _option_row(text: str, option: str) -> str:
         ("matrix", "--limit", "--limit N Use only the first N prompts. [default: all of the set]"),
         ("matrix", "--shard", "--shard I/N Run only shard I of N"),
         ("matrix", "--run-id", "--run-id RUN_ID Name of the run directory. [default: ENGINE-MODEL-HASH, e.g. hf-embedded-44136fa355b3,"),
-        ("matrix", "--quiet", "--quiet -q No progress bars."),
+        ("matrix", "--quiet", "--quiet -q No progress bar: the plain progress lines instead"),
         ("matrix", "--dry-run", "--dry-run Print the cell table and the number of engine starts, run nothing."),
         ("report", "--fail-on", "--fail-on regression|error|never Exit 1 on regression, error (regression or error cells) or never; summary.json follows. [default: the run's own --fail-on]"),
         ("merge", "--allow-partial", "--allow-partial Merge even when a shard's directory is missing:"),
@@ -607,6 +607,22 @@ def test_arm_switch_help_names_what_the_hf_engine_records():
 
 def test_quiet_has_a_short_form():
     assert invoke("matrix", "-q", "--dry-run", "--limit", "2", "--batch", "8").exit_code == 0
+
+
+@pytest.mark.parametrize(("args", "bar"), [([], True), (["--quiet"], False), (["-q"], False)])
+def test_quiet_hides_the_bar_and_keeps_the_progress_lines(monkeypatch, args, bar):
+    """A 180-minute CI shard ran with --quiet and printed nothing: the lines stay, only the bar goes."""
+    from cascade_repro.run import runner
+
+    seen = []
+
+    def fake_run(spec, opts, console=None):
+        seen.append(opts)
+        raise KeyboardInterrupt  # ends the command before anything runs (exit 130)
+
+    monkeypatch.setattr(runner, "run_matrix", fake_run)
+    assert invoke("matrix", "--limit", "2", "--batch", "8", *args).exit_code == 130
+    assert seen[0].progress and seen[0].bar is bar
 
 
 def one_error(res) -> str:

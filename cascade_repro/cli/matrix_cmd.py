@@ -388,7 +388,7 @@ def matrix(
             fail_on=fail_on,
             thresholds=thresholds,
             command=_command_line(),
-            progress=not quiet,
+            bar=not quiet,
             shard=shard_,
             allow_mixed=allow_mixed,
             reference=ref_opts,
