@@ -21,7 +21,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from cascade_repro import vllm_surface
+from cascade_repro import exit_codes, vllm_surface
 from cascade_repro.errors import UsageError
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -30,7 +30,8 @@ MIN_REQUESTS = vllm_surface.MIN_REQUESTS
 TESTED_VLLM = "0.26.0"
 PLUGIN_NAME = "cascade_repro_probe"
 PLUGIN_GROUP = "vllm.general_plugins"
-INSTALL_VLLM = "pip install cascade-repro[vllm]"
+# The README gives this line too: it works from a checkout and beside an installed wheel alike.
+INSTALL_VLLM = f'pip install "{vllm_surface.VLLM_REQUIREMENT}"'
 TRUE_VALUES = ("1", "true", "yes", "on")
 
 
@@ -241,7 +242,7 @@ def check_vllm(f: Facts) -> Check:
             "vLLM",
             FAIL,
             vllm_surface.cascade_note(v) or status,
-            "use a vLLM from 0.10.2 to 0.31 (cascade is opt-in from 0.18.0; this harness opts in)",
+            f"{INSTALL_VLLM} (cascade is opt-in from 0.18.0; this harness opts in)",
         )
     if vt is None or vt < vllm_surface.version_tuple(vllm_surface.RELEASES[0].version):
         known = ", ".join(r.version for r in vllm_surface.RELEASES)
@@ -526,7 +527,9 @@ def run_checks(f: Facts) -> list[Check]:
 
 
 def exit_code(checks: list[Check]) -> int:
-    return 1 if any(c.status == FAIL for c in checks) else 0
+    """A failing check means this box cannot run the GPU matrix: a code of its own, never 1 (a
+    regression to a CI guard)."""
+    return exit_codes.CANNOT_RUN if any(c.status == FAIL for c in checks) else exit_codes.OK
 
 
 def doctor(**kwargs: Any) -> tuple[list[Check], int]:

@@ -65,11 +65,12 @@ def test_matrix_help_groups_options_in_panels():
     ):
         assert option in res.stdout
     assert (
-        "Exit codes: 0 clean, 1 regression (per --fail-on) or every cascade pair errored, 2 usage error, "
-        "4 nothing exercised (cascade never fired in any pair), 5 inconclusive (no noise control), "
-        "6 the machine refused (a permission, a full disk, an I/O error: one line names the path), "
-        "70 internal error (a bug: cascade-repro --debug shows its traceback), 130 interrupted, "
-        "141 a pipe closed early (| head -1: SIGPIPE, as any Unix tool)."
+        "Exit codes: • 0 success • 1 regression (per --fail-on), or every cascade pair errored "
+        "• 2 usage error, in one line • 4 nothing exercised (cascade never fired in any pair) "
+        "• 5 inconclusive (no noise control, or the run is not finished) "
+        "• 6 the machine refused (a permission, a full disk, an I/O error: one line names the path) "
+        "• 70 internal error (a bug: cascade-repro --debug shows its traceback) • 130 interrupted "
+        "• 141 a pipe closed early (| head -1: SIGPIPE, as any Unix tool)"
     ) in flat(res.stdout)
 
 
@@ -502,7 +503,7 @@ def _option_row(text: str, option: str) -> str:
         ("matrix", "--limit", "--limit N Use only the first N prompts. [default: all of the set]"),
         ("matrix", "--shard", "--shard I/N Run only shard I of N"),
         ("matrix", "--run-id", "--run-id RUN_ID Name of the run directory. [default: ENGINE-MODEL-HASH, e.g. hf-embedded-44136fa355b3,"),
-        ("matrix", "--quiet", "--quiet -q No progress bars."),
+        ("matrix", "--quiet", "--quiet -q No progress bar: the plain progress lines instead"),
         ("matrix", "--dry-run", "--dry-run Print the cell table and the number of engine starts, run nothing."),
         ("report", "--fail-on", "--fail-on regression|error|never Exit 1 on regression, error (regression or error cells) or never; summary.json follows. [default: the run's own --fail-on]"),
         ("merge", "--allow-partial", "--allow-partial Merge even when a shard's directory is missing:"),
@@ -606,6 +607,22 @@ def test_arm_switch_help_names_what_the_hf_engine_records():
 
 def test_quiet_has_a_short_form():
     assert invoke("matrix", "-q", "--dry-run", "--limit", "2", "--batch", "8").exit_code == 0
+
+
+@pytest.mark.parametrize(("args", "bar"), [([], True), (["--quiet"], False), (["-q"], False)])
+def test_quiet_hides_the_bar_and_keeps_the_progress_lines(monkeypatch, args, bar):
+    """A 180-minute CI shard ran with --quiet and printed nothing: the lines stay, only the bar goes."""
+    from cascade_repro.run import runner
+
+    seen = []
+
+    def fake_run(spec, opts, console=None):
+        seen.append(opts)
+        raise KeyboardInterrupt  # ends the command before anything runs (exit 130)
+
+    monkeypatch.setattr(runner, "run_matrix", fake_run)
+    assert invoke("matrix", "--limit", "2", "--batch", "8", *args).exit_code == 130
+    assert seen[0].progress and seen[0].bar is bar
 
 
 def one_error(res) -> str:

@@ -19,6 +19,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from cascade_repro import exit_codes
 from cascade_repro.cli import app
 from cascade_repro.plan.models import embedded_available
 
@@ -103,15 +104,40 @@ def test_every_command_is_in_the_readme(path):
     assert path in shown, f"the README shows no `cascade-repro {' '.join(path)}` command"
 
 
-def test_the_exit_code_table_lists_the_codes_matrix_help_lists():
-    table = README[README.index("| exit code | meaning |") :].split("\n\n", 1)[0]
-    readme_codes = {int(c) for c in re.findall(r"^\| (\d+)", table, re.M)}
-    res = CliRunner().invoke(app, ["matrix", "--help"], env={"COLUMNS": "250"})
-    text = " ".join(res.stdout.split())
-    epilog = text[text.index("Exit codes:") :].split("╭", 1)[0]
-    help_codes = {int(c) for c in re.findall(r"(?:: |, )(\d+) ", epilog)}
-    assert help_codes == readme_codes
-    assert {0, 1, 2, 4, 5, 6, 70, 130, 141} == readme_codes
+def test_the_exit_code_table_is_the_one_the_code_declares():
+    table = README[README.index("| exit code |") :].split("\n\n", 1)[0]
+    assert table == exit_codes.markdown_table()
+    assert [e.code for e in exit_codes.TABLE] == [0, 1, 1, 2, 3, 4, 5, 6, 69, 70, 130, 141]
+
+
+def test_the_exit_code_table_names_every_command_and_only_those():
+    assert sorted(exit_codes.COMMANDS) == sorted(" ".join(p) for p in all_commands())
+
+
+@pytest.mark.parametrize("command", exit_codes.COMMANDS)
+def test_every_commands_help_lists_the_codes_it_exits_with(command):
+    res = CliRunner().invoke(app, [*command.split(), "--help"], env={"COLUMNS": "250"})
+    assert res.exit_code == 0, res.output
+    epilog = res.stdout[res.stdout.index("Exit codes:") :]
+    shown = [int(c) for c in re.findall(r"^\s*• (\d+) ", epilog, re.M)]
+    assert shown == [e.code for e in exit_codes.codes_of(command)]
+
+
+def test_the_codes_the_tool_exits_with_are_the_declared_ones():
+    import importlib
+
+    from cascade_repro.doctor import exit_code
+    from cascade_repro.errors import EnvironmentFailure
+
+    app_module = importlib.import_module("cascade_repro.cli.app")  # the package's `app` is the Typer app
+    assert app_module.EXIT_INTERNAL == exit_codes.INTERNAL
+    assert app_module.EXIT_INTERRUPTED == exit_codes.INTERRUPTED
+    assert app_module.EXIT_BROKEN_PIPE == exit_codes.BROKEN_PIPE
+    assert EnvironmentFailure.exit_code == exit_codes.MACHINE_REFUSED
+    # doctor's failing check is not a regression: 1 would fail a CI guard for the wrong reason
+    from cascade_repro.doctor import FAIL, Check
+
+    assert exit_code([Check("x", FAIL, "")]) == exit_codes.CANNOT_RUN != exit_codes.REGRESSION
 
 
 # --- the worked example, rerun ---------------------------------------------------------------------

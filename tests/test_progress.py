@@ -113,15 +113,17 @@ def test_plain_lines_where_output_is_not_a_terminal():
         clock.t += 8  # within the heartbeat: no line for the second wave
         p.record({"type": "wave", "cell_id": "tp1-b8-cascade", "batch": 8, "wall_s": 8.0, "tokens": 512})
         p.record({"type": "cell_done", "cell_id": "tp1-b8-cascade"})
-    # 3 cells, 5 waves: 4 of b8 (the table: 8 x 64 / 71 s each, then the run's own 8.0 s) and 1 of
-    # b16 (16 x 64 / 90 s); the first wave's line falls within 30 s of the last one and is not printed.
+    # 3 cells, 5 waves: 4 of b8 and 1 of b16. No wave of this machine yet: measuring. Then 2 b8 waves
+    # left at the run's own 8.0 s, and the b16 wave at the table's 16 x 64 / 90 s scaled by how much
+    # slower than the table's 8 x 64 / 71 s the b8 waves ran; the first wave's line falls within 30 s
+    # of the last one and is not printed.
     b8, b16 = 8 * 64 / 71.0, 16 * 64 / 90.0
     assert out.lines == [
-        f"[0:00:00] cells 0/3, waves 0/5 · engine hf-tp1-auto-s0: starting · ETA {estimate.fmt_duration(5.0 + 4 * b8 + b16)}",
-        f"[0:00:05] cells 0/3, waves 0/5 · engine hf-tp1-auto-s0 up in 5 s · ETA {estimate.fmt_duration(4 * b8 + b16)}",
-        f"[0:00:23] cells 1/3, waves 2/5 · tp1-b8-cascade · 64 tok/s · ETA {estimate.fmt_duration(2 * 8.0 + b16)}",
+        "[0:00:00] cells 0/3, waves 0/5 · engine hf-tp1-auto-s0: starting · ETA measuring",
+        "[0:00:05] cells 0/3, waves 0/5 · engine hf-tp1-auto-s0 up in 5 s · ETA measuring",
+        f"[0:00:23] cells 1/3, waves 2/5 · tp1-b8-cascade · 64 tok/s · ETA {estimate.fmt_duration(2 * 8.0 + b16 * 8.0 / b8)}",
     ]
-    assert out.lines[-1].endswith("ETA 27 s")
+    assert out.lines[-1].endswith("ETA 29 s")
 
 
 def test_a_heartbeat_line_at_most_every_30_s_while_waves_finish():
@@ -238,3 +240,89 @@ def test_tick_prints_nothing_when_progress_is_off():
     p = RunProgress(out, show=False, cells={"a": {"batch": 1}}, n_prompts=1, max_tokens=4, table=None)
     p.tick()
     assert out.lines == []
+
+
+def _eta(line: str) -> str:
+    return line.rsplit(" · ", 1)[-1]
+
+
+def test_the_eta_says_measuring_until_a_wave_ends_then_follows_a_slowed_machine():
+    """A loaded box: the table says 7.2 s per b8 wave, this one takes 60 s, then one wave stalls.
+
+    Driven by the runner's polls (``tick``) on an injected clock, one line per heartbeat: no ETA
+    from the idle box's table, then the run's own 60 s a wave, counting down while a wave runs, and
+    rising while a wave runs past its mean (the issue's log kept "52 s" for six minutes)."""
+    out, clock, seconds = Lines(), Clock(), []
+    cells = {f"tp1-b8-{i}": {"batch": 8} for i in range(3)}  # 32 prompts: 4 waves a cell, 12 in all
+    p = RunProgress(out, show=True, cells=cells, n_prompts=32, max_tokens=64, table=HF_CPU,
+                    starts_left=1, clock=clock, plain=True)  # fmt: skip
+    out.print = lambda text, **_kw: (out.lines.append(str(text)), seconds.append(p.eta_s()))
+
+    def wait(n: int) -> None:
+        for _ in range(n):
+            clock.t += 1
+            p.tick()
+
+    p.engine_starting("k")
+    wait(20)
+    p.engine_up("k", 20.0)
+    p.record({"type": "cell_start", "cell_id": "tp1-b8-0"})
+    wait(60)
+    p.record({"type": "wave", "cell_id": "tp1-b8-0", "batch": 8, "wall_s": 60.0, "tokens": 512})
+    wait(300)  # the second wave stalls: 300 s
+    p.record({"type": "wave", "cell_id": "tp1-b8-0", "batch": 8, "wall_s": 300.0, "tokens": 512})
+    assert [(ln.split(" ", 1)[0], _eta(ln)) for ln in out.lines] == [
+        ("[0:00:00]", "ETA measuring"),  # engine starting
+        ("[0:00:20]", "ETA measuring"),  # engine up
+        ("[0:00:50]", "ETA measuring"),  # heartbeat: the first wave has not ended
+        ("[0:01:20]", "ETA measuring"),  # the heartbeat just before it ends (its own line falls within 30 s)
+        ("[0:01:50]", "ETA 10 min"),  # 11 waves x 60 s, 30 s of the running one spent
+        ("[0:02:20]", "ETA 10 min"),
+        ("[0:02:50]", "ETA 12 min"),  # 90 s in, past the 60-s mean: (60 + 90) / 2 a wave
+        ("[0:03:20]", "ETA 15 min"),
+        ("[0:03:50]", "ETA 18 min"),
+        ("[0:04:20]", "ETA 20 min"),
+        ("[0:04:50]", "ETA 22 min"),
+        ("[0:05:20]", "ETA 25 min"),
+        ("[0:05:50]", "ETA 28 min"),
+        ("[0:06:20]", "ETA 30 min"),
+    ]
+    assert "8.5 tok/s" in out.lines[-1]  # 512 tokens in 60 s, not "0 tok/s"
+    assert seconds[:3] == [None, None, None]
+    assert seconds[4:] == pytest.approx([630, 600, 750, 900, 1050, 1200, 1350, 1500, 1650, 1800])
+    assert p.eta_s() == pytest.approx(10 * (60 + 300) / 2)  # the stalled wave done: 10 left at its mean
+
+
+def test_an_unseen_batch_is_the_table_scaled_by_how_slow_this_machine_ran():
+    out, clock = Lines(), Clock()
+    p = _progress(out, clock, plain=True)
+    p.engine_up("k", 30.0)  # the start still to come is as long as the one seen, not the table's
+    p.starts_left = 1
+    p.record({"type": "cell_start", "cell_id": "tp1-b8-cascade"})
+    table_b8, table_b16 = 8 * 64 / 71.0, 16 * 64 / 90.0
+    p.record({"type": "wave", "cell_id": "tp1-b8-cascade", "batch": 8, "wall_s": 4 * table_b8, "tokens": 512})
+    # 3 b8 waves at the run's own time, the b16 wave at 4 x the table's: this box runs 4 x slower
+    assert p.eta_s() == pytest.approx(3 * 4 * table_b8 + 4 * table_b16 + 30.0)
+
+
+@pytest.mark.parametrize(("rate", "text"), [(1234.4, "1,234 tok/s"), (64.2, "64 tok/s"), (3.21, "3.2 tok/s"), (0.314, "0.31 tok/s")])
+def test_a_slow_rate_is_not_rounded_to_zero(rate, text):
+    from cascade_repro.run.progress import fmt_rate
+
+    assert fmt_rate(rate) == text
+
+
+def test_waves_without_token_counts_give_no_rate_rather_than_zero():
+    p = _progress(Lines(), Clock(), plain=True)
+    p.record({"type": "wave", "cell_id": "tp1-b8-flat", "batch": 8, "wall_s": 5.0})
+    assert p.rate() is None and "tok/s" not in p.line()
+
+
+def test_plain_lines_on_a_terminal_when_the_bar_is_off():
+    """--quiet (RunOptions.bar False, execute's plain=True): the log's lines, on a terminal too."""
+    out, clock = Lines(), Clock()
+    out.is_terminal = True
+    p = _progress(out, clock, plain=True)
+    assert p._bar is None
+    p.engine_starting("k")
+    assert out.lines == ["[0:00:00] cells 0/3, waves 0/5 · engine k: starting · ETA measuring"]

@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from cascade_repro import exit_codes
 from cascade_repro.cli.app import SPEC, app, out_console, spec_default, user_errors
 from cascade_repro.cli.options import Json, Model, Prompts, SystemPrompt, TrustRemoteCode, variant
 
@@ -17,7 +18,7 @@ MeasuredPrompts = variant(
 )
 
 
-@app.command(panels=False)
+@app.command(panels=False, epilog=exit_codes.epilog("doctor"))
 def doctor(
     model: Model = SPEC.model,
     tp: Annotated[int, typer.Option(help="Tensor-parallel size to check.", metavar="SIZE")] = SPEC.tp[0],
@@ -36,7 +37,8 @@ def doctor(
 ) -> None:
     """Check vLLM, GPUs, tensor parallelism, FlashAttention, env switches, prefix length and model config.
 
-    Every check is ok, warn or fail, with a fix hint. Exit code 0 when nothing fails, 1 otherwise.
+    Every check is ok, warn or fail, with a fix hint; a failing check means this box cannot run the
+    GPU matrix.
     """
     import json
 

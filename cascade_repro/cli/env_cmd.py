@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import typer
 
+from cascade_repro import exit_codes
 from cascade_repro.cli.app import app, out_console
 from cascade_repro.cli.options import Json
 
 
-@app.command(panels=False)
+@app.command(panels=False, epilog=exit_codes.epilog("env"))
 def env(
     json_out: Json = False,
 ) -> None:

