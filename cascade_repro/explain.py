@@ -69,7 +69,7 @@ GPU_SMS: dict[str, int] = {
 }
 """Multiprocessor counts (``torch.cuda.get_device_properties().multi_processor_count``).
 
-Checked against: H200 132 (PyTorch on this workplace's H200), H100 SXM5 132 and H100 PCIe 114
+Checked against: H200 132 (PyTorch on an H200), H100 SXM5 132 and H100 PCIe 114
 (NVIDIA H100 documentation: 132 SMs SXM5, 57 TPCs x 2 = 114 SMs PCIe), A100 108 and L4 58
 (``deviceQuery`` output in public logs: "(108) Multiprocessors", "(058) Multiprocessors, (128) CUDA
 Cores/MP: 7424"), L40S 142 (18,176 CUDA cores / 128 per Ada SM), A10 72 (9,216 / 128), RTX 4090
