@@ -285,7 +285,8 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
             tokenizer=model_name,
             min_cascade_prefix=MIN_CASCADE_PREFIX,
         ),
-        env=envinfo.capture(include_gpu=engine_info(spec.engine).is_vllm or spec.device != "cpu"),
+        # The fake runs on no device: nothing to ask torch (whose import is seconds) about.
+        env=envinfo.capture(include_gpu=info.is_vllm or (info.has_weights and spec.device != "cpu")),
         plan=Plan.of_engines(engines),
         arm_switch=spec.arm_switch if engine_info(spec.engine).attention_axes else "shared",
         thresholds=opts.thresholds.to_dict(),
