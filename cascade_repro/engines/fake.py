@@ -67,7 +67,12 @@ class ByteTokenizer:
     ) -> list[int] | str:
         ids: list[int] = []
         for m in messages:
-            ids += [self.IM_START, *self.encode(f"{m['role']}\n{m['content']}"), self.IM_END, *self.encode("\n")]
+            ids += [
+                self.IM_START,
+                *self.encode(f"{m['role']}\n{m['content']}"),
+                self.IM_END,
+                *self.encode("\n"),
+            ]
         if add_generation_prompt:
             ids += [self.IM_START, *self.encode("assistant\n")]
         return ids if tokenize else self.decode(ids, skip_special_tokens=False)
@@ -96,7 +101,9 @@ class FakeEngine:
 
     name = "fake"
 
-    def __init__(self, topk: int = 5, inject: str | None = None, ignore_eos: bool = False, dtype: str = "auto"):
+    def __init__(
+        self, topk: int = 5, inject: str | None = None, ignore_eos: bool = False, dtype: str = "auto"
+    ):
         self.topk = max(1, min(int(topk), 8))  # one digest holds eight candidates
         self.inject = inject
         self.ignore_eos = ignore_eos
