@@ -745,6 +745,8 @@ def predictions_for(run: Manifest | dict[str, Any]) -> dict[str, Any]:
     try:
         m = as_manifest(run)
         engine = str(_spec_value(m, "engine", "vllm"))
+        if not engine_info(engine).has_weights:  # the fake: no model config to read the attention from
+            return {}
         sms, source = _run_sms(m) if engine_info(engine).cost_model else (None, "not used by the hf engine")
         rule = _rule_and_source(True)[1] if engine_info(engine).cost_model else "hard conditions (hf engine)"
         return {"rule": rule, "num_sms": sms, "sms_source": source, "cells": predict_cells(m, num_sms=sms)}

@@ -181,7 +181,7 @@ def assert_user_error(res, *fragments: str) -> None:
         (["--batch", "x"], ["--batch: 'x' is not an integer"]),
         (["--batch", "1,8,x"], ["--batch: 'x' is not an integer"]),
         (["--tp", "two"], ["--tp: 'two' is not an integer"]),
-        (["--engine", "foo"], ["engine must be one of hf, vllm, not 'foo'"]),
+        (["--engine", "foo"], ["engine must be one of hf, vllm, fake, not 'foo'"]),
         (["--tp", "2"], ["the hf engine runs on one device: use --tp 1"]),
         (["--dtype", "fp8"], ["dtype must be one of auto, float32, float16, bfloat16, not 'fp8'"]),
         (["--cascade", "maybe"], ["--cascade: expected on/off, got 'maybe'"]),
@@ -310,8 +310,7 @@ def test_an_unwritable_results_dir_is_one_line_not_a_traceback(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(EnvironmentFailure, match=f"cannot write in {tmp_path}/f/run: "):
         runstore.RunLock(tmp_path / "f" / "run").acquire()
-    res = invoke("matrix", "--limit", "1", "--results-dir", str(tmp_path / "f"), "--run-id", "run")
-    # (stderr may begin with the embedded model's one-time conversion progress)
+    res = invoke("matrix", "--engine", "fake", "--limit", "1", "--results-dir", str(tmp_path / "f"), "--run-id", "run")
     assert res.exit_code == 6 and "Traceback" not in res.output  # the machine's failure, not a usage error
     assert f"error: cannot write in {tmp_path}/f/run: " in flat(res.stderr)
 
@@ -496,7 +495,7 @@ def _option_row(text: str, option: str) -> str:
     [
         ("matrix", "--batch", "--batch SIZES Batch sizes, comma-separated:"),
         ("matrix", "--cascade", "--cascade on,off Cascade arms: on,off, on or off. [default: on,off]"),
-        ("matrix", "--engine", "--engine hf|vllm Engine: hf (transformers, CPU or GPU, reference cascade) or vllm. [default: hf]"),
+        ("matrix", "--engine", "--engine hf|vllm|fake Engine: hf (transformers, CPU or GPU, reference cascade), vllm, or fake (deterministic, no weights: a test of the harness, its verdicts mean nothing). [default: hf]"),
         ("matrix", "--fail-on", "--fail-on regression|error|never Exit 1 on regression, error (regression or error cells) or never. [default: regression]"),
         ("matrix", "--alpha", "--alpha P Significance level:"),
         ("matrix", "--min-topk-violations", "--min-topk-violations N Divergences outside top-k needed (besides significance) to flag. [default: 1]"),
@@ -507,7 +506,7 @@ def _option_row(text: str, option: str) -> str:
         ("matrix", "--dry-run", "--dry-run Print the cell table and the number of engine starts, run nothing."),
         ("report", "--fail-on", "--fail-on regression|error|never Exit 1 on regression, error (regression or error cells) or never; summary.json follows. [default: the run's own --fail-on]"),
         ("merge", "--allow-partial", "--allow-partial Merge even when a shard's directory is missing:"),
-        ("explain", "--engine", "--engine hf|vllm Engine whose decision to predict:"),
+        ("explain", "--engine", "--engine hf|vllm|fake Engine whose decision to predict:"),
     ],
 )  # fmt: skip
 def test_help_rows_name_the_value_and_its_default(command, option, row):

@@ -150,7 +150,9 @@ def _merge_clean(root: Path, synth: Path) -> list[str]:
     return ["merge", str(root / "merged"), str(s1), str(s2)]
 
 
-MATRIX = ["matrix", "--limit", "1", "--batch", "1", "--max-tokens", "2", "--no-auto-controls", "--quiet"]
+# The deterministic fake engine: what these rows test (links, locks, paths) happens around the model.
+MATRIX = ["matrix", "--engine", "fake", "--limit", "1", "--batch", "1", "--max-tokens", "2", "--no-auto-controls",
+          "--quiet"]  # fmt: skip
 
 
 def _matrix_lock(root: Path, synth: Path) -> list[str]:
@@ -204,8 +206,8 @@ CASES = [
     Case("merge-out-lock", _merge_out_lock, 2, f".lock {LINK}"),
     Case("merge-out-samples", _merge_out_samples, 2, f"samples {LINK}"),
     Case("merge-clean", _merge_clean, 0),
-    Case("matrix-lock", _matrix_lock, 2, f".lock {LINK}", needs_model=True),
-    Case("matrix-fresh-linked-samples", _matrix_fresh_samples, 2, f"samples {LINK}", needs_model=True),
+    Case("matrix-lock", _matrix_lock, 2, f".lock {LINK}"),
+    Case("matrix-fresh-linked-samples", _matrix_fresh_samples, 2, f"samples {LINK}"),
     Case("minimize-linked-dir", _minimize_dir, 2, f"minimize {LINK}"),
     Case("minimize-linked-prompts", _minimize_prompts, 2, f"prompts.jsonl {LINK}"),
     Case("minimize-linked-output", _minimize_output, 2, f"repro.py {LINK}"),
@@ -598,9 +600,7 @@ def test_resume_reruns_the_cell_of_a_damaged_sample_line(
 
     import pandas as pd
 
-    if not request.getfixturevalue("model_ready"):
-        pytest.skip("the embedded model is not installed")
-    argv = ["matrix", "--limit", "2", "--batch", "1", "--max-tokens", "2", "--no-auto-controls",
+    argv = ["matrix", "--engine", "fake", "--limit", "2", "--batch", "1", "--max-tokens", "2", "--no-auto-controls",
             "--reference", "off", "--results-dir", str(tmp_path / "results"), "--run-id", "r"]  # fmt: skip
     first = CliRunner().invoke(app, argv, env=WIDE)
     # Exit 4: at batch 1 cascade never fires (nothing exercised), the exit code of a finished run.
@@ -667,7 +667,7 @@ MARKUP = [
     Case("report-brackets-in-path", _report_brackets, 0),
     Case("rescore-brackets-in-path", _rescore_brackets, 0),
     Case("merge-brackets-in-path", _merge_brackets, 0),
-    Case("matrix-brackets-in-path", _matrix_brackets, 4, needs_model=True),  # 4: batch 1, nothing exercised
+    Case("matrix-brackets-in-path", _matrix_brackets, 4),  # 4: batch 1, nothing exercised
 ]
 # fmt: on
 

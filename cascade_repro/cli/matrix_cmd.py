@@ -376,7 +376,8 @@ def matrix(
 
             if run_id is not None:
                 check_run_id(run_id)
-            check_model(spec.model)  # a typo in --model fails now, not after the plan looked fine
+            if engine_info(spec.engine).has_weights:
+                check_model(spec.model)  # a typo in --model fails now, not after the plan looked fine
             _print_plan(spec, shard_, results_dir / (run_id or default_run_id(spec)), ref_opts)
             return
         from cascade_repro.run.runner import RunOptions, run_matrix
@@ -470,13 +471,18 @@ def _short_prefix_warning(spec: Any, system_text: str, records: list[Any]) -> st
     """The run's own warning for a shared prefix too short for cascade, said by the dry run where the
     model's tokenizer is on disk already (a local folder, the embedded model once converted): a Hub
     id is not fetched and the embedded model not converted just to plan."""
+    from cascade_repro.engines import get as engine_info
     from cascade_repro.plan.models import check_model, embedded_converted, load_tokenizer, resolve_model
     from cascade_repro.prompts.chat import MIN_CASCADE_PREFIX, render_all
 
-    kind = check_model(spec.model)
-    if not (kind == "local" or (kind == "embedded" and embedded_converted())):
-        return None
-    tok = load_tokenizer(resolve_model(spec.model)[0], spec.trust_remote_code)
+    info = engine_info(spec.engine)
+    if not info.has_weights:
+        tok = info.own_tokenizer()
+    else:
+        kind = check_model(spec.model)
+        if not (kind == "local" or (kind == "embedded" and embedded_converted())):
+            return None
+        tok = load_tokenizer(resolve_model(spec.model)[0], spec.trust_remote_code)
     _, shared = render_all(tok, system_text, [r.prompt for r in records])
     if shared >= MIN_CASCADE_PREFIX:
         return None

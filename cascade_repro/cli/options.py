@@ -68,7 +68,8 @@ RunDir = Annotated[
 Engine = Annotated[
     str | None,
     option(
-        "Engine: `hf` (transformers, CPU or GPU, reference cascade) or `vllm`." + spec_default("engine"),
+        "Engine: `hf` (transformers, CPU or GPU, reference cascade), `vllm`, or `fake` (deterministic, no "
+        "weights: a test of the harness, its verdicts mean nothing)." + spec_default("engine"),
         MATRIX,
         "--engine",
         envvar="CASCADE_REPRO_ENGINE",

@@ -43,11 +43,28 @@ class EngineInfo:
     # ``module:function`` of the builder, called as ``builder(run: Manifest, eplan: EnginePlanRecord,
     # run_dir: Path | None)``; a path, not the function, so that reading the table imports no engine.
     builder: str
+    # ``module:function`` of the tokenizer of an engine that loads no weights (the fake), called with
+    # no arguments. Such an engine's run resolves no model and has no reference pass (there is nothing
+    # to teacher-force): it is judged by the arm-vs-arm rule. Empty: the model's own tokenizer.
+    tokenizer: str = ""
 
     def load_builder(self) -> Callable[..., Any]:
         """Import the engine's module and return its builder."""
-        module, _, name = self.builder.partition(":")
-        return getattr(importlib.import_module(module), name)
+        return _load(self.builder)
+
+    @property
+    def has_weights(self) -> bool:
+        """Whether the engine loads the run's model (False: it brings its own tokenizer, no reference)."""
+        return not self.tokenizer
+
+    def own_tokenizer(self) -> Any:
+        """The tokenizer of an engine without weights (``tokenizer``'s function, called)."""
+        return _load(self.tokenizer)()
+
+
+def _load(path: str) -> Callable[..., Any]:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 ENGINES: dict[str, EngineInfo] = {
@@ -60,6 +77,16 @@ ENGINES: dict[str, EngineInfo] = {
         "vllm", "vLLM's own cascade attention, counted and toggled by the probe plugin",
         cost_model=True, attention_axes=True, tensor_parallel=True, is_vllm=True, exact_wave_resume=False,
         background_writes=True, builder="cascade_repro.engines.vllm:build",
+    ),
+    # The suite's engine for everything around the model (runner, resume, merge, shard, report), and a
+    # user's way to see the whole pipeline in seconds; lm-evaluation-harness registers its `dummy` model
+    # the same way. In the package, not only in tests: the worker is a process of its own
+    # (`python -m cascade_repro.run.worker`), and an entry a test added here would not exist there.
+    "fake": EngineInfo(
+        "fake", "deterministic fake without weights, for testing the harness (its numbers mean nothing)",
+        cost_model=False, attention_axes=False, tensor_parallel=False, is_vllm=False, exact_wave_resume=True,
+        background_writes=False, builder="cascade_repro.engines.fake:build",
+        tokenizer="cascade_repro.engines.fake:tokenizer",
     ),
 }  # fmt: skip
 

@@ -234,6 +234,8 @@ def run_device(engine: str, device: str) -> str:
 
     if engine_info(engine).is_vllm:
         return "cuda"
+    if not engine_info(engine).has_weights:  # the fake computes nothing on a device
+        return "cpu"
     if device != "auto":
         return "cuda" if device.startswith("cuda") else device
     try:

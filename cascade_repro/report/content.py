@@ -406,12 +406,20 @@ HF_BANNER = (
     "run, so these verdicts say nothing about vLLM's kernels (use --engine vllm on a GPU for that)"
 )
 
+FAKE_BANNER = (
+    "engine {name}: a deterministic fake without weights, for testing the harness; these verdicts say "
+    "nothing about any model or kernel"
+)
+
 
 def warnings(data: RunData) -> list[str]:
     """Return the caveats a reader must see before trusting the verdicts."""
     out = []
     spec = data.manifest.spec
-    if not ran_vllm(spec):
+    info = engines.ENGINES.get(str(spec.engine))
+    if info is not None and not info.has_weights:
+        out.append(FAKE_BANNER.format(name=info.name))
+    elif not ran_vllm(spec):
         # Said first: a reader pasting this into a vLLM issue must not take it for a vLLM result.
         out.append(HF_BANNER)
     if spec.inject:

@@ -41,6 +41,7 @@ def rule_note(data: RunData) -> str:
     status = str(ran.get("status") or "")
     why = {
         "off": "the reference pass was turned off (--reference off)",
+        "no weights": "the engine has no weights to teacher-force (the fake engine)",
         "": "this run has no reference pass",
     }.get(status, f"the reference pass did not finish ({status})")
     return f"Verdicts decided by the arm-vs-arm rule (drift, bias, divergence counts): {why}."

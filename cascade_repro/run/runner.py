@@ -238,8 +238,10 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
     # The first conversion of the embedded model draws progress bars: on a terminal they show it
     # working; in a log they are carriage-return noise, so there one line says what is happening.
     plain = not getattr(console, "is_terminal", False) or not opts.bar
+    info = engine_info(spec.engine)
     if (
-        opts.progress
+        info.has_weights
+        and opts.progress
         and plain
         and console is not None
         and spec.model in ("", EMBEDDED)
@@ -248,9 +250,12 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
         console.print(
             "converting the embedded model into the user cache (first run only, ~15 s)", highlight=False
         )
-    with quiet_progress(not opts.progress or plain):
-        model_path, model_name = resolve_model(spec.model)
-        tokenizer = load_tokenizer(model_path, spec.trust_remote_code)
+    if not info.has_weights:  # the fake: no model to resolve, its own tokenizer
+        model_path, model_name, tokenizer = "", f"none ({spec.engine} engine)", info.own_tokenizer()
+    else:
+        with quiet_progress(not opts.progress or plain):
+            model_path, model_name = resolve_model(spec.model)
+            tokenizer = load_tokenizer(model_path, spec.trust_remote_code)
     rendered, shared = render_all(tokenizer, system_text, [r.prompt for r in pset.records])
 
     run_dir = opts.results_dir / run_id
@@ -281,7 +286,8 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
             tokenizer=model_name,
             min_cascade_prefix=MIN_CASCADE_PREFIX,
         ),
-        env=envinfo.capture(include_gpu=engine_info(spec.engine).is_vllm or spec.device != "cpu"),
+        # The fake runs on no device: nothing to ask torch (whose import is seconds) about.
+        env=envinfo.capture(include_gpu=info.is_vllm or (info.has_weights and spec.device != "cpu")),
         plan=Plan.of_engines(engines),
         arm_switch=spec.arm_switch if engine_info(spec.engine).attention_axes else "shared",
         thresholds=opts.thresholds.to_dict(),
@@ -533,7 +539,7 @@ def reference_cost(
     from cascade_repro.run import reference as refpass
 
     precision = ref.resolve(planned_dtypes(spec))
-    if precision is None:
+    if precision is None or not engine_info(spec.engine).has_weights:
         return None
     path = model_path or resolve_model(spec.model)[0]
     return refpass.cost(path, precision, ref.device, samples, float(spec.max_tokens))
@@ -552,6 +558,8 @@ def run_reference(
     precision = ref.resolve(arm_dtypes(run_dir, run))
     if precision is None:
         return {"precision": "off", "status": "off"}
+    if not engine_info(run.spec.engine).has_weights:  # nothing to teacher-force: the arm-vs-arm rule
+        return {"precision": "off", "status": "no weights"}
     device = refpass.pick_device(ref.device)
     record: dict[str, Any] = {"precision": precision, "device": device}
     log_path = run_dir / runstore.REFERENCE_LOG
