@@ -630,7 +630,7 @@ def test_resume_reruns_the_cell_of_a_damaged_sample_line(
     assert starts[cid] == 2 and all(n == 1 for c, n in starts.items() if c != cid), starts
     after = path.read_bytes().splitlines(keepends=True)
     assert all(ln in after for ln in before if b'"type":"engine"' not in ln)  # the other cell's lines kept
-    assert runstore.read_progress(path, runstore.prompt_keys(run)).done == set(cells.index)
+    assert runstore.read_progress(path, runstore.prompt_ids(run)).done == set(cells.index)
 
 
 # --- 5. rich markup in paths: printed as is, never parsed --------------------------------------------
