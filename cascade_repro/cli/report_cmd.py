@@ -9,6 +9,7 @@ import typer
 from cascade_repro.cli.app import app, err_console, print_outcome, user_errors
 from cascade_repro.cli.options import FailOn, RunDir, variant
 from cascade_repro.plan.matrix import check_fail_on
+from cascade_repro.run.manifest import SCORED
 
 # Not matrix's default: a report judges the run as its own matrix command asked, unless told.
 ReportFailOn = variant(
@@ -57,11 +58,15 @@ def report(
         # writers of the reports would interleave. Not a run directory: nothing to lock (and no
         # lock file to leave behind), the readers below say what is wrong.
         is_run = (run_dir / runstore.RUN_JSON).is_file()
-        if is_run:
-            runstore.read_manifest(run_dir)  # a damaged run.json: one line, before the lock file is made
+        if is_run:  # a damaged run.json: one line, before the lock file is made
+            run = runstore.read_manifest(run_dir, SCORED if rescore else ())
         with runstore.RunLock(run_dir) if is_run else nullcontext():
-            # samples/ may not exist yet (cut during the first engine start): all cells pending
-            unscored = is_run and not all((run_dir / t).is_file() for t in runstore.TABLES)
+            unscored = (
+                is_run
+                and not all((run_dir / t).is_file() for t in runstore.TABLES)
+                # samples/ may not exist yet (cut during the first engine start): all cells pending
+                and run.has("plan")
+            )
             if unscored and not rescore:
                 # Interrupted before scoring: score the cells it finished, so the report shows them
                 # (and its headline says the run is not finished).

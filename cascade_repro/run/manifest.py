@@ -365,22 +365,22 @@ class Manifest(_Section):
 # rescore writes empty tables) or crash the first reader that trusts it. ``manifest_problem`` checks
 # every field against its annotation, sections nested included, before anything is read from it.
 
-REQUIRED = ("plan",)  # every writer of run.json writes these; without them there is no run to read
+SCORED = ("plan",)  # what scoring reads: without it there are no cells to score (an empty table)
 
 _WORDS = {str: "text", int: "a whole number", float: "a number", bool: "true or false"}
 
 
-def manifest_problem(data: Any) -> str | None:
+def manifest_problem(data: Any, require: tuple[str, ...] = ()) -> str | None:
     """What is wrong with run.json's parsed content, in words naming the section, or None.
 
     Every field of :class:`Manifest` and of its sections must hold its annotation's JSON type (a
     number may be whole where a fraction is declared; ``true`` is not a number), a section must be an
-    object, and the ``REQUIRED`` sections must be there. Unknown keys are not checked: they are
-    another version's, kept as read.
+    object, and the sections named in ``require`` (``SCORED``, for a reader that scores) must be
+    there. Unknown keys are not checked: they are another version's, kept as read.
     """
     if not isinstance(data, dict):
         return f"not a JSON object but {_kind(data)}"
-    for name in REQUIRED:
+    for name in require:
         if name not in data:
             return f"no {name!r} section"
     fields = {("spec" if n == "spec_json" else n): t for n, t in _hints(Manifest).items()}

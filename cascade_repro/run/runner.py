@@ -24,6 +24,7 @@ from cascade_repro.plan.matrix import MatrixSpec, plan, spec_hash
 from cascade_repro.plan.shard import Shard, empty_warning, restrict
 from cascade_repro.run import cuda_cache, runstore, supervise
 from cascade_repro.run.manifest import (
+    SCORED,
     EngineRecord,
     Invocation,
     Manifest,
@@ -642,7 +643,7 @@ def score(
     line skipped."""
     from cascade_repro.judge.compare import build_tables
 
-    run = runstore.read_manifest(run_dir)
+    run = runstore.read_manifest(run_dir, SCORED)
     th = thresholds or Thresholds(**run.thresholds)
     scored = restrict(run)  # a shard scores its own cells; merge scores them all
     cells_df, pairs_df, comp_df = build_tables(scored, run_dir, th, warn=warn)
@@ -691,7 +692,7 @@ def rescore(run_dir: Path, command: str, allow_loss: bool = False) -> tuple[Path
     (:func:`rescore_loss`): such a rescore is a one-line UsageError, the old tables, reports and
     run.json left as they were, unless ``allow_loss``."""
     run_dir = Path(run_dir)
-    runstore.read_manifest(run_dir)  # a damaged run.json: one line, before anything else is read
+    runstore.read_manifest(run_dir, SCORED)  # a damaged run.json: one line, before anything is read
     old = _old_cells(run_dir)
     warnings: list[str] = []  # said once the new tables are written; a refusal is its one line
     scored = score(run_dir, warn=warnings.append)

@@ -433,19 +433,21 @@ def write_json_atomic(path: Path, data: Any) -> None:
         raise
 
 
-def read_manifest(run_dir: Path) -> Manifest:
-    """run.json as a :class:`~cascade_repro.run.manifest.Manifest` (any version's file)."""
-    return Manifest.from_json(read_run_json(run_dir))
+def read_manifest(run_dir: Path, require: tuple[str, ...] = ()) -> Manifest:
+    """run.json as a :class:`~cascade_repro.run.manifest.Manifest` (any version's file), checked
+    (:func:`read_run_json`); ``require``: sections it must hold (``manifest.SCORED`` to score it)."""
+    return Manifest.from_json(read_run_json(run_dir, require))
 
 
 def write_manifest(run_dir: Path, manifest: Manifest) -> None:
     write_run_json(run_dir, manifest.to_json())
 
 
-def read_run_json(run_dir: Path) -> dict[str, Any]:
+def read_run_json(run_dir: Path, require: tuple[str, ...] = ()) -> dict[str, Any]:
     """run.json's JSON object, checked where it enters (:func:`~cascade_repro.run.manifest.manifest_problem`):
-    a file that is not JSON, not an object, lacks its plan or holds a section of the wrong type is a
-    one-line UsageError naming the file and the section, before any caller reads or writes a thing."""
+    a file that is not JSON, not an object, lacks a section in ``require`` or holds a section of the
+    wrong type is a one-line UsageError naming the file and the section, before any caller reads or
+    writes a thing."""
     p = Path(run_dir) / RUN_JSON
     try:
         data = json.loads(p.read_bytes())
@@ -459,7 +461,7 @@ def read_run_json(run_dir: Path) -> dict[str, Any]:
         raise UsageError(f"{shown(p)} is a folder, not a file") from None
     except OSError as e:
         raise EnvironmentFailure.from_oserror(e, "cannot read run.json") from None
-    if (why := manifest_problem(data)) is not None:
+    if (why := manifest_problem(data, require)) is not None:
         raise UsageError(f"{shown(p)}: {why}; not a run.json this tool wrote (damaged or edited)")
     return data
 
