@@ -9,7 +9,6 @@ import typer
 from cascade_repro.cli.app import app, err_console, print_outcome, user_errors
 from cascade_repro.cli.options import FailOn, RunDir, variant
 from cascade_repro.plan.matrix import check_fail_on
-from cascade_repro.run.manifest import SCORED
 
 # Not matrix's default: a report judges the run as its own matrix command asked, unless told.
 ReportFailOn = variant(
@@ -59,7 +58,7 @@ def report(
         # lock file to leave behind), the readers below say what is wrong.
         is_run = (run_dir / runstore.RUN_JSON).is_file()
         if is_run:  # a damaged run.json: one line, before the lock file is made
-            run = runstore.read_manifest(run_dir, SCORED if rescore else ())
+            run = runstore.read_manifest(run_dir)
         with runstore.RunLock(run_dir) if is_run else nullcontext():
             unscored = (
                 is_run
