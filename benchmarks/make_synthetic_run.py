@@ -50,6 +50,11 @@ LAYERS = 30  # SmolLM2-135M: cascade_calls = steps x layers
 from cascade_repro.judge.compare import TWIN_AXES  # noqa: E402 - the pairing axes, defined once
 
 
+def _prompt_hash(i: int) -> str:
+    """Prompt i's stand-in for the hash of its rendered tokens: in its samples and in prompts.jsonl."""
+    return hashlib.sha1(str(i).encode()).hexdigest()[:16]
+
+
 def plan_pairs(cells: list[dict[str, Any]]) -> list[tuple[str, str, dict, dict]]:
     """(pair_id, kind, test cell, ref cell), the pairing rule of ``compare.plan_pairs``."""
 
@@ -129,7 +134,7 @@ def write_engine_key(args: tuple) -> dict[str, Any]:
         for cid, s in sides.items():
             rec = {
                 "type": "sample", "cell_id": cid, "wave": i // by_id[cid]["batch"], "prompt_index": i,
-                "prompt_key": f"ko-{i:05d}", "prompt_hash": hashlib.sha1(str(i).encode()).hexdigest()[:16],
+                "prompt_key": f"ko-{i:05d}", "prompt_hash": _prompt_hash(i),
                 "prompt_tokens": 430 + i % 40, "token_ids": s["token_ids"], "text": s["text"],
                 "finish_reason": s["finish_reason"], "logprobs": s["logprobs"], "topk": s["topk"],
             }  # fmt: skip
@@ -235,7 +240,7 @@ def main() -> int:
     with open(run_dir / "prompts.jsonl", "w", encoding="utf-8") as f:
         for i in range(n):
             f.write(json.dumps({"key": f"ko-{i:05d}", "prompt": f"synthetic prompt {i}", "instruction_id_list": [],
-                                "kwargs": [], "lang": "ko"}) + "\n")  # fmt: skip
+                                "kwargs": [], "lang": "ko", "prompt_hash": _prompt_hash(i)}) + "\n")  # fmt: skip
 
     jobs = []
     for key in engines:

@@ -61,8 +61,10 @@ TABLE: tuple[ExitCode, ...] = (
     ),
     ExitCode(
         USAGE, COMMANDS,
-        "usage error: a bad flag, file or record, in one line; for `merge` also a missing shard "
-        "(`--allow-partial` merges without it); for `kernel` also no CUDA GPU or no vLLM",
+        "usage error: a bad flag, file or record, in one line (a damaged `run.json` too, naming its "
+        "section); for `merge` also a missing shard (`--allow-partial` merges without it); for "
+        "`report --rescore` also new tables that would lose what the old ones hold (nothing written; "
+        "`--allow-loss` writes them); for `kernel` also no CUDA GPU or no vLLM",
         "usage error, in one line",
     ),
     ExitCode(

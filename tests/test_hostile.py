@@ -559,6 +559,8 @@ DAMAGES = [
     Damage("prompt-index-text", _with(prompt_index="3"), "prompt_index '3' names no prompt (this run has 8)"),
     Damage("from-another-run", _with(prompt_key="someone-else"),
            "prompt_key 'someone-else' is not prompt"),
+    Damage("hash-of-another-run", _with(prompt_hash="0123456789abcdef"),
+           "prompt_hash '0123456789abcdef' is not prompt"),
 ]
 # fmt: on
 
@@ -570,7 +572,8 @@ def test_a_damaged_sample_line_is_skipped_and_named(damage: Damage, synth: Path,
     run = run_copy(synth, tmp_path / "run")
     path, line, cid = damage_sample(run, damage.how)
     where = f"samples/{path.name} line {line}: "
-    res = CliRunner().invoke(app, ["report", "--rescore", str(run)], env=WIDE)
+    # Without --allow-loss the rescore keeps the old tables (section 7); with it the cell is an error.
+    res = CliRunner().invoke(app, ["report", "--rescore", "--allow-loss", str(run)], env=WIDE)
     assert "Traceback" not in res.output
     assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
     # The run's own --fail-on is regression: the damaged cell is an error the headline counts, not exit 1.
@@ -630,7 +633,7 @@ def test_resume_reruns_the_cell_of_a_damaged_sample_line(
     assert starts[cid] == 2 and all(n == 1 for c, n in starts.items() if c != cid), starts
     after = path.read_bytes().splitlines(keepends=True)
     assert all(ln in after for ln in before if b'"type":"engine"' not in ln)  # the other cell's lines kept
-    assert runstore.read_progress(path, runstore.prompt_keys(run)).done == set(cells.index)
+    assert runstore.read_progress(path, runstore.prompt_ids(run)).done == set(cells.index)
 
 
 # --- 5. rich markup in paths: printed as is, never parsed --------------------------------------------
@@ -766,3 +769,250 @@ def test_escape_sequences_in_prompt_data_never_reach_the_terminal(case: Case, sy
     flat = " ".join(res.output.split())  # the table may wrap a long prompt: compare its words
     for text in shows:
         assert text in flat, (text, res.output)
+
+
+# --- 7. damaged run.json, rescore that would lose data, samples checked against prompts.jsonl ------
+# Each row damages a copy of the scored synthetic run and rescores it (or reports it): the refusal
+# is one line, exit 2, and run.json, prompts.jsonl, the samples and the tables keep their bytes.
+
+
+def _run_json(content: bytes | None, command: str = "rescore"):
+    def plant(root: Path, synth: Path) -> list[str]:
+        victims(root)
+        run = run_copy(synth, root / "run")
+        if content is None:
+            (run / runstore.RUN_JSON).unlink()
+        else:
+            (run / runstore.RUN_JSON).write_bytes(content)
+        return ["report", "--rescore", str(run)] if command == "rescore" else ["report", str(run)]
+
+    return plant
+
+
+def _edited_run_json(edit: Callable[[dict], object], command: str = "rescore"):
+    def plant(root: Path, synth: Path) -> list[str]:
+        data = json.loads((synth / runstore.RUN_JSON).read_bytes())
+        data = edit(data)
+        return _run_json(json.dumps(data).encode(), command)(root, synth)
+
+    return plant
+
+
+def _without(key: str):
+    return lambda d: {k: v for k, v in d.items() if k != key}
+
+
+def _set(path: str, value: object):
+    def edit(d: dict) -> dict:
+        *head, last = path.split(".")
+        node = d
+        for k in head:
+            node = node[int(k)] if isinstance(node, list) else node[k]
+        node[int(last) if isinstance(node, list) else last] = value
+        return d
+
+    return edit
+
+
+def _samples_missing(root: Path, synth: Path) -> list[str]:
+    victims(root)
+    run = run_copy(synth, root / "run")
+    samples_file(run).unlink()
+    return ["report", "--rescore", str(run)]
+
+
+def _samples_cut_at_a_line(root: Path, synth: Path) -> list[str]:
+    """Whole lines lost at the end (a copy cut short): the cells they finished would be pending."""
+    victims(root)
+    run = run_copy(synth, root / "run")
+    path = samples_file(run)
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[: len(lines) // 2]))
+    return ["report", "--rescore", str(run)]
+
+
+def _prompts(how: Callable[[Path], None]):
+    def plant(root: Path, synth: Path) -> list[str]:
+        victims(root)
+        run = run_copy(synth, root / "run")
+        how(runstore.prompts_path(run))
+        return ["report", "--rescore", str(run)]
+
+    return plant
+
+
+def _bad_line(path: Path) -> None:
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[3] = lines[3][: len(lines[3]) // 2] + b"\n"
+    path.write_bytes(b"".join(lines))
+
+
+def _not_a_record(path: Path) -> None:
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[3] = b'{"key": "ko-00003"}\n'  # JSON, but no prompt: the loader refuses the file
+    path.write_bytes(b"".join(lines))
+
+
+def _damaged_sample(how: Callable[[bytes, dict], bytes]):
+    def plant(root: Path, synth: Path) -> list[str]:
+        victims(root)
+        run = run_copy(synth, root / "run")
+        damage_sample(run, how)
+        return ["report", "--rescore", str(run)]
+
+    return plant
+
+
+def _other_run_samples(root: Path, synth: Path) -> list[str]:
+    """Every sample of one file from another run of the same prompt keys: its prompts rendered
+    otherwise (another system prompt, another tokenizer), so every hash differs."""
+
+    def other(raw: bytes) -> bytes:
+        if not runstore.is_sample_line(raw):
+            return raw
+        rec = json.loads(raw)
+        rec["prompt_hash"] = "f" * 16
+        return json.dumps(rec, separators=(",", ":")).encode() + b"\n"
+
+    victims(root)
+    run = run_copy(synth, root / "run")
+    path = samples_file(run)
+    path.write_bytes(b"".join(other(ln) for ln in path.read_bytes().splitlines(keepends=True)))
+    return ["report", "--rescore", str(run)]
+
+
+RUN_JSON = "run.json: "
+KEPT = "the old tables and reports are kept (--allow-loss writes the new ones)"
+LOST = "cell(s) finished in the old tables would not be"
+# fmt: off
+CASES_RESCORE = [
+    Case("run-json-random-bytes", _run_json(bytes(range(256)) * 4), 2, f"{RUN_JSON}corrupt JSON"),
+    Case("run-json-cut", _run_json(b'{"plan": {"cells": ['), 2, f"{RUN_JSON}corrupt JSON at line 1"),
+    Case("run-json-list", _run_json(b"[]"), 2, f"{RUN_JSON}not a JSON object but a list"),
+    Case("run-json-null", _run_json(b"null"), 2, f"{RUN_JSON}not a JSON object but null"),
+    Case("run-json-null-report", _run_json(b"null", "report"), 2, f"{RUN_JSON}not a JSON object but null"),
+    Case("run-json-no-plan", _edited_run_json(_without("plan")), 2, f"{RUN_JSON}no 'plan' section"),
+    Case("run-json-plan-list", _edited_run_json(_set("plan", [])), 2, "'plan' is a list, not an object"),
+    Case("run-json-plan-text", _edited_run_json(_set("plan", "x"), "report"), 2, "'plan' is text, not an object"),
+    Case("run-json-cells-object", _edited_run_json(_set("plan.cells", {})), 2,
+         "'plan.cells' is an object, not a list"),
+    Case("run-json-cell-batch-text", _edited_run_json(_set("plan.cells.0.batch", "8")), 2,
+         "'plan.cells[0].batch' is text, not a whole number"),
+    Case("run-json-engines-list", _edited_run_json(_set("engines", [])), 2, "'engines' is a list, not an object"),
+    Case("run-json-invocations-object", _edited_run_json(_set("invocations", {})), 2,
+         "'invocations' is an object, not a list"),
+    Case("run-json-thresholds-list", _edited_run_json(_set("thresholds", [1])), 2,
+         "'thresholds' is a list, not an object"),
+    Case("run-json-spec-null", _edited_run_json(_set("spec", None)), 2, "'spec' is null, not an object"),
+    Case("run-json-prompt-set-number", _edited_run_json(_set("prompt_set", 3)), 2,
+         "'prompt_set' is a whole number, not an object"),
+    Case("run-json-missing", _run_json(None), 2, "not a cascade-repro run directory"),
+    Case("rescore-samples-missing", _samples_missing, 2, f"{LOST}: samples/"),
+    Case("rescore-samples-cut-at-a-line", _samples_cut_at_a_line, 2, LOST),
+    Case("rescore-prompts-missing", _prompts(lambda p: p.unlink()), 2,
+         "prompts.jsonl is missing, so every IFEval score and each sample's check against its prompt"),
+    Case("rescore-prompts-bad-line", _prompts(_bad_line), 2, "prompts.jsonl line 4 is not JSON, so every IFEval"),
+    Case("rescore-prompts-not-a-record", _prompts(_not_a_record), 2, "so every IFEval score would be dropped"),
+    Case("rescore-sample-of-another-run", _other_run_samples, 2,
+         "prompt_hash 'ffffffffffffffff' is not prompt 0's hash"),
+    Case("rescore-sample-hash-mismatch", _damaged_sample(_with(prompt_hash="0123456789abcdef")), 2,
+         "prompt_hash '0123456789abcdef' is not prompt"),
+    Case("rescore-sample-key-mismatch", _damaged_sample(_with(prompt_key="someone-else")), 2,
+         "prompt_key 'someone-else' is not prompt"),
+    Case("rescore-token-ids-text", _damaged_sample(_with(token_ids="abc")), 2,
+         "token_ids is not a list of whole numbers"),
+    Case("rescore-prompt-index-999", _damaged_sample(_with(prompt_index=999)), 2,
+         "prompt_index 999 names no prompt (this run has 8)"),
+    Case("rescore-clean", _prompts(lambda p: None), 0),
+]
+# fmt: on
+
+
+def run_bytes(run: Path) -> dict[str, bytes]:
+    """Every file of a run directory, by name: what a refused command must leave as it was."""
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("case", CASES_RESCORE, ids=lambda c: c.id)
+def test_rescore_validates_before_it_writes(case: Case, synth: Path, tmp_path: Path):
+    argv = case.plant(tmp_path, synth)
+    run = tmp_path / "run"
+    before, files = snapshot(tmp_path), run_bytes(run)
+    res = CliRunner().invoke(app, argv, env=WIDE)
+    assert res.exit_code == case.code, res.output
+    assert "Traceback" not in res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    assert snapshot(tmp_path) == before
+    if case.says:
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1, res.stderr
+        assert lines[0].startswith("error: ") and case.says in lines[0], lines[0]
+        if case.id.startswith("rescore-"):
+            assert lines[0].endswith(KEPT), lines[0]
+        # Nothing written: not run.json (no "rescore" invocation), not a table, not a report, no lock.
+        assert run_bytes(run) == files
+    else:
+        assert runstore.read_manifest(run).invocations[-1].kind == "rescore"
+
+
+def test_allow_loss_writes_what_the_samples_hold(synth: Path, tmp_path: Path):
+    """--allow-loss: the user means it (the samples were removed on purpose): the cells go pending."""
+    import pandas as pd
+
+    argv = _samples_missing(tmp_path, synth)
+    res = CliRunner().invoke(app, [*argv[:2], "--allow-loss", argv[2]], env=WIDE)
+    assert res.exit_code == 5, res.output  # not finished
+    cells = pd.read_parquet(tmp_path / "run" / runstore.CELLS)
+    gone = cells[cells["engine_key"] == samples_file(synth).stem]
+    assert len(gone) and (gone["status"] == "pending").all()
+    assert (cells.drop(gone.index)["status"] == "done").all()
+
+
+def test_prompts_jsonl_holds_each_prompts_hash_and_the_loader_leaves_it_out(synth: Path):
+    """A run's prompts.jsonl read back as a prompt file: the hash is the run's, not an extra column."""
+    from cascade_repro.prompts.promptsets import RUN_FIELDS, iter_prompt_records
+
+    assert runstore.PROMPT_HASH in RUN_FIELDS
+    ids = runstore.prompt_ids(synth)
+    assert ids is not None and len(ids) == 8 and all(isinstance(h, str) and len(h) == 16 for h in ids.hashes)
+    records = list(iter_prompt_records(runstore.prompts_path(synth)))
+    assert [r.key for r in records] == ids.keys and all(r.extra == {} for r in records)
+
+
+def test_an_old_run_without_hashes_checks_keys_only(synth: Path, tmp_path: Path):
+    run = run_copy(synth, tmp_path / "run")
+    rows = runstore.read_prompts(run)
+    runstore.write_prompts(run, [{k: v for k, v in r.items() if k != runstore.PROMPT_HASH} for r in rows])
+    ids = runstore.prompt_ids(run)
+    assert ids is not None and ids.hashes == [None] * 8
+    rec = {"cell_id": "c", "prompt_index": 1, "token_ids": [1], "prompt_key": ids.keys[1], "prompt_hash": "x"}
+    assert runstore.sample_problem(rec, ids) is None
+    assert "prompt_key 'y'" in runstore.sample_problem({**rec, "prompt_key": "y"}, ids)
+    with_hash = runstore.prompt_ids(synth)
+    assert "prompt_hash 'x' is not prompt 1's hash" in runstore.sample_problem(rec, with_hash)
+    assert "prompt_hash None" in runstore.sample_problem(
+        {k: v for k, v in rec.items() if k != "prompt_hash"}, with_hash
+    )
+
+
+def test_every_run_json_this_repository_holds_passes_the_check():
+    """The check refuses damage, not a file some version of this tool wrote: the evidence runs pass."""
+    from cascade_repro.run.manifest import manifest_problem
+
+    root = Path(__file__).resolve().parents[1]
+    found = sorted(root.glob("docs/evidence/**/run.json"))
+    assert found
+    for path in found:
+        assert manifest_problem(json.loads(path.read_bytes())) is None, path
+
+
+def test_a_worker_whose_tokenizer_renders_otherwise_refuses_to_generate(synth: Path):
+    """Its samples would fail the check against prompts.jsonl and its cells rerun on every resume."""
+    from cascade_repro.errors import UsageError
+    from cascade_repro.run.worker import check_hashes
+
+    ids = runstore.prompt_ids(synth)
+    assert ids is not None
+    check_hashes(synth, [h or "" for h in ids.hashes])
+    with pytest.raises(UsageError, match=r"^prompt 3 renders as 0{16} under this engine's tokenizer"):
+        check_hashes(synth, [h if i != 3 else "0" * 16 for i, h in enumerate(ids.hashes)])

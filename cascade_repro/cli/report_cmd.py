@@ -29,6 +29,14 @@ def report(
         ),
     ] = False,
     fail_on: ReportFailOn = None,
+    allow_loss: Annotated[
+        bool,
+        typer.Option(
+            "--allow-loss",
+            help="With --rescore: write the new tables even where they lose what the old ones hold "
+            "(finished cells whose samples are gone, IFEval scores without prompts.jsonl).",
+        ),
+    ] = False,
 ) -> None:
     """Re-render report.md, report.html, summary.json and junit.xml from a run directory.
 
@@ -50,12 +58,14 @@ def report(
         # writers of the reports would interleave. Not a run directory: nothing to lock (and no
         # lock file to leave behind), the readers below say what is wrong.
         is_run = (run_dir / runstore.RUN_JSON).is_file()
+        if is_run:  # a damaged run.json: one line, before the lock file is made
+            run = runstore.read_manifest(run_dir)
         with runstore.RunLock(run_dir) if is_run else nullcontext():
             unscored = (
                 is_run
                 and not all((run_dir / t).is_file() for t in runstore.TABLES)
                 # samples/ may not exist yet (cut during the first engine start): all cells pending
-                and runstore.read_manifest(run_dir).has("plan")
+                and run.has("plan")
             )
             if unscored and not rescore:
                 # Interrupted before scoring: score the cells it finished, so the report shows them
@@ -67,12 +77,10 @@ def report(
                 import shlex
                 import sys
 
-                from cascade_repro.run.runner import finalize, record_invocation
+                from cascade_repro.run.runner import rescore as rescore_run
 
-                record_invocation(
-                    run_dir, "rescore", " ".join(["cascade-repro", *map(shlex.quote, sys.argv[1:])])
-                )
-                finalize(run_dir)
+                command = " ".join(["cascade-repro", *map(shlex.quote, sys.argv[1:])])
+                rescore_run(run_dir, command, allow_loss=allow_loss)
             paths = write_reports(run_dir, fail_on=fail_on)
         data = load_run(run_dir)
         outcome = outcome_of(data, fail_on if fail_on is not None else run_fail_on(data))

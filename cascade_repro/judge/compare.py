@@ -102,7 +102,7 @@ def load_cell_samples(
     out: dict[str, CellSamples] = {}
     prompts = prompts or []
     reference = reference or {}
-    keys = runstore.prompt_keys(run_dir)
+    keys = runstore.prompt_ids(run_dir)
     for key in engine_keys:
         for rec in runstore.iter_samples(runstore.samples_path(run_dir, key), wanted, keys, warn):
             cs = out.setdefault(rec["cell_id"], CellSamples())
@@ -144,7 +144,7 @@ def cell_rows(run: Manifest | dict[str, Any], run_dir: Path, samples: dict[str, 
     rows = []
     spec = m.spec
     model = m.model_name if m.has("model_name") else spec.model
-    keys = runstore.prompt_keys(run_dir)
+    keys = runstore.prompt_ids(run_dir)
     progress = {k: runstore.read_progress(runstore.samples_path(run_dir, k), keys) for k in m.plan.engines}
     for c in m.plan.cells:
         prog = progress[c.engine_key]
@@ -426,7 +426,7 @@ def build_tables(
     samples = load_cell_samples(run_dir, m.plan.engines, wanted, load_prompts(run_dir), ref_rows, warn)
     cells_df = cell_rows(m, run_dir, samples)
     by_id = cells_df.set_index("cell_id").to_dict("index")
-    keys = runstore.prompt_keys(run_dir)
+    keys = runstore.prompt_ids(run_dir)
     progress = {k: runstore.read_progress(runstore.samples_path(run_dir, k), keys) for k in m.plan.engines}
     preds = m.predictions if isinstance(m.predictions, dict) else {}
     predicted = preds.get("cells") if isinstance(preds.get("cells"), dict) else {}

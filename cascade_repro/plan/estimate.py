@@ -265,7 +265,7 @@ def for_plan(
     done: set[str] = set()
     waves: list[dict[str, Any]] = []
     if run_dir is not None and run_dir.is_dir():
-        keys = runstore.prompt_keys(run_dir)
+        keys = runstore.prompt_ids(run_dir)
         for key in engines:
             prog = runstore.read_progress(runstore.samples_path(run_dir, key), keys)
             done |= prog.done

@@ -56,6 +56,9 @@ _PARQUET_SUFFIXES = (".parquet",)
 _FIELDS = ("key", "prompt", "instruction_id_list", "kwargs", "lang")
 EXTRA_FIELD = "extra"
 """The field of a run's ``prompts.jsonl`` (and of any JSON Lines file) that holds a record's other columns."""
+RUN_FIELDS = ("prompt_hash",)
+"""Fields a run's ``prompts.jsonl`` adds about that run (``runstore.PROMPT_HASH``: the prompt as its
+tokenizer rendered it), not about the prompt: a run's prompts read back as a prompt file leave them out."""
 # Columns pandas adds for a DataFrame index when it writes parquet: not data about a prompt.
 _PANDAS_INDEX = re.compile(r"__index_level_\d+__")
 _LIST_FIELDS = ("instruction_id_list", "kwargs")
@@ -101,7 +104,11 @@ def _split(row: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     sources = {name: cols.source(name, row.keys()) for name in _FIELDS}
     fields = {name: row[src] for name, src in sources.items() if src in row}
     used = set(sources.values())
-    extra = {k: v for k, v in row.items() if k not in used and not _PANDAS_INDEX.fullmatch(str(k))}
+    extra = {
+        k: v
+        for k, v in row.items()
+        if k not in used and k not in RUN_FIELDS and not _PANDAS_INDEX.fullmatch(str(k))
+    }
     nested = extra.get(EXTRA_FIELD)
     if isinstance(nested, dict):
         extra = {**nested, **{k: v for k, v in extra.items() if k != EXTRA_FIELD}}

@@ -84,6 +84,7 @@ def load_run(run_dir: Path, n_examples: int = 3) -> RunData:
     run_dir = Path(run_dir)
     if not (run_dir / runstore.RUN_JSON).is_file():
         raise UsageError(f"not a cascade-repro run directory: {run_dir} (missing {runstore.RUN_JSON})")
+    manifest = runstore.read_manifest(run_dir)  # checked where it enters: one line, exit 2
     for name in runstore.TABLES:
         if not (run_dir / name).is_file():
             # A run.json without tables is a matrix that has not been scored yet (interrupted, or
@@ -92,12 +93,6 @@ def load_run(run_dir: Path, n_examples: int = 3) -> RunData:
                 f"{run_dir} is not finished (no {name} yet): rerun the same `cascade-repro matrix` command "
                 "to resume it, or `cascade-repro report --rescore` to score the samples it has"
             )
-    try:
-        run = json.loads((run_dir / runstore.RUN_JSON).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise UsageError(f"unreadable run.json in {run_dir}: {e}") from None
-    if not isinstance(run, dict):
-        raise UsageError(f"unreadable run.json in {run_dir}: not a JSON object")
     cells = _read_table(run_dir / runstore.CELLS, CELL_COLUMNS)
     pairs = _read_table(run_dir / runstore.PAIRS, PAIR_COLUMNS)
     comparisons = _read_table(run_dir / runstore.COMPARISONS, COMPARISON_COLUMNS)
@@ -106,7 +101,7 @@ def load_run(run_dir: Path, n_examples: int = 3) -> RunData:
         pairs["kind"] = ["noise" if v == "control" else TWIN.pair_kind for v in pairs["verdict"]]
     examples = pick_examples(pairs, comparisons, n_examples)
     _attach_samples(run_dir, examples)
-    return RunData(run_dir, Manifest.from_json(run), cells, pairs, comparisons, examples)
+    return RunData(run_dir, manifest, cells, pairs, comparisons, examples)
 
 
 def _read_table(path: Path, columns: list[str]) -> pd.DataFrame:

@@ -19,6 +19,8 @@ installed vLLM).
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -355,6 +357,107 @@ class Manifest(_Section):
     def own_invocation(self) -> Invocation:
         """The invocation record of the run as built by ``runner.prepare`` (time, command, env)."""
         return Invocation(started_at=self.created_at, command=self.command or "", env=self.env or {})
+
+
+# --- what run.json's sections must be ------------------------------------------------------------
+# A run directory travels (a CI artifact, a tarball), so run.json is input from elsewhere: a section
+# of the wrong type would otherwise be read as its default (a plan that is a list: no cells, so a
+# rescore writes empty tables) or crash the first reader that trusts it. ``manifest_problem`` checks
+# every field against its annotation, sections nested included, before anything is read from it.
+
+SCORED = ("plan",)  # what scoring reads: without it there are no cells to score (an empty table)
+
+_WORDS = {str: "text", int: "a whole number", float: "a number", bool: "true or false"}
+
+
+def manifest_problem(data: Any, require: tuple[str, ...] = ()) -> str | None:
+    """What is wrong with run.json's parsed content, in words naming the section, or None.
+
+    Every field of :class:`Manifest` and of its sections must hold its annotation's JSON type (a
+    number may be whole where a fraction is declared; ``true`` is not a number), a section must be an
+    object, and the sections named in ``require`` (``SCORED``, for a reader that scores) must be
+    there. Unknown keys are not checked: they are another version's, kept as read.
+    """
+    if not isinstance(data, dict):
+        return f"not a JSON object but {_kind(data)}"
+    for name in require:
+        if name not in data:
+            return f"no {name!r} section"
+    fields = {("spec" if n == "spec_json" else n): t for n, t in _hints(Manifest).items()}
+    for name, hint in fields.items():
+        if name in data and (why := _problem(data[name], hint, name)) is not None:
+            return why
+    return None
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    names = {f.name for f in cls._names()}  # type: ignore[attr-defined]
+    return {n: t for n, t in typing.get_type_hints(cls).items() if n in names}
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true or false"
+    for t, word in (
+        (dict, "an object"),
+        (list, "a list"),
+        (str, "text"),
+        (int, "a whole number"),
+        (float, "a number"),
+    ):
+        if isinstance(value, t):
+            return word
+    return type(value).__name__
+
+
+def _problem(value: Any, hint: Any, where: str) -> str | None:
+    """Why ``value`` at ``where`` (a dotted path) does not hold ``hint``, or None."""
+    if hint is Any:
+        return None
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        real = [o for o in options if o is not type(None)]
+        whys = [_problem(value, o, where) for o in real]
+        return None if any(w is None for w in whys) else whys[0]
+    if isinstance(hint, type) and issubclass(hint, _Section):
+        if not isinstance(value, dict):
+            return f"{where!r} is {_kind(value)}, not an object"
+        for name, sub in _hints(hint).items():
+            if name in value and (why := _problem(value[name], sub, f"{where}.{name}")) is not None:
+                return why
+        return None
+    if origin is dict or hint is dict:
+        if not isinstance(value, dict):
+            return f"{where!r} is {_kind(value)}, not an object"
+        args = typing.get_args(hint)
+        if args:
+            for k, v in value.items():
+                if (why := _problem(v, args[1], f"{where}.{k}")) is not None:
+                    return why
+        return None
+    if origin is list or hint is list:
+        if not isinstance(value, list):
+            return f"{where!r} is {_kind(value)}, not a list"
+        args = typing.get_args(hint)
+        if args:
+            for i, v in enumerate(value):
+                if (why := _problem(v, args[0], f"{where}[{i}]")) is not None:
+                    return why
+        return None
+    ok = {
+        str: lambda v: isinstance(v, str),
+        int: lambda v: type(v) is int,
+        float: lambda v: type(v) in (int, float),
+        bool: lambda v: type(v) is bool,
+    }.get(hint)
+    if ok is None or ok(value):
+        return None
+    return f"{where!r} is {_kind(value)}, not {_WORDS[hint]}"
 
 
 def spec_of(data: Any) -> MatrixSpec:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +24,7 @@ from cascade_repro.plan.matrix import MatrixSpec, plan, spec_hash
 from cascade_repro.plan.shard import Shard, empty_warning, restrict
 from cascade_repro.run import cuda_cache, runstore, supervise
 from cascade_repro.run.manifest import (
+    SCORED,
     EngineRecord,
     Invocation,
     Manifest,
@@ -100,6 +101,8 @@ class PreparedRun:
     records: list[Any]
     fresh: bool
     allow_mixed: bool = False
+    # Each prompt's hash as the run's tokenizer renders it (chat.prompt_hash), for prompts.jsonl.
+    hashes: list[str] | None = None
 
     def __post_init__(self) -> None:
         self.run = as_manifest(self.run)
@@ -120,7 +123,8 @@ class PreparedRun:
             else:
                 self.run = resumed_run(old, self.run, self.allow_mixed)
         (run_dir / runstore.SAMPLES).mkdir(parents=True, exist_ok=True)
-        runstore.write_prompts(run_dir, self.records)  # with the prompt source's extra columns
+        # With the prompt source's extra columns, and each prompt's hash as this tokenizer renders it.
+        runstore.write_prompts(run_dir, self.records, self.hashes)
         runstore.write_manifest(run_dir, self.run)
 
 
@@ -174,18 +178,17 @@ def resumed_run(
     return out if isinstance(new, Manifest) else out.to_json()
 
 
-def record_invocation(run_dir: Path, kind: str, command: str) -> None:
-    """Append a non-matrix invocation (``rescore``) to run.json's list, the earlier ones kept."""
+def add_invocation(m: Manifest, kind: str, command: str) -> None:
+    """Append a non-matrix invocation (``rescore``: now, ``command``, this environment) to ``m``'s
+    list, the earlier ones kept."""
     from cascade_repro.run import envinfo
 
-    m = runstore.read_manifest(run_dir)
     invs = list(m.invocations or [m.own_invocation()])
     now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     invs.append(
         Invocation(started_at=now, command=command, kind=kind, env=envinfo.capture(include_gpu=False))
     )
     m.update(invocations=invs)
-    runstore.write_manifest(run_dir, m)
 
 
 def check_run_id(run_id: str) -> None:
@@ -211,7 +214,7 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
         quiet_progress,
         resolve_model,
     )
-    from cascade_repro.prompts.chat import MIN_CASCADE_PREFIX, render_all
+    from cascade_repro.prompts.chat import MIN_CASCADE_PREFIX, prompt_hash, render_all
     from cascade_repro.prompts.promptsets import load_prompt_set, load_system_prompt
     from cascade_repro.run import envinfo
 
@@ -308,7 +311,8 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
             f"[yellow]warning:[/] shared prefix is {shared} tokens (< {MIN_CASCADE_PREFIX}): cascade cannot fire"
         )
     run.invocations = [run.own_invocation()]
-    return PreparedRun(run_dir, run, list(pset.records), opts.fresh, opts.allow_mixed)
+    hashes = [prompt_hash(r) for r in rendered]
+    return PreparedRun(run_dir, run, list(pset.records), opts.fresh, opts.allow_mixed, hashes)
 
 
 class _Tail:
@@ -364,7 +368,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 def _progress_by_key(run_dir: Path, run: Manifest) -> dict[str, runstore.CellProgress]:
     """Each engine key's samples file, scanned once."""
-    keys = runstore.prompt_keys(run_dir)
+    keys = runstore.prompt_ids(run_dir)
     return {
         key: runstore.read_progress(runstore.samples_path(run_dir, key), keys) for key in run.plan.engines
     }
@@ -403,7 +407,7 @@ def execute(run_dir: Path, show_progress: bool = True, console: Any = None, bar:
     # keys as if they were the whole matrix (shard 2/2 of two keys would count none).
     done_before = cells_done(run_dir, whole, progs)
     notes = [
-        f"warning: {runstore._shown(cid) or 'before any cell'}: {runstore.corrupt_reason(key, lines, prog.why)}"
+        f"warning: {runstore.shown(cid) or 'before any cell'}: {runstore.corrupt_reason(key, lines, prog.why)}"
         for key, prog in progs.items()
         for cid, lines in prog.corrupt.items()
     ]
@@ -449,7 +453,7 @@ def execute(run_dir: Path, show_progress: bool = True, console: Any = None, bar:
             # A silent first FA2 start on a fresh Hopper machine lasts minutes: say why.
             progress.engine_starting(key, FA2_JIT_NOTE if jit else "")
             rc, reason = _run_worker(run_dir, key, float(spec.engine_timeout), progress, env=env)
-            prog = runstore.read_progress(path, runstore.prompt_keys(run_dir))
+            prog = runstore.read_progress(path, runstore.prompt_ids(run_dir))
             if jit and prog.engine:
                 cuda_cache.mark_fa2_compiled(env, gpu)
             unfinished = [c for c in ep.cells if c not in prog.done and c not in prog.errors]
@@ -632,19 +636,28 @@ def _warn_stderr(line: str) -> None:
     print(f"warning: {line}", file=sys.stderr, flush=True)
 
 
-def finalize(run_dir: Path, thresholds: Thresholds | None = None) -> tuple[Path, Any]:
-    """Score the samples, write the tables and every report; return (run_dir, RunData)."""
-    from cascade_repro.judge.compare import build_tables
-    from cascade_repro.report import write_reports
-    from cascade_repro.report.load import load_run
+@dataclass
+class Scored:
+    """A run scored but not yet written: run.json as it will be (engine records, thresholds) and
+    the three tables."""
 
-    run = runstore.read_manifest(run_dir)
+    run: Manifest
+    cells: Any
+    pairs: Any
+    comparisons: Any
+
+
+def score(
+    run_dir: Path, thresholds: Thresholds | None = None, warn: Callable[[str], None] = _warn_stderr
+) -> Scored:
+    """Score the samples; write nothing (:func:`commit` does). ``warn`` is told each damaged sample
+    line skipped."""
+    from cascade_repro.judge.compare import build_tables
+
+    run = runstore.read_manifest(run_dir, SCORED)
     th = thresholds or Thresholds(**run.thresholds)
     scored = restrict(run)  # a shard scores its own cells; merge scores them all
-    # Scoring reads run.json's dict form.
-    cells_df, pairs_df, comp_df = build_tables(scored, run_dir, th, warn=_warn_stderr)
-    for name, df in ((runstore.CELLS, cells_df), (runstore.PAIRS, pairs_df), (runstore.COMPARISONS, comp_df)):
-        runstore.write_parquet_atomic(df, run_dir / name)
+    cells_df, pairs_df, comp_df = build_tables(scored, run_dir, th, warn=warn)
     engines = {}
     for key in scored.plan.engines:
         prog = runstore.read_progress(runstore.samples_path(run_dir, key), samples=False)
@@ -658,9 +671,116 @@ def finalize(run_dir: Path, thresholds: Thresholds | None = None) -> tuple[Path,
             error=next(iter(errs.values()), ""),
         )
     run.update(engines=engines, thresholds=th.to_dict())
-    runstore.write_manifest(run_dir, run)
+    return Scored(run, cells_df, pairs_df, comp_df)
+
+
+def commit(run_dir: Path, scored: Scored) -> tuple[Path, Any]:
+    """Write what :func:`score` made: the tables, run.json, every report; return (run_dir, RunData)."""
+    from cascade_repro.report import write_reports
+    from cascade_repro.report.load import load_run
+
+    tables = (
+        (runstore.CELLS, scored.cells),
+        (runstore.PAIRS, scored.pairs),
+        (runstore.COMPARISONS, scored.comparisons),
+    )
+    for name, df in tables:
+        runstore.write_parquet_atomic(df, run_dir / name)
+    runstore.write_manifest(run_dir, scored.run)
     write_reports(run_dir)
     return run_dir, load_run(run_dir)
+
+
+def finalize(run_dir: Path, thresholds: Thresholds | None = None) -> tuple[Path, Any]:
+    """Score the samples, write the tables and every report; return (run_dir, RunData)."""
+    return commit(run_dir, score(run_dir, thresholds))
+
+
+def rescore(run_dir: Path, command: str, allow_loss: bool = False) -> tuple[Path, Any]:
+    """``report --rescore``: score the samples again and write the tables, recording the invocation.
+
+    Nothing is written until the new tables are known not to lose what the old ones hold
+    (:func:`rescore_loss`): such a rescore is a one-line UsageError, the old tables, reports and
+    run.json left as they were, unless ``allow_loss``."""
+    run_dir = Path(run_dir)
+    runstore.read_manifest(run_dir, SCORED)  # a damaged run.json: one line, before anything is read
+    old = _old_cells(run_dir)
+    warnings: list[str] = []  # said once the new tables are written; a refusal is its one line
+    scored = score(run_dir, warn=warnings.append)
+    if not allow_loss and (loss := rescore_loss(run_dir, old, scored.cells)) is not None:
+        raise UsageError(
+            f"not rescoring {runstore.shown(run_dir)}: {loss}; the old tables and reports are kept "
+            "(--allow-loss writes the new ones)"
+        )
+    for line in warnings:
+        _warn_stderr(line)
+    add_invocation(scored.run, "rescore", command)
+    return commit(run_dir, scored)
+
+
+def _old_cells(run_dir: Path) -> Any:
+    """The cells table a rescore would replace; None where there is none, or none readable (a
+    damaged table holds nothing to keep)."""
+    import pandas as pd
+
+    path = run_dir / runstore.CELLS
+    if not path.is_file():
+        return None
+    try:
+        return pd.read_parquet(path)
+    except Exception:  # noqa: BLE001 - pyarrow raises several unrelated types for a damaged file
+        return None
+
+
+def _prompt_records_problem(run_dir: Path) -> str | None:
+    """The prompt loader's one line on prompts.jsonl, where it refuses the file (scoring then has no
+    prompts to score instructions against); None where it reads."""
+    from cascade_repro.prompts.promptsets import iter_prompt_records
+
+    try:
+        for _ in iter_prompt_records(runstore.prompts_path(run_dir), check_kwarg_types=False):
+            pass
+    except UsageError as e:
+        return str(e)
+    return None
+
+
+def rescore_loss(run_dir: Path, old: Any, new: Any) -> str | None:
+    """What the new cells table would lose against the old one, in words; None when nothing.
+
+    Lost: prompts.jsonl missing or damaged (every IFEval score, and each sample's check against its
+    prompt, go with it); a cell finished in the old table that the samples no longer finish (its
+    samples file missing or cut short, a sample record damaged or of another run: the new table
+    would say "pending" or "error" where the old one held results; the first such record is
+    named). Not a loss: a prompt whose instructions cannot be scored (the report's IFEval note says
+    which), a cell the old table had not finished either.
+    """
+    if (why := runstore.prompts_problem(run_dir)) is not None:
+        return f"{why}, so every IFEval score and each sample's check against its prompt would be dropped"
+    if (why := _prompt_records_problem(run_dir)) is not None:
+        return f"{why}; so every IFEval score would be dropped"
+    if old is None or not {"cell_id", "status"} <= set(old.columns):
+        return None
+    before = old.set_index("cell_id")
+    after = new.set_index("cell_id")
+    was_done = before.index[before["status"] == "done"]
+    gone = [c for c in was_done if c not in after.index or after.at[c, "status"] != "done"]
+    if not gone:
+        return None
+    lost = f"{len(gone)} cell(s) finished in the old tables would not be"
+    keys = {c: str(after.at[c, "engine_key"]) for c in gone if c in after.index}
+    if missing := next((k for k in keys.values() if not runstore.samples_path(run_dir, k).is_file()), None):
+        return f"{lost}: {runstore.SAMPLES}/{runstore.shown(missing)}.jsonl is missing"
+    ids = runstore.prompt_ids(run_dir)
+    for cid, key in keys.items():
+        path = runstore.samples_path(run_dir, key)
+        prog = runstore.read_progress(path, ids)
+        if lines := prog.corrupt.get(cid):
+            why = prog.why.get(lines[0], "not JSON")
+            return f"{lost} ({runstore.shown(cid)} first): {runstore.SAMPLES}/{runstore.shown(path.name)} line {lines[0]}: {why}"
+        if cid in prog.errors:
+            return f"{lost} ({runstore.shown(cid)} first): its samples now end in an error record"
+    return f"{lost} ({runstore.shown(gone[0])} first): the records that finished it are gone from {runstore.SAMPLES}/"
 
 
 def run_matrix(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> RunOutcome:

@@ -28,10 +28,14 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from cascade_repro.errors import EnvironmentFailure, RunLockedError, UsageError
-from cascade_repro.run.manifest import Manifest
+from cascade_repro.run.manifest import Manifest, manifest_problem
 
 RUN_JSON = "run.json"
 PROMPTS = "prompts.jsonl"
+# A prompts.jsonl record's field holding the hash of the prompt as the run's tokenizer rendered it
+# (``chat.prompt_hash``): the run's, not the prompt's, so the prompt loaders leave it out of the
+# record they read back.
+PROMPT_HASH = "prompt_hash"
 SAMPLES = "samples"
 REFERENCE = "reference"  # the reference pass's records, one file per engine key (run/reference.py)
 REFERENCE_LOG = "reference.log"  # the reference pass's output
@@ -237,13 +241,17 @@ def read_prompts(run_dir: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def write_prompts(run_dir: Path, records: list[Any]) -> None:
+def write_prompts(run_dir: Path, records: list[Any], hashes: list[str] | None = None) -> None:
     """Write prompts.jsonl atomically (temp file and rename).
 
     A record is a dict, or a :class:`~cascade_repro.prompts.promptsets.PromptRecord`, written as its
-    ``to_json()`` (its extra columns under ``extra``).
+    ``to_json()`` (its extra columns under ``extra``). ``hashes``: each prompt's hash as the run's
+    tokenizer renders it (``chat.prompt_hash``), written as its ``prompt_hash``: what every sample
+    of that prompt must carry (:func:`sample_problem`).
     """
-    rows = (r if isinstance(r, dict) else r.to_json() for r in records)
+    rows: Iterable[dict[str, Any]] = (r if isinstance(r, dict) else r.to_json() for r in records)
+    if hashes is not None:
+        rows = ({**r, PROMPT_HASH: h} for r, h in zip(rows, hashes, strict=True))
     write_text_atomic(prompts_path(run_dir), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
@@ -344,7 +352,7 @@ def refuse_links(run_dir: Path, paths: Iterable[Path | str]) -> None:
                 raise UsageError(_link_message(cur))
             if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
                 raise UsageError(
-                    f"{_shown(cur)} is neither a file nor a folder: refusing it in a run directory; remove it"
+                    f"{shown(cur)} is neither a file nor a folder: refusing it in a run directory; remove it"
                 )
 
 
@@ -367,15 +375,15 @@ def safe_open(path: Path, flags: int, mode: int = 0o644) -> int:
 
 def _link_message(path: Path) -> str:
     try:
-        target = f" (to {_shown(os.readlink(path))})"
+        target = f" (to {shown(os.readlink(path))})"
     except OSError:
         target = ""
     return (
-        f"{_shown(path)} is a symbolic link{target}: refusing to follow a link in a run directory; remove it"
+        f"{shown(path)} is a symbolic link{target}: refusing to follow a link in a run directory; remove it"
     )
 
 
-def _shown(path: Path | str) -> str:
+def shown(path: Path | str) -> str:
     """A path for a one-line message: a control character in a hostile name shows as ``?``."""
     return re.sub(r"[\x00-\x1f\x7f]", "?", str(path))
 
@@ -425,23 +433,37 @@ def write_json_atomic(path: Path, data: Any) -> None:
         raise
 
 
-def read_manifest(run_dir: Path) -> Manifest:
-    """run.json as a :class:`~cascade_repro.run.manifest.Manifest` (any version's file)."""
-    return Manifest.from_json(read_run_json(run_dir))
+def read_manifest(run_dir: Path, require: tuple[str, ...] = ()) -> Manifest:
+    """run.json as a :class:`~cascade_repro.run.manifest.Manifest` (any version's file), checked
+    (:func:`read_run_json`); ``require``: sections it must hold (``manifest.SCORED`` to score it)."""
+    return Manifest.from_json(read_run_json(run_dir, require))
 
 
 def write_manifest(run_dir: Path, manifest: Manifest) -> None:
     write_run_json(run_dir, manifest.to_json())
 
 
-def read_run_json(run_dir: Path) -> dict[str, Any]:
-    p = run_dir / RUN_JSON
+def read_run_json(run_dir: Path, require: tuple[str, ...] = ()) -> dict[str, Any]:
+    """run.json's JSON object, checked where it enters (:func:`~cascade_repro.run.manifest.manifest_problem`):
+    a file that is not JSON, not an object, lacks a section in ``require`` or holds a section of the
+    wrong type is a one-line UsageError naming the file and the section, before any caller reads or
+    writes a thing."""
+    p = Path(run_dir) / RUN_JSON
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
+        data = json.loads(p.read_bytes())
     except FileNotFoundError:
-        raise UsageError(f"not a cascade-repro run directory: {run_dir} (missing run.json)") from None
+        raise UsageError(f"not a cascade-repro run directory: {shown(run_dir)} (missing run.json)") from None
     except json.JSONDecodeError as e:
-        raise UsageError(f"{p}: corrupt JSON at line {e.lineno}") from None
+        raise UsageError(f"{shown(p)}: corrupt JSON at line {e.lineno}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{shown(p)}: corrupt JSON (not UTF-8 text)") from None
+    except IsADirectoryError:
+        raise UsageError(f"{shown(p)} is a folder, not a file") from None
+    except OSError as e:
+        raise EnvironmentFailure.from_oserror(e, "cannot read run.json") from None
+    if (why := manifest_problem(data, require)) is not None:
+        raise UsageError(f"{shown(p)}: {why}; not a run.json this tool wrote (damaged or edited)")
+    return data
 
 
 class JsonlWriter:
@@ -664,21 +686,34 @@ class CellProgress:
     why: dict[int, str] = field(default_factory=dict)
 
 
-def sample_problem(rec: Any, prompt_keys: list[str] | None = None) -> str | None:
+@dataclass(frozen=True)
+class PromptIds:
+    """What prompts.jsonl says each prompt is, by prompt index: its key, and the hash of its
+    rendered tokens (None for a run written before prompts.jsonl recorded it)."""
+
+    keys: list[str]
+    hashes: list[str | None]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+def sample_problem(rec: Any, prompts: PromptIds | None = None) -> str | None:
     """What is wrong with a sample record, or None for one every reader can use.
 
     Checks the fields scoring reads: ``cell_id`` text, ``prompt_index`` a whole number naming a prompt
-    (below ``len(prompt_keys)`` when given), ``token_ids`` a list of whole numbers, ``wave`` a whole
-    number or absent, text fields text, ``logprobs`` numbers, ``topk`` a list; given ``prompt_keys``
-    (prompts.jsonl's keys), a ``prompt_key`` that is not its prompt's key (a sample of another run).
+    (below ``len(prompts)`` when given), ``token_ids`` a list of whole numbers, ``wave`` a whole
+    number or absent, text fields text, ``logprobs`` numbers, ``topk`` a list; given ``prompts``
+    (prompts.jsonl's :class:`PromptIds`), a ``prompt_key`` or ``prompt_hash`` that is not its
+    prompt's (a sample of another run, or of another rendering of the prompt).
     """
     if not isinstance(rec, dict):
         return "not a JSON object"
     if not isinstance(rec.get("cell_id"), str):
         return "cell_id is not text"
     i = rec.get("prompt_index")
-    if type(i) is not int or i < 0 or (prompt_keys is not None and i >= len(prompt_keys)):
-        n = f" (this run has {len(prompt_keys)})" if prompt_keys is not None else ""
+    if type(i) is not int or i < 0 or (prompts is not None and i >= len(prompts)):
+        n = f" (this run has {len(prompts)})" if prompts is not None else ""
         return f"prompt_index {_brief(i)} names no prompt{n}"
     if (w := rec.get("wave")) is not None and type(w) is not int:
         return f"wave {_brief(w)} is not a whole number"
@@ -695,10 +730,17 @@ def sample_problem(rec: Any, prompt_keys: list[str] | None = None) -> str | None
         return "logprobs is not a list of numbers"
     if (topk := rec.get("topk")) is not None and not isinstance(topk, list):
         return "topk is not a list"
-    if prompt_keys is not None and "prompt_key" in rec and rec["prompt_key"] != prompt_keys[i]:
+    if prompts is None:
+        return None
+    if "prompt_key" in rec and rec["prompt_key"] != prompts.keys[i]:
         return (
-            f"prompt_key {_brief(rec['prompt_key'])} is not prompt {i}'s key {_brief(prompt_keys[i])} "
+            f"prompt_key {_brief(rec['prompt_key'])} is not prompt {i}'s key {_brief(prompts.keys[i])} "
             f"in {PROMPTS} (a sample of another run?)"
+        )
+    if (h := prompts.hashes[i]) is not None and rec.get("prompt_hash") != h:
+        return (
+            f"prompt_hash {_brief(rec.get('prompt_hash'))} is not prompt {i}'s hash {_brief(h)} "
+            f"in {PROMPTS} (a sample of another run, or of another rendering of the prompt?)"
         )
     return None
 
@@ -709,19 +751,47 @@ def _brief(v: Any, limit: int = 40) -> str:
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
-def prompt_keys(run_dir: Path) -> list[str] | None:
-    """The keys of prompts.jsonl, in prompt-index order; None when it cannot be read."""
+def prompt_ids(run_dir: Path) -> PromptIds | None:
+    """prompts.jsonl's keys and hashes, in prompt-index order, read once for a whole scan of the
+    samples; None when it cannot be read (:func:`prompts_problem` says why)."""
     try:
-        keys = [r.get("key") if isinstance(r, dict) else None for r in read_prompts(run_dir)]
+        rows = read_prompts(run_dir)
     except (OSError, ValueError):
         return None
-    return [k if isinstance(k, str) else str(i) for i, k in enumerate(keys)]
+    keys, hashes = [], []
+    for i, r in enumerate(rows):
+        r = r if isinstance(r, dict) else {}
+        keys.append(k if isinstance(k := r.get("key"), str) else str(i))
+        hashes.append(h if isinstance(h := r.get(PROMPT_HASH), str) else None)
+    return PromptIds(keys, hashes)
 
 
-def read_progress(path: Path, prompt_keys: list[str] | None = None, *, samples: bool = True) -> CellProgress:
+def prompts_problem(run_dir: Path) -> str | None:
+    """Why prompts.jsonl cannot serve as the run's prompts (missing, a line that is not a JSON
+    object), in words naming the file and line; None when every line reads."""
+    path = prompts_path(run_dir)
+    try:
+        with open(path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                if not raw.strip():
+                    continue
+                try:
+                    rec = json.loads(raw)
+                except ValueError:  # JSONDecodeError and UnicodeDecodeError both
+                    return f"{PROMPTS} line {lineno} is not JSON"
+                if not isinstance(rec, dict):
+                    return f"{PROMPTS} line {lineno} is not a JSON object"
+    except FileNotFoundError:
+        return f"{PROMPTS} is missing"
+    except OSError as e:
+        return f"{PROMPTS} is unreadable ({e.strerror or type(e).__name__})"
+    return None
+
+
+def read_progress(path: Path, prompts: PromptIds | None = None, *, samples: bool = True) -> CellProgress:
     """Scan a samples file's records: the control records (engine, cell_start, wave, cell_done,
     cell_error) and the shape of every sample record (:func:`sample_problem`, against prompts.jsonl's
-    keys when given); a damaged line unfinishes the cell it falls in.
+    keys and hashes when given); a damaged line unfinishes the cell it falls in.
 
     ``samples=False`` skips the sample records unparsed, for a caller that reads only the engine
     record or the errors: parsing every sample is most of a large file's scan."""
@@ -745,7 +815,7 @@ def read_progress(path: Path, prompt_keys: list[str] | None = None, *, samples: 
             except (json.JSONDecodeError, UnicodeDecodeError):
                 damaged(lineno, None)
                 continue
-            if (why := sample_problem(obj, prompt_keys)) is not None:
+            if (why := sample_problem(obj, prompts)) is not None:
                 damaged(lineno, why)
             continue
         if rec is None:
@@ -822,7 +892,7 @@ def corrupt_reason(engine_key: str, lines: list[int], why: dict[int, str] | None
     where = ", ".join(map(str, lines[:5])) + (f" and {len(lines) - 5} more" if len(lines) > 5 else "")
     first = (why or {}).get(lines[0]) if lines else None
     return (
-        f"{'damaged' if first else 'unreadable'} record in {SAMPLES}/{_shown(engine_key)}.jsonl "
+        f"{'damaged' if first else 'unreadable'} record in {SAMPLES}/{shown(engine_key)}.jsonl "
         f"at line{'s' if len(lines) > 1 else ''} "
         f"{where}{f' ({first})' if first else ''}: "
         "the cell counts as unfinished; rerun the same command to redo it"
@@ -868,14 +938,14 @@ def _iter_lines(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, bytes 
 def iter_samples(
     path: Path,
     cells: set[str] | None = None,
-    prompt_keys: list[str] | None = None,
+    prompts: PromptIds | None = None,
     warn: Callable[[str], None] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Stream the sample records of finished cells, from the attempt that finished each.
 
     A resumed cell starts again with a ``cell_start`` line and rewrites all its samples, so earlier
     partial attempts are skipped. Two passes over the file; nothing but line spans is held in memory.
-    A damaged sample line inside a finished attempt (:func:`sample_problem`, against ``prompt_keys``
+    A damaged sample line inside a finished attempt (:func:`sample_problem`, against ``prompts``
     when given) is skipped, and ``warn`` is told its file and line.
     """
     spans = finished_spans(path)
@@ -892,14 +962,14 @@ def iter_samples(
             except (json.JSONDecodeError, UnicodeDecodeError):
                 rec, why = None, "not JSON"
             else:
-                why = sample_problem(rec, prompt_keys)
+                why = sample_problem(rec, prompts)
             if why is None:
                 span = spans.get(rec["cell_id"])
                 if span and span[0] < lineno < span[1]:
                     yield rec
             elif any(s < lineno < e for s, e in spans.values()):
                 if warn is not None:
-                    warn(f"{SAMPLES}/{_shown(path.name)} line {lineno + 1}: {why}; skipped")
+                    warn(f"{SAMPLES}/{shown(path.name)} line {lineno + 1}: {why}; skipped")
 
 
 class RunLock:

@@ -15,6 +15,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import MatrixSpec, waves
 from cascade_repro.run import runstore
 from cascade_repro.run.manifest import CellPlan, EnginePlanRecord, Manifest, as_manifest
@@ -69,7 +70,7 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
     cells = run.plan.cell_map()
     spec = run.spec
     out_path = runstore.samples_path(run_dir, engine_key)
-    prog = runstore.read_progress(out_path, runstore.prompt_keys(run_dir))
+    prog = runstore.read_progress(out_path, runstore.prompt_ids(run_dir))
     todo = [cells[cid] for cid in eplan.cells if cid not in prog.done]
     if not todo:
         return EXIT_OK
@@ -100,6 +101,7 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
     )
     writer.flush()
     hashes = [prompt_hash(r) for r in rendered]
+    check_hashes(run_dir, hashes)
     freeze_heap()
     status = EXIT_OK
     for cell in todo:
@@ -216,6 +218,21 @@ def wave_records(*args: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """:func:`typed_wave_records` as JSON objects (the benchmarks time and write these)."""
     samples, wave_rec = typed_wave_records(*args)
     return [runstore.record_json(r) for r in samples], runstore.record_json(wave_rec)
+
+
+def check_hashes(run_dir: Path, hashes: list[str]) -> None:
+    """Refuse to generate when this engine's tokenizer renders a prompt otherwise than the one that
+    prepared the run (prompts.jsonl's hashes): every sample would then fail the check against
+    prompts.jsonl and its cell would rerun on every resume, never finishing."""
+    recorded = runstore.prompt_ids(run_dir)
+    if recorded is None:
+        return
+    for i, (mine, theirs) in enumerate(zip(hashes, recorded.hashes, strict=False)):
+        if theirs is not None and mine != theirs:
+            raise UsageError(
+                f"prompt {i} renders as {mine} under this engine's tokenizer, but as {theirs} in "
+                f"{runstore.PROMPTS} (when the run was prepared): the tokenizers differ"
+            )
 
 
 def _die_with_parent() -> None:
