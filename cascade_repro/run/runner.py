@@ -6,13 +6,9 @@ import copy
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, overload
@@ -332,29 +328,6 @@ class _Tail:
         return out
 
 
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """Let SIGTERM unwind like Ctrl-C while workers run, so their process groups are killed.
-
-    `timeout`, a cancelled CI job or a container stop send SIGTERM, which by default ends Python
-    without cleanup: the worker then dies by PDEATHSIG but vLLM's engine-core process under it is
-    orphaned and keeps the GPU (seen on the H200 when a `timeout` cut a run). Raising
-    KeyboardInterrupt instead reaches ``_run_worker``'s handler, which kills the whole group.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _progress_by_key(run_dir: Path, run: Manifest) -> dict[str, runstore.CellProgress]:
     """Each engine key's samples file, scanned once."""
     keys = runstore.prompt_keys(run_dir)
@@ -426,7 +399,7 @@ def execute(run_dir: Path, show_progress: bool = True, console: Any = None) -> l
             1 for k, ep in run.plan.engines.items() if any(c not in progs[k].done for c in ep.cells)
         ),
     )
-    with progress, sigterm_as_interrupt():
+    with progress, supervise.sigterm_as_interrupt():
         for key, ep in run.plan.engines.items():
             path = runstore.samples_path(run_dir, key)
             prog = progs[key]
