@@ -362,6 +362,28 @@ def load_config(path_or_id: str) -> dict:
         ) from None
 
 
+def context_limit(
+    model_path: str, model_name: str, max_model_len: int | None = None, hf_overrides: dict | None = None
+) -> tuple[int, str] | None:
+    """The most tokens one request (prompt + generated) may hold, and what sets it, for a message:
+    vLLM's ``--max-model-len`` where given, else the model's context read from its config with
+    ``hf_overrides`` applied, as vLLM applies them (``vllm_surface.model_context``). None where the
+    config cannot be read or names no length: the engine then says what it says."""
+    if max_model_len:
+        return max_model_len, f"--max-model-len {max_model_len:,}"
+    from cascade_repro.vllm_surface import model_context
+
+    try:
+        cfg = load_config(model_path)
+    except (UsageError, OSError, ValueError):
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    cfg.update(hf_overrides or {})
+    context = model_context(cfg)
+    return (context, f"context {context:,} of {model_name}") if context else None
+
+
 def load_tokenizer(model_path: str, trust_remote_code: bool = False) -> Any:
     """The model folder's HF tokenizer; a one-line UsageError when it cannot be loaded."""
     from transformers import AutoTokenizer

@@ -206,7 +206,7 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
         quiet_progress,
         resolve_model,
     )
-    from cascade_repro.prompts.chat import MIN_CASCADE_PREFIX, render_all
+    from cascade_repro.prompts.chat import MIN_CASCADE_PREFIX, check_context, render_all
     from cascade_repro.prompts.promptsets import load_prompt_set, load_system_prompt
     from cascade_repro.run import envinfo
 
@@ -247,6 +247,8 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
         model_path, model_name = resolve_model(spec.model)
         tokenizer = load_tokenizer(model_path, spec.trust_remote_code)
     rendered, shared = render_all(tokenizer, system_text, [r.prompt for r in pset.records])
+    if (limit := context_limit_of(spec, model_path, model_name)) is not None:
+        check_context(rendered, [r.key for r in pset.records], int(spec.max_tokens), *limit)
 
     run_dir = opts.results_dir / run_id
     engines = plan(spec)
@@ -298,6 +300,16 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
         )
     run.invocations = [run.own_invocation()]
     return PreparedRun(run_dir, run, list(pset.records), opts.fresh, opts.allow_mixed)
+
+
+def context_limit_of(spec: MatrixSpec, model_path: str, model_name: str) -> tuple[int, str] | None:
+    """``models.context_limit`` for this matrix: vLLM's ``--max-model-len`` and ``--hf-overrides``
+    count only where vLLM runs (the hf engine reads neither)."""
+    from cascade_repro.plan.models import context_limit
+
+    if engine_info(spec.engine).is_vllm:
+        return context_limit(model_path, model_name, spec.max_model_len, spec.hf_overrides)
+    return context_limit(model_path, model_name)
 
 
 class _Tail:
