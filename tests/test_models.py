@@ -161,6 +161,6 @@ def test_the_embedded_model_sweeps_dead_conversions_on_every_start(tmp_path, mon
     monkeypatch.setenv("CASCADE_REPRO_CACHE", str(tmp_path))
     target = models._embedded_target(models.embedded_gguf_path())
     target.mkdir(parents=True)
-    (target / "config.json").write_text("{}")  # already converted: a killed earlier attempt's folder stays behind
+    (target / "config.json").write_text("{}")  # converted; a killed earlier attempt's folder beside it
     dead = _conversion(target.parent, "killed", "999999")
     assert models.embedded_model_dir() == target and not dead.exists()
