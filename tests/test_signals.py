@@ -180,12 +180,17 @@ def test_a_second_sigterm_while_the_first_unwinds_is_ignored():
 
     cleaned = []
     previous = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(KeyboardInterrupt), sigterm_as_interrupt():
+    with pytest.raises(KeyboardInterrupt), sigterm_as_interrupt():  # the command's block
         try:
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(10)  # the handler raises here
+            with sigterm_as_interrupt():  # the runner's, inside it
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(10)  # the handler raises here
         finally:
-            os.kill(os.getpid(), signal.SIGTERM)  # a second one, while unwinding
+            os.kill(os.getpid(), signal.SIGTERM)  # a second one, while the first unwinds the outer block
+            time.sleep(0.1)
             cleaned.append(True)
     assert cleaned == [True]
     assert signal.getsignal(signal.SIGTERM) is previous  # restored on the way out
+    with pytest.raises(KeyboardInterrupt), sigterm_as_interrupt():  # and the next one is an interrupt again
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)

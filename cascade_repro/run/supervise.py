@@ -195,17 +195,24 @@ def sigterm_as_interrupt() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    fired = False
 
     def interrupt(signum: int, frame: Any) -> None:
-        nonlocal fired
-        if fired:
+        if _sigterm["fired"]:
             return
-        fired = True
+        _sigterm["fired"] = True
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, interrupt)
+    _sigterm["depth"] += 1
     try:
         yield
     finally:
+        _sigterm["depth"] -= 1
+        if not _sigterm["depth"]:  # the outermost block: the next SIGTERM is a new interrupt
+            _sigterm["fired"] = False
         signal.signal(signal.SIGTERM, previous)
+
+
+# Shared by nested blocks (the command's, the runner's inside it): the first SIGTERM fires in the
+# innermost, and a second must not fire in an outer one while the first still unwinds.
+_sigterm = {"depth": 0, "fired": False}
