@@ -104,7 +104,8 @@ TABLE: tuple[ExitCode, ...] = (
     ),
     ExitCode(
         INTERRUPTED, COMMANDS,
-        "interrupted: rerun the same command to resume",
+        "interrupted (Ctrl-C, or SIGTERM from `timeout` or a cancelled CI job, in any phase): rerun the "
+        "same command to resume",
         "interrupted",
     ),
     ExitCode(

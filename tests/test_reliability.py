@@ -598,7 +598,7 @@ def test_planted_secrets_reach_no_file_of_any_run_dir(reference, tmp_path_factor
 SIGTERM_SCRIPT = r"""
 import subprocess, sys, time
 from pathlib import Path
-from cascade_repro.run import runner
+from cascade_repro.run import runner, supervise
 
 run_dir, pidfile = Path(sys.argv[1]), sys.argv[2]
 real_popen = subprocess.Popen
@@ -616,7 +616,7 @@ class Quiet:
 
 runner.subprocess.Popen = worker_with_grandchild
 try:
-    with runner.sigterm_as_interrupt():
+    with supervise.sigterm_as_interrupt():
         runner._run_worker(run_dir, "k", 600.0, Quiet())
 except KeyboardInterrupt:
     sys.exit(130)

@@ -69,7 +69,7 @@ class Group(TyperGroup):
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         """The one error path of every command. Click's own usage errors (an unknown flag, a value of
         the wrong type, a missing argument) as one line and exit code 2, like the tool's own: Typer
-        draws them as a five-line box. Ctrl-C is 130; any other exception is a bug: one line and
+        draws them as a five-line box. Ctrl-C and SIGTERM are 130; any other exception is a bug: one line and
         :data:`EXIT_INTERNAL` (never 1, which CI reads as a regression), the traceback with --debug."""
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
@@ -80,8 +80,13 @@ class Group(TyperGroup):
         # re-exports click's where it has no copy.
         exc = sys.modules[typer.BadParameter.__module__]
         no_args = getattr(exc, "NoArgsIsHelpError", ())  # Click >= 8.2: a bare group asks for help
+        from cascade_repro.run.supervise import sigterm_as_interrupt
+
         try:
-            code = super().main(*args, standalone_mode=False, **kwargs)
+            # SIGTERM (`timeout`, a cancelled CI job) ends the command as Ctrl-C does, in every phase:
+            # locks released, temp folders removed, exit 130 with the resume line.
+            with sigterm_as_interrupt():
+                code = super().main(*args, standalone_mode=False, **kwargs)
         except no_args as e:
             # Typer's rich help prints itself (to stdout) and returns ""; plain help is returned.
             if text := (e.ctx.get_help() if e.ctx is not None else str(e)):

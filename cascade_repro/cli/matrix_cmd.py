@@ -467,23 +467,31 @@ def _command_line() -> str:
     return " ".join(["cascade-repro", *map(shlex.quote, sys.argv[1:])])
 
 
-def _short_prefix_warning(spec: Any, system_text: str, records: list[Any]) -> str | None:
-    """The run's own warning for a shared prefix too short for cascade, said by the dry run where the
-    model's tokenizer is on disk already (a local folder, the embedded model once converted): a Hub
-    id is not fetched and the embedded model not converted just to plan."""
+def _check_rendered(spec: Any, system_text: str, records: list[Any]) -> str | None:
+    """What the run's own checks of the rendered prompts say, said by the dry run where the model's
+    tokenizer is on disk already (a local folder, the embedded model once converted): a Hub id is
+    not fetched and the embedded model not converted just to plan. A prompt that with --max-tokens
+    does not fit the model's context is refused (UsageError); a shared prefix too short for cascade
+    is returned as a warning. The prompts are rendered once for both."""
     from cascade_repro.engines import get as engine_info
     from cascade_repro.plan.models import check_model, embedded_converted, load_tokenizer, resolve_model
-    from cascade_repro.prompts.chat import MIN_CASCADE_PREFIX, render_all
+    from cascade_repro.prompts.chat import MIN_CASCADE_PREFIX, check_context, render_all
+    from cascade_repro.run.runner import context_limit_of
 
     info = engine_info(spec.engine)
-    if not info.has_weights:
+    limit = None
+    if not info.has_weights:  # the fake: its own tokenizer, no model and so no context to check
         tok = info.own_tokenizer()
     else:
         kind = check_model(spec.model)
         if not (kind == "local" or (kind == "embedded" and embedded_converted())):
             return None
-        tok = load_tokenizer(resolve_model(spec.model)[0], spec.trust_remote_code)
-    _, shared = render_all(tok, system_text, [r.prompt for r in records])
+        path, name = resolve_model(spec.model)
+        tok = load_tokenizer(path, spec.trust_remote_code)
+        limit = context_limit_of(spec, path, name)
+    rendered, shared = render_all(tok, system_text, [r.prompt for r in records])
+    if limit is not None:
+        check_context(rendered, [r.key for r in records], int(spec.max_tokens), *limit)
     if shared >= MIN_CASCADE_PREFIX:
         return None
     return f"shared prefix is {shared} tokens (< {MIN_CASCADE_PREFIX}): cascade cannot fire"
@@ -501,6 +509,7 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, refer
     records = load_prompt_set(spec.prompts, spec.limit, spec.prompt_field, spec.key_field).records
     n = len(records)
     engines = plan(spec)
+    warning = _check_rendered(spec, system_text, records)  # a refusal comes before the table
     title = f"{spec.engine} matrix over {n} prompts"
     if shard is not None:
         from cascade_repro.plan.shard import empty_warning, keys_for
@@ -524,7 +533,7 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, refer
             table.add_row(c.cell_id, key, str(c.tp), str(c.batch), c.arm, str(-(-n // c.batch)), role)
     console = out_console()
     console.print(table)
-    if (warning := _short_prefix_warning(spec, system_text, records)) is not None:
+    if warning is not None:
         out_console(stderr=True).print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     cells = sum(len(ep.cells) for ep in engines.values())
     added = sum(1 for ep in engines.values() for c in ep.cells if c.origin == "control")

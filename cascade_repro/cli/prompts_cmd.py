@@ -32,13 +32,17 @@ prompts_app = Typer(
 app.add_typer(prompts_app, name="prompts")
 
 
-def _prefix_tokens(system_prompt: str, prompts: list[str], model: str) -> int:
-    from cascade_repro.plan.models import load_tokenizer, resolve_model
-    from cascade_repro.prompts.chat import render_all
+def _prefix_tokens(system_prompt: str, prompts: list[str], model: str, keys: list[str] | None = None) -> int:
+    """The shared prefix in tokens; with ``keys``, a prompt that leaves no room to generate in the
+    model's context is refused (UsageError naming its key)."""
+    from cascade_repro.plan.models import context_limit, load_tokenizer, resolve_model
+    from cascade_repro.prompts.chat import check_context, render_all
     from cascade_repro.prompts.promptsets import load_system_prompt
 
-    path, _ = resolve_model(model)
-    _, shared = render_all(load_tokenizer(path, False), load_system_prompt(system_prompt), prompts)
+    path, name = resolve_model(model)
+    rendered, shared = render_all(load_tokenizer(path, False), load_system_prompt(system_prompt), prompts)
+    if keys is not None and (limit := context_limit(path, name)) is not None:
+        check_context(rendered, keys, 0, *limit)  # no --max-tokens here: room for one token
     return shared
 
 
@@ -110,7 +114,9 @@ def show(
 
         ps = load_prompt_set(name, prompt_field=prompt_field, key_field=key_field)
         console = Console()
-        shared = _prefix_tokens(system_prompt, [r.prompt for r in ps.records], model)
+        shared = _prefix_tokens(
+            system_prompt, [r.prompt for r in ps.records], model, [r.key for r in ps.records]
+        )
         langs = Counter(r.lang or "?" for r in ps.records)
         ids = Counter(i for r in ps.records for i in r.instruction_id_list)
         languages = ", ".join(f"{lang} {n}" for lang, n in langs.most_common())

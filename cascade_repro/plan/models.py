@@ -91,10 +91,81 @@ def embedded_model_dir() -> Path:
     """Return the converted embedded model folder, converting it on first use."""
     gguf = embedded_gguf_path()
     target = _embedded_target(gguf)
+    sweep_partial_conversions(target.parent)
     if (target / "config.json").is_file():
         return target
     _convert_gguf(gguf, target)
     return target
+
+
+# A conversion writes into a temp folder beside its target and renames it when whole. Its process
+# holds an exclusive flock on OWNER inside (the pid written in it, for a person looking) until then:
+# the kernel drops the lock when that process dies, however it dies, so a folder whose OWNER can be
+# locked by someone else is a dead conversion's (each up to ~540 MB) and is removed on the next start.
+CONVERT_PREFIX = ".convert-"
+OWNER = ".owner"
+# A folder without OWNER is a conversion in its first moment (the owner file is not there yet, or
+# no longer: it is taken out just before the rename), or one left by a version that wrote none.
+# Removed only once nothing in it has changed for this long.
+UNOWNED_GRACE_S = 3600.0
+
+
+def _own(folder: Path) -> int:
+    """Lock ``folder`` as this process's conversion; return the descriptor that holds the lock.
+
+    The owner file is locked under another name and then renamed, so no one can find it unlocked.
+    """
+    import fcntl
+
+    pending = folder / (OWNER + ".new")
+    fd = os.open(pending, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, str(os.getpid()).encode())
+        os.replace(pending, folder / OWNER)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _conversion_alive(folder: Path) -> bool:
+    """True when a live process may still be writing ``folder`` (or it cannot be told)."""
+    import fcntl
+    import time
+
+    try:
+        fd = os.open(folder / OWNER, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        try:
+            return time.time() - os.lstat(folder).st_mtime < UNOWNED_GRACE_S
+        except FileNotFoundError:  # renamed into place or removed meanwhile: nothing to sweep
+            return True
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True  # its owner holds the lock: alive
+    finally:
+        os.close(fd)
+    return False
+
+
+def sweep_partial_conversions(folder: Path) -> list[Path]:
+    """Remove the temp folders of conversions whose process is gone; return what was removed."""
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return []
+    removed = []
+    for d in entries:
+        if not d.name.startswith(CONVERT_PREFIX) or d.is_symlink() or not d.is_dir():
+            continue
+        if not _conversion_alive(d):
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
 
 
 def _transformers_major() -> int | None:
@@ -107,13 +178,37 @@ def _transformers_major() -> int | None:
 
 
 def _convert_gguf(gguf: Path, target: Path) -> None:
-    """Dequantize ``gguf`` into an HF folder at ``target``, atomically (temp dir + rename)."""
+    """Dequantize ``gguf`` into an HF folder at ``target``, atomically (temp dir + rename).
+
+    An interrupted conversion (Ctrl-C, SIGTERM) removes its temp folder on the way out; a killed one
+    leaves it to :func:`sweep_partial_conversions`.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=CONVERT_PREFIX, dir=target.parent))
+    owner: int | None = None
+    try:
+        owner = _own(tmp)
+        _write_hf_folder(gguf, tmp)
+        os.unlink(tmp / OWNER)  # not part of the model; the lock is held by the descriptor until the end
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            # Another process converted it first; theirs is as good as ours.
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+        if owner is not None:
+            os.close(owner)
+
+
+def _write_hf_folder(gguf: Path, folder: Path) -> None:
+    """Dequantize ``gguf`` and save it, with its tokenizer, as a plain HF model in ``folder``."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     gguf_utils = _silence_gguf_bar() if not hf_logging.is_progress_bar_enabled() else None
@@ -128,23 +223,15 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
         model.hf_quantizer = None
         model.config.architectures = [type(model).__name__]
         model.config.name_or_path = "SmolLM2-135M-Instruct"
-        model.save_pretrained(str(tmp))
-        tok.save_pretrained(str(tmp))
-        (tmp / "cascade_repro.json").write_text(
+        model.save_pretrained(str(folder))
+        tok.save_pretrained(str(folder))
+        (folder / "cascade_repro.json").write_text(
             json.dumps({"source": EMBEDDED_GGUF, "conversion": CONVERSION_VERSION}) + "\n"
         )
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            # Another process converted it first; theirs is as good as ours.
-            if not (target / "config.json").is_file():
-                raise
     finally:
         hf_logging.set_verbosity(verbosity)
         if gguf_utils is not None:
             gguf_utils[0].tqdm = gguf_utils[1]
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _silence_gguf_bar() -> tuple[Any, Any] | None:
@@ -281,6 +368,28 @@ def load_config(path_or_id: str) -> dict:
         raise UsageError(
             f"could not load model config for {path_or_id!r}: {str(e).splitlines()[0]}"
         ) from None
+
+
+def context_limit(
+    model_path: str, model_name: str, max_model_len: int | None = None, hf_overrides: dict | None = None
+) -> tuple[int, str] | None:
+    """The most tokens one request (prompt + generated) may hold, and what sets it, for a message:
+    vLLM's ``--max-model-len`` where given, else the model's context read from its config with
+    ``hf_overrides`` applied, as vLLM applies them (``vllm_surface.model_context``). None where the
+    config cannot be read or names no length: the engine then says what it says."""
+    if max_model_len:
+        return max_model_len, f"--max-model-len {max_model_len:,}"
+    from cascade_repro.vllm_surface import model_context
+
+    try:
+        cfg = load_config(model_path)
+    except (UsageError, OSError, ValueError):
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    cfg.update(hf_overrides or {})
+    context = model_context(cfg)
+    return (context, f"context {context:,} of {model_name}") if context else None
 
 
 def load_tokenizer(model_path: str, trust_remote_code: bool = False) -> Any:

@@ -55,3 +55,30 @@ def render_all(tokenizer: Any, system_prompt: str, prompts: Sequence[str]) -> tu
     # Every request must keep at least one token of its own after the shared prefix.
     shared = min(shared, min(len(r) for r in rendered) - 1)
     return rendered, max(shared, 0)
+
+
+def check_context(
+    rendered: Sequence[Sequence[int]], keys: Sequence[str], max_tokens: int, limit: int, of: str
+) -> None:
+    """Refuse prompts that with ``max_tokens`` generated tokens do not fit in ``limit`` tokens, in one
+    line naming the longest and the numbers (``of``: whose limit, e.g. ``context 8,192 of MODEL``).
+
+    ``max_tokens`` 0 asks whether each prompt leaves room for one generated token (``prompts show``,
+    which generates nothing). Checked before any engine starts: an engine given such a prompt
+    tries to allocate its whole length, one cell after another.
+    """
+    lengths = [len(r) for r in rendered]
+    if not lengths:
+        return
+    if max_tokens >= limit:
+        raise UsageError(f"--max-tokens {max_tokens:,} leaves no room for a prompt: {of}")
+    over = [i for i, n in enumerate(lengths) if n + max(max_tokens, 1) > limit]
+    if not over:
+        return
+    worst = max(over, key=lambda i: lengths[i])
+    more = f" (and {len(over) - 1} more)" if len(over) > 1 else ""
+    if max_tokens:
+        raise UsageError(
+            f"prompt {keys[worst]}: {lengths[worst]:,} tokens + {max_tokens:,} max tokens > {of}{more}"
+        )
+    raise UsageError(f"prompt {keys[worst]}: {lengths[worst]:,} tokens leave no room to generate: {of}{more}")

@@ -6,13 +6,10 @@ import copy
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+    from cascade_repro.prompts.chat import MIN_CASCADE_PREFIX, check_context, prompt_hash, render_all
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, overload
@@ -214,7 +211,7 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
         quiet_progress,
         resolve_model,
     )
-    from cascade_repro.prompts.chat import MIN_CASCADE_PREFIX, prompt_hash, render_all
+    from cascade_repro.prompts.chat import MIN_CASCADE_PREFIX, check_context, prompt_hash, render_all
     from cascade_repro.prompts.promptsets import load_prompt_set, load_system_prompt
     from cascade_repro.run import envinfo
 
@@ -260,6 +257,8 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
             model_path, model_name = resolve_model(spec.model)
             tokenizer = load_tokenizer(model_path, spec.trust_remote_code)
     rendered, shared = render_all(tokenizer, system_text, [r.prompt for r in pset.records])
+    if info.has_weights and (limit := context_limit_of(spec, model_path, model_name)) is not None:
+        check_context(rendered, [r.key for r in pset.records], int(spec.max_tokens), *limit)
 
     run_dir = opts.results_dir / run_id
     engines = plan(spec)
@@ -315,6 +314,16 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
     return PreparedRun(run_dir, run, list(pset.records), opts.fresh, opts.allow_mixed, hashes)
 
 
+def context_limit_of(spec: MatrixSpec, model_path: str, model_name: str) -> tuple[int, str] | None:
+    """``models.context_limit`` for this matrix: vLLM's ``--max-model-len`` and ``--hf-overrides``
+    count only where vLLM runs (the hf engine reads neither)."""
+    from cascade_repro.plan.models import context_limit
+
+    if engine_info(spec.engine).is_vllm:
+        return context_limit(model_path, model_name, spec.max_model_len, spec.hf_overrides)
+    return context_limit(model_path, model_name)
+
+
 class _Tail:
     """Read records appended to a JSONL file since the last call (whole lines only)."""
 
@@ -341,29 +350,6 @@ class _Tail:
             except json.JSONDecodeError:
                 continue
         return out
-
-
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """Let SIGTERM unwind like Ctrl-C while workers run, so their process groups are killed.
-
-    `timeout`, a cancelled CI job or a container stop send SIGTERM, which by default ends Python
-    without cleanup: the worker then dies by PDEATHSIG but vLLM's engine-core process under it is
-    orphaned and keeps the GPU (seen on the H200 when a `timeout` cut a run). Raising
-    KeyboardInterrupt instead reaches ``_run_worker``'s handler, which kills the whole group.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _progress_by_key(run_dir: Path, run: Manifest) -> dict[str, runstore.CellProgress]:
@@ -439,7 +425,7 @@ def execute(run_dir: Path, show_progress: bool = True, console: Any = None, bar:
             1 for k, ep in run.plan.engines.items() if any(c not in progs[k].done for c in ep.cells)
         ),
     )
-    with progress, sigterm_as_interrupt():
+    with progress, supervise.sigterm_as_interrupt():
         for key, ep in run.plan.engines.items():
             path = runstore.samples_path(run_dir, key)
             prog = progs[key]

@@ -1017,11 +1017,11 @@ class RunLock:
             self._fd = fd
             try:
                 refuse_run_links(self.path.parent)
-            except UsageError:
+                os.ftruncate(fd, 0)
+                os.write(fd, str(os.getpid()).encode())
+            except BaseException:  # a refusal, or Ctrl-C / SIGTERM: ``with`` never reaches __exit__
                 self.release()
                 raise
-            os.ftruncate(fd, 0)
-            os.write(fd, str(os.getpid()).encode())
             return
         raise RunLockedError(f"could not lock {self.path.parent}")
 

@@ -10,7 +10,8 @@ of everything under it, and stopping it kills that whole group (``kill_group``).
 ``idle_s`` is the time since the log last grew or the caller last saw progress (``mark_active``).
 :func:`watch` polls until the process ends, or kills it when the caller's check gives a reason;
 leaving the ``with`` block of a :class:`Worker` kills the group in any case (what an exiting worker
-left behind, and everything on Ctrl-C or SIGTERM).
+left behind, and everything on Ctrl-C or SIGTERM). :func:`sigterm_as_interrupt` makes SIGTERM
+unwind like Ctrl-C, so that ``with`` block (and every other cleanup on the way out) runs.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TypeVar
+from typing import IO, Any, TypeVar
 
 T = TypeVar("T")
 
@@ -172,3 +175,44 @@ def last_error_line(log_path: Path) -> str:
         if ERROR_LINE.search(line):
             return line.strip()[:300]
     return ""
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Let SIGTERM unwind like Ctrl-C (a KeyboardInterrupt) inside the block.
+
+    `timeout`, a cancelled CI job or a container stop send SIGTERM, which by default ends Python
+    without cleanup: exit 143 and no message, a run directory's ``.lock`` left behind, a model
+    conversion's temp folder left in the cache, and a worker's engine-core process orphaned with
+    the GPU (seen on the H200 when a `timeout` cut a run: the worker died by PDEATHSIG, vLLM's
+    process under it did not). As a KeyboardInterrupt it reaches the same handlers as Ctrl-C: every
+    ``with`` and ``finally`` on the way out, and the command's exit 130 with its resume line.
+
+    One SIGTERM is one interrupt: a second while the first unwinds is ignored, so it cannot cut the
+    cleanup the first one started (a ``.lock`` half released). Only the main thread can take signal
+    handlers; elsewhere the block runs unchanged.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        if _sigterm["fired"]:
+            return
+        _sigterm["fired"] = True
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    _sigterm["depth"] += 1
+    try:
+        yield
+    finally:
+        _sigterm["depth"] -= 1
+        if not _sigterm["depth"]:  # the outermost block: the next SIGTERM is a new interrupt
+            _sigterm["fired"] = False
+        signal.signal(signal.SIGTERM, previous)
+
+
+# Shared by nested blocks (the command's, the runner's inside it): the first SIGTERM fires in the
+# innermost, and a second must not fire in an outer one while the first still unwinds.
+_sigterm = {"depth": 0, "fired": False}

@@ -278,3 +278,43 @@ class ModelAttention:
     def per_gpu(self, tp: int) -> tuple[int, int]:
         """Return (query heads, KV heads) per GPU at this TP, as vLLM computes them."""
         return self.num_attention_heads // tp, max(1, self.num_kv_heads // tp)
+
+
+# The config keys vLLM reads a model's context length from (``_get_and_verify_max_len``): the
+# smallest of those present counts.
+CONTEXT_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "model_max_length",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+# RoPE scalings whose config already gives the extended length (vLLM leaves them unscaled).
+ROPE_ALREADY_EXTENDED = ("su", "longrope", "llama3")
+
+
+def model_context(cfg: dict[str, Any]) -> int | None:
+    """The longest sequence (prompt + generated tokens) a model config allows, as vLLM derives it:
+    the smallest of :data:`CONTEXT_KEYS` (``text_config``'s where nested), times the RoPE scaling
+    factor (from yarn's ``original_max_position_embeddings``) unless the scaling is one of
+    :data:`ROPE_ALREADY_EXTENDED`. None when the config names no length."""
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else None
+    t = text or cfg
+    lengths = [
+        v for k in CONTEXT_KEYS if isinstance(v := t.get(k), int) and not isinstance(v, bool) and v > 0
+    ]
+    if not lengths:
+        return None
+    length = float(min(lengths))
+    rope = t.get("rope_scaling") or t.get("rope_parameters")
+    if isinstance(rope, dict):
+        kind = rope.get("rope_type") or rope.get("type")
+        factor = rope.get("factor")
+        if kind not in ROPE_ALREADY_EXTENDED and isinstance(factor, int | float) and factor > 0:
+            if kind == "yarn" and isinstance(rope.get("original_max_position_embeddings"), int):
+                length = float(rope["original_max_position_embeddings"])
+            length *= factor
+    return int(length)
