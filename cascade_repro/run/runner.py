@@ -9,7 +9,7 @@ import re
 import subprocess
 import sys
 import time
-    from cascade_repro.prompts.chat import MIN_CASCADE_PREFIX, check_context, prompt_hash, render_all
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, overload
