@@ -1,8 +1,7 @@
 """Benchmark 1, within one engine: the harness's per-wave cost against a bare ``LLM.generate``, interleaved.
 
-``bench_vllm_overhead.py`` compares two engine starts run one after the other; on an H200 with a
-135M model a batch-1 wave is launch-bound, so it measures the host CPU of that moment (the raw loop's
-own b1 waves went from 388 to 299 ms within 20 s) and one pass per side cannot resolve 3 %. Here one
+Two engine starts run one after the other (the retired ``bench_vllm_overhead.py``, RESULTS.md 1 and
+1b) cannot resolve 3 %: a launch-bound batch-1 wave measures the host CPU of that moment. Here one
 process builds the harness's own engine (``worker.build_engine``: the probe loaded, the same ``vllm.LLM``
 kwargs a worker gets) and runs each wave of each batch size under every arm, in a rotating order
 (every rotation of the arms and of their reverse, ``arm_orders``), so machine drift hits every arm
