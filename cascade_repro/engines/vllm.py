@@ -601,9 +601,8 @@ def uniform_topk(
 ) -> tuple[list[float], list[list[list[float]]]] | None:
     """:func:`flat_topk` for the layout vLLM gives when every position has all k entries: k + 1
     entries each, back to back, the sampled token first, then ranks 1..k. Whole-list slices and
-    C-level ``map``/``zip`` instead of a Python loop per position: at b64 x 128 tokens x top-5 the
-    per-position loop was the harness's largest foreground cost left in a wave (benchmarks/RESULTS.md
-    1g). None when any position is laid out otherwise (the caller then goes position by position).
+    C-level ``map``/``zip`` instead of a Python loop per position, the costlier way at large batches.
+    None when any position is laid out otherwise (the caller then goes position by position).
     """
     starts, ends, ids, vals, ranks = _columns(flat)
     n, w = len(token_ids), k + 1

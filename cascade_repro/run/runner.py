@@ -332,7 +332,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
     `timeout`, a cancelled CI job or a container stop send SIGTERM, which by default ends Python
     without cleanup: the worker then dies by PDEATHSIG but vLLM's engine-core process under it is
-    orphaned and keeps the GPU (seen on the H200 when a `timeout` cut a run). Raising
+    orphaned and keeps the GPU. Raising
     KeyboardInterrupt instead reaches ``_run_worker``'s handler, which kills the whole group.
     """
     if threading.current_thread() is not threading.main_thread():

@@ -444,14 +444,13 @@ class JsonlWriter:
 
     ``flush`` hands the lines to the OS (a killed process loses nothing flushed); ``sync`` also
     fsyncs, for the records resume depends on (``cell_done``), since only a machine crash can lose
-    flushed lines and resume restarts unfinished cells anyway (an fsync costs a disk round trip
-    per wave for nothing: 0.2-1.3 ms on the CPU box, benchmarks/RESULTS.md). On open, a torn
+    flushed lines and resume restarts unfinished cells anyway (an fsync per wave would cost a disk
+    round trip for nothing). On open, a torn
     last line (a crash mid-write) is cut off so appends start on a clean line.
 
     ``background=True`` encodes and writes on a thread, in the order the calls came: the caller's
     ``write`` and ``flush`` only queue, so a vLLM worker's next wave starts while the last one's
-    records are still being turned into JSON (10-40 ms per wave at batch 8-64 on an H200 host,
-    benchmarks/RESULTS.md 1f). ``wait`` returns once everything queued is written; ``sync`` and
+    records are still being turned into JSON. ``wait`` returns once everything queued is written; ``sync`` and
     ``close`` wait first. A write that failed on the thread is raised by the next call. A process
     killed with records still queued loses them, as it loses the wave it was generating: resume
     counts only what reached the file.
