@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
 
-import synth  # noqa: E402
+import synth  # noqa: E402 - the seeded data the tests use too
 
 from cascade_repro.judge.metrics import divergence_metrics, edit_distance_norm, repetition_metrics  # noqa: E402
 
@@ -49,19 +49,42 @@ def score(pairs: list, rep: Any = repetition_metrics, div: Any = divergence_metr
     return tokens
 
 
+# Where a source tree keeps the metrics: judge/metrics/ now, metrics/ in trees from before the stages.
+METRICS_DIRS = (("cascade_repro", "judge", "metrics"), ("cascade_repro", "metrics"))
+
+
+def baseline_dir(src: Path) -> tuple[str, ...] | None:
+    """The package path of the metrics in another source tree, or None when it holds none."""
+    return next((p for p in METRICS_DIRS if (src.joinpath(*p) / "repetition.py").is_file()), None)
+
+
 def load_baseline(src: Path) -> tuple[Any, Any]:
-    """``repetition_metrics`` and ``divergence_metrics`` from another checkout's source tree."""
+    """``repetition_metrics`` and ``divergence_metrics`` from another checkout's source tree.
+
+    The baseline's divergence module imports its repetition module by the package's name; while it
+    loads, that name is the baseline's module, so nothing of this tree slips into the A/B.
+    """
     import importlib.util
 
-    fns = []
-    for name, fn in (("repetition", "repetition_metrics"), ("divergence", "divergence_metrics")):
-        spec = importlib.util.spec_from_file_location(f"baseline_{name}", src / "cascade_repro" / "metrics" / f"{name}.py")
+    parts = baseline_dir(src)
+    assert parts is not None, src
+    mods: dict[str, Any] = {}
+    for name in ("repetition", "divergence"):
+        spec = importlib.util.spec_from_file_location(f"baseline_{name}", src.joinpath(*parts) / f"{name}.py")
         assert spec and spec.loader, src
         mod = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = mod
-        spec.loader.exec_module(mod)
-        fns.append(getattr(mod, fn))
-    return fns[0], fns[1]
+        key = ".".join((*parts, "repetition"))
+        before = sys.modules.get(key)
+        if "repetition" in mods:
+            sys.modules[key] = mods["repetition"]
+        try:
+            spec.loader.exec_module(mod)
+        finally:
+            if before is not None:
+                sys.modules[key] = before
+        mods[name] = mod
+    return mods["repetition"].repetition_metrics, mods["divergence"].divergence_metrics
 
 
 def ab(pairs: list, baseline: tuple[Any, Any], repeats: int) -> dict[str, Any]:
@@ -152,6 +175,9 @@ def main() -> int:
                     "`git archive HEAD cascade_repro | tar -x -C /tmp/head-src` -> /tmp/head-src")  # fmt: skip
     ap.add_argument("--baseline-size", type=int, default=10_000, help="completions for the A/B")
     args = ap.parse_args()
+    if args.baseline_src and baseline_dir(args.baseline_src) is None:
+        looked = " or ".join("/".join((*p, "repetition.py")) for p in METRICS_DIRS)
+        ap.error(f"--baseline-src {args.baseline_src}: no metrics there (looked for {looked})")
     sizes = [int(s) for s in args.sizes.split(",")]
 
     synth._tables()

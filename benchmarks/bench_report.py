@@ -1,6 +1,6 @@
 """Benchmark 4: ``cascade-repro report RUN_DIR`` on a 100,000-sample run (target < 10 s, peak RSS < 2 GB).
 
-The run directory comes from ``make_synthetic_run.py`` (made first when ``RUN_DIR`` is missing).
+The run directory comes from ``tests/support/make_synthetic_run.py`` (made first when ``RUN_DIR`` is missing).
 Each timed run is ``cascade-repro report RUN_DIR --fail-on never`` in a subprocess under
 ``/usr/bin/time -v`` (peak RSS = its "Maximum resident set size"); without GNU time, the wall time
 is taken here and the peak RSS from ``getrusage(RUSAGE_CHILDREN)``. The samples files are read
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+MAKE_RUN = Path(__file__).resolve().parents[1] / "tests" / "support" / "make_synthetic_run.py"
 TARGET_S = 10.0
 TARGET_RSS_MIB = 2048
 
@@ -100,8 +100,8 @@ def main() -> int:
     args = ap.parse_args()
 
     if not (args.run_dir / "comparisons.parquet").exists():
-        print(f"making {args.run_dir} (benchmarks/make_synthetic_run.py; minutes)...", flush=True)
-        subprocess.run([sys.executable, str(HERE / "make_synthetic_run.py"), str(args.run_dir)], check=True)
+        print(f"making {args.run_dir} (tests/support/make_synthetic_run.py; minutes)...", flush=True)
+        subprocess.run([sys.executable, str(MAKE_RUN), str(args.run_dir)], check=True)
     info = describe(args.run_dir)
     print(f"{args.run_dir}: {info['samples']:,} samples in {info['samples_files']} JSONL files "
           f"({info['samples_bytes'] / 2**30:.2f} GiB, {info['jsonl_lines']:,} lines), {info['cells']} cells, "

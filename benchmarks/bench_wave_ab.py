@@ -1,8 +1,7 @@
 """Benchmark 1, within one engine: the harness's per-wave cost against a bare ``LLM.generate``, interleaved.
 
-``bench_vllm_overhead.py`` compares two engine starts run one after the other; on an H200 with a
-135M model a batch-1 wave is launch-bound, so it measures the host CPU of that moment (the raw loop's
-own b1 waves went from 388 to 299 ms within 20 s) and one pass per side cannot resolve 3 %. Here one
+Two engine starts run one after the other (the retired ``bench_vllm_overhead.py``, RESULTS.md 1 and
+1b) cannot resolve 3 %: a launch-bound batch-1 wave measures the host CPU of that moment. Here one
 process builds the harness's own engine (``worker.build_engine``: the probe loaded, the same ``vllm.LLM``
 kwargs a worker gets) and runs each wave of each batch size under every arm, in a rotating order
 (every rotation of the arms and of their reverse, ``arm_orders``), so machine drift hits every arm
@@ -19,11 +18,8 @@ alike and no arm always follows the same other arm. The arms (``--arms``):
   any GIL contention it causes lands in this arm's time. What the writer still had left of this
   wave's own records when the wave returned is waited for outside every arm (``drain``; the replay
   does that work inside).
-- **harness-hold**: the same with the records held until the next wave's ``generate`` starts
-  (``JsonlWriter.hold``; the replay is held and released the same way). The worker held them for a
-  day: it took the JSON's contention out of the reset, but the b64 generate slowed by more on the
-  H200 (RESULTS.md 1i). The 2026-12-02 runs called this arm ``harness`` and the worker's current
-  form ``harness-nohold``, an arm kept under that name so their files still summarize.
+- **harness-nohold**: the same as harness, under the name the files of RESULTS.md 1i gave the
+  worker's current form (they called the retired harness-hold arm ``harness``).
 - **harness-fg**: records encoded and written in the foreground, as the worker did before its
   background writer.
 - **raw-nested** / **harness-nested**: both asking vLLM for the nested logprobs (a dict per token,
@@ -31,10 +27,6 @@ alike and no arm always follows the same other arm. The arms (``--arms``):
   changes, paired with its own raw twin (vLLM builds the nested form for the raw loop too).
 - **harness-nogc**: the harness with Python's garbage collector off during the wave (the
   diagnosis that led to ``worker.freeze_heap``).
-- **harness-defer** (an experiment, not what the worker does): the harness with the conversion of
-  vLLM's outputs moved to the writer's thread too, held as in harness-hold: one job per wave converts,
-  builds the records and encodes them (36.7 ms of conversion per b64 wave stayed in the foreground
-  in 1g).
 - **harness-loop**: the harness with vLLM's flat logprobs converted position by position
   (``engines.vllm.topk_by_position``), as before the whole-list conversion (``uniform_topk``).
 - **raw-detok** / **harness-detok**: both with vLLM detokenizing (``SamplingParams(detokenize=True)``:
@@ -43,10 +35,15 @@ alike and no arm always follows the same other arm. The arms (``--arms``):
   vLLM has it. raw-detok against raw is what vLLM's detokenization costs a wave; harness-detok is paired
   with raw-detok.
 
-The default set is raw, harness and harness-hold; ``--arms`` picks others (benchmarks/RESULTS.md
-1g ran raw, harness (then the worker's only form), harness-fg, raw-nested and harness-nested).
-``--from-json A.json B.json ...`` runs nothing: it pools the waves those runs recorded and prints
-their table (RESULTS.md's pooled figures come from it).
+Retired arms (``harness-hold``: records held until the next wave's generate; ``harness-defer``: the
+conversion moved to the writer's thread) needed hooks inside the package; RESULTS.md 1i holds their
+conclusion and the commit they last ran at. They no longer run, but ``--from-json`` still pools the
+waves their files recorded.
+
+The default set is raw and harness; ``--arms`` picks others (benchmarks/RESULTS.md 1g ran raw,
+harness, harness-fg, raw-nested and harness-nested). ``--from-json A.json B.json ...`` runs nothing:
+it pools the waves those runs recorded and prints their table (RESULTS.md's pooled figures come
+from it).
 
 Each harness arm is paired with its raw twin (raw-nested for harness-nested, raw for the others).
 The cascade arm on both sides follows vLLM's heuristic (not forced), so an arm and its twin compute
@@ -89,6 +86,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+RETIRED = "retired after commit cb2bbed; benchmarks/RESULTS.md 1i has its figures"
+
+
 @dataclass(frozen=True)
 class Arm:
     """One way of running a wave: raw vLLM or the harness, and how."""
@@ -97,12 +97,11 @@ class Arm:
     harness: bool
     flat: bool = True  # ask vLLM for flat logprobs (where it has them)
     background: bool = True  # records queued to a background writer (harness arms)
-    hold: bool = False  # the background writer waits for the next wave's generate (JsonlWriter.hold)
     nogc: bool = False
-    defer: bool = False  # vLLM's outputs converted on the writer's thread, not in the wave (an experiment)
     whole_lists: bool = True  # flat logprobs converted by whole-list slices (False: position by position)
     vllm_text: bool = False  # vLLM detokenizes (text and logprob tokens) instead of the engine decoding once
     twin: str = "raw"  # the raw arm a harness arm is paired with
+    retired: str = ""  # why it no longer runs (its recorded waves still summarize)
 
 
 ARM_SPECS = {
@@ -111,18 +110,18 @@ ARM_SPECS = {
         Arm("raw", harness=False),
         Arm("raw-nested", harness=False, flat=False),
         Arm("harness", harness=True),
-        Arm("harness-hold", harness=True, hold=True),
+        Arm("harness-hold", harness=True, retired=RETIRED),
         Arm("harness-nohold", harness=True),  # the 2026-12-02 runs' name for harness as it is now
         Arm("harness-fg", harness=True, background=False),
         Arm("harness-nested", harness=True, flat=False, background=False, twin="raw-nested"),
         Arm("harness-nogc", harness=True, nogc=True),
-        Arm("harness-defer", harness=True, defer=True, hold=True),
+        Arm("harness-defer", harness=True, retired=RETIRED),
         Arm("harness-loop", harness=True, whole_lists=False),
         Arm("raw-detok", harness=False, vllm_text=True),
         Arm("harness-detok", harness=True, vllm_text=True, twin="raw-detok"),
     )
 }
-DEFAULT_ARMS = ("raw", "harness", "harness-hold")
+DEFAULT_ARMS = ("raw", "harness")
 TARGET = 1.03
 OWN_PHASES = ("control_s", "sync_s", "convert_s", "records_s")  # the harness's work that raw does not do
 
@@ -157,7 +156,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     names = [a.strip() for a in args.arms.split(",") if a.strip()]
     bad = [a for a in names if a not in ARM_SPECS]
     if bad:
-        ap.error(f"unknown arm {bad[0]!r}; choose from {', '.join(ARM_SPECS)}")
+        ap.error(f"unknown arm {bad[0]!r}; choose from {', '.join(a for a in ARM_SPECS if not ARM_SPECS[a].retired)}")
+    gone = [a for a in names if ARM_SPECS[a].retired]
+    if gone:
+        ap.error(f"arm {gone[0]!r} no longer runs ({ARM_SPECS[gone[0]].retired}); --from-json still reads its files")
     missing = sorted({ARM_SPECS[a].twin for a in names if ARM_SPECS[a].harness} - set(names))
     if missing or "harness" not in names:
         ap.error(f"--arms needs 'harness' and each harness arm's raw twin (missing: {', '.join(missing or ['harness'])})")
@@ -193,21 +195,6 @@ def prepare_run(args: argparse.Namespace, results: Path) -> tuple[Path, Manifest
     prepared = prepare(spec, opts)
     prepared.write()
     return prepared.run_dir, runstore.read_manifest(prepared.run_dir)
-
-
-def _deferring_writer() -> type:
-    from cascade_repro.run import runstore
-
-    class DeferringWriter(runstore.JsonlWriter):
-        """A JsonlWriter whose queue also takes a job: a callable the writer calls, writing the records
-        it returns (the harness-defer arm's conversion runs there). Records are written as ever."""
-
-        def _line(self, record: Any) -> str:  # type: ignore[override]
-            if callable(record):
-                return "".join(runstore.JsonlWriter._line(r) for r in record())
-            return runstore.JsonlWriter._line(record)
-
-    return DeferringWriter
 
 
 def arm_orders(arms: list[Any]) -> list[list[Any]]:
@@ -360,13 +347,10 @@ def main(argv: list[str] | None = None) -> int:
     t_begin = time.monotonic()
     from cascade_repro import engines
     from cascade_repro.engines import vllm as vllm_engine
-    from cascade_repro.engines.vllm import completion_of
     from cascade_repro.plan.matrix import waves
     from cascade_repro.prompts.chat import prompt_hash, render_all
     from cascade_repro.run import runstore
     from cascade_repro.run.worker import build_engine, wave_records
-
-    DeferringWriter = _deferring_writer()
 
     results = Path(tempfile.mkdtemp(prefix="wave-ab-", dir=os.environ.get("TMPDIR")))
     run_dir, run = prepare_run(args, results)
@@ -387,9 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     # replay writer takes each background arm's previous wave (its JSON overlaps this wave); the
     # foreground arms write to their own file (the same bytes, so the same cost).
     bg = engines.get("vllm").background_writes
-    writer = DeferringWriter(runstore.samples_path(run_dir, key), background=bg)
-    replay = DeferringWriter(run_dir / "ab-replay.jsonl", background=True)
-    fg_writer = DeferringWriter(run_dir / "ab-foreground.jsonl")
+    writer = runstore.JsonlWriter(runstore.samples_path(run_dir, key), background=bg)
+    replay = runstore.JsonlWriter(run_dir / "ab-replay.jsonl", background=True)
+    fg_writer = runstore.JsonlWriter(run_dir / "ab-foreground.jsonl")
     last_records: dict[str, list[Any]] = {}
     sp = engine._SamplingParams
     tp = engine._TokensPrompt
@@ -425,43 +409,21 @@ def main(argv: list[str] | None = None) -> int:
         try:
             t = time.perf_counter()
             if out is writer:  # the previous wave's JSON, still being written as a worker's next wave starts
-                if arm.hold:  # harness-hold: held until this wave's generate starts
-                    replay.hold()
                 for rec in last_records.get(arm.name, []):
                     replay.write(rec)
                 replay.flush()
-            if arm.defer:  # run_wave hands vLLM's outputs back as they are
-                engine._completion = lambda o: o
             # harness-loop: flat_topk finds no uniform layout and goes position by position
             loop = contextlib.nullcontext() if arm.whole_lists else mock.patch.object(vllm_engine, "uniform_topk", return_value=None)
-            try:
-                with loop:
-                    comps, stats = engine.run_wave([rendered[i] for i, _ in wave], "cascade", args.max_tokens, prefix_len=shared,
-                                                   before_generate=replay.release)  # fmt: skip
-            finally:
-                engine.__dict__.pop("_completion", None)
+            with loop:
+                comps, stats = engine.run_wave([rendered[i] for i, _ in wave], "cascade", args.max_tokens, prefix_len=shared)
             t_rec = time.perf_counter()
-            if arm.defer:
-                # One job for the writer's thread: the conversion, the records and their JSON.
-                # The text as this wave asked for it: the job runs later, maybe under another arm's flags.
-                text = engine.text_source()
-
-                def job(outs: list[Any] = comps, stats: Any = stats, text: Any = text) -> list[Any]:
-                    real = [completion_of(o, engine.topk, text) for o in outs]
-                    samples, wave_rec = wave_records(cid, w, wave, real, stats, prompts, hashes, rendered)
-                    return [*samples, wave_rec]
-
-                kept: list[Any] = [job]
-                tokens = [list(o.outputs[0].token_ids) for o in comps]
-                out.write(job)
-            else:
-                samples, wave_rec = wave_records(cid, w, wave, comps, stats, prompts, hashes, rendered)
-                for rec in samples:
-                    out.write(rec)
-                wave_rec["wall_s"] = round(time.perf_counter() - t, 4)
-                out.write(wave_rec)
-                kept = [*samples, wave_rec]
-                tokens = [c.token_ids for c in comps]
+            samples, wave_rec = wave_records(cid, w, wave, comps, stats, prompts, hashes, rendered)
+            for rec in samples:
+                out.write(rec)
+            wave_rec["wall_s"] = round(time.perf_counter() - t, 4)
+            out.write(wave_rec)
+            kept = [*samples, wave_rec]
+            tokens = [c.token_ids for c in comps]
             out.flush()
             took = time.perf_counter() - t
             records = took - (t_rec - t)

@@ -1,34 +1,30 @@
-"""CPU side of one vLLM wave: the harness's own per-wave work that does not need vLLM or a GPU.
+"""CPU side of one vLLM wave: converting vLLM's outputs into the harness's completions, no vLLM or GPU.
 
-``benchmarks/bench_vllm_overhead.py`` measured the harness at ~40 ms per wave above a raw
-``LLM.generate`` loop on an H200. Per wave the harness does, beyond the raw loop, (1) three
-``probe.write_control`` calls and two ``collective_rpc`` round trips (``VLLMEngine.run_wave``),
-(2) the conversion of every completion's per-step logprob dicts (``engines.vllm.completion_of`` ->
-``topk_entries``), (3) one sample record per request plus a wave record, JSON-encoded by
-``runstore.JsonlWriter.write``, then ``flush()`` (an fsync per wave until 2026-11-30; now only at
-``cell_done``). This script times all of that except the RPCs, per wave, for each batch size:
+Per wave ``VLLMEngine.run_wave`` turns every request's logprobs into top-k lists
+(``engines.vllm.completion_of``). This script times that conversion on synthetic vLLM-like outputs
+for each batch size, in the three forms the engine meets:
 
-- **conversion**: ``engines.vllm.completion_of`` (the engine's real function, with vLLM's text)
-  over synthetic vLLM-like outputs: ``out.outputs[0]`` with ``token_ids``,
-  ``text``, ``finish_reason`` and ``logprobs``, a list of per-step dicts ``{token_id: Logprob}``
-  (a local copy of vLLM's ``Logprob`` dataclass: ``logprob``, ``rank``, ``decoded_token``) holding
-  the sampled token first and the top-k with ranks 1..k; at ``--extra-rate`` of the steps the
-  sampled token is outside the top-k (rank > k), so the dict holds k + 1 entries. Logprobs are
-  float32 values, as vLLM returns them.
-- **JSON+write+flush**: the worker's record building (a copy of the dicts in ``worker.run_engine``)
-  and ``JsonlWriter.write`` for every sample record and the wave record, then ``flush()``.
-- **sync**: the same with ``sync()`` (flush + fsync) instead of ``flush()``; the table's fsync
-  column is the ``sync()`` call minus the ``flush()`` call (each timed alone, median and p90), what
-  the per-wave fsync cost before it was dropped (a negative difference, noise, shows as 0);
-  "total with fsync" adds it to the flush total. The files go to ``--dir`` (default: a temporary
-  folder under ``results/``, i.e. the disk a run writes to).
-- **3 x write_control**: three ``probe.write_control`` calls (temp file + rename each).
+- **conversion**: nested logprobs, a list of per-step dicts ``{token_id: Logprob}`` (what vLLM
+  releases without flat logprobs return; a local copy of vLLM's ``Logprob``: ``logprob``, ``rank``,
+  ``decoded_token``), the sampled token first and the top-k with ranks 1..k; at ``--extra-rate`` of
+  the steps the sampled token is outside the top-k (rank > k), so the dict holds k + 1 entries.
+  Logprobs are float32 values, as vLLM returns them.
+- **conversion (flat, by position)**: the same outputs laid out as vLLM's ``FlatLogprobs``
+  (``SamplingParams(flat_logprobs=True)``), converted position by position (``topk_by_position``,
+  the fallback for a request laid out otherwise);
+- **conversion (flat)**: the same flat outputs through the whole-list path (``uniform_topk``), what
+  the engine does on every release that has flat logprobs.
+
+All three must give the same top-k lists (checked before timing). Where the embedded model's folder
+is converted, the text decode the engine does itself (``engines/base.completion_text``) is timed too.
+``--gc-freeze`` freezes the heap first, as the worker does after its engine start.
 
 Every part is repeated ``--reps`` times per batch (capped at ``--budget-s`` seconds per part and
-batch, at least ``--min-reps``); the table gives the median and p90 in ms. The box is shared: the
-load averages before and after are printed and recorded. Needs neither vLLM nor a GPU.
+batch, at least ``--min-reps``); the table gives the median and p90 in ms. The load averages before
+and after are printed and recorded. Target: none; the figures feed benchmarks/RESULTS.md's "CPU side
+of a wave".
 
-    python benchmarks/bench_wave_overhead.py --out results/wave_overhead.json
+    python benchmarks/bench_wave_overhead.py --gc-freeze --out results/wave_overhead.json
 """
 
 from __future__ import annotations
@@ -38,11 +34,9 @@ import json
 import os
 import platform
 import random
-import shutil
 import statistics
 import struct
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,27 +48,13 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from cascade_repro.engines.base import WaveStats, completion_text  # noqa: E402
+from cascade_repro.engines.base import completion_text  # noqa: E402
 from cascade_repro.engines.vllm import completion_of  # noqa: E402 - importing it does not import vLLM
-from cascade_repro.prompts.chat import prompt_hash  # noqa: E402
-from cascade_repro.run import runstore  # noqa: E402
-from cascade_repro.run.worker import freeze_heap, wave_records  # noqa: E402
-from cascade_repro.vllm_surface import probe  # noqa: E402
+from cascade_repro.run.worker import freeze_heap  # noqa: E402
 
 VOCAB = 49152  # SmolLM2 (the model of the H200 measurement)
-PROMPT_TOKENS = 420  # about the rendered length of the ko-ifeval-style prompts with the system prompt
-COLUMNS = ("conversion", "conversion_flat_loop", "conversion_flat", "json_write_flush", "fsync", "write_control_x3", "total_no_fsync",
-           "total_fsync")  # fmt: skip
-HEADERS = (
-    "conversion",
-    "conversion (flat, by position)",
-    "conversion (flat)",
-    "JSON+write+flush",
-    "fsync (sync-flush)",
-    "3 x write_control",
-    "total w/o fsync",
-    "total with fsync",
-)
+COLUMNS = ("conversion", "conversion_flat_loop", "conversion_flat")
+HEADERS = ("conversion", "conversion (flat, by position)", "conversion (flat)")
 
 
 @dataclass
@@ -167,53 +147,6 @@ def convert(k: int, outs: list[Any]) -> list[Any]:
     return [completion_of(o, k) for o in outs]
 
 
-def write_wave(
-    writer: runstore.JsonlWriter, ctx: dict[str, Any], comps: list[Any], stats: WaveStats, w: int, sync: bool
-) -> float:
-    """The worker's per-wave records (``worker.run_engine``), then ``flush()`` or ``sync()``.
-
-    Returns the milliseconds of that last call alone.
-    """
-    prompts, hashes, rendered, wave, cid = (
-        ctx["prompts"],
-        ctx["hashes"],
-        ctx["rendered"],
-        ctx["wave"],
-        ctx["cid"],
-    )
-    w0 = time.time()
-    samples, wave_rec = wave_records(cid, w, wave, comps, stats, prompts, hashes, rendered)
-    for rec in samples:
-        writer.write(rec)
-    wave_rec["wall_s"] = round(time.time() - w0, 4)
-    writer.write(wave_rec)
-    t0 = time.perf_counter()
-    if sync:
-        writer.sync()
-    else:
-        writer.flush()
-    return (time.perf_counter() - t0) * 1e3
-
-
-def _stats(batch: int, max_tokens: int) -> WaveStats:
-    extra = {
-        "prefix_cache_reset": True,
-        "probe": "rpc",
-        "probe_procs": 1,
-        "forced_off": 0,
-        "seen_prefix_len_max": 256,
-        "max_reqs": batch,
-        "fa_versions": [3],
-    }
-    return WaveStats(
-        cascade_steps=max_tokens - 1,
-        total_steps=max_tokens,
-        cascade_calls=30 * (max_tokens - 1),
-        common_prefix_len=256,
-        extra=extra,
-    )
-
-
 def _timed(fn: Any, reps: int, min_reps: int, budget_s: float) -> list[float]:
     out: list[float] = []
     t_end = time.perf_counter() + budget_s
@@ -239,20 +172,8 @@ def text_tokenizer() -> Any:
     return load_tokenizer(str(embedded_model_dir())) if embedded_converted() else None
 
 
-def measure_batch(batch: int, a: argparse.Namespace, workdir: Path, tok: Any = None) -> dict[str, Any]:
+def measure_batch(batch: int, a: argparse.Namespace, tok: Any = None) -> dict[str, Any]:
     outs = make_outputs(batch, a.max_tokens, a.topk, a.extra_rate, seed=a.seed + batch)
-    # The conversion columns time vLLM's text as it comes (detokenize=True); the text decode the
-    # engine does instead where vLLM has detokenize (completion_text) is timed on its own below.
-    rng = random.Random(a.seed)
-    rendered = [[rng.randrange(VOCAB) for _ in range(PROMPT_TOKENS)] for _ in range(batch)]
-    ctx = {
-        "prompts": [{"key": f"ko-ifeval-style/{i:04d}"} for i in range(batch)],
-        "hashes": [prompt_hash(r) for r in rendered],
-        "rendered": rendered,
-        "wave": [(i, True) for i in range(batch)],
-        "cid": f"tp1-b{batch}-cascade",
-    }
-    stats = _stats(batch, a.max_tokens)
     if a.gc_freeze:  # as the worker does after its engine start: these outputs stand in for its heap
         freeze_heap()
     comps = convert(a.topk, outs)
@@ -264,61 +185,22 @@ def measure_batch(batch: int, a: argparse.Namespace, workdir: Path, tok: Any = N
     flat_comps = convert(a.topk, flat)
     assert [c.topk for c in flat_comps] == [c.topk for c in comps]  # the same conversion, cheaper
     conv_flat = _timed(lambda r: convert(a.topk, flat), a.reps, a.min_reps, budget)
-    # The same with the whole-list path switched off: every position through the loop, as before it.
+    # The same with the whole-list path switched off: every position through the loop.
     with mock.patch("cascade_repro.engines.vllm.uniform_topk", return_value=None):
         assert [c.topk for c in convert(a.topk, flat)] == [c.topk for c in comps]
         conv_flat_loop = _timed(lambda r: convert(a.topk, flat), a.reps, a.min_reps, budget)
 
-    res: dict[str, Any] = {"batch": batch}
-    last: dict[str, list[float]] = {}
-    for label, sync in (("json_write_flush", False), ("json_write_sync", True)):
-        path = workdir / f"b{batch}-{label}.jsonl"
-        writer = runstore.JsonlWriter(path)
-        writer.sync()
-        calls = last[label] = []
-        res[label] = _summ(
-            _timed(
-                lambda r: calls.append(write_wave(writer, ctx, comps, stats, r, sync)),  # noqa: B023
-                a.reps,
-                a.min_reps,
-                budget,
-            )
-        )
-        writer.close()
-        res[f"{label}_bytes_per_wave"] = path.stat().st_size // max(1, res[label]["n"])
-        path.unlink()
-
-    pdir = workdir / f"probe-b{batch}"
-    pdir.mkdir()
-
-    def ctl(r: int) -> None:
-        probe.write_control(pdir, None, False, None, 3 * r + 1)
-        probe.write_control(pdir, f"k/w{r:05d}-cascade", False, None, 3 * r + 2)
-        probe.write_control(pdir, None, False, None, 3 * r + 3)
-
-    wc = _timed(ctl, a.reps, a.min_reps, budget)
-    res["conversion"] = _summ(conv)
-    res["conversion_flat"] = _summ(conv_flat)
-    res["conversion_flat_loop"] = _summ(conv_flat_loop)
+    res: dict[str, Any] = {
+        "batch": batch,
+        "conversion": _summ(conv),
+        "conversion_flat_loop": _summ(conv_flat_loop),
+        "conversion_flat": _summ(conv_flat),
+    }
     if tok is not None:
         ids = [(c.token_ids, c.finish_reason) for c in comps]
         res["text_decode"] = _summ(
             _timed(lambda r: [completion_text(tok, t, f) for t, f in ids], a.reps, a.min_reps, budget)
         )
-    res["write_control_x3"] = _summ(wc)
-    res["bytes_per_wave"] = res.pop("json_write_flush_bytes_per_wave")
-    res.pop("json_write_sync_bytes_per_wave")
-    # fsync = the sync() call minus the flush() call, each timed alone (the whole passes differ by
-    # the same amount, but their difference drowns in the JSON's noise on a loaded box).
-    res["flush_call"], res["sync_call"] = _summ(last["json_write_flush"]), _summ(last["json_write_sync"])
-    f = res["json_write_flush"]
-    raw = {q: res["sync_call"][q] - res["flush_call"][q] for q in ("median", "p90")}
-    res["fsync_raw"] = raw  # a negative difference is noise (fsync next to free): shown as 0
-    res["fsync"] = {q: max(0.0, v) for q, v in raw.items()}
-    for q in ("median", "p90"):  # p90 of a sum is not the sum of p90s; the sum is an upper figure
-        base = res["conversion"][q] + f[q] + res["write_control_x3"][q]
-        res.setdefault("total_no_fsync", {})[q] = base
-        res.setdefault("total_fsync", {})[q] = base + res["fsync"][q]
     return res
 
 
@@ -352,9 +234,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="freeze the heap before timing each batch, as the worker does after its engine start",
     )
-    ap.add_argument(
-        "--dir", default=None, help="where the samples and control files go (default: under results/)"
-    )
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     return ap.parse_args(argv)
 
@@ -362,23 +241,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     a = parse_args(argv)
     batches = [int(b) for b in a.batch.split(",") if b.strip()]
-    base = Path(a.dir) if a.dir else REPO / "results"
-    base.mkdir(parents=True, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix="wave-overhead-", dir=base))
     load_before = os.getloadavg()
     t0 = time.perf_counter()
     tok = text_tokenizer()
-    try:
-        rows = [measure_batch(b, a, workdir, tok) for b in batches]
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    rows = [measure_batch(b, a, tok) for b in batches]
     load_after = os.getloadavg()
     res = {
         "config": {
             k: getattr(a, k)
             for k in ("max_tokens", "topk", "extra_rate", "reps", "min_reps", "budget_s", "seed", "gc_freeze")
         }
-        | {"batch": batches, "dir": str(base)},
+        | {"batch": batches},
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
@@ -387,13 +260,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in load_after],
-        "units": "ms per wave; median and p90 over the repetitions; fsync = sync() call - flush() call",
+        "units": "ms per wave; median and p90 over the repetitions",
         "rows": rows,
         "wall_s": round(time.perf_counter() - t0, 2),
     }
-    print(f"per wave, {a.max_tokens} tokens x top-{a.topk}, ms as median / p90; files under {base}")
+    print(f"per wave, {a.max_tokens} tokens x top-{a.topk}, ms as median / p90")
     print(table(rows))
-    print("bytes of JSONL per wave: " + ", ".join(f"b{r['batch']} {r['bytes_per_wave']:,}" for r in rows))
     if tok is None:
         print("text decode: not timed (the embedded model's folder is not converted yet)")
     else:

@@ -89,12 +89,12 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch):
 
 
 def synthetic_run(run_dir: Path, prompts: int, batch: str, tp: str = "1", max_tokens: int = 64) -> Path:
-    """A run directory from benchmarks/make_synthetic_run.py (seeded samples, wave records with step
+    """A run directory from tests/support/make_synthetic_run.py (seeded samples, wave records with step
     timing, the scored tables) without any engine."""
     import subprocess
     import sys
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "make_synthetic_run.py"
+    script = Path(__file__).resolve().parent / "support" / "make_synthetic_run.py"
     subprocess.run([sys.executable, str(script), str(run_dir), "--prompts", str(prompts), "--max-tokens",
                     str(max_tokens), "--tp", tp, "--batch", batch, "--procs", "1"], check=True, capture_output=True)  # fmt: skip
     return run_dir

@@ -87,7 +87,8 @@ def test_bootstrap_ci_is_seeded_and_needs_two_waves(bench):
 def test_arms_are_checked(bench, tmp_path, capsys):
     out = str(tmp_path / "x.json")
     for arms, msg in (("raw,bogus", "unknown arm 'bogus'"), ("harness", "missing: raw"),
-                      ("raw,harness,harness-nested", "missing: raw-nested"), ("raw,raw-nested", "missing: harness")):  # fmt: skip
+                      ("raw,harness,harness-nested", "missing: raw-nested"), ("raw,raw-nested", "missing: harness"),
+                      ("raw,harness,harness-hold", "'harness-hold' no longer runs")):  # fmt: skip
         with pytest.raises(SystemExit) as e:
             bench.parse_args(["--arms", arms, "--out", out])
         assert e.value.code == 2 and msg in capsys.readouterr().err
@@ -134,8 +135,8 @@ def test_runs_every_arm_of_every_wave_against_the_fake_vllm(bench, fake_vllm, tm
     monkeypatch.setattr(runner, "visible_gpus", lambda: 1)
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     out = tmp_path / "ab.json"
-    arms = ["raw", "harness", "harness-hold", "harness-nohold", "harness-fg", "raw-nested", "harness-nested",
-            "harness-defer", "harness-loop", "raw-detok", "harness-detok"]
+    arms = ["raw", "harness", "harness-nohold", "harness-fg", "raw-nested", "harness-nested",
+            "harness-loop", "raw-detok", "harness-detok"]
     rc = bench.main(["--limit", "8", "--batch", "1,8", "--waves", "2", "--rounds", "3", "--max-tokens", "4",
                      "--ignore-eos", "--gc-freeze", "--arms", ",".join(arms), "--out", str(out)])  # fmt: skip
     import gc
@@ -149,7 +150,7 @@ def test_runs_every_arm_of_every_wave_against_the_fake_vllm(bench, fake_vllm, tm
         (1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1), (1, 2, 0), (1, 2, 1), (8, 0, 0), (8, 1, 0), (8, 2, 0)]
     # The order walks through the rotations of the arms and of their reverse, by round + wave.
     orders = bench.arm_orders(arms)
-    assert len(orders) == 22 and all(r["order"] == orders[(r["round"] + r["wave"]) % 22] for r in rows)
+    assert len(orders) == 18 and all(r["order"] == orders[(r["round"] + r["wave"]) % 18] for r in rows)
     assert len({tuple(r["order"]) for r in rows}) == 4
     # Same engine, same heuristic: same tokens, nested or flat logprobs, text from vLLM or decoded here.
     assert all(r["identical"] and all(r["same_as_twin"].values()) for r in rows)
@@ -162,7 +163,7 @@ def test_runs_every_arm_of_every_wave_against_the_fake_vllm(bench, fake_vllm, tm
     # wave (8 requests, the minimum), never with one request.
     want = {1: {"steps": 0, "decode_steps": 0, "total_steps": 4}, 8: {"steps": 4, "decode_steps": 4, "total_steps": 4}}
     casc = [(r["batch"], v["cascade"]) for r in rows for v in r["arms"].values() if "cascade" in v]
-    assert len(casc) == 9 * 8 and all(c == want[b] for b, c in casc)  # 9 waves x 8 harness arms
+    assert len(casc) == 9 * 6 and all(c == want[b] for b, c in casc)  # 9 waves x 6 harness arms
     # The background arms replay their previous wave's records: the replay file holds each one's
     # predecessor (all but each arm's very first wave), the foreground file the fg and nested arms'
     # records (two arms x 9 waves x (samples + 1 wave record)).
@@ -170,20 +171,19 @@ def test_runs_every_arm_of_every_wave_against_the_fake_vllm(bench, fake_vllm, tm
     fg = (run_dir / "ab-foreground.jsonl").read_text().splitlines()
     assert sum('"type":"wave"' in line for line in fg) == 2 * 9
     replay = (run_dir / "ab-replay.jsonl").read_text().splitlines()
-    assert sum('"type":"wave"' in line for line in replay) == 6 * (9 - 1)
-    # The samples file: the six background arms' own records (harness-defer's written by its job
-    # on the writer's thread), 9 waves each of 1 (b1) or 8 (b8) real prompts.
+    assert sum('"type":"wave"' in line for line in replay) == 4 * (9 - 1)
+    # The samples file: the four background arms' own records, 9 waves each of 1 (b1) or 8 (b8) real prompts.
     own = runstore_lines(run_dir)
-    assert sum('"type":"wave"' in line for line in own) == 6 * 9
+    assert sum('"type":"wave"' in line for line in own) == 4 * 9
     samples = [json.loads(line) for line in own if '"type":"sample"' in line]
-    assert len(samples) == 6 * (6 * 1 + 3 * 8)
+    assert len(samples) == 4 * (6 * 1 + 3 * 8)
     assert all(len(x["token_ids"]) == 4 and len(x["topk"]) == 4 for x in samples)
     groups: dict = {}
     for x in samples:  # b1: 2 waves of 1 prompt, b8: 1 of 8; each once per arm and round, converted alike
         groups.setdefault((x["cell_id"], x["wave"], x["prompt_index"]), []).append(x)
     # harness-loop's lists, converted position by position, are the whole-list arms' lists, and
     # harness-detok's text, vLLM's, is the text the others decoded.
-    assert len(groups) == 2 + 8 and all(len(g) == 6 * 3 and all(y == g[0] for y in g) for g in groups.values())
+    assert len(groups) == 2 + 8 and all(len(g) == 4 * 3 and all(y == g[0] for y in g) for g in groups.values())
     assert {x["text"] for x in samples if x["prompt_index"] == 7} == {"!!!!"}  # 17 x 4; ids 10-16 are special
     from cascade_repro.engines import vllm as vllm_engine
 

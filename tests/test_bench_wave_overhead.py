@@ -1,5 +1,6 @@
 """benchmarks/bench_wave_overhead.py on CPU with few repetitions: it runs without vLLM, prints one
-table row per batch size with non-negative numbers, and writes its JSON."""
+table row per batch size with non-negative numbers, and writes its JSON; its synthetic outputs go
+through the engine's real conversion."""
 
 from __future__ import annotations
 
@@ -24,8 +25,7 @@ def _load():
 def test_runs_fast_and_prints_a_row_per_batch(tmp_path: Path, capsys):
     bench = _load()
     out = tmp_path / "wave.json"
-    bench.main(["--reps", "3", "--min-reps", "1", "--budget-s", "0", "--dir", str(tmp_path / "w"),
-                "--out", str(out)])  # fmt: skip
+    bench.main(["--reps", "3", "--min-reps", "1", "--budget-s", "0", "--out", str(out)])
     text = capsys.readouterr().out
     rows = [line for line in text.splitlines() if re.match(r"\| \d+ \|", line)]
     assert [int(r.split("|")[1]) for r in rows] == [1, 8, 32, 64]
@@ -37,9 +37,8 @@ def test_runs_fast_and_prints_a_row_per_batch(tmp_path: Path, capsys):
     assert "load average" in text
     res = json.loads(out.read_text())
     assert [r["batch"] for r in res["rows"]] == [1, 8, 32, 64]
-    assert all(r["bytes_per_wave"] > 0 for r in res["rows"])
+    assert all(r[c]["n"] >= 1 for r in res["rows"] for c in bench.COLUMNS)
     assert len(res["loadavg_before"]) == 3
-    assert not any((tmp_path / "w").iterdir())  # its files are removed
 
 
 def test_conversion_matches_vllm_layout():

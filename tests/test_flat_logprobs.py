@@ -21,6 +21,7 @@ from cascade_repro.engines.vllm import (
     topk_by_position,
     topk_entries,
     uniform_topk,
+    vllm_text,
 )
 
 
@@ -194,15 +195,12 @@ def test_the_engine_decodes_the_text_where_vllm_can_skip_it():
     here = SimpleNamespace(topk=5, flat_logprobs=True, decode_here=True, _text_tokenizer=None,
                            tokenizer=lambda: tok)  # fmt: skip
     here.logprob_kwargs = lambda: VLLMEngine.logprob_kwargs(here)
-    here._decoded = lambda c, ids, finish: VLLMEngine._decoded(here, c, ids, finish)
     assert VLLMEngine.output_kwargs(here) == {"logprobs": 5, "flat_logprobs": True, "detokenize": False}
     here.decode_here = False
     assert VLLMEngine.output_kwargs(here) == {"logprobs": 5, "flat_logprobs": True}
-    here.decode_here = True
-    text = VLLMEngine.text_source(here)
-    assert text(c, [7, 8, 2], "stop") == "7|8"
-    assert text(c, [7, 8], "length") == "7|8"
+    assert VLLMEngine._decoded(here, c, [7, 8, 2], "stop") == "7|8"
+    assert VLLMEngine._decoded(here, c, [7, 8], "length") == "7|8"
     assert len(tok.calls) == 2 and here._text_tokenizer is tok  # asked for once, then kept
-    old = SimpleNamespace(decode_here=False)  # a vLLM without SamplingParams.detokenize: its own text
-    assert VLLMEngine.text_source(old)(SimpleNamespace(text="vllm's"), [7], "length") == "vllm's"
+    # A vLLM without SamplingParams.detokenize keeps its own text (run_wave's choice when not decode_here).
+    assert vllm_text(SimpleNamespace(text="vllm's"), [7], "length") == "vllm's"
     assert completion_of(out, 5, lambda c, ids, finish: f"{ids}/{finish}").text == "[7, 8, 2]/stop"

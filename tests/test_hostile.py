@@ -4,7 +4,7 @@ artifact, a tarball), so what it holds must never reach outside it.
 Each table row plants one thing, runs one command and asserts its exit code, that a refusal is one
 line on stderr, and that nothing outside the run directory changed (``outside/``: a victim file and a
 victim folder, compared byte for byte and by mtime). Run directories come from
-``benchmarks/make_synthetic_run.py`` (no model), copied for each row.
+``tests/support/make_synthetic_run.py`` (no model), copied for each row.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`cascade-repro kernel` on a CPU: grid, paged inputs, float64 reference, injection, reports, CLI.
 
-The vLLM calls themselves need a GPU; ``run_case`` and ``run_grid`` are driven here through the fake
+The vLLM calls themselves need a GPU; ``run_case`` and the worker are driven here through the fake
 of ``vllm.v1.attention.backends.flash_attn`` in tests/fake_vllm (shared with the probe's and the
 engine's tests), whose ``cascade_attention`` has the same structure as vLLM 0.26's (two
 ``flash_attn_varlen_func`` calls, then the module-global ``merge_attn_states``), backed by the
@@ -310,7 +310,7 @@ def test_injected_lse_layout_breaks_decode_gqa(heads):
     assert bad > 0.05 and bad > 20 * clean
 
 
-# --- run_case / run_grid through a stand-in for vLLM's flash_attn module ----------------------------
+# --- run_case / run_one through a stand-in for vLLM's flash_attn module ----------------------------
 
 # The one fake of vLLM's FlashAttention backend (tests/fake_vllm), loaded afresh for each test.
 FAKE_FLASH_ATTN = FAKE_VLLM_ROOT / "vllm" / "v1" / "attention" / "backends" / "flash_attn.py"
@@ -355,22 +355,16 @@ def test_run_case_with_injection_is_a_mismatch_and_restores_merge(fake_api):
     assert krun.run_case(fake_api, small_case(), device="cpu").status == "ok"
 
 
-def test_run_grid_isolates_failures_and_skips_unsupported(fake_api):
-    fake_api.unsupported_reason = lambda v: (
-        "FA3 is only supported on devices with compute capability 9.x" if v == 3 else None
-    )
+def test_run_one_isolates_failures_and_skips_unsupported(fake_api):
+    """What the worker process runs per case: a case that raises is an error row, an unsupported FA
+    version a skipped one, and the next case runs as if nothing happened."""
+    unsupported = {2: None, 3: "FA3 is only supported on devices with compute capability 9.x"}
     cases = [small_case(case_id="a"), small_case(case_id="b", fa_version=3, max_num_splits=0),
              small_case(case_id="c", fa_version=2, max_num_splits=32), small_case("mixed", case_id="d")]  # fmt: skip
-    seen = []
-    results, env = krun.run_grid(
-        cases, device="cpu", api=fake_api, on_result=lambda r, i, n: seen.append((i, n))
-    )
+    results = [krun.run_one(fake_api, c, inject=None, factor=krun.DEFAULT_FACTOR, eps=krun.DEFAULT_EPS,
+                            device="cpu", num_sms=None, unsupported=unsupported) for c in cases]  # fmt: skip
     assert [r.status for r in results] == ["ok", "skipped", "error", "ok"]
-    assert "num_splits > 1" in results[2].reason
-    assert seen == [(0, 4), (1, 4), (2, 4), (3, 4)]
-    assert env["vllm"] == "fake" and env["device"] == "cpu"
-    with pytest.raises(UsageError):
-        krun.run_grid(cases, device="cpu", api=fake_api, inject="bogus")
+    assert "compute capability" in results[1].reason and "num_splits > 1" in results[2].reason
 
 
 # --- the worker process: crashes, lost CUDA contexts, hangs and the time limit ---------------------
@@ -493,9 +487,11 @@ def test_vllm_would_cascade_is_reported(fake_api):
 # --- reports --------------------------------------------------------------------------------------
 
 
-def _results(fake_api, inject=None):
+def _results(inject=None):
+    from cascade_repro.kernel import worker
+
     cases = [small_case(case_id="decode-a"), small_case("mixed", case_id="mixed-b|x")]
-    results, env = krun.run_grid(cases, device="cpu", api=fake_api, inject=inject)
+    results, env = worker.run_grid_isolated(cases, device="cpu", fake_module=str(FAKE_FLASH_ATTN), inject=inject)
     settings = {"quick": False, "fa_versions": [2], "dtypes": ["bf16"], "inject": inject, "factor": 4.0,
                 "eps": 1e-6, "seed": 0, "n_cases": 2}  # fmt: skip
     return kreport.summary(
@@ -503,8 +499,8 @@ def _results(fake_api, inject=None):
     )
 
 
-def test_markdown_report_rows(fake_api):
-    data = _results(fake_api)
+def test_markdown_report_rows():
+    data = _results()
     md = kreport.MarkdownKernel().render(data)
     assert md.startswith("## cascade-repro kernel: no mismatch in 2 cases\n")
     header = ("| case | kind | seqs | prefix | heads q/kv | head dim | dtype | FA | splits | cascade rel | flat rel "
@@ -523,8 +519,8 @@ def test_markdown_report_rows(fake_api):
     assert "vllm: fake" in md
 
 
-def test_reports_with_injection(fake_api, tmp_path):
-    data = _results(fake_api, inject="lse-layout")
+def test_reports_with_injection(tmp_path):
+    data = _results(inject="lse-layout")
     assert data["exit_code"] == 1 and data["counts"]["mismatch"] == 2
     assert data["headline"] == "cascade-repro kernel: 2 mismatches in 2 cases (injected: lse-layout)"
     assert data["positive_control"] == {"decode_gqa_cases": 1, "decode_gqa_mismatches": 1, "all_caught": True}

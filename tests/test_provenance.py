@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from cascade_repro.errors import UsageError
-from cascade_repro.run.runner import invocation, resumed_run
+from cascade_repro.run.manifest import Manifest
+from cascade_repro.run.runner import resumed_run
 
 ENV1 = {"vllm": "0.26.0", "torch": "2.11.0+cu130", "transformers": "5.17.0", "gpu_name": "NVIDIA H200",
         "driver": "580.159.04", "VLLM_USE_V2_MODEL_RUNNER": "0"}  # fmt: skip
@@ -14,7 +15,7 @@ ENV1 = {"vllm": "0.26.0", "torch": "2.11.0+cu130", "transformers": "5.17.0", "gp
 
 def _run(created: str, env: dict, command: str) -> dict:
     run = {"run_id": "r1", "created_at": created, "command": command, "env": env, "timings": {"total_s": 12.0}}
-    run["invocations"] = [invocation(run)]
+    run["invocations"] = [Manifest.from_json(run).own_invocation().to_json()]  # as runner.prepare records it
     return run
 
 

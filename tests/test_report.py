@@ -25,7 +25,6 @@ from cascade_repro.errors import UsageError
 from cascade_repro.report import (
     ReportFormat,
     ReportFormatter,
-    exit_code,
     formatter_for,
     load_run,
     write_reports,
@@ -675,17 +674,17 @@ def test_every_format_through_formatter_for_and_write_reports(run_dir: Path) -> 
 
 def test_exit_code(run_dir: Path) -> None:
     data = load_run(run_dir)
-    assert [exit_code(data, f) for f in ("regression", "error", "never")] == [1, 1, 0]
+    assert [exit_status(data, f)[0] for f in ("regression", "error", "never")] == [1, 1, 0]
     data.pairs.loc[data.pairs["verdict"] == "regression", "verdict"] = "within noise"
-    assert [exit_code(data, f) for f in ("regression", "error", "never")] == [0, 1, 0]
+    assert [exit_status(data, f)[0] for f in ("regression", "error", "never")] == [0, 1, 0]
     data.pairs.loc[data.pairs["verdict"] == "error", "verdict"] = "within noise"
     data.cells["status"] = "done"
-    assert [exit_code(data, f) for f in ("regression", "error", "never")] == [0, 0, 0]
+    assert [exit_status(data, f)[0] for f in ("regression", "error", "never")] == [0, 0, 0]
     with pytest.raises(UsageError):
-        exit_code(data, "always")
+        exit_status(data, "always")
     # Nothing measured (every cascade pair errored) must not pass a CI guard.
     data.pairs.loc[data.pairs["kind"] == "cascade", "verdict"] = "error"
-    assert [exit_code(data, f) for f in ("regression", "error", "never")] == [1, 1, 0]
+    assert [exit_status(data, f)[0] for f in ("regression", "error", "never")] == [1, 1, 0]
     assert "nothing was measured" in exit_status(data, "regression")[1]
 
 
@@ -885,10 +884,10 @@ def test_bare_prediction_map_is_read_too(tmp_path: Path) -> None:
 
 def test_if_does_not_change_verdicts_or_exit_code(run_dir: Path) -> None:
     data = load_run(run_dir)
-    before = [exit_code(data, f) for f in ("regression", "error", "never")]
+    before = [exit_status(data, f)[0] for f in ("regression", "error", "never")]
     data.pairs["p_if"] = 1e-9  # a drastic IF drop everywhere
     data.pairs["if_strict_delta"] = -1.0
-    assert [exit_code(data, f) for f in ("regression", "error", "never")] == before
+    assert [exit_status(data, f)[0] for f in ("regression", "error", "never")] == before
 
 
 # --- drift evidence, headline, exit codes 4 and 5, detection power, forest plot --------------------
@@ -1034,7 +1033,7 @@ def test_calibration_never_changes_the_exit_code(run_dir: Path) -> None:
     data.pairs.loc[data.pairs["pair_id"] == "p03", "verdict"] = "within noise"
     data.cells.loc[data.cells["origin"] != "calibration", "status"] = "done"
     data.cells.loc[data.cells["origin"] == "calibration", "status"] = "error"  # a failed calibration cell too
-    assert [exit_code(data, f) for f in ("regression", "error", "never")] == [0, 0, 0]
+    assert [exit_status(data, f)[0] for f in ("regression", "error", "never")] == [0, 0, 0]
 
 
 def test_detection_power_statement_and_ladder(run_dir: Path) -> None:

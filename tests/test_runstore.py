@@ -334,11 +334,6 @@ def test_read_run_json_errors_are_usage_errors(tmp_path):
         read_run_json(tmp_path)
 
 
-def test_new_run_id_is_sortable_date_dash_time():
-    assert runstore.new_run_id("2026-11-30T05:30:12") == "20261130-053012"
-    assert runstore.new_run_id("2026-11-30T05:30:12.123456+00:00") == "20261130-053012"
-
-
 def test_paths_follow_the_documented_layout(tmp_path):
     assert runstore.samples_path(tmp_path, "hf-tp1-auto-s0") == tmp_path / "samples" / "hf-tp1-auto-s0.jsonl"
     assert runstore.worker_log(tmp_path, "hf-tp1-auto-s0") == tmp_path / "worker-hf-tp1-auto-s0.log"
@@ -454,7 +449,8 @@ def test_fresh_deletes_only_what_a_run_wrote(tmp_path):
     import json as _json
 
     from cascade_repro.run import runstore as rs
-    from cascade_repro.run.runner import PreparedRun, invocation
+    from cascade_repro.run.manifest import Manifest
+    from cascade_repro.run.runner import PreparedRun
 
     run_dir = tmp_path / "results" / "r1"
     (run_dir / "samples").mkdir(parents=True)
@@ -466,7 +462,7 @@ def test_fresh_deletes_only_what_a_run_wrote(tmp_path):
     old = {"run_id": "r1", "created_at": "2026-12-01T10:00:00+0000", "spec_hash": "old", "env": {}}
     (run_dir / rs.RUN_JSON).write_text(_json.dumps(old))
     new = {"run_id": "r1", "created_at": "2026-12-01T11:00:00+0000", "spec_hash": "new", "env": {}}
-    new["invocations"] = [invocation(new)]
+    new["invocations"] = [Manifest.from_json(new).own_invocation().to_json()]
     PreparedRun(run_dir, new, [], fresh=True).write()
     assert not (run_dir / "samples" / "k.jsonl").exists() and not (run_dir / "worker-k.log").exists()
     assert (run_dir / "notes.txt").read_text() == "mine" and (run_dir / "mine" / "x.csv").read_text() == "1,2"

@@ -1,4 +1,4 @@
-"""benchmarks/synth.py draws completions of any length (it crashed below ~60 tokens), and its draws
+"""tests/support/synth.py draws completions of any length (it crashed below ~60 tokens), and its draws
 from 64 tokens up are the ones it always made (the benchmark's 100k-sample run depends on them)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 import synth  # noqa: E402
 
 

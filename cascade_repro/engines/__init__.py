@@ -32,11 +32,11 @@ class EngineInfo:
     # Runs vLLM itself (reports of other engines say first that vLLM was not run).
     is_vllm: bool
     # A wave's outputs do not depend on the engine start or the waves before it, so an interrupted
-    # cell can keep its finished waves (hf: greedy, no state between waves). vLLM's engine starts
-    # differ (flat b8 twice: 51/64 identical on the H200), so its cells resume whole.
+    # cell can keep its finished waves (hf: greedy, no state between waves). Two vLLM engine starts
+    # can give one wave different tokens, so its cells resume whole.
     exact_wave_resume: bool
     # The worker writes a wave's records on a thread while the next wave runs (runstore.JsonlWriter
-    # background=True): their JSON was 10-40 ms of a vLLM wave at b8-b64 on an H200. hf's waves take
+    # background=True): their JSON is a visible share of a vLLM wave at large batches. hf's waves take
     # seconds, its exact resume wants each wave on disk before the next, and a thread would take
     # a core from torch on a small CPU box: it writes in the foreground.
     background_writes: bool

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -58,16 +57,12 @@ class Engine(Protocol):
         arm: str,
         max_tokens: int,
         prefix_len: int | None = None,
-        *,
-        before_generate: Callable[[], None] | None = None,
     ) -> tuple[list[Completion], WaveStats]:
         """Generate greedily for exactly these prompts, all submitted together.
 
         ``prefix_len`` is the shared prefix in tokens, as the worker measured it for the whole prompt
         set (None: the engine measures this wave's own); the vLLM engine warms exactly that much into
-        its prefix cache, the hf engine's reference cascade splits there. ``before_generate`` is
-        called once the wave's own generation is about to start, after any reset and warm-up (the
-        benchmarks' ``harness-hold`` arm releases the last wave's held records there).
+        its prefix cache, the hf engine's reference cascade splits there.
         """
 
     def close(self) -> None:

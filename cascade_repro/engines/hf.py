@@ -20,7 +20,6 @@ import copy
 import functools
 import inspect
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -147,12 +146,8 @@ class HFEngine:
         arm: str,
         max_tokens: int,
         prefix_len: int | None = None,
-        *,
-        before_generate: Callable[[], None] | None = None,
     ) -> tuple[list[Completion], WaveStats]:
         """Generate greedily for all prompts at once; ``prefix_len`` defaults to their common prefix."""
-        if before_generate is not None:  # no reset or warm-up here: the wave starts now
-            before_generate()
         from cascade_repro.prompts.chat import common_prefix_len
 
         b = len(prompts)

@@ -386,8 +386,6 @@ class VLLMEngine:
         arm: str,
         max_tokens: int,
         prefix_len: int | None = None,
-        *,
-        before_generate: Callable[[], None] | None = None,
     ) -> tuple[list[Completion], WaveStats]:
         """Reset the prefix cache, re-warm the shared prefix, then submit all prompts at once."""
         from cascade_repro.prompts.chat import common_prefix_len
@@ -439,8 +437,6 @@ class VLLMEngine:
         force_on = arm == TWIN.test and bool(self.spec.force_cascade)
         probe.write_control(self.probe_dir, wave_id, force_off, inject, self._next_ctl(), force_on)
         params = self._SamplingParams(max_tokens=max_tokens, **self.output_kwargs(), **greedy)
-        if before_generate is not None:
-            before_generate()
         phases["control_s"], t = clock() - t, clock()
         outs = self.llm.generate(
             [self._TokensPrompt(prompt_token_ids=list(x)) for x in prompts], params, use_tqdm=False
@@ -483,7 +479,8 @@ class VLLMEngine:
             extra=extra,
             cascade_decode_steps=agg["decisions_true_decode"],
         )
-        comps = [self._completion(o) for o in outs]
+        text = self._decoded if self.decode_here else vllm_text
+        comps = [completion_of(o, self.topk, text) for o in outs]
         phases["convert_s"] = clock() - t
         extra["phases"] = {k: round(v, 6) for k, v in phases.items()}
         return comps, stats
@@ -503,18 +500,11 @@ class VLLMEngine:
             kw[vllm_surface.DETOKENIZE] = False
         return kw
 
-    def text_source(self) -> Callable[[Any, list[int], str], str]:
-        """Where a completion's text comes from under the current flags: decoded here or vLLM's."""
-        return self._decoded if self.decode_here else vllm_text
-
     def _decoded(self, c: Any, token_ids: list[int], finish: str) -> str:
         """The text decoded here, whatever vLLM was asked (the tokenizer is asked for once)."""
         if self._text_tokenizer is None:
             self._text_tokenizer = self.tokenizer()
         return completion_text(self._text_tokenizer, token_ids, finish)
-
-    def _completion(self, out: Any) -> Completion:
-        return completion_of(out, self.topk, self.text_source())
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)
@@ -611,9 +601,8 @@ def uniform_topk(
 ) -> tuple[list[float], list[list[list[float]]]] | None:
     """:func:`flat_topk` for the layout vLLM gives when every position has all k entries: k + 1
     entries each, back to back, the sampled token first, then ranks 1..k. Whole-list slices and
-    C-level ``map``/``zip`` instead of a Python loop per position: at b64 x 128 tokens x top-5 the
-    per-position loop was the harness's largest foreground cost left in a wave (benchmarks/RESULTS.md
-    1g). None when any position is laid out otherwise (the caller then goes position by position).
+    C-level ``map``/``zip`` instead of a Python loop per position, the costlier way at large batches.
+    None when any position is laid out otherwise (the caller then goes position by position).
     """
     starts, ends, ids, vals, ranks = _columns(flat)
     n, w = len(token_ids), k + 1

@@ -210,7 +210,7 @@ def cell_rows(run: Manifest | dict[str, Any], run_dir: Path, samples: dict[str, 
 TWIN_KIND, CALIBRATION = TWIN.pair_kind, "calibration"
 NOISE_BATCH, NOISE_RESTART, NOISE_RERUN = "noise-batch", "noise-restart", "noise-rerun"
 # Controls that measure noise. A rerun inside one engine is bitwise identical (the prefix cache is
-# reset per wave, seen on the H200), so it is shown but never taken as a noise floor.
+# reset per wave), so it is shown but never taken as a noise floor.
 FLOOR_KINDS = (NOISE_BATCH, NOISE_RESTART)
 
 
@@ -269,9 +269,8 @@ def control_candidates(pairs: list[PairSpec]) -> dict[str, list[tuple[PairSpec, 
     The control must contain the pair's twin, so the three cells (cascade, twin, the control's
     other side) give the same contexts on their agreeing positions. The scorer judges the pair
     against the candidate whose drift is largest (``compare_pair``), as the count floor takes the
-    worst control: controls between similar batch shapes are quieter (H200, FA3: flat b64 vs b128
-    drifted 0.41x as much as b64 vs b8), and cascade is judged against the largest drift that an
-    equivalent recomputation showed.
+    worst control: controls between similar batch shapes are quieter, and cascade is judged against
+    the largest drift that an equivalent recomputation showed.
     """
     by_cell: dict[str, list[PairSpec]] = {}
     for ps in pairs:
@@ -445,9 +444,8 @@ def build_tables(
     # whatever its batch size. A control measures how often a numerically equivalent recomputation
     # (another batch shape, another engine start) flips greedy tokens of this model on these
     # prompts; cascade is one more such recomputation, so its divergence count is judged against the
-    # largest one measured. Taking only the control at the same batch made benign bf16 drift at small
-    # batches look like a bug (H200, FA2: cascade b8 24/64 diverged, all inside top-k, vs 5/64 for
-    # flat b8 vs b1 but 28/64 for flat b128 vs b1). The drift ratio, which compares the same
+    # largest one measured: the control at the same batch alone made benign bf16 drift at small
+    # batches look like a bug (docs/architecture.md, "Noise controls"). The drift ratio, which compares the same
     # contexts, uses the worst control that contains the twin instead (``control_candidates``).
     noise_div: dict[tuple, dict[str, Any]] = {}
     noise_topk: dict[tuple, int] = {}

@@ -1,7 +1,7 @@
 """Noise-aware verdicts: is cascade-vs-flat drift beyond what flat-vs-flat controls show?
 
-Raw divergence cries wolf: on an H200 with vLLM 0.26, cascade vs flat at batch 64 differed on 37/64
-prompts while flat batch 1 vs flat batch 64 differed on 36/64. So a pair is only called a
+Raw divergence cries wolf: flat at another batch size diverges from flat about as often as cascade
+does. So a pair is only called a
 ``regression`` on evidence measured against a noise control:
 
 - bias (the most sensitive): on positions where the cascade cell, its flat twin and the matched
@@ -47,9 +47,8 @@ class Thresholds:
 
     alpha: float = 0.01
     rep_delta: float = 0.02
-    # Cascade's drift may be a constant factor larger than flat-vs-flat drift without any fault: on
-    # the H200 (bf16, 64 prompts x 128 tokens) clean FA3 gave ratios of 1.02-1.13 against its worst
-    # flat control and clean FA2 1.17-1.49; a 0.3-nat prefix-LSE shift 1.8-4.5.
+    # Cascade's drift may be a constant factor larger than flat-vs-flat drift without any fault; 2
+    # lies above clean runs' ratios and below an injected fault's (docs/architecture.md, "Noise controls").
     drift_min: float = 2.0
     min_topk_violations: int = 1
     bootstrap: int = 2000

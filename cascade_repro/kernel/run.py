@@ -470,32 +470,6 @@ def check_inject(inject: str | None) -> None:
         raise UsageError(f"unknown --inject {inject!r}: expected one of {', '.join(INJECTIONS)}")
 
 
-def run_grid(
-    cases: list[KernelCase],
-    *,
-    inject: str | None = None,
-    factor: float = DEFAULT_FACTOR,
-    eps: float = DEFAULT_EPS,
-    device: str = "cuda",
-    api: VllmApi | None = None,
-    on_result: Callable[[CaseResult, int, int], None] | None = None,
-) -> tuple[list[CaseResult], dict]:
-    """Run every case; return the results and the environment. One failing case never stops the rest."""
-    check_inject(inject)
-    if api is None:
-        api = load_vllm()
-    env = environment(api, device)
-    unsupported = {v: api.unsupported_reason(v) for v in sorted({c.fa_version for c in cases})}
-    results = []
-    for i, case in enumerate(cases):
-        res = run_one(api, case, inject=inject, factor=factor, eps=eps, device=device,
-                      num_sms=env.get("sms"), unsupported=unsupported)  # fmt: skip
-        results.append(res)
-        if on_result is not None:
-            on_result(res, i, len(cases))
-    return results, env
-
-
 def error_line(e: BaseException) -> str:
     """``Type: first line of the message``, at most 300 characters."""
     text = f"{type(e).__name__}: {e}".strip()

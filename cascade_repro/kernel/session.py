@@ -53,8 +53,8 @@ class KernelOutcome:
 def execution_order(cases: list[KernelCase]) -> list[KernelCase]:
     """FA3 first, then FA2 grouped by dtype and head dim (grid order within a group; reports keep grid order).
 
-    On a fresh H200 each new FA2 configuration cost 2-2.5 min on its first call and everything
-    else 0.01-0.5 s, so under --max-seconds this order finishes the most cases and pays each FA2
+    On a fresh Hopper GPU each new FA2 configuration costs minutes on its first call and everything
+    else under a second, so under --max-seconds this order finishes the most cases and pays each FA2
     compilation once, back to back.
     """
 

@@ -157,8 +157,8 @@ def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     env.setdefault("PYTHONUNBUFFERED", "1")
-    # The first FA2 call of each configuration took 2-2.5 min on an H200 (vLLM 0.26), most likely
-    # the driver compiling PTX; the machine's cache (cuda_cache.py) keeps every configuration.
+    # The first FA2 call of each configuration compiles PTX for minutes on a Hopper GPU; the
+    # machine's cache (cuda_cache.py) keeps every configuration.
     return dict(cuda_cache.apply(env))
 
 

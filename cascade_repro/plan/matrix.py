@@ -357,8 +357,7 @@ def control_batch(batch: int) -> int:
     Another batch shape is a different-but-equivalent computation (other split-KV and tile
     choices), which is what a control must be; a rerun inside one engine is not: it is bitwise
     identical (the prefix cache is reset per wave), so it would measure no noise at all. Similar
-    shapes make quiet controls (H200, FA3: flat b64 vs b32 drifted 0.8x, vs b128 0.4x as much as
-    b64 vs b8), so the planner's control is far from the batch it serves.
+    shapes make quiet controls, so the planner's control is far from the batch it serves.
     """
     return batch // 8 if batch >= 8 else batch * 8
 

@@ -10,7 +10,6 @@ from typing import assert_never
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import check_fail_on
 from cascade_repro.report.base import ReportFormatter
-from cascade_repro.report.content import EXIT_INCONCLUSIVE, EXIT_NOTHING_EXERCISED, exit_status
 from cascade_repro.report.html import HtmlFormatter
 from cascade_repro.report.json import JsonFormatter
 from cascade_repro.report.junit import JunitFormatter
@@ -19,13 +18,10 @@ from cascade_repro.report.markdown import MarkdownFormatter
 from cascade_repro.run import runstore
 
 __all__ = [
-    "EXIT_INCONCLUSIVE",
-    "EXIT_NOTHING_EXERCISED",
     "Example",
     "ReportFormat",
     "ReportFormatter",
     "RunData",
-    "exit_code",
     "formatter_for",
     "load_run",
     "write_reports",
@@ -91,8 +87,3 @@ def _parse_format(f: ReportFormat | str) -> ReportFormat:
     except ValueError:
         names = ", ".join(m.value for m in ReportFormat)
         raise UsageError(f"unknown report format {f!r}: expected one of {names}") from None
-
-
-def exit_code(data: RunData, fail_on: str) -> int:
-    """Return the run's exit code under fail_on (0, 1, 4 nothing exercised, 5 inconclusive: see exit_status)."""
-    return exit_status(data, fail_on)[0]

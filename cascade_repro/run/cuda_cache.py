@@ -1,8 +1,8 @@
 """CUDA's compute cache for the processes that run kernels: one per machine, large enough for FA2.
 
 vllm-flash-attn's FA2 wheel carries sm_80 code and PTX only, so on a Hopper GPU the driver compiles
-every FA2 kernel from PTX the first time a process loads it: an FA2 engine's first start on a fresh
-H200 took ~165 s against ~45 s once compiled (vLLM 0.26). The driver keeps the results in its
+every FA2 kernel from PTX the first time a process loads it, which makes a fresh machine's first FA2
+start minutes longer than the next. The driver keeps the results in its
 compute cache (``CUDA_CACHE_PATH``, default ``~/.nv/ComputeCache``), whose default size limit is
 too small to hold every configuration a matrix and the kernel check load. Workers therefore get a
 cache under this tool's user cache dir with 4 GiB, unless the user set either variable.

@@ -267,10 +267,6 @@ class Timings(_Section):
     keys: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
 
 
-def _spec_codec() -> tuple[Any, Any]:
-    return (lambda d: d, lambda d: d)  # the spec has its own typed view: Manifest.spec
-
-
 @dataclass
 class Manifest(_Section):
     """run.json. ``spec_json`` is the spec as stored; ``spec`` its :class:`MatrixSpec`."""

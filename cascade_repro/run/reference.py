@@ -51,7 +51,7 @@ PREFIX_CACHE, PREFIX_CACHE_KEEP = "reference-prefix", 4  # KV files kept in the 
 DIGITS = 9
 # Rows of one forward: bounded by tokens. A GPU batch is large; on a CPU one row at a time: a batch's
 # float64 attention scores (~22 MB a row and layer at a 1,800-token context) above glibc's 32 MB mmap
-# threshold are mapped and faulted in afresh for every layer (benchmarks/RESULTS.md, section 6).
+# threshold are mapped and faulted in afresh for every layer.
 TOKENS_PER_BATCH = {"cuda": 8192, "cpu": 256}
 # Tokens per second scored (each row's own prompt part and its generated tokens, behind a ~1,600-token
 # prefix), for the time estimate; the pass reports its real speed as it goes. Measured on 2 CPU cores

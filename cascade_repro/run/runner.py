@@ -130,12 +130,6 @@ class PreparedRun:
 STACK_KEYS = ("vllm", "vllm_flash_attn", "torch", "transformers", "gpu_name", "driver")
 
 
-def invocation(run: Manifest | dict[str, Any]) -> dict[str, Any]:
-    """This invocation's record in run.json's form (``Manifest.own_invocation``): when, the command,
-    and the environment it ran under. For callers that build run.json as a dict."""
-    return as_manifest(run).own_invocation().to_json()
-
-
 def stack_of(env: dict[str, Any]) -> dict[str, str]:
     return {k: str(env[k]) for k in STACK_KEYS if env.get(k) not in (None, "")}
 

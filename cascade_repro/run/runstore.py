@@ -388,11 +388,6 @@ def shown(path: Path | str) -> str:
     return re.sub(r"[\x00-\x1f\x7f]", "?", str(path))
 
 
-def new_run_id(now: str) -> str:
-    """Return a sortable run id from an ISO timestamp (``20261130-053012``)."""
-    return re.sub(r"[^0-9]", "", now)[:14].ljust(14, "0")[:8] + "-" + re.sub(r"[^0-9]", "", now)[8:14]
-
-
 def sweep_path(run_dir: Path) -> Path:
     return run_dir / SWEEP_MD
 
@@ -471,29 +466,19 @@ class JsonlWriter:
 
     ``flush`` hands the lines to the OS (a killed process loses nothing flushed); ``sync`` also
     fsyncs, for the records resume depends on (``cell_done``), since only a machine crash can lose
-    flushed lines and resume restarts unfinished cells anyway (an fsync costs a disk round trip
-    per wave for nothing: 0.2-1.3 ms on the CPU box, benchmarks/RESULTS.md). On open, a torn
+    flushed lines and resume restarts unfinished cells anyway (an fsync per wave would cost a disk
+    round trip for nothing). On open, a torn
     last line (a crash mid-write) is cut off so appends start on a clean line.
 
     ``background=True`` encodes and writes on a thread, in the order the calls came: the caller's
     ``write`` and ``flush`` only queue, so a vLLM worker's next wave starts while the last one's
-    records are still being turned into JSON (10-40 ms per wave at batch 8-64 on an H200 host,
-    benchmarks/RESULTS.md 1f). ``wait`` returns once everything queued is written; ``sync`` and
+    records are still being turned into JSON. ``wait`` returns once everything queued is written; ``sync`` and
     ``close`` wait first. A write that failed on the thread is raised by the next call. A process
     killed with records still queued loses them, as it loses the wave it was generating: resume
     counts only what reached the file.
-
-    ``hold`` makes the thread stop at that point of the queue until ``release`` (or ``wait``,
-    ``sync``, ``close``, or :attr:`HOLD_MAX_S`). The worker does not hold. Started at once, a wave's
-    JSON competes for the GIL with the next wave's ``reset_prefix_cache`` RPC (~14 to ~37 ms at b64
-    on an H200 host, benchmarks/RESULTS.md 1g); held until that wave's ``generate`` started, it slowed
-    the generate by more, since at b >= 32 the LLM process's output handling, not the GPU, bounds a
-    wave (RESULTS.md 1i). The benchmarks' ``harness-hold`` arm and ``bench_writer_contention`` keep
-    measuring it. In the foreground both are no-ops.
     """
 
-    _WRITE, _RAW, _FLUSH, _WAIT, _STOP, _HOLD = range(6)
-    HOLD_MAX_S = 10.0  # a hold nobody releases still ends: records never wait longer than this
+    _WRITE, _RAW, _FLUSH, _WAIT, _STOP = range(5)
 
     def __init__(self, path: Path, *, background: bool = False) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -503,18 +488,11 @@ class JsonlWriter:
         self._f = os.fdopen(fd, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self._queue: Any = None
         self._error: BaseException | None = None
-        self._go: Any = None
-        # Holds are numbered: release() frees every hold queued so far, and the thread waits at
-        # hold k until release has covered k. (An Event would let a late thread stop at an old hold
-        # that a later hold() had re-armed, keeping its records one wave longer.)
-        self._holds = 0
-        self._released = 0
         if background:
             import queue
             import threading
 
             self._queue = queue.SimpleQueue()
-            self._go = threading.Condition()
             self._thread = threading.Thread(target=self._run, name="jsonl-writer", daemon=True)
             self._thread.start()
 
@@ -547,29 +525,11 @@ class JsonlWriter:
         else:
             self._f.flush()
 
-    def hold(self) -> None:
-        """Records queued after this wait on the thread until :meth:`release` (background only)."""
-        if self._queue is not None:
-            self._raise_pending()
-            self._holds += 1
-            self._queue.put((self._HOLD, self._holds))
-
-    def release(self) -> None:
-        """Let the thread go on past every :meth:`hold` so far."""
-        self._release_all()
-
-    def _release_all(self) -> None:
-        if self._go is not None:
-            with self._go:
-                self._released = self._holds
-                self._go.notify()
-
     def wait(self) -> None:
         """Return once every record queued so far is written and flushed (no-op in the foreground)."""
         if self._queue is not None and self._thread.is_alive():
             import threading
 
-            self._release_all()
             done = threading.Event()
             self._queue.put((self._WAIT, done))
             done.wait()
@@ -587,7 +547,6 @@ class JsonlWriter:
             self.sync()
         finally:
             if self._queue is not None:
-                self._release_all()
                 self._queue.put((self._STOP, None))
                 self._thread.join()
             self._f.close()
@@ -602,10 +561,6 @@ class JsonlWriter:
             op, arg = self._queue.get()
             if op == self._STOP:
                 return
-            if op == self._HOLD:
-                with self._go:
-                    self._go.wait_for(lambda k=arg: self._released >= k, self.HOLD_MAX_S)
-                continue
             if op == self._WAIT:
                 if self._error is None:
                     try:

@@ -129,9 +129,7 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
                     prefix_len=shared,
                 )
                 samples, wave_rec = typed_wave_records(cid, w, wave, comps, stats, prompts, hashes, rendered)
-                # A background writer starts on these at once. Held until the next wave's generate
-                # (JsonlWriter.hold), their JSON took the reset's contention away but slowed the b64
-                # generate by more on the H200 (benchmarks/RESULTS.md 1i): they are not held.
+                # A background writer starts on these at once.
                 for rec in samples:
                     writer.write(rec)
                 # Generation, conversion and the records (their JSON too, unless a background

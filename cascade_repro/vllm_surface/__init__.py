@@ -158,8 +158,7 @@ FLAT_LOGPROBS = "flat_logprobs"
 # SamplingParams(detokenize=False): vLLM's output processor (in the LLM process) then neither
 # detokenizes each request's text step by step nor decodes each of the k + 1 logprob tokens of every
 # position to a string (vllm/v1/engine/output_processor.py sets the request's tokenizer to None). At
-# b32-b128 that work, not the GPU, set a flat wave's length on the H200: the engine core's steps took
-# 0.5-1.0 s of waves that lasted 1.3-5.0 s (benchmarks/RESULTS.md 1h). The engine decodes each
+# large batches that work, not the GPU, sets a flat wave's length. The engine decodes each
 # completion once instead (engines/base.completion_text); the logprob tokens' strings are never read.
 # Asked for only where FLAT_LOGPROBS exists too: the output path read for it is that of 0.11.1 on.
 DETOKENIZE = "detokenize"

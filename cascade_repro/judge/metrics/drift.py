@@ -11,8 +11,7 @@ chosen token's logprob is the computation's alone:
 - the same over the top-k vectors: per position, the largest ``|Δ logprob|`` over the token ids
   both top-k lists share (the chosen token always is one of them when greedy choices agree);
 - the signed drift ``lp_a - lp_b`` averaged per prompt (the *bias*): rounding has no preferred
-  direction, a systematic fault does (on the H200 a 0.1-nat prefix-LSE shift lowered the chosen
-  token's logprob on 80 % of prompts; clean cascade on 42-62 %).
+  direction, a systematic fault does.
 
 After the first divergence the contexts differ and logprobs are no longer comparable, which is why
 the positions stop there. All functions are pure.

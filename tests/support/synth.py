@@ -1,4 +1,5 @@
-"""Synthetic completions with realistic repetition and divergence, shared by the CPU benchmarks.
+"""Synthetic completions with realistic repetition and divergence, shared by the tests' synthetic
+runs (``make_synthetic_run.py``) and the CPU benchmarks (``benchmarks/bench_metrics.py``).
 
 A *pair* is two sample records of the same prompt (test = cascade arm, ref = flat twin), each in
 the samples-JSONL shape (``token_ids``, ``text``, ``finish_reason``, ``logprobs``, ``topk``).

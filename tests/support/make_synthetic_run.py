@@ -1,4 +1,5 @@
-"""Write a synthetic run directory at scale, for benchmark 4 (``cascade-repro report`` at 100k samples).
+"""Write a synthetic run directory: small for the tests (``conftest.synthetic_run``), at scale for
+benchmark 4 (``cascade-repro report`` at 100k samples, ``benchmarks/bench_report.py``).
 
 Default: vLLM, tp 1,2 x batch 1,8,32,64,128 x cascade on/off, plus a flat rerun, over 3,572
 prompts of 256 generated tokens with top-5 logprobs per step: 30 cells, 2 engine keys,
@@ -19,8 +20,8 @@ its first run with probability 0.9, a cascade cell its flat twin with probabilit
 tp 1 at batch >= 32, where it is identical with probability 0.3 and half its divergences end in a
 loop (a regression to find).
 
-    python benchmarks/make_synthetic_run.py /tmp/synth-run            # the 100k-sample default
-    python benchmarks/make_synthetic_run.py /tmp/small --prompts 100  # quick
+    python tests/support/make_synthetic_run.py /tmp/synth-run            # the 100k-sample default
+    python tests/support/make_synthetic_run.py /tmp/small --prompts 100  # quick
 """
 
 from __future__ import annotations
@@ -222,7 +223,7 @@ def main() -> int:
     run = {
         "run_id": run_dir.name, "created_at": "2026-01-02T03:04:05+0000",
         "command": f"cascade-repro matrix --engine vllm --tp {args.tp} --batch {args.batch} --rerun "
-                   f"--max-tokens {length} (synthetic: benchmarks/make_synthetic_run.py)",
+                   f"--max-tokens {length} (synthetic: tests/support/make_synthetic_run.py)",
         "tool_version": "0.1.0", "spec": spec.to_dict(), "spec_hash": "synthetic",
         "model_path": "/synthetic/SmolLM2-135M-Instruct", "model_name": "HuggingFaceTB/SmolLM2-135M-Instruct",
         "prompt_set": {"name": "ko-ifeval-style", "source": "synthetic", "n": n, "system_prompt": "ko",
