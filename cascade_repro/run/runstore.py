@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from cascade_repro.errors import EnvironmentFailure, RunLockedError, UsageError
+from cascade_repro.errors import EnvironmentFailure, RunLockedError, UsageError, name_oserror, naming
 from cascade_repro.run.manifest import Manifest
 
 RUN_JSON = "run.json"
@@ -254,7 +254,8 @@ def write_parquet_atomic(df: Any, path: Path) -> None:
     # what it points at) so to_parquet creates a new file.
     tmp.unlink(missing_ok=True)
     try:
-        df.to_parquet(tmp, index=False)
+        with naming(path):
+            df.to_parquet(tmp, index=False)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -398,7 +399,7 @@ def write_text_atomic(path: Path, text: str, *, mode: int | None = None, durable
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+        with naming(path), os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
             if durable:
                 f.flush()
@@ -416,7 +417,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with naming(path), os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=2, sort_keys=True, default=str)
             f.write("\n")
         os.replace(tmp, path)
@@ -479,6 +480,7 @@ class JsonlWriter:
         # Never through a link planted in the run directory (see refuse_links).
         fd = safe_open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         self._f = os.fdopen(fd, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self.path = path  # what an error of a write names (a full disk)
         self._queue: Any = None
         self._error: BaseException | None = None
         self._go: Any = None
@@ -508,7 +510,10 @@ class JsonlWriter:
             self._raise_pending()
             self._queue.put((self._WRITE, record))
         else:
-            self._f.write(self._line(record))
+            try:
+                self._f.write(self._line(record))
+            except OSError as e:
+                raise name_oserror(e, self.path) from None
 
     def write_line(self, raw: bytes) -> None:
         """Append a line another writer wrote (a kept wave's record), byte for byte."""
@@ -516,14 +521,18 @@ class JsonlWriter:
             self._raise_pending()
             self._queue.put((self._RAW, raw))
         else:
-            self._f.write(raw.decode("utf-8"))
+            try:
+                self._f.write(raw.decode("utf-8"))
+            except OSError as e:
+                raise name_oserror(e, self.path) from None
 
     def flush(self) -> None:
         if self._queue is not None:
             self._raise_pending()
             self._queue.put((self._FLUSH, None))
         else:
-            self._f.flush()
+            with naming(self.path):
+                self._f.flush()
 
     def hold(self) -> None:
         """Records queued after this wait on the thread until :meth:`release` (background only)."""
@@ -555,8 +564,9 @@ class JsonlWriter:
 
     def sync(self) -> None:
         self.wait()
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        with naming(self.path):
+            self._f.flush()
+            os.fsync(self._f.fileno())
 
     def close(self) -> None:
         if self._f.closed:
@@ -568,7 +578,8 @@ class JsonlWriter:
                 self._release_all()
                 self._queue.put((self._STOP, None))
                 self._thread.join()
-            self._f.close()
+            with naming(self.path):
+                self._f.close()
 
     def _raise_pending(self) -> None:
         if self._error is not None:
@@ -589,7 +600,7 @@ class JsonlWriter:
                     try:
                         self._f.flush()
                     except BaseException as e:  # noqa: BLE001 - handed to the caller
-                        self._error = e
+                        self._error = name_oserror(e, self.path)
                 arg.set()
                 continue
             if self._error is not None:
@@ -602,7 +613,7 @@ class JsonlWriter:
                 else:
                     self._f.flush()
             except BaseException as e:  # noqa: BLE001 - handed to the caller
-                self._error = e
+                self._error = name_oserror(e, self.path)
 
 
 def truncate_torn_tail(path: Path) -> None:
@@ -922,6 +933,10 @@ class RunLock:
         import fcntl
 
         for _ in range(10):
+            if (file := not_a_folder(self.path.parent)) is not None:
+                raise UsageError(
+                    f"{_shown(file)} is a file, not a folder: it cannot hold {_shown(self.path.parent)}"
+                )
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 fd = safe_open(self.path, os.O_CREAT | os.O_RDWR)
@@ -967,6 +982,17 @@ class RunLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def not_a_folder(path: Path) -> Path | None:
+    """The first of ``path`` and the folders above it that exists and is not a folder (a file
+    given as ``--results-dir`` or as a merge's output), or None: the command line named a file
+    where a folder belongs, a usage error, not the machine refusing."""
+    path = Path(path)
+    for p in (*reversed(path.parents), path):
+        if p.exists() and not p.is_dir():
+            return p
+    return None
 
 
 def _read_pid(path: Path) -> int | None:
