@@ -34,6 +34,7 @@ from cascade_repro.report.text import (
     text_or_missing,
     truncate,
 )
+from cascade_repro.run.envinfo import pip_vcs_url
 from cascade_repro.run.manifest import EngineRecord, Invocation, PromptSetFacts
 from cascade_repro.twin import CASCADE as TWIN
 
@@ -987,13 +988,16 @@ def reproduce_lines(data: RunData) -> list[str] | None:
     version = one_line(str(m.tool_version or "?"))
     commit = one_line(str(src.get("commit") or ""))
     clean = commit.removesuffix("-dirty")
-    repo = one_line(str(src.get("repository") or ""))
+    # A repository pip cannot install from (a local folder, recorded by an older version) is no
+    # install line: pip rejects git+/a/path, and the path is a disk of the machine that ran.
+    repo = pip_vcs_url(one_line(str(src.get("repository") or ""))) or ""
     lines = [f"# cascade-repro {version}" + (f", commit {clean[:12]}" if clean else "")]
     if clean and repo:
         lines.append(f'pip install "cascade-repro @ git+{repo}@{clean}"')
     elif clean:
+        # A comment, not a command: pasted into a shell, a placeholder URL would fail in pip.
         lines.append(
-            f'pip install "cascade-repro @ git+<repository URL>@{clean}"  # no repository URL recorded'
+            f"# no repository URL recorded: install commit {clean} of cascade-repro from its repository"
         )
     else:
         lines.append(f"# no git commit recorded (an installed copy): install cascade-repro {version}")
