@@ -202,6 +202,14 @@ def unfinished_cells(data: RunData) -> tuple[int, int]:
     return sum(1 for r in recs if r.get("status") == "pending"), len(recs)
 
 
+def _finish_hint(data: RunData) -> str | None:
+    """A merged run's way to finish its pending cells (None: rerun the command that made the run)."""
+    from cascade_repro.run.runstore import finish_hint
+
+    keys = {str(r.get("engine_key")) for r in _records(data.cells) if r.get("status") == "pending"}
+    return finish_hint(data.manifest, keys)
+
+
 def headline(data: RunData) -> str:
     """Say in plain words what the run found, e.g. `cascade-repro: regression in 2 of 6 pairs: a, b`."""
     text = _headline(data)
@@ -216,9 +224,10 @@ def headline(data: RunData) -> str:
         )
     elif pending:
         # The verdicts so far are the finished pairs'; say first that the run is not done.
+        finish = _finish_hint(data) or "rerun the same command to finish"
         text = (
-            f"cascade-repro: not finished ({total - pending} of {total} cells done: rerun the same "
-            f"command to finish); so far: {text.removeprefix('cascade-repro: ')}"
+            f"cascade-repro: not finished ({total - pending} of {total} cells done: {finish}); "
+            f"so far: {text.removeprefix('cascade-repro: ')}"
         )
     mixed = data.manifest.mixed_stack
     if isinstance(mixed, list) and mixed:
@@ -368,7 +377,7 @@ def exit_status(data: RunData, fail_on: str) -> tuple[int, str]:
         # its first cell would otherwise read "every cascade pair errored" when rerunning finishes it.
         return (
             EXIT_INCONCLUSIVE,
-            f"not finished: {pending} of {cells} cells never ran; rerun the same command",
+            f"not finished: {pending} of {cells} cells never ran; {_finish_hint(data) or 'rerun the same command'}",
         )
     if fail_on == "error" and has_errors(data):
         return 1, f"errors in the run (fail_on={fail_on})"

@@ -38,6 +38,9 @@ REFERENCE_LOG = "reference.log"  # the reference pass's output
 PROBE = "probe"
 MINIMIZE = "minimize"
 LOCK = ".lock"
+# A merge in progress (its spec hash): a merge cut before it finished is cleared and redone by the
+# next merge of the same matrix, where a folder of half-copied files would read as someone else's.
+MERGING = ".merging"
 CELLS, PAIRS, COMPARISONS = "cells.parquet", "pairs.parquet", "comparisons.parquet"
 TABLES = (CELLS, PAIRS, COMPARISONS)
 REPORT_MD, REPORT_HTML, SUMMARY_JSON, JUNIT_XML = "report.md", "report.html", "summary.json", "junit.xml"
@@ -312,7 +315,9 @@ def owned_paths(run_dir: Path) -> list[Path]:
     """Every path of a run directory some command opens for writing, truncates, deletes or copies:
     the fixed names, the worker logs, and everything under samples/, reference/, probe/ and minimize/."""
     run_dir = Path(run_dir)
-    out = [run_dir / n for n in (LOCK, RUN_JSON, PROMPTS, *TABLES, *REPORTS, SWEEP_MD, REFERENCE_LOG)]
+    out = [
+        run_dir / n for n in (LOCK, MERGING, RUN_JSON, PROMPTS, *TABLES, *REPORTS, SWEEP_MD, REFERENCE_LOG)
+    ]
     out += sorted(run_dir.glob("worker-*.log"))
     for name in (SAMPLES, REFERENCE, PROBE, MINIMIZE):
         top = run_dir / name
@@ -827,16 +832,40 @@ def kept_wave_lines(path: Path, cells: dict[str, int]) -> dict[str, list[bytes]]
     return out
 
 
-def corrupt_reason(engine_key: str, lines: list[int], why: dict[int, str] | None = None) -> str:
+def finish_hint(run: Manifest, engine_keys: Iterable[str]) -> str | None:
+    """What finishes the unfinished cells of ``engine_keys`` in a merged run, or None for a run of
+    one ``matrix`` command (rerunning that command resumes it). A merge copies its shards' samples:
+    rerunning the merge copies the same ones again, so a cell is finished in its shard."""
+    shards = run.shards if isinstance(run.shards, list) else None
+    if not shards:
+        return None
+    keys = set(engine_keys)
+    labels = [
+        str(e.get("shard"))
+        for e in shards
+        if isinstance(e, dict)
+        and isinstance(e.get("engine_keys"), list)
+        and keys & set(map(str, e["engine_keys"]))
+    ]
+    which = f"shard {', '.join(map(_shown, labels))}" if labels else "their shard"
+    return (
+        f"finish {which} (rerun its matrix command), then merge again, or merge without it (--allow-partial)"
+    )
+
+
+def corrupt_reason(
+    engine_key: str, lines: list[int], why: dict[int, str] | None = None, finish: str | None = None
+) -> str:
     """One line naming the damaged records of a cell (and, given ``why``, what is wrong with the
-    first) and what to do about them."""
+    first) and what to do about them: rerun the same command, or ``finish`` (a merged run's
+    :func:`finish_hint`)."""
     where = ", ".join(map(str, lines[:5])) + (f" and {len(lines) - 5} more" if len(lines) > 5 else "")
     first = (why or {}).get(lines[0]) if lines else None
     return (
         f"{'damaged' if first else 'unreadable'} record in {SAMPLES}/{_shown(engine_key)}.jsonl "
         f"at line{'s' if len(lines) > 1 else ''} "
         f"{where}{f' ({first})' if first else ''}: "
-        "the cell counts as unfinished; rerun the same command to redo it"
+        f"the cell counts as unfinished; {finish or 'rerun the same command to redo it'}"
     )
 
 
