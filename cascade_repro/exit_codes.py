@@ -110,7 +110,9 @@ TABLE: tuple[ExitCode, ...] = (
     ),
     ExitCode(
         BROKEN_PIPE, COMMANDS,
-        "a pipe closed early (`\\| head -1`, SIGPIPE): the command ends as any Unix tool does, never as 1",
+        "a pipe closed early (`\\| head -1`, SIGPIPE), or standard output closed before the command started "
+        "(`>&-`) while it had something to print: the command ends quietly, as any Unix tool does on "
+        "SIGPIPE, never as 0 or 1",
         "a pipe closed early (`| head -1`: SIGPIPE, as any Unix tool)",
     ),
 )  # fmt: skip

@@ -295,24 +295,38 @@ def test_report_refuses_a_run_that_a_matrix_is_writing(tmp_path):
     with runstore.RunLock(tmp_path):  # what a running matrix holds
         res = invoke("report", "--rescore", str(tmp_path))
         assert_user_error(res, f"{tmp_path} is in use by another cascade-repro run (pid ")
-        assert_user_error(invoke("report", str(tmp_path)), f"{tmp_path} is in use by another cascade-repro run")
+        assert_user_error(
+            invoke("report", str(tmp_path)), f"{tmp_path} is in use by another cascade-repro run"
+        )
     # Released: the usual answer, and no lock file left behind.
     assert_user_error(invoke("report", str(tmp_path)), f"{tmp_path} is not finished (no cells.parquet yet)")
     assert not (tmp_path / ".lock").exists()
 
 
-def test_an_unwritable_results_dir_is_one_line_not_a_traceback(tmp_path):
-    from cascade_repro.errors import EnvironmentFailure
+def test_an_unwritable_results_dir_is_one_line_not_a_traceback(tmp_path, monkeypatch):
+    import errno
+
+    from cascade_repro.errors import EnvironmentFailure, UsageError
     from cascade_repro.run import runstore
 
-    # A results dir that cannot be created (a file stands in its path) fails like a read-only one
-    # does for a non-root user, and this works as root too.
+    # A file where the results dir belongs is the command line's mistake: a usage error (exit 2),
+    # said before the model loads, not "the machine refused" (6).
     (tmp_path / "f").write_text("x")
-    with pytest.raises(EnvironmentFailure, match=f"cannot write in {tmp_path}/f/run: "):
+    with pytest.raises(
+        UsageError, match=f"^{tmp_path}/f is a file, not a folder: it cannot hold {tmp_path}/f/run$"
+    ):
         runstore.RunLock(tmp_path / "f" / "run").acquire()
     res = invoke("matrix", "--engine", "fake", "--limit", "1", "--results-dir", str(tmp_path / "f"), "--run-id", "run")
-    assert res.exit_code == 6 and "Traceback" not in res.output  # the machine's failure, not a usage error
-    assert f"error: cannot write in {tmp_path}/f/run: " in flat(res.stderr)
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert flat(res.stderr) == f"error: --results-dir {tmp_path}/f: {tmp_path}/f is a file, not a folder"
+
+    # A folder the machine refuses (read-only for a non-root user; simulated, so this works as root).
+    def refused(path, *args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(runstore, "safe_open", refused)
+    with pytest.raises(EnvironmentFailure, match=f"cannot write in {tmp_path}/d/run: Permission denied"):
+        runstore.RunLock(tmp_path / "d" / "run").acquire()
 
 
 def test_a_full_disk_while_scoring_is_one_line_naming_the_path_and_leaves_no_temp_file(tmp_path, monkeypatch):
@@ -335,7 +349,9 @@ def test_a_full_disk_while_scoring_is_one_line_naming_the_path_and_leaves_no_tem
     monkeypatch.setattr(pd.DataFrame, "to_parquet", full)
     res = invoke("report", str(run_dir), "--rescore")
     assert res.exit_code == 6, res.output
-    assert "No space left on device" in flat(res.stderr) and f"{run_dir}/.{runstore.CELLS}.tmp" in flat(res.stderr)
+    assert "No space left on device" in flat(res.stderr) and f"{run_dir}/.{runstore.CELLS}.tmp" in flat(
+        res.stderr
+    )
     assert "Traceback" not in res.output
     # No temp file left, and what was written before is still there and whole.
     assert not list(run_dir.glob(".*.tmp")) and (run_dir / runstore.CELLS).read_bytes() == before
@@ -384,7 +400,18 @@ def test_a_vllm_users_command_line_in_dry_run():
 def test_vllm_spellings_mean_the_same_matrix():
     a = invoke("matrix", "--engine", "vllm", "--tensor-parallel-size", "2", "--attention-backend", "FLASH_ATTN",
                "--dtype", "half", "--dry-run")  # fmt: skip
-    b = invoke("matrix", "--engine", "vllm", "--tp", "2", "--backend", "FLASH_ATTN", "--dtype", "float16", "--dry-run")
+    b = invoke(
+        "matrix",
+        "--engine",
+        "vllm",
+        "--tp",
+        "2",
+        "--backend",
+        "FLASH_ATTN",
+        "--dtype",
+        "float16",
+        "--dry-run",
+    )
     assert a.exit_code == 0 and b.exit_code == 0, a.output + b.output
     assert a.output == b.output and "float16" in a.output
 
@@ -392,7 +419,9 @@ def test_vllm_spellings_mean_the_same_matrix():
 def test_an_engine_argument_the_harness_owns_is_a_usage_error():
     res = invoke("matrix", "--engine", "vllm", "-E", "tensor_parallel_size=2", "--dry-run")
     assert res.exit_code == 2 and "engine argument 'tensor_parallel_size': use --tp" in res.output
-    res = invoke("matrix", "--engine", "vllm", "--engine-args", '{"enable_prefix_caching": false}', "--dry-run")
+    res = invoke(
+        "matrix", "--engine", "vllm", "--engine-args", '{"enable_prefix_caching": false}', "--dry-run"
+    )
     assert res.exit_code == 2 and "cascade attention needs prefix caching" in res.output
 
 
@@ -413,7 +442,9 @@ def test_a_vllm_with_cascade_off_by_default_says_the_harness_turns_it_on(monkeyp
     monkeypatch.setattr(vllm_surface, "installed_version", lambda: "0.26.0")
     res = invoke("matrix", "--engine", "vllm", "--dry-run")
     assert res.exit_code == 0
-    assert "cascade attention is off by default from 0.18.0 (PR #36318); the harness turns it on" in flat(res.output)
+    assert "cascade attention is off by default from 0.18.0 (PR #36318); the harness turns it on" in flat(
+        res.output
+    )
     monkeypatch.setattr(vllm_surface, "installed_version", lambda: "0.10.2")
     assert "note:" not in invoke("matrix", "--engine", "vllm", "--dry-run").output
 
@@ -599,8 +630,9 @@ def test_arm_switch_help_names_what_the_hf_engine_records():
     from cascade_repro.engines import get as engine_info
 
     assert not engine_info("hf").attention_axes  # so runner records arm_switch "shared" for it
-    assert "The hf engine always serves both arms from one model: its run.json and report say shared." in flat(
-        invoke("matrix", "--help").stdout
+    assert (
+        "The hf engine always serves both arms from one model: its run.json and report say shared."
+        in flat(invoke("matrix", "--help").stdout)
     )
 
 
@@ -651,7 +683,7 @@ def one_error(res) -> str:
         (["--drift-min", "-1"], "--drift-min must be a number >= 0, got -1.0"),
         (["--rep-delta", "-5"], "--rep-delta must be a number >= 0, got -5.0"),
         (["--min-topk-violations", "-1"], "--min-topk-violations must be an integer >= 0, got -1"),
-        (["--seed", "-1"], "--seed values must be integers >= 0, got -1"),
+        (["--seed", "-1"], "--seed values must be integers from 0 to 4294967295, got -1"),
     ],
 )  # fmt: skip
 def test_flag_errors_name_the_flag(args, message):
@@ -662,7 +694,7 @@ def test_flag_errors_name_the_flag(args, message):
     ("toml", "flags", "message"),
     [
         ("max_tokens = 0", [], "{cfg}: max_tokens must be a positive integer, got 0"),
-        ('seed = "a"', [], "{cfg}: seed values must be integers >= 0, got 'a'"),
+        ('seed = "a"', [], "{cfg}: seed values must be integers from 0 to 4294967295, got 'a'"),
         ("fa_version = [1]", [], "{cfg}: fa_version: expected 2, 3, 4 or default, got '1'"),
         ("topk = true", [], "{cfg}: topk must be between 1 and 20, got true"),
         ("batch = [8, 8]", [], "{cfg}: batch has duplicate values: 8, 8"),
@@ -673,11 +705,13 @@ def test_flag_errors_name_the_flag(args, message):
         # A flag over the file: the flag's own error names the flag, the file's the file.
         ("batch = [1, 8]", ["--max-tokens", "0"], "--max-tokens must be a positive integer, got 0"),
         ("max_tokens = 0", ["--batch", "8"], "{cfg}: max_tokens must be a positive integer, got 0"),
-        ("batches = [1, 8]", [], "{cfg}: unknown key(s) batches (did you mean batch?); known: arm_switch, "
-         "auto_controls, backend, batch, calibrate, cascade, device, dtype, enforce_eager, engine, engine_args, "
-         "engine_timeout, fa_version, force_cascade, gpu_memory_utilization, graphs_for_batches, hf_overrides, "
-         "ignore_eos, inject, key_field, limit, load_format, max_model_len, max_tokens, model, prompt_field, prompts, "
-         "rerun, seed, system_prompt, topk, tp, trust_remote_code"),
+        # The matrix's keys and the command's run options (fail_on, alpha, ...): a file takes both.
+        ("batches = [1, 8]", [], "{cfg}: unknown key(s) batches (did you mean batch?); known: allow_mixed, alpha, "
+         "arm_switch, auto_controls, backend, batch, calibrate, cascade, device, drift_min, dtype, enforce_eager, "
+         "engine, engine_args, engine_timeout, fa_version, fail_on, force_cascade, gpu_memory_utilization, "
+         "graphs_for_batches, hf_overrides, ignore_eos, inject, key_field, limit, load_format, max_model_len, "
+         "max_tokens, min_topk_violations, model, prompt_field, prompts, quiet, reference, reference_device, "
+         "rep_delta, rerun, results_dir, run_id, seed, shard, system_prompt, topk, tp, trust_remote_code"),
     ],
 )  # fmt: skip
 def test_config_errors_name_the_file_and_its_key(tmp_path, toml, flags, message):
@@ -749,11 +783,15 @@ def test_a_bare_group_still_shows_its_help():
         ("cuda:7", "error: --device cuda:7: 0 CUDA GPUs visible"),
     ],
 )
-def test_a_device_the_machine_lacks_is_refused_before_the_engine_starts(device, message, tmp_path, monkeypatch):
+def test_a_device_the_machine_lacks_is_refused_before_the_engine_starts(
+    device, message, tmp_path, monkeypatch
+):
     from cascade_repro.run import runner
 
     monkeypatch.setattr(runner, "visible_gpus", lambda: 0)
-    res = invoke("matrix", "--limit", "2", "--batch", "8", "--device", device, "--results-dir", str(tmp_path / "r"))
+    res = invoke(
+        "matrix", "--limit", "2", "--batch", "8", "--device", device, "--results-dir", str(tmp_path / "r")
+    )
     assert res.exit_code == 2 and res.stderr == message + "\n"
     assert not (tmp_path / "r").exists()
 

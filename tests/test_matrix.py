@@ -355,8 +355,12 @@ def test_load_toml_matrix_must_be_a_table(tmp_path):
 # --- flag parsers --------------------------------------------------------------------------------
 
 
-def test_parse_int_list_accepts_spaces_and_empty_parts():
-    assert parse_int_list("1, 8,,16 ", "batch") == [1, 8, 16]
+def test_parse_int_list_accepts_spaces_and_refuses_empty_parts():
+    assert parse_int_list("1, 8, 16 ", "batch") == [1, 8, 16]
+    # "8,,16" is a value the user meant to type: skipping it ran another matrix than asked for.
+    for text in ("1, 8,,16", "8,16,", ",8"):
+        with pytest.raises(UsageError, match=f"^--batch: empty item in {text!r}$"):
+            parse_int_list(text, "batch")
 
 
 @pytest.mark.parametrize(

@@ -76,7 +76,8 @@ def test_a_cold_fa2_start_on_hopper_adds_the_jit():
 
 
 @pytest.mark.parametrize(
-    ("seconds", "text"), [(0.2, "1 s"), (40.4, "40 s"), (89, "89 s"), (90, "2 min"), (3599, "1 h 00 min"), (3900, "1 h 05 min")]
+    ("seconds", "text"),
+    [(0.2, "1 s"), (40.4, "40 s"), (89, "89 s"), (90, "2 min"), (3599, "1 h 00 min"), (3900, "1 h 05 min")],
 )
 def test_durations_read_as_estimates(seconds, text):
     assert estimate.fmt_duration(seconds) == text
@@ -134,7 +135,10 @@ def test_a_heartbeat_line_at_most_every_30_s_while_waves_finish():
     p.record({"type": "wave", "cell_id": "tp1-b8-flat", "batch": 8, "wall_s": 1.0, "tokens": 512})
     clock.t += 1
     p.record({"type": "wave", "cell_id": "tp1-b8-cascade", "batch": 8, "wall_s": 1.0, "tokens": 512})
-    assert [ln.split(" · ")[0] for ln in out.lines] == ["[0:00:00] cells 0/3, waves 1/5", "[0:00:30] cells 0/3, waves 3/5"]
+    assert [ln.split(" · ")[0] for ln in out.lines] == [
+        "[0:00:00] cells 0/3, waves 1/5",
+        "[0:00:30] cells 0/3, waves 3/5",
+    ]
 
 
 def test_copied_waves_of_a_resumed_cell_count_as_done_but_not_in_the_rate():
@@ -190,10 +194,29 @@ def test_reproduce_block_installs_the_exact_version_that_ran():
     run |= {"tool_source": {"commit": "0123456789abcdef0123-dirty"}, "spec": {"engine": "hf", "model": "x/y"}}
     assert reproduce_lines(data_of(run)) == [
         "# cascade-repro 0.1.0, commit 0123456789ab",
-        'pip install "cascade-repro @ git+<repository URL>@0123456789abcdef0123"  # no repository URL recorded',
+        "# no repository URL recorded: install commit 0123456789abcdef0123 of cascade-repro from its repository",
         "# the run had uncommitted changes on top of that commit: they are not in this install",
         "cascade-repro matrix --engine vllm --batch 64",
     ]
+    # A checkout whose origin is a local folder (git+/path is refused by pip, and names a disk) or
+    # a file:// URL gives no install line; a scp-style address is written as pip's ssh:// URL.
+    for local in (
+        "/home/someone/src/cascade-repro",
+        "file:///home/someone/src/cascade-repro",
+        "../cascade-repro",
+    ):
+        run |= {"tool_source": {"commit": "0123456789abcdef0123", "repository": local}}
+        lines = reproduce_lines(data_of(run))
+        assert lines[1] == (
+            "# no repository URL recorded: install commit 0123456789abcdef0123 of cascade-repro from its repository"
+        )
+        assert not any("someone" in ln for ln in lines), lines
+    run |= {
+        "tool_source": {"commit": "0123456789abcdef0123", "repository": "git@github.com:o/cascade-repro.git"}
+    }
+    assert reproduce_lines(data_of(run))[1] == (
+        'pip install "cascade-repro @ git+ssh://git@github.com/o/cascade-repro.git@0123456789abcdef0123"'
+    )
     run.pop("tool_source")
     assert reproduce_lines(data_of(run))[1] == (
         "# no git commit recorded (an installed copy): install cascade-repro 0.1.0"

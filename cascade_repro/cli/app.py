@@ -103,7 +103,7 @@ class Group(TyperGroup):
         except (typer.Abort, KeyboardInterrupt):  # Click < 8.2 turns Ctrl-C into Abort
             err_console().print("interrupted", highlight=False)
             sys.exit(EXIT_INTERRUPTED)
-        except BrokenPipeError:
+        except (BrokenPipeError, OutputClosed):
             # Where SIGPIPE is ignored (main() restores its default, a parent may not), a pipe closed
             # early ends the command quietly, as a SIGPIPE would, and never as 1.
             try:  # nothing more reaches the closed pipe, not even the interpreter's last flush
@@ -120,6 +120,11 @@ class Group(TyperGroup):
         if option is not None:
             _plain_placeholders([option])
         return option
+
+
+class OutputClosed(OSError):
+    """A write to a standard output that was closed before the command started (``>&-``). Not a
+    BrokenPipeError, which rich and Click each turn into exit 1 before the app's handler sees it."""
 
 
 EXIT_INTERNAL = 70  # sysexits.h's EX_SOFTWARE: a bug in the tool, not in the run or the command line
@@ -263,7 +268,7 @@ def user_errors() -> Iterator[None]:
         err_console().print(f"[bold red]error:[/] {shown(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except (EnvironmentFailure, OSError) as e:
-        if isinstance(e, BrokenPipeError):
+        if isinstance(e, BrokenPipeError | OutputClosed):
             raise
         msg = str(e) if isinstance(e, EnvironmentFailure) else str(EnvironmentFailure.from_oserror(e))
         err_console().print(f"[bold red]error:[/] {shown(msg)}", highlight=False, soft_wrap=True)

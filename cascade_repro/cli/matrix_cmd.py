@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -59,6 +61,7 @@ from cascade_repro.vllm_surface.inject import DEFAULT_LADDER
 
 @app.command(epilog=exit_codes.epilog("matrix"))
 def matrix(
+    ctx: typer.Context,
     engine: Engine = None,
     model: Model = None,
     tp: Annotated[
@@ -145,7 +148,7 @@ def matrix(
     config: Annotated[
         Path | None,
         option(
-            "TOML file with any of these options, by the same names (`max_tokens = 128`; flags given here win).",
+            'TOML file with any of these options but --config, --dry-run and --fresh, by the same names (`max_tokens = 128`, `fail_on = "never"`; flags and their environment variables win).',
             MATRIX,
             metavar="PATH",
         ),
@@ -341,23 +344,39 @@ def matrix(
         cascade-repro matrix --engine vllm --batch 8,64,128 --calibrate default
     """
     with user_errors():
-        from cascade_repro.plan.matrix import load_toml
+        from cascade_repro.plan.matrix import load_toml, run_settings
 
         flags = _flag_values(locals())
         values: dict[str, Any] = load_toml(config) if config else {}
+        settings = run_settings(values, str(config)) if config else {}
         values.update(flags)
         spec = MatrixSpec.from_dict(values, source=str(config) if config else "options", flags=flags)
-        check_fail_on(fail_on)
-        # Checked before a dry run too: a plan that looks fine must not hide a knob that is not.
-        thresholds = Thresholds(
-            alpha=alpha, rep_delta=rep_delta, min_topk_violations=min_topk_violations, drift_min=drift_min
-        )
+        # The file's run settings where the command line (or an option's environment variable) left
+        # the option at its default.
+        from_file = {k: v for k, v in settings.items() if _defaulted(ctx, k)}
+        fail_on = from_file.get("fail_on", fail_on)
+        alpha = from_file.get("alpha", alpha)
+        rep_delta = from_file.get("rep_delta", rep_delta)
+        min_topk_violations = from_file.get("min_topk_violations", min_topk_violations)
+        drift_min = from_file.get("drift_min", drift_min)
+        reference = from_file.get("reference", reference)
+        reference_device = from_file.get("reference_device", reference_device)
+        results_dir = Path(from_file.get("results_dir", results_dir))
+        run_id = from_file.get("run_id", run_id)
+        shard = from_file.get("shard", shard)
+        allow_mixed = from_file.get("allow_mixed", allow_mixed)
+        quiet = from_file.get("quiet", quiet)
+        from cascade_repro.plan.shard import Shard
         from cascade_repro.run.reference import ReferenceOptions
 
-        ref_opts = ReferenceOptions(reference, reference_device)
-        from cascade_repro.plan.shard import Shard
-
-        shard_ = Shard.parse(shard) if shard is not None else None
+        with _named_in(config, from_file):
+            check_fail_on(fail_on)
+            # Checked before a dry run too: a plan that looks fine must not hide a knob that is not.
+            thresholds = Thresholds(
+                alpha=alpha, rep_delta=rep_delta, min_topk_violations=min_topk_violations, drift_min=drift_min
+            )
+            ref_opts = ReferenceOptions(reference, reference_device)
+            shard_ = Shard.parse(shard) if shard is not None else None
         from cascade_repro.engines import get as engine_info
 
         if engine_info(spec.engine).is_vllm:
@@ -400,6 +419,29 @@ def matrix(
     raise typer.Exit(outcome.exit_code)
 
 
+def _defaulted(ctx: Any, name: str) -> bool:
+    """True when option ``name`` was given neither on the command line nor by its environment variable."""
+    source = ctx.get_parameter_source(name)
+    return source is None or source.name in ("DEFAULT", "DEFAULT_MAP")
+
+
+@contextmanager
+def _named_in(config: Path | None, from_file: dict[str, Any]) -> Iterator[None]:
+    """A refused value that came from the config file is named by the file and its key
+    (``m.toml: alpha must be ...``), not by the flag nobody typed."""
+    from cascade_repro.errors import UsageError
+
+    try:
+        yield
+    except UsageError as e:
+        msg = str(e)
+        for key in from_file:
+            flag = "--" + key.replace("_", "-")
+            if msg.startswith(flag) and msg[len(flag) : len(flag) + 1] in (" ", ":"):
+                raise UsageError(f"{config}: {key}{msg.removeprefix(flag)}") from None
+        raise
+
+
 # vLLM's dtype spellings (vllm/config/model.py _STR_DTYPE_TO_TORCH_DTYPE) that mean one of ours.
 VLLM_DTYPES = {
     "half": "float16",
@@ -414,7 +456,13 @@ def _flag_values(given: dict[str, Any]) -> dict[str, Any]:
     """Turn the flags the user gave into MatrixSpec values (comma lists parsed, JSON decoded)."""
 
     from cascade_repro.errors import UsageError
-    from cascade_repro.plan.matrix import parse_fa_list, parse_hf_overrides, parse_int_list, parse_onoff_list
+    from cascade_repro.plan.matrix import (
+        parse_fa_list,
+        parse_hf_overrides,
+        parse_int_list,
+        parse_onoff_list,
+        split_list,
+    )
 
     out: dict[str, Any] = {}
     lists = {"tp": "tp", "batch": "batch"}
@@ -423,20 +471,18 @@ def _flag_values(given: dict[str, Any]) -> dict[str, Any]:
             out[field] = parse_int_list(given[flag], flag)
     if given["seed"] is not None:
         try:
-            out["seeds"] = [int(x) for x in given["seed"].split(",") if x.strip()]
+            out["seeds"] = [int(x) for x in split_list(given["seed"], "--seed")]
         except ValueError:
             raise UsageError(f"--seed: expected integers, got {given['seed']!r}") from None
     # The axis's flag is its spec field's (--cascade), and so is the parameter that holds it.
     if given[TWIN.spec_field] is not None:
         out[TWIN.spec_field] = parse_onoff_list(given[TWIN.spec_field], TWIN.spec_field)
     if given["dtype"] is not None:
-        out["dtypes"] = [
-            VLLM_DTYPES.get(x.strip(), x.strip()) for x in given["dtype"].split(",") if x.strip()
-        ]
+        out["dtypes"] = [VLLM_DTYPES.get(x, x) for x in split_list(given["dtype"], "--dtype")]
     if given["fa_version"] is not None:
         out["fa_versions"] = parse_fa_list(given["fa_version"])
     if given["backend"] is not None:
-        out["backends"] = [x.strip().upper() for x in given["backend"].split(",") if x.strip()]
+        out["backends"] = [x.upper() for x in split_list(given["backend"], "--backend")]
     if given["calibrate"] is not None:
         from cascade_repro.vllm_surface.inject import parse_ladder
 

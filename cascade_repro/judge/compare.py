@@ -154,7 +154,11 @@ def cell_rows(run: Manifest | dict[str, Any], run_dir: Path, samples: dict[str, 
         error = prog.errors.get(cid, "")
         if status != "done" and prog.corrupt.get(cid):
             # Never a silent "pending": say which record was lost and what to do.
-            status, error = "error", runstore.corrupt_reason(c.engine_key, prog.corrupt[cid], prog.why)
+            finish = runstore.finish_hint(m, [c.engine_key])
+            status, error = (
+                "error",
+                runstore.corrupt_reason(c.engine_key, prog.corrupt[cid], prog.why, finish),
+            )
         cs = samples.get(cid, CellSamples())
         reps = list(cs.rep.values())
         wall = sum(w.get("wall_s", 0.0) for w in waves)

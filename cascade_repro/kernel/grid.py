@@ -261,9 +261,11 @@ def normalize_dtype(name: str) -> str:
 def parse_list(text: str | None, default: tuple, what: str) -> list[str]:
     if text is None:
         return [str(x) for x in default]
-    items = [t.strip() for t in str(text).split(",") if t.strip()]
-    if not items:
+    items = [t.strip() for t in str(text).split(",")]
+    if not any(items):
         raise UsageError(f"--{what} is empty")
+    if not all(items):  # "2,,3": a value the user meant to type, not one to skip
+        raise UsageError(f"--{what}: empty item in {text!r}")
     return items
 
 

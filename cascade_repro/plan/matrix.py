@@ -31,6 +31,14 @@ FAIL_ON_DEFAULT = "regression"  # matrix, report and merge
 # The fields that hold a list (a TOML file may give one value for them).
 LIST_FIELDS = ("tp", "batch", TWIN.spec_field, "seeds", "dtypes", "fa_versions", "backends")
 
+# Bounds that catch a typo before the estimate prints it as hours in twenty digits, or a value
+# reaches torch, numpy or parquet as an integer they cannot hold. The check against the model's
+# context is the run's own, once the tokenizer is loaded.
+MAX_TOKENS = 1 << 20  # tokens generated per prompt: above any model's context the engines serve
+MAX_MODEL_LEN = 1 << 24
+MAX_AXIS = 1 << 16  # a batch size or a TP size
+MAX_SEED = (1 << 32) - 1  # numpy's and vLLM's seeds are 32-bit
+
 
 def check_fail_on(fail_on: str) -> None:
     """A one-line UsageError for a ``--fail-on`` value matrix, report and merge do not know."""
@@ -99,10 +107,10 @@ class MatrixSpec:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
-            hints = [m for k in unknown for m in difflib.get_close_matches(k, TOML_KEYS, n=1, cutoff=0.75)]
+            hints = [m for k in unknown for m in difflib.get_close_matches(k, CONFIG_KEYS, n=1, cutoff=0.75)]
             hint = f" (did you mean {', '.join(dict.fromkeys(hints))}?)" if hints else ""
             raise UsageError(
-                f"{source}: unknown key(s) {', '.join(unknown)}{hint}; known: {', '.join(TOML_KEYS)}"
+                f"{source}: unknown key(s) {', '.join(unknown)}{hint}; known: {', '.join(CONFIG_KEYS)}"
             )
         spec = cls(**data)
         spec.validate(source, flags)
@@ -178,6 +186,8 @@ class MatrixSpec:
             for v in getattr(self, name):
                 if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                     bad(f"{n(name)} values must be positive integers, got {show(v)}", name)
+                if v > MAX_AXIS:
+                    bad(f"{n(name)} values must be at most {MAX_AXIS:,}, got {show(v)}", name)
         if self.engine_args:
             from cascade_repro.plan import engine_args as eargs
 
@@ -185,9 +195,9 @@ class MatrixSpec:
                 eargs.check(self.engine_args, max(self.batch))
             except UsageError as e:
                 bad(str(e).removeprefix("options: "), "engine_args")
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in self.seeds):
+        if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_SEED for v in self.seeds):
             # vLLM's SamplingParams reads a seed of -1 as no seed at all; torch seeds with it.
-            bad(f"{n('seeds')} values must be integers >= 0, got {show(self.seeds)}", "seeds")
+            bad(f"{n('seeds')} values must be integers from 0 to {MAX_SEED}, got {show(self.seeds)}", "seeds")
         if not all(isinstance(c, bool) for c in self.cascade):
             bad(f"{n(TWIN.spec_field)} values must be on/off, got {show(self.cascade)}", TWIN.spec_field)
         for d in self.dtypes:
@@ -202,12 +212,18 @@ class MatrixSpec:
             bad(f"{n('limit')} must be a positive integer, got {show(self.limit)}", "limit")
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens <= 0:
             bad(f"{n('max_tokens')} must be a positive integer, got {show(self.max_tokens)}", "max_tokens")
+        if self.max_tokens > MAX_TOKENS:
+            bad(
+                f"{n('max_tokens')} must be at most {MAX_TOKENS:,}, got {show(self.max_tokens)}", "max_tokens"
+            )
         if self.force_cascade and not engine_info(self.engine).cost_model:
             bad(f"{n('force_cascade')} overrides vLLM's cost model; the {self.engine} engine has none "
                 f"(use {use_vllm})", "force_cascade", "engine")  # fmt: skip
         mml = self.max_model_len
         if mml is not None and (not isinstance(mml, int) or isinstance(mml, bool) or mml <= 0):
             bad(f"{n('max_model_len')} must be a positive integer, got {show(mml)}", "max_model_len")
+        if mml is not None and mml > MAX_MODEL_LEN:
+            bad(f"{n('max_model_len')} must be at most {MAX_MODEL_LEN:,}, got {show(mml)}", "max_model_len")
         if not isinstance(self.topk, int) or isinstance(self.topk, bool) or not 1 <= self.topk <= 20:
             bad(f"{n('topk')} must be between 1 and 20, got {show(self.topk)}", "topk")
         if self.inject is not None:
@@ -272,6 +288,41 @@ def flag_name(field_: str) -> str:
 
 
 TOML_KEYS = tuple(sorted(toml_key(f) for f in FIELDS))
+# The matrix command's options that are not the matrix's (its verdicts, where it goes, how it is
+# told), which a --config file sets too, with the type each must have. Its one-off actions are not
+# settings: a file that held `fresh = true` would discard the run on every invocation.
+RUN_KEYS: dict[str, type] = {
+    "fail_on": str, "alpha": float, "rep_delta": float, "min_topk_violations": int, "drift_min": float,
+    "reference": str, "reference_device": str, "results_dir": str, "run_id": str, "shard": str,
+    "allow_mixed": bool, "quiet": bool,
+}  # fmt: skip
+ONE_OFF_KEYS = ("config", "dry_run", "fresh")
+CONFIG_KEYS = tuple(sorted((*TOML_KEYS, *RUN_KEYS)))
+
+
+def run_settings(values: dict[str, Any], source: str) -> dict[str, Any]:
+    """Take the :data:`RUN_KEYS` out of a config file's values (what :func:`load_toml` read), each
+    checked for its type; a one-off action (``fresh``) there is a one-line UsageError."""
+    out: dict[str, Any] = {}
+    for key in ONE_OFF_KEYS:
+        if key in values:
+            raise UsageError(f"{source}: {key} is a one-off action, not a setting: give --{key.replace('_', '-')} "
+                             "on the command line")  # fmt: skip
+    for key, kind in RUN_KEYS.items():
+        if key not in values:
+            continue
+        v = values.pop(key)
+        if kind is float:
+            ok = isinstance(v, int | float) and not isinstance(v, bool)
+        elif kind is int:
+            ok = isinstance(v, int) and not isinstance(v, bool)
+        else:
+            ok = isinstance(v, kind)
+        if not ok:
+            want = {str: "a string", float: "a number", int: "an integer", bool: "true or false"}[kind]
+            raise UsageError(f"{source}: {key} must be {want}, got {show(v)}")
+        out[key] = v
+    return out
 
 
 def show(value: Any) -> str:
@@ -471,6 +522,11 @@ def load_toml(path: Path) -> dict[str, Any]:
     if "matrix" in data:
         if not isinstance(data["matrix"], dict):
             raise UsageError(f"{path}: [matrix] must be a table")
+        if outside := sorted(k for k in data if k != "matrix"):
+            # Read as the [matrix] table alone, they would be dropped without a word.
+            raise UsageError(
+                f"{path}: {', '.join(outside)} outside [matrix]: put every setting in [matrix] or none there"
+            )
         data = data["matrix"]
     out: dict[str, Any] = {}
     for k, v in data.items():
@@ -501,13 +557,21 @@ def _parse_onoff(x: Any, where: str) -> bool:
     raise UsageError(f"{where}: expected on/off, got {x!r}")
 
 
+def split_list(text: str, name: str) -> list[str]:
+    """The items of a comma-separated flag value, stripped; an empty item (``8,,16``, a trailing
+    comma) is a one-line error, not skipped: it is a value the user meant to type and did not."""
+    parts = [p.strip() for p in text.split(",")]
+    if not any(parts):
+        raise UsageError(f"{name}: give at least one value")
+    if not all(parts):
+        raise UsageError(f"{name}: empty item in {text!r}")
+    return parts
+
+
 def parse_int_list(text: str, name: str) -> list[int]:
-    """Parse ``"1,8,16"``; reject non-integers and values <= 0 with a one-line error."""
+    """Parse ``"1,8,16"``; reject empty items, non-integers and values <= 0 with a one-line error."""
     out = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
+    for part in split_list(text, f"--{name}"):
         try:
             v = int(part)
         except ValueError:
@@ -521,15 +585,15 @@ def parse_int_list(text: str, name: str) -> list[int]:
 
 
 def parse_onoff_list(text: str, name: str) -> list[bool]:
-    return [_parse_onoff(p, f"--{name}") for p in text.split(",") if p.strip()]
+    return [_parse_onoff(p, f"--{name}") for p in split_list(text, f"--{name}")]
 
 
 def parse_fa_list(text: str, name: str = "--fa-version") -> list[int | None]:
     """Parse ``"default,2,3"``; ``name`` is how the error names the value (a flag or a TOML key)."""
     out: list[int | None] = []
-    for p in text.split(","):
-        p = p.strip().lower()
-        if p in ("default", "auto", "", "none", "0"):
+    for p in split_list(text, name):
+        p = p.lower()
+        if p in ("default", "auto", "none", "0"):
             out.append(None)
         elif p in ("2", "3", "4", "fa2", "fa3", "fa4"):
             out.append(int(p[-1]))

@@ -222,8 +222,8 @@ def load_system_prompt(spec: str) -> str:
         return _read_system_prompt(file, str(file))
     path = Path(spec)
     if not path.is_file():
-        if _looks_like_path(spec):
-            raise UsageError(f"system prompt file not found: {spec}")
+        if path.exists() or _looks_like_path(spec):
+            raise _not_a_file(path, spec, "system prompt file")
         builtins = ", ".join([*BUILTIN_SYSTEM_PROMPTS, NO_SYSTEM_PROMPT])
         raise UsageError(
             f"unknown system prompt {spec!r}; built-in: {builtins}; or give a path to a text file"
@@ -316,7 +316,7 @@ def _file_records(
 ) -> Iterator[tuple[_Where, PromptRecord]]:
     """Stream (location, record) pairs from a local or shipped file of any supported format."""
     if not file.is_file():
-        raise UsageError(f"prompt file not found: {display}")
+        raise _not_a_file(file, display, "prompt file")
     read_rows = _reader_for(file.name, display)
     stem = Path(file.name).stem
     try:
@@ -700,6 +700,16 @@ def _encodable(text: str, where: _Where, field: str) -> str:
 # --------------------------------------------------------------------------------------------
 # System prompts and small helpers
 # --------------------------------------------------------------------------------------------
+
+
+def _not_a_file(file: Path | Traversable, display: str, what: str) -> UsageError:
+    """Why ``file`` cannot be read as ``what``: "not found" only when nothing is there; a folder or
+    a device (/dev/null) is there, and a FIFO would hang the reader."""
+    if isinstance(file, Path) and file.is_dir():
+        return UsageError(f"{what} {display} is a folder, not a file")
+    if isinstance(file, Path) and file.exists():
+        return UsageError(f"{what} {display} is not a regular file (a device, a pipe or a socket)")
+    return UsageError(f"{what} not found: {display}")
 
 
 def _read_system_prompt(file: Path | Traversable, display: str) -> str:

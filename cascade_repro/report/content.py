@@ -34,6 +34,7 @@ from cascade_repro.report.text import (
     text_or_missing,
     truncate,
 )
+from cascade_repro.run.envinfo import pip_vcs_url
 from cascade_repro.run.manifest import EngineRecord, Invocation, PromptSetFacts
 from cascade_repro.twin import CASCADE as TWIN
 
@@ -196,6 +197,14 @@ def unfinished_cells(data: RunData) -> tuple[int, int]:
     return sum(1 for r in recs if r.get("status") == "pending"), len(recs)
 
 
+def _finish_hint(data: RunData) -> str | None:
+    """A merged run's way to finish its pending cells (None: rerun the command that made the run)."""
+    from cascade_repro.run.runstore import finish_hint
+
+    keys = {str(r.get("engine_key")) for r in _records(data.cells) if r.get("status") == "pending"}
+    return finish_hint(data.manifest, keys)
+
+
 def headline(data: RunData) -> str:
     """Say in plain words what the run found, e.g. `cascade-repro: regression in 2 of 6 pairs: a, b`."""
     text = _headline(data)
@@ -210,9 +219,10 @@ def headline(data: RunData) -> str:
         )
     elif pending:
         # The verdicts so far are the finished pairs'; say first that the run is not done.
+        finish = _finish_hint(data) or "rerun the same command to finish"
         text = (
-            f"cascade-repro: not finished ({total - pending} of {total} cells done: rerun the same "
-            f"command to finish); so far: {text.removeprefix('cascade-repro: ')}"
+            f"cascade-repro: not finished ({total - pending} of {total} cells done: {finish}); "
+            f"so far: {text.removeprefix('cascade-repro: ')}"
         )
     mixed = data.manifest.mixed_stack
     if isinstance(mixed, list) and mixed:
@@ -362,7 +372,7 @@ def exit_status(data: RunData, fail_on: str) -> tuple[int, str]:
         # its first cell would otherwise read "every cascade pair errored" when rerunning finishes it.
         return (
             EXIT_INCONCLUSIVE,
-            f"not finished: {pending} of {cells} cells never ran; rerun the same command",
+            f"not finished: {pending} of {cells} cells never ran; {_finish_hint(data) or 'rerun the same command'}",
         )
     if fail_on == "error" and has_errors(data):
         return 1, f"errors in the run (fail_on={fail_on})"
@@ -990,13 +1000,16 @@ def reproduce_lines(data: RunData) -> list[str] | None:
     version = one_line(str(m.tool_version or "?"))
     commit = one_line(str(src.get("commit") or ""))
     clean = commit.removesuffix("-dirty")
-    repo = one_line(str(src.get("repository") or ""))
+    # A repository pip cannot install from (a local folder, recorded by an older version) is no
+    # install line: pip rejects git+/a/path, and the path is a disk of the machine that ran.
+    repo = pip_vcs_url(one_line(str(src.get("repository") or ""))) or ""
     lines = [f"# cascade-repro {version}" + (f", commit {clean[:12]}" if clean else "")]
     if clean and repo:
         lines.append(f'pip install "cascade-repro @ git+{repo}@{clean}"')
     elif clean:
+        # A comment, not a command: pasted into a shell, a placeholder URL would fail in pip.
         lines.append(
-            f'pip install "cascade-repro @ git+<repository URL>@{clean}"  # no repository URL recorded'
+            f"# no repository URL recorded: install commit {clean} of cascade-repro from its repository"
         )
     else:
         lines.append(f"# no git commit recorded (an installed copy): install cascade-repro {version}")

@@ -81,9 +81,25 @@ def source_info() -> dict[str, str]:
     if (root / ".git").exists() and (commit := git("rev-parse", "HEAD")):
         dirty = git("status", "--porcelain", "--untracked-files=no")
         out["commit"] = commit + ("-dirty" if dirty else "")
-        if "repository" not in out and (origin := git("remote", "get-url", "origin")):
+        # Only an address pip can install from: a local folder as origin is a path of this machine.
+        origin = git("remote", "get-url", "origin")
+        if "repository" not in out and origin and pip_vcs_url(origin) is not None:
             out["repository"] = redact_value("URL", origin)
     return out
+
+
+def pip_vcs_url(repository: str) -> str | None:
+    """``repository`` as the URL of a pip VCS requirement (``git+URL@commit``), or None where pip
+    takes none: a local folder or a ``file://`` URL (a path of the machine that ran, which pip
+    rejects after ``git+`` and which names someone's disk). A scp-style address
+    (``git@github.com:owner/repo.git``) becomes the ``ssh://`` URL pip needs."""
+    r = repository.strip().removeprefix("git+")
+    if re.match(r"(https?|ssh|git)://[^/\s]+/\S+$", r):
+        return r
+    if m := re.fullmatch(r"([\w.-]+)@([\w.-]+):([^\s]+)", r):
+        user, host, path = m.groups()
+        return f"ssh://{user}@{host}/{path.lstrip('/')}"
+    return None
 
 
 def _nvidia_smi() -> dict[str, str]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cascade_repro.errors import UsageError
+from cascade_repro.errors import UsageError, naming
 from cascade_repro.plan.matrix import FAIL_ON_DEFAULT, check_fail_on
 from cascade_repro.plan.shard import Shard, assign
 from cascade_repro.run import runstore
@@ -112,8 +112,7 @@ def check_shards(dirs: list[Path], allow_partial: bool = False) -> tuple[list[_S
     for s in shards[1:]:
         if s.run.spec_hash != first.run.spec_hash or s.run.stored("spec") != first.run.stored("spec"):
             raise UsageError(
-                f"{s.path} is a different matrix from {first.path} "
-                f"(spec hash {s.run.spec_hash} vs {first.run.spec_hash})"
+                f"{s.path} is a different matrix from {first.path} ({_spec_difference(s.run, first.run)})"
             )
         # As stored: a key one tool version writes and another leaves out makes another plan.
         if s.run.plan.to_json() != first.run.plan.to_json():
@@ -162,6 +161,28 @@ def check_shards(dirs: list[Path], allow_partial: bool = False) -> tuple[list[_S
     return shards, warnings
 
 
+def _spec_difference(a: Manifest, b: Manifest) -> str:
+    """What differs between two shards' matrices, in a few words: the fields of the specs that
+    differ (``max_tokens 32 vs 64``), or the hashes where the specs agree (a hash edited by hand).
+    An edited spec keeps its old hash, so two equal hashes would say nothing."""
+    sa, sb = a.stored("spec"), b.stored("spec")
+    sa, sb = (x if isinstance(x, dict) else {} for x in (sa, sb))
+    fields = sorted(k for k in {*sa, *sb} if sa.get(k, _ABSENT) != sb.get(k, _ABSENT))
+    if not fields:
+        return f"spec hash {a.spec_hash} vs {b.spec_hash}"
+
+    def shown(spec: dict[str, Any], k: str) -> str:
+        v = json.dumps(spec[k], sort_keys=True, default=str) if k in spec else "absent"
+        return v if len(v) <= 40 else v[:37] + "..."
+
+    parts = [f"{k} {shown(sa, k)} vs {shown(sb, k)}" for k in fields[:3]]
+    more = f" and {len(fields) - 3} more" if len(fields) > 3 else ""
+    return "spec differs: " + "; ".join(parts) + more
+
+
+_ABSENT = object()
+
+
 def _gpu_line(run: Manifest) -> str:
     """A short identity of a shard's environment (envinfo.capture keys): GPU and the versions that matter."""
     env = run.stack_env
@@ -180,20 +201,30 @@ def _prepare_out(out_dir: Path, shards: list[_ShardDir]) -> None:
     if not out_dir.is_dir():
         raise UsageError(f"{out_dir} exists and is not a directory")
     runstore.refuse_run_links(out_dir)  # before anything there is deleted or written
-    if (out_dir / runstore.RUN_JSON).exists():
+    merging = out_dir / runstore.MERGING
+    if merging.is_file():  # a merge cut short (killed mid-copy): its files are redone
+        if merging.read_text(encoding="utf-8", errors="replace").strip() != shards[0].run.spec_hash:
+            raise UsageError(f"{out_dir} holds a cut merge of another matrix: choose a new directory")
+        _clear(out_dir)
+    elif (out_dir / runstore.RUN_JSON).exists():
         old = runstore.read_manifest(out_dir)
         if not old.has("shards") or old.stored("spec_hash") != shards[0].run.spec_hash:
             raise UsageError(
                 f"{out_dir} holds another run, not a merge of this matrix: choose a new directory"
             )
-        runstore.remove_tree(out_dir, runstore.SAMPLES)
-        runstore.remove_tree(out_dir, runstore.REFERENCE)
-        for p in out_dir.glob("worker-*.log"):
-            p.unlink()
-        for name in _OUTPUTS:
-            (out_dir / name).unlink(missing_ok=True)
+        _clear(out_dir)
     elif any(p.name != runstore.LOCK for p in out_dir.iterdir()):
         raise UsageError(f"{out_dir} exists and is not empty: choose a new directory")
+
+
+def _clear(out_dir: Path) -> None:
+    """Remove what an earlier (or cut) merge into ``out_dir`` wrote; links were refused before."""
+    runstore.remove_tree(out_dir, runstore.SAMPLES)
+    runstore.remove_tree(out_dir, runstore.REFERENCE)
+    for p in out_dir.glob("worker-*.log"):
+        p.unlink()
+    for name in _OUTPUTS:
+        (out_dir / name).unlink(missing_ok=True)
 
 
 def _copy(src: Path, dst: Path, link: bool) -> None:
@@ -206,7 +237,8 @@ def _copy(src: Path, dst: Path, link: bool) -> None:
             return
         except OSError:
             pass  # another filesystem: copy
-    shutil.copy2(src, dst, follow_symlinks=False)
+    with naming(dst):  # a full disk names the copy it refused, not the shard's file
+        shutil.copy2(src, dst, follow_symlinks=False)
 
 
 def _unsharded_command(command: Any) -> str:
@@ -240,6 +272,7 @@ def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = FAIL_ON_DEFAULT,
     per_shard = assign(engines_plan, first.shard.count)
     _prepare_out(out_dir, shards)
     with runstore.RunLock(out_dir):
+        runstore.write_text_atomic(out_dir / runstore.MERGING, first.run.spec_hash + "\n")
         (out_dir / runstore.SAMPLES).mkdir(parents=True, exist_ok=True)
         _copy(runstore.prompts_path(first.path), runstore.prompts_path(out_dir), link=False)
         engines: dict[str, Any] = {}
@@ -315,5 +348,6 @@ def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = FAIL_ON_DEFAULT,
         )
         runstore.write_manifest(out_dir, run)
         _, data = finalize(out_dir)
+        (out_dir / runstore.MERGING).unlink()
     o = outcome_of(data, fail_on)
     return MergeOutcome(out_dir, o.exit_code, o.counts, warnings, data, o.headline, o.reason)

@@ -106,11 +106,13 @@ class PreparedRun:
 
     def write(self) -> None:
         run_dir = self.run_dir
-        if (run_dir / runstore.RUN_JSON).exists():
+        if self.fresh:
+            # Whatever the folder holds, run.json or not: samples left beside a lost run.json would
+            # otherwise be resumed by the run that was asked to start over.
+            runstore.clear_derived(run_dir)
+        elif (run_dir / runstore.RUN_JSON).exists():
             old = runstore.read_manifest(run_dir)
-            if self.fresh:
-                runstore.clear_derived(run_dir)
-            elif old.stored("spec_hash") != self.run.spec_hash:
+            if old.stored("spec_hash") != self.run.spec_hash:
                 raise UsageError(
                     f"{run_dir} holds a different matrix; pass --fresh to start it over or choose another --run-id"
                 )
@@ -214,6 +216,8 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
     if opts.shard and not opts.run_id:
         run_id += f"-shard{opts.shard.index}of{opts.shard.count}"
     check_run_id(run_id)
+    if (file := runstore.not_a_folder(opts.results_dir / run_id)) is not None:
+        raise UsageError(f"--results-dir {opts.results_dir}: {file} is a file, not a folder")
     if engine_info(spec.engine).tensor_parallel:
         gpus = visible_gpus()
         if max(spec.tp) > gpus:
@@ -365,9 +369,13 @@ def cells_done(
     return sum(len([c for c in ep.cells if c in progs[key].done]) for key, ep in m.plan.engines.items())
 
 
-def execute(run_dir: Path, show_progress: bool = True, console: Any = None, bar: bool = True) -> list[str]:
+def execute(
+    run_dir: Path, show_progress: bool = True, console: Any = None, bar: bool = True, fresh: bool = False
+) -> list[str]:
     """Run one worker per engine key with unfinished cells; return error lines for the summary.
-    ``bar=False``: plain progress lines even on a terminal."""
+
+    ``bar=False``: plain progress lines even on a terminal. ``fresh``: the run directory was just
+    cleared (``--fresh``), said as starting over, never as a resume."""
     from cascade_repro.plan import estimate
     from cascade_repro.run.progress import RunProgress
 
@@ -396,7 +404,9 @@ def execute(run_dir: Path, show_progress: bool = True, console: Any = None, bar:
         kept = sum(
             runstore.kept_wave_count(progs[k], c) for k, ep in run.plan.engines.items() for c in ep.cells
         )
-    if done_before or kept:
+    if fresh:
+        notes.append(f"starting {run_dir.name} over (--fresh): {len(cells)} cells to run")
+    elif done_before or kept:
         # Said once, before the bar: a rerun that silently skipped work would look like a fast run.
         waves_kept = f", {kept} finished wave{'s' if kept != 1 else ''} of cut cells kept" if kept else ""
         notes.append(
@@ -786,7 +796,7 @@ def run_matrix(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> RunOu
     with runstore.RunLock(run_dir):
         prepared.write()
         kept = cells_done(run_dir)
-        errors = execute(run_dir, opts.progress, console, bar=opts.bar)
+        errors = execute(run_dir, opts.progress, console, bar=opts.bar, fresh=opts.fresh)
         # The reference pass writes only reference/: run.json read once serves before and after it.
         run = runstore.read_manifest(run_dir)
         if restrict(run).plan.cells:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from cascade_repro.errors import EnvironmentFailure, RunLockedError, UsageError
+from cascade_repro.errors import EnvironmentFailure, RunLockedError, UsageError, name_oserror, naming
 from cascade_repro.run.manifest import Manifest, manifest_problem
 
 RUN_JSON = "run.json"
@@ -42,6 +42,9 @@ REFERENCE_LOG = "reference.log"  # the reference pass's output
 PROBE = "probe"
 MINIMIZE = "minimize"
 LOCK = ".lock"
+# A merge in progress (its spec hash): a merge cut before it finished is cleared and redone by the
+# next merge of the same matrix, where a folder of half-copied files would read as someone else's.
+MERGING = ".merging"
 CELLS, PAIRS, COMPARISONS = "cells.parquet", "pairs.parquet", "comparisons.parquet"
 TABLES = (CELLS, PAIRS, COMPARISONS)
 REPORT_MD, REPORT_HTML, SUMMARY_JSON, JUNIT_XML = "report.md", "report.html", "summary.json", "junit.xml"
@@ -262,7 +265,8 @@ def write_parquet_atomic(df: Any, path: Path) -> None:
     # what it points at) so to_parquet creates a new file.
     tmp.unlink(missing_ok=True)
     try:
-        df.to_parquet(tmp, index=False)
+        with naming(path):
+            df.to_parquet(tmp, index=False)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -319,7 +323,9 @@ def owned_paths(run_dir: Path) -> list[Path]:
     """Every path of a run directory some command opens for writing, truncates, deletes or copies:
     the fixed names, the worker logs, and everything under samples/, reference/, probe/ and minimize/."""
     run_dir = Path(run_dir)
-    out = [run_dir / n for n in (LOCK, RUN_JSON, PROMPTS, *TABLES, *REPORTS, SWEEP_MD, REFERENCE_LOG)]
+    out = [
+        run_dir / n for n in (LOCK, MERGING, RUN_JSON, PROMPTS, *TABLES, *REPORTS, SWEEP_MD, REFERENCE_LOG)
+    ]
     out += sorted(run_dir.glob("worker-*.log"))
     for name in (SAMPLES, REFERENCE, PROBE, MINIMIZE):
         top = run_dir / name
@@ -401,7 +407,7 @@ def write_text_atomic(path: Path, text: str, *, mode: int | None = None, durable
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+        with naming(path), os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
             if durable:
                 f.flush()
@@ -419,7 +425,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with naming(path), os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=2, sort_keys=True, default=str)
             f.write("\n")
         os.replace(tmp, path)
@@ -486,6 +492,7 @@ class JsonlWriter:
         # Never through a link planted in the run directory (see refuse_links).
         fd = safe_open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         self._f = os.fdopen(fd, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self.path = path  # what an error of a write names (a full disk)
         self._queue: Any = None
         self._error: BaseException | None = None
         if background:
@@ -508,7 +515,10 @@ class JsonlWriter:
             self._raise_pending()
             self._queue.put((self._WRITE, record))
         else:
-            self._f.write(self._line(record))
+            try:
+                self._f.write(self._line(record))
+            except OSError as e:
+                raise name_oserror(e, self.path) from None
 
     def write_line(self, raw: bytes) -> None:
         """Append a line another writer wrote (a kept wave's record), byte for byte."""
@@ -516,14 +526,18 @@ class JsonlWriter:
             self._raise_pending()
             self._queue.put((self._RAW, raw))
         else:
-            self._f.write(raw.decode("utf-8"))
+            try:
+                self._f.write(raw.decode("utf-8"))
+            except OSError as e:
+                raise name_oserror(e, self.path) from None
 
     def flush(self) -> None:
         if self._queue is not None:
             self._raise_pending()
             self._queue.put((self._FLUSH, None))
         else:
-            self._f.flush()
+            with naming(self.path):
+                self._f.flush()
 
     def wait(self) -> None:
         """Return once every record queued so far is written and flushed (no-op in the foreground)."""
@@ -537,8 +551,9 @@ class JsonlWriter:
 
     def sync(self) -> None:
         self.wait()
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        with naming(self.path):
+            self._f.flush()
+            os.fsync(self._f.fileno())
 
     def close(self) -> None:
         if self._f.closed:
@@ -549,7 +564,8 @@ class JsonlWriter:
             if self._queue is not None:
                 self._queue.put((self._STOP, None))
                 self._thread.join()
-            self._f.close()
+            with naming(self.path):
+                self._f.close()
 
     def _raise_pending(self) -> None:
         if self._error is not None:
@@ -566,7 +582,7 @@ class JsonlWriter:
                     try:
                         self._f.flush()
                     except BaseException as e:  # noqa: BLE001 - handed to the caller
-                        self._error = e
+                        self._error = name_oserror(e, self.path)
                 arg.set()
                 continue
             if self._error is not None:
@@ -579,7 +595,7 @@ class JsonlWriter:
                 else:
                     self._f.flush()
             except BaseException as e:  # noqa: BLE001 - handed to the caller
-                self._error = e
+                self._error = name_oserror(e, self.path)
 
 
 def truncate_torn_tail(path: Path) -> None:
@@ -841,16 +857,40 @@ def kept_wave_lines(path: Path, cells: dict[str, int]) -> dict[str, list[bytes]]
     return out
 
 
-def corrupt_reason(engine_key: str, lines: list[int], why: dict[int, str] | None = None) -> str:
+def finish_hint(run: Manifest, engine_keys: Iterable[str]) -> str | None:
+    """What finishes the unfinished cells of ``engine_keys`` in a merged run, or None for a run of
+    one ``matrix`` command (rerunning that command resumes it). A merge copies its shards' samples:
+    rerunning the merge copies the same ones again, so a cell is finished in its shard."""
+    shards = run.shards if isinstance(run.shards, list) else None
+    if not shards:
+        return None
+    keys = set(engine_keys)
+    labels = [
+        str(e.get("shard"))
+        for e in shards
+        if isinstance(e, dict)
+        and isinstance(e.get("engine_keys"), list)
+        and keys & set(map(str, e["engine_keys"]))
+    ]
+    which = f"shard {', '.join(map(_shown, labels))}" if labels else "their shard"
+    return (
+        f"finish {which} (rerun its matrix command), then merge again, or merge without it (--allow-partial)"
+    )
+
+
+def corrupt_reason(
+    engine_key: str, lines: list[int], why: dict[int, str] | None = None, finish: str | None = None
+) -> str:
     """One line naming the damaged records of a cell (and, given ``why``, what is wrong with the
-    first) and what to do about them."""
+    first) and what to do about them: rerun the same command, or ``finish`` (a merged run's
+    :func:`finish_hint`)."""
     where = ", ".join(map(str, lines[:5])) + (f" and {len(lines) - 5} more" if len(lines) > 5 else "")
     first = (why or {}).get(lines[0]) if lines else None
     return (
         f"{'damaged' if first else 'unreadable'} record in {SAMPLES}/{shown(engine_key)}.jsonl "
         f"at line{'s' if len(lines) > 1 else ''} "
         f"{where}{f' ({first})' if first else ''}: "
-        "the cell counts as unfinished; rerun the same command to redo it"
+        f"the cell counts as unfinished; {finish or 'rerun the same command to redo it'}"
     )
 
 
@@ -947,6 +987,10 @@ class RunLock:
         import fcntl
 
         for _ in range(10):
+            if (file := not_a_folder(self.path.parent)) is not None:
+                raise UsageError(
+                    f"{_shown(file)} is a file, not a folder: it cannot hold {_shown(self.path.parent)}"
+                )
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 fd = safe_open(self.path, os.O_CREAT | os.O_RDWR)
@@ -992,6 +1036,17 @@ class RunLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def not_a_folder(path: Path) -> Path | None:
+    """The first of ``path`` and the folders above it that exists and is not a folder (a file
+    given as ``--results-dir`` or as a merge's output), or None: the command line named a file
+    where a folder belongs, a usage error, not the machine refusing."""
+    path = Path(path)
+    for p in (*reversed(path.parents), path):
+        if p.exists() and not p.is_dir():
+            return p
+    return None
 
 
 def _read_pid(path: Path) -> int | None:

@@ -93,8 +93,8 @@ def parse_ladder(text: str) -> list[float]:
     out: list[float] = []
     for part in s.split(","):
         part = part.strip()
-        if not part:
-            continue
+        if not part:  # "0.1,,1": a value the user meant to type, not one to skip
+            raise ValueError(f"--calibrate: empty item in {text!r}")
         try:
             x = float(part)
         except ValueError:
