@@ -201,7 +201,7 @@ def _finish_hint(data: RunData) -> str | None:
     """A merged run's way to finish its pending cells (None: rerun the command that made the run)."""
     from cascade_repro.run.runstore import finish_hint
 
-    keys = {str(r.get("engine_key")) for r in _records(data.cells) if r.get("status") == "pending"}
+    keys = {str(r.get("engine_key")) for r in data.rows("cells") if r.get("status") == "pending"}
     return finish_hint(data.manifest, keys)
 
 

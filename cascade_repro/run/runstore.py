@@ -872,7 +872,7 @@ def finish_hint(run: Manifest, engine_keys: Iterable[str]) -> str | None:
         and isinstance(e.get("engine_keys"), list)
         and keys & set(map(str, e["engine_keys"]))
     ]
-    which = f"shard {', '.join(map(_shown, labels))}" if labels else "their shard"
+    which = f"shard {', '.join(map(shown, labels))}" if labels else "their shard"
     return (
         f"finish {which} (rerun its matrix command), then merge again, or merge without it (--allow-partial)"
     )
@@ -989,7 +989,7 @@ class RunLock:
         for _ in range(10):
             if (file := not_a_folder(self.path.parent)) is not None:
                 raise UsageError(
-                    f"{_shown(file)} is a file, not a folder: it cannot hold {_shown(self.path.parent)}"
+                    f"{shown(file)} is a file, not a folder: it cannot hold {shown(self.path.parent)}"
                 )
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
