@@ -645,7 +645,7 @@ def score(
     from cascade_repro.judge.compare import build_tables
 
     run = runstore.read_manifest(run_dir, SCORED)
-    th = thresholds or Thresholds(**run.thresholds)
+    th = thresholds or Thresholds.from_record(run.thresholds)
     scored = restrict(run)  # a shard scores its own cells; merge scores them all
     cells_df, pairs_df, comp_df = build_tables(scored, run_dir, th, warn=warn)
     engines = {}
