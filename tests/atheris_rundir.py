@@ -1,8 +1,9 @@
 """Coverage-guided fuzzing (atheris) of a run directory read back by `cascade-repro report`.
 
 A run directory travels (CI artifacts, tarballs attached to issues), so every file in it is input.
-Each fuzz input damages one file of a small synthetic run (no model) and runs ``report`` and
-``report --rescore`` on it through the command line. Every input must end in a verdict exit code, or in
+Each fuzz input damages one file of a small run of the fake engine (no model: its samples, wave,
+engine and cell records are the worker's own) and runs ``report`` and ``report --rescore`` on it
+through the command line. Every input must end in a verdict exit code, or in
 a refusal: exit 2 with one line on stderr. Exit 70 (the internal-error path: an exception the tool
 did not expect), a traceback, or a refusal of several lines is a crash: libFuzzer prints it, saves
 the input as ``crash-*`` and exits non-zero.
@@ -14,7 +15,9 @@ By hand::
     python tests/atheris_rundir.py -runs=20000 CORPUS_DIR
 
 Input layout: byte 0 picks the file, byte 1 how it is damaged (replaced, spliced in at an offset,
-cut at an offset), bytes 2-3 the offset in tenths of a per mille of the file, the rest the bytes.
+cut at an offset, or every ``OLD`` replaced by ``NEW`` where the rest reads ``OLD\0NEW``: with OLD
+a key such as ``"wall_s":`` that gives one field a wrong value in every record), bytes 2-3 the
+offset in tenths of a per mille of the file, the rest the bytes.
 """
 
 from __future__ import annotations
@@ -27,15 +30,11 @@ from pathlib import Path
 
 import atheris
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # conftest.synthetic_run
-
 with atheris.instrument_imports(include=["cascade_repro"]):
     from typer.testing import CliRunner
 
     from cascade_repro.cli import app
     from cascade_repro.run import runstore
-
-from conftest import synthetic_run  # noqa: E402
 
 ROOT = Path(tempfile.mkdtemp(prefix="cascade-repro-fuzz-rundir-"))
 PRISTINE = ROOT / "pristine"
@@ -48,21 +47,22 @@ RUNNER = CliRunner()
 
 def targets(run: Path) -> list[Path]:
     """The files a fuzz input can damage, in a fixed order (the first byte indexes it)."""
-    names = [runstore.RUN_JSON, "prompts.jsonl"]
-    files = [run / n for n in names]
-    files += sorted(p for p in run.rglob("*") if p.is_file() and p not in files)
-    return files
+    files = [run / runstore.RUN_JSON, run / "prompts.jsonl", *(run / t for t in sorted(runstore.TABLES))]
+    return files + sorted(p for p in run.rglob("*.jsonl") if p not in files)
 
 
 def damage(path: Path, mode: int, at: int, data: bytes) -> None:
     old = path.read_bytes() if path.is_file() else b""
     cut = len(old) * at // 10000
-    if mode % 3 == 0:
+    if mode % 4 == 0:
         new = data
-    elif mode % 3 == 1:
+    elif mode % 4 == 1:
         new = old[:cut] + data + old[cut:]
-    else:
+    elif mode % 4 == 2:
         new = old[:cut] + data
+    else:
+        find, _, put = data.partition(b"\0")
+        new = old.replace(find, put) if find else old
     path.write_bytes(new)
 
 
@@ -89,7 +89,14 @@ def one_input(data: bytes) -> None:
 
 
 def main() -> None:
-    synthetic_run(PRISTINE, prompts=4, batch="8", tp="1", max_tokens=16)
+    res = RUNNER.invoke(
+        app,
+        ["matrix", "--engine", "fake", "--limit", "4", "--batch", "1,8", "--max-tokens", "16", "--quiet",
+         "--results-dir", str(ROOT), "--run-id", PRISTINE.name],
+        env={"CASCADE_REPRO_REFERENCE": "off"},
+    )  # fmt: skip
+    if res.exit_code not in ALLOWED:
+        raise SystemExit(f"the pristine run failed (exit {res.exit_code}): {res.output[-2000:]}")
     atheris.Setup(sys.argv, one_input)
     try:
         atheris.Fuzz()

@@ -1,5 +1,7 @@
 """The run-directory fuzz target (tests/atheris_rundir.py) over a fixed number of inputs.
 
+The seeds alone are the table of hand-made cases; the fuzzer mutates from them.
+
 Bounded by input count (``-runs``), never by time, with a fixed seed: CI sees the same inputs every
 run, however busy the machine is. The seeds damage each kind of file once, so the search starts
 from every reader; what the fuzzer found is kept below as plain regression tests.
@@ -16,9 +18,9 @@ import pytest
 
 RUNS = 200  # inputs per CI run (each copies a small run and renders its reports twice)
 
-# byte 0: which file (run.json, prompts.jsonl, then the run's other files by name: the parquet
-# tables, then samples/),
-# byte 1: replace / splice / cut, bytes 2-3: where, in 1/10000 of the file; then the bytes.
+# byte 0: which file (run.json, prompts.jsonl, cells, comparisons and pairs .parquet, samples/),
+# byte 1: replace / splice / cut / substitute, bytes 2-3: where, in 1/10000 of the file; then the
+# bytes (for a substitution OLD\0NEW: every record's field given a wrong value).
 SEEDS = {
     "run-json-list": b"\x00\x00\x00\x00[]",
     "run-json-null": b"\x00\x00\x00\x00null",
@@ -33,6 +35,25 @@ SEEDS = {
     "samples-splice": b"\x05\x01\x88\x13" + b'\n{"cell_id": "x", "token_ids": "abc"}\n',
     "samples-index": b"\x05\x01\x10\x27" + b'{"prompt_index": 999}\n',
     "samples-empty": b"\x05\x00\x00\x00",
+    **{
+        f"samples-{key}-{name}": b"\x05\x03\x00\x00" + f'"{key}":\0"{key}":{bad},"_":'.encode()
+        for key in (
+            "wall_s",
+            "cascade_steps",
+            "total_steps",
+            "tokens",
+            "n_real",
+            "wave",
+            "batch",
+            "n_samples",
+            "cell_id",
+            "token_ids",
+            "type",
+            "effective",
+            "shared_prefix_tokens",
+        )
+        for name, bad in (("text", '"x"'), ("null", "null"), ("list", "[1]"), ("negative", "-1"))
+    },
 }
 
 

@@ -751,6 +751,41 @@ def test_resume_reruns_the_cell_of_a_damaged_sample_line(
     assert runstore.read_progress(path, runstore.prompt_ids(run)).done == set(cells.index)
 
 
+# Control records with a wrong type (found by tests/atheris_rundir.py: a wave's ``wall_s`` as text
+# crashed scoring, exit 70): a lost record, as a damaged sample line is. (field, bad JSON, the line)
+CONTROL_DAMAGE = [
+    ("wall_s", '"x"', "wave record: 'wall_s' is text, not a number"),
+    ("tokens", "[1]", "wave record: 'tokens' is a list, not a whole number"),
+    ("n_samples", "true", "cell_done record: 'n_samples' is true or false, not a whole number"),
+    ("effective", "7", "engine record: 'effective' is a whole number, not an object"),
+]
+
+
+@pytest.mark.parametrize(("name", "bad", "says"), CONTROL_DAMAGE, ids=[c[0] for c in CONTROL_DAMAGE])
+def test_a_control_record_of_the_wrong_type_is_a_lost_record(name: str, bad: str, says: str, tmp_path: Path):
+    import pandas as pd
+
+    argv = ["matrix", "--engine", "fake", "--limit", "2", "--batch", "8", "--max-tokens", "4", "--no-auto-controls",
+            "--reference", "off", "--results-dir", str(tmp_path / "results"), "--run-id", "r"]  # fmt: skip
+    first = CliRunner().invoke(app, argv, env=WIDE)
+    assert first.exit_code in (0, 5), first.output
+    run = tmp_path / "results" / "r"
+    path = samples_file(run)
+    key = f'"{name}":'.encode()
+    assert key in path.read_bytes()
+    # The field's value becomes ``bad`` in every record that has it; the old value moves to a key no
+    # reader knows, so the line stays JSON.
+    path.write_bytes(path.read_bytes().replace(key, key + bad.encode() + b',"_":'))
+    res = CliRunner().invoke(app, ["report", "--rescore", str(run)], env=WIDE)
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert says in res.stderr and res.stderr.count("\n") == 1, res.stderr
+    # Resume: every cell that lost a record runs again and the run ends whole.
+    again = CliRunner().invoke(app, argv, env=WIDE)
+    assert again.exit_code == first.exit_code and "Traceback" not in again.output, again.output
+    cells = pd.read_parquet(run / runstore.CELLS)
+    assert (cells["status"] == "done").all(), cells[["cell_id", "status", "error"]]
+
+
 # --- 5. rich markup in paths: printed as is, never parsed --------------------------------------------
 
 # "[/x]" closes a tag nobody opened (rich raised MarkupError after the reports were written);

@@ -161,8 +161,8 @@ def cell_rows(run: Manifest | dict[str, Any], run_dir: Path, samples: dict[str, 
             )
         cs = samples.get(cid, CellSamples())
         reps = list(cs.rep.values())
-        wall = sum(w.get("wall_s", 0.0) for w in waves)
-        tokens = sum(w.get("tokens", 0) for w in waves)
+        wall = sum(w.get("wall_s") or 0.0 for w in waves)
+        tokens = sum(w.get("tokens") or 0 for w in waves)
         row = {
             "cell_id": cid,
             "engine_key": c.engine_key,
@@ -179,9 +179,9 @@ def cell_rows(run: Manifest | dict[str, Any], run_dir: Path, samples: dict[str, 
             "status": status,
             "error": error,
             "n_prompts": len(reps),
-            "cascade_steps": sum(w.get("cascade_steps", 0) for w in waves),
-            "total_steps": sum(w.get("total_steps", 0) for w in waves),
-            "cascade_calls": sum(w.get("cascade_calls", 0) for w in waves),
+            "cascade_steps": sum(w.get("cascade_steps") or 0 for w in waves),
+            "total_steps": sum(w.get("total_steps") or 0 for w in waves),
+            "cascade_calls": sum(w.get("cascade_calls") or 0 for w in waves),
             # Waves of engines that do not tell prefill from decode steps leave this unknown (NaN).
             "cascade_decode_steps": sum(w["cascade_decode_steps"] for w in waves)
             if waves and all(w.get("cascade_decode_steps") is not None for w in waves)

@@ -381,7 +381,7 @@ def manifest_problem(data: Any, require: tuple[str, ...] = ()) -> str | None:
             return f"no {name!r} section"
     fields = {("spec" if n == "spec_json" else n): t for n, t in _hints(Manifest).items()}
     for name, hint in fields.items():
-        if name in data and (why := _problem(data[name], hint, name)) is not None:
+        if name in data and (why := type_problem(data[name], hint, name)) is not None:
             return why
     return None
 
@@ -408,8 +408,9 @@ def _kind(value: Any) -> str:
     return type(value).__name__
 
 
-def _problem(value: Any, hint: Any, where: str) -> str | None:
-    """Why ``value`` at ``where`` (a dotted path) does not hold ``hint``, or None."""
+def type_problem(value: Any, hint: Any, where: str) -> str | None:
+    """Why ``value`` at ``where`` (a dotted path) does not hold the JSON type of annotation ``hint``,
+    or None: run.json's sections here, the samples files' control records in ``runstore``."""
     if hint is Any:
         return None
     origin = typing.get_origin(hint)
@@ -418,13 +419,13 @@ def _problem(value: Any, hint: Any, where: str) -> str | None:
         if value is None and type(None) in options:
             return None
         real = [o for o in options if o is not type(None)]
-        whys = [_problem(value, o, where) for o in real]
+        whys = [type_problem(value, o, where) for o in real]
         return None if any(w is None for w in whys) else whys[0]
     if isinstance(hint, type) and issubclass(hint, _Section):
         if not isinstance(value, dict):
             return f"{where!r} is {_kind(value)}, not an object"
         for name, sub in _hints(hint).items():
-            if name in value and (why := _problem(value[name], sub, f"{where}.{name}")) is not None:
+            if name in value and (why := type_problem(value[name], sub, f"{where}.{name}")) is not None:
                 return why
         return None
     if origin is dict or hint is dict:
@@ -433,7 +434,7 @@ def _problem(value: Any, hint: Any, where: str) -> str | None:
         args = typing.get_args(hint)
         if args:
             for k, v in value.items():
-                if (why := _problem(v, args[1], f"{where}.{k}")) is not None:
+                if (why := type_problem(v, args[1], f"{where}.{k}")) is not None:
                     return why
         return None
     if origin is list or hint is list:
@@ -442,7 +443,7 @@ def _problem(value: Any, hint: Any, where: str) -> str | None:
         args = typing.get_args(hint)
         if args:
             for i, v in enumerate(value):
-                if (why := _problem(v, args[0], f"{where}[{i}]")) is not None:
+                if (why := type_problem(v, args[0], f"{where}[{i}]")) is not None:
                     return why
         return None
     ok = {

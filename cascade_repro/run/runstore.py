@@ -17,18 +17,20 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import json
 import os
 import re
 import stat
 import tempfile
+import typing
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from cascade_repro.errors import EnvironmentFailure, RunLockedError, UsageError, name_oserror, naming
-from cascade_repro.run.manifest import Manifest, manifest_problem
+from cascade_repro.run.manifest import Manifest, manifest_problem, type_problem
 
 RUN_JSON = "run.json"
 PROMPTS = "prompts.jsonl"
@@ -170,6 +172,26 @@ RECORD_TYPES: dict[str, type] = {
 _FIELDS: dict[type, tuple[str, ...]] = {
     c: tuple(f.name for f in dataclasses.fields(c) if f.name != "other") for c in RECORD_TYPES.values()
 }
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return {n: t for n, t in typing.get_type_hints(cls).items() if n in _FIELDS[cls]}
+
+
+def record_problem(rec: dict[str, Any]) -> str | None:
+    """What is wrong with a control record (engine, cell_start, wave, cell_done, cell_error), or None:
+    each field its annotation's JSON type, as run.json's sections are checked. A wave record's
+    counters are summed and its times divided by scoring; a wrong type there is a lost record, not
+    a crash. Samples are :func:`sample_problem`'s."""
+    t = rec.get("type")
+    cls = RECORD_TYPES.get(t) if isinstance(t, str) else None
+    if cls is None or cls is SampleRecord:
+        return None
+    for name, hint in _hints(cls).items():
+        if name in rec and (why := type_problem(rec[name], hint, name)) is not None:
+            return f"{rec['type']} record: {why}"
+    return None
 
 
 def record_json(record: Record) -> dict[str, Any]:
@@ -768,6 +790,7 @@ def read_progress(path: Path, prompts: PromptIds | None = None, *, samples: bool
     record or the errors: parsing every sample is most of a large file's scan."""
     prog = CellProgress()
     current = ""
+    engine_damage: tuple[int, str] | None = None
 
     def damaged(lineno: int, why: str | None) -> None:
         lines = prog.corrupt.setdefault(current, [])
@@ -796,6 +819,12 @@ def read_progress(path: Path, prompts: PromptIds | None = None, *, samples: bool
         if t in (CELL_START, CELL_DONE, CELL_ERROR, WAVE) and not isinstance(cid, str):
             damaged(lineno, f"{t} record whose cell_id is not text")
             continue
+        if (why := record_problem(rec)) is not None:
+            if t == ENGINE:  # what the engine read back is lost: every cell it then runs is unproven
+                engine_damage, prog.engine = (lineno, why), {}
+            else:
+                damaged(lineno, why)
+            continue
         if t == CELL_START:
             current = cid
             # A new attempt rewrites the cell: its earlier attempt's damage, waves and error go.
@@ -804,6 +833,8 @@ def read_progress(path: Path, prompts: PromptIds | None = None, *, samples: bool
             prog.damaged_wave.pop(current, None)
             prog.waves[cid] = []
             prog.errors.pop(cid, None)
+            if engine_damage is not None:
+                damaged(*engine_damage)
         elif t == CELL_DONE:
             if cid not in prog.corrupt:  # a lost record in this attempt: the cell must run again
                 prog.done.add(cid)
@@ -813,7 +844,7 @@ def read_progress(path: Path, prompts: PromptIds | None = None, *, samples: bool
         elif t == WAVE:
             prog.waves.setdefault(cid, []).append(rec)
         elif t == ENGINE:
-            prog.engine = rec
+            engine_damage, prog.engine = None, rec
     return prog
 
 
