@@ -1,19 +1,13 @@
-"""The environment block: run identity, spec, prompt set, captured stack, engines, thresholds and timings as key/value lines."""
+"""The environment block: run identity, spec, prompt set, captured stack, engines, thresholds
+and timings as key/value lines."""
 
 from __future__ import annotations
 
 import json
 
 from cascade_repro.report.load import RunData
-from cascade_repro.report.text import (
-    one_line,
-    truncate,
-)
-from cascade_repro.report.view import (
-    prompt_set,
-    ran_vllm,
-    stored_spec,
-)
+from cascade_repro.report.text import one_line, truncate
+from cascade_repro.report.view import prompt_set, ran_vllm, stored_spec
 
 ENV_VALUE_MAX = 200
 

@@ -19,14 +19,8 @@ from cascade_repro.judge.outcome import (
 )
 from cascade_repro.judge.verdicts import PREFILL_ONLY
 from cascade_repro.report.load import RunData
-from cascade_repro.report.text import (
-    plural,
-    text_of,
-)
-from cascade_repro.report.view import (
-    cascade_pairs,
-    verdict_counts,
-)
+from cascade_repro.report.text import plural, text_of
+from cascade_repro.report.view import cascade_pairs, verdict_counts
 
 HEADLINE_IDS = 3
 

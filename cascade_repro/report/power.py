@@ -6,23 +6,9 @@ from collections.abc import Callable
 
 from cascade_repro.judge import calibration
 from cascade_repro.report.load import RunData
-from cascade_repro.report.text import (
-    fmt_int,
-    fmt_ratio,
-    fmt_x_ci,
-    one_line,
-    text_of,
-)
-from cascade_repro.report.verdict_table import (
-    fmt_bias,
-    fmt_drift,
-    fmt_drift_rule,
-)
-from cascade_repro.report.view import (
-    Table,
-    calibration_pairs,
-    spec_field,
-)
+from cascade_repro.report.text import fmt_int, fmt_ratio, fmt_x_ci, one_line, text_of
+from cascade_repro.report.verdict_table import fmt_bias, fmt_drift, fmt_drift_rule
+from cascade_repro.report.view import Table, calibration_pairs, spec_field
 
 NOT_CALIBRATED = "Not calibrated: run with {flag} to measure the smallest LSE error this setup flags."
 

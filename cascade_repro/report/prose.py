@@ -1,26 +1,17 @@
-"""The report's paragraphs: the introduction, the warnings a reader must see first and the notes under the tables."""
+"""The report's paragraphs: the introduction, the warnings a reader must see first, and the notes
+under the tables."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from cascade_repro import engines, vllm_surface
-from cascade_repro.judge.outcome import (
-    EXERCISED,
-)
+from cascade_repro.judge.outcome import EXERCISED
 from cascade_repro.judge.verdicts import PREFILL_ONLY
 from cascade_repro.report.headline import pair_ids
 from cascade_repro.report.load import RunData
-from cascade_repro.report.power import (
-    detection_power,
-)
-from cascade_repro.report.text import (
-    as_int,
-    fmt_int,
-    is_missing,
-    one_line,
-    text_of,
-)
+from cascade_repro.report.power import detection_power
+from cascade_repro.report.text import as_int, fmt_int, is_missing, one_line, text_of
 from cascade_repro.report.view import (
     calibration_pairs,
     cascade_pairs,
@@ -62,7 +53,6 @@ HF_BANNER = (
     "engine hf: the harness's reference implementation of cascade attention on transformers; vLLM was not "
     "run, so these verdicts say nothing about vLLM's kernels (use --engine vllm on a GPU for that)"
 )
-
 
 FAKE_BANNER = (
     "engine {name}: a deterministic fake without weights, for testing the harness; these verdicts say "

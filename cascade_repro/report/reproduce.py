@@ -1,4 +1,5 @@
-"""The Reproduce block: how to install this exact cascade-repro (and vLLM, and the embedded model's package) and the command that made the run."""
+"""The Reproduce block: how to install this exact cascade-repro (and vLLM, and the embedded
+model's package), and the command that made the run."""
 
 from __future__ import annotations
 
@@ -6,12 +7,8 @@ import re
 import shlex
 
 from cascade_repro.report.load import RunData
-from cascade_repro.report.text import (
-    one_line,
-)
-from cascade_repro.report.view import (
-    ran_vllm,
-)
+from cascade_repro.report.text import one_line
+from cascade_repro.report.view import ran_vllm
 from cascade_repro.run.envinfo import pip_vcs_url
 
 

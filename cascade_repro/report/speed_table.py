@@ -1,4 +1,5 @@
-"""The decode speed table of vLLM runs: cascade's time per decode step against its flat twin, and the cost model's view."""
+"""The decode speed table of vLLM runs: cascade's time per decode step against its flat twin,
+and the cost model's view."""
 
 from __future__ import annotations
 
@@ -14,12 +15,7 @@ from cascade_repro.report.text import (
     is_missing,
     text_of,
 )
-from cascade_repro.report.view import (
-    Table,
-    cascade_pairs,
-    predictions,
-    varying_axes,
-)
+from cascade_repro.report.view import Table, cascade_pairs, predictions, varying_axes
 
 
 def has_speed(data: RunData) -> bool:

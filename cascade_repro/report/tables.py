@@ -1,10 +1,9 @@
-"""The run's other tables: noise controls, cells, invocations of a resumed run, and the divergent examples."""
+"""The run's other tables: noise controls, cells, the invocations of a resumed run, and the
+divergent examples."""
 
 from __future__ import annotations
 
-from cascade_repro.judge.outcome import (
-    NOISE_RERUN,
-)
+from cascade_repro.judge.outcome import NOISE_RERUN
 from cascade_repro.report.load import Example, RunData
 from cascade_repro.report.text import (
     MISSING,
@@ -17,18 +16,10 @@ from cascade_repro.report.text import (
     text_of,
     text_or_missing,
 )
-from cascade_repro.report.view import (
-    Table,
-    cascade_pairs,
-    cells,
-    control_pairs,
-    has_if,
-    invocations,
-)
+from cascade_repro.report.view import Table, cascade_pairs, cells, control_pairs, has_if, invocations
 from cascade_repro.twin import CASCADE as TWIN
 
 RERUN_NOTE = "same-engine rerun: bitwise identical expected; not used as a noise floor"
-
 
 PLANNER = "added by the planner"
 

@@ -20,13 +20,7 @@ from cascade_repro.report.text import (
     text_of,
     text_or_missing,
 )
-from cascade_repro.report.view import (
-    Table,
-    cascade_pairs,
-    has_if,
-    predictions,
-    varying_axes,
-)
+from cascade_repro.report.view import Table, cascade_pairs, has_if, predictions, varying_axes
 
 
 def _vs(k: str, n_k: str, p) -> str:

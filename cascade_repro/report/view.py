@@ -1,4 +1,5 @@
-"""The run as every report reads it: run.json's stored sections, the tables' rows in display order, the format-neutral `Table`.
+"""The run as every report reads it: run.json's stored sections, the tables' rows in display
+order, and the format-neutral `Table`.
 
 run.json's sections are of their declared types here (``runstore.read_manifest`` refuses a file
 where one is not); what may still be absent is a section or field an older file lacks, read as
@@ -14,17 +15,10 @@ from typing import Any
 
 from cascade_repro import engines
 from cascade_repro.judge import calibration, outcome
-from cascade_repro.judge.outcome import (
-    CALIBRATION,
-    TWIN_KIND,
-)
+from cascade_repro.judge.outcome import CALIBRATION, TWIN_KIND
 from cascade_repro.plan.matrix import MatrixSpec
 from cascade_repro.report.load import RunData
-from cascade_repro.report.text import (
-    MISSING,
-    as_int,
-    text_of,
-)
+from cascade_repro.report.text import MISSING, as_int, text_of
 from cascade_repro.run.manifest import Invocation, PromptSetFacts
 
 AXES = ("seed", "dtype", "fa_version", "backend")
