@@ -19,7 +19,7 @@ def reproduce_lines(data: RunData) -> list[str] | None:
     if not cmd:
         return None
     m = data.manifest
-    src = m.tool_source if isinstance(m.tool_source, dict) else {}
+    src = m.tool_source or {}
     version = one_line(str(m.tool_version or "?"))
     commit = one_line(str(src.get("commit") or ""))
     clean = commit.removesuffix("-dirty")

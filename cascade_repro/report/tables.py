@@ -146,7 +146,7 @@ def invocations_table(data: RunData) -> Table | None:
         return None
     rows = []
     for k, inv in enumerate(invs, 1):
-        env = inv.env if isinstance(inv.env, dict) else {}
+        env = inv.env
         stack = ", ".join(f"{key} {env[key]}" for key in ("vllm", "torch", "gpu_name") if env.get(key))
         rows.append([str(k), text_of(inv.kind or "matrix"), text_of(inv.stored("started_at")), fmt_int(inv.cells_kept),
                      fmt_int(inv.cells_run), fmt_float(inv.total_s, ".1f"), stack or MISSING,
