@@ -253,8 +253,8 @@ def require_vllm() -> None:
 def measure(spec: Any, opts: Any, console: Any = None) -> tuple[Any, list[SweepRow], str]:
     """Run the sweep's matrix (resumable like any matrix), write ``sweep.md`` beside its reports,
     and return (the run's outcome, the rows, the Markdown)."""
-    from cascade_repro.report.content import predictions
     from cascade_repro.report.load import load_run
+    from cascade_repro.report.view import predictions
     from cascade_repro.run import runstore
     from cascade_repro.run.runner import run_matrix
 

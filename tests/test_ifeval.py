@@ -513,19 +513,17 @@ def test_unscorable_without_problems() -> None:
 
 
 def test_report_names_unknown_ids(tmp_path: Path) -> None:
-    from types import SimpleNamespace
-
-    from cascade_repro.report import content
+    from cascade_repro.report.load import unscorable_prompts
 
     root = _write_run(tmp_path / "r", GOOD)
-    assert content.unscored_note(SimpleNamespace(run_dir=root)) is None  # every prompt scorable or without ids
+    assert unscorable_prompts(root).note() is None  # every prompt scorable or without ids
     prompts = [*PROMPTS[:3], {**PROMPTS[3], "instruction_id_list": ["x:unknown"], "kwargs": [{}]}]
     (root / "prompts.jsonl").write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in prompts), "utf-8")
-    assert content.unscored_note(SimpleNamespace(run_dir=root)) == (
+    assert unscorable_prompts(root).note() == (
         "IFEval: 1 of 4 prompts not scored (no verifier for x:unknown (1 prompt))."
     )
     (root / "prompts.jsonl").unlink()
-    assert content.unscored_note(SimpleNamespace(run_dir=root)) is None
+    assert unscorable_prompts(root).note() is None
 
 
 def test_markdown_report_carries_the_unscored_note(tmp_path: Path) -> None:

@@ -82,3 +82,20 @@ def test_the_stages_are_folders():
         assert (PACKAGE / name / "__init__.py").is_file(), name
     for name in SHARED:
         assert (PACKAGE / f"{name}.py").is_file(), name
+
+
+# The report renders what scoring wrote and never scores: only its loader reads the one thing the
+# tables do not hold (which prompts no IFEval verifier can score) through the scorer's modules.
+SCORER = ("cascade_repro.judge.compare", "cascade_repro.judge.ifeval")
+READS_FOR_THE_REPORT = {"report.load"}
+
+
+def test_the_report_never_calls_the_scorer():
+    wrong = []
+    for path in (PACKAGE / "report").rglob("*.py"):
+        mod = ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(SCORER):
+                if mod not in READS_FOR_THE_REPORT:
+                    wrong.append((mod, node.module))
+    assert wrong == []

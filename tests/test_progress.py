@@ -175,7 +175,7 @@ def test_out_console_does_not_wrap_or_squeeze_where_output_is_not_a_terminal(mon
 def test_reproduce_block_installs_the_exact_version_that_ran():
     from types import SimpleNamespace
 
-    from cascade_repro.report.content import reproduce_lines
+    from cascade_repro.report.reproduce import reproduce_lines
     from cascade_repro.run.manifest import Manifest
 
     def data_of(run):  # what reproduce_lines reads of a RunData

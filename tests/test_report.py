@@ -22,6 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cascade_repro.errors import UsageError
+from cascade_repro.judge.outcome import exit_status
 from cascade_repro.report import (
     ReportFormat,
     ReportFormatter,
@@ -29,7 +30,6 @@ from cascade_repro.report import (
     load_run,
     write_reports,
 )
-from cascade_repro.report.content import exit_status
 from cascade_repro.report.html import HtmlFormatter
 from cascade_repro.report.json import JsonFormatter
 from cascade_repro.report.junit import JunitFormatter
@@ -929,7 +929,7 @@ def test_verdict_table_shows_drift_depth_and_control(run_dir: Path) -> None:
 
 
 def test_headline_variants(run_dir: Path, clean_dir: Path) -> None:
-    from cascade_repro.report.content import headline
+    from cascade_repro.report.headline import headline
 
     data = load_run(run_dir)
     assert headline(data) == "cascade-repro: regression in 1 of 3 pairs: p02"
@@ -964,7 +964,7 @@ def test_headline_colour_in_html(run_dir: Path, clean_dir: Path) -> None:
 
 
 def test_exit_code_5_when_a_pair_is_inconclusive(clean_dir: Path) -> None:
-    from cascade_repro.report.content import EXIT_INCONCLUSIVE
+    from cascade_repro.exit_codes import INCONCLUSIVE as EXIT_INCONCLUSIVE
 
     data = load_run(clean_dir)
     assert EXIT_INCONCLUSIVE == 5
@@ -1000,7 +1000,7 @@ def _only_batch_1(data) -> None:
     ],
 )  # fmt: skip
 def test_exit_code_4_names_why_nothing_fired(tmp_path: Path, run_patch: dict, why: str) -> None:
-    from cascade_repro.report.content import EXIT_NOTHING_EXERCISED
+    from cascade_repro.exit_codes import NOTHING_EXERCISED as EXIT_NOTHING_EXERCISED
 
     data = load_run(build_run(tmp_path, {**RUN, **run_patch}))
     _only_batch_1(data)
@@ -1209,7 +1209,7 @@ def test_old_run_without_drift_columns_renders(tmp_path: Path) -> None:
 
 
 def test_an_hf_run_says_plainly_that_vllm_was_not_run(tmp_path: Path) -> None:
-    from cascade_repro.report.content import HF_BANNER
+    from cascade_repro.report.prose import HF_BANNER
 
     run = {**RUN, "spec": {**RUN["spec"], "engine": "hf"}}
     data = load_run(build_run(tmp_path / "hf", run))

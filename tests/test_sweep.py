@@ -81,8 +81,8 @@ def test_rows_from_a_finished_run(tmp_path):
     run_dir = synthetic_run(tmp_path / "synth", prompts=16, batch="1,8")
     from cascade_repro.judge import compare
     from cascade_repro.judge.verdicts import Thresholds
-    from cascade_repro.report.content import predictions
     from cascade_repro.report.load import load_run
+    from cascade_repro.report.view import predictions
     from cascade_repro.run import runstore
 
     cells, pairs, comps = compare.build_tables(runstore.read_run_json(run_dir), run_dir, Thresholds())

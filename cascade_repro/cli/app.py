@@ -14,6 +14,7 @@ import typer
 from rich.markup import escape
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
+from cascade_repro import exit_codes
 from cascade_repro.plan.matrix import MatrixSpec
 
 
@@ -127,9 +128,9 @@ class OutputClosed(OSError):
     BrokenPipeError, which rich and Click each turn into exit 1 before the app's handler sees it."""
 
 
-EXIT_INTERNAL = 70  # sysexits.h's EX_SOFTWARE: a bug in the tool, not in the run or the command line
-EXIT_INTERRUPTED = 130
-EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool that SIGPIPE ended
+EXIT_INTERNAL = exit_codes.INTERNAL
+EXIT_INTERRUPTED = exit_codes.INTERRUPTED
+EXIT_BROKEN_PIPE = exit_codes.BROKEN_PIPE
 DEBUG_ENV = "CASCADE_REPRO_DEBUG"
 _debug = False  # --debug of this invocation
 

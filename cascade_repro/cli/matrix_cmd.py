@@ -386,9 +386,7 @@ def matrix(
             if note := vllm_surface.cascade_note(version):
                 err_console().print(f"note: {note}", highlight=False, markup=False)
             if vllm_surface.cascade_status(version) == "removed" and not dry_run:
-                from cascade_repro.report.content import EXIT_NOTHING_EXERCISED
-
-                raise typer.Exit(EXIT_NOTHING_EXERCISED)
+                raise typer.Exit(exit_codes.NOTHING_EXERCISED)
         if dry_run:
             from cascade_repro.plan.models import check_model
             from cascade_repro.run.runner import check_run_id, default_run_id

@@ -48,8 +48,8 @@ def report(
             check_fail_on(fail_on)
         from contextlib import nullcontext
 
+        from cascade_repro.judge.outcome import run_fail_on
         from cascade_repro.report import write_reports
-        from cascade_repro.report.content import run_fail_on
         from cascade_repro.report.load import load_run
         from cascade_repro.report.outcome import outcome_of
         from cascade_repro.run import runstore
@@ -83,7 +83,7 @@ def report(
                 rescore_run(run_dir, command, allow_loss=allow_loss)
             paths = write_reports(run_dir, fail_on=fail_on)
         data = load_run(run_dir)
-        outcome = outcome_of(data, fail_on if fail_on is not None else run_fail_on(data))
+        outcome = outcome_of(data, fail_on if fail_on is not None else run_fail_on(data.manifest))
     console = err_console()
     for p in paths.values():
         console.print(f"wrote {p}", highlight=False, markup=False)  # a path: "[x]" is no style tag

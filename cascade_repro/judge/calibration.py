@@ -13,10 +13,11 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from cascade_repro.judge.outcome import CALIBRATION, EXERCISED, REGRESSION
 from cascade_repro.vllm_surface import inject as inj
 
 GROUP_AXES = ("tp", "batch", "seed", "dtype", "fa_version", "backend")
-FLAGGED = "regression"
+FLAGGED = REGRESSION
 
 
 def shift_of(label: Any) -> float | None:
@@ -35,7 +36,7 @@ def detection_power(pairs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in pairs:
-        if r.get("kind") != "calibration":
+        if r.get("kind") != CALIBRATION:
             continue
         x = shift_of(r.get("inject"))
         if x is None:
@@ -57,7 +58,7 @@ def detection_power(pairs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             }
             for r in rows
         ]
-        judged = [s for s in ladder if s["verdict"] in (FLAGGED, "within noise", "identical", "inconclusive")]
+        judged = [s for s in ladder if s["verdict"] in EXERCISED]
         flags_from = None
         for s in reversed(judged):
             if s["verdict"] != FLAGGED:

@@ -21,6 +21,14 @@ from cascade_repro.judge.metrics.divergence import divergence_metrics
 from cascade_repro.judge.metrics.drift import drift_floor, drift_triple
 from cascade_repro.judge.metrics.reference import ArmError, arm_error, by_step_mean
 from cascade_repro.judge.metrics.repetition import repetition_metrics
+from cascade_repro.judge.outcome import (
+    CALIBRATION,
+    FLOOR_KINDS,
+    NOISE_BATCH,
+    NOISE_RERUN,
+    NOISE_RESTART,
+    TWIN_KIND,
+)
 from cascade_repro.judge.tables import PAIR_COLUMNS
 from cascade_repro.judge.verdicts import (
     BiasStats,
@@ -211,17 +219,10 @@ def cell_rows(run: Manifest | dict[str, Any], run_dir: Path, samples: dict[str, 
     return pd.DataFrame(rows)
 
 
-TWIN_KIND, CALIBRATION = TWIN.pair_kind, "calibration"
-NOISE_BATCH, NOISE_RESTART, NOISE_RERUN = "noise-batch", "noise-restart", "noise-rerun"
-# Controls that measure noise. A rerun inside one engine is bitwise identical (the prefix cache is
-# reset per wave), so it is shown but never taken as a noise floor.
-FLOOR_KINDS = (NOISE_BATCH, NOISE_RESTART)
-
-
 @dataclass
 class PairSpec:
     pair_id: str
-    kind: str  # cascade | calibration | noise-batch | noise-restart | noise-rerun
+    kind: str  # one of outcome.PAIR_KINDS
     test: CellPlan
     ref: CellPlan
 
@@ -246,7 +247,7 @@ def plan_pairs(cells: list[CellPlan] | list[dict[str, Any]]) -> list[PairSpec]:
         if c.arm == TWIN.test and c.rerun == 0:
             ref = flat.get((twin_key(c), c.batch, 0))
             if ref:
-                kind = CALIBRATION if c.origin == "calibration" else TWIN_KIND
+                kind = CALIBRATION if c.origin == CALIBRATION else TWIN_KIND
                 pairs.append(PairSpec(f"{c.cell_id}~{TWIN.ref}", kind, c, ref))
     by_twin: dict[tuple, list[CellPlan]] = {}
     for c in cells:

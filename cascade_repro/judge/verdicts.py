@@ -30,14 +30,16 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 
 from cascade_repro.errors import UsageError
+from cascade_repro.judge.outcome import (
+    ERROR,
+    IDENTICAL,
+    INCONCLUSIVE,
+    NOT_EXERCISED,
+    REGRESSION,
+    WITHIN_NOISE,
+)
 
-NOT_EXERCISED = "not exercised"
-IDENTICAL = "identical"
-WITHIN_NOISE = "within noise"
-REGRESSION = "regression"
-INCONCLUSIVE = "inconclusive"
-ERROR = "error"
-VERDICTS = (NOT_EXERCISED, IDENTICAL, WITHIN_NOISE, REGRESSION, INCONCLUSIVE, ERROR)
+PREFILL_ONLY = "prefill only"  # a pair's depth: cascade ran on prefill steps and no decode step
 EXACT_PERMUTATION_MAX_N = 10  # up to 2**10 sign patterns are enumerated; more are sampled
 
 
@@ -371,7 +373,7 @@ def depth(cascade_steps: int, cascade_decode_steps: int | None) -> str:
         return "none"
     if cascade_decode_steps is None:
         return "?"
-    return "decode" if cascade_decode_steps > 0 else "prefill only"
+    return "decode" if cascade_decode_steps > 0 else PREFILL_ONLY
 
 
 def _bias_text(b: BiasStats, th: Thresholds) -> str:

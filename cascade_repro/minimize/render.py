@@ -114,7 +114,7 @@ def _lp(x: Any) -> str:
 
 
 def _env_text(env: dict[str, Any], effective: dict[str, Any]) -> str:
-    from cascade_repro.report.content import env_pairs
+    from cascade_repro.report.environment import env_pairs
 
     lines = [f"{k}: {v}" for k, v in env_pairs(env)]
     if effective:

@@ -22,6 +22,7 @@ from typing import Any
 from cascade_repro import vllm_surface
 from cascade_repro.errors import UsageError
 from cascade_repro.judge.metrics.divergence import divergence_metrics
+from cascade_repro.judge.outcome import REGRESSION
 from cascade_repro.minimize.ddmin import ddmin
 from cascade_repro.plan.matrix import waves
 from cascade_repro.run import runstore
@@ -131,7 +132,7 @@ def pick_pair(run_dir: Path, pair_id: str | None) -> dict[str, Any]:
             known = ", ".join(pairs["pair_id"]) or "none"
             raise UsageError(f"no cascade pair {pair_id!r} in {run_dir} (cascade pairs: {known})")
         return row.iloc[0].to_dict()
-    reg = pairs[pairs["verdict"] == "regression"]
+    reg = pairs[pairs["verdict"] == REGRESSION]
     if reg.empty:
         counts = pairs["verdict"].value_counts().to_dict()
         raise UsageError(

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 from html import escape
 
-from cascade_repro.report import content as c
+from cascade_repro.report import (
+    environment,
+    headline,
+    power,
+    prose,
+    reproduce,
+    speed_table,
+    svg,
+    tables,
+    verdict_table,
+    view,
+)
 from cascade_repro.report import reference as ref
-from cascade_repro.report import svg
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.load import Example, RunData
-from cascade_repro.report.text import clean, one_line
+from cascade_repro.report.text import Strong, clean, one_line
 from cascade_repro.run import runstore
 from cascade_repro.twin import CASCADE as TWIN
 
@@ -37,7 +47,7 @@ svg.plot{max-width:100%;height:auto}
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 
 
-def html_table(table: c.Table, empty: str) -> str:
+def html_table(table: view.Table, empty: str) -> str:
     """Render a table in a horizontally scrollable box, or a note when it has no rows.
 
     Numbers, ids and verdicts never break (a verdict split as "regre/ssion" was unreadable); only the
@@ -48,7 +58,7 @@ def html_table(table: c.Table, empty: str) -> str:
 
     def cell(v: str) -> str:
         text = escape(one_line(v))
-        return f'<strong class="v">{text}</strong>' if isinstance(v, c.Strong) else text
+        return f'<strong class="v">{text}</strong>' if isinstance(v, Strong) else text
 
     opens = ['<td class="t">' if h in table.wrap else "<td>" for h in table.headers]
     head = "".join(f"<th>{escape(h)}</th>" for h in table.headers)
@@ -60,12 +70,12 @@ def html_table(table: c.Table, empty: str) -> str:
 
 
 def _detection_power(data: RunData) -> list[str]:
-    entries = c.detection_power(data)
+    entries = power.detection_power(data)
     if not entries:
-        return [f"<p>{c.not_calibrated(_code)}</p>"]
+        return [f"<p>{power.not_calibrated(_code)}</p>"]
     out = []
     for e in entries:
-        out += [f"<p>{escape(e['statement'])}</p>", html_table(c.ladder_table(data, e), "no shifts")]
+        out += [f"<p>{escape(e['statement'])}</p>", html_table(power.ladder_table(data, e), "no shifts")]
     return out
 
 
@@ -77,8 +87,8 @@ def _pre(text: str | None) -> str:
 
 def _example(ex: Example) -> str:
     return (
-        f"<details>\n<summary>{escape(c.example_title(ex))}</summary>\n"
-        f"{html_table(c.example_table(ex), 'no token data')}\n"
+        f"<details>\n<summary>{escape(tables.example_title(ex))}</summary>\n"
+        f"{html_table(tables.example_table(ex), 'no token data')}\n"
         '<div class="sbs">\n'
         f"<div><h4>{escape(TWIN.test_label)} <code>{escape(ex.test_cell)}</code></h4>{_pre(ex.test_text)}</div>\n"
         f"<div><h4>{escape(TWIN.ref_label)} <code>{escape(ex.ref_cell)}</code></h4>{_pre(ex.ref_text)}</div>\n"
@@ -98,7 +108,7 @@ class HtmlFormatter(ReportFormatter):
 
     def render(self, data: RunData) -> str:
         """Return the HTML report."""
-        title = escape(c.headline(data))
+        title = escape(headline.headline(data))
         out = [
             "<!DOCTYPE html>",
             '<html lang="en">',
@@ -110,18 +120,18 @@ class HtmlFormatter(ReportFormatter):
             f"<style>\n{CSS}\n</style>",
             "</head>",
             "<body><main>",
-            f'<h1 class="{c.headline_tone(data)}">{title}</h1>',
-            f"<p>{c.intro(data, _code)}</p>",
+            f'<h1 class="{headline.headline_tone(data)}">{title}</h1>',
+            f"<p>{prose.intro(data, _code)}</p>",
         ]
-        if warns := c.warnings(data):
+        if warns := prose.warnings(data):
             out += [
                 "<h2>Warnings</h2>",
                 '<ul class="warn">',
                 *(f"<li>{escape(w)}</li>" for w in warns),
                 "</ul>",
             ]
-        out += ["<h2>Verdicts</h2>", html_table(c.verdict_table(data), "no cascade pairs")]
-        for note in (c.drift_note(data), c.if_note(data)):
+        out += ["<h2>Verdicts</h2>", html_table(verdict_table.verdict_table(data), "no cascade pairs")]
+        for note in (prose.drift_note(data), prose.if_note(data)):
             if note:
                 out.append(f'<p class="cap">{escape(note)}</p>')
         out += ["<h2>Against the reference</h2>", f"<p>{escape(ref.rule_note(data))}</p>"]
@@ -132,9 +142,9 @@ class HtmlFormatter(ReportFormatter):
                 ref.by_step_plots(data),
                 f'<p class="cap">{escape(ref.BY_STEP_NOTE)}</p>',
             ]
-        if c.has_speed(data):
-            out += ["<h2>Decode speed</h2>", html_table(c.speed_table(data), "no timed pairs")]
-            out.append(f'<p class="cap">{escape(c.SPEED_NOTE)}</p>')
+        if speed_table.has_speed(data):
+            out += ["<h2>Decode speed</h2>", html_table(speed_table.speed_table(data), "no timed pairs")]
+            out.append(f'<p class="cap">{escape(speed_table.SPEED_NOTE)}</p>')
         out += ["<h2>Detection power</h2>", *_detection_power(data)]
         out += [
             "<h2>Plots</h2>",
@@ -149,15 +159,15 @@ class HtmlFormatter(ReportFormatter):
             '<p class="cap">One small dot per finished cell; a cascade arm above its flat arm means more '
             "repeated 4-grams.</p>",
         ]
-        out += ["<h2>Noise floor</h2>", html_table(c.noise_table(data), "no control pairs")]
-        out += ["<h2>Cells</h2>", html_table(c.cell_table(data), "no cells")]
+        out += ["<h2>Noise floor</h2>", html_table(tables.noise_table(data), "no control pairs")]
+        out += ["<h2>Cells</h2>", html_table(tables.cell_table(data), "no cells")]
         if data.examples:
             out += ["<h2>Most divergent prompts</h2>", *(_example(ex) for ex in data.examples)]
-        if (inv := c.invocations_table(data)) is not None:
+        if (inv := tables.invocations_table(data)) is not None:
             out += ["<h2>Invocations</h2>", html_table(inv, "one invocation")]
-        env = "\n".join(f"{k}: {v}" for k, v in c.env_lines(data))
+        env = "\n".join(f"{k}: {v}" for k, v in environment.env_lines(data))
         out += ["<h2>Environment</h2>", f"<pre>{escape(env)}</pre>", "<h2>Reproduce</h2>"]
-        lines = c.reproduce_lines(data)
+        lines = reproduce.reproduce_lines(data)
         out.append(
             f"<pre><code>{escape(chr(10).join(lines))}</code></pre>"
             if lines

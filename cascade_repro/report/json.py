@@ -10,7 +10,8 @@ docs/summary-json.md.
 
 from __future__ import annotations
 
-from cascade_repro.report import content as c
+from cascade_repro.judge import outcome
+from cascade_repro.report import headline, power, prose, view
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import as_int, json_text
@@ -132,30 +133,30 @@ class JsonFormatter(ReportFormatter):
         """Return the summary as sorted, indented JSON."""
         m = data.manifest
         fail_on = str(m.fail_on or "regression")
-        code, reason = c.exit_status(data, c.run_fail_on(data))
+        code, reason = outcome.exit_status(data, outcome.run_fail_on(m))
         summary = {
             "schema_version": SCHEMA_VERSION,
             "run_id": m.stored("run_id"),
-            "headline": c.headline(data),
-            "counts": c.verdict_counts(data),
+            "headline": headline.headline(data),
+            "counts": view.verdict_counts(data),
             "fail_on": fail_on,
             "exit_code": code,
             "exit_reason": reason,
-            "pairs": [_row(r, PAIR_FIELDS) for r in c.cascade_pairs(data)],
+            "pairs": [_row(r, PAIR_FIELDS) for r in view.cascade_pairs(data)],
             # The flat-vs-flat controls' error ratios against the reference: this run's measured null.
-            "controls": [_row(r, CONTROL_FIELDS) for r in c.control_pairs(data)],
+            "controls": [_row(r, CONTROL_FIELDS) for r in view.control_pairs(data)],
             # What the reference pass was, not what it cost (run.json has its seconds): a resumed run's
             # summary is the uninterrupted one's.
             "reference": {k: v for k, v in m.reference.items() if k in REFERENCE_FIELDS}
             if isinstance(m.reference, dict)
             else None,
-            "cells": [_row(r, CELL_FIELDS) for r in c.cells(data)],
-            "warnings": c.warnings(data),
+            "cells": [_row(r, CELL_FIELDS) for r in view.cells(data)],
+            "warnings": prose.warnings(data),
             # Calibration: the smallest injected LSE error this setup flags ([] when not calibrated).
-            "detection_power": c.detection_power(data),
+            "detection_power": power.detection_power(data),
             # Informational: neither changes a verdict or the exit code.
-            "predictions": c.predictions(data),
-            "if_note": c.if_note(data),
+            "predictions": view.predictions(data),
+            "if_note": prose.if_note(data),
             "env": m.stack_env,
             # Every invocation of the run (the first, each resume) and the stack keys that changed.
             "invocations": [
@@ -166,7 +167,7 @@ class JsonFormatter(ReportFormatter):
                     "cells_run": i.cells_run,
                     "total_s": i.total_s,
                 }
-                for i in c.invocations(data)
+                for i in view.invocations(data)
             ],
             "mixed_stack": m.mixed_stack or [],
         }

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from cascade_repro.report import content as c
+from cascade_repro.judge import outcome
+from cascade_repro.report import power, verdict_table, view
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.junit_xml import JunitDocument, element
 from cascade_repro.report.load import RunData
@@ -24,7 +25,7 @@ SUITE = "cascade-repro"
 def _details(r: dict) -> str:
     return "\n".join(
         [
-            f"drift ratio {c.fmt_drift(r)} vs threshold {c.fmt_drift_rule(r)} "
+            f"drift ratio {verdict_table.fmt_drift(r)} vs threshold {verdict_table.fmt_drift_rule(r)} "
             f"(control {text_or_missing(r.get('control_pair_id'))})",
             f"diverged {fmt_ratio(r.get('n_diverged'), r.get('n'))} vs noise "
             f"{fmt_ratio(r.get('noise_n_diverged'), r.get('noise_n'))} ({fmt_p_eq(r.get('p_divergence'))})",
@@ -47,24 +48,24 @@ class JunitFormatter(ReportFormatter):
 
     def render(self, data: RunData) -> str:
         """Return the JUnit XML document."""
-        cell_status = {r["cell_id"]: r for r in c.cells(data)}
+        cell_status = {r["cell_id"]: r for r in view.cells(data)}
         # The Ant JUnit schema requires timestamp (no zone) and hostname; the host is not recorded on
         # purpose (reports are pasted into public issues), which the schema spells "localhost".
         created = str(data.manifest.created_at or "")[:19]
         doc = JunitDocument(SUITE, timestamp=created or "1970-01-01T00:00:00", hostname="localhost")
         for k, v in (
             ("run_id", data.manifest.run_id),
-            ("engine", c.spec_field(data, "engine")),
-            ("model", c.spec_field(data, "model")),
-            ("inject", c.spec_field(data, "inject")),
+            ("engine", view.spec_field(data, "engine")),
+            ("model", view.spec_field(data, "model")),
+            ("inject", view.spec_field(data, "inject")),
         ):
             if v:
                 doc.add_property(k, str(v))
         # Calibration pairs are not testcases (an injected error is meant to fail); what they
         # measured is one property.
-        power = [e["statement"] for e in c.detection_power(data)]
-        doc.add_property("detection_power", " ".join(power) or c.not_calibrated(str))
-        for r in c.cascade_pairs(data):
+        statements = [e["statement"] for e in power.detection_power(data)]
+        doc.add_property("detection_power", " ".join(statements) or power.not_calibrated(str))
+        for r in view.cascade_pairs(data):
             test_cell = cell_status.get(r.get("test_cell"), {})
             wall = test_cell.get("wall_s")
             case = doc.testcase(
@@ -79,7 +80,7 @@ class JunitFormatter(ReportFormatter):
                 for k in (r.get("test_cell"), r.get("ref_cell"))
                 if k in cell_status and cell_status[k].get("status") == "error"
             ]
-            if verdict == "error" or failed:
+            if verdict == outcome.ERROR or failed:
                 msg = "; ".join(f"cell {f['cell_id']} failed: {text_of(f.get('error'))}" for f in failed)
                 doc.outcome(
                     case,
@@ -88,7 +89,7 @@ class JunitFormatter(ReportFormatter):
                     message=one_line(msg or text_of(r.get("reasons"))),
                     type="error",
                 )
-            elif verdict == "regression":
+            elif verdict == outcome.REGRESSION:
                 doc.outcome(
                     case,
                     "failure",
@@ -96,9 +97,9 @@ class JunitFormatter(ReportFormatter):
                     message=one_line(text_of(r.get("reasons"))),
                     type="regression",
                 )
-            elif verdict == "not exercised":
+            elif verdict == outcome.NOT_EXERCISED:
                 doc.outcome(case, "skipped", message="cascade never fired")
-            elif verdict == "inconclusive":
+            elif verdict == outcome.INCONCLUSIVE:
                 doc.outcome(case, "skipped", message=one_line(f"inconclusive: {text_of(r.get('reasons'))}"))
             # Every pair's evidence, passing ones too: a CI page shows why a pair passed.
             element(case, "system-out", f"verdict {verdict}\n{_details(r)}")

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from cascade_repro.errors import UsageError
+from cascade_repro.judge.ifeval.score import Unscorable
 from cascade_repro.judge.tables import CELL_COLUMNS, COMPARISON_COLUMNS, PAIR_COLUMNS
 from cascade_repro.report.text import as_int, is_missing
 from cascade_repro.run import runstore
@@ -54,6 +55,9 @@ class RunData:
     pairs: pd.DataFrame
     comparisons: pd.DataFrame
     examples: list[Example]
+    # The prompts no IFEval verifier can score, read when the run is loaded: the report names them
+    # without calling the scorer.
+    unscorable: Unscorable = field(default_factory=Unscorable)
     _rows: dict[str, list[dict]] | None = field(default=None, init=False, repr=False, compare=False)
 
     def rows(self, table: str) -> list[dict]:
@@ -101,7 +105,16 @@ def load_run(run_dir: Path, n_examples: int = 3) -> RunData:
         pairs["kind"] = ["noise" if v == "control" else TWIN.pair_kind for v in pairs["verdict"]]
     examples = pick_examples(pairs, comparisons, n_examples)
     _attach_samples(run_dir, examples)
-    return RunData(run_dir, manifest, cells, pairs, comparisons, examples)
+    return RunData(run_dir, manifest, cells, pairs, comparisons, examples, unscorable_prompts(run_dir))
+
+
+def unscorable_prompts(run_dir: Path) -> Unscorable:
+    """The run's prompts (``prompts.jsonl``) that carry instructions no IFEval verifier can score;
+    none where the file is absent or unreadable."""
+    from cascade_repro.judge.compare import load_prompts
+    from cascade_repro.judge.ifeval.score import unscorable
+
+    return unscorable(load_prompts(run_dir))
 
 
 def _read_table(path: Path, columns: list[str]) -> pd.DataFrame:

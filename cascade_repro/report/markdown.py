@@ -5,7 +5,18 @@ from __future__ import annotations
 import html
 import re
 
-from cascade_repro.report import content as c
+from cascade_repro.judge import outcome
+from cascade_repro.report import (
+    environment,
+    headline,
+    power,
+    prose,
+    reproduce,
+    speed_table,
+    tables,
+    verdict_table,
+    view,
+)
 from cascade_repro.report import reference as ref
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.load import Example, RunData
@@ -33,9 +44,9 @@ def shortened_note(dropped: set[str]) -> str:
     )
 
 
-def _worst_rows(table: c.Table, n: int) -> c.Table:
+def _worst_rows(table: view.Table, n: int) -> view.Table:
     """Keep the n rows a reader needs first: regressions, errors, then the rest in order."""
-    rank = {"regression": 0, "error": 1, "inconclusive": 2}
+    rank = {outcome.REGRESSION: 0, outcome.ERROR: 1, outcome.INCONCLUSIVE: 2}
     i = table.headers.index("verdict") if "verdict" in table.headers else None
     order = sorted(
         range(len(table.rows)), key=lambda k: (rank.get(str(table.rows[k][i]), 3) if i is not None else 3, k)
@@ -49,7 +60,7 @@ def _worst_rows(table: c.Table, n: int) -> c.Table:
                 *[""] * (len(table.headers) - 1),
             ]
         )
-    return c.Table(table.headers, rows, table.wrap)
+    return view.Table(table.headers, rows, table.wrap)
 
 
 def _cut(text: str) -> str:
@@ -75,7 +86,7 @@ def md_code(s: str) -> str:
     return f"{delim}{pad}{s}{pad}{delim}"
 
 
-def md_table(table: c.Table, empty: str) -> list[str]:
+def md_table(table: view.Table, empty: str) -> list[str]:
     """Render a table, or an italic note when it has no rows."""
     if not table.rows:
         return [f"_{empty}_"]
@@ -100,9 +111,9 @@ def _sample(label: str, cell: str, text: str | None) -> list[str]:
 
 def _example(ex: Example) -> list[str]:
     return [
-        f"<details><summary>{html.escape(c.example_title(ex))}</summary>",
+        f"<details><summary>{html.escape(tables.example_title(ex))}</summary>",
         "",
-        *md_table(c.example_table(ex), "no token data"),
+        *md_table(tables.example_table(ex), "no token data"),
         "",
         *_sample(TWIN.test_label, ex.test_cell, ex.test_text),
         *_sample(TWIN.ref_label, ex.ref_cell, ex.ref_text),
@@ -112,12 +123,12 @@ def _example(ex: Example) -> list[str]:
 
 
 def _detection_power(data: RunData) -> list[str]:
-    entries = c.detection_power(data)
+    entries = power.detection_power(data)
     if not entries:
-        return [c.not_calibrated(md_code), ""]
+        return [power.not_calibrated(md_code), ""]
     out = []
     for e in entries:
-        out += [md_text(e["statement"]), "", *md_table(c.ladder_table(data, e), "no shifts"), ""]
+        out += [md_text(e["statement"]), "", *md_table(power.ladder_table(data, e), "no shifts"), ""]
     return out
 
 
@@ -137,16 +148,16 @@ class MarkdownFormatter(ReportFormatter):
 
     def _render(self, data: RunData, level: int) -> str:
         drop = set(SHORTENINGS[:level])
-        out = [f"## {md_text(c.headline(data))}", "", c.intro(data, md_code), ""]
-        if warns := c.warnings(data):
+        out = [f"## {md_text(headline.headline(data))}", "", prose.intro(data, md_code), ""]
+        if warns := prose.warnings(data):
             out += ["### Warnings", "", *(f"- **warning:** {md_text(w)}" for w in warns), ""]
         if drop:
             out += [f"_{md_text(shortened_note(drop))}_", ""]
-        verdicts = c.verdict_table(data)
+        verdicts = verdict_table.verdict_table(data)
         if "verdict rows" in drop:
             verdicts = _worst_rows(verdicts, MAX_VERDICT_ROWS)
         out += ["### Verdicts", "", *md_table(verdicts, "no cascade pairs"), ""]
-        for note in (c.drift_note(data), c.if_note(data), c.unscored_note(data)):
+        for note in (prose.drift_note(data), prose.if_note(data), prose.unscored_note(data)):
             if note:
                 out += [f"_{md_text(note)}_", ""]
         out += ["### Against the reference", "", md_text(ref.rule_note(data)), ""]
@@ -160,21 +171,21 @@ class MarkdownFormatter(ReportFormatter):
             if lines := ref.by_step_lines(data):
                 out += ["<details><summary>Error against the reference by decode step</summary>", "",
                         *(f"- {md_text(line)}" for line in lines), "", "</details>", ""]  # fmt: skip
-        if c.has_speed(data) and "speed" not in drop:
-            out += ["### Decode speed", "", *md_table(c.speed_table(data), "no timed pairs"), ""]
-            out += [f"_{md_text(c.SPEED_NOTE)}_", ""]
+        if speed_table.has_speed(data) and "speed" not in drop:
+            out += ["### Decode speed", "", *md_table(speed_table.speed_table(data), "no timed pairs"), ""]
+            out += [f"_{md_text(speed_table.SPEED_NOTE)}_", ""]
         out += ["### Detection power", "", *_detection_power(data)]
         if "noise" not in drop:
-            out += ["### Noise floor", "", *md_table(c.noise_table(data), "no control pairs"), ""]
+            out += ["### Noise floor", "", *md_table(tables.noise_table(data), "no control pairs"), ""]
         if "cells" not in drop:
-            out += ["### Cells", "", *md_table(c.cell_table(data), "no cells"), ""]
+            out += ["### Cells", "", *md_table(tables.cell_table(data), "no cells"), ""]
         if data.examples and "examples" not in drop:
             out += ["### Most divergent prompts", ""]
             for ex in data.examples:
                 out += _example(ex)
-        if (inv := c.invocations_table(data)) is not None:
+        if (inv := tables.invocations_table(data)) is not None:
             out += ["### Invocations", "", *md_table(inv, "one invocation"), ""]
-        env = "\n".join(f"{k}: {v}" for k, v in c.env_lines(data))
+        env = "\n".join(f"{k}: {v}" for k, v in environment.env_lines(data))
         if "environment" not in drop:
             out += ["### Environment", "", *fenced(env, "text"), ""]
             collected = data.manifest.vllm_collect_env
@@ -182,7 +193,7 @@ class MarkdownFormatter(ReportFormatter):
                 out += ["<details><summary>vLLM's collect_env</summary>", "", *fenced(collected, "text"), "",
                         "</details>", ""]  # fmt: skip
         out += ["### Reproduce", ""]
-        lines = c.reproduce_lines(data)
+        lines = reproduce.reproduce_lines(data)
         if lines:
             out += fenced("\n".join(lines), "bash")
         else:

@@ -18,7 +18,9 @@ class Outcome:
 
 def outcome_of(data: Any, fail_on: str) -> Outcome:
     """Judge a loaded run (``report.load.RunData``) under ``fail_on``."""
-    from cascade_repro.report.content import exit_status, headline, verdict_counts
+    from cascade_repro.judge.outcome import exit_status
+    from cascade_repro.report.headline import headline
+    from cascade_repro.report.view import verdict_counts
 
     code, reason = exit_status(data, fail_on)
     return Outcome(code, reason, headline(data), {k: v for k, v in verdict_counts(data).items() if v})

@@ -10,7 +10,7 @@ import json
 import math
 from html import escape
 
-from cascade_repro.report import content as c
+from cascade_repro.report import view
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import fmt_int, fmt_p, fmt_x_ci, is_missing, text_of
 
@@ -21,7 +21,7 @@ TEST_COLOR, TWIN_COLOR = "#d1242f", "#0969da"
 
 def has_reference(data: RunData) -> bool:
     return any(
-        text_of(r.get("rule")) == "reference" for r in c.cascade_pairs(data) + c.calibration_pairs(data)
+        text_of(r.get("rule")) == "reference" for r in view.cascade_pairs(data) + view.calibration_pairs(data)
     )
 
 
@@ -30,7 +30,7 @@ def rule_note(data: RunData) -> str:
     ran = data.manifest.reference if isinstance(data.manifest.reference, dict) else {}
     if has_reference(data):
         dtype = next(
-            (text_of(r.get("reference")) for r in c.cascade_pairs(data) if text_of(r.get("reference"))), ""
+            (text_of(r.get("reference")) for r in view.cascade_pairs(data) if text_of(r.get("reference"))), ""
         )
         return (
             f"Verdicts decided against a {dtype} reference: every token each arm generated was read again, "
@@ -51,11 +51,11 @@ def _num(v: object, spec: str = ".3g") -> str:
     return "—" if is_missing(v) else format(float(v), spec)
 
 
-def reference_table(data: RunData) -> c.Table:
+def reference_table(data: RunData) -> view.Table:
     """One row per pair the reference scored: cascade pairs, calibration pairs, then the controls (the null)."""
     rows = []
-    judged = c.cascade_pairs(data) + c.calibration_pairs(data)
-    for control, r in [(False, r) for r in judged] + [(True, r) for r in c.control_pairs(data)]:
+    judged = view.cascade_pairs(data) + view.calibration_pairs(data)
+    for control, r in [(False, r) for r in judged] + [(True, r) for r in view.control_pairs(data)]:
         if is_missing(r.get("ref_ratio")):
             continue
         rows.append(
@@ -74,7 +74,7 @@ def reference_table(data: RunData) -> c.Table:
         "pair", "verdict", "error ratio [95% CI]", "error test vs twin (nats/token)", "larger/smaller",
         "p sign / Wilcoxon", "min effect", "regret test vs twin",
     ]  # fmt: skip
-    return c.Table(headers, rows)
+    return view.Table(headers, rows)
 
 
 REFERENCE_NOTE = (
@@ -115,7 +115,7 @@ def binned(curve: list[float], bins: int = 8) -> list[float]:
 def by_step_lines(data: RunData) -> list[str]:
     """Per cascade pair, the binned error by decode step of both arms, one line each (report.md)."""
     out = []
-    for r in c.cascade_pairs(data) + c.calibration_pairs(data):
+    for r in view.cascade_pairs(data) + view.calibration_pairs(data):
         t, w = _curve(r.get("ref_by_step_test")), _curve(r.get("ref_by_step_twin"))
         if not t or not w:
             continue
@@ -131,7 +131,7 @@ def by_step_lines(data: RunData) -> list[str]:
 def by_step_plots(data: RunData) -> str:
     """Small multiples: per cascade pair, the error against the reference by decode step, test and twin."""
     plots = []
-    for r in c.cascade_pairs(data) + c.calibration_pairs(data):
+    for r in view.cascade_pairs(data) + view.calibration_pairs(data):
         t, w = _curve(r.get("ref_by_step_test")), _curve(r.get("ref_by_step_twin"))
         if t and w:
             plots.append(_plot(text_of(r.get("pair_id")), text_of(r.get("verdict")), t, w))

@@ -6,7 +6,8 @@ import math
 import statistics
 from html import escape
 
-from cascade_repro.report import content as c
+from cascade_repro.judge import outcome
+from cascade_repro.report import view
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import as_int, fmt_x, fmt_x_ci, is_missing, text_of, truncate
 from cascade_repro.twin import CASCADE as TWIN
@@ -139,7 +140,11 @@ def first_divergence_plot(data: RunData) -> str:
     for r in data.rows("comparisons"):
         p = kinds.get(r["pair_id"])
         # Calibration pairs carry an injected error: they are neither cascade evidence nor noise.
-        if p is None or p.get("kind") == c.CALIBRATION or (not is_missing(r["exact"]) and bool(r["exact"])):
+        if (
+            p is None
+            or p.get("kind") == outcome.CALIBRATION
+            or (not is_missing(r["exact"]) and bool(r["exact"]))
+        ):
             continue
         _add(cascade if p.get("kind") == TWIN.pair_kind else noise, p.get("batch"), r["first_div"])
     return whisker_plot(
@@ -153,7 +158,7 @@ def first_divergence_plot(data: RunData) -> str:
 def seq_rep_plot(data: RunData) -> str:
     """Plot seq-rep-4 of finished cells by batch, cascade arm vs flat arm."""
     arms: dict[str, Series] = {f"{arm} arm": {} for arm in TWIN.arms}
-    for r in c.cells(data):
+    for r in view.cells(data):
         if r.get("status") == "done" and f"{r.get('arm')} arm" in arms:
             _add(arms[f"{r['arm']} arm"], r.get("batch"), r.get("seq_rep_4"))
     return whisker_plot("seq-rep-4 by batch size", "batch size", "seq-rep-4 (mean per cell)", arms)
@@ -217,14 +222,14 @@ def log_ticks(lo: float, hi: float) -> list[float]:
 def forest_rows(data: RunData) -> list[dict]:
     """Rows of the forest plot: cascade pairs, then calibration pairs by shift; no ratio, no row."""
     out = []
-    for r in [*c.cascade_pairs(data), *c.calibration_pairs(data)]:
+    for r in [*view.cascade_pairs(data), *view.calibration_pairs(data)]:
         ratio = _positive(r.get("drift_ratio"))
         if ratio is None:
             continue
         out.append(
             {
                 "label": text_of(r.get("pair_id")),
-                "calibration": r.get("kind") == c.CALIBRATION,
+                "calibration": r.get("kind") == outcome.CALIBRATION,
                 "ratio": ratio,
                 "lo": _positive(r.get("drift_ratio_lo")),
                 "hi": _positive(r.get("drift_ratio_hi")),
@@ -246,7 +251,7 @@ def forest_plot(data: RunData) -> str:
     rows = forest_rows(data)
     if not rows:
         return f'<p class="nodata">{escape(title)}: no data</p>'
-    drift_min = _positive(c.thresholds(data).get("drift_min"))
+    drift_min = _positive(data.manifest.thresholds.get("drift_min"))
     xs = [v for r in rows for v in (r["ratio"], r["lo"], r["hi"], r["threshold"]) if v is not None]
     lo, hi = log_domain([*xs, 1.0, *([drift_min] if drift_min else [])])
     left = 16 + CHAR_W * min(LABEL_CHARS, max(len(r["label"]) for r in rows))
@@ -287,7 +292,7 @@ def forest_plot(data: RunData) -> str:
 
 def _forest_row(r: dict, cy: float, left: float, x) -> str:
     calib = r["calibration"]
-    color = GREY if calib else RED if r["verdict"] == "regression" else BLUE
+    color = GREY if calib else RED if r["verdict"] == outcome.REGRESSION else BLUE
     style = ' font-style="italic" fill="#59636e"' if calib else ""
     label = escape(truncate(r["label"], LABEL_CHARS))
     out = [

@@ -1,0 +1,104 @@
+"""The headline: what a run found, in one line, and its colour."""
+
+from __future__ import annotations
+
+from cascade_repro import exit_codes
+from cascade_repro.judge.outcome import (
+    ERROR,
+    EXERCISED,
+    IDENTICAL,
+    INCONCLUSIVE,
+    NOT_EXERCISED,
+    REGRESSION,
+    VERDICTS,
+    WITHIN_NOISE,
+    exit_status,
+    finish_hint,
+    n_exercised,
+    unfinished_cells,
+)
+from cascade_repro.judge.verdicts import PREFILL_ONLY
+from cascade_repro.report.load import RunData
+from cascade_repro.report.text import plural, text_of
+from cascade_repro.report.view import cascade_pairs, verdict_counts
+
+HEADLINE_IDS = 3
+
+
+def headline(data: RunData) -> str:
+    """Say in plain words what the run found, e.g. `cascade-repro: regression in 2 of 6 pairs: a, b`."""
+    text = _headline(data)
+    pending, total = unfinished_cells(data)
+    missing = [str(m) for m in data.manifest.shards_missing or []]
+    if pending and missing:
+        # A merge the user let go without some shards (--allow-partial): say which.
+        shards = plural(len(missing), "shard").split(" ", 1)[1]
+        text = (
+            f"cascade-repro: partial merge ({total - pending} of {total} cells: {shards} "
+            f"{', '.join(missing)} missing); so far: {text.removeprefix('cascade-repro: ')}"
+        )
+    elif pending:
+        # The verdicts so far are the finished pairs'; say first that the run is not done.
+        finish = finish_hint(data) or "rerun the same command to finish"
+        text = (
+            f"cascade-repro: not finished ({total - pending} of {total} cells done: {finish}); "
+            f"so far: {text.removeprefix('cascade-repro: ')}"
+        )
+    mixed = data.manifest.mixed_stack
+    if mixed:
+        # A resume under another stack (--allow-mixed): the comparison spans two of them.
+        text += f" [mixed stacks: {', '.join(map(str, mixed))} changed between invocations]"
+    return text
+
+
+def _headline(data: RunData) -> str:
+    pairs = cascade_pairs(data)
+    counts = verdict_counts(data)
+    total = len(pairs)
+    if total == 0:
+        return "cascade-repro: nothing exercised: no cascade pairs"
+    regressions = [r for r in pairs if r.get("verdict") == REGRESSION]
+    if regressions:
+        return f"cascade-repro: regression in {len(regressions)} of {plural(total, 'pair')}: {pair_ids(regressions)}"
+    if n_exercised(counts) == 0:
+        if counts[ERROR] == total:
+            return f"cascade-repro: {plural(total, 'error')} in {plural(total, 'pair')}"
+        fired = f"cascade never fired in {plural(counts[NOT_EXERCISED], 'pair')}"
+        return f"cascade-repro: nothing exercised: {fired}" + _extras(counts, skip=(NOT_EXERCISED,))
+    clean = counts[IDENTICAL] + counts[WITHIN_NOISE]
+    if clean == 0:
+        head = f"cascade-repro: inconclusive in {plural(counts[INCONCLUSIVE], 'pair')}: no noise control measured"
+        return head + _extras(counts, skip=(INCONCLUSIVE,))
+    detail = ", ".join(f"{counts[k]} {k}" for k in (IDENTICAL, WITHIN_NOISE) if counts[k])
+    # The field bug lived in decode: a clean pair that never ran cascade on a decode step proves less.
+    prefill = sum(1 for r in pairs if r.get("verdict") in EXERCISED and r.get("depth") == PREFILL_ONLY)
+    if prefill:
+        detail += f"; {prefill} on prefill only"
+    return f"cascade-repro: no cascade effect beyond noise in {plural(clean, 'pair')} ({detail})" + _extras(
+        counts
+    )
+
+
+def pair_ids(rows: list[dict], limit: int = HEADLINE_IDS) -> str:
+    """`a, b, c and 2 more`: the first pair ids of rows, for a line that names them."""
+    ids = [text_of(r.get("pair_id")) for r in rows]
+    more = f" and {len(ids) - limit} more" if len(ids) > limit else ""
+    return ", ".join(ids[:limit]) + more
+
+
+def _extras(counts: dict[str, int], skip: tuple[str, ...] = ()) -> str:
+    """The `; 1 not exercised; 1 error` tail of a headline: pairs outside its main clause."""
+    parts = [f"{counts[k]} {k}" for k in (NOT_EXERCISED, INCONCLUSIVE) if counts[k] and k not in skip]
+    if counts[ERROR] and ERROR not in skip:
+        parts.append(plural(counts[ERROR], "error"))
+    # Verdicts this version does not know (a newer scorer, a hand-edited file) are still counted.
+    unknown = sum(n for k, n in counts.items() if k not in VERDICTS)
+    if unknown:
+        parts.append(f"{unknown} without a known verdict")
+    return "".join(f"; {p}" for p in parts)
+
+
+def headline_tone(data: RunData) -> str:
+    """Colour of the headline: `bad` (regression, nothing measured), `warn` (exit 4 or 5) or `ok`."""
+    code = exit_status(data, REGRESSION)[0]
+    return "bad" if code == exit_codes.REGRESSION else "ok" if code == exit_codes.OK else "warn"

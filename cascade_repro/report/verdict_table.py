@@ -1,0 +1,139 @@
+"""The verdict table: one row per cascade pair, and the formatting of its evidence columns."""
+
+from __future__ import annotations
+
+from cascade_repro.judge.outcome import REGRESSION
+from cascade_repro.report.load import RunData
+from cascade_repro.report.text import (
+    MISSING,
+    Strong,
+    as_int,
+    fmt_ci,
+    fmt_float,
+    fmt_int,
+    fmt_p,
+    fmt_p_eq,
+    fmt_ratio,
+    fmt_threshold_p,
+    fmt_x_ci,
+    is_missing,
+    text_of,
+    text_or_missing,
+)
+from cascade_repro.report.view import Table, cascade_pairs, has_if, predictions, varying_axes
+
+
+def _vs(k: str, n_k: str, p) -> str:
+    """`3/4 vs 1/4, p=0.0714`: a count next to its noise count and the test's p-value."""
+    if k == MISSING:
+        return MISSING
+    return f"{k} vs {n_k}" + ("" if is_missing(p) else f", {fmt_p_eq(p)}")
+
+
+def fmt_drift(r: dict) -> str:
+    """The drift ratio with its bootstrap CI, e.g. `1.35 [1.25, 1.46]`."""
+    return fmt_x_ci(r.get("drift_ratio"), r.get("drift_ratio_lo"), r.get("drift_ratio_hi"))
+
+
+def fmt_drift_rule(r: dict) -> str:
+    """The effective drift threshold and the permutation p-value, e.g. `> 1.14, p=0.0005`."""
+    return fmt_threshold_p(r.get("drift_threshold"), r.get("p_drift"))
+
+
+def fmt_bias(r: dict) -> str:
+    """Prompts whose chosen-token logprob cascade raised / lowered, and the sign test, e.g. `18↑ 41↓, p=0.0038`."""
+    up, down = as_int(r.get("bias_up")), as_int(r.get("bias_down"))
+    if up is None or down is None or up + down == 0:
+        return MISSING
+    return f"{up}↑ {down}↓" + ("" if is_missing(r.get("p_bias")) else f", {fmt_p_eq(r.get('p_bias'))}")
+
+
+def _yes_no(v) -> str:
+    # None: the prediction depends on something not recorded (the decode cost model needs the SM count).
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    return "?" if v is None else MISSING
+
+
+def fmt_prediction(p: dict | None) -> str:
+    """Format one cell's prediction as `prefill/decode`, e.g. `yes/no (decode from 45)`; `?` = unknown."""
+    if not p:
+        return MISSING
+    s = f"{_yes_no(p.get('prefill'))}/{_yes_no(p.get('decode'))}"
+    frm = as_int(p.get("decode_from_batch"))
+    if p.get("decode") is not True and frm is not None:
+        s += f" (decode from {frm})"
+    if p.get("fa2_split") is True:  # decode steps in FA2's split-KV path: the field bug's band
+        s += ", FA2 split-KV"
+    return s
+
+
+def fmt_if_pair(r: dict) -> str:
+    """Format IF strict accuracy of a pair: `test vs ref (Δ, McNemar p)`."""
+    if (as_int(r.get("if_n")) or 0) <= 0:
+        return MISSING
+    return (
+        f"{fmt_float(r.get('if_strict_test'))} vs {fmt_float(r.get('if_strict_ref'))} "
+        f"({fmt_float(r.get('if_strict_delta'), '+.3f')}, p={fmt_p(r.get('p_if'))}, n={fmt_int(r.get('if_n'))})"
+    )
+
+
+def verdict_table(data: RunData) -> Table:
+    """Build one row per cascade pair (calibration pairs have their own table)."""
+    pairs = cascade_pairs(data)
+    axes = varying_axes(pairs)
+    preds = predictions(data)
+    show_if = has_if(pairs)
+    headers = [
+        "pair",
+        "tp",
+        "batch",
+        *axes,
+        # The verdict sits next to the pair it judges: at the far right of a wide table it scrolled away.
+        "verdict",
+        "cascade steps",
+        *(["predicted (prefill/decode)"] if preds else []),
+        "depth",
+        "drift ratio [95% CI]",
+        "drift threshold / p",
+        "bias (up/down, sign test)",
+        "control",
+        "diverged vs noise",
+        "top-k viol. vs noise",
+        "Δseq-rep-4 [95% CI]",
+        *(["IF strict cascade vs flat"] if show_if else []),
+        "reasons",
+    ]
+    rows = []
+    for r in pairs:
+        verdict = text_of(r.get("verdict"))
+        rows.append(
+            [
+                text_of(r.get("pair_id")),
+                fmt_int(r.get("tp")),
+                fmt_int(r.get("batch")),
+                *(text_of(r.get(a)) for a in axes),
+                Strong(verdict) if verdict == REGRESSION else verdict,
+                fmt_ratio(r.get("cascade_steps"), r.get("total_steps")),
+                *([fmt_prediction(preds.get(text_of(r.get("test_cell"))))] if preds else []),
+                text_or_missing(r.get("depth")),
+                fmt_drift(r),
+                fmt_drift_rule(r),
+                fmt_bias(r),
+                text_or_missing(r.get("control_pair_id")),
+                _vs(
+                    fmt_ratio(r.get("n_diverged"), r.get("n")),
+                    fmt_ratio(r.get("noise_n_diverged"), r.get("noise_n")),
+                    r.get("p_divergence"),
+                ),
+                _vs(
+                    fmt_int(r.get("topk_violations")),
+                    fmt_int(r.get("noise_topk_violations")),
+                    r.get("p_topk"),
+                ),
+                fmt_ci(r.get("d_seq_rep_4_mean"), r.get("d_seq_rep_4_lo"), r.get("d_seq_rep_4_hi")),
+                *([fmt_if_pair(r)] if show_if else []),
+                text_of(r.get("reasons")),
+            ]
+        )
+    return Table(headers, rows, wrap=frozenset({"reasons"}))
