@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cascade_repro.atomic import write_atomic
 from cascade_repro.errors import UsageError
 from cascade_repro.run import runstore
 
@@ -455,9 +456,8 @@ class ReferenceModel:
             return
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            torch.save([(layer.keys.contiguous(), layer.values.contiguous()) for layer in cache.layers], tmp)
-            os.replace(tmp, path)
+            layers = [(layer.keys.contiguous(), layer.values.contiguous()) for layer in cache.layers]
+            write_atomic(path, lambda tmp: torch.save(layers, tmp))
             old = sorted(path.parent.glob("*.pt"), key=lambda p: p.stat().st_mtime, reverse=True)
             for stale in old[PREFIX_CACHE_KEEP:]:
                 stale.unlink(missing_ok=True)
