@@ -623,16 +623,15 @@ def explain_spec(
     suffix_lens = None
     if prefix_tokens is None:
         from cascade_repro.plan.models import load_tokenizer
-        from cascade_repro.prompts.chat import render_all
+        from cascade_repro.prompts.chat import measure_prefix
         from cascade_repro.prompts.promptsets import load_prompt_set, load_system_prompt
 
         pset = load_prompt_set(spec.prompts, spec.limit, spec.prompt_field, spec.key_field)
         tok = load_tokenizer(model_path, spec.trust_remote_code)
-        rendered, prefix_tokens = render_all(
-            tok, load_system_prompt(spec.system_prompt), [r.prompt for r in pset.records]
-        )
+        measured = measure_prefix(tok, load_system_prompt(spec.system_prompt), pset.records)
+        prefix_tokens = measured.tokens
         aligned = prefix_tokens // block_size * block_size
-        suffix_lens = [len(r) - aligned for r in rendered]
+        suffix_lens = [len(r) - aligned for r in measured.rendered]
     elif prefix_tokens < 0:
         raise UsageError(f"--prefix-tokens must be >= 0, got {prefix_tokens}")
     num_sms, source = (

@@ -521,7 +521,7 @@ def _check_rendered(spec: Any, system_text: str, records: list[Any]) -> str | No
     is returned as a warning. The prompts are rendered once for both."""
     from cascade_repro.engines import get as engine_info
     from cascade_repro.plan.models import check_model, embedded_converted, load_tokenizer, resolve_model
-    from cascade_repro.prompts.chat import MIN_CASCADE_PREFIX, check_context, render_all
+    from cascade_repro.prompts.chat import check_context, measure_prefix
     from cascade_repro.run.runner import context_limit_of
 
     info = engine_info(spec.engine)
@@ -535,12 +535,10 @@ def _check_rendered(spec: Any, system_text: str, records: list[Any]) -> str | No
         path, name = resolve_model(spec.model)
         tok = load_tokenizer(path, spec.trust_remote_code)
         limit = context_limit_of(spec, path, name)
-    rendered, shared = render_all(tok, system_text, [r.prompt for r in records])
+    measured = measure_prefix(tok, system_text, records)
     if limit is not None:
-        check_context(rendered, [r.key for r in records], int(spec.max_tokens), *limit)
-    if shared >= MIN_CASCADE_PREFIX:
-        return None
-    return f"shared prefix is {shared} tokens (< {MIN_CASCADE_PREFIX}): cascade cannot fire"
+        check_context(measured.rendered, [r.key for r in records], int(spec.max_tokens), *limit)
+    return measured.warning()
 
 
 def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, reference: Any = None) -> None:

@@ -224,12 +224,13 @@ class VLLMEngine:
         """Longest rendered prompt + max_tokens + 1, rounded up to 256 (None: vLLM's default)."""
         try:
             from cascade_repro.plan.models import load_tokenizer
-            from cascade_repro.prompts.chat import render_all
+            from cascade_repro.prompts.chat import measure_prefix
 
             run = runstore.read_manifest(self.run_dir)
-            prompts = [r["prompt"] for r in runstore.read_prompts(self.run_dir)]
             tok = load_tokenizer(self.model_path, bool(self.spec.trust_remote_code))
-            rendered, _ = render_all(tok, run.prompt_set.system_prompt_text or "", prompts)
+            rendered = measure_prefix(
+                tok, run.prompt_set.system_prompt_text, runstore.read_prompts(self.run_dir)
+            ).rendered
             need = max(len(r) for r in rendered) + int(self.spec.max_tokens) + 1
             need = -(-need // 256) * 256
             limit = None

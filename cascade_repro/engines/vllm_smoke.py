@@ -31,7 +31,7 @@ def smoke(
 
     from cascade_repro.plan.matrix import MatrixSpec
     from cascade_repro.plan.models import resolve_model
-    from cascade_repro.prompts.chat import render_all
+    from cascade_repro.prompts.chat import measure_prefix
     from cascade_repro.prompts.promptsets import load_prompt_set, load_system_prompt
     from cascade_repro.run.manifest import EnginePlanRecord, Manifest, PromptSetFacts
 
@@ -69,7 +69,8 @@ def smoke(
         found["requested"] = _jsonable({k: v for k, v in engine.requested.items() if k != "model"})
         found["effective"] = engine.effective()
         save()
-        rendered, shared = render_all(engine.tokenizer(), system, [r.prompt for r in records])
+        measured = measure_prefix(engine.tokenizer(), system, records)
+        rendered, shared = measured.rendered, measured.tokens
         found["shared_prefix_tokens"] = shared
         found["prompts"] = len(rendered)
         outs: dict[str, list[Completion]] = {}

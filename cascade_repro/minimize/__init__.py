@@ -52,7 +52,7 @@ def minimize_run(
     """
     from cascade_repro.minimize.render import render_issue, render_repro, repro_engine_args, safe_dirname
     from cascade_repro.minimize.search import pick_pair, start_case
-    from cascade_repro.prompts.chat import render_all
+    from cascade_repro.prompts.chat import measure_prefix
 
     run_dir = Path(run_dir)
     if criterion not in CRITERIA:
@@ -106,9 +106,8 @@ def minimize_run(
             "a GPU busy with another process is a common one)"
         ) from None
     try:
-        system_prompt = run.prompt_set.system_prompt_text
-        rendered, shared = render_all(engine.tokenizer(), system_prompt, [p["prompt"] for p in prompts])
-        oracle = Oracle(engine, rendered, shared, criterion, on_trial=on_trial)
+        measured = measure_prefix(engine.tokenizer(), run.prompt_set.system_prompt_text, prompts)
+        oracle = Oracle(engine, measured.rendered, measured.tokens, criterion, on_trial=on_trial)
         final, tests, exhausted, confirmations = search(
             oracle,
             start,

@@ -14,6 +14,7 @@ from cascade_repro import engines, exit_codes, vllm_surface
 from cascade_repro.errors import UsageError
 from cascade_repro.judge import calibration, speed
 from cascade_repro.plan.matrix import FAIL_ON, MatrixSpec
+from cascade_repro.prompts.chat import short_prefix_warning
 from cascade_repro.report.load import Example, RunData
 from cascade_repro.report.text import (
     MISSING,
@@ -441,8 +442,8 @@ def warnings(data: RunData) -> list[str]:
             "those steps this way"
         )
     prefix = as_int(prompt_set(data).stored("shared_prefix_tokens"))
-    if prefix is not None and prefix < CASCADE_MIN_PREFIX:
-        out.append(f"shared prefix is {prefix} tokens (< {CASCADE_MIN_PREFIX}): cascade cannot fire")
+    if (short := short_prefix_warning(prefix)) is not None:
+        out.append(short)
     for key, e in sorted(engine_records(data).items()):
         if e.status == "error":
             out.append(f"engine {key} failed: {text_of(e.stored('error'))}")

@@ -207,7 +207,7 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
         quiet_progress,
         resolve_model,
     )
-    from cascade_repro.prompts.chat import MIN_CASCADE_PREFIX, check_context, prompt_hash, render_all
+    from cascade_repro.prompts.chat import MIN_CASCADE_PREFIX, check_context, measure_prefix
     from cascade_repro.prompts.promptsets import load_prompt_set, load_system_prompt
     from cascade_repro.run import envinfo
 
@@ -254,7 +254,8 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
         with quiet_progress(not opts.progress or plain):
             model_path, model_name = resolve_model(spec.model)
             tokenizer = load_tokenizer(model_path, spec.trust_remote_code)
-    rendered, shared = render_all(tokenizer, system_text, [r.prompt for r in pset.records])
+    measured = measure_prefix(tokenizer, system_text, pset.records)
+    rendered, shared = measured.rendered, measured.tokens
     if info.has_weights and (limit := context_limit_of(spec, model_path, model_name)) is not None:
         check_context(rendered, [r.key for r in pset.records], int(spec.max_tokens), *limit)
 
@@ -303,12 +304,10 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
 
     # What vLLM's rule says, shown next to the probe's counts (explain reads run.json's dict form).
     run.predictions = predictions_for(run)  # what vLLM's rule says, shown next to the probe's counts
-    if console is not None and shared < MIN_CASCADE_PREFIX:
-        console.print(
-            f"[yellow]warning:[/] shared prefix is {shared} tokens (< {MIN_CASCADE_PREFIX}): cascade cannot fire"
-        )
+    if console is not None and (warning := measured.warning()) is not None:
+        console.print(f"[yellow]warning:[/] {warning}")
     run.invocations = [run.own_invocation()]
-    hashes = [prompt_hash(r) for r in rendered]
+    hashes = measured.hashes()
     return PreparedRun(run_dir, run, list(pset.records), opts.fresh, opts.allow_mixed, hashes)
 
 

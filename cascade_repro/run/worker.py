@@ -86,10 +86,10 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
     writer = runstore.JsonlWriter(out_path, background=info.background_writes)
     t0 = time.time()
     engine = build_engine(run, eplan, run_dir)
-    from cascade_repro.prompts.chat import prompt_hash, render_all
+    from cascade_repro.prompts.chat import measure_prefix
 
-    system_prompt = run.prompt_set.system_prompt_text or ""
-    rendered, shared = render_all(engine.tokenizer(), system_prompt, [p["prompt"] for p in prompts])
+    measured = measure_prefix(engine.tokenizer(), run.prompt_set.system_prompt_text, prompts)
+    rendered, shared = measured.rendered, measured.tokens
     writer.write(
         runstore.EngineStart(
             engine_key=engine_key,
@@ -100,7 +100,7 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
         )
     )
     writer.flush()
-    hashes = [prompt_hash(r) for r in rendered]
+    hashes = measured.hashes()
     check_hashes(run_dir, hashes)
     freeze_heap()
     status = EXIT_OK
