@@ -44,7 +44,8 @@ import numpy as np
 from cascade_repro import vllm_surface
 from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
-from cascade_repro.run.manifest import CellPlan, Manifest, as_manifest
+from cascade_repro.plan.matrix import Cell
+from cascade_repro.run.manifest import Manifest, as_manifest
 from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.vllm_surface import ModelAttention, splitkv
 
@@ -381,7 +382,7 @@ def _rule_and_source(prefer_vllm: bool) -> tuple[Callable[..., bool] | None, str
 
 
 def predict(
-    cells: Sequence[CellPlan | dict[str, Any]],
+    cells: Sequence[Cell | dict[str, Any]],
     attention: ModelAttention,
     *,
     engine: str = "vllm",
@@ -397,7 +398,7 @@ def predict(
 ) -> tuple[list[CellPrediction], dict[int, dict[str, Any]]]:
     """Predict every cell (cell_id, tp, batch, arm, backend, fa_version) and the decode threshold per TP.
 
-    A cell is a :class:`~cascade_repro.run.manifest.CellPlan` or its run.json form (a dict).
+    A cell is a :class:`~cascade_repro.run.manifest.Cell` or its run.json form (a dict).
 
     ``suffix_lens`` are the prompt lengths after the block-aligned prefix, in prompt order (the
     first wave of a cell takes the first ``batch`` of them, cycling); by default every prompt is
@@ -419,7 +420,7 @@ def predict(
     scans: dict[tuple[int, int], tuple[int | None, bool]] = {}
     longest = (max(suffix) + max_tokens) if suffix_lens and max_tokens is not None else None
     out = []
-    for c in (c if isinstance(c, CellPlan) else CellPlan.from_json(c) for c in cells):
+    for c in (c if isinstance(c, Cell) else Cell.from_json(c) for c in cells):
         tp, batch, arm = int(c.tp), int(c.batch), str(c.arm)
         backend = str(c.backend or CASCADE_BACKEND).upper()
         qh, kvh = attention.per_gpu(tp)
@@ -607,7 +608,7 @@ def explain_spec(
 
     ``prefix_tokens`` skips tokenization (the shared prefix length, in tokens, before alignment).
     """
-    from cascade_repro.plan.matrix import all_cells, plan
+    from cascade_repro.plan.matrix import plan
     from cascade_repro.plan.models import load_config, resolve_model
 
     spec.validate()
@@ -642,7 +643,7 @@ def explain_spec(
     rule, rule_source = _rule_and_source(prefer_vllm and engine_info(spec.engine).is_vllm)
     if not engine_info(spec.engine).cost_model:
         rule_source = "hard conditions only (the hf engine's reference cascade has no cost model)"
-    cells = [c.to_dict() for c in all_cells(plan(spec))]
+    cells = plan(spec).cells
     preds, thresholds = predict(
         cells, attention, engine=spec.engine, shared_prefix_tokens=prefix_tokens, suffix_lens=suffix_lens,
         num_sms=num_sms, block_size=block_size, dcp_world_size=dcp_world_size, rule=rule, max_scan=max_scan,

@@ -262,14 +262,14 @@ def _model_dir(tmp_path: Path, cfg: dict = EMBEDDED) -> Path:
 
 def _run(model: Path, engine: str = "vllm", env: dict | None = None) -> dict:
     spec = MatrixSpec(engine=engine, model=str(model), batch=[8, 64])
-    from cascade_repro.plan.matrix import all_cells, plan
+    from cascade_repro.plan.matrix import plan
 
     return {
         "spec": spec.to_dict(),
         "model_path": str(model),
         "prompt_set": {"shared_prefix_tokens": 1597, "prompt_tokens_mean": 1700.0},
         "env": env if env is not None else {"gpu_name": "NVIDIA H200", "sm_count": "132"},
-        "plan": {"cells": [c.to_dict() for c in all_cells(plan(spec))]},
+        "plan": {"cells": [c.to_json() for c in plan(spec).cells]},
     }
 
 

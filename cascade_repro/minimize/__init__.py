@@ -10,8 +10,9 @@ from typing import Any
 
 from cascade_repro.errors import UsageError
 from cascade_repro.minimize.search import CRITERIA, MIN_REQUESTS, MinimizeResult, Oracle, Trial, search
+from cascade_repro.plan.matrix import EnginePlan
 from cascade_repro.run import runstore
-from cascade_repro.run.manifest import EnginePlanRecord, Manifest
+from cascade_repro.run.manifest import Manifest
 from cascade_repro.vllm_surface import inject as inj
 
 __all__ = ["CRITERIA", "MinimizeOutput", "minimize_run"]
@@ -42,7 +43,7 @@ def minimize_run(
     max_tests: int = 64,
     confirm: int = 3,
     on_trial: Callable[[Trial], None] | None = None,
-    engine_factory: Callable[[Manifest, EnginePlanRecord], Any] | None = None,
+    engine_factory: Callable[[Manifest, EnginePlan], Any] | None = None,
 ) -> MinimizeOutput:
     """Search the smallest failing case of one pair of ``run_dir`` on one engine; write its files.
 

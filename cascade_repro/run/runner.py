@@ -25,7 +25,6 @@ from cascade_repro.run.manifest import (
     EngineRecord,
     Invocation,
     Manifest,
-    Plan,
     PromptSetFacts,
     Timings,
     as_manifest,
@@ -260,8 +259,8 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
         check_context(rendered, [r.key for r in pset.records], int(spec.max_tokens), *limit)
 
     run_dir = opts.results_dir / run_id
-    engines = plan(spec)
-    if opts.shard and console is not None and (warning := empty_warning(engines, opts.shard)):
+    planned = plan(spec)
+    if opts.shard and console is not None and (warning := empty_warning(planned.engines, opts.shard)):
         console.print(f"[yellow]warning:[/] {_escape(warning)}", highlight=False)
     # Built in code, the manifest writes every field but the optional ones left unset: those set
     # below only where they apply.
@@ -289,7 +288,7 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
         ),
         # The fake runs on no device: nothing to ask torch (whose import is seconds) about.
         env=envinfo.capture(include_gpu=info.is_vllm or (info.has_weights and spec.device != "cpu")),
-        plan=Plan.of_engines(engines),
+        plan=planned,
         arm_switch=spec.arm_switch if engine_info(spec.engine).attention_axes else "shared",
         thresholds=opts.thresholds.to_dict(),
         fail_on=opts.fail_on,

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from cascade_repro.errors import UsageError
-from cascade_repro.plan.matrix import MatrixSpec, waves
+from cascade_repro.plan.matrix import Cell, EnginePlan, MatrixSpec, waves
 from cascade_repro.run import runstore
-from cascade_repro.run.manifest import CellPlan, EnginePlanRecord, Manifest, as_manifest
+from cascade_repro.run.manifest import Manifest, as_manifest
 from cascade_repro.twin import CASCADE as TWIN
 
 # Exit codes the runner understands.
@@ -34,7 +34,7 @@ def load_prompts(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def build_engine(
-    run: Manifest | dict[str, Any], eplan: EnginePlanRecord | dict[str, Any], run_dir: Path | None = None
+    run: Manifest | dict[str, Any], eplan: EnginePlan | dict[str, Any], run_dir: Path | None = None
 ):
     """Construct the engine named by the run's spec for one engine plan (the registry in engines/).
 
@@ -44,7 +44,7 @@ def build_engine(
     from cascade_repro.engines import get as engine_info
 
     m = as_manifest(run)
-    ep = eplan if isinstance(eplan, EnginePlanRecord) else EnginePlanRecord.from_json(eplan)
+    ep = eplan if isinstance(eplan, EnginePlan) else EnginePlan.from_json(eplan)
     if run_dir is None and m.extra.get("run_dir"):
         run_dir = Path(m.extra["run_dir"])
     return engine_info(m.spec.engine).load_builder()(m, ep, run_dir)
@@ -156,7 +156,7 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
     return status
 
 
-def cell_inject(cell: CellPlan, spec: MatrixSpec) -> str | None:
+def cell_inject(cell: Cell, spec: MatrixSpec) -> str | None:
     """The fault a cell's cascade arm runs with: the cell's own (calibration) or the spec's (a cell
     planned by a version without a per-cell ``inject``)."""
     if cell.arm != TWIN.test:
