@@ -23,7 +23,6 @@ EXCEPTIONS = {
     ("plan.shard", "run"): "a shard is a cut of a run's manifest plan",
     ("run.runner", "judge"): "the runner scores the run once its workers finish",
     ("run.runner", "report"): "and writes its reports",
-    ("run.runner", "explain"): "vLLM's rule's predictions go into run.json beside the probe's counts",
     ("run.merge", "report"): "a merge ends in the merged run's outcome and reports",
 }
 

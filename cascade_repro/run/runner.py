@@ -299,9 +299,8 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
         run.vllm_collect_env = collected  # vLLM's bug template asks for exactly this
     if opts.shard:
         run.shard = str(opts.shard)  # the plan stays whole: every shard of a matrix has the same one
-    from cascade_repro.explain import predictions_for
+    from cascade_repro.run.predictions import predictions_for
 
-    # What vLLM's rule says, shown next to the probe's counts (explain reads run.json's dict form).
     run.predictions = predictions_for(run)  # what vLLM's rule says, shown next to the probe's counts
     if console is not None and (warning := measured.warning()) is not None:
         console.print(f"[yellow]warning:[/] {warning}")
