@@ -37,14 +37,15 @@ def measure(batches: list[int], steps: int, model: str, clock: str) -> dict:
 
     from cascade_repro.engines.hf import HFEngine, default_threads
     from cascade_repro.plan.models import resolve_model
-    from cascade_repro.prompts.chat import render_all
+    from cascade_repro.prompts.chat import measure_prefix
     from cascade_repro.prompts.promptsets import load_prompt_set, load_system_prompt
 
     default_threads()
     pset = load_prompt_set("ko-ifeval-style", max(batches))
     path, _ = resolve_model(model)
     eng = HFEngine(path, dtype="float32", device="cpu", topk=5)
-    rendered, shared = render_all(eng.tokenizer(), load_system_prompt("ko"), [r.prompt for r in pset.records])
+    measured = measure_prefix(eng.tokenizer(), load_system_prompt("ko"), pset.records)
+    rendered, shared = measured.rendered, measured.tokens
     now = time.process_time if clock == "cpu" else time.perf_counter
     stamps: list[float] = []
     eng.model.register_forward_pre_hook(lambda *_: stamps.append(now()))

@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     from cascade_repro import engines
     from cascade_repro.engines import vllm as vllm_engine
     from cascade_repro.plan.matrix import waves
-    from cascade_repro.prompts.chat import prompt_hash, render_all
+    from cascade_repro.prompts.chat import measure_prefix
     from cascade_repro.run import runstore
     from cascade_repro.run.worker import build_engine, wave_records
 
@@ -364,8 +364,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"gc.freeze() as the worker does it: {freeze_heap():,} objects frozen", flush=True)
     prompts = runstore.read_prompts(run_dir)
-    rendered, shared = render_all(engine.tokenizer(), run.prompt_set.system_prompt_text, [p["prompt"] for p in prompts])
-    hashes = [prompt_hash(r) for r in rendered]
+    measured = measure_prefix(engine.tokenizer(), run.prompt_set.system_prompt_text, prompts)
+    rendered, shared, hashes = measured.rendered, measured.tokens, measured.hashes()
     llm = engine.llm
     # As a worker writes: on a background thread for vLLM (EngineInfo.background_writes). The
     # replay writer takes each background arm's previous wave (its JSON overlaps this wave); the

@@ -164,14 +164,13 @@ def model_config(model: str, hf_overrides: dict[str, Any] | None = None) -> tupl
 
 def shared_prefix(model_path: str, system_prompt: str, prompts: str, trust_remote_code: bool = False) -> int:
     from cascade_repro.plan.models import load_tokenizer
-    from cascade_repro.prompts.chat import render_all
+    from cascade_repro.prompts.chat import measure_prefix
     from cascade_repro.prompts.promptsets import load_prompt_set, load_system_prompt
 
     pset = load_prompt_set(prompts)
     text = load_system_prompt(system_prompt)
     tok = load_tokenizer(model_path, trust_remote_code)
-    _, shared = render_all(tok, text, [r.prompt for r in pset.records])
-    return shared
+    return measure_prefix(tok, text, pset.records).tokens
 
 
 def gather_facts(

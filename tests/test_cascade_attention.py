@@ -27,7 +27,13 @@ from cascade_repro.engines.cascade_attention import (
     transpose_lse_layout,
 )
 from cascade_repro.errors import UsageError
-from cascade_repro.prompts.chat import common_prefix_len, prompt_hash, render, render_all
+from cascade_repro.prompts.chat import (
+    common_prefix_len,
+    measure_prefix,
+    prompt_hash,
+    render,
+    short_prefix_warning,
+)
 
 H, KVH, D = 9, 3, 8
 SCALE = 1 / math.sqrt(D)
@@ -391,8 +397,11 @@ def test_render_without_a_template_keeps_the_system_prompt_first():
     assert render(FakeBaseTokenizer(), "S", "u") == [1, ord("S"), ord("\n"), ord("\n"), ord("u")]
 
 
-def test_render_all_measures_the_shared_prefix_in_tokens():
-    rendered, shared = render_all(FakeTokenizer(), "abc", ["xy", "xz"])
+def test_measure_prefix_measures_the_shared_prefix_in_tokens():
+    measured = measure_prefix(
+        FakeTokenizer(), "abc", ["xy", {"prompt": "xz"}]
+    )  # a text or a prompts.jsonl record
+    rendered, shared = measured.rendered, measured.tokens
     assert rendered == [
         [1, 2, 97, 98, 99, 4, 3, 120, 121, 4, 5],
         [1, 2, 97, 98, 99, 4, 3, 120, 122, 4, 5],
@@ -408,15 +417,21 @@ def test_render_all_measures_the_shared_prefix_in_tokens():
         (["ab", "abc"], 7),  # up to and including "ab"
     ],
 )
-def test_render_all_leaves_every_request_at_least_one_token_of_its_own(prompts, shared):
-    rendered, got = render_all(FakeTokenizer(), "s", prompts)
-    assert got == shared
-    assert all(len(r) - got >= 1 for r in rendered)
+def test_measure_prefix_leaves_every_request_at_least_one_token_of_its_own(prompts, shared):
+    measured = measure_prefix(FakeTokenizer(), "s", prompts)
+    assert measured.tokens == shared
+    assert all(len(r) - measured.tokens >= 1 for r in measured.rendered)
+    assert measured.hashes() == [prompt_hash(r) for r in measured.rendered]
 
 
-def test_render_all_of_no_prompts_is_a_usage_error():
+def test_measure_prefix_of_no_prompts_is_a_usage_error():
     with pytest.raises(UsageError, match="the prompt set is empty"):
-        render_all(FakeTokenizer(), "s", [])
+        measure_prefix(FakeTokenizer(), "s", [])
+
+
+def test_the_short_prefix_warning_is_said_below_vllms_hard_condition_only():
+    assert short_prefix_warning(255) == "shared prefix is 255 tokens (< 256): cascade cannot fire"
+    assert short_prefix_warning(256) is None and short_prefix_warning(None) is None
 
 
 def test_prompt_hash_is_a_stable_short_hash_of_the_token_ids():

@@ -184,7 +184,7 @@ def test_vllm_version_says_what_the_probe_knows(version, status, words):
 
 
 def test_doctor_reads_heads_and_variants_as_explain_does():
-    from cascade_repro.explain import ModelAttention
+    from cascade_repro.vllm_surface import ModelAttention
 
     # Falcon's multi_query and a nested text_config: doctor once read these differently from explain.
     for cfg, detail in (

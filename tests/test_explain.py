@@ -1,4 +1,5 @@
-"""cascade_repro.explain: vLLM's use_cascade_attention rule, reimplemented, and the `explain` command.
+"""vLLM's use_cascade_attention rule, reimplemented (vllm_surface/cascade_rule.py), the predictions
+per cell (plan/predict.py, run/predictions.py) and the `explain` command (explain.py).
 
 Hand-worked cases follow vLLM 0.26.0's flash_attn.py line by line. For a decode-only step of a GQA
 model with at most 128 requests and no more query heads than SMs, the cost model reduces to
@@ -24,23 +25,22 @@ import cascade_repro.cli.explain_cmd  # noqa: F401 - registers the command until
 from cascade_repro import explain
 from cascade_repro.cli import app
 from cascade_repro.errors import UsageError
-from cascade_repro.explain import (
+from cascade_repro.explain import explain_spec, threshold_lines
+from cascade_repro.plan.matrix import MatrixSpec
+from cascade_repro.plan.predict import predict
+from cascade_repro.run.predictions import predict_cells, predictions_for
+from cascade_repro.vllm_surface import ModelAttention
+from cascade_repro.vllm_surface.cascade_rule import (
     GPU_SMS,
-    ModelAttention,
     cdiv,
     decide,
     decode_threshold,
-    explain_spec,
+    default_fa_for,
     gpu_sms,
-    predict,
-    predict_cells,
-    predictions_for,
     resolve_sms,
-    threshold_lines,
     use_cascade_attention,
     vllm_rule,
 )
-from cascade_repro.plan.matrix import MatrixSpec
 
 EMBEDDED = {"num_attention_heads": 9, "num_key_value_heads": 3, "model_type": "llama"}
 PREFIX = 1584  # the ko system prompt's shared prefix with the embedded tokenizer, block-aligned (1597 -> 1584)
@@ -262,14 +262,14 @@ def _model_dir(tmp_path: Path, cfg: dict = EMBEDDED) -> Path:
 
 def _run(model: Path, engine: str = "vllm", env: dict | None = None) -> dict:
     spec = MatrixSpec(engine=engine, model=str(model), batch=[8, 64])
-    from cascade_repro.plan.matrix import all_cells, plan
+    from cascade_repro.plan.matrix import plan
 
     return {
         "spec": spec.to_dict(),
         "model_path": str(model),
         "prompt_set": {"shared_prefix_tokens": 1597, "prompt_tokens_mean": 1700.0},
         "env": env if env is not None else {"gpu_name": "NVIDIA H200", "sm_count": "132"},
-        "plan": {"cells": [c.to_dict() for c in all_cells(plan(spec))]},
+        "plan": {"cells": [c.to_json() for c in plan(spec).cells]},
     }
 
 
@@ -391,9 +391,9 @@ def test_fa2_split_short_outputs_and_fa3_and_tp():
     assert fa3[0].fa2_split is False and "FA3" in fa3[0].fa2_split_reason
     # Default FA version on an H200 is FA3; unknown GPU: predicted as if FA2 ran.
     on_h200, _ = predict(_band_cells([48], fa=None), att, shared_prefix_tokens=1597, suffix_lens=[100],
-                         num_sms=132, max_tokens=1024, default_fa=explain.default_fa_for("NVIDIA H200"))  # fmt: skip
+                         num_sms=132, max_tokens=1024, default_fa=default_fa_for("NVIDIA H200"))  # fmt: skip
     assert on_h200[0].fa2_split is False
-    assert explain.default_fa_for("NVIDIA A100-SXM4-80GB") is None
+    assert default_fa_for("NVIDIA A100-SXM4-80GB") is None
     # TP 3: one KV head per GPU, 3 query heads: decode steps never pick cascade at 48 requests.
     tp3, thr3 = predict(_band_cells([48], tp=3), att, shared_prefix_tokens=1597, suffix_lens=[100],
                         num_sms=132, max_tokens=1024)  # fmt: skip

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from cascade_repro.engines import get
 from cascade_repro.engines.fake import ByteTokenizer, FakeEngine
-from cascade_repro.prompts.chat import render_all
+from cascade_repro.prompts.chat import measure_prefix
 
 TOK = ByteTokenizer()
 SYSTEM = "Answer in one short sentence. " * 12  # > 256 bytes: a prefix cascade can run on
 
 
 def prompts(n: int) -> tuple[list[list[int]], int]:
-    return render_all(TOK, SYSTEM, [f"question number {i}?" for i in range(n)])
+    measured = measure_prefix(TOK, SYSTEM, [f"question number {i}?" for i in range(n)])
+    return measured.rendered, measured.tokens
 
 
 def test_registered_without_weights_and_resumable_by_wave():

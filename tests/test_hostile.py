@@ -112,7 +112,7 @@ def _report_samples(root: Path, synth: Path) -> list[str]:
 
 
 def _report_parquet_temp(root: Path, synth: Path) -> list[str]:
-    """A link under a table's temp name is removed, not written through: the report goes on."""
+    """A link under a table's old temp name is never written through (temp files are new files): the report goes on."""
     run = run_copy(synth, root / "run")
     link(run / f".{runstore.CELLS}.tmp", victims(root)[0])
     return ["report", "--rescore", str(run)]

@@ -168,3 +168,21 @@ def test_a_package_reading_its_own_name_from_a_submodule_is_a_cycle(tmp_path):
         "rep/fmt.py": "from cascade_repro.rep import X\nF = X\n",
     })  # fmt: skip
     assert find_cycle(import_graph(pkg)) == ["cascade_repro.rep", "cascade_repro.rep.fmt", "cascade_repro.rep"]
+
+
+def test_the_probe_reaches_only_standard_library_modules_of_the_package():
+    # The probe runs inside vLLM's process: what it imports of the package, directly or through
+    # another module, must be standard library only (the atomic writer and the errors it names).
+    graph = import_graph()
+    seen, todo = set(), ["cascade_repro.vllm_surface.probe"]
+    while todo:
+        for dep in graph[todo.pop()]:
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    assert seen == {
+        "cascade_repro.atomic",
+        "cascade_repro.errors",
+        "cascade_repro.vllm_surface.inject",
+        "cascade_repro.vllm_surface.splitkv",
+    }

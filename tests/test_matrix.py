@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import (
     MatrixSpec,
-    all_cells,
     load_toml,
     parse_fa_list,
     parse_int_list,
@@ -31,57 +30,59 @@ from cascade_repro.plan.matrix import (
 
 
 def cell_ids(spec: MatrixSpec) -> list[str]:
-    return [c.cell_id for c in all_cells(plan(spec))]
+    return [c.cell_id for c in plan(spec).cells]
 
 
 # --- plan(): cells and engine grouping -------------------------------------------------------
 
 
 def test_default_hf_matrix_is_one_engine_serving_every_batch_and_both_arms():
-    engines = plan(MatrixSpec())
+    planned = plan(MatrixSpec())
 
-    assert list(engines) == ["hf-tp1-auto-s0"]
-    ep = engines["hf-tp1-auto-s0"]
+    assert list(planned.engines) == ["hf-tp1-auto-s0"]
+    ep = planned.engines["hf-tp1-auto-s0"]
     assert ep.arm is None  # serves both arms, toggled per cell
-    assert [c.cell_id for c in ep.cells] == [
+    assert ep.cells == [c.cell_id for c in planned.cells] == [
         "tp1-b1-cascade", "tp1-b1-flat",
         "tp1-b8-cascade", "tp1-b8-flat",
         "tp1-b16-cascade", "tp1-b16-flat",
     ]  # fmt: skip
-    assert all(c.engine_key == "hf-tp1-auto-s0" for c in ep.cells)
-    assert [(c.batch, c.arm, c.rerun) for c in ep.cells[:2]] == [(1, "cascade", 0), (1, "flat", 0)]
+    assert all(c.engine_key == "hf-tp1-auto-s0" for c in planned.cells)
+    assert [(c.batch, c.arm, c.rerun) for c in planned.cells[:2]] == [(1, "cascade", 0), (1, "flat", 0)]
 
 
 def test_hf_ignores_arm_switch_restart():
-    engines = plan(MatrixSpec(engine="hf", arm_switch="restart", batch=[1, 8]))
+    engines = plan(MatrixSpec(engine="hf", arm_switch="restart", batch=[1, 8])).engines
     assert list(engines) == ["hf-tp1-auto-s0"]
     assert len(engines["hf-tp1-auto-s0"].cells) == 4
 
 
 def test_vllm_toggle_shares_one_engine_restart_starts_one_per_arm():
     toggle = plan(MatrixSpec(engine="vllm", arm_switch="toggle", batch=[1, 8]))
-    assert list(toggle) == ["vllm-tp1-auto-fadefault-flashattn-s0"]
+    assert list(toggle.engines) == ["vllm-tp1-auto-fadefault-flashattn-s0"]
 
     restart = plan(MatrixSpec(engine="vllm", arm_switch="restart", batch=[1, 8], auto_controls=False))
-    assert list(restart) == [
+    assert list(restart.engines) == [
         "vllm-tp1-auto-fadefault-flashattn-s0-cascade",
         "vllm-tp1-auto-fadefault-flashattn-s0-flat",
     ]
-    cascade_ep = restart["vllm-tp1-auto-fadefault-flashattn-s0-cascade"]
-    flat_ep = restart["vllm-tp1-auto-fadefault-flashattn-s0-flat"]
+    cascade_ep = restart.engines["vllm-tp1-auto-fadefault-flashattn-s0-cascade"]
+    flat_ep = restart.engines["vllm-tp1-auto-fadefault-flashattn-s0-flat"]
     assert (cascade_ep.arm, flat_ep.arm) == ("cascade", "flat")
-    assert [c.cell_id for c in cascade_ep.cells] == ["tp1-b1-cascade", "tp1-b8-cascade"]
-    assert [c.cell_id for c in flat_ep.cells] == ["tp1-b1-flat", "tp1-b8-flat"]
+    assert cascade_ep.cells == ["tp1-b1-cascade", "tp1-b8-cascade"]
+    assert flat_ep.cells == ["tp1-b1-flat", "tp1-b8-flat"]
+    # The plan's cells are grouped by engine, in run order (run.json's plan.cells).
+    assert [c.cell_id for c in restart.cells] == [*cascade_ep.cells, *flat_ep.cells]
     # Same cells either way: only the grouping differs.
     assert sorted(cell_ids(MatrixSpec(engine="vllm", batch=[1, 8]))) == sorted(
-        c.cell_id for c in all_cells(restart)
+        c.cell_id for c in restart.cells
     )
     # With the planner's controls, restart adds a third engine start for flat reruns (the control
     # that spans engine starts, as the twins do); it serves the flat arm.
     with_controls = plan(MatrixSpec(engine="vllm", arm_switch="restart", batch=[1, 8]))
-    third = with_controls["vllm-tp1-auto-fadefault-flashattn-s0-flat-r1"]
+    third = with_controls.engines["vllm-tp1-auto-fadefault-flashattn-s0-flat-r1"]
     assert third.arm == "flat"
-    assert [(c.cell_id, c.origin) for c in third.cells] == [("tp1-b1-flat-r1", "control"), ("tp1-b8-flat-r1", "control")]
+    assert [(c.cell_id, c.origin) for c in with_controls.cells_of(third.key)] == [("tp1-b1-flat-r1", "control"), ("tp1-b8-flat-r1", "control")]
 
 
 @pytest.mark.parametrize(
@@ -96,7 +97,7 @@ def test_vllm_toggle_shares_one_engine_restart_starts_one_per_arm():
 )  # fmt: skip
 def test_each_extra_axis_value_is_another_engine_key(axes, keys, example_cell):
     spec = MatrixSpec(engine="vllm", batch=[1, 8], **axes)
-    engines = plan(spec)
+    engines = plan(spec).engines
     assert list(engines) == keys
     assert all(len(ep.cells) == 4 for ep in engines.values())  # 2 batches x 2 arms each
     # A varying axis shows up in the cell id, so cells of different keys never collide.
@@ -107,11 +108,11 @@ def test_single_valued_axes_stay_out_of_cell_ids():
     assert cell_ids(MatrixSpec(seeds=[3], dtypes=["float32"], batch=[4])) == [
         "tp1-b4-cascade", "tp1-b4-flat", "tp1-b32-flat",  # the last: the planner's noise control
     ]  # fmt: skip
-    assert list(plan(MatrixSpec(seeds=[3], dtypes=["float32"], batch=[4]))) == ["hf-tp1-float32-s3"]
+    assert list(plan(MatrixSpec(seeds=[3], dtypes=["float32"], batch=[4])).engines) == ["hf-tp1-float32-s3"]
 
 
 def test_rerun_adds_one_r1_cell_per_flat_cell_and_nothing_else():
-    cells = all_cells(plan(MatrixSpec(batch=[1, 8], rerun=True)))
+    cells = plan(MatrixSpec(batch=[1, 8], rerun=True)).cells
 
     assert [c.cell_id for c in cells] == [
         "tp1-b1-cascade", "tp1-b1-flat", "tp1-b1-flat-r1",
@@ -132,7 +133,8 @@ def test_full_vllm_matrix_cell_ids_are_unique_and_counted():
         engine="vllm", arm_switch="restart", tp=[1, 2], batch=[1, 8, 64], seeds=[0, 1],
         dtypes=["float16", "bfloat16"], fa_versions=[None, 2], backends=["FLASH_ATTN", "FLASHINFER"], rerun=True,
     )  # fmt: skip
-    engines = plan(spec)
+    planned = plan(spec)
+    engines = planned.engines
     ids = cell_ids(spec)
 
     combos = 2 * 2 * 2 * 2 * 2  # tp x seed x dtype x fa x backend
@@ -140,9 +142,11 @@ def test_full_vllm_matrix_cell_ids_are_unique_and_counted():
     assert len(ids) == combos * 3 * 3  # x batch x (cascade, flat, flat-r1)
     assert len(set(ids)) == len(ids)
     for ep in engines.values():
-        assert {c.engine_key for c in ep.cells} == {ep.key}
-        assert {c.arm for c in ep.cells} == {ep.arm}
-        assert ep.key.endswith("-r1") == all(c.rerun == 1 for c in ep.cells)
+        cells = planned.cells_of(ep.key)
+        assert [c.cell_id for c in cells] == ep.cells
+        assert {c.engine_key for c in cells} == {ep.key}
+        assert {c.arm for c in cells} == {ep.arm}
+        assert ep.key.endswith("-r1") == all(c.rerun == 1 for c in cells)
 
 
 @given(

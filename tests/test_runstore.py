@@ -9,6 +9,7 @@ A worker can die at any byte (kill -9, OOM, a GPU fault). The rules these tests 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -554,8 +555,8 @@ def test_a_manifest_built_in_code_writes_its_fields_and_leaves_unset_optional_on
 
 
 def test_manifest_edits_write_what_the_same_dict_edits_wrote():
-    from cascade_repro.plan.matrix import MatrixSpec, all_cells, plan
-    from cascade_repro.run.manifest import EngineRecord, Invocation, Manifest, Plan
+    from cascade_repro.plan.matrix import MatrixSpec, plan
+    from cascade_repro.run.manifest import EngineRecord, Invocation, Manifest
 
     # of: exactly the fields given, a None among them (a pending engine's start_s).
     assert EngineRecord.of(effective={}, start_s=None, status="pending", error="").to_json() == {
@@ -570,12 +571,22 @@ def test_manifest_edits_write_what_the_same_dict_edits_wrote():
     # stored: what to_json writes under a key, None where it writes none (a dict's get).
     assert (m.stored("spec"), m.stored("fail_on"), m.stored("created_at"), m.stored("timings")) == (
         {"engine": "hf"}, "regression", None, None)  # fmt: skip
-    # The planner's plan keeps every key its to_dict writes (fa_version None included).
-    engines = plan(MatrixSpec(seeds=[0, 1]))
-    assert Plan.of_engines(engines).to_json() == {
-        "engines": {k: ep.to_dict() for k, ep in engines.items()},
-        "cells": [c.to_dict() for c in all_cells(engines)],
+    # The planner's plan writes every field of its engines and cells, in field order, a None among
+    # them (fa_version, an engine's arm, a clean cell's inject).
+    planned = plan(MatrixSpec(seeds=[0, 1]))
+
+    def every_field(x) -> dict:
+        return {f.name: getattr(x, f.name) for f in dataclasses.fields(x) if f.name not in ("extra", "keys")}
+
+    assert planned.to_json() == {
+        "engines": {k: every_field(ep) for k, ep in planned.engines.items()},
+        "cells": [every_field(c) for c in planned.cells],
     }
+    cell, ep = planned.to_json()["cells"][0], planned.to_json()["engines"]["hf-tp1-auto-s0"]
+    assert list(cell) == list(every_field(planned.cells[0])) and cell["inject"] is None
+    assert ep["fa_version"] is None and ep["arm"] is None and ep["cells"][0] == cell["cell_id"]
+    # Read back, it writes the same object, key order included.
+    assert json.dumps(Manifest.from_json({"plan": planned.to_json()}).plan.to_json()) == json.dumps(planned.to_json())
 
 
 def test_each_record_encodes_as_the_dict_writer_did_and_decodes_back():

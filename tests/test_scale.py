@@ -60,8 +60,8 @@ def build_scale_run(root: Path, n: int = N, batches: tuple[int, ...] = (8,)) -> 
         limit=n, batch=list(batches), system_prompt="none", max_tokens=MAX_TOKENS, topk=TOPK, auto_controls=False
     )
     engines = plan(spec)
-    cells = [c.to_dict() for ep in engines.values() for c in ep.cells]
-    key = next(iter(engines))
+    cells = [c.to_json() for c in engines.cells]
+    key = next(iter(engines.engines))
     run_dir = root / "scale"
     (run_dir / "samples").mkdir(parents=True)
     run = {
@@ -72,7 +72,7 @@ def build_scale_run(root: Path, n: int = N, batches: tuple[int, ...] = (8,)) -> 
                        "system_prompt_text": "", "shared_prefix_tokens": 288, "prompt_tokens_mean": 300.0,
                        "tokenizer": "synthetic", "min_cascade_prefix": 256},
         "env": {"python": sys.version.split()[0]},
-        "plan": {"engines": {k: ep.to_dict() for k, ep in engines.items()}, "cells": cells},
+        "plan": engines.to_json(),
         "arm_switch": "shared", "thresholds": Thresholds().to_dict(), "fail_on": "regression",
         "engines": {}, "timings": {},
     }  # fmt: skip

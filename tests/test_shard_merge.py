@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 import cascade_repro.cli.merge_cmd  # noqa: F401 - registers `merge` (cli/__init__.py may not import it yet)
 from cascade_repro.cli import app
 from cascade_repro.errors import UsageError
-from cascade_repro.plan.matrix import MatrixSpec, all_cells, plan, spec_hash
+from cascade_repro.plan.matrix import MatrixSpec, plan, spec_hash
 from cascade_repro.plan.shard import Shard, assign, empty_warning, keys_for, restrict
 from cascade_repro.run import runstore
 from cascade_repro.run.merge import check_shards, merge
@@ -70,10 +70,10 @@ SPECS = [
 ]
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.engine}-{len(plan(s))}keys")
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.engine}-{len(plan(s).engines)}keys")
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 16])
 def test_every_engine_key_is_in_exactly_one_shard(spec, n):
-    engines = plan(spec)
+    engines = plan(spec).engines
     shards = assign(engines, n)
     assert len(shards) == n
     flat = [k for s in shards for k in s]
@@ -87,16 +87,16 @@ def test_every_engine_key_is_in_exactly_one_shard(spec, n):
     assert max(loads) - min(loads) <= max(len(ep.cells) for ep in engines.values())
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.engine}-{len(plan(s))}keys")
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.engine}-{len(plan(s).engines)}keys")
 def test_assignment_is_deterministic_and_reads_run_json_form(spec):
-    engines = plan(spec)
-    as_json = json.loads(json.dumps({k: ep.to_dict() for k, ep in engines.items()}))
+    engines = plan(spec).engines
+    as_json = json.loads(json.dumps({k: ep.to_json() for k, ep in engines.items()}))
     for n in (2, 3):
-        assert assign(engines, n) == assign(as_json, n) == assign(plan(spec), n)
+        assert assign(engines, n) == assign(as_json, n) == assign(plan(spec).engines, n)
 
 
 def test_equal_keys_go_round_robin_over_sorted_keys():
-    engines = plan(MatrixSpec(seeds=[0, 1, 2, 3]))
+    engines = plan(MatrixSpec(seeds=[0, 1, 2, 3])).engines
     assert assign(engines, 2) == [["hf-tp1-auto-s0", "hf-tp1-auto-s2"], ["hf-tp1-auto-s1", "hf-tp1-auto-s3"]]
 
 
@@ -104,7 +104,7 @@ def test_unequal_keys_balance_cell_counts():
     # restart + rerun: each flat engine has 2x the cells of its cascade engine (flat reruns).
     engines = plan(
         MatrixSpec(engine="vllm", arm_switch="restart", rerun=True, seeds=[0, 1], batch=[1, 8], calibrate=[0.1])
-    )
+    ).engines
     weights = {k: len(ep.cells) for k, ep in engines.items()}
     # cascade engines: 2 clean + 2 calibration cells; flat: 2; flat reruns (own engine start): 2
     assert sorted(weights.values()) == [2, 2, 2, 2, 4, 4]
@@ -113,7 +113,7 @@ def test_unequal_keys_balance_cell_counts():
 
 
 def test_more_shards_than_keys_leaves_empty_shards_with_a_warning():
-    engines = plan(MatrixSpec(seeds=[0, 1]))
+    engines = plan(MatrixSpec(seeds=[0, 1])).engines
     shards = assign(engines, 3)
     assert [len(s) for s in shards] == [1, 1, 0]
     assert empty_warning(engines, Shard(1, 3)) is None
@@ -123,9 +123,7 @@ def test_more_shards_than_keys_leaves_empty_shards_with_a_warning():
 
 def test_restrict_keeps_only_the_shards_cells():
     spec = MatrixSpec(seeds=[0, 1])
-    engines = plan(spec)
-    run = {"plan": {"engines": {k: ep.to_dict() for k, ep in engines.items()},
-                    "cells": [c.to_dict() for c in all_cells(engines)]}}  # fmt: skip
+    run = {"plan": plan(spec).to_json()}
     assert restrict(run) is run  # unsharded: untouched
     r = restrict({**run, "shard": "2/2"})
     assert list(r["plan"]["engines"]) == ["hf-tp1-auto-s1"]
@@ -173,16 +171,7 @@ def fake_shard(
     path: Path, shard: str | None, spec: MatrixSpec | None = None, prompts: str = '{"key": "a"}\n'
 ) -> Path:
     spec = spec or MatrixSpec(seeds=[0, 1], limit=8)
-    engines = plan(spec)
-    run = {
-        "run_id": path.name,
-        "spec": spec.to_dict(),
-        "spec_hash": spec_hash(spec),
-        "plan": {
-            "engines": {k: ep.to_dict() for k, ep in engines.items()},
-            "cells": [c.to_dict() for c in all_cells(engines)],
-        },  # fmt: skip
-    }
+    run = {"run_id": path.name, "spec": spec.to_dict(), "spec_hash": spec_hash(spec), "plan": plan(spec).to_json()}
     if shard:
         run["shard"] = shard
     path.mkdir(parents=True)

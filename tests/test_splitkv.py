@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cascade_repro import explain
-from cascade_repro.vllm_surface import splitkv
+from cascade_repro.vllm_surface import cascade_rule, splitkv
 
 H200_SMS = 132
 
@@ -66,7 +65,7 @@ def test_embedded_model_splits_from_513_own_tokens_at_48_requests():
 
 def _decode_rule(prefix: int, q: int, kv: int, sms: int = H200_SMS):
     def fires(n: int) -> bool:
-        return explain.decide(prefix, [1] * n, q, kv, num_sms=sms).fires
+        return cascade_rule.decide(prefix, [1] * n, q, kv, num_sms=sms).fires
 
     return fires
 

@@ -32,7 +32,7 @@ ALLOWED = {
         "cache key of the reference kernel's cascade-path mask",
     ("engines/cascade_attention.py", '("flat", g, query.dtype),'):
         "cache key of the reference kernel's flat-path mask",
-    ("explain.py", 'cost = {"cascade": dec.cascade_time, "flash_decoding": dec.flash_decoding_time}'):
+    ("plan/predict.py", 'cost = {"cascade": dec.cascade_time, "flash_decoding": dec.flash_decoding_time}'):
         "vLLM's cost model's two paths (predictions' decode_cost keys)",
     ("report/speed_table.py", 'ct, ft = as_int(cost.get("cascade")), as_int(cost.get("flash_decoding"))'):
         "reads decode_cost: the cost model's cascade time",

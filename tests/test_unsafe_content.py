@@ -59,7 +59,7 @@ def build_unsafe_run(root: Path) -> Path:
     """Write the hostile run directory (no parquet, no report yet) and return it."""
     spec = MatrixSpec(limit=N, batch=[1, 8, 16], system_prompt="none", max_tokens=8, model=f"evil/{SCRIPT}")
     engines = plan(spec)
-    cells = [c.to_dict() for ep in engines.values() for c in ep.cells]
+    cells = [c.to_json() for c in engines.cells]
     run_dir = root / "unsafe-content"
     (run_dir / "samples").mkdir(parents=True)
     run = {
@@ -76,7 +76,7 @@ def build_unsafe_run(root: Path) -> Path:
                        "tokenizer": "evil", "min_cascade_prefix": 256},  # fmt: skip
         "env": {"python": "3.11.7", "torch": "2.13.0", "vllm": "not installed",
                 "vllm_env": {"VLLM_EVIL": f"{SCRIPT}{CONTROL}{RTL}", "VLLM_LONG": LONG}},  # fmt: skip
-        "plan": {"engines": {k: ep.to_dict() for k, ep in engines.items()}, "cells": cells},
+        "plan": engines.to_json(),
         "arm_switch": "shared",
         "thresholds": Thresholds().to_dict(),
         "fail_on": "regression",

@@ -33,7 +33,7 @@ from cascade_repro.judge.verdicts import (
     paired_bootstrap_ci,
     sign_test,
 )
-from cascade_repro.plan.matrix import MatrixSpec, all_cells, plan
+from cascade_repro.plan.matrix import MatrixSpec, plan
 
 # --- fisher_greater --------------------------------------------------------------------------------
 
@@ -211,7 +211,7 @@ def test_several_signals_are_all_listed():
 
 
 def cells_of(**spec) -> list[dict]:
-    return [c.to_dict() for c in all_cells(plan(MatrixSpec(**spec)))]
+    return [c.to_json() for c in plan(MatrixSpec(**spec)).cells]
 
 
 def pairs_by_id(cells: list[dict]) -> dict[str, tuple[str, str, str]]:
@@ -309,8 +309,8 @@ def test_restart_twins_get_a_control_across_engine_starts():
     # Two engine starts differ on their own (flat b8: 51/64 identical on the H200), so a pair whose
     # twins come from two starts must be judged against a control that spans two starts as well.
     engines = plan(MatrixSpec(engine="vllm", batch=[8, 64], arm_switch="restart"))
-    assert [k.rsplit("-", 2)[-2:] for k in engines] == [["s0", "cascade"], ["s0", "flat"], ["flat", "r1"]]
-    cells = [c.to_dict() for c in all_cells(engines)]
+    assert [k.rsplit("-", 2)[-2:] for k in engines.engines] == [["s0", "cascade"], ["s0", "flat"], ["flat", "r1"]]
+    cells = [c.to_json() for c in engines.cells]
     pairs = plan_pairs(cells)
     kinds = {p.pair_id: p.kind for p in pairs}
     assert kinds["tp1-b8-flat-r1~r0"] == kinds["tp1-b64-flat-r1~r0"] == "noise-restart"

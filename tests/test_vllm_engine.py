@@ -60,7 +60,7 @@ def test_real_wave_both_arms(tmp_path: Path):
     from cascade_repro.engines.vllm import VLLMEngine
     from cascade_repro.plan.matrix import MatrixSpec
     from cascade_repro.plan.models import resolve_model
-    from cascade_repro.prompts.chat import render_all
+    from cascade_repro.prompts.chat import measure_prefix
     from cascade_repro.prompts.promptsets import load_prompt_set, load_system_prompt
 
     k = 5
@@ -73,8 +73,9 @@ def test_real_wave_both_arms(tmp_path: Path):
         eff = engine.effective()
         assert eff["model_runner"] == "V1" and eff["disable_cascade_attn"] is False
         assert eff["enable_prefix_caching"] is True and eff["probe"] != "inactive"
-        prompts = [r.prompt for r in load_prompt_set("ko-ifeval-style", 8).records]
-        rendered, shared = render_all(engine.tokenizer(), load_system_prompt("ko"), prompts)
+        records = load_prompt_set("ko-ifeval-style", 8).records
+        measured = measure_prefix(engine.tokenizer(), load_system_prompt("ko"), records)
+        rendered, shared = measured.rendered, measured.tokens
         assert shared >= 256
 
         flat, fstats = engine.run_wave(rendered, "flat", 8, prefix_len=shared)

@@ -1,4 +1,4 @@
-"""vllm_surface's release table, the probe and explain's rule port, against facts recorded from vLLM's source.
+"""vllm_surface's release table, the probe and the cascade rule's port, against facts recorded from vLLM's source.
 
 ``tests/data/vllm-surface-<version>.json`` were written by ``scripts/old-vllm/record_surface.py``
 from the released wheels (read with ``ast``, nothing imported), so these tests need neither vLLM
@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cascade_repro import explain, vllm_surface
-from cascade_repro.vllm_surface import probe
+from cascade_repro import vllm_surface
+from cascade_repro.vllm_surface import cascade_rule, probe
 
 DATA = Path(__file__).parent / "data"
 RECORDED = sorted(DATA.glob("vllm-surface-*.json"))
@@ -80,7 +80,7 @@ def test_engine_calls_exist(path):
 @pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)
 def test_explain_port_decides_as_the_recorded_rule(path):
     fa = facts(path)["flash_attn"]
-    ns: dict = {"np": np, "cdiv": explain.cdiv}
+    ns: dict = {"np": np, "cdiv": cascade_rule.cdiv}
     exec(fa["use_cascade_attention_source"], ns)  # the released function's own text
     theirs = ns["use_cascade_attention"]
     grid = 0
@@ -94,7 +94,7 @@ def test_explain_port_decides_as_the_recorded_rule(path):
                             num_query_heads=q, num_kv_heads=kv, use_alibi=False, use_sliding_window=False,
                             use_local_attention=False, num_sms=sms, dcp_world_size=1,
                         )  # fmt: skip
-                        assert explain.call_rule(theirs, **args) == explain.use_cascade_attention(**args), args
+                        assert cascade_rule.call_rule(theirs, **args) == cascade_rule.use_cascade_attention(**args), args
                         grid += 1
     assert grid == 5 * 7 * 4 * 2 * 2
 

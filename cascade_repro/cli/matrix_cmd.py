@@ -519,7 +519,7 @@ def _check_rendered(spec: Any, system_text: str, records: list[Any]) -> str | No
     is returned as a warning. The prompts are rendered once for both."""
     from cascade_repro.engines import get as engine_info
     from cascade_repro.plan.models import check_model, embedded_converted, load_tokenizer, resolve_model
-    from cascade_repro.prompts.chat import MIN_CASCADE_PREFIX, check_context, render_all
+    from cascade_repro.prompts.chat import check_context, measure_prefix
     from cascade_repro.run.runner import context_limit_of
 
     info = engine_info(spec.engine)
@@ -533,12 +533,10 @@ def _check_rendered(spec: Any, system_text: str, records: list[Any]) -> str | No
         path, name = resolve_model(spec.model)
         tok = load_tokenizer(path, spec.trust_remote_code)
         limit = context_limit_of(spec, path, name)
-    rendered, shared = render_all(tok, system_text, [r.prompt for r in records])
+    measured = measure_prefix(tok, system_text, records)
     if limit is not None:
-        check_context(rendered, [r.key for r in records], int(spec.max_tokens), *limit)
-    if shared >= MIN_CASCADE_PREFIX:
-        return None
-    return f"shared prefix is {shared} tokens (< {MIN_CASCADE_PREFIX}): cascade cannot fire"
+        check_context(measured.rendered, [r.key for r in records], int(spec.max_tokens), *limit)
+    return measured.warning()
 
 
 def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, reference: Any = None) -> None:
@@ -552,7 +550,8 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, refer
     system_text = load_system_prompt(spec.system_prompt)  # a bad --system-prompt fails here, not hours later
     records = load_prompt_set(spec.prompts, spec.limit, spec.prompt_field, spec.key_field).records
     n = len(records)
-    engines = plan(spec)
+    matrix_plan = plan(spec)
+    engines = matrix_plan.engines
     warning = _check_rendered(spec, system_text, records)  # a refusal comes before the table
     title = f"{spec.engine} matrix over {n} prompts"
     if shard is not None:
@@ -567,8 +566,9 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, refer
     for col in ("cell", "engine key", "tp", "batch", "arm", "waves", "why"):
         table.add_column(col)
     why = {"matrix": "", "control": "noise control (added)", "calibration": "calibration"}
-    for key, ep in engines.items():
-        for c in ep.cells:
+    cells_of = {key: matrix_plan.cells_of(key) for key in engines}
+    for key, cells in cells_of.items():
+        for c in cells:
             role = why.get(c.origin, c.origin)
             if c.inject and c.origin != "calibration":
                 role = f"inject {c.inject}"
@@ -580,7 +580,7 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, refer
     if warning is not None:
         out_console(stderr=True).print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     cells = sum(len(ep.cells) for ep in engines.values())
-    added = sum(1 for ep in engines.values() for c in ep.cells if c.origin == "control")
+    added = sum(1 for cs in cells_of.values() for c in cs if c.origin == "control")
     line = f"{cells} cells, {len(engines)} engine start{'s' if len(engines) != 1 else ''}"
     if added:
         line += f"; {added} noise-control cell{'s' if added != 1 else ''} added by the planner (--no-auto-controls to drop)"
@@ -595,7 +595,7 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, refer
         gpu = gpu_info().get("gpu_name", "")
     planned = {
         k: {
-            "cells": [{"cell_id": c.cell_id, "batch": c.batch} for c in ep.cells],
+            "cells": [{"cell_id": c.cell_id, "batch": c.batch} for c in cells_of[k]],
             "fa_version": ep.fa_version,
         }
         for k, ep in engines.items()

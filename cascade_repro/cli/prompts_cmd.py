@@ -36,14 +36,14 @@ def _prefix_tokens(system_prompt: str, prompts: list[str], model: str, keys: lis
     """The shared prefix in tokens; with ``keys``, a prompt that leaves no room to generate in the
     model's context is refused (UsageError naming its key)."""
     from cascade_repro.plan.models import context_limit, load_tokenizer, resolve_model
-    from cascade_repro.prompts.chat import check_context, render_all
+    from cascade_repro.prompts.chat import check_context, measure_prefix
     from cascade_repro.prompts.promptsets import load_system_prompt
 
     path, name = resolve_model(model)
-    rendered, shared = render_all(load_tokenizer(path, False), load_system_prompt(system_prompt), prompts)
+    measured = measure_prefix(load_tokenizer(path, False), load_system_prompt(system_prompt), prompts)
     if keys is not None and (limit := context_limit(path, name)) is not None:
-        check_context(rendered, keys, 0, *limit)  # no --max-tokens here: room for one token
-    return shared
+        check_context(measured.rendered, keys, 0, *limit)  # no --max-tokens here: room for one token
+    return measured.tokens
 
 
 @prompts_app.command("list", panels=False, epilog=exit_codes.epilog("prompts list"))

@@ -40,7 +40,7 @@ class EngineInfo:
     # seconds, its exact resume wants each wave on disk before the next, and a thread would take
     # a core from torch on a small CPU box: it writes in the foreground.
     background_writes: bool
-    # ``module:function`` of the builder, called as ``builder(run: Manifest, eplan: EnginePlanRecord,
+    # ``module:function`` of the builder, called as ``builder(run: Manifest, eplan: EnginePlan,
     # run_dir: Path | None)``; a path, not the function, so that reading the table imports no engine.
     builder: str
     # ``module:function`` of the tokenizer of an engine that loads no weights (the fake), called with

@@ -33,7 +33,8 @@ from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.vllm_surface import inject as inj
 
 if TYPE_CHECKING:
-    from cascade_repro.run.manifest import EnginePlanRecord, Manifest
+    from cascade_repro.plan.matrix import EnginePlan
+    from cascade_repro.run.manifest import Manifest
 
 MODEL_NAME = "fake (a deterministic function of the prompt's tokens; no weights)"
 BLOCK_SIZE = 16  # the prefix is block-aligned before the cascade rule reads it, as the hf engine's is
@@ -246,7 +247,7 @@ def tokenizer() -> ByteTokenizer:
     return ByteTokenizer()
 
 
-def build(run: Manifest, eplan: EnginePlanRecord, run_dir: Path | None) -> FakeEngine:
+def build(run: Manifest, eplan: EnginePlan, run_dir: Path | None) -> FakeEngine:
     """The registry's builder (engines.ENGINES): the engine of one engine plan of a run."""
     spec = run.spec
     return FakeEngine(topk=spec.topk, inject=spec.inject, ignore_eos=bool(spec.ignore_eos), dtype=eplan.dtype)

@@ -31,7 +31,8 @@ from cascade_repro.errors import UsageError
 from cascade_repro.twin import CASCADE as TWIN
 
 if TYPE_CHECKING:
-    from cascade_repro.run.manifest import EnginePlanRecord, Manifest
+    from cascade_repro.plan.matrix import EnginePlan
+    from cascade_repro.run.manifest import Manifest
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -323,7 +324,7 @@ def default_threads() -> None:
         torch.set_num_threads(os.cpu_count() or 1)
 
 
-def build(run: Manifest, eplan: EnginePlanRecord, run_dir: Path | None) -> HFEngine:
+def build(run: Manifest, eplan: EnginePlan, run_dir: Path | None) -> HFEngine:
     """The registry's builder (engines.ENGINES): the engine of one engine plan of a run."""
     spec = run.spec
     default_threads()

@@ -32,9 +32,9 @@ from typing import Any
 from cascade_repro import vllm_surface
 from cascade_repro.engines.base import Completion, WaveStats, completion_text
 from cascade_repro.errors import UsageError
-from cascade_repro.plan.matrix import MatrixSpec
+from cascade_repro.plan.matrix import EnginePlan, MatrixSpec
 from cascade_repro.run import runstore
-from cascade_repro.run.manifest import EnginePlanRecord, Manifest, spec_of
+from cascade_repro.run.manifest import Manifest, spec_of
 from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.vllm_surface import probe
 
@@ -77,7 +77,7 @@ def _prepare_probe_dir(path: Path) -> None:
     path.mkdir(parents=True, exist_ok=True)
 
 
-def build(run: Manifest, eplan: EnginePlanRecord, run_dir: Path | None) -> VLLMEngine:
+def build(run: Manifest, eplan: EnginePlan, run_dir: Path | None) -> VLLMEngine:
     """The registry's builder (engines.ENGINES): the engine of one engine plan of a run."""
     return VLLMEngine(run.model_path, run.spec, eplan, run_dir=run_dir)
 
@@ -91,12 +91,12 @@ class VLLMEngine:
         self,
         model_path: str,
         spec: MatrixSpec | dict[str, Any],
-        eplan: EnginePlanRecord | dict[str, Any],
+        eplan: EnginePlan | dict[str, Any],
         run_dir: Path | str,
     ) -> None:
         # run.json's forms of the spec and the engine plan are converted here (tests, benchmarks).
         spec = spec if isinstance(spec, MatrixSpec) else spec_of(spec)
-        eplan = eplan if isinstance(eplan, EnginePlanRecord) else EnginePlanRecord.from_json(eplan)
+        eplan = eplan if isinstance(eplan, EnginePlan) else EnginePlan.from_json(eplan)
         self.model_path = model_path
         self.spec = spec
         self.eplan = eplan
@@ -224,12 +224,13 @@ class VLLMEngine:
         """Longest rendered prompt + max_tokens + 1, rounded up to 256 (None: vLLM's default)."""
         try:
             from cascade_repro.plan.models import load_tokenizer
-            from cascade_repro.prompts.chat import render_all
+            from cascade_repro.prompts.chat import measure_prefix
 
             run = runstore.read_manifest(self.run_dir)
-            prompts = [r["prompt"] for r in runstore.read_prompts(self.run_dir)]
             tok = load_tokenizer(self.model_path, bool(self.spec.trust_remote_code))
-            rendered, _ = render_all(tok, run.prompt_set.system_prompt_text or "", prompts)
+            rendered = measure_prefix(
+                tok, run.prompt_set.system_prompt_text, runstore.read_prompts(self.run_dir)
+            ).rendered
             need = max(len(r) for r in rendered) + int(self.spec.max_tokens) + 1
             need = -(-need // 256) * 256
             limit = None

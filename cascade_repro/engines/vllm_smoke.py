@@ -29,11 +29,11 @@ def smoke(
     import tempfile
     import traceback
 
-    from cascade_repro.plan.matrix import MatrixSpec
+    from cascade_repro.plan.matrix import EnginePlan, MatrixSpec
     from cascade_repro.plan.models import resolve_model
-    from cascade_repro.prompts.chat import render_all
+    from cascade_repro.prompts.chat import measure_prefix
     from cascade_repro.prompts.promptsets import load_prompt_set, load_system_prompt
-    from cascade_repro.run.manifest import EnginePlanRecord, Manifest, PromptSetFacts
+    from cascade_repro.run.manifest import Manifest, PromptSetFacts
 
     found: dict[str, Any] = {"ok": False, "tp": tp, "batch": batch, "max_tokens": max_tokens, "eager": eager}
     t0 = time.time()
@@ -52,7 +52,7 @@ def smoke(
         runstore.write_manifest(run_dir, manifest)
         runstore.write_prompts(run_dir, [{"prompt": r.prompt} for r in records])
         spec = MatrixSpec(engine="vllm", batch=[batch], max_tokens=max_tokens, topk=5, enforce_eager=eager)
-        eplan = EnginePlanRecord(
+        eplan = EnginePlan(
             key=f"smoke-tp{tp}",
             tp=tp,
             seed=0,
@@ -69,7 +69,8 @@ def smoke(
         found["requested"] = _jsonable({k: v for k, v in engine.requested.items() if k != "model"})
         found["effective"] = engine.effective()
         save()
-        rendered, shared = render_all(engine.tokenizer(), system, [r.prompt for r in records])
+        measured = measure_prefix(engine.tokenizer(), system, records)
+        rendered, shared = measured.rendered, measured.tokens
         found["shared_prefix_tokens"] = shared
         found["prompts"] = len(rendered)
         outs: dict[str, list[Completion]] = {}

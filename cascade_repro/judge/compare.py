@@ -41,8 +41,9 @@ from cascade_repro.judge.verdicts import (
     drift_ratio_stats,
     paired_bootstrap_ci,
 )
+from cascade_repro.plan.matrix import Cell
 from cascade_repro.run import runstore
-from cascade_repro.run.manifest import CellPlan, Manifest, as_manifest
+from cascade_repro.run.manifest import Manifest, as_manifest
 from cascade_repro.twin import CASCADE as TWIN
 
 REP_KEYS = [f"seq_rep_{n}" for n in range(1, 5)] + [f"distinct_{n}" for n in range(1, 5)]
@@ -223,15 +224,15 @@ def cell_rows(run: Manifest | dict[str, Any], run_dir: Path, samples: dict[str, 
 class PairSpec:
     pair_id: str
     kind: str  # one of outcome.PAIR_KINDS
-    test: CellPlan
-    ref: CellPlan
+    test: Cell
+    ref: Cell
 
 
-def twin_key(c: CellPlan) -> tuple:
+def twin_key(c: Cell) -> tuple:
     return tuple(getattr(c, a) for a in TWIN_AXES)
 
 
-def plan_pairs(cells: list[CellPlan] | list[dict[str, Any]]) -> list[PairSpec]:
+def plan_pairs(cells: list[Cell] | list[dict[str, Any]]) -> list[PairSpec]:
     """Pair each cascade cell with its flat twin; add flat-vs-flat noise controls.
 
     Noise controls, per engine configuration: flat at batch B vs flat at the smallest batch, the
@@ -240,7 +241,7 @@ def plan_pairs(cells: list[CellPlan] | list[dict[str, Any]]) -> list[PairSpec]:
     ``noise-rerun`` when it shared the engine. Calibration cells (cascade with an injected LSE
     shift) pair with the same twin as the clean cascade cell. Cells may come in their run.json form.
     """
-    cells = [c if isinstance(c, CellPlan) else CellPlan.from_json(c) for c in cells]
+    cells = [c if isinstance(c, Cell) else Cell.from_json(c) for c in cells]
     flat = {(twin_key(c), c.batch, c.rerun): c for c in cells if c.arm == TWIN.ref}
     pairs: list[PairSpec] = []
     for c in cells:
@@ -249,7 +250,7 @@ def plan_pairs(cells: list[CellPlan] | list[dict[str, Any]]) -> list[PairSpec]:
             if ref:
                 kind = CALIBRATION if c.origin == CALIBRATION else TWIN_KIND
                 pairs.append(PairSpec(f"{c.cell_id}~{TWIN.ref}", kind, c, ref))
-    by_twin: dict[tuple, list[CellPlan]] = {}
+    by_twin: dict[tuple, list[Cell]] = {}
     for c in cells:
         if c.arm == TWIN.ref and c.rerun == 0:
             by_twin.setdefault(twin_key(c), []).append(c)
@@ -295,7 +296,7 @@ def control_candidates(pairs: list[PairSpec]) -> dict[str, list[tuple[PairSpec, 
     return out
 
 
-def _other(ps: PairSpec, cell_id: str) -> CellPlan:
+def _other(ps: PairSpec, cell_id: str) -> Cell:
     return ps.ref if ps.test.cell_id == cell_id else ps.test
 
 
@@ -573,7 +574,7 @@ def _speed_columns(
     """Decode speed of the test cell against the ref cell, wave by wave (``speed.py``), and for a
     cascade pair the heuristic's predicted speedup and the flag when it chose cascade and lost."""
 
-    def waves_of(cell: CellPlan) -> list[dict[str, Any]]:
+    def waves_of(cell: Cell) -> list[dict[str, Any]]:
         prog = progress.get(cell.engine_key)
         return prog.waves.get(cell.cell_id, []) if prog is not None else []
 

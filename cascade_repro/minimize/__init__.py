@@ -10,8 +10,9 @@ from typing import Any
 
 from cascade_repro.errors import UsageError
 from cascade_repro.minimize.search import CRITERIA, MIN_REQUESTS, MinimizeResult, Oracle, Trial, search
+from cascade_repro.plan.matrix import EnginePlan
 from cascade_repro.run import runstore
-from cascade_repro.run.manifest import EnginePlanRecord, Manifest
+from cascade_repro.run.manifest import Manifest
 from cascade_repro.vllm_surface import inject as inj
 
 __all__ = ["CRITERIA", "MinimizeOutput", "minimize_run"]
@@ -42,7 +43,7 @@ def minimize_run(
     max_tests: int = 64,
     confirm: int = 3,
     on_trial: Callable[[Trial], None] | None = None,
-    engine_factory: Callable[[Manifest, EnginePlanRecord], Any] | None = None,
+    engine_factory: Callable[[Manifest, EnginePlan], Any] | None = None,
 ) -> MinimizeOutput:
     """Search the smallest failing case of one pair of ``run_dir`` on one engine; write its files.
 
@@ -52,7 +53,7 @@ def minimize_run(
     """
     from cascade_repro.minimize.render import render_issue, render_repro, repro_engine_args, safe_dirname
     from cascade_repro.minimize.search import pick_pair, start_case
-    from cascade_repro.prompts.chat import render_all
+    from cascade_repro.prompts.chat import measure_prefix
 
     run_dir = Path(run_dir)
     if criterion not in CRITERIA:
@@ -106,9 +107,8 @@ def minimize_run(
             "a GPU busy with another process is a common one)"
         ) from None
     try:
-        system_prompt = run.prompt_set.system_prompt_text
-        rendered, shared = render_all(engine.tokenizer(), system_prompt, [p["prompt"] for p in prompts])
-        oracle = Oracle(engine, rendered, shared, criterion, on_trial=on_trial)
+        measured = measure_prefix(engine.tokenizer(), run.prompt_set.system_prompt_text, prompts)
+        oracle = Oracle(engine, measured.rendered, measured.tokens, criterion, on_trial=on_trial)
         final, tests, exhausted, confirmations = search(
             oracle,
             start,

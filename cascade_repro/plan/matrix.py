@@ -12,12 +12,13 @@ import tomllib
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 from cascade_repro import vllm_surface
 from cascade_repro.engines import ENGINES as ENGINE_REGISTRY
 from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
+from cascade_repro.section import Section, section_list, section_map
 from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.vllm_surface import inject as inj
 
@@ -346,48 +347,71 @@ def show(value: Any) -> str:
 ORIGINS = ("matrix", "control", "calibration")
 
 
-@dataclass(frozen=True)
-class Cell:
-    """One (engine key, batch size, arm, rerun) combination: a set of samples over all prompts.
+@dataclass
+class Cell(Section):
+    """One (engine key, batch size, arm, rerun) combination: a set of samples over all prompts; one
+    entry of run.json's ``plan.cells``.
 
     ``inject`` is the fault the cascade arm runs with (None: clean). ``origin`` says why the cell
-    exists: the user's matrix, a noise control the planner added, or a calibration step.
+    exists: the user's matrix, a noise control the planner added, or a calibration step. The
+    defaults are what a run.json without the key is read as.
     """
 
-    cell_id: str
-    engine_key: str
-    tp: int
-    batch: int
-    arm: str  # TWIN.test | TWIN.ref
-    rerun: int
-    seed: int
-    dtype: str
-    fa_version: int | None
-    backend: str
+    cell_id: str = ""
+    engine_key: str = ""
+    tp: int = 1
+    batch: int = 1
+    arm: str = ""  # TWIN.test | TWIN.ref
+    rerun: int = 0
+    seed: int = 0
+    dtype: str = "auto"
+    fa_version: int | None = None
+    backend: str = ""
     inject: str | None = None
     origin: str = "matrix"
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    extra: dict[str, Any] = field(default_factory=dict)
+    keys: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
-class EnginePlan:
-    """Everything one worker process needs: the engine to build and the cells it serves, in order."""
+class EnginePlan(Section):
+    """Everything one worker process needs: the engine to build and the ids of the cells it serves,
+    in run order; one entry of run.json's ``plan.engines``."""
 
-    key: str
-    tp: int
-    seed: int
-    dtype: str
-    fa_version: int | None
-    backend: str
-    arm: str | None  # None: the engine serves both arms (toggled per cell)
+    key: str = ""
+    tp: int = 1
+    seed: int = 0
+    dtype: str = "auto"
+    fa_version: int | None = None
+    backend: str = ""
+    arm: str | None = None  # None: the engine serves both arms (toggled per cell)
+    cells: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    keys: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass
+class Plan(Section):
+    """What :func:`plan` makes of a spec and run.json stores as ``plan``: the engine keys (in run
+    order) and every cell (grouped by engine, in run order)."""
+
+    _nested: ClassVar[dict[str, tuple[Any, Any]]] = {
+        "engines": section_map(EnginePlan),
+        "cells": section_list(Cell),
+    }
+
+    engines: dict[str, EnginePlan] = field(default_factory=dict)
     cells: list[Cell] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    keys: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
 
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["cells"] = [c.cell_id for c in self.cells]
-        return d
+    def cell_map(self) -> dict[str, Cell]:
+        return {c.cell_id: c for c in self.cells}
+
+    def cells_of(self, key: str) -> list[Cell]:
+        """The cells engine ``key`` serves, in its order (ids without a cell left out)."""
+        by_id = self.cell_map()
+        return [by_id[i] for i in self.engines[key].cells if i in by_id]
 
 
 def _engine_key(
@@ -413,8 +437,8 @@ def control_batch(batch: int) -> int:
     return batch // 8 if batch >= 8 else batch * 8
 
 
-def plan(spec: MatrixSpec) -> dict[str, EnginePlan]:
-    """Return engine plans keyed by engine key, each with its cells in run order.
+def plan(spec: MatrixSpec) -> Plan:
+    """Return the plan: engine plans keyed by engine key, each with its cells in run order.
 
     The hf engine always toggles arms inside one model; vLLM does so unless ``arm_switch`` is
     ``restart``, in which case each arm gets its own engine (the real ``disable_cascade_attn`` flag)
@@ -435,6 +459,7 @@ def plan(spec: MatrixSpec) -> dict[str, EnginePlan]:
     restart = engine_info(spec.engine).attention_axes and spec.arm_switch == "restart"
     arms = [TWIN.arm(c) for c in spec.cascade]
     engines: dict[str, EnginePlan] = {}
+    cells: dict[str, Cell] = {}
 
     def add(axes: tuple, batch: int, arm: str, r: int, inject: str | None, origin: str) -> None:
         tp, seed, dtype, fa, backend = axes
@@ -443,8 +468,11 @@ def plan(spec: MatrixSpec) -> dict[str, EnginePlan]:
         key_arm = (arm + ("-r1" if r else "")) if restart else None
         key = _engine_key(spec.engine, tp, seed, dtype, fa, backend, key_arm)
         ep = engines.get(key) or engines.setdefault(
-            key, EnginePlan(key, tp, seed, dtype, fa, backend, arm if restart else None)
-        )
+            key,
+            # Built with ``of``: run.json writes every field, ``arm: null`` too.
+            EnginePlan.of(key=key, tp=tp, seed=seed, dtype=dtype, fa_version=fa, backend=backend,
+                          arm=arm if restart else None, cells=[]),
+        )  # fmt: skip
         parts = [f"tp{tp}", f"b{batch}", arm]
         if varying["seed"]:
             parts.append(f"s{seed}")
@@ -459,7 +487,9 @@ def plan(spec: MatrixSpec) -> dict[str, EnginePlan]:
         if origin == "calibration" and inject:
             parts.append("shift" + inject.partition("=")[2])
         cell_id = "-".join(parts)
-        ep.cells.append(Cell(cell_id, key, tp, batch, arm, r, seed, dtype, fa, backend, inject, origin))
+        ep.cells.append(cell_id)
+        cells[cell_id] = Cell.of(cell_id=cell_id, engine_key=key, tp=tp, batch=batch, arm=arm, rerun=r, seed=seed,
+                                 dtype=dtype, fa_version=fa, backend=backend, inject=inject, origin=origin)  # fmt: skip
 
     for axes in itertools.product(spec.tp, spec.seeds, spec.dtypes, spec.fa_versions, spec.backends):
         for batch in spec.batch:
@@ -476,11 +506,7 @@ def plan(spec: MatrixSpec) -> dict[str, EnginePlan]:
                 add(axes, batch, TWIN.ref, 1, None, "control")
         elif not restart and len(spec.batch) == 1:
             add(axes, control_batch(spec.batch[0]), TWIN.ref, 0, None, "control")
-    return engines
-
-
-def all_cells(engines: dict[str, EnginePlan]) -> list[Cell]:
-    return [c for ep in engines.values() for c in ep.cells]
+    return Plan(engines=engines, cells=[cells[i] for ep in engines.values() for i in ep.cells])
 
 
 def waves(n_prompts: int, batch: int) -> list[list[tuple[int, bool]]]:

@@ -66,8 +66,7 @@ def _n_cells(plan: Any) -> int:
 def assign(engines: Mapping[str, Any], count: int) -> list[list[str]]:
     """Return the engine keys of each shard (index 0 is shard 1), each list in plan order.
 
-    ``engines`` maps engine key to an ``EnginePlan``, a manifest's ``EnginePlanRecord`` or the
-    run.json form of either (a dict with ``cells``).
+    ``engines`` maps engine key to an ``EnginePlan`` or its run.json form (a dict with ``cells``).
     """
     if count < 1:
         raise UsageError("--shard: n must be at least 1")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from cascade_repro import vllm_surface
@@ -46,15 +47,44 @@ def prompt_hash(token_ids: Sequence[int]) -> str:
     return hashlib.sha256(",".join(map(str, token_ids)).encode()).hexdigest()[:16]
 
 
-def render_all(tokenizer: Any, system_prompt: str, prompts: Sequence[str]) -> tuple[list[list[int]], int]:
-    """Render every prompt; return the token lists and the shared prefix length in tokens."""
+@dataclass(frozen=True)
+class SharedPrefix:
+    """Every prompt of a set rendered by one tokenizer, and the prefix in tokens they all share."""
+
+    rendered: list[list[int]]
+    tokens: int
+
+    def hashes(self) -> list[str]:
+        """Each prompt's :func:`prompt_hash`: what its samples must carry."""
+        return [prompt_hash(r) for r in self.rendered]
+
+    def warning(self) -> str | None:
+        """:func:`short_prefix_warning` of this prefix."""
+        return short_prefix_warning(self.tokens)
+
+
+def measure_prefix(tokenizer: Any, system_prompt: str | None, prompts: Sequence[Any]) -> SharedPrefix:
+    """Render every prompt after ``system_prompt`` and measure the prefix they all share.
+
+    ``prompts``: the prompt texts, or records carrying them (a ``PromptRecord``'s ``prompt``, a
+    prompts.jsonl dict's ``"prompt"``). An empty set is a UsageError.
+    """
     if not prompts:
         raise UsageError("the prompt set is empty")
-    rendered = [render(tokenizer, system_prompt, p) for p in prompts]
+    texts = [p if isinstance(p, str) else p["prompt"] if isinstance(p, dict) else p.prompt for p in prompts]
+    rendered = [render(tokenizer, system_prompt or "", t) for t in texts]
     shared = common_prefix_len(rendered)
     # Every request must keep at least one token of its own after the shared prefix.
     shared = min(shared, min(len(r) for r in rendered) - 1)
-    return rendered, max(shared, 0)
+    return SharedPrefix(rendered, max(shared, 0))
+
+
+def short_prefix_warning(shared: int | None) -> str | None:
+    """The one line that says a shared prefix of ``shared`` tokens is too short for cascade to fire
+    (vLLM's hard condition); None when it is long enough or unknown."""
+    if shared is None or shared >= MIN_CASCADE_PREFIX:
+        return None
+    return f"shared prefix is {shared} tokens (< {MIN_CASCADE_PREFIX}): cascade cannot fire"
 
 
 def check_context(

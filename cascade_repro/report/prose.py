@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from cascade_repro import engines, vllm_surface
+from cascade_repro import engines
 from cascade_repro.judge.outcome import EXERCISED
 from cascade_repro.judge.verdicts import PREFILL_ONLY
+from cascade_repro.prompts.chat import short_prefix_warning
 from cascade_repro.report.headline import pair_ids
 from cascade_repro.report.load import RunData
 from cascade_repro.report.power import detection_power
@@ -79,10 +80,8 @@ def warnings(data: RunData) -> list[str]:
             "those steps this way"
         )
     prefix = as_int(prompt_set(data).stored("shared_prefix_tokens"))
-    if prefix is not None and prefix < vllm_surface.MIN_COMMON_PREFIX:
-        out.append(
-            f"shared prefix is {prefix} tokens (< {vllm_surface.MIN_COMMON_PREFIX}): cascade cannot fire"
-        )
+    if (short := short_prefix_warning(prefix)) is not None:
+        out.append(short)
     for key, e in sorted(data.manifest.engines.items()):
         if e.status == "error":
             out.append(f"engine {key} failed: {text_of(e.stored('error'))}")

@@ -1,19 +1,13 @@
 """run.json as typed sections: the manifest of a run directory.
 
-``Manifest.from_json`` reads what any version of the harness wrote: a missing key takes its field's
-default, a key this version does not know is kept in the section's ``extra`` and written back
-unchanged. ``Manifest.to_json`` gives back the dict that was read, key for key (order included),
-so a read and a write change nothing but what the caller changed: a key the file lacked is written
-only once a caller sets it to something other than its default, or through ``update`` (which,
-like ``dict.update``, writes what it sets even where that is the default; ``drop`` is ``dict.pop``).
-A manifest built in code (not read) writes every field, except the optional ones (default ``None``)
-still unset; one built with ``of`` writes the fields given, as a dict literal of them would.
-
-Values are kept as read (an int stays an int where a float was declared), so the bytes of run.json
-survive a round trip. ``runstore.read_manifest`` / ``runstore.write_manifest`` are the file's
-reader and writer; the spec is a :class:`~cascade_repro.plan.matrix.MatrixSpec` built without
-validation (a stored spec was valid where it was made; ``--engine-args`` checks depend on the
-installed vLLM).
+Every section is a :class:`~cascade_repro.section.Section`: ``Manifest.from_json`` reads what any
+version of the harness wrote (missing keys: defaults; unknown keys kept in ``extra`` and written
+back), and ``Manifest.to_json`` gives back the dict that was read, key for key (order included), so
+the bytes of run.json survive a round trip. The plan is the planner's own type
+(:class:`~cascade_repro.plan.matrix.Plan` of ``EnginePlan``s and ``Cell``s). ``runstore.read_manifest``
+/ ``runstore.write_manifest`` are the file's reader and writer; the spec is a
+:class:`~cascade_repro.plan.matrix.MatrixSpec` built without validation (a stored spec was valid
+where it was made; ``--engine-args`` checks depend on the installed vLLM).
 """
 
 from __future__ import annotations
@@ -21,135 +15,15 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from cascade_repro.plan.matrix import EnginePlan, MatrixSpec, all_cells
-
-_MISSING = dataclasses.MISSING
-
-
-def _default(f: dataclasses.Field) -> Any:
-    if f.default is not _MISSING:
-        return f.default
-    if f.default_factory is not _MISSING:
-        return f.default_factory()
-    return _MISSING
-
-
-class _Section:
-    """A JSON object with typed fields, the unknown keys in ``extra`` and the keys read in ``keys``.
-
-    ``keys`` is None for a section built in code, else the keys it is written with, in their order:
-    those of the object it was read from (or the fields given to ``of``), then those ``update`` added.
-    Subclasses name nested sections in ``_nested`` (field -> (decode, encode)).
-    """
-
-    _nested: ClassVar[dict[str, tuple[Any, Any]]] = {}
-    extra: dict[str, Any]
-    keys: tuple[str, ...] | None
-
-    @classmethod
-    def _names(cls) -> list[dataclasses.Field]:
-        return [f for f in dataclasses.fields(cls) if f.name not in ("extra", "keys")]
-
-    @classmethod
-    def from_json(cls, data: Any) -> Any:
-        data = data if isinstance(data, dict) else {}
-        kw: dict[str, Any] = {}
-        names = set()
-        for f in cls._names():
-            names.add(f.name)
-            if f.name in data:
-                value = data[f.name]
-                if f.name in cls._nested:
-                    value = cls._nested[f.name][0](value)
-                kw[f.name] = value
-        extra = {k: v for k, v in data.items() if k not in names}
-        return cls(**kw, extra=extra, keys=tuple(data))
-
-    @classmethod
-    def of(cls, **values: Any) -> Any:
-        """A section built in code that writes exactly ``values`` (a ``None`` among them too), as a
-        dict literal of them would, and any other field only once it is set."""
-        return cls(**values, keys=tuple(values))
-
-    def has(self, name: str) -> bool:
-        """Whether the object read held ``name`` (always, for a section built in code)."""
-        return self.keys is None or name in self.keys
-
-    def update(self, **values: Any) -> None:
-        """Set fields as ``dict.update`` sets keys: each is written, even where it equals its default."""
-        names = {f.name for f in self._names()}
-        for name, value in values.items():
-            if name not in names:
-                raise TypeError(f"{type(self).__name__} has no field {name!r}")
-            setattr(self, name, value)
-            if self.keys is not None and name not in self.keys:
-                self.keys = (*self.keys, name)
-
-    def drop(self, name: str) -> None:
-        """Unset an optional field as ``dict.pop`` removes a key: back to None, and not written."""
-        setattr(self, name, None)
-        if self.keys is not None:
-            self.keys = tuple(k for k in self.keys if k != name)
-
-    def stored(self, name: str) -> Any:
-        """What ``to_json`` writes under ``name`` (a nested section in its JSON form), None where it
-        writes no such key: a dict's ``get``, for code that copies fields as the file held them."""
-        for f in self._names():
-            if f.name == name:
-                value = getattr(self, name)
-                if not self._written(f, value):
-                    return None
-                return self._nested[name][1](value) if name in self._nested else value
-        return self.extra.get(name)
-
-    def _written(self, f: dataclasses.Field, value: Any) -> bool:
-        default = _default(f)
-        if self.keys is None:
-            return not (value is None and default is None)  # an optional key never set is left out
-        # A key absent from the file read is left out while it is untouched.
-        return f.name in self.keys or not (value == default or (value is None and default is None))
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f in self._names():
-            value = getattr(self, f.name)
-            if not self._written(f, value):
-                continue
-            if f.name in self._nested:
-                value = self._nested[f.name][1](value)
-            out[f.name] = value
-        out.update(self.extra)
-        if self.keys:
-            order = {k: i for i, k in enumerate(self.keys)}
-            out = dict(sorted(out.items(), key=lambda kv: order.get(kv[0], len(order))))
-        return out
-
-
-def _map(cls: Any) -> tuple[Any, Any]:
-    """(decode, encode) of a JSON object whose values are ``cls`` sections."""
-    return (
-        lambda d: {k: cls.from_json(v) for k, v in d.items()} if isinstance(d, dict) else d,
-        lambda d: {k: v.to_json() for k, v in d.items()} if isinstance(d, dict) else d,
-    )
-
-
-def _list(cls: Any) -> tuple[Any, Any]:
-    return (
-        lambda xs: [cls.from_json(x) for x in xs] if isinstance(xs, list) else xs,
-        lambda xs: [x.to_json() for x in xs] if isinstance(xs, list) else xs,
-    )
-
-
-def _one(cls: Any) -> tuple[Any, Any]:
-    return (cls.from_json, lambda v: v.to_json())
+from cascade_repro.plan.matrix import MatrixSpec, Plan
+from cascade_repro.section import Section, section_list, section_map, section_one
 
 
 @dataclass
-class PromptSetFacts(_Section):
+class PromptSetFacts(Section):
     """``prompt_set``: where the prompts came from and what the tokenizer made of them."""
 
     name: str = ""
@@ -167,70 +41,7 @@ class PromptSetFacts(_Section):
 
 
 @dataclass
-class CellPlan(_Section):
-    """One cell of ``plan.cells`` (``matrix.Cell.to_dict()``)."""
-
-    cell_id: str = ""
-    engine_key: str = ""
-    tp: int = 1
-    batch: int = 1
-    arm: str = ""
-    rerun: int = 0
-    seed: int = 0
-    dtype: str = "auto"
-    fa_version: int | None = None
-    backend: str = ""
-    inject: str | None = None
-    origin: str = "matrix"
-    extra: dict[str, Any] = field(default_factory=dict)
-    keys: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
-
-
-@dataclass
-class EnginePlanRecord(_Section):
-    """One engine key of ``plan.engines`` (``matrix.EnginePlan.to_dict()``: cells as ids)."""
-
-    key: str = ""
-    tp: int = 1
-    seed: int = 0
-    dtype: str = "auto"
-    fa_version: int | None = None
-    backend: str = ""
-    arm: str | None = None
-    cells: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
-    keys: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
-
-
-@dataclass
-class Plan(_Section):
-    """``plan``: the engine keys (in run order) and every cell."""
-
-    _nested: ClassVar[dict[str, tuple[Any, Any]]] = {
-        "engines": _map(EnginePlanRecord),
-        "cells": _list(CellPlan),
-    }
-
-    engines: dict[str, EnginePlanRecord] = field(default_factory=dict)
-    cells: list[CellPlan] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
-    keys: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
-
-    @classmethod
-    def of_engines(cls, engines: Mapping[str, EnginePlan]) -> Plan:
-        """The plan of the planner's engine plans (``matrix.plan``), each key their ``to_dict`` writes
-        kept (a ``None`` among them too)."""
-        return cls(
-            engines={k: EnginePlanRecord.from_json(ep.to_dict()) for k, ep in engines.items()},
-            cells=[CellPlan.from_json(c.to_dict()) for c in all_cells(engines)],
-        )
-
-    def cell_map(self) -> dict[str, CellPlan]:
-        return {c.cell_id: c for c in self.cells}
-
-
-@dataclass
-class Invocation(_Section):
+class Invocation(Section):
     """One entry of ``invocations``: a run, resume, rescore or merge."""
 
     started_at: str = ""
@@ -246,7 +57,7 @@ class Invocation(_Section):
 
 
 @dataclass
-class EngineRecord(_Section):
+class EngineRecord(Section):
     """One engine key of ``engines``: the flags read back from the engine, its start and status."""
 
     effective: dict[str, Any] = field(default_factory=dict)
@@ -258,7 +69,7 @@ class EngineRecord(_Section):
 
 
 @dataclass
-class Timings(_Section):
+class Timings(Section):
     """``timings``: the run's wall time (merged runs: the slowest shard's, and their sum)."""
 
     total_s: float | None = None
@@ -268,15 +79,15 @@ class Timings(_Section):
 
 
 @dataclass
-class Manifest(_Section):
+class Manifest(Section):
     """run.json. ``spec_json`` is the spec as stored; ``spec`` its :class:`MatrixSpec`."""
 
     _nested: ClassVar[dict[str, tuple[Any, Any]]] = {
-        "prompt_set": _one(PromptSetFacts),
-        "plan": _one(Plan),
-        "engines": _map(EngineRecord),
-        "timings": _one(Timings),
-        "invocations": _list(Invocation),
+        "prompt_set": section_one(PromptSetFacts),
+        "plan": section_one(Plan),
+        "engines": section_map(EngineRecord),
+        "timings": section_one(Timings),
+        "invocations": section_list(Invocation),
     }
 
     run_id: str = ""
@@ -421,7 +232,7 @@ def type_problem(value: Any, hint: Any, where: str) -> str | None:
         real = [o for o in options if o is not type(None)]
         whys = [type_problem(value, o, where) for o in real]
         return None if any(w is None for w in whys) else whys[0]
-    if isinstance(hint, type) and issubclass(hint, _Section):
+    if isinstance(hint, type) and issubclass(hint, Section):
         if not isinstance(value, dict):
             return f"{where!r} is {_kind(value)}, not an object"
         for name, sub in _hints(hint).items():

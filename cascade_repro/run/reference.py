@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cascade_repro.atomic import write_atomic
 from cascade_repro.errors import UsageError
 from cascade_repro.run import runstore
 
@@ -455,9 +456,8 @@ class ReferenceModel:
             return
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            torch.save([(layer.keys.contiguous(), layer.values.contiguous()) for layer in cache.layers], tmp)
-            os.replace(tmp, path)
+            layers = [(layer.keys.contiguous(), layer.values.contiguous()) for layer in cache.layers]
+            write_atomic(path, lambda tmp: torch.save(layers, tmp))
             old = sorted(path.parent.glob("*.pt"), key=lambda p: p.stat().st_mtime, reverse=True)
             for stale in old[PREFIX_CACHE_KEEP:]:
                 stale.unlink(missing_ok=True)
@@ -542,7 +542,7 @@ def _batches(todo: list[Todo], own_len: Callable[[Todo], int], budget: int) -> I
 def run_pass(run_dir: Path, precision: str, device: str, log: Callable[[str], None] = print) -> int:
     """Score every finished cell's samples not yet scored; return how many sequences were scored."""
     from cascade_repro.plan.models import load_tokenizer
-    from cascade_repro.prompts.chat import prompt_hash, render_all
+    from cascade_repro.prompts.chat import measure_prefix
 
     run = runstore.read_manifest(run_dir)
     keys = list(run.plan.engines)
@@ -555,10 +555,8 @@ def run_pass(run_dir: Path, precision: str, device: str, log: Callable[[str], No
     spec = run.spec
     prompts = runstore.read_prompts(run_dir)
     tok = load_tokenizer(run.model_path, spec.trust_remote_code)
-    rendered, shared = render_all(
-        tok, run.prompt_set.system_prompt_text or "", [p["prompt"] for p in prompts]
-    )
-    hashes = [prompt_hash(r) for r in rendered]
+    measured = measure_prefix(tok, run.prompt_set.system_prompt_text, prompts)
+    rendered, shared, hashes = measured.rendered, measured.tokens, measured.hashes()
     t0 = time.time()
     model = ReferenceModel(run.model_path, precision, device, int(spec.topk), spec.trust_remote_code)
     log(f"reference: {TORCH_DTYPES[precision]} on {device}, {total} sequences to score")

@@ -25,7 +25,6 @@ from cascade_repro.run.manifest import (
     EngineRecord,
     Invocation,
     Manifest,
-    Plan,
     PromptSetFacts,
     Timings,
     as_manifest,
@@ -207,7 +206,7 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
         quiet_progress,
         resolve_model,
     )
-    from cascade_repro.prompts.chat import MIN_CASCADE_PREFIX, check_context, prompt_hash, render_all
+    from cascade_repro.prompts.chat import MIN_CASCADE_PREFIX, check_context, measure_prefix
     from cascade_repro.prompts.promptsets import load_prompt_set, load_system_prompt
     from cascade_repro.run import envinfo
 
@@ -254,13 +253,14 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
         with quiet_progress(not opts.progress or plain):
             model_path, model_name = resolve_model(spec.model)
             tokenizer = load_tokenizer(model_path, spec.trust_remote_code)
-    rendered, shared = render_all(tokenizer, system_text, [r.prompt for r in pset.records])
+    measured = measure_prefix(tokenizer, system_text, pset.records)
+    rendered, shared = measured.rendered, measured.tokens
     if info.has_weights and (limit := context_limit_of(spec, model_path, model_name)) is not None:
         check_context(rendered, [r.key for r in pset.records], int(spec.max_tokens), *limit)
 
     run_dir = opts.results_dir / run_id
-    engines = plan(spec)
-    if opts.shard and console is not None and (warning := empty_warning(engines, opts.shard)):
+    planned = plan(spec)
+    if opts.shard and console is not None and (warning := empty_warning(planned.engines, opts.shard)):
         console.print(f"[yellow]warning:[/] {_escape(warning)}", highlight=False)
     # Built in code, the manifest writes every field but the optional ones left unset: those set
     # below only where they apply.
@@ -288,7 +288,7 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
         ),
         # The fake runs on no device: nothing to ask torch (whose import is seconds) about.
         env=envinfo.capture(include_gpu=info.is_vllm or (info.has_weights and spec.device != "cpu")),
-        plan=Plan.of_engines(engines),
+        plan=planned,
         arm_switch=spec.arm_switch if engine_info(spec.engine).attention_axes else "shared",
         thresholds=opts.thresholds.to_dict(),
         fail_on=opts.fail_on,
@@ -299,16 +299,13 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
         run.vllm_collect_env = collected  # vLLM's bug template asks for exactly this
     if opts.shard:
         run.shard = str(opts.shard)  # the plan stays whole: every shard of a matrix has the same one
-    from cascade_repro.explain import predictions_for
+    from cascade_repro.run.predictions import predictions_for
 
-    # What vLLM's rule says, shown next to the probe's counts (explain reads run.json's dict form).
     run.predictions = predictions_for(run)  # what vLLM's rule says, shown next to the probe's counts
-    if console is not None and shared < MIN_CASCADE_PREFIX:
-        console.print(
-            f"[yellow]warning:[/] shared prefix is {shared} tokens (< {MIN_CASCADE_PREFIX}): cascade cannot fire"
-        )
+    if console is not None and (warning := measured.warning()) is not None:
+        console.print(f"[yellow]warning:[/] {warning}")
     run.invocations = [run.own_invocation()]
-    hashes = [prompt_hash(r) for r in rendered]
+    hashes = measured.hashes()
     return PreparedRun(run_dir, run, list(pset.records), opts.fresh, opts.allow_mixed, hashes)
 
 

@@ -22,13 +22,13 @@ import json
 import os
 import re
 import stat
-import tempfile
 import typing
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from cascade_repro.atomic import write_atomic
 from cascade_repro.errors import EnvironmentFailure, RunLockedError, UsageError, name_oserror, naming
 from cascade_repro.run.manifest import Manifest, manifest_problem, type_problem
 
@@ -281,18 +281,8 @@ def write_prompts(run_dir: Path, records: list[Any], hashes: list[str] | None = 
 
 
 def write_parquet_atomic(df: Any, path: Path) -> None:
-    """Write a table through a temp file and rename; a failed write leaves no temp file behind."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    # A link planted under the temp file's name would be written through: remove it (a name, not
-    # what it points at) so to_parquet creates a new file.
-    tmp.unlink(missing_ok=True)
-    try:
-        with naming(path):
-            df.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """Write a table through a temp file and rename (:func:`~cascade_repro.atomic.write_atomic`)."""
+    write_atomic(path, lambda tmp: df.to_parquet(tmp, index=False))
 
 
 def write_run_json(run_dir: Path, run: dict[str, Any] | Manifest) -> None:
@@ -427,33 +417,14 @@ def write_text_atomic(path: Path, text: str, *, mode: int | None = None, durable
     pass 0o644); ``durable``: fsync before the rename, so a power loss cannot leave an empty file.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with naming(path), os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, text, mode=mode, durable=durable)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON through a temp file and rename, so readers never see half a file."""
+    text = json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with naming(path), os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=True, default=str)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, text)
 
 
 def read_manifest(run_dir: Path, require: tuple[str, ...] = ()) -> Manifest:

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from cascade_repro.errors import UsageError
-from cascade_repro.plan.matrix import MatrixSpec, waves
+from cascade_repro.plan.matrix import Cell, EnginePlan, MatrixSpec, waves
 from cascade_repro.run import runstore
-from cascade_repro.run.manifest import CellPlan, EnginePlanRecord, Manifest, as_manifest
+from cascade_repro.run.manifest import Manifest, as_manifest
 from cascade_repro.twin import CASCADE as TWIN
 
 # Exit codes the runner understands.
@@ -34,7 +34,7 @@ def load_prompts(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def build_engine(
-    run: Manifest | dict[str, Any], eplan: EnginePlanRecord | dict[str, Any], run_dir: Path | None = None
+    run: Manifest | dict[str, Any], eplan: EnginePlan | dict[str, Any], run_dir: Path | None = None
 ):
     """Construct the engine named by the run's spec for one engine plan (the registry in engines/).
 
@@ -44,7 +44,7 @@ def build_engine(
     from cascade_repro.engines import get as engine_info
 
     m = as_manifest(run)
-    ep = eplan if isinstance(eplan, EnginePlanRecord) else EnginePlanRecord.from_json(eplan)
+    ep = eplan if isinstance(eplan, EnginePlan) else EnginePlan.from_json(eplan)
     if run_dir is None and m.extra.get("run_dir"):
         run_dir = Path(m.extra["run_dir"])
     return engine_info(m.spec.engine).load_builder()(m, ep, run_dir)
@@ -86,10 +86,10 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
     writer = runstore.JsonlWriter(out_path, background=info.background_writes)
     t0 = time.time()
     engine = build_engine(run, eplan, run_dir)
-    from cascade_repro.prompts.chat import prompt_hash, render_all
+    from cascade_repro.prompts.chat import measure_prefix
 
-    system_prompt = run.prompt_set.system_prompt_text or ""
-    rendered, shared = render_all(engine.tokenizer(), system_prompt, [p["prompt"] for p in prompts])
+    measured = measure_prefix(engine.tokenizer(), run.prompt_set.system_prompt_text, prompts)
+    rendered, shared = measured.rendered, measured.tokens
     writer.write(
         runstore.EngineStart(
             engine_key=engine_key,
@@ -100,7 +100,7 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
         )
     )
     writer.flush()
-    hashes = [prompt_hash(r) for r in rendered]
+    hashes = measured.hashes()
     check_hashes(run_dir, hashes)
     freeze_heap()
     status = EXIT_OK
@@ -156,7 +156,7 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
     return status
 
 
-def cell_inject(cell: CellPlan, spec: MatrixSpec) -> str | None:
+def cell_inject(cell: Cell, spec: MatrixSpec) -> str | None:
     """The fault a cell's cascade arm runs with: the cell's own (calibration) or the spec's (a cell
     planned by a version without a per-cell ``inject``)."""
     if cell.arm != TWIN.test:

@@ -1,7 +1,7 @@
 """What this harness knows of vLLM's internals, in one place: module paths, cascade's hard limits,
 and how they differ between the releases it was written against.
 
-Everything that patches, imports or mimics vLLM (the probe, the kernel check, ``explain``,
+Everything that patches, imports or mimics vLLM (the probe, the kernel check, the cascade rule,
 ``doctor``, the hf engine's reference cascade, the reports' warnings) asks this module. A vLLM
 release that moves its attention backend or changes a threshold is one edit here.
 

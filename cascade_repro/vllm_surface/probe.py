@@ -79,6 +79,7 @@ from types import ModuleType
 from typing import Any
 
 from cascade_repro import vllm_surface
+from cascade_repro.atomic import write_atomic  # standard library only
 from cascade_repro.vllm_surface import inject as inj  # standard library only, like this module
 from cascade_repro.vllm_surface import splitkv
 
@@ -132,13 +133,6 @@ def new_counters() -> dict[str, Any]:
         out[k] = 0.0
     out["fa_versions"] = []
     return out
-
-
-def _write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, sort_keys=True)
-    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -355,7 +349,7 @@ class ProbeState:
         if not self._dirty:
             return
         try:
-            _write_json_atomic(self.counts_path, self.snapshot())
+            write_atomic(self.counts_path, json.dumps(self.snapshot(), sort_keys=True))
             self._dirty = False
         except OSError as e:  # a full or vanished directory must not stop generation
             self._note_error(f"flush: {e}")
@@ -778,10 +772,7 @@ def write_control(
     """Write the control file atomically; return the control (the sync RPC can hand it over too)."""
     data = control_data(wave, force_off, inject, seq, force_on)
     path = Path(directory) / CONTROL_FILE
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(control_text(data))
-    os.replace(tmp, path)
+    write_atomic(path, control_text(data))
     return data
 
 

@@ -17,7 +17,7 @@ Whether a step splits is decided by FA2 itself, since vLLM passes no ``num_split
   <= 128, else 64. In cascade's suffix call ``max_seqlen_k`` is the longest request's own part:
   its tokens after the shared prefix, question and generated text together.
 
-Cascade must also be chosen for that decode step (vLLM's cost model, ``explain.decide``), so the
+Cascade must also be chosen for that decode step (vLLM's cost model, ``cascade_rule.decide``), so the
 bug bites in a band: enough requests for cascade's decode heuristic, few enough that FA2 still
 splits (``requests x KV heads < 0.8 x 2 x SMs``), and a suffix long enough for more than one KV
 block per split. Ported from the fork at ee4d25bd (the commit vLLM 0.10.2 and 0.11.0 pin);
@@ -135,7 +135,7 @@ def band(
     """Requests per decode step (1..max_requests) where cascade fires and FA2 splits: the bug's band.
 
     ``cascade_decode(n)`` says whether vLLM chooses cascade for a decode step of ``n`` requests
-    (``explain.decide`` with the run's prefix and heads).
+    (``cascade_rule.decide`` with the run's prefix and heads).
     """
     hits = tuple(
         n

@@ -44,7 +44,7 @@ import synth  # noqa: E402
 
 from cascade_repro.judge.metrics import divergence_metrics, repetition_metrics  # noqa: E402
 from cascade_repro.judge.verdicts import Evidence, Thresholds, decide, paired_bootstrap_ci  # noqa: E402
-from cascade_repro.plan.matrix import MatrixSpec, all_cells, plan, waves  # noqa: E402
+from cascade_repro.plan.matrix import MatrixSpec, plan, waves  # noqa: E402
 from cascade_repro.run import runstore  # noqa: E402
 
 LAYERS = 30  # SmolLM2-135M: cascade_calls = steps x layers
@@ -216,7 +216,7 @@ def main() -> int:
                       batch=[int(x) for x in args.batch.split(",")], rerun=not args.no_rerun,
                       max_tokens=args.max_tokens, topk=synth.TOPK)  # fmt: skip
     engines = plan(spec)
-    cells = [c.to_dict() for c in all_cells(engines)]
+    cells = [c.to_json() for c in engines.cells]
     pairs = plan_pairs(cells)
     n, length = args.prompts, args.max_tokens
     th = Thresholds()
@@ -231,10 +231,10 @@ def main() -> int:
                        "tokenizer": "HuggingFaceTB/SmolLM2-135M-Instruct", "min_cascade_prefix": 256},
         "env": {"gpu_name": "NVIDIA H200", "gpu_count": "2", "sm_count": "132", "python": "3.11.7",
                 "vllm": "0.26.0", "torch": "2.9.0", "platform": "Linux-x86_64"},
-        "plan": {"engines": {k: ep.to_dict() for k, ep in engines.items()}, "cells": cells},
+        "plan": engines.to_json(),
         "arm_switch": "toggle", "thresholds": th.to_dict(), "fail_on": "regression",
         "engines": {k: {"effective": {"engine": "vllm"}, "start_s": 41.3, "status": "done", "error": ""}
-                    for k in engines},
+                    for k in engines.engines},
         "timings": {"total_s": 5400.0},
     }  # fmt: skip
     runstore.write_json_atomic(run_dir / "run.json", run)
@@ -244,7 +244,7 @@ def main() -> int:
                                 "kwargs": [], "lang": "ko", "prompt_hash": _prompt_hash(i)}) + "\n")  # fmt: skip
 
     jobs = []
-    for key in engines:
+    for key in engines.engines:
         kcells = [c for c in cells if c["engine_key"] == key]
         jobs.append((run_dir, key, kcells, pairs, n, length, args.seed))
     synth._tables()
@@ -341,7 +341,7 @@ def main() -> int:
     size = sum(p.stat().st_size for p in (run_dir / "samples").glob("*.jsonl"))
     n_samples = sum(len(r) for r in reps.values())
     verdicts = pairs_df.loc[pairs_df["kind"] == "cascade", "verdict"].value_counts().to_dict()
-    print(f"{run_dir}: {len(cells)} cells, {len(engines)} engine keys, {n_samples:,} samples "
+    print(f"{run_dir}: {len(cells)} cells, {len(engines.engines)} engine keys, {n_samples:,} samples "
           f"({size / 2**30:.2f} GiB JSONL), {len(pairs)} pairs, {len(comp_df):,} comparison rows; "
           f"verdicts {verdicts}; {time.time() - t0:.0f} s")  # fmt: skip
     return 0
