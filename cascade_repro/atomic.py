@@ -33,7 +33,7 @@ def write_atomic(
     path it is given (for writers that take a path: ``DataFrame.to_parquet``, ``torch.save``).
     ``mode``: the file's permissions (else the temp file's 0600); ``durable``: fsync before the
     rename, so a power loss cannot leave an empty file. The folder must exist. An OSError names
-    ``path`` (``naming``).
+    ``path`` (``naming``), also one raised on the temp file.
     """
     path = Path(path)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -54,8 +54,10 @@ def write_atomic(
             if mode is not None:
                 os.chmod(tmp, mode)
             os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename == name:
+            e.filename = str(path)  # the temp file's random name would tell the user nothing
         raise
 
 
