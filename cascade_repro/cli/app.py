@@ -278,6 +278,14 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
+def command_line() -> str:
+    """This invocation as run.json's invocation record holds it: ``cascade-repro`` and the
+    arguments, each quoted as a shell would need it."""
+    import shlex
+
+    return " ".join(["cascade-repro", *map(shlex.quote, sys.argv[1:])])
+
+
 # Where output is not a terminal (a pipe, a CI log) rich assumes 80 columns: tables are squeezed
 # and cell ids broken mid-word. There a table gets this width unless COLUMNS says otherwise.
 PIPE_WIDTH = 200
