@@ -569,6 +569,18 @@ def test_an_option_several_commands_take_reads_the_same_in_each(option, commands
     assert len({(p.help, p.metavar, p.envvar, tuple(p.opts), tuple(p.secondary_opts)) for p in params}) == 1
 
 
+AXES = ("--tp", "--batch", "--cascade", "--backend", "--fa-version", "--hf-overrides", "--max-tokens", "--config")
+
+
+@pytest.mark.parametrize("option", AXES)
+def test_the_matrix_options_explain_takes_are_declared_once(option):
+    """cli/options.py: explain says what an axis means for a prediction in its own words, and takes
+    the same flags (vLLM's spellings too), parameter and placeholder as matrix."""
+    m, e = (next(p for p in _command(c).params if option in p.opts) for c in ("matrix", "explain"))
+    same = ("name", "opts", "secondary_opts", "metavar", "envvar")
+    assert [getattr(m, a) for a in same] == [getattr(e, a) for a in same]
+
+
 def test_a_command_with_few_options_lists_them_all_under_options():
     for words in ("report", "merge", "doctor", "minimize", "env", "prompts show"):
         assert "╭─ Options ─" in invoke(*words.split(), "--help").stdout

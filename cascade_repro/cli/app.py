@@ -35,23 +35,30 @@ def _plain_placeholders(params: list[Any]) -> None:
             p.__class__ = _NamedArgument
 
 
-class Command(TyperCommand):
-    """Every command of this app: Typer's, with the placeholders above (the help option too)."""
+class _PlainPlaceholders:
+    """The placeholders above for a command's or a group's parameters, its help option included."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _plain_placeholders(self.params)  # type: ignore[attr-defined]
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)  # type: ignore[misc]
+        if option is not None:
+            _plain_placeholders([option])
+        return option
+
+
+class Command(_PlainPlaceholders, TyperCommand):
+    """Every command of this app: Typer's, with the placeholders above."""
 
     panels = True  # the options' help panels (a shared option brings the one it is declared in)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        _plain_placeholders(self.params)
         if not self.panels:
             for p in self.params:
                 p.rich_help_panel = None
-
-    def get_help_option(self, ctx: Any) -> Any:
-        option = super().get_help_option(ctx)
-        if option is not None:
-            _plain_placeholders([option])
-        return option
 
 
 class UngroupedCommand(Command):
@@ -60,12 +67,8 @@ class UngroupedCommand(Command):
     panels = False
 
 
-class Group(TyperGroup):
-    """The app and its command groups, with the placeholders above."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        _plain_placeholders(self.params)
+class Group(_PlainPlaceholders, TyperGroup):
+    """The app and its command groups, with the placeholders above and the one error path."""
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         """The one error path of every command. Click's own usage errors (an unknown flag, a value of
@@ -115,12 +118,6 @@ class Group(TyperGroup):
         except Exception as e:  # noqa: BLE001 - every unexpected error ends here, once
             sys.exit(internal_error(e))
         sys.exit(code if isinstance(code, int) else 0)
-
-    def get_help_option(self, ctx: Any) -> Any:
-        option = super().get_help_option(ctx)
-        if option is not None:
-            _plain_placeholders([option])
-        return option
 
 
 class OutputClosed(OSError):
@@ -277,6 +274,14 @@ def user_errors() -> Iterator[None]:
     except KeyboardInterrupt:
         err_console().print("interrupted: finished cells are kept; rerun the same command to resume")
         raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+def command_line() -> str:
+    """This invocation as run.json's invocation record holds it: ``cascade-repro`` and the
+    arguments, each quoted as a shell would need it."""
+    import shlex
+
+    return " ".join(["cascade-repro", *map(shlex.quote, sys.argv[1:])])
 
 
 # Where output is not a terminal (a pipe, a CI log) rich assumes 80 columns: tables are squeezed

@@ -8,20 +8,36 @@ from typing import Annotated, Any
 import typer
 
 from cascade_repro import exit_codes
-from cascade_repro.cli.app import RESULTS_DIR, app, default, out_console, spec_default, user_errors
+from cascade_repro.cli.app import (
+    RESULTS_DIR,
+    app,
+    command_line,
+    default,
+    out_console,
+    spec_default,
+    user_errors,
+)
 from cascade_repro.cli.options import (
     GPU,
     MATRIX,
     MEASURE,
+    Backend,
+    Batch,
+    Cascade,
+    Config,
     Engine,
+    FaVersion,
     Fresh,
+    HfOverrides,
     Json,
     Limit,
+    MaxTokens,
     Model,
     Prompts,
     ResultsDir,
     RunId,
     SystemPrompt,
+    Tp,
     TrustRemoteCode,
     option,
     variant,
@@ -40,6 +56,36 @@ ExplainLimit = variant(Limit, rich_help_panel=MATRIX)
 ExplainTrustRemoteCode = variant(
     TrustRemoteCode,
     help="Allow model code from the Hub (tokenizer)." + spec_default("trust_remote_code"),
+    rich_help_panel=MATRIX,
+)
+# The matrix's axes, declared once (options.py), in explain's words: what each means for a prediction.
+ExplainTp = variant(Tp, help="Tensor-parallel sizes, comma-separated." + spec_default("tp"))
+ExplainBatch = variant(
+    Batch, help="Batch sizes (concurrent requests per wave), comma-separated." + spec_default("batch")
+)
+ExplainCascade = variant(
+    Cascade, help="Cascade arms, as for `matrix` (flat cells never fire)." + spec_default(TWIN.spec_field)
+)
+ExplainBackend = variant(
+    Backend, help="vLLM attention backends (only FLASH_ATTN has cascade)." + spec_default("backends")
+)
+ExplainFaVersion = variant(
+    FaVersion,
+    help="FlashAttention versions, as for `matrix`: default, 2, 3, 4 (only FA2 had the split-KV LSE bug; "
+    "vLLM's default is FA3 on Hopper)." + spec_default("fa_versions"),
+)
+ExplainHfOverrides = variant(
+    HfOverrides,
+    help="JSON object of config overrides, as for `matrix`, e.g. '{\"num_key_value_heads\": 1}'. [default: none]",
+    rich_help_panel=MATRIX,
+)
+ExplainConfig = variant(
+    Config, help="Matrix TOML file (the same one `matrix --config` reads; flags here win)."
+)
+ExplainMaxTokens = variant(
+    MaxTokens,
+    help="Tokens generated per prompt: with the question, how long a request's own part gets (FA2's "
+    "split-KV band depends on it)." + spec_default("max_tokens"),
     rich_help_panel=MATRIX,
 )
 # The engine whose decision is predicted: its own default, and no env var (that one picks what runs).
@@ -64,69 +110,17 @@ MeasureRunId = variant(
 def explain(
     engine: ExplainEngine = None,
     model: ExplainModel = None,
-    tp: Annotated[
-        str | None,
-        option("Tensor-parallel sizes, comma-separated." + spec_default("tp"), MATRIX, metavar="SIZES"),
-    ] = None,
-    batch: Annotated[
-        str | None,
-        option(
-            "Batch sizes (concurrent requests per wave), comma-separated." + spec_default("batch"),
-            MATRIX,
-            metavar="SIZES",
-        ),
-    ] = None,
-    cascade: Annotated[
-        str | None,
-        option(
-            "Cascade arms, as for `matrix` (flat cells never fire)." + spec_default(TWIN.spec_field),
-            MATRIX,
-            metavar="on,off",
-        ),
-    ] = None,
-    backend: Annotated[
-        str | None,
-        option(
-            "vLLM attention backends (only FLASH_ATTN has cascade)." + spec_default("backends"),
-            MATRIX,
-            metavar="BACKENDS",
-        ),
-    ] = None,
-    fa_version: Annotated[
-        str | None,
-        option(
-            "FlashAttention versions, as for `matrix`: default, 2, 3, 4 (only FA2 had the split-KV LSE bug; "
-            "vLLM's default is FA3 on Hopper)." + spec_default("fa_versions"),
-            MATRIX,
-            metavar="VERSIONS",
-        ),
-    ] = None,
-    hf_overrides: Annotated[
-        str | None,
-        option(
-            "JSON object of config overrides, as for `matrix`, e.g. '{\"num_key_value_heads\": 1}'. [default: none]",
-            MATRIX,
-            metavar="JSON",
-        ),
-    ] = None,
-    config: Annotated[
-        Path | None,
-        option(
-            "Matrix TOML file (the same one `matrix --config` reads; flags here win).", MATRIX, metavar="PATH"
-        ),
-    ] = None,
+    tp: ExplainTp = None,
+    batch: ExplainBatch = None,
+    cascade: ExplainCascade = None,
+    backend: ExplainBackend = None,
+    fa_version: ExplainFaVersion = None,
+    hf_overrides: ExplainHfOverrides = None,
+    config: ExplainConfig = None,
     prompts: ExplainPrompts = None,
     system_prompt: ExplainSystemPrompt = None,
     limit: ExplainLimit = None,
-    max_tokens: Annotated[
-        int | None,
-        option(
-            "Tokens generated per prompt: with the question, how long a request's own part gets (FA2's "
-            "split-KV band depends on it)." + spec_default("max_tokens"),
-            MATRIX,
-            metavar="N",
-        ),
-    ] = None,
+    max_tokens: ExplainMaxTokens = None,
     trust_remote_code: ExplainTrustRemoteCode = None,
     prefix_tokens: Annotated[
         int | None,
@@ -199,28 +193,17 @@ def explain(
     """
     import json
 
-    flags = {k: v for k, v in locals().items()}
+    flags = dict(locals())
     with user_errors():
-        from cascade_repro.cli.matrix_cmd import _flag_values
         from cascade_repro.explain import explain_spec, threshold_lines
-        from cascade_repro.plan.matrix import MatrixSpec, load_toml
+        from cascade_repro.plan.flags import spec_from_cli
 
         if measure:
             from cascade_repro.sweep import require_vllm
 
             require_vllm()
-
-        # matrix's own parser; flags `explain` does not have read as "not given".
-        given = _NotGiven({k: flags[k] for k in _SHARED_FLAGS})
-        values: dict[str, Any] = load_toml(config) if config else {}
-        values = {k: v for k, v in values.items() if k in _SPEC_FIELDS}
-        config_keys = set(values)
-        flag_values = _flag_values(given)
-        values.update(flag_values)
-        if "engine" not in values:
-            values["engine"] = ENGINE
-            flag_values["engine"] = ENGINE  # explain's default: an error names it as --engine
-        spec = MatrixSpec.from_dict(values, source=str(config) if config else "options", flags=flag_values)
+        asked = spec_from_cli(flags, config, engine=ENGINE, fields=_SPEC_FIELDS)
+        spec, values = asked.spec, asked.values
         ex = explain_spec(
             spec,
             gpu=gpu,
@@ -230,7 +213,7 @@ def explain(
             prefix_tokens=prefix_tokens,
         )
     if measure:
-        _measure(ex, values, flags, config_keys, results_dir, run_id, fresh, json_out)
+        _measure(ex, values, flags, asked.file_keys, results_dir, run_id, fresh, json_out)
         return
     if json_out:
         typer.echo(json.dumps(ex.to_dict(), indent=2, ensure_ascii=False))
@@ -247,13 +230,12 @@ _SWEEP_GIVEN = {
 }
 
 
-def _measure(ex: Any, values: dict[str, Any], flags: dict[str, Any], config_keys: set[str], results_dir: Path,
+def _measure(ex: Any, values: dict[str, Any], flags: dict[str, Any], config_keys: frozenset[str], results_dir: Path,
              run_id: str | None, fresh: bool, json_out: bool) -> None:  # fmt: skip
     import json
 
     from rich.markup import escape
 
-    from cascade_repro.cli.matrix_cmd import _command_line
     from cascade_repro.plan.matrix import MatrixSpec
     from cascade_repro.run import runstore
     from cascade_repro.run.runner import RunOptions
@@ -266,7 +248,7 @@ def _measure(ex: Any, values: dict[str, Any], flags: dict[str, Any], config_keys
         given = config_keys | {field for flag, field in _SWEEP_GIVEN.items() if flags.get(flag) is not None}
         spec = MatrixSpec.from_dict(sweep_values(values, threshold, given), source="options")
         opts = RunOptions(results_dir=results_dir, run_id=run_id, fresh=fresh, fail_on="never",
-                          command=_command_line())  # fmt: skip
+                          command=command_line())  # fmt: skip
         console.print(
             f"measuring: batch {','.join(map(str, spec.batch))} x FA {','.join(str(v or 'default') for v in spec.fa_versions)}"
             f" x cascade on/off ({'forced' if spec.force_cascade else 'as the heuristic chooses'}), "
@@ -296,18 +278,7 @@ def _measure(ex: Any, values: dict[str, Any], flags: dict[str, Any], config_keys
     )
 
 
-class _NotGiven(dict):
-    """Flags of `matrix` that `explain` does not take read as None (not given)."""
-
-    def __missing__(self, key: str) -> None:
-        return None
-
-
-# The flags shared with `matrix` (parsed by its _flag_values), and the spec fields a TOML may set here.
-_SHARED_FLAGS = (
-    "engine", "model", "tp", "batch", TWIN.spec_field, "backend", "hf_overrides", "prompts", "system_prompt", "limit",
-    "trust_remote_code", "max_tokens", "fa_version",
-)  # fmt: skip
+# The spec fields a matrix TOML file sets for `explain` (its other keys are matrix's alone).
 _SPEC_FIELDS = (
     "engine", "model", "prompts", "system_prompt", "limit", "prompt_field", "key_field", "tp", "batch", TWIN.spec_field, "seeds",
     "dtypes", "fa_versions",

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -18,6 +14,7 @@ from cascade_repro.cli.app import (
     SPEC,
     app,
     as_typed,
+    command_line,
     err_console,
     out_console,
     spec_default,
@@ -32,12 +29,19 @@ from cascade_repro.cli.options import (
     THRESHOLDS,
     VERDICTS,
     Alpha,
+    Backend,
+    Batch,
+    Cascade,
+    Config,
     DriftMin,
     Engine,
     FailOn,
+    FaVersion,
     Fresh,
+    HfOverrides,
     KeyField,
     Limit,
+    MaxTokens,
     MinTopkViolations,
     Model,
     PromptField,
@@ -49,13 +53,12 @@ from cascade_repro.cli.options import (
     ResultsDir,
     RunId,
     SystemPrompt,
+    Tp,
     TrustRemoteCode,
     option,
 )
-from cascade_repro.judge.verdicts import Thresholds
-from cascade_repro.plan.matrix import ARM_SWITCHES, FAIL_ON_DEFAULT, MatrixSpec, check_fail_on
+from cascade_repro.plan.matrix import ARM_SWITCHES, FAIL_ON_DEFAULT
 from cascade_repro.run import runstore
-from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.vllm_surface.inject import DEFAULT_LADDER
 
 
@@ -64,33 +67,9 @@ def matrix(
     ctx: typer.Context,
     engine: Engine = None,
     model: Model = None,
-    tp: Annotated[
-        str | None,
-        option(
-            "Tensor-parallel sizes, comma-separated (vLLM's -tp / --tensor-parallel-size, as an axis)."
-            + spec_default("tp"),
-            MATRIX,
-            "--tp",
-            "-tp",
-            "--tensor-parallel-size",
-            metavar="SIZES",
-        ),
-    ] = None,
-    batch: Annotated[
-        str | None,
-        option(
-            "Batch sizes, comma-separated: each cell submits waves of exactly this many concurrent requests (not vLLM's --max-num-seqs, which the harness keeps >= the largest batch)."
-            + spec_default("batch"),
-            MATRIX,
-            metavar="SIZES",
-        ),
-    ] = None,
-    cascade: Annotated[
-        str | None,
-        option(
-            "Cascade arms: `on,off`, `on` or `off`." + spec_default(TWIN.spec_field), MATRIX, metavar="on,off"
-        ),
-    ] = None,
+    tp: Tp = None,
+    batch: Batch = None,
+    cascade: Cascade = None,
     seed: Annotated[
         str | None,
         option(
@@ -109,26 +88,8 @@ def matrix(
             metavar="DTYPES",
         ),
     ] = None,
-    fa_version: Annotated[
-        str | None,
-        option(
-            "FlashAttention versions for vLLM, comma-separated: default, 2, 3, 4 (FA2 is where the field bug lived; FA3 is Hopper's default, FA4 Blackwell's)."
-            + spec_default("fa_versions"),
-            MATRIX,
-            metavar="VERSIONS",
-        ),
-    ] = None,
-    backend: Annotated[
-        str | None,
-        option(
-            "vLLM attention backends, comma-separated (cascade exists only in FLASH_ATTN; vLLM's --attention-backend)."
-            + spec_default("backends"),
-            MATRIX,
-            "--backend",
-            "--attention-backend",
-            metavar="BACKENDS",
-        ),
-    ] = None,
+    fa_version: FaVersion = None,
+    backend: Backend = None,
     rerun: Annotated[
         bool | None,
         option(
@@ -145,14 +106,7 @@ def matrix(
             MATRIX,
         ),
     ] = None,
-    config: Annotated[
-        Path | None,
-        option(
-            'TOML file with any of these options but --config, --dry-run and --fresh, by the same names (`max_tokens = 128`, `fail_on = "never"`; flags and their environment variables win).',
-            MATRIX,
-            metavar="PATH",
-        ),
-    ] = None,
+    config: Config = None,
     dry_run: Annotated[
         bool,
         option("Print the cell table and the number of engine starts, run nothing.", MATRIX, "--dry-run"),
@@ -162,10 +116,7 @@ def matrix(
     limit: Limit = None,
     prompt_field: PromptField = None,
     key_field: KeyField = None,
-    max_tokens: Annotated[
-        int | None,
-        option("Tokens to generate per prompt (greedy)." + spec_default("max_tokens"), PROMPTS, metavar="N"),
-    ] = None,
+    max_tokens: MaxTokens = None,
     ignore_eos: Annotated[
         bool | None,
         option(
@@ -221,14 +172,7 @@ def matrix(
             metavar="FORMAT",
         ),
     ] = None,
-    hf_overrides: Annotated[
-        str | None,
-        option(
-            'vLLM: JSON object of config overrides, e.g. \'{"num_attention_heads": 8, "num_key_value_heads": 2}\'. [default: none]',
-            ENGINE,
-            metavar="JSON",
-        ),
-    ] = None,
+    hf_overrides: HfOverrides = None,
     engine_args: Annotated[
         str | None,
         option(
@@ -343,41 +287,17 @@ def matrix(
 
         cascade-repro matrix --engine vllm --batch 8,64,128 --calibrate default
     """
+    given = dict(locals())
     with user_errors():
-        from cascade_repro.plan.matrix import load_toml, run_settings
-
-        flags = _flag_values(locals())
-        values: dict[str, Any] = load_toml(config) if config else {}
-        settings = run_settings(values, str(config)) if config else {}
-        values.update(flags)
-        spec = MatrixSpec.from_dict(values, source=str(config) if config else "options", flags=flags)
-        # The file's run settings where the command line (or an option's environment variable) left
-        # the option at its default.
-        from_file = {k: v for k, v in settings.items() if _defaulted(ctx, k)}
-        fail_on = from_file.get("fail_on", fail_on)
-        alpha = from_file.get("alpha", alpha)
-        rep_delta = from_file.get("rep_delta", rep_delta)
-        min_topk_violations = from_file.get("min_topk_violations", min_topk_violations)
-        drift_min = from_file.get("drift_min", drift_min)
-        reference = from_file.get("reference", reference)
-        reference_device = from_file.get("reference_device", reference_device)
-        results_dir = Path(from_file.get("results_dir", results_dir))
-        run_id = from_file.get("run_id", run_id)
-        shard = from_file.get("shard", shard)
-        allow_mixed = from_file.get("allow_mixed", allow_mixed)
-        quiet = from_file.get("quiet", quiet)
-        from cascade_repro.plan.shard import Shard
-        from cascade_repro.run.reference import ReferenceOptions
-
-        with _named_in(config, from_file):
-            check_fail_on(fail_on)
-            # Checked before a dry run too: a plan that looks fine must not hide a knob that is not.
-            thresholds = Thresholds(
-                alpha=alpha, rep_delta=rep_delta, min_topk_violations=min_topk_violations, drift_min=drift_min
-            )
-            ref_opts = ReferenceOptions(reference, reference_device)
-            shard_ = Shard.parse(shard) if shard is not None else None
         from cascade_repro.engines import get as engine_info
+        from cascade_repro.plan.flags import spec_from_cli
+
+        asked = spec_from_cli(given, config)
+        spec = asked.spec
+        from cascade_repro.run.runner import RunOptions, check_run_id, default_run_id, run_matrix
+
+        settings = asked.run_settings(given, defaulted=lambda name: _defaulted(ctx, name))
+        opts = RunOptions.from_settings(settings, fresh=fresh, command=command_line())
 
         if engine_info(spec.engine).is_vllm:
             from cascade_repro import vllm_surface
@@ -389,28 +309,15 @@ def matrix(
                 raise typer.Exit(exit_codes.NOTHING_EXERCISED)
         if dry_run:
             from cascade_repro.plan.models import check_model
-            from cascade_repro.run.runner import check_run_id, default_run_id
 
-            if run_id is not None:
-                check_run_id(run_id)
+            if opts.run_id is not None:
+                check_run_id(opts.run_id)
             if engine_info(spec.engine).has_weights:
                 check_model(spec.model)  # a typo in --model fails now, not after the plan looked fine
-            _print_plan(spec, shard_, results_dir / (run_id or default_run_id(spec)), ref_opts)
+            _print_plan(
+                spec, opts.shard, opts.results_dir / (opts.run_id or default_run_id(spec)), opts.reference
+            )
             return
-        from cascade_repro.run.runner import RunOptions, run_matrix
-
-        opts = RunOptions(
-            results_dir=results_dir,
-            run_id=run_id,
-            fresh=fresh,
-            fail_on=fail_on,
-            thresholds=thresholds,
-            command=_command_line(),
-            bar=not quiet,
-            shard=shard_,
-            allow_mixed=allow_mixed,
-            reference=ref_opts,
-        )
         console = err_console()
         outcome = run_matrix(spec, opts, console)
     _print_outcome(outcome, console)
@@ -421,94 +328,6 @@ def _defaulted(ctx: Any, name: str) -> bool:
     """True when option ``name`` was given neither on the command line nor by its environment variable."""
     source = ctx.get_parameter_source(name)
     return source is None or source.name in ("DEFAULT", "DEFAULT_MAP")
-
-
-@contextmanager
-def _named_in(config: Path | None, from_file: dict[str, Any]) -> Iterator[None]:
-    """A refused value that came from the config file is named by the file and its key
-    (``m.toml: alpha must be ...``), not by the flag nobody typed."""
-    from cascade_repro.errors import UsageError
-
-    try:
-        yield
-    except UsageError as e:
-        msg = str(e)
-        for key in from_file:
-            flag = "--" + key.replace("_", "-")
-            if msg.startswith(flag) and msg[len(flag) : len(flag) + 1] in (" ", ":"):
-                raise UsageError(f"{config}: {key}{msg.removeprefix(flag)}") from None
-        raise
-
-
-# vLLM's dtype spellings (vllm/config/model.py _STR_DTYPE_TO_TORCH_DTYPE) that mean one of ours.
-VLLM_DTYPES = {
-    "half": "float16",
-    "float": "float32",
-    "bf16": "bfloat16",
-    "fp16": "float16",
-    "fp32": "float32",
-}
-
-
-def _flag_values(given: dict[str, Any]) -> dict[str, Any]:
-    """Turn the flags the user gave into MatrixSpec values (comma lists parsed, JSON decoded)."""
-
-    from cascade_repro.errors import UsageError
-    from cascade_repro.plan.matrix import (
-        parse_fa_list,
-        parse_hf_overrides,
-        parse_int_list,
-        parse_onoff_list,
-        split_list,
-    )
-
-    out: dict[str, Any] = {}
-    lists = {"tp": "tp", "batch": "batch"}
-    for flag, field in lists.items():
-        if given[flag] is not None:
-            out[field] = parse_int_list(given[flag], flag)
-    if given["seed"] is not None:
-        try:
-            out["seeds"] = [int(x) for x in split_list(given["seed"], "--seed")]
-        except ValueError:
-            raise UsageError(f"--seed: expected integers, got {given['seed']!r}") from None
-    # The axis's flag is its spec field's (--cascade), and so is the parameter that holds it.
-    if given[TWIN.spec_field] is not None:
-        out[TWIN.spec_field] = parse_onoff_list(given[TWIN.spec_field], TWIN.spec_field)
-    if given["dtype"] is not None:
-        out["dtypes"] = [VLLM_DTYPES.get(x, x) for x in split_list(given["dtype"], "--dtype")]
-    if given["fa_version"] is not None:
-        out["fa_versions"] = parse_fa_list(given["fa_version"])
-    if given["backend"] is not None:
-        out["backends"] = [x.upper() for x in split_list(given["backend"], "--backend")]
-    if given["calibrate"] is not None:
-        from cascade_repro.vllm_surface.inject import parse_ladder
-
-        try:
-            out["calibrate"] = parse_ladder(given["calibrate"])
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-    if given["hf_overrides"] is not None:
-        out["hf_overrides"] = parse_hf_overrides(given["hf_overrides"])
-    if given["engine_args"] is not None or given["engine_arg"]:
-        from cascade_repro.plan import engine_args as eargs
-
-        merged = eargs.parse_json(given["engine_args"]) if given["engine_args"] is not None else {}
-        merged.update(eargs.parse_pairs(given["engine_arg"] or []))
-        out["engine_args"] = merged
-    scalars = (
-        "engine", "model", "prompts", "system_prompt", "limit", "prompt_field", "key_field", "max_tokens", "ignore_eos", "force_cascade", "topk", "arm_switch", "enforce_eager", "graphs_for_batches",
-        "load_format", "max_model_len", "gpu_memory_utilization", "trust_remote_code", "engine_timeout", "device",
-        "inject", "rerun", "auto_controls",
-    )  # fmt: skip
-    for name in scalars:
-        if given[name] is not None:
-            out[name] = given[name]
-    return out
-
-
-def _command_line() -> str:
-    return " ".join(["cascade-repro", *map(shlex.quote, sys.argv[1:])])
 
 
 def _check_rendered(spec: Any, system_text: str, records: list[Any]) -> str | None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from cascade_repro import exit_codes
-from cascade_repro.cli.app import app, err_console, print_outcome, user_errors
+from cascade_repro.cli.app import app, command_line, err_console, print_outcome, user_errors
 from cascade_repro.cli.options import FailOn
 from cascade_repro.plan.matrix import FAIL_ON_DEFAULT
 
@@ -41,9 +39,13 @@ def merge(
     with user_errors():
         from cascade_repro.run.merge import merge as merge_shards
 
-        command = " ".join(["cascade-repro", *map(shlex.quote, sys.argv[1:])])
         outcome = merge_shards(
-            out_dir, shard_dirs, fail_on=fail_on, link=link, command=command, allow_partial=allow_partial
+            out_dir,
+            shard_dirs,
+            fail_on=fail_on,
+            link=link,
+            command=command_line(),
+            allow_partial=allow_partial,
         )
     for w in outcome.warnings:
         console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)

@@ -21,6 +21,7 @@ import typer
 from cascade_repro.cli.app import EXAMPLE_RUN_DIR, RESULTS_DIR, default, spec_default
 from cascade_repro.judge.verdicts import Thresholds
 from cascade_repro.plan.matrix import ENGINES, FAIL_ON, FAIL_ON_DEFAULT
+from cascade_repro.twin import CASCADE as TWIN
 
 # Help panels: `matrix`'s, then those of `kernel` and `explain` alone.
 MATRIX, PROMPTS, ENGINE, OUTPUT, VERDICTS, DEBUG = (
@@ -156,6 +157,97 @@ TrustRemoteCode = Annotated[
         "Allow model code from the Hub." + spec_default("trust_remote_code"),
         ENGINE,
         "--trust-remote-code/--no-trust-remote-code",
+    ),
+]
+
+# --- the matrix's axes and knobs that `matrix` and `explain` both take ------------------------------
+# default: None (the spec's, or the TOML file's); parsed by plan/flags.py.
+
+Tp = Annotated[
+    str | None,
+    option(
+        "Tensor-parallel sizes, comma-separated (vLLM's -tp / --tensor-parallel-size, as an axis)."
+        + spec_default("tp"),
+        MATRIX,
+        "--tp",
+        "-tp",
+        "--tensor-parallel-size",
+        metavar="SIZES",
+    ),
+]
+
+Batch = Annotated[
+    str | None,
+    option(
+        "Batch sizes, comma-separated: each cell submits waves of exactly this many concurrent requests (not vLLM's --max-num-seqs, which the harness keeps >= the largest batch)."
+        + spec_default("batch"),
+        MATRIX,
+        "--batch",
+        metavar="SIZES",
+    ),
+]
+
+Cascade = Annotated[
+    str | None,
+    option(
+        "Cascade arms: `on,off`, `on` or `off`." + spec_default(TWIN.spec_field),
+        MATRIX,
+        "--" + TWIN.spec_field,
+        metavar="on,off",
+    ),
+]
+
+FaVersion = Annotated[
+    str | None,
+    option(
+        "FlashAttention versions for vLLM, comma-separated: default, 2, 3, 4 (FA2 is where the field bug lived; FA3 is Hopper's default, FA4 Blackwell's)."
+        + spec_default("fa_versions"),
+        MATRIX,
+        "--fa-version",
+        metavar="VERSIONS",
+    ),
+]
+
+Backend = Annotated[
+    str | None,
+    option(
+        "vLLM attention backends, comma-separated (cascade exists only in FLASH_ATTN; vLLM's --attention-backend)."
+        + spec_default("backends"),
+        MATRIX,
+        "--backend",
+        "--attention-backend",
+        metavar="BACKENDS",
+    ),
+]
+
+HfOverrides = Annotated[
+    str | None,
+    option(
+        'vLLM: JSON object of config overrides, e.g. \'{"num_attention_heads": 8, "num_key_value_heads": 2}\'. [default: none]',
+        ENGINE,
+        "--hf-overrides",
+        metavar="JSON",
+    ),
+]
+
+MaxTokens = Annotated[
+    int | None,
+    option(
+        "Tokens to generate per prompt (greedy)." + spec_default("max_tokens"),
+        PROMPTS,
+        "--max-tokens",
+        metavar="N",
+    ),
+]
+
+# default: None (no file)
+Config = Annotated[
+    Path | None,
+    option(
+        'TOML file with any of these options but --config, --dry-run and --fresh, by the same names (`max_tokens = 128`, `fail_on = "never"`; flags and their environment variables win).',
+        MATRIX,
+        "--config",
+        metavar="PATH",
     ),
 ]
 

@@ -7,9 +7,8 @@ from typing import Annotated
 import typer
 
 from cascade_repro import exit_codes
-from cascade_repro.cli.app import app, err_console, print_outcome, user_errors
+from cascade_repro.cli.app import app, command_line, err_console, print_outcome, user_errors
 from cascade_repro.cli.options import FailOn, RunDir, variant
-from cascade_repro.plan.matrix import check_fail_on
 
 # Not matrix's default: a report judges the run as its own matrix command asked, unless told.
 ReportFailOn = variant(
@@ -44,48 +43,13 @@ def report(
     unless one is given.
     """
     with user_errors():
-        if fail_on is not None:  # before anything is scored or written
-            check_fail_on(fail_on)
-        from contextlib import nullcontext
+        from cascade_repro.run.runner import rerender
 
-        from cascade_repro.judge.outcome import run_fail_on
-        from cascade_repro.report import write_reports
-        from cascade_repro.report.load import load_run
-        from cascade_repro.report.outcome import outcome_of
-        from cascade_repro.run import runstore
-
-        # The run's lock: a matrix still writing this directory would be scored half-way, and two
-        # writers of the reports would interleave. Not a run directory: nothing to lock (and no
-        # lock file to leave behind), the readers below say what is wrong.
-        is_run = (run_dir / runstore.RUN_JSON).is_file()
-        if is_run:  # a damaged run.json: one line, before the lock file is made
-            run = runstore.read_manifest(run_dir)
-        with runstore.RunLock(run_dir) if is_run else nullcontext():
-            unscored = (
-                is_run
-                and not all((run_dir / t).is_file() for t in runstore.TABLES)
-                # samples/ may not exist yet (cut during the first engine start): all cells pending
-                and run.has("plan")
-            )
-            if unscored and not rescore:
-                # Interrupted before scoring: score the cells it finished, so the report shows them
-                # (and its headline says the run is not finished).
-                from cascade_repro.run.runner import finalize
-
-                finalize(run_dir)
-            elif rescore:
-                import shlex
-                import sys
-
-                from cascade_repro.run.runner import rescore as rescore_run
-
-                command = " ".join(["cascade-repro", *map(shlex.quote, sys.argv[1:])])
-                rescore_run(run_dir, command, allow_loss=allow_loss)
-            paths = write_reports(run_dir, fail_on=fail_on)
-        data = load_run(run_dir)
-        outcome = outcome_of(data, fail_on if fail_on is not None else run_fail_on(data.manifest))
+        done = rerender(
+            run_dir, fail_on, rescore_first=rescore, allow_loss=allow_loss, command=command_line()
+        )
     console = err_console()
-    for p in paths.values():
+    for p in done.paths.values():
         console.print(f"wrote {p}", highlight=False, markup=False)  # a path: "[x]" is no style tag
-    print_outcome(console, outcome.headline, outcome.exit_code, outcome.reason)
-    raise typer.Exit(outcome.exit_code)
+    print_outcome(console, done.outcome.headline, done.outcome.exit_code, done.outcome.reason)
+    raise typer.Exit(done.outcome.exit_code)

@@ -17,7 +17,8 @@ from typing import Any, overload
 from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
 from cascade_repro.judge.verdicts import Thresholds
-from cascade_repro.plan.matrix import MatrixSpec, plan, spec_hash
+from cascade_repro.plan.flags import RunSettings
+from cascade_repro.plan.matrix import MatrixSpec, check_fail_on, plan, spec_hash
 from cascade_repro.plan.shard import Shard, empty_warning, restrict
 from cascade_repro.run import cuda_cache, runstore, supervise
 from cascade_repro.run.manifest import (
@@ -50,6 +51,35 @@ class RunOptions:
     shard: Shard | None = None  # run only this shard's engine keys (see shard.py); not part of the matrix
     allow_mixed: bool = False  # resume under another vLLM/torch/transformers/GPU than the run began with
     reference: ReferenceOptions = field(default_factory=ReferenceOptions)  # what the judge compares with
+
+    @classmethod
+    def from_settings(cls, settings: RunSettings, *, fresh: bool = False, command: str = "") -> RunOptions:
+        """`matrix`'s run settings checked and typed; a refused one is one line naming the flag, or
+        the config file and its key where the value came from there. Checked before a dry run too:
+        a plan that looks fine must not hide a knob that is not."""
+        s = settings
+        with s.named():
+            check_fail_on(s.fail_on)
+            thresholds = Thresholds(
+                alpha=s.alpha,
+                rep_delta=s.rep_delta,
+                min_topk_violations=s.min_topk_violations,
+                drift_min=s.drift_min,
+            )
+            reference = ReferenceOptions(s.reference, s.reference_device)
+            shard = Shard.parse(s.shard) if s.shard is not None else None
+        return cls(
+            results_dir=s.results_dir,
+            run_id=s.run_id,
+            fresh=fresh,
+            fail_on=s.fail_on,
+            thresholds=thresholds,
+            command=command,
+            bar=not s.quiet,
+            shard=shard,
+            allow_mixed=s.allow_mixed,
+            reference=reference,
+        )
 
 
 @dataclass
@@ -703,6 +733,57 @@ def rescore(run_dir: Path, command: str, allow_loss: bool = False) -> tuple[Path
         _warn_stderr(line)
     add_invocation(scored.run, "rescore", command)
     return commit(run_dir, scored)
+
+
+@dataclass
+class Rerendered:
+    """What ``report`` did: the reports it wrote, and the run's outcome under its --fail-on."""
+
+    paths: dict[Any, Path]
+    outcome: Any  # report.outcome.Outcome
+
+
+def rerender(
+    run_dir: Path,
+    fail_on: str | None = None,
+    rescore_first: bool = False,
+    allow_loss: bool = False,
+    command: str = "",
+) -> Rerendered:
+    """``cascade-repro report``: write every report of a run again from its saved files, judged by
+    ``fail_on`` (None: the run's own). Under the run's lock: a matrix still writing the directory
+    would be scored half-way, and two writers of the reports would interleave. A run cut before
+    scoring is scored first (its report then shows the cells it finished, and says the run is not
+    finished); ``rescore_first`` scores it again (:func:`rescore`, recorded as ``command``). A
+    directory without run.json is not locked (nothing to lock, and no lock file left behind): the
+    readers say what is wrong with it."""
+    from contextlib import nullcontext
+
+    from cascade_repro.judge.outcome import run_fail_on
+    from cascade_repro.report import write_reports
+    from cascade_repro.report.load import load_run
+    from cascade_repro.report.outcome import outcome_of
+
+    if fail_on is not None:  # before anything is scored or written
+        check_fail_on(fail_on)
+    run_dir = Path(run_dir)
+    is_run = (run_dir / runstore.RUN_JSON).is_file()
+    if is_run:  # a damaged run.json: one line, before the lock file is made
+        run = runstore.read_manifest(run_dir)
+    with runstore.RunLock(run_dir) if is_run else nullcontext():
+        unscored = (
+            is_run
+            and not all((run_dir / t).is_file() for t in runstore.TABLES)
+            # samples/ may not exist yet (cut during the first engine start): all cells pending
+            and run.has("plan")
+        )
+        if unscored and not rescore_first:
+            finalize(run_dir)
+        elif rescore_first:
+            rescore(run_dir, command, allow_loss=allow_loss)
+        paths = write_reports(run_dir, fail_on=fail_on)
+    data = load_run(run_dir)
+    return Rerendered(paths, outcome_of(data, fail_on if fail_on is not None else run_fail_on(data.manifest)))
 
 
 def _old_cells(run_dir: Path) -> Any:

@@ -1,0 +1,114 @@
+"""plan/flags.py: the command line's values -> MatrixSpec and run settings, without the CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from cascade_repro.errors import UsageError
+from cascade_repro.judge.verdicts import Thresholds
+from cascade_repro.plan.flags import RunSettings, spec_from_cli, spec_values
+from cascade_repro.plan.matrix import RUN_KEYS
+from cascade_repro.run.runner import RunOptions
+
+# matrix's run options as the command line leaves them when none is given
+TH = Thresholds()
+RUN_DEFAULTS = {
+    "fail_on": "regression", "alpha": TH.alpha, "rep_delta": TH.rep_delta,
+    "min_topk_violations": TH.min_topk_violations, "drift_min": TH.drift_min, "reference": "auto", "reference_device": "auto", "results_dir": Path("results"), "run_id": None, "shard": None,
+    "allow_mixed": False, "quiet": False,
+}  # fmt: skip
+
+
+def test_flag_values_are_parsed_into_spec_fields():
+    values = spec_values(
+        {
+            "tp": "1,2",
+            "batch": "8",
+            "cascade": "on",
+            "seed": "0,1",
+            "dtype": "half,bf16",
+            "fa_version": "default,2",
+            "backend": "flash_attn",
+            "engine_args": '{"block_size": 16, "seed_x": 1}',
+            "engine_arg": ["block_size=32"],
+            "max_tokens": 64,
+            "limit": None,  # not given
+            "gpu": "H200",  # not a spec flag: ignored
+        }
+    )
+    assert values == {
+        "tp": [1, 2],
+        "batch": [8],
+        "cascade": [True],
+        "seeds": [0, 1],
+        "dtypes": ["float16", "bfloat16"],
+        "fa_versions": [None, 2],
+        "backends": ["FLASH_ATTN"],
+        "engine_args": {"block_size": 32, "seed_x": 1},  # -E wins over --engine-args
+        "max_tokens": 64,
+    }
+
+
+def test_a_bad_flag_is_one_line_naming_it():
+    with pytest.raises(UsageError, match="^--seed: expected integers, got 'x'$"):
+        spec_values({"seed": "x"})
+
+
+def test_flags_win_over_the_file_and_the_files_run_settings_are_taken_out(tmp_path):
+    config = tmp_path / "m.toml"
+    config.write_text(
+        'batch = [4]\nmax_tokens = 16\nalpha = 0.01\nresults_dir = "elsewhere"\n', encoding="utf-8"
+    )
+    asked = spec_from_cli({"max_tokens": 32}, config)
+    assert (asked.spec.batch, asked.spec.max_tokens) == ([4], 32)
+    assert asked.file_keys == {"batch", "max_tokens"}
+    assert asked.settings == {"alpha": 0.01, "results_dir": "elsewhere"}
+    # the file's setting where the flag was left at its default, the flag's where it was given
+    s = asked.run_settings({**RUN_DEFAULTS, "alpha": 0.2}, defaulted=lambda name: name != "alpha")
+    assert (s.alpha, s.results_dir, s.from_file) == (0.2, Path("elsewhere"), {"results_dir"})
+
+
+def test_a_refused_setting_from_the_file_is_named_by_the_file_and_its_key(tmp_path):
+    config = tmp_path / "m.toml"
+    config.write_text("alpha = 2.0\n", encoding="utf-8")
+    s = spec_from_cli({}, config).run_settings(RUN_DEFAULTS, defaulted=lambda name: True)
+    with pytest.raises(UsageError, match=f"^{config}: alpha must be"):
+        RunOptions.from_settings(s)
+    flag_given = spec_from_cli({}, config).run_settings(
+        {**RUN_DEFAULTS, "alpha": 3.0}, defaulted=lambda n: n != "alpha"
+    )
+    with pytest.raises(UsageError, match="^--alpha must be"):
+        RunOptions.from_settings(flag_given)
+
+
+def test_run_options_from_settings():
+    s = RunSettings(**{**RUN_DEFAULTS, "shard": "1/2", "quiet": True, "drift_min": 3.0})
+    opts = RunOptions.from_settings(s, fresh=True, command="cascade-repro matrix")
+    assert (opts.shard.index, opts.shard.count, opts.bar, opts.fresh, opts.thresholds.drift_min) == (
+        1,
+        2,
+        False,
+        True,
+        3.0,
+    )
+    assert opts.command == "cascade-repro matrix"
+    with pytest.raises(UsageError, match="^--fail-on must be one of"):
+        RunOptions.from_settings(RunSettings(**{**RUN_DEFAULTS, "fail_on": "sometimes"}))
+
+
+def test_run_settings_are_the_config_files_run_keys():
+    fields = {f.name for f in dataclasses.fields(RunSettings)} - {"config", "from_file"}
+    assert fields == set(RUN_KEYS) == set(RUN_DEFAULTS)
+
+
+def test_a_command_reads_only_its_fields_of_the_file_and_names_its_own_default_engine(tmp_path):
+    config = tmp_path / "m.toml"
+    config.write_text('batch = [8]\ninject = "lse-layout"\nfail_on = "never"\n', encoding="utf-8")
+    asked = spec_from_cli({}, config, engine="vllm", fields=("batch",))
+    assert (asked.spec.engine, asked.spec.batch, asked.spec.inject, asked.settings) == ("vllm", [8], None, {})
+    assert spec_from_cli({"engine": "hf"}, engine="vllm").spec.engine == "hf"
+    with pytest.raises(UsageError, match="^--engine"):  # the command's default is named as its flag
+        spec_from_cli({}, engine="nonesuch")
