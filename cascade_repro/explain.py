@@ -44,7 +44,7 @@ import numpy as np
 from cascade_repro import vllm_surface
 from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
-from cascade_repro.run.manifest import CellPlan, Manifest, as_manifest
+from cascade_repro.run.manifest import CellPlan, Manifest
 from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.vllm_surface import ModelAttention, splitkv
 
@@ -684,7 +684,7 @@ _NO_MODEL = object()  # a spec without a model key
 
 
 def predict_cells(
-    run: Manifest | dict[str, Any], *, model_config: dict[str, Any] | None = None, num_sms: int | None = None
+    m: Manifest, *, model_config: dict[str, Any] | None = None, num_sms: int | None = None
 ) -> dict[str, dict[str, Any]]:
     """Predict every planned cell of a run.json: ``{cell_id: {"prefill", "decode", "decode_from_batch"}}``.
 
@@ -695,7 +695,6 @@ def predict_cells(
     """
     from cascade_repro.plan.models import load_config
 
-    m = as_manifest(run)
     spec = m.spec
     engine = str(_spec_value(m, "engine", "vllm"))
     if model_config is None:
@@ -734,7 +733,7 @@ def predict_cells(
     return {p.cell_id: p.summary() for p in preds}
 
 
-def predictions_for(run: Manifest | dict[str, Any]) -> dict[str, Any]:
+def predictions_for(m: Manifest) -> dict[str, Any]:
     """What the runner stores under ``run.json["predictions"]``; ``{}`` when nothing can be predicted.
 
     ``{"rule", "num_sms", "sms_source", "cells": predict_cells(run)}``. The hf engine gets
@@ -743,7 +742,6 @@ def predictions_for(run: Manifest | dict[str, Any]) -> dict[str, Any]:
     run must not fail for want of one.
     """
     try:
-        m = as_manifest(run)
         engine = str(_spec_value(m, "engine", "vllm"))
         if not engine_info(engine).has_weights:  # the fake: no model config to read the attention from
             return {}

@@ -1246,8 +1246,8 @@ def test_report_md_of_a_200_cell_run_fits_a_github_issue(tmp_path: Path) -> None
 
     batches = "1,2,3,4,6,8,12,16,24,32,48,64,96,128,192,256,384"
     run_dir = synthetic_run(tmp_path / "big", prompts=4, batch=batches, tp="1,2,4,8")
-    run = runstore.read_run_json(run_dir)
-    assert len(run["plan"]["cells"]) >= 200
+    run = runstore.read_manifest(run_dir)
+    assert len(run.plan.cells) >= 200
     cells, pairs, comps = compare.build_tables(run, run_dir, Thresholds())
     for name, df in ((runstore.CELLS, cells), (runstore.PAIRS, pairs), (runstore.COMPARISONS, comps)):
         df.to_parquet(run_dir / name, index=False)

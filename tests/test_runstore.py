@@ -463,14 +463,14 @@ def test_fresh_deletes_only_what_a_run_wrote(tmp_path):
     (run_dir / rs.RUN_JSON).write_text(_json.dumps(old))
     new = {"run_id": "r1", "created_at": "2026-12-01T11:00:00+0000", "spec_hash": "new", "env": {}}
     new["invocations"] = [Manifest.from_json(new).own_invocation().to_json()]
-    PreparedRun(run_dir, new, [], fresh=True).write()
+    PreparedRun(run_dir, Manifest.from_json(new), [], fresh=True).write()
     assert not (run_dir / "samples" / "k.jsonl").exists() and not (run_dir / "worker-k.log").exists()
     assert (run_dir / "notes.txt").read_text() == "mine" and (run_dir / "mine" / "x.csv").read_text() == "1,2"
     assert rs.read_run_json(run_dir)["spec_hash"] == "new"
     # Without --fresh, another matrix in the same directory is refused, nothing deleted.
     (run_dir / "worker-k.log").write_text("log")
     with pytest.raises(Exception, match="holds a different matrix"):
-        PreparedRun(run_dir, {**new, "spec_hash": "other"}, [], fresh=False).write()
+        PreparedRun(run_dir, Manifest.from_json({**new, "spec_hash": "other"}), [], fresh=False).write()
     assert (run_dir / "worker-k.log").exists()
 
 

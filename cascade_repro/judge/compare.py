@@ -34,7 +34,7 @@ from cascade_repro.judge.verdicts import (
     paired_bootstrap_ci,
 )
 from cascade_repro.run import runstore
-from cascade_repro.run.manifest import CellPlan, Manifest, as_manifest
+from cascade_repro.run.manifest import CellPlan, Manifest
 from cascade_repro.twin import CASCADE as TWIN
 
 REP_KEYS = [f"seq_rep_{n}" for n in range(1, 5)] + [f"distinct_{n}" for n in range(1, 5)]
@@ -138,9 +138,8 @@ def _mean(values: list[float]) -> float:
     return float(statistics.fmean(values)) if values else float("nan")
 
 
-def cell_rows(run: Manifest | dict[str, Any], run_dir: Path, samples: dict[str, CellSamples]) -> pd.DataFrame:
+def cell_rows(m: Manifest, run_dir: Path, samples: dict[str, CellSamples]) -> pd.DataFrame:
     """One row per planned cell: status, probe counters, throughput and repetition means."""
-    m = as_manifest(run)
     rows = []
     spec = m.spec
     model = m.model_name if m.has("model_name") else spec.model
@@ -410,14 +409,13 @@ def compare_pair(
 
 
 def build_tables(
-    run: Manifest | dict[str, Any],
+    m: Manifest,
     run_dir: Path,
     thresholds: Thresholds,
     warn: Callable[[str], None] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Score the run (its manifest, or run.json as a dict) and return (cells, pairs, comparisons)
-    DataFrames; ``warn`` is told of each sample line skipped as damaged (file and line)."""
-    m = as_manifest(run)
+    """Score the run and return (cells, pairs, comparisons) DataFrames; ``warn`` is told of each
+    sample line skipped as damaged (file and line)."""
     cells = m.plan.cells
     pair_specs = plan_pairs(cells)
     candidates = control_candidates(pair_specs)

@@ -273,9 +273,9 @@ def write_parquet_atomic(df: Any, path: Path) -> None:
         raise
 
 
-def write_run_json(run_dir: Path, run: dict[str, Any] | Manifest) -> None:
-    """Write run.json (a Manifest or its JSON form) atomically."""
-    write_json_atomic(Path(run_dir) / RUN_JSON, run.to_json() if isinstance(run, Manifest) else run)
+def write_run_json(run_dir: Path, run: dict[str, Any]) -> None:
+    """Write run.json's JSON form atomically (:func:`write_manifest` writes a Manifest)."""
+    write_json_atomic(Path(run_dir) / RUN_JSON, run)
 
 
 def worker_log(run_dir: Path, engine_key: str) -> Path:
