@@ -72,7 +72,7 @@ def report(
                 # (and its headline says the run is not finished).
                 from cascade_repro.run.runner import finalize
 
-                finalize(run_dir)
+                _, data = finalize(run_dir)
             elif rescore:
                 import shlex
                 import sys
@@ -80,9 +80,11 @@ def report(
                 from cascade_repro.run.runner import rescore as rescore_run
 
                 command = " ".join(["cascade-repro", *map(shlex.quote, sys.argv[1:])])
-                rescore_run(run_dir, command, allow_loss=allow_loss)
-            paths = write_reports(run_dir, fail_on=fail_on)
-        data = load_run(run_dir)
+                _, data = rescore_run(run_dir, command, allow_loss=allow_loss)
+            else:
+                data = load_run(run_dir)
+            # Rendered from what was loaded (or scored): the samples are read once.
+            paths = write_reports(run_dir, fail_on=fail_on, data=data)
         outcome = outcome_of(data, fail_on if fail_on is not None else run_fail_on(data))
     console = err_console()
     for p in paths.values():

@@ -630,15 +630,15 @@ def score(
 ) -> Scored:
     """Score the samples; write nothing (:func:`commit` does). ``warn`` is told each damaged sample
     line skipped."""
-    from cascade_repro.judge.compare import build_tables
+    from cascade_repro.judge.compare import score_samples
 
     run = runstore.read_manifest(run_dir, SCORED)
     th = thresholds or Thresholds(**run.thresholds)
     scored = restrict(run)  # a shard scores its own cells; merge scores them all
-    cells_df, pairs_df, comp_df = build_tables(scored, run_dir, th, warn=warn)
+    read, cells_df, pairs_df, comp_df = score_samples(scored, run_dir, th, warn=warn)
     engines = {}
     for key in scored.plan.engines:
-        prog = runstore.read_progress(runstore.samples_path(run_dir, key), samples=False)
+        prog = read.progress[key]
         eff = dict(prog.engine.get("effective", {}))
         errs = {c: e for c, e in prog.errors.items()}
         # ``of``: a pending engine's start_s is written as null, as ever.
@@ -665,8 +665,9 @@ def commit(run_dir: Path, scored: Scored) -> tuple[Path, Any]:
     for name, df in tables:
         runstore.write_parquet_atomic(df, run_dir / name)
     runstore.write_manifest(run_dir, scored.run)
-    write_reports(run_dir)
-    return run_dir, load_run(run_dir)
+    data = load_run(run_dir)
+    write_reports(run_dir, data=data)
+    return run_dir, data
 
 
 def finalize(run_dir: Path, thresholds: Thresholds | None = None) -> tuple[Path, Any]:
