@@ -49,6 +49,8 @@ class CellSamples:
     logprobs: dict[int, list[float]] = field(default_factory=dict)
     topk: dict[int, list] = field(default_factory=dict)
     keys: dict[int, str] = field(default_factory=dict)
+    # The completion's text as recorded, for the report's examples.
+    texts: dict[int, Any] = field(default_factory=dict)
     rep: dict[int, dict[str, Any]] = field(default_factory=dict)
     # Instruction following per prompt index: (strict, loose); only prompts that could be scored.
     ifs: dict[int, tuple[bool, bool]] = field(default_factory=dict)
@@ -64,6 +66,26 @@ class RunSamples:
 
     cells: dict[str, CellSamples]
     progress: dict[str, runstore.CellProgress]
+
+    def records(self, wanted: set[tuple[str, int]]) -> dict[tuple[str, int], dict[str, Any]]:
+        """The wanted (cell_id, prompt_index) samples in their record's form (the fields the report's
+        examples read), from what was scored: the report need not read the samples files again."""
+        out = {}
+        for cid, i in wanted:
+            cs = self.cells.get(cid)
+            if cs is None or i not in cs.tokens:
+                continue
+            topk = cs.topk[i]
+            out[(cid, i)] = {
+                "cell_id": cid,
+                "prompt_index": i,
+                "prompt_key": cs.keys[i],
+                "token_ids": cs.tokens[i],
+                "logprobs": cs.logprobs[i],
+                "topk": topk.tolist() if isinstance(topk, np.ndarray) else topk,
+                "text": cs.texts[i],
+            }
+        return out
 
 
 def compact_topk(topk: list) -> Any:
@@ -136,6 +158,7 @@ def _add_sample(cs: CellSamples, rec: dict[str, Any], prompts: list[Any], refere
     cs.logprobs[i] = rec.get("logprobs") or []
     cs.topk[i] = compact_topk(rec.get("topk") or [])
     cs.keys[i] = rec.get("prompt_key", str(i))
+    cs.texts[i] = rec.get("text")
     cs.rep[i] = repetition_metrics(rec["token_ids"], rec.get("text", ""), rec.get("finish_reason", ""))
     cs.ifs.pop(i, None)
     cs.ref.pop(i, None)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,8 +77,15 @@ class RunData:
             self._rows = None
 
 
-def load_run(run_dir: Path, n_examples: int = 3) -> RunData:
-    """Read run.json, the three parquet tables and the most divergent samples of a run directory."""
+def load_run(
+    run_dir: Path,
+    n_examples: int = 3,
+    samples: Callable[[set[tuple[str, int]]], dict[tuple[str, int], dict]] | None = None,
+) -> RunData:
+    """Read run.json, the three parquet tables and the most divergent samples of a run directory.
+
+    ``samples``: where the examples' sample records come from, by (cell_id, prompt_index), for a
+    caller that has just scored them (what scoring read); the samples files otherwise."""
     run_dir = Path(run_dir)
     if not (run_dir / runstore.RUN_JSON).is_file():
         raise UsageError(f"not a cascade-repro run directory: {run_dir} (missing {runstore.RUN_JSON})")
@@ -98,7 +105,7 @@ def load_run(run_dir: Path, n_examples: int = 3) -> RunData:
         # Old runs had no kind column: only cascade pairs carry a real verdict.
         pairs["kind"] = ["noise" if v == "control" else TWIN.pair_kind for v in pairs["verdict"]]
     examples = pick_examples(pairs, comparisons, n_examples)
-    _attach_samples(run_dir, examples)
+    _attach_samples(run_dir, examples, samples)
     return RunData(run_dir, manifest, cells, pairs, comparisons, examples)
 
 
@@ -202,11 +209,18 @@ def _rank(r: dict) -> tuple:
             as_int(r["prompt_index"]))  # fmt: skip
 
 
-def _attach_samples(run_dir: Path, examples: list[Example]) -> None:
+def _attach_samples(
+    run_dir: Path,
+    examples: list[Example],
+    samples: Callable[[set[tuple[str, int]]], dict[tuple[str, int], dict]] | None = None,
+) -> None:
     wanted = {(c, e.prompt_index) for e in examples for c in (e.test_cell, e.ref_cell)}
     if not wanted:
         return
-    records = read_samples(runstore.samples_files(run_dir), wanted, runstore.prompt_ids(run_dir))
+    if samples is not None:
+        records = samples(wanted)
+    else:
+        records = read_samples(runstore.samples_files(run_dir), wanted, runstore.prompt_ids(run_dir))
     for e in examples:
         t, r = records.get((e.test_cell, e.prompt_index)), records.get((e.ref_cell, e.prompt_index))
         if e.first_div is None and t and r:

@@ -616,13 +616,14 @@ def _warn_stderr(line: str) -> None:
 
 @dataclass
 class Scored:
-    """A run scored but not yet written: run.json as it will be (engine records, thresholds) and
-    the three tables."""
+    """A run scored but not yet written: run.json as it will be (engine records, thresholds), the
+    three tables, and what scoring read of the samples (the report's examples come from it)."""
 
     run: Manifest
     cells: Any
     pairs: Any
     comparisons: Any
+    samples: Any
 
 
 def score(
@@ -649,7 +650,7 @@ def score(
             error=next(iter(errs.values()), ""),
         )
     run.update(engines=engines, thresholds=th.to_dict())
-    return Scored(run, cells_df, pairs_df, comp_df)
+    return Scored(run, cells_df, pairs_df, comp_df, read)
 
 
 def commit(run_dir: Path, scored: Scored) -> tuple[Path, Any]:
@@ -665,7 +666,7 @@ def commit(run_dir: Path, scored: Scored) -> tuple[Path, Any]:
     for name, df in tables:
         runstore.write_parquet_atomic(df, run_dir / name)
     runstore.write_manifest(run_dir, scored.run)
-    data = load_run(run_dir)
+    data = load_run(run_dir, samples=scored.samples.records)
     write_reports(run_dir, data=data)
     return run_dir, data
 
