@@ -113,7 +113,9 @@ def _read_table(path: Path, columns: list[str]) -> pd.DataFrame:
     try:
         df = pd.read_parquet(path)
     except Exception as e:  # pyarrow raises several unrelated types for a damaged file
-        raise UsageError(f"unreadable {path.name} in {path.parent}: {e}") from None
+        # One line: some of pyarrow's messages run on over several.
+        why = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise UsageError(f"unreadable {path.name} in {path.parent}: {why}") from None
     for col in columns:
         if col not in df.columns:
             df[col] = None
