@@ -21,7 +21,7 @@ from typing import Any
 
 from cascade_repro.judge import speed
 from cascade_repro.report.text import as_int
-from cascade_repro.run.manifest import Manifest, as_manifest
+from cascade_repro.run.manifest import Manifest
 from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.vllm_surface import MIN_REQUESTS
 
@@ -201,9 +201,8 @@ def markdown(rows: list[SweepRow], facts: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def facts(run: Manifest | dict[str, Any]) -> list[str]:
+def facts(m: Manifest) -> list[str]:
     """GPU, vLLM, model and the sweep's settings from run.json, for the pasted table."""
-    m = as_manifest(run)
     env = m.stack_env
     spec = m.spec
     # Each fact is said as "?" where run.json lacks it, not as its default.

@@ -30,10 +30,11 @@ def test_report_md_and_issue_md_carry_it_collapsed(tmp_path):
     from cascade_repro.minimize.render import _collect_env_block
     from cascade_repro.report.load import load_run
     from cascade_repro.report.markdown import MarkdownFormatter
+    from cascade_repro.run.manifest import Manifest
 
     run = {**tr.RUN, "vllm_collect_env": "vLLM Version : 0.26.0\nPyTorch version : 2.11.0"}
     md = MarkdownFormatter().render(load_run(tr.build_run(tmp_path / "run", run)))
     assert "<details><summary>vLLM's collect_env</summary>" in md and "PyTorch version : 2.11.0" in md
-    block = "\n".join(_collect_env_block(run))
+    block = "\n".join(_collect_env_block(Manifest.from_json(run)))
     assert block.startswith("<details>") and "vLLM Version : 0.26.0" in block and block.rstrip().endswith("</details>")
-    assert _collect_env_block({}) == []
+    assert _collect_env_block(Manifest.from_json({})) == []

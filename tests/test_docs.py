@@ -210,8 +210,9 @@ def test_the_worked_examples_quoted_output_is_a_real_runs(tmp_path):
     # The --dry-run estimate of this matrix exists and the run recorded its time. How close the two
     # are depends on the box's load, which no test can assert (benchmarks/ measure speed).
     from cascade_repro.plan import estimate
+    from cascade_repro.run.manifest import Manifest
 
-    est = estimate.for_run(run).seconds
+    est = estimate.for_run(Manifest.from_json(run)).seconds
     assert est is not None and est > 0 and run["timings"].get("total_s") is not None, est
 
     # The quoted verdict table: the real report's, column for column.

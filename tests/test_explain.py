@@ -28,6 +28,7 @@ from cascade_repro.errors import UsageError
 from cascade_repro.explain import explain_spec, threshold_lines
 from cascade_repro.plan.matrix import MatrixSpec
 from cascade_repro.plan.predict import predict
+from cascade_repro.run.manifest import Manifest
 from cascade_repro.run.predictions import predict_cells, predictions_for
 from cascade_repro.vllm_surface import ModelAttention
 from cascade_repro.vllm_surface.cascade_rule import (
@@ -284,26 +285,26 @@ def test_predict_cells_and_predictions_for(tmp_path: Path):
                             "decode_cost": {"cascade": 13, "flash_decoding": 19}},
         "tp1-b64-flat": {"prefill": False, "decode": False, "decode_from_batch": 45},
     }
-    assert predict_cells(run) == expected
-    stored = predictions_for(run)
+    assert predict_cells(Manifest.from_json(run)) == expected
+    stored = predictions_for(Manifest.from_json(run))
     assert stored["cells"] == expected and stored["num_sms"] == 132
     # SM count from the GPU name when torch recorded none; from the A100 table entry.
-    assert predict_cells({**run, "env": {"gpu_name": "NVIDIA A100-SXM4-80GB"}})["tp1-b64-cascade"]["decode_from_batch"] == 37
-    assert predict_cells({**run, "env": {}})["tp1-b64-cascade"]["decode"] is None
+    assert predict_cells(Manifest.from_json({**run, "env": {"gpu_name": "NVIDIA A100-SXM4-80GB"}}))["tp1-b64-cascade"]["decode_from_batch"] == 37
+    assert predict_cells(Manifest.from_json({**run, "env": {}}))["tp1-b64-cascade"]["decode"] is None
     # hf_overrides reshape the heads vLLM sees: 1 KV head -> 133 requests on 132 SMs.
     run["spec"]["hf_overrides"] = {"num_key_value_heads": 1}
-    assert predict_cells(run)["tp1-b64-cascade"]["decode_from_batch"] == 133
+    assert predict_cells(Manifest.from_json(run))["tp1-b64-cascade"]["decode_from_batch"] == 133
     hf = _run(_model_dir(tmp_path), engine="hf", env={})
-    assert predict_cells(hf)["tp1-b8-cascade"] == {"prefill": True, "decode": True, "decode_from_batch": 8}
-    assert predictions_for({"spec": {}}) == {}  # never raises
+    assert predict_cells(Manifest.from_json(hf))["tp1-b8-cascade"] == {"prefill": True, "decode": True, "decode_from_batch": 8}
+    assert predictions_for(Manifest.from_json({"spec": {}})) == {}  # never raises
     # With the longest prompt and max_tokens recorded, FA2 cells say whether decode steps split.
     run["spec"]["hf_overrides"] = {}
     (Path(run["model_path"]) / "config.json").write_text(json.dumps({**EMBEDDED, "hidden_size": 576}))
     long = {**run, "prompt_set": {**run["prompt_set"], "prompt_tokens_max": 1800}}
     long["spec"] = {**run["spec"], "max_tokens": 1024}
-    assert predict_cells(long)["tp1-b64-cascade"]["fa2_split"] is False  # FA3, vLLM's default on an H200
+    assert predict_cells(Manifest.from_json(long))["tp1-b64-cascade"]["fa2_split"] is False  # FA3, vLLM's default on an H200
     long["env"] = {"gpu_name": "NVIDIA A100-SXM4-80GB"}  # FA2 by default: 64 x 3 >= 0.8 x 2 x 108
-    assert predict_cells(long)["tp1-b64-cascade"] == {"prefill": True, "decode": True, "decode_from_batch": 37,
+    assert predict_cells(Manifest.from_json(long))["tp1-b64-cascade"] == {"prefill": True, "decode": True, "decode_from_batch": 37,
                                                        "fa2_split": False,  # 108 SMs: cdiv(64 * 3 * 13, 108)
                                                        "decode_cost": {"cascade": 13, "flash_decoding": 24}}  # fmt: skip
 

@@ -351,6 +351,7 @@ def test_a_closed_stdout_does_not_fail_a_command_that_prints_nothing_there(synth
 def test_fresh_clears_samples_left_without_a_run_json(tmp_path: Path):
     """--fresh once cleared only a folder with a run.json: samples left beside a lost one were
     resumed ("resuming ... (--fresh starts over)") by the run asked to start over."""
+    from cascade_repro.run.manifest import Manifest
     from cascade_repro.run.runner import PreparedRun
 
     run_dir = tmp_path / "r"
@@ -358,7 +359,7 @@ def test_fresh_clears_samples_left_without_a_run_json(tmp_path: Path):
     (run_dir / runstore.SAMPLES / "k.jsonl").write_text('{"type":"cell_done","cell_id":"a"}\n')
     (run_dir / runstore.REPORT_MD).write_text("old verdict\n")
     (run_dir / "notes.txt").write_text("mine\n")
-    PreparedRun(run_dir, {"run_id": "r", "spec_hash": "new"}, [], fresh=True).write()
+    PreparedRun(run_dir, Manifest.from_json({"run_id": "r", "spec_hash": "new"}), [], fresh=True).write()
     assert not list((run_dir / runstore.SAMPLES).iterdir())
     assert not (run_dir / runstore.REPORT_MD).exists() and (run_dir / "notes.txt").read_text() == "mine\n"
 

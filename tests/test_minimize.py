@@ -379,7 +379,7 @@ def _fake_run(tmp_path):
             }
         ]
     ).to_parquet(tmp_path / "pairs.parquet")
-    return run
+    return runstore.read_manifest(tmp_path)
 
 
 def test_start_case_takes_the_wave_with_most_failures_cut_to_the_first_bad_token(tmp_path):

@@ -13,17 +13,18 @@ ENV1 = {"vllm": "0.26.0", "torch": "2.11.0+cu130", "transformers": "5.17.0", "gp
         "driver": "580.159.04", "VLLM_USE_V2_MODEL_RUNNER": "0"}  # fmt: skip
 
 
-def _run(created: str, env: dict, command: str) -> dict:
+def _run(created: str, env: dict, command: str) -> Manifest:
     run = {"run_id": "r1", "created_at": created, "command": command, "env": env, "timings": {"total_s": 12.0}}
     run["invocations"] = [Manifest.from_json(run).own_invocation().to_json()]  # as runner.prepare records it
-    return run
+    return Manifest.from_json(run)
 
 
 def test_a_resume_keeps_the_first_invocation_and_appends_its_own():
     old = _run("2026-12-01T10:00:00+0000", ENV1, "cascade-repro matrix --engine vllm")
-    old["invocations"][0].update(cells_kept=0, cells_run=10, total_s=12.0)
+    old.invocations[0].update(cells_kept=0, cells_run=10, total_s=12.0)
     env2 = {**ENV1, "VLLM_USE_V2_MODEL_RUNNER": "1"}  # not part of the stack: allowed, but recorded
     new = resumed_run(old, _run("2026-12-01T11:00:00+0000", env2, "cascade-repro matrix --engine vllm"), False)
+    new = new.to_json()
     assert new["created_at"] == "2026-12-01T10:00:00+0000" and new["env"] == ENV1
     assert [i["started_at"] for i in new["invocations"]] == ["2026-12-01T10:00:00+0000", "2026-12-01T11:00:00+0000"]
     assert new["invocations"][1]["env"]["VLLM_USE_V2_MODEL_RUNNER"] == "1"  # the second one's own
@@ -31,8 +32,8 @@ def test_a_resume_keeps_the_first_invocation_and_appends_its_own():
 
 
 def test_an_old_run_json_without_invocations_becomes_the_first():
-    old = {"run_id": "r1", "created_at": "2026-11-30T09:00:00+0000", "command": "c0", "env": ENV1}
-    new = resumed_run(old, _run("2026-12-01T11:00:00+0000", ENV1, "c1"), False)
+    old = Manifest.from_json({"run_id": "r1", "created_at": "2026-11-30T09:00:00+0000", "command": "c0", "env": ENV1})
+    new = resumed_run(old, _run("2026-12-01T11:00:00+0000", ENV1, "c1"), False).to_json()
     assert [i["command"] for i in new["invocations"]] == ["c0", "c1"]
 
 
@@ -46,10 +47,10 @@ def test_a_resume_under_another_stack_is_refused_unless_allowed(key, value):
     with pytest.raises(UsageError, match=f"{re.escape(f'{key} {ENV1[key]} -> {value}')}.*--allow-mixed"):
         resumed_run(old, other, False)
     mixed = resumed_run(old, other, True)
-    assert mixed["mixed_stack"] == [key] and len(mixed["invocations"]) == 2
+    assert mixed.mixed_stack == [key] and len(mixed.invocations) == 2
     # A third invocation under the first stack keeps the mark: the run holds two stacks' cells.
     third = resumed_run(mixed, _run("2026-12-01T12:00:00+0000", ENV1, "c2"), False)
-    assert third["mixed_stack"] == [key]
+    assert third.mixed_stack == [key]
 
 
 def test_the_report_lists_invocations_and_the_headline_says_mixed(tmp_path):

@@ -557,6 +557,7 @@ def _sample_lines() -> list[dict]:
         (8, 1, "flat"),
     ):
         cell = f"tp1-b{batch}-s{seed}-{arm}"
+        recs.append({"type": "cell_start", "cell_id": cell})
         if cell == "tp1-b8-s0-cascade":  # an earlier attempt that a later record must replace
             recs.append({**_sample(cell, 1, "stale", True), "wave": 0})
         diverge = cell == "tp1-b8-s0-cascade"
@@ -593,7 +594,7 @@ def build_run(root: Path, run: dict | None = None, pairs: list[dict] | None = No
     (root / "samples").mkdir(exist_ok=True)
     with open(root / "samples" / "vllm-tp1.jsonl", "w", encoding="utf-8") as f:
         for rec in _sample_lines():
-            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            f.write(json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n")  # the worker's layout
     return root
 
 
@@ -828,18 +829,36 @@ def test_examples_prefer_distinct_pairs() -> None:
     assert [(e.pair_id, e.prompt_index) for e in picked] == [("pa", 0), ("pa", 1), ("pa", 2), ("pb", 1)]
 
 
-def test_read_samples_keeps_unconfirmed_records_and_latest(tmp_path: Path) -> None:
+def test_read_samples_reads_what_scoring_read(tmp_path: Path) -> None:
+    """The examples' reader keeps scoring's rules: the attempt that finished each cell, a later record
+    of a prompt replacing an earlier one, nothing of a cell without cell_done, nothing that does not
+    match prompts.jsonl (the report once showed such records: an unfinished retry's text, or a sample
+    of another run, beside tables that never scored it)."""
+    from cascade_repro.run.runstore import PromptIds
+
+    def sample(cell: str, text: str, key: str = "k0") -> dict:
+        return {"type": "sample", "cell_id": cell, "prompt_index": 0, "prompt_key": key, "token_ids": [1], "text": text}
+
     path = tmp_path / "k.jsonl"
     lines = [
-        {"type": "sample", "cell_id": "c1", "prompt_index": 0, "token_ids": [1], "text": "first"},
-        {"type": "sample", "cell_id": "c10", "prompt_index": 0, "token_ids": [1], "text": "other cell"},
+        {"type": "cell_start", "cell_id": "c1"},
+        sample("c1", "first"),
+        {"type": "cell_start", "cell_id": "c10"},
+        sample("c10", "other cell"),
+        sample("c1", "latest"),
+        sample("c1", "another run's", key="x"),
         {"type": "cell_done", "cell_id": "c1"},
-        {"type": "sample", "cell_id": "c2", "prompt_index": 0, "token_ids": [1], "text": "no cell_done"},
-        {"type": "sample", "cell_id": "c1", "prompt_index": 0, "token_ids": [1], "text": "unfinished retry"},
+        {"type": "cell_start", "cell_id": "c2"},
+        sample("c2", "no cell_done"),
+        {"type": "cell_start", "cell_id": "c1"},
+        sample("c1", "unfinished retry"),
     ]
-    path.write_text("".join(json.dumps(x) + "\n" for x in lines) + "not json\n", encoding="utf-8")
-    got = read_samples([path], {("c1", 0), ("c2", 0)})
-    assert {k: v["text"] for k, v in got.items()} == {("c1", 0): "first", ("c2", 0): "no cell_done"}
+    raw = "".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines) + "not json\n"
+    path.write_text(raw, encoding="utf-8")
+    got = read_samples([path], {("c1", 0), ("c2", 0)}, PromptIds(["k0"], [None]))
+    assert {k: v["text"] for k, v in got.items()} == {("c1", 0): "latest"}
+    # Without prompts.jsonl to check against, the last record of the finished attempt is scoring's too.
+    assert read_samples([path], {("c1", 0)})[("c1", 0)]["text"] == "another run's"
 
 
 def test_unknown_format_is_usage_error(run_dir: Path) -> None:
@@ -1246,8 +1265,8 @@ def test_report_md_of_a_200_cell_run_fits_a_github_issue(tmp_path: Path) -> None
 
     batches = "1,2,3,4,6,8,12,16,24,32,48,64,96,128,192,256,384"
     run_dir = synthetic_run(tmp_path / "big", prompts=4, batch=batches, tp="1,2,4,8")
-    run = runstore.read_run_json(run_dir)
-    assert len(run["plan"]["cells"]) >= 200
+    run = runstore.read_manifest(run_dir)
+    assert len(run.plan.cells) >= 200
     cells, pairs, comps = compare.build_tables(run, run_dir, Thresholds())
     for name, df in ((runstore.CELLS, cells), (runstore.PAIRS, pairs), (runstore.COMPARISONS, comps)):
         df.to_parquet(run_dir / name, index=False)

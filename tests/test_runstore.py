@@ -464,14 +464,14 @@ def test_fresh_deletes_only_what_a_run_wrote(tmp_path):
     (run_dir / rs.RUN_JSON).write_text(_json.dumps(old))
     new = {"run_id": "r1", "created_at": "2026-12-01T11:00:00+0000", "spec_hash": "new", "env": {}}
     new["invocations"] = [Manifest.from_json(new).own_invocation().to_json()]
-    PreparedRun(run_dir, new, [], fresh=True).write()
+    PreparedRun(run_dir, Manifest.from_json(new), [], fresh=True).write()
     assert not (run_dir / "samples" / "k.jsonl").exists() and not (run_dir / "worker-k.log").exists()
     assert (run_dir / "notes.txt").read_text() == "mine" and (run_dir / "mine" / "x.csv").read_text() == "1,2"
     assert rs.read_run_json(run_dir)["spec_hash"] == "new"
     # Without --fresh, another matrix in the same directory is refused, nothing deleted.
     (run_dir / "worker-k.log").write_text("log")
     with pytest.raises(Exception, match="holds a different matrix"):
-        PreparedRun(run_dir, {**new, "spec_hash": "other"}, [], fresh=False).write()
+        PreparedRun(run_dir, Manifest.from_json({**new, "spec_hash": "other"}), [], fresh=False).write()
     assert (run_dir / "worker-k.log").exists()
 
 
@@ -653,3 +653,72 @@ def test_fresh_clears_everything_the_old_run_derived_from_its_samples(tmp_path):
         [runstore.RUN_JSON, runstore.PROMPTS, runstore.SAMPLES]
     )
     assert not list((run_dir / runstore.SAMPLES).iterdir())
+
+
+# --- SampleScan: one pass -------------------------------------------------------------------------
+
+
+def test_one_scan_gives_what_progress_and_the_two_pass_reader_give(tmp_path):
+    """Scoring's single pass keeps the attempt that finished each cell (known only at its end), the
+    records a second cell_done confirms, the damage and the warnings of the two-pass reader."""
+    path = tmp_path / "k.jsonl"
+    write_records(
+        path,
+        [
+            {"type": "engine", "engine_key": "k"},
+            {"type": "cell_start", "cell_id": "a"},
+            sample("a", 0, attempt=1),
+            {"type": "cell_start", "cell_id": "a"},  # the cut attempt above never counts
+            sample("a", 0, attempt=2),
+            {"type": "cell_start", "cell_id": "b"},
+            sample("b", 0, attempt=2),
+            {"type": "cell_done", "cell_id": "a"},
+            sample("a", 1, attempt=3),  # after a's cell_done: counts only once another closes it
+            {"type": "cell_done", "cell_id": "a"},
+            sample("b", 1, attempt=2),
+            {"type": "cell_done", "cell_id": "b"},
+            sample("b", 2, attempt=4),  # after b's last cell_done: never counts
+            {"type": "cell_start", "cell_id": "c"},
+            sample("c", 0),
+        ],
+    )
+    append_raw(path, b'{"type":"sample","cell_id":"b","wave":0,"prompt_index":0,"token_ids":"x"}\n')
+    append_raw(path, b'{"type":"cell_done","cell_id":"c"}\n')
+    scan = runstore.SampleScan(path)
+    got = list(scan)  # which attempt finished a cell is known once the pass is over
+    kept = [(s, r["cell_id"], r["prompt_index"], r["token_ids"][0]) for s, r in got if scan.finished(s, r["cell_id"])]
+    want = [("a", 0, 2), ("b", 0, 2), ("a", 1, 3), ("b", 1, 2), ("c", 0, 1)]
+    assert sorted(k[1:] for k in kept) == sorted(want)
+    assert sorted((r["cell_id"], r["prompt_index"], r["token_ids"][0]) for r in iter_samples(path)) == sorted(want)
+    assert scan.progress == read_progress(path)
+    assert scan.progress.done == {"a", "b"} and list(scan.progress.corrupt) == ["c"]  # c's damaged line
+    warned: list[str] = []
+    list(iter_samples(path, warn=warned.append))
+    assert scan.warnings() == warned == [
+        "samples/k.jsonl line 16: token_ids is not a list of whole numbers; skipped"
+    ]
+
+
+def test_finalize_reads_each_samples_file_once(tmp_path, monkeypatch):
+    """Scoring reads each samples file once and hands down what it read: progress, the scored
+    samples and the report's examples (it read each about 7 times)."""
+    import builtins
+    import collections
+
+    from conftest import synthetic_run
+
+    from cascade_repro.run.runner import finalize
+
+    run_dir = synthetic_run(tmp_path / "r", prompts=40, batch="4,8")
+    opened: collections.Counter[str] = collections.Counter()
+    real_open = builtins.open
+
+    def counting_open(file, *args, **kwargs):
+        if str(file).endswith(".jsonl") and Path(file).parent.name == runstore.SAMPLES:
+            opened[Path(file).name] += 1
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    _, data = finalize(run_dir)
+    assert data.examples and data.examples[0].test_text  # the examples came from what was read
+    assert opened == {p.name: 1 for p in runstore.samples_files(run_dir)}

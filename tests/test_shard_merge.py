@@ -122,13 +122,17 @@ def test_more_shards_than_keys_leaves_empty_shards_with_a_warning():
 
 
 def test_restrict_keeps_only_the_shards_cells():
+    from cascade_repro.run.manifest import Manifest
+
     spec = MatrixSpec(seeds=[0, 1])
     run = {"plan": plan(spec).to_json()}
-    assert restrict(run) is run  # unsharded: untouched
-    r = restrict({**run, "shard": "2/2"})
+    whole = Manifest.from_json(run)
+    assert restrict(whole) is whole  # unsharded: untouched
+    sharded = Manifest.from_json({**run, "shard": "2/2"})
+    r = restrict(sharded).to_json()
     assert list(r["plan"]["engines"]) == ["hf-tp1-auto-s1"]
     assert {c["engine_key"] for c in r["plan"]["cells"]} == {"hf-tp1-auto-s1"}
-    assert len(run["plan"]["cells"]) == 12  # the original is not modified
+    assert len(sharded.plan.cells) == 12  # the original is not modified
 
 
 # --- CLI: matrix --shard --------------------------------------------------------------------------

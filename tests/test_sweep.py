@@ -85,7 +85,7 @@ def test_rows_from_a_finished_run(tmp_path):
     from cascade_repro.report.view import predictions
     from cascade_repro.run import runstore
 
-    cells, pairs, comps = compare.build_tables(runstore.read_run_json(run_dir), run_dir, Thresholds())
+    cells, pairs, comps = compare.build_tables(runstore.read_manifest(run_dir), run_dir, Thresholds())
     for name, df in ((runstore.CELLS, cells), (runstore.PAIRS, pairs), (runstore.COMPARISONS, comps)):
         df.to_parquet(run_dir / name)
     data = load_run(run_dir)

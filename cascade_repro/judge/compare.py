@@ -43,7 +43,7 @@ from cascade_repro.judge.verdicts import (
 )
 from cascade_repro.plan.matrix import Cell
 from cascade_repro.run import runstore
-from cascade_repro.run.manifest import Manifest, as_manifest
+from cascade_repro.run.manifest import Manifest
 from cascade_repro.twin import CASCADE as TWIN
 
 REP_KEYS = [f"seq_rep_{n}" for n in range(1, 5)] + [f"distinct_{n}" for n in range(1, 5)]
@@ -58,11 +58,43 @@ class CellSamples:
     logprobs: dict[int, list[float]] = field(default_factory=dict)
     topk: dict[int, list] = field(default_factory=dict)
     keys: dict[int, str] = field(default_factory=dict)
+    # The completion's text as recorded, for the report's examples.
+    texts: dict[int, Any] = field(default_factory=dict)
     rep: dict[int, dict[str, Any]] = field(default_factory=dict)
     # Instruction following per prompt index: (strict, loose); only prompts that could be scored.
     ifs: dict[int, tuple[bool, bool]] = field(default_factory=dict)
     # The error against the reference per prompt index (only prompts the reference scored).
     ref: dict[int, ArmError] = field(default_factory=dict)
+
+
+@dataclass
+class RunSamples:
+    """What scoring read of a run's samples files, each read once (one
+    :class:`~cascade_repro.run.runstore.SampleScan` per engine key): the scored samples of every
+    finished cell by cell id, and each file's progress by engine key."""
+
+    cells: dict[str, CellSamples]
+    progress: dict[str, runstore.CellProgress]
+
+    def records(self, wanted: set[tuple[str, int]]) -> dict[tuple[str, int], dict[str, Any]]:
+        """The wanted (cell_id, prompt_index) samples in their record's form (the fields the report's
+        examples read), from what was scored: the report need not read the samples files again."""
+        out = {}
+        for cid, i in wanted:
+            cs = self.cells.get(cid)
+            if cs is None or i not in cs.tokens:
+                continue
+            topk = cs.topk[i]
+            out[(cid, i)] = {
+                "cell_id": cid,
+                "prompt_index": i,
+                "prompt_key": cs.keys[i],
+                "token_ids": cs.tokens[i],
+                "logprobs": cs.logprobs[i],
+                "topk": topk.tolist() if isinstance(topk, np.ndarray) else topk,
+                "text": cs.texts[i],
+            }
+        return out
 
 
 def compact_topk(topk: list) -> Any:
@@ -100,41 +132,54 @@ def load_cell_samples(
     prompts: list[Any] | None = None,
     reference: dict[str, Any] | None = None,
     warn: Callable[[str], None] | None = None,
-) -> dict[str, CellSamples]:
-    """Stream every samples file once, scoring repetition (and, given prompts, instruction following;
+) -> RunSamples:
+    """Read every samples file once, scoring repetition (and, given prompts, instruction following;
     given the reference's rows by fingerprint, the error against it) as records go by.
 
-    A damaged sample record, or one whose prompt_key is not its prompt's in prompts.jsonl (a sample
-    of another run), is not scored: ``warn`` is told its file and line (runstore.iter_samples)."""
-    from cascade_repro.run.reference import fingerprint
-
+    A cell's samples are those of the attempt that finished it; which attempt that is is known only
+    at the end of its file, so each attempt is scored apart until then (a cut attempt is a fraction of
+    a cell). A damaged sample record, or one whose prompt_key is not its prompt's in prompts.jsonl (a
+    sample of another run), is not scored: ``warn`` is told its file and line
+    (:meth:`~cascade_repro.run.runstore.SampleScan.warnings`)."""
     out: dict[str, CellSamples] = {}
+    progress: dict[str, runstore.CellProgress] = {}
     prompts = prompts or []
     reference = reference or {}
     keys = runstore.prompt_ids(run_dir)
     for key in engine_keys:
-        for rec in runstore.iter_samples(runstore.samples_path(run_dir, key), wanted, keys, warn):
-            cs = out.setdefault(rec["cell_id"], CellSamples())
-            i = rec["prompt_index"]
-            cs.tokens[i] = rec["token_ids"]
-            cs.logprobs[i] = rec.get("logprobs") or []
-            cs.topk[i] = compact_topk(rec.get("topk") or [])
-            cs.keys[i] = rec.get("prompt_key", str(i))
-            cs.rep[i] = repetition_metrics(
-                rec["token_ids"], rec.get("text", ""), rec.get("finish_reason", "")
-            )
-            cs.ifs.pop(i, None)  # a later record of the same prompt replaces an earlier one
-            cs.ref.pop(i, None)
-            ph = rec.get("prompt_hash")
-            if reference and isinstance(ph, str) and isinstance(rec["token_ids"], list):
-                row = reference.get(fingerprint(ph, rec["token_ids"]))
-                if row is not None:
-                    cs.ref[i] = arm_error(cs.logprobs[i], row.lp, row.argmax_lp)
-            if isinstance(i, int) and 0 <= i < len(prompts) and prompts[i].key == cs.keys[i]:
-                sc = score_response(prompts[i], rec.get("text") or "")
-                if sc["strict"] is not None:
-                    cs.ifs[i] = (sc["strict"], sc["loose"])
-    return out
+        scan = runstore.SampleScan(runstore.samples_path(run_dir, key), keys, cells=wanted)
+        attempts: dict[tuple[str, int], CellSamples] = {}
+        for start, rec in scan:
+            _add_sample(attempts.setdefault((rec["cell_id"], start), CellSamples()), rec, prompts, reference)
+        out.update({cid: cs for (cid, start), cs in attempts.items() if scan.finished(start, cid)})
+        progress[key] = scan.progress
+        for line in scan.warnings() if warn is not None else []:
+            warn(line)
+    return RunSamples(out, progress)
+
+
+def _add_sample(cs: CellSamples, rec: dict[str, Any], prompts: list[Any], reference: dict[str, Any]) -> None:
+    """Score one sample record into its cell's samples (a later record of a prompt replaces an earlier one)."""
+    from cascade_repro.run.reference import fingerprint
+
+    i = rec["prompt_index"]
+    cs.tokens[i] = rec["token_ids"]
+    cs.logprobs[i] = rec.get("logprobs") or []
+    cs.topk[i] = compact_topk(rec.get("topk") or [])
+    cs.keys[i] = rec.get("prompt_key", str(i))
+    cs.texts[i] = rec.get("text")
+    cs.rep[i] = repetition_metrics(rec["token_ids"], rec.get("text", ""), rec.get("finish_reason", ""))
+    cs.ifs.pop(i, None)
+    cs.ref.pop(i, None)
+    ph = rec.get("prompt_hash")
+    if reference and isinstance(ph, str) and isinstance(rec["token_ids"], list):
+        row = reference.get(fingerprint(ph, rec["token_ids"]))
+        if row is not None:
+            cs.ref[i] = arm_error(cs.logprobs[i], row.lp, row.argmax_lp)
+    if isinstance(i, int) and 0 <= i < len(prompts) and prompts[i].key == cs.keys[i]:
+        sc = score_response(prompts[i], rec.get("text") or "")
+        if sc["strict"] is not None:
+            cs.ifs[i] = (sc["strict"], sc["loose"])
 
 
 def _mean_control_drift(triples: dict[int, dict[str, Any]]) -> float:
@@ -147,14 +192,12 @@ def _mean(values: list[float]) -> float:
     return float(statistics.fmean(values)) if values else float("nan")
 
 
-def cell_rows(run: Manifest | dict[str, Any], run_dir: Path, samples: dict[str, CellSamples]) -> pd.DataFrame:
+def cell_rows(m: Manifest, read: RunSamples) -> pd.DataFrame:
     """One row per planned cell: status, probe counters, throughput and repetition means."""
-    m = as_manifest(run)
     rows = []
     spec = m.spec
     model = m.model_name if m.has("model_name") else spec.model
-    keys = runstore.prompt_ids(run_dir)
-    progress = {k: runstore.read_progress(runstore.samples_path(run_dir, k), keys) for k in m.plan.engines}
+    samples, progress = read.cells, read.progress
     for c in m.plan.cells:
         prog = progress[c.engine_key]
         cid = c.cell_id
@@ -412,14 +455,24 @@ def compare_pair(
 
 
 def build_tables(
-    run: Manifest | dict[str, Any],
+    m: Manifest,
     run_dir: Path,
     thresholds: Thresholds,
     warn: Callable[[str], None] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Score the run (its manifest, or run.json as a dict) and return (cells, pairs, comparisons)
-    DataFrames; ``warn`` is told of each sample line skipped as damaged (file and line)."""
-    m = as_manifest(run)
+    """Score the run and return (cells, pairs, comparisons) DataFrames (:func:`score_samples`)."""
+    _, cells, pairs, comparisons = score_samples(m, run_dir, thresholds, warn)
+    return cells, pairs, comparisons
+
+
+def score_samples(
+    m: Manifest,
+    run_dir: Path,
+    thresholds: Thresholds,
+    warn: Callable[[str], None] | None = None,
+) -> tuple[RunSamples, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Read each samples file once and score the run: (what was read, cells, pairs, comparisons);
+    ``warn`` is told of each sample line skipped as damaged (file and line)."""
     cells = m.plan.cells
     pair_specs = plan_pairs(cells)
     candidates = control_candidates(pair_specs)
@@ -428,11 +481,10 @@ def build_tables(
 
     ref_rows, ref_start = read_reference(run_dir)
     reference = str(ref_start.get("dtype") or "") if ref_rows else ""
-    samples = load_cell_samples(run_dir, m.plan.engines, wanted, load_prompts(run_dir), ref_rows, warn)
-    cells_df = cell_rows(m, run_dir, samples)
+    read = load_cell_samples(run_dir, m.plan.engines, wanted, load_prompts(run_dir), ref_rows, warn)
+    samples, progress = read.cells, read.progress
+    cells_df = cell_rows(m, read)
     by_id = cells_df.set_index("cell_id").to_dict("index")
-    keys = runstore.prompt_ids(run_dir)
-    progress = {k: runstore.read_progress(runstore.samples_path(run_dir, k), keys) for k in m.plan.engines}
     preds = m.predictions if isinstance(m.predictions, dict) else {}
     predicted = preds.get("cells") if isinstance(preds.get("cells"), dict) else {}
 
@@ -565,7 +617,7 @@ def build_tables(
     if not comp_df.empty:
         for col in ("topk_ok",):
             comp_df[col] = comp_df[col].astype("object")
-    return cells_df, pairs_df, comp_df
+    return read, cells_df, pairs_df, comp_df
 
 
 def _speed_columns(

@@ -26,7 +26,7 @@ from cascade_repro.judge.outcome import REGRESSION
 from cascade_repro.minimize.ddmin import ddmin
 from cascade_repro.plan.matrix import waves
 from cascade_repro.run import runstore
-from cascade_repro.run.manifest import Manifest, as_manifest
+from cascade_repro.run.manifest import Manifest
 from cascade_repro.twin import CASCADE as TWIN
 
 CRITERIA = ("topk", "any")
@@ -147,9 +147,8 @@ def _cell_samples(run_dir: Path, engine_key: str, cell_id: str) -> dict[int, dic
     return {r["prompt_index"]: r for r in runstore.iter_samples(path, {cell_id})}
 
 
-def start_case(run: Manifest | dict[str, Any], run_dir: Path, pair: dict[str, Any], criterion: str) -> Case:
+def start_case(m: Manifest, run_dir: Path, pair: dict[str, Any], criterion: str) -> Case:
     """The recorded wave with the most failing prompts, cut to the earliest failing step + 1 tokens."""
-    m = as_manifest(run)
     cells = m.plan.cell_map()
     test, ref = cells[pair["test_cell"]], cells[pair["ref_cell"]]
     a = _cell_samples(run_dir, test.engine_key, test.cell_id)

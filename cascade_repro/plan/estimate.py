@@ -280,11 +280,8 @@ def for_plan(
     )  # fmt: skip
 
 
-def for_run(run: Manifest | dict[str, Any], run_dir: Path | None = None) -> Estimate:
-    """The estimate of a prepared run (its manifest, or run.json's content)."""
-    from cascade_repro.run.manifest import as_manifest
-
-    m = as_manifest(run)
+def for_run(m: Manifest, run_dir: Path | None = None) -> Estimate:
+    """The estimate of a prepared run."""
     cells = m.plan.cell_map()
     engines = {
         k: {"cells": [{"cell_id": c, "batch": cells[c].batch} for c in ep.cells], "fa_version": ep.fa_version}

@@ -26,10 +26,10 @@ import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any
 
 from cascade_repro.errors import UsageError
-from cascade_repro.run.manifest import Manifest, as_manifest
+from cascade_repro.run.manifest import Manifest
 
 
 @dataclass(frozen=True)
@@ -96,19 +96,13 @@ def empty_warning(engines: Mapping[str, Any], shard: Shard) -> str | None:
     )
 
 
-@overload
-def restrict(run: Manifest) -> Manifest: ...
-@overload
-def restrict(run: dict[str, Any]) -> dict[str, Any]: ...
-def restrict(run: Manifest | dict[str, Any]) -> Manifest | dict[str, Any]:
-    """Return ``run`` with its plan cut down to its shard's engine keys; ``run`` itself if unsharded.
+def restrict(m: Manifest) -> Manifest:
+    """Return ``m`` with its plan cut down to its shard's engine keys; ``m`` itself if unsharded.
 
-    Used to execute and score one shard; run.json on disk keeps the full plan. The cut run comes
-    back in the form ``run`` came in: a Manifest, or run.json's dict form for a caller passing one.
+    Used to execute and score one shard; run.json on disk keeps the full plan.
     """
-    m = as_manifest(run)
     if not m.shard:
-        return run
+        return m
     keep = set(keys_for(m.plan.engines, Shard.parse(m.shard)))
     out = copy.copy(m)  # shallow, as before: the cut plan is new, the other sections are shared
     out.plan = dataclasses.replace(
@@ -116,4 +110,4 @@ def restrict(run: Manifest | dict[str, Any]) -> Manifest | dict[str, Any]:
         engines={k: v for k, v in m.plan.engines.items() if k in keep},
         cells=[c for c in m.plan.cells if c.engine_key in keep],
     )
-    return out if isinstance(run, Manifest) else out.to_json()
+    return out

@@ -57,8 +57,10 @@ def write_reports(
     formats: Iterable[ReportFormat | str] = tuple(ReportFormat),
     n_examples: int = 3,
     fail_on: str | None = None,
+    data: RunData | None = None,
 ) -> dict[ReportFormat, Path]:
-    """Load run_dir once and write one file per format into it, each replaced atomically.
+    """Load run_dir once (or render ``data``, run_dir as loaded) and write one file per format into
+    it, each replaced atomically.
 
     ``fail_on`` judges this rendering (summary.json's exit code) in place of the run's own
     ``--fail-on``; run.json is not changed, so a later plain ``report`` uses the run's again.
@@ -67,7 +69,8 @@ def write_reports(
     if fail_on is not None:
         fail_on = str(getattr(fail_on, "value", fail_on))
         check_fail_on(fail_on)  # before anything is read or written
-    data = load_run(run_dir, n_examples=n_examples)
+    if data is None:
+        data = load_run(run_dir, n_examples=n_examples)
     if fail_on is not None:
         data.manifest.update(fail_on=fail_on)
     written: dict[ReportFormat, Path] = {}

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import math
-import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,8 +81,15 @@ class RunData:
             self._rows = None
 
 
-def load_run(run_dir: Path, n_examples: int = 3) -> RunData:
-    """Read run.json, the three parquet tables and the most divergent samples of a run directory."""
+def load_run(
+    run_dir: Path,
+    n_examples: int = 3,
+    samples: Callable[[set[tuple[str, int]]], dict[tuple[str, int], dict]] | None = None,
+) -> RunData:
+    """Read run.json, the three parquet tables and the most divergent samples of a run directory.
+
+    ``samples``: where the examples' sample records come from, by (cell_id, prompt_index), for a
+    caller that has just scored them (what scoring read); the samples files otherwise."""
     run_dir = Path(run_dir)
     if not (run_dir / runstore.RUN_JSON).is_file():
         raise UsageError(f"not a cascade-repro run directory: {run_dir} (missing {runstore.RUN_JSON})")
@@ -104,7 +109,7 @@ def load_run(run_dir: Path, n_examples: int = 3) -> RunData:
         # Old runs had no kind column: only cascade pairs carry a real verdict.
         pairs["kind"] = ["noise" if v == "control" else TWIN.pair_kind for v in pairs["verdict"]]
     examples = pick_examples(pairs, comparisons, n_examples)
-    _attach_samples(run_dir, examples)
+    _attach_samples(run_dir, examples, samples)
     return RunData(run_dir, manifest, cells, pairs, comparisons, examples, unscorable_prompts(run_dir))
 
 
@@ -121,7 +126,9 @@ def _read_table(path: Path, columns: list[str]) -> pd.DataFrame:
     try:
         df = pd.read_parquet(path)
     except Exception as e:  # pyarrow raises several unrelated types for a damaged file
-        raise UsageError(f"unreadable {path.name} in {path.parent}: {e}") from None
+        # One line: some of pyarrow's messages run on over several.
+        why = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise UsageError(f"unreadable {path.name} in {path.parent}: {why}") from None
     for col in columns:
         if col not in df.columns:
             df[col] = None
@@ -217,11 +224,18 @@ def _rank(r: dict) -> tuple:
             as_int(r["prompt_index"]))  # fmt: skip
 
 
-def _attach_samples(run_dir: Path, examples: list[Example]) -> None:
+def _attach_samples(
+    run_dir: Path,
+    examples: list[Example],
+    samples: Callable[[set[tuple[str, int]]], dict[tuple[str, int], dict]] | None = None,
+) -> None:
     wanted = {(c, e.prompt_index) for e in examples for c in (e.test_cell, e.ref_cell)}
     if not wanted:
         return
-    records = read_samples(runstore.samples_files(run_dir), wanted)
+    if samples is not None:
+        records = samples(wanted)
+    else:
+        records = read_samples(runstore.samples_files(run_dir), wanted, runstore.prompt_ids(run_dir))
     for e in examples:
         t, r = records.get((e.test_cell, e.prompt_index)), records.get((e.ref_cell, e.prompt_index))
         if e.first_div is None and t and r:
@@ -235,135 +249,24 @@ def _attach_samples(run_dir: Path, examples: list[Example]) -> None:
             e.ref_token, e.ref_logprob, e.ref_topk = _at(r, e.first_div)
 
 
-# The head of a sample line as the worker writes it (runstore.SAMPLE_HEAD); a line whose head does
-# not match is handled by the general path, so other layouts stay readable, only slower.
-_SAMPLE_HEAD = runstore.SAMPLE_HEAD
-_CACHE_MIN_BYTES = 64 << 20
-_cache: dict[tuple, dict[tuple[str, int], dict]] = {}
+def read_samples(
+    paths: Iterable[Path], wanted: set[tuple[str, int]], prompts: runstore.PromptIds | None = None
+) -> dict[tuple[str, int], dict]:
+    """The sample records of the wanted (cell_id, prompt_index) keys: each the record scoring read,
+    from the attempt that finished its cell (:class:`~cascade_repro.run.runstore.SampleScan`, checked
+    against ``prompts`` as scoring checks it), a later record of a prompt replacing an earlier one.
 
-
-def read_samples(paths: Iterable[Path], wanted: set[tuple[str, int]]) -> dict[tuple[str, int], dict]:
-    """Stream sample records of the wanted (cell_id, prompt_index) keys from JSONL files.
-
-    A torn last line and a damaged sample record (``runstore.sample_problem``) are skipped, later
-    records replace earlier ones, and records of a cell are
-    preferred once its `cell_done` line confirms them.
-
-    Cost: one pass over the bytes. A sample line in the worker's layout is judged by its head alone
-    (cell id and prompt index), so only the wanted records are decoded; any other line that names a
-    wanted cell goes through ``json.loads`` (control records are short). Results for large files
-    are remembered per process, keyed by each file's size, mtime and inode, so a second
-    ``load_run`` of the same run (``report`` renders, then computes the exit code) does not scan again.
+    Cost: one pass over the bytes; a sample line in the worker's layout is judged by its head alone,
+    so only the wanted records are decoded.
     """
-    paths = list(paths)
-    wanted = set(wanted)
-    total, sig = 0, []
-    for p in paths:
-        try:
-            st = os.stat(p)
-        except OSError:
-            sig = None
-            break
-        total += st.st_size
-        sig.append((str(p), st.st_size, st.st_mtime_ns, st.st_ino))
-    key = (tuple(sig), frozenset(wanted)) if sig is not None else None
-    if key is not None and key in _cache:
-        return dict(_cache[key])
-    out = _read_samples(paths, wanted)
-    if key is not None and total >= _CACHE_MIN_BYTES:
-        _cache.clear()
-        _cache[key] = dict(out)
-    return out
-
-
-def _read_samples(paths: list[Path], wanted: set[tuple[str, int]]) -> dict[tuple[str, int], dict]:
-    cells = {c for c, _ in wanted}
-    # Both spellings: raw, and as json.dumps escapes it with ensure_ascii.
-    needles = {c.encode("utf-8", "surrogatepass") for cid in cells for c in (cid, json.dumps(cid)[1:-1])}
-    head_ids: dict[bytes, str | None] = {}  # the JSON string body of a cell id in a head -> the id
-    pending: dict[tuple[str, int], dict] = {}
-    done: dict[tuple[str, int], dict] = {}
-    match = _SAMPLE_HEAD.match
+    out: dict[tuple[str, int], dict] = {}
     for path in paths:
-        with open(path, "rb") as f:
-            for buf, start, end in _lines(f):
-                m = match(buf, start, end)
-                if m is not None:
-                    body = m.group(1)
-                    cid = head_ids.get(body, "")
-                    if cid == "":
-                        cid = head_ids[body] = _json_string(body)
-                    if cid not in cells or (cid, int(m.group(2))) not in wanted:
-                        continue  # a sample nobody asked for: not decoded, not even copied
-                elif not any(buf.find(n, start, end) >= 0 for n in needles):
-                    continue  # cheap filter before paying for json.loads
-                rec = _loads(bytes(buf[start:end]))
-                if (
-                    not isinstance(rec, dict)
-                    or not isinstance(cid := rec.get("cell_id"), str)
-                    or cid not in cells
-                ):
-                    continue
-                if rec.get("type") == "sample":
-                    if runstore.sample_problem(rec) is not None:
-                        continue  # damaged: scoring skipped it too, and said where
-                    key = (cid, as_int(rec.get("prompt_index")))
-                    if key in wanted:
-                        pending[key] = rec
-                elif rec.get("type") == "cell_done":
-                    for key in [k for k in pending if k[0] == cid]:
-                        done[key] = pending.pop(key)
-    # Runs without cell_done lines (old or interrupted) still show their last record.
-    return {**pending, **done}
-
-
-def _lines(f: Any, chunk: int = 1 << 24) -> Iterator[tuple[bytearray, int, int]]:
-    """Yield ``(buffer, start, end)`` per complete line of a binary file (``end`` is past its newline).
-
-    Lines are found with ``bytearray.find`` inside one reused buffer (grown for a longer line), so a
-    line that is not wanted is never copied. A last line without a newline (a torn write) is not
-    yielded. The buffer is only valid until the next line is requested.
-    """
-    buf = bytearray(chunk)
-    filled = start = 0
-    while True:
-        if start:
-            buf[: filled - start] = buf[start:filled]  # keep the partial line, same size: no resize
-            filled -= start
-            start = 0
-        if filled == len(buf):
-            buf.extend(bytes(len(buf)))
-        with memoryview(buf) as view:
-            n = f.readinto(view[filled:])
-        if not n:
-            return
-        filled += n
-        find = buf.find
-        while True:
-            nl = find(b"\n", start, filled)
-            if nl < 0:
-                break
-            yield buf, start, nl + 1
-            start = nl + 1
-
-
-def _json_string(body: bytes) -> str | None:
-    try:
-        return json.loads(b'"' + body + b'"')
-    except ValueError:
-        return None
-
-
-def _loads(raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except UnicodeDecodeError:  # as the text-mode reader did: undecodable bytes become U+FFFD
-        try:
-            return json.loads(raw.decode("utf-8", errors="replace"))
-        except ValueError:
-            return None
-    except ValueError:
-        return None
+        scan = runstore.SampleScan(path, prompts, keys=set(wanted))
+        attempts: dict[tuple[str, int, int], dict] = {}
+        for start, rec in scan:
+            attempts[(rec["cell_id"], start, rec["prompt_index"])] = rec
+        out.update({(cid, i): rec for (cid, start, i), rec in attempts.items() if scan.finished(start, cid)})
+    return out
 
 
 def _at(rec: dict, i: int | None) -> tuple[int | None, float | None, list[tuple[int, float]]]:

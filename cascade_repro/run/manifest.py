@@ -273,8 +273,3 @@ def spec_of(data: Any) -> MatrixSpec:
     data = data if isinstance(data, dict) else {}
     names = {f.name for f in dataclasses.fields(MatrixSpec)}
     return MatrixSpec(**{k: v for k, v in data.items() if k in names})
-
-
-def as_manifest(run: Manifest | dict[str, Any]) -> Manifest:
-    """Convert at a boundary that still receives run.json as a dict."""
-    return run if isinstance(run, Manifest) else Manifest.from_json(run)

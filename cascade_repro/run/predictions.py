@@ -8,7 +8,7 @@ from typing import Any
 from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.predict import predict
-from cascade_repro.run.manifest import Manifest, as_manifest
+from cascade_repro.run.manifest import Manifest
 from cascade_repro.vllm_surface import ModelAttention
 from cascade_repro.vllm_surface.cascade_rule import (
     DEFAULT_BLOCK_SIZE,
@@ -43,7 +43,7 @@ _NO_MODEL = object()  # a spec without a model key
 
 
 def predict_cells(
-    run: Manifest | dict[str, Any], *, model_config: dict[str, Any] | None = None, num_sms: int | None = None
+    m: Manifest, *, model_config: dict[str, Any] | None = None, num_sms: int | None = None
 ) -> dict[str, dict[str, Any]]:
     """Predict every planned cell of a run.json: ``{cell_id: {"prefill", "decode", "decode_from_batch"}}``.
 
@@ -54,7 +54,6 @@ def predict_cells(
     """
     from cascade_repro.plan.models import load_config
 
-    m = as_manifest(run)
     spec = m.spec
     engine = str(_spec_value(m, "engine", "vllm"))
     if model_config is None:
@@ -93,16 +92,15 @@ def predict_cells(
     return {p.cell_id: p.summary() for p in preds}
 
 
-def predictions_for(run: Manifest | dict[str, Any]) -> dict[str, Any]:
+def predictions_for(m: Manifest) -> dict[str, Any]:
     """What the runner stores under ``run.json["predictions"]``; ``{}`` when nothing can be predicted.
 
-    ``{"rule", "num_sms", "sms_source", "cells": predict_cells(run)}``. The hf engine gets
+    ``{"rule", "num_sms", "sms_source", "cells": predict_cells(m)}``. The hf engine gets
     hard-condition predictions too (its reference cascade has no cost model), so its report
     can show them beside the measured counts. Never raises: a prediction is an annotation, and a
     run must not fail for want of one.
     """
     try:
-        m = as_manifest(run)
         engine = str(_spec_value(m, "engine", "vllm"))
         if not engine_info(engine).has_weights:  # the fake: no model config to read the attention from
             return {}

@@ -285,9 +285,9 @@ def write_parquet_atomic(df: Any, path: Path) -> None:
     write_atomic(path, lambda tmp: df.to_parquet(tmp, index=False))
 
 
-def write_run_json(run_dir: Path, run: dict[str, Any] | Manifest) -> None:
-    """Write run.json (a Manifest or its JSON form) atomically."""
-    write_json_atomic(Path(run_dir) / RUN_JSON, run.to_json() if isinstance(run, Manifest) else run)
+def write_run_json(run_dir: Path, run: dict[str, Any]) -> None:
+    """Write run.json's JSON form atomically (:func:`write_manifest` writes a Manifest)."""
+    write_json_atomic(Path(run_dir) / RUN_JSON, run)
 
 
 def worker_log(run_dir: Path, engine_key: str) -> Path:
@@ -752,6 +752,156 @@ def prompts_problem(run_dir: Path) -> str | None:
     return None
 
 
+class SampleScan:
+    """One pass over a samples file, the one reader of its records: the file's :class:`CellProgress`
+    (``progress``), the line span of the attempt that finished each cell (``spans``), and, iterated,
+    every sample record that may belong to such an attempt.
+
+    Iterating yields ``(start, record)``: ``start`` the line of the ``cell_start`` that opened the
+    record's attempt. A cell's samples are those of the attempt that finished it, ``start ==
+    spans[cell_id][0]``; which attempt that is is known only once the pass is over, so a caller that
+    streams keeps each attempt apart until then. A resumed cell starts again with a ``cell_start`` line
+    and rewrites its samples, so an earlier cut attempt never counts. A record after its attempt's
+    ``cell_done`` is held back until another ``cell_done`` closes the attempt again (and dropped if none
+    does): the samples of a finished attempt lie between its two lines.
+
+    Sample records are checked against prompts.jsonl's :class:`PromptIds` when given
+    (:func:`sample_problem`); a damaged one unfinishes its cell (``progress.corrupt``) and is not
+    yielded. ``cells``: the cells whose records are yielded (all when None). ``keys``: only these
+    ``(cell_id, prompt_index)`` records are wanted, and a sample line in the worker's layout naming
+    another is skipped by its head (:data:`SAMPLE_HEAD`) without being parsed, so ``progress`` does
+    not see its damage: for a reader of a few records (a report's examples). ``parse_samples=False``
+    parses no sample line at all, for a caller that wants only the control records.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        prompts: PromptIds | None = None,
+        *,
+        cells: set[str] | None = None,
+        keys: set[tuple[str, int]] | None = None,
+        parse_samples: bool = True,
+    ) -> None:
+        self.path = Path(path)
+        self.prompts = prompts
+        self.cells = cells if keys is None else {c for c, _ in keys}
+        self.keys = keys
+        self.parse_samples = parse_samples
+        self.progress = CellProgress()
+        self.spans: dict[str, tuple[int, int]] = {}
+        # Every damaged sample line (0-based line, why), for :meth:`warnings`.
+        self.damaged: list[tuple[int, str]] = []
+
+    def __iter__(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        prog, prompts, cells, keys = self.progress, self.prompts, self.cells, self.keys
+        current = ""
+        starts: dict[str, int] = {}  # cell -> line of its latest cell_start
+        closed: set[str] = set()  # cells whose latest attempt has seen a cell_done
+        late: dict[str, list[dict[str, Any]]] = {}  # records after such a cell_done, held back
+        head = SAMPLE_HEAD.match
+        engine_damage: tuple[int, str] | None = None
+
+        def damaged(lineno: int, why: str | None) -> None:
+            lines = prog.corrupt.setdefault(current, [])
+            if not lines:
+                prog.damaged_wave[current] = len(prog.waves.get(current, []))
+            lines.append(lineno + 1)
+            if why:
+                prog.why[lineno + 1] = why
+
+        for lineno, (buf, start, end) in enumerate(_lines(self.path)):
+            if buf.startswith(SAMPLE_PREFIX, start, end):
+                if not self.parse_samples:
+                    continue
+                if keys is not None and (m := head(buf, start, end)) is not None:
+                    cid = _json_string(m.group(1))
+                    if (cid, int(m.group(2))) not in keys:
+                        continue  # a sample nobody asked for: not decoded
+                try:
+                    obj = json.loads(bytes(buf[start:end]))
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    damaged(lineno, None)
+                    self.damaged.append((lineno, "not JSON"))
+                    continue
+                if (why := sample_problem(obj, prompts)) is not None:
+                    damaged(lineno, why)
+                    self.damaged.append((lineno, why))
+                    continue
+                cid = obj["cell_id"]
+                if (cells is not None and cid not in cells) or cid not in starts:
+                    continue
+                if keys is not None and (cid, obj["prompt_index"]) not in keys:
+                    continue
+                if cid in closed:
+                    late.setdefault(cid, []).append(obj)
+                else:
+                    yield starts[cid], obj
+                continue
+            if not buf[start:end].strip():
+                continue
+            try:
+                rec = json.loads(bytes(buf[start:end]))
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                rec = None
+            if not isinstance(rec, dict):
+                damaged(lineno, None)
+                continue
+            t, cid = rec.get("type"), rec.get("cell_id")
+            if t in (CELL_START, CELL_DONE, CELL_ERROR, WAVE) and not isinstance(cid, str):
+                damaged(lineno, f"{t} record whose cell_id is not text")
+                continue
+            if (why := record_problem(rec)) is not None:
+                if t == ENGINE:  # what the engine read back is lost: every cell it then runs is unproven
+                    engine_damage, prog.engine = (lineno, why), {}
+                else:
+                    damaged(lineno, why)
+                continue
+            if t == CELL_START:
+                current = cid
+                starts[cid] = lineno
+                closed.discard(cid)
+                late.pop(cid, None)
+                # A new attempt rewrites the cell: its earlier attempt's damage, waves and error go.
+                for line in prog.corrupt.pop(current, []):
+                    prog.why.pop(line, None)
+                prog.damaged_wave.pop(current, None)
+                prog.waves[cid] = []
+                prog.errors.pop(cid, None)
+                if engine_damage is not None:
+                    damaged(*engine_damage)
+            elif t == CELL_DONE:
+                if cid not in prog.corrupt:  # a lost record in this attempt: the cell must run again
+                    prog.done.add(cid)
+                prog.errors.pop(cid, None)
+                if cid in starts:
+                    self.spans[cid] = (starts[cid], lineno)
+                    closed.add(cid)
+                    for obj in late.pop(cid, []):
+                        yield starts[cid], obj
+            elif t == CELL_ERROR:
+                prog.errors[cid] = rec.get("reason", "")
+            elif t == WAVE:
+                prog.waves.setdefault(cid, []).append(rec)
+            elif t == ENGINE:
+                engine_damage, prog.engine = None, rec
+
+    def finished(self, start: int, cell_id: str) -> bool:
+        """Whether a record yielded with ``start`` is of the attempt that finished ``cell_id``."""
+        span = self.spans.get(cell_id)
+        return span is not None and span[0] == start
+
+    def warnings(self) -> list[str]:
+        """One line per damaged sample line inside a finished attempt (of ``cells``), in file order:
+        what scoring skipped."""
+        spans = [s for c, s in self.spans.items() if self.cells is None or c in self.cells]
+        return [
+            f"{SAMPLES}/{shown(self.path.name)} line {lineno + 1}: {why}; skipped"
+            for lineno, why in self.damaged
+            if any(s < lineno < e for s, e in spans)
+        ]
+
+
 def read_progress(path: Path, prompts: PromptIds | None = None, *, samples: bool = True) -> CellProgress:
     """Scan a samples file's records: the control records (engine, cell_start, wave, cell_done,
     cell_error) and the shape of every sample record (:func:`sample_problem`, against prompts.jsonl's
@@ -759,64 +909,10 @@ def read_progress(path: Path, prompts: PromptIds | None = None, *, samples: bool
 
     ``samples=False`` skips the sample records unparsed, for a caller that reads only the engine
     record or the errors: parsing every sample is most of a large file's scan."""
-    prog = CellProgress()
-    current = ""
-    engine_damage: tuple[int, str] | None = None
-
-    def damaged(lineno: int, why: str | None) -> None:
-        lines = prog.corrupt.setdefault(current, [])
-        if not lines:
-            prog.damaged_wave[current] = len(prog.waves.get(current, []))
-        lines.append(lineno + 1)
-        if why:
-            prog.why[lineno + 1] = why
-
-    for lineno, rec, raw in _iter_lines(path):
-        if raw is not None:  # a sample line
-            if not samples:
-                continue
-            try:
-                obj = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                damaged(lineno, None)
-                continue
-            if (why := sample_problem(obj, prompts)) is not None:
-                damaged(lineno, why)
-            continue
-        if rec is None:
-            damaged(lineno, None)
-            continue
-        t, cid = rec.get("type"), rec.get("cell_id")
-        if t in (CELL_START, CELL_DONE, CELL_ERROR, WAVE) and not isinstance(cid, str):
-            damaged(lineno, f"{t} record whose cell_id is not text")
-            continue
-        if (why := record_problem(rec)) is not None:
-            if t == ENGINE:  # what the engine read back is lost: every cell it then runs is unproven
-                engine_damage, prog.engine = (lineno, why), {}
-            else:
-                damaged(lineno, why)
-            continue
-        if t == CELL_START:
-            current = cid
-            # A new attempt rewrites the cell: its earlier attempt's damage, waves and error go.
-            for line in prog.corrupt.pop(current, []):
-                prog.why.pop(line, None)
-            prog.damaged_wave.pop(current, None)
-            prog.waves[cid] = []
-            prog.errors.pop(cid, None)
-            if engine_damage is not None:
-                damaged(*engine_damage)
-        elif t == CELL_DONE:
-            if cid not in prog.corrupt:  # a lost record in this attempt: the cell must run again
-                prog.done.add(cid)
-            prog.errors.pop(cid, None)
-        elif t == CELL_ERROR:
-            prog.errors[cid] = rec.get("reason", "")
-        elif t == WAVE:
-            prog.waves.setdefault(cid, []).append(rec)
-        elif t == ENGINE:
-            engine_damage, prog.engine = None, rec
-    return prog
+    scan = SampleScan(path, prompts, cells=set(), parse_samples=samples)
+    for _ in scan:
+        pass
+    return scan.progress
 
 
 def kept_wave_count(prog: CellProgress, cell_id: str) -> int:
@@ -898,38 +994,10 @@ def corrupt_reason(
 
 def finished_spans(path: Path) -> dict[str, tuple[int, int]]:
     """Return, per finished cell, the line span (start, done) of the attempt that finished it."""
-    spans: dict[str, tuple[int, int]] = {}
-    starts: dict[str, int] = {}
-    for lineno, rec, _ in _iter_lines(path):
-        if rec is None or not isinstance(cid := rec.get("cell_id"), str):
-            continue
-        t = rec.get("type")
-        if t == CELL_START:
-            starts[cid] = lineno
-        elif t == CELL_DONE and cid in starts:
-            spans[cid] = (starts[cid], lineno)
-    return spans
-
-
-def _iter_lines(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, bytes | None]]:
-    """Yield (line number, record, None) for every whole non-sample line (record None when it does not
-    parse or is not an object) and (line number, None, raw line) for every whole sample line, left
-    unparsed. A torn last line (no newline: a write cut short) and blank lines are never yielded."""
-    if not path.exists():
-        return
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f):
-            if not raw.endswith(b"\n") or not raw.strip():
-                continue
-            if is_sample_line(raw):
-                yield lineno, None, raw
-                continue
-            try:
-                rec = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                yield lineno, None, None
-                continue
-            yield lineno, rec if isinstance(rec, dict) else None, None
+    scan = SampleScan(path, parse_samples=False)
+    for _ in scan:
+        pass
+    return scan.spans
 
 
 def iter_samples(
@@ -940,33 +1008,68 @@ def iter_samples(
 ) -> Iterator[dict[str, Any]]:
     """Stream the sample records of finished cells, from the attempt that finished each.
 
-    A resumed cell starts again with a ``cell_start`` line and rewrites all its samples, so earlier
-    partial attempts are skipped. Two passes over the file; nothing but line spans is held in memory.
-    A damaged sample line inside a finished attempt (:func:`sample_problem`, against ``prompts``
-    when given) is skipped, and ``warn`` is told its file and line.
+    Two passes of :class:`SampleScan` (the first parses no sample, the second yields only the
+    finishing attempts' records), so nothing but line spans is held in memory: for a caller that
+    reads samples without scoring them (the reference pass, ``minimize``); scoring reads the file
+    once. A damaged sample line inside a finished attempt (:func:`sample_problem`, against
+    ``prompts`` when given) is skipped, and ``warn`` is told its file and line.
     """
     spans = finished_spans(path)
     if cells is not None:
         spans = {c: s for c, s in spans.items() if c in cells}
     if not spans:
         return
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f):
-            if not is_sample_line(raw) or not raw.endswith(b"\n"):
-                continue
-            try:
-                rec = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                rec, why = None, "not JSON"
-            else:
-                why = sample_problem(rec, prompts)
-            if why is None:
-                span = spans.get(rec["cell_id"])
-                if span and span[0] < lineno < span[1]:
-                    yield rec
-            elif any(s < lineno < e for s, e in spans.values()):
-                if warn is not None:
-                    warn(f"{SAMPLES}/{shown(path.name)} line {lineno + 1}: {why}; skipped")
+    scan = SampleScan(path, prompts, cells=set(spans))
+    for start, rec in scan:
+        if spans[rec["cell_id"]][0] == start:
+            yield rec
+    if warn is not None:
+        for line in scan.warnings():
+            warn(line)
+
+
+def _lines(path: Path, chunk: int = 1 << 24) -> Iterator[tuple[bytearray, int, int]]:
+    """Yield ``(buffer, start, end)`` per complete line of a file (``end`` is past its newline); none
+    for a missing file.
+
+    Lines are found with ``bytearray.find`` inside one reused buffer (grown for a longer line), so a
+    line that is not wanted is never copied. A last line without a newline (a torn write) is not
+    yielded. The buffer is only valid until the next line is requested.
+    """
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return
+    with f:
+        buf = bytearray(chunk)
+        filled = start = 0
+        while True:
+            if start:
+                buf[: filled - start] = buf[start:filled]  # keep the partial line, same size: no resize
+                filled -= start
+                start = 0
+            if filled == len(buf):
+                buf.extend(bytes(len(buf)))
+            with memoryview(buf) as view:
+                n = f.readinto(view[filled:])
+            if not n:
+                return
+            filled += n
+            find = buf.find
+            while True:
+                nl = find(b"\n", start, filled)
+                if nl < 0:
+                    break
+                yield buf, start, nl + 1
+                start = nl + 1
+
+
+def _json_string(body: bytes) -> str | None:
+    """A JSON string's body (as :data:`SAMPLE_HEAD` captures it) decoded; None when it is not one."""
+    try:
+        return json.loads(b'"' + body + b'"')
+    except ValueError:
+        return None
 
 
 class RunLock:

@@ -18,7 +18,7 @@ from typing import Any
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import Cell, EnginePlan, MatrixSpec, waves
 from cascade_repro.run import runstore
-from cascade_repro.run.manifest import Manifest, as_manifest
+from cascade_repro.run.manifest import Manifest
 from cascade_repro.twin import CASCADE as TWIN
 
 # Exit codes the runner understands.
@@ -33,17 +33,14 @@ def load_prompts(run_dir: Path) -> list[dict[str, Any]]:
     return runstore.read_prompts(run_dir)
 
 
-def build_engine(
-    run: Manifest | dict[str, Any], eplan: EnginePlan | dict[str, Any], run_dir: Path | None = None
-):
+def build_engine(m: Manifest, eplan: EnginePlan | dict[str, Any], run_dir: Path | None = None):
     """Construct the engine named by the run's spec for one engine plan (the registry in engines/).
 
-    ``run`` and ``eplan`` may come as their run.json form (converted here); ``run_dir`` defaults to
-    a ``run_dir`` key such a run carries.
+    ``eplan`` may come as its run.json form (converted here); ``run_dir`` defaults to a ``run_dir``
+    key the run carries.
     """
     from cascade_repro.engines import get as engine_info
 
-    m = as_manifest(run)
     ep = eplan if isinstance(eplan, EnginePlan) else EnginePlan.from_json(eplan)
     if run_dir is None and m.extra.get("run_dir"):
         run_dir = Path(m.extra["run_dir"])
