@@ -750,7 +750,7 @@ def _show(monkeypatch, *args: str) -> str:
     from cascade_repro.cli import prompts_cmd
     from cascade_repro.cli.app import app
 
-    monkeypatch.setattr(prompts_cmd, "_prefix_tokens", lambda system_prompt, prompts, model: 300)
+    monkeypatch.setattr(prompts_cmd, "_prefix_tokens", lambda system_prompt, prompts, model, keys=None: 300)
     res = CliRunner().invoke(app, ["prompts", *args], env={"COLUMNS": "400"})
     assert res.exit_code == 0, res.output
     return " ".join(res.output.split())
