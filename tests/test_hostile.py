@@ -426,10 +426,10 @@ class ContextCase:
 # fmt: off
 CONTEXT_CASES = [
     ContextCase("dry-run-long-prompt", lambda r: ["matrix", "--dry-run", "--prompts", str(_context_file(r))], 2,
-                f"error: prompt long: {{n}} tokens + {MatrixSpec().max_tokens} max tokens > {CONTEXT}"),
+                f"error: prompt long: {{n}} tokens + --max-tokens {MatrixSpec().max_tokens} > {CONTEXT}"),
     ContextCase("matrix-long-prompt", lambda r: ["matrix", "--prompts", str(_context_file(r)),
                                                  "--results-dir", str(r / "results")], 2,
-                f"error: prompt long: {{n}} tokens + {MatrixSpec().max_tokens} max tokens > {CONTEXT}"),
+                f"error: prompt long: {{n}} tokens + --max-tokens {MatrixSpec().max_tokens} > {CONTEXT}"),
     ContextCase("show-long-prompt", lambda r: ["prompts", "show", str(_context_file(r))], 2,
                 f"error: prompt long: {{n}} tokens leave no room to generate: {CONTEXT}"),
     ContextCase("dry-run-max-tokens", lambda r: ["matrix", "--dry-run", "--max-tokens", "100000"], 2,
@@ -490,10 +490,10 @@ def test_the_context_check_names_the_longest_prompt_over():
     check_context(rendered, keys, 100, 400, "context 400 of M")  # 300 + 100 fits exactly
     with pytest.raises(UsageError) as e:
         check_context(rendered, keys, 101, 400, "context 400 of M")
-    assert str(e.value) == "prompt b: 300 tokens + 101 max tokens > context 400 of M"
+    assert str(e.value) == "prompt b: 300 tokens + --max-tokens 101 > context 400 of M"
     with pytest.raises(UsageError) as e:
         check_context(rendered, keys, 200, 400, "context 400 of M")
-    assert str(e.value) == "prompt b: 300 tokens + 200 max tokens > context 400 of M (and 1 more)"
+    assert str(e.value) == "prompt b: 300 tokens + --max-tokens 200 > context 400 of M (and 1 more)"
     with pytest.raises(UsageError) as e:
         check_context(rendered, keys, 400, 400, "--max-model-len 400")
     assert str(e.value) == "--max-tokens 400 leaves no room for a prompt: --max-model-len 400"

@@ -109,6 +109,6 @@ def check_context(
     more = f" (and {len(over) - 1} more)" if len(over) > 1 else ""
     if max_tokens:
         raise UsageError(
-            f"prompt {keys[worst]}: {lengths[worst]:,} tokens + {max_tokens:,} max tokens > {of}{more}"
+            f"prompt {keys[worst]}: {lengths[worst]:,} tokens + --max-tokens {max_tokens:,} > {of}{more}"
         )
     raise UsageError(f"prompt {keys[worst]}: {lengths[worst]:,} tokens leave no room to generate: {of}{more}")
