@@ -561,6 +561,8 @@ FAULTY_CLI = """
 import importlib.metadata, os, signal, sys, time
 from cascade_repro.prompts import promptsets
 
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job's SIGINT starts ignored
+
 def fault(*args, **kwargs):
     what = os.environ["FAULT"]
     if what == "sigint":
