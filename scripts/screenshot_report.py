@@ -1,4 +1,4 @@
-"""Render the hostile-content run of tests/test_unsafe_content.py and screenshot its report.html.
+"""Render the hostile-content run of tests/report/test_unsafe_content.py and screenshot its report.html.
 
     python scripts/screenshot_report.py [OUT.png]     # default: docs/unsafe-content.png
 

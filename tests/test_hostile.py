@@ -753,7 +753,7 @@ def test_resume_reruns_the_cell_of_a_damaged_sample_line(
     assert runstore.read_progress(path, runstore.prompt_ids(run)).done == set(cells.index)
 
 
-# Control records with a wrong type (found by tests/atheris_rundir.py: a wave's ``wall_s`` as text
+# Control records with a wrong type (found by tests/fuzz/atheris_rundir.py: a wave's ``wall_s`` as text
 # crashed scoring, exit 70): a lost record, as a damaged sample line is. (field, bad JSON, the line)
 CONTROL_DAMAGE = [
     ("wall_s", '"x"', "wave record: 'wall_s' is text, not a number"),

@@ -98,3 +98,19 @@ def test_the_report_never_calls_the_scorer():
                 if mod not in READS_FOR_THE_REPORT:
                     wrong.append((mod, node.module))
     assert wrong == []
+
+
+# Tests mirror the package: tests/<room>/ holds the tests of cascade_repro/<room>/. The few at the top
+# cover a top-level module (doctor, explain, sweep, twin) or the whole tool (end to end, docs, layout,
+# packaging, hostile input); fuzz/ and benchmarks/ hold the fuzz targets and the benchmarks' tests.
+TESTS = Path(__file__).resolve().parent
+TOP_LEVEL_TESTS = {"test_docs", "test_doctor", "test_e2e", "test_explain", "test_hostile", "test_import_graph",
+                   "test_layout", "test_packaging", "test_sweep", "test_synth", "test_twin"}  # fmt: skip
+BESIDE_PACKAGE = {"fuzz", "benchmarks"}
+
+
+def test_tests_mirror_the_package():
+    rooms = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    folders = {p.parent.relative_to(TESTS).parts[0] for p in TESTS.rglob("test_*.py") if p.parent != TESTS}
+    assert folders - rooms - BESIDE_PACKAGE - {"support"} == set()
+    assert {p.stem for p in TESTS.glob("test_*.py")} <= TOP_LEVEL_TESTS

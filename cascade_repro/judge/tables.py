@@ -3,7 +3,7 @@
 ``PAIR_COLUMNS`` is the whole pairs table, in order: compare builds it with exactly these columns.
 ``CELL_COLUMNS`` and ``COMPARISON_COLUMNS`` are what every reader may rely on in the other two;
 compare's rows carry them (plus a few kept for the record, e.g. ``dtype_effective``), and
-``tests/test_tables.py`` checks that. Older run directories lack some columns; report/load adds
+``tests/judge/test_tables.py`` checks that. Older run directories lack some columns; report/load adds
 them as empty.
 """
 

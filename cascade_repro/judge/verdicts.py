@@ -188,7 +188,7 @@ def drift_ratio_stats(
     ratio = float(_floored_ratio(t, c, floor))
     rng = np.random.default_rng(th.seed)
     # Resamples are drawn in blocks of about a million values: 2,000 resamples of 10,000 prompts
-    # at once held ~0.5 GB of index and value matrices (tests/test_scale.py).
+    # at once held ~0.5 GB of index and value matrices (tests/run/test_scale.py).
     block = max(1, 1_000_000 // n)
     if n > 1:
         boots = np.concatenate(

@@ -420,7 +420,7 @@ def _parquet_rows(file: Path | Traversable, display: str) -> Iterator[tuple[_Whe
             batches = parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=columns)
         except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
             # UnicodeDecodeError: pyarrow decodes a footer's column paths as UTF-8 (a damaged or
-            # hostile file; found by tests/atheris_inputs.py).
+            # hostile file; found by tests/fuzz/atheris_inputs.py).
             raise UsageError(f"{display}: not a readable parquet file: {_one_line(exc)}") from None
         if cols.prompt not in names:
             raise UsageError(

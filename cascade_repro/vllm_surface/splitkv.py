@@ -21,7 +21,7 @@ Cascade must also be chosen for that decode step (vLLM's cost model, ``cascade_r
 bug bites in a band: enough requests for cascade's decode heuristic, few enough that FA2 still
 splits (``requests x KV heads < 0.8 x 2 x SMs``), and a suffix long enough for more than one KV
 block per split. Ported from the fork at ee4d25bd (the commit vLLM 0.10.2 and 0.11.0 pin);
-``tests/test_splitkv.py`` holds hand-worked cases.
+``tests/vllm_surface/test_splitkv.py`` holds hand-worked cases.
 """
 
 from __future__ import annotations

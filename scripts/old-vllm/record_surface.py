@@ -4,7 +4,7 @@ Usage: python3 record_surface.py VLLM_PACKAGE_DIR OUT_JSON
   (VLLM_PACKAGE_DIR: the ``vllm/`` folder of an unpacked wheel, e.g. ``unzip vllm-0.10.2-*.whl 'vllm/*'``)
 
 Reads the files with ``ast`` and imports nothing, so it runs on any machine. The JSON goes to
-``tests/data/vllm-surface-<version>.json``; ``tests/test_vllm_surface.py`` checks
+``tests/data/vllm-surface-<version>.json``; ``tests/vllm_surface/test_vllm_surface.py`` checks
 ``cascade_repro.vllm_surface``, the probe and ``explain``'s port of the cascade rule against it.
 """
 

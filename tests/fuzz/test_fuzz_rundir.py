@@ -1,4 +1,4 @@
-"""The run-directory fuzz target (tests/atheris_rundir.py) over a fixed number of inputs.
+"""The run-directory fuzz target (tests/fuzz/atheris_rundir.py) over a fixed number of inputs.
 
 The seeds alone are the table of hand-made cases; the fuzzer mutates from them.
 

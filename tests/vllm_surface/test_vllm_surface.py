@@ -16,7 +16,7 @@ import pytest
 from cascade_repro import vllm_surface
 from cascade_repro.vllm_surface import cascade_rule, probe
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 RECORDED = sorted(DATA.glob("vllm-surface-*.json"))
 
 

@@ -27,7 +27,7 @@ from cascade_repro.engines.vllm import (
 
 def _fake_logprobs():
     """The fake vLLM's ``vllm.logprobs`` (vLLM 0.26.0's Logprob and FlatLogprobs), loaded by path."""
-    path = Path(__file__).parent / "fake_vllm" / "vllm" / "logprobs.py"
+    path = Path(__file__).parents[1] / "fake_vllm" / "vllm" / "logprobs.py"
     spec = importlib.util.spec_from_file_location("fake_vllm_logprobs", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # its dataclasses look their module up there

@@ -14,7 +14,7 @@ from cascade_repro.errors import UsageError
 from cascade_repro.judge import outcome
 from cascade_repro.run.manifest import Manifest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "cascade_repro"
+PACKAGE = Path(__file__).resolve().parents[2] / "cascade_repro"
 # Names only a verdict or a pair kind spells ("error" and "regression" are also a cell status,
 # a --fail-on value and JUnit's failure types).
 OWN_NAMES = {"not exercised", "inconclusive", "within noise", "identical", "noise-batch", "noise-restart",

@@ -7,7 +7,7 @@ or row, and the field. Matrix TOML files and CLI values are fuzzed through the r
 exit 0 for input that happens to be valid), never a traceback, and nothing in the results dir:
 failing prompt files are also fed to a real (non-dry) run, which must refuse them before it
 writes anything. Regression tests for the bugs this fuzzing found sit at the end, and an atheris
-harness (tests/atheris_inputs.py) runs for a few thousand inputs when atheris is installed.
+harness (tests/fuzz/atheris_inputs.py) runs for a few thousand inputs when atheris is installed.
 """
 
 from __future__ import annotations

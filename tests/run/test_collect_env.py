@@ -25,7 +25,7 @@ def test_report_md_and_issue_md_carry_it_collapsed(tmp_path):
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).parents[1]))
     tr = importlib.import_module("test_report")
     from cascade_repro.minimize.render import _collect_env_block
     from cascade_repro.report.load import load_run

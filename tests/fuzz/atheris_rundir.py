@@ -8,11 +8,11 @@ a refusal: exit 2 with one line on stderr. Exit 70 (the internal-error path: an 
 did not expect), a traceback, or a refusal of several lines is a crash: libFuzzer prints it, saves
 the input as ``crash-*`` and exits non-zero.
 
-Not a pytest module (no ``test_`` prefix): ``tests/test_fuzz_rundir.py`` runs it in a subprocess
+Not a pytest module (no ``test_`` prefix): ``tests/fuzz/test_fuzz_rundir.py`` runs it in a subprocess
 for a fixed number of inputs (``-runs=N``, not a time limit, so CI sees the same inputs each run).
 By hand::
 
-    python tests/atheris_rundir.py -runs=20000 CORPUS_DIR
+    python tests/fuzz/atheris_rundir.py -runs=20000 CORPUS_DIR
 
 Input layout: byte 0 picks the file, byte 1 how it is damaged (replaced, spliced in at an offset,
 cut at an offset, or every ``OLD`` replaced by ``NEW`` where the rest reads ``OLD\0NEW``: with OLD

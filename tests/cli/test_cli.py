@@ -736,7 +736,7 @@ def test_the_known_config_keys_are_the_readmes_names():
 
     from cascade_repro.plan.matrix import TOML_KEYS
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     toml_blocks = re.findall(r"```toml\n(.*?)```", readme, re.S)
     assert toml_blocks
     for block in toml_blocks:

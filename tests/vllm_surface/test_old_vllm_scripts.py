@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parents[1] / "scripts" / "old-vllm"
+HERE = Path(__file__).resolve().parents[2] / "scripts" / "old-vllm"
 
 
 def _pins() -> dict[str, str]:

@@ -229,7 +229,7 @@ def test_make_setup_is_skipped_when_its_stamp_is_newer_than_what_it_reads():
     import subprocess
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     stamp = root / ".venv" / ".setup-stamp"
     if shutil.which("make") is None or not stamp.exists():
         pytest.skip("make, or a .venv made by `make setup`, is not here")

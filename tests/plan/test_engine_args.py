@@ -12,7 +12,7 @@ from cascade_repro.errors import UsageError
 from cascade_repro.plan import engine_args as ea
 from cascade_repro.plan.matrix import MatrixSpec
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 no_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="checks the recorded list")
 
 

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from cascade_repro.cli import app
 
-EVIDENCE = Path(__file__).resolve().parents[1] / "docs" / "evidence"
+EVIDENCE = Path(__file__).resolve().parents[2] / "docs" / "evidence"
 SCORED = ("run.json", "pairs.parquet", "cells.parquet", "summary.json")
 
 

@@ -20,7 +20,7 @@ from cascade_repro.minimize.render import render_repro
 from cascade_repro.minimize.search import Case, Oracle, search
 from cascade_repro.plan.models import embedded_available
 
-STANDALONE = Path(__file__).parents[1] / "cascade_repro" / "minimize" / "standalone.py"
+STANDALONE = Path(__file__).parents[2] / "cascade_repro" / "minimize" / "standalone.py"
 
 
 # --------------------------------------------------------------------------- ddmin

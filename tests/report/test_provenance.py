@@ -58,7 +58,7 @@ def test_the_report_lists_invocations_and_the_headline_says_mixed(tmp_path):
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).parents[1]))
     tr = importlib.import_module("test_report")
     run = {**tr.RUN, "mixed_stack": ["vllm"], "invocations": [
         {"started_at": "2026-12-01T10:00:00+0000", "command": "cascade-repro matrix --engine vllm", "env": ENV1,

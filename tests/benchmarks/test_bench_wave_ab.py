@@ -16,7 +16,7 @@ import pytest
 
 from cascade_repro.plan.models import embedded_available
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_wave_ab.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_wave_ab.py"
 
 
 @pytest.fixture()

@@ -1,9 +1,9 @@
 """Coverage-guided fuzzing (atheris) of the prompt loaders and the matrix TOML loader.
 
-Not a pytest module (no ``test_`` prefix): ``tests/test_fuzz_inputs.py`` runs it in a subprocess,
+Not a pytest module (no ``test_`` prefix): ``tests/fuzz/test_fuzz_inputs.py`` runs it in a subprocess,
 because libFuzzer ends the process when it is done. By hand::
 
-    python tests/atheris_inputs.py -runs=100000            # or -max_total_time=600
+    python tests/fuzz/atheris_inputs.py -runs=100000            # or -max_total_time=600
 
 The first input byte picks the format (.jsonl, .csv, .parquet, .toml); the rest is the file.
 Every input must load, or raise ``UsageError`` with one line that names the file. Any other
