@@ -651,7 +651,8 @@ def test_html_is_escaped_self_contained_and_plotted(run_dir: Path) -> None:
     page = HtmlFormatter().render(data)
     assert "<script" not in page.lower()
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
-    assert page.count("<svg") == 3  # forest plot, first divergence, seq-rep-4
+    # divergence counts, top-k counts, forest plot, first divergence, seq-rep-4
+    assert page.count("<svg") == 5
     assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
     assert "https://" not in page and "@import" not in page
     assert "white-space:pre-wrap" in page and "overflow-wrap:anywhere" in page
