@@ -614,7 +614,12 @@ def _golden(name: str, text: str) -> None:
 
 @pytest.mark.parametrize(
     ("formatter", "golden"),
-    [(MarkdownFormatter(), "report.md"), (JsonFormatter(), "summary.json"), (JunitFormatter(), "junit.xml")],
+    [
+        (MarkdownFormatter(), "report.md"),
+        (HtmlFormatter(), "report.html"),
+        (JsonFormatter(), "summary.json"),
+        (JunitFormatter(), "junit.xml"),
+    ],
 )
 def test_golden(run_dir: Path, formatter: ReportFormatter, golden: str) -> None:
     _golden(golden, formatter.render(load_run(run_dir)))

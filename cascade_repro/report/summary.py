@@ -92,11 +92,16 @@ def _below(p, bar: float) -> str:
     return f"p={float(p):.2g} {'<' if float(p) < bar else '≥'} {bar:g}"
 
 
-def _above(v, bar) -> str:
-    """`1.18 < 2.00` or `2.9 > 2.00`: a ratio against its threshold."""
+def _than(v, bar) -> str:
+    """`> 2.00` or `≤ 2.00`: where a ratio stands against its threshold (`vs` where either is missing)."""
     if is_missing(v) or is_missing(bar):
-        return f"{fmt_x(v)} vs {fmt_x(bar)}"
-    return f"{fmt_x(v)} {'>' if float(v) > float(bar) else '≤'} {fmt_x(bar)}"
+        return f"vs {fmt_x(bar)}"
+    return f"{'>' if float(v) > float(bar) else '≤'} {fmt_x(bar)}"
+
+
+def _above(v, bar) -> str:
+    """`1.18 ≤ 2.00` or `2.90 > 2.00`: a ratio against its threshold."""
+    return f"{fmt_x(v)} {_than(v, bar)}"
 
 
 def _alpha(th: dict) -> float:
@@ -120,7 +125,7 @@ def _evidence(r: dict, kind: str, th: dict) -> str:
         )
     if kind == "drift":
         ci = fmt_x_ci(r.get("drift_ratio"), r.get("drift_ratio_lo"), r.get("drift_ratio_hi"))
-        return f"drift ratio {ci}, {_above(r.get('drift_ratio'), r.get('drift_threshold'))}"
+        return f"drift ratio {ci} {_than(r.get('drift_ratio'), r.get('drift_threshold'))}"
     if kind == "bias":
         return (
             f"bias {text_of(as_int(r.get('bias_up')))}↑ {text_of(as_int(r.get('bias_down')))}↓, "
