@@ -68,7 +68,8 @@ def series_styles(names: list[str]) -> dict[str, tuple[str, bool]]:
     }
 
 
-REFERENCE_ROLES = ("control", TWIN.ref)
+CONTROL = "control"  # the legend's name for a noise-control series
+REFERENCE_ROLES = (CONTROL, TWIN.ref)
 
 
 def whisker_plot(title: str, xlabel: str, ylabel: str, series: dict[str, Series]) -> str:
@@ -182,7 +183,7 @@ def first_divergence_series(data: RunData) -> dict[str, Series]:
             or (not is_missing(r["exact"]) and bool(r["exact"]))
         ):
             continue
-        role = "cascade" if p.get("kind") == TWIN.pair_kind else "control"
+        role = TWIN.pair_kind if p.get("kind") == TWIN.pair_kind else CONTROL
         _add(out.setdefault(_series_name(role, config_label(p, axes)), {}), p.get("batch"), r["first_div"])
     return dict(sorted(out.items(), key=lambda kv: _series_order(kv[0])))
 
@@ -190,7 +191,7 @@ def first_divergence_series(data: RunData) -> dict[str, Series]:
 def _series_order(name: str) -> tuple:
     # cascade series of a configuration next to its control, configurations in label order
     role, _, config = name.partition(" ")
-    return (config, role != "cascade")
+    return (config, role in REFERENCE_ROLES)
 
 
 def first_divergence_plot(data: RunData) -> str:
@@ -255,7 +256,7 @@ def counts_series(data: RunData, column: str, control_column: str, per_n: bool) 
     out: dict[str, Series] = {}
     for r in view.cascade_pairs(data):
         config = config_label(r, axes)
-        for role, col, n_col in (("cascade", column, "n"), ("control", control_column, "noise_n")):
+        for role, col, n_col in ((TWIN.pair_kind, column, "n"), (CONTROL, control_column, "noise_n")):
             k, n = r.get(col), as_int(r.get(n_col))
             if is_missing(k) or (per_n and not n):
                 continue
