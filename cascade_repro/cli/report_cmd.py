@@ -36,6 +36,14 @@ def report(
             "(finished cells whose samples are gone, IFEval scores without prompts.jsonl).",
         ),
     ] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Rewrite report.md and report.html even where samples/ is gone and they would lose the "
+            "divergent prompts' texts and top-k tables.",
+        ),
+    ] = False,
 ) -> None:
     """Re-render report.md, report.html, summary.json and junit.xml from a run directory.
 
@@ -46,9 +54,16 @@ def report(
         from cascade_repro.run.runner import rerender
 
         done = rerender(
-            run_dir, fail_on, rescore_first=rescore, allow_loss=allow_loss, command=command_line()
+            run_dir,
+            fail_on,
+            rescore_first=rescore,
+            allow_loss=allow_loss,
+            command=command_line(),
+            force=force,
         )
     console = err_console()
+    if done.note:
+        console.print(f"note: {done.note}", highlight=False, markup=False)
     for p in done.paths.values():
         console.print(f"wrote {p}", highlight=False, markup=False)  # a path: "[x]" is no style tag
     print_outcome(console, done.outcome.headline, done.outcome.exit_code, done.outcome.reason)

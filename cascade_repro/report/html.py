@@ -11,6 +11,7 @@ from cascade_repro.report import (
     prose,
     reproduce,
     speed_table,
+    summary,
     svg,
     tables,
     verdict_table,
@@ -24,16 +25,18 @@ from cascade_repro.run import runstore
 from cascade_repro.twin import CASCADE as TWIN
 
 CSS = """
-.multiples { display: flex; flex-wrap: wrap; gap: 8px; }
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#1f2328;background:#fff}
 main{max-width:1280px;margin:0 auto;padding:16px 24px}
-h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #d0d7de}
+h1{font-size:22px;margin:8px 0;overflow-wrap:anywhere}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #d0d7de}
 table{border-collapse:collapse;margin:8px 0 16px;font-size:13px}
 th,td{border:1px solid #d0d7de;padding:3px 8px;text-align:left;vertical-align:top;white-space:nowrap}
 th{background:#f6f8fa;white-space:normal}
 td.t{white-space:normal;overflow-wrap:anywhere;min-width:36em}
+table.summary{width:100%}
+table.summary td.t{min-width:12em;width:100%}
 .scroll{overflow-x:auto;max-width:100%}
 h1.ok{color:#1a7f37}h1.bad{color:#d1242f}h1.warn{color:#9a6700}
+p.stack{margin:4px 0 8px;color:#59636e}p.stack code{color:#1f2328}
 pre,code{font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
 pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f6f8fa;padding:8px;border-radius:6px}
 .warn li{color:#9a6700}.cap{color:#59636e;font-size:12px;margin-top:0}.nodata{color:#59636e;font-style:italic}
@@ -41,13 +44,17 @@ strong.v{color:#d1242f}
 .sbs{display:grid;grid-template-columns:1fr 1fr;gap:12px}
 .sbs>div{min-width:0}
 summary{cursor:pointer;font-weight:600}
+details.section>summary h2{display:inline-block;margin:16px 0 4px;border:0}
+details.section{border-bottom:1px solid #d0d7de}
+.figs{display:flex;flex-wrap:wrap;gap:8px 24px}.fig{max-width:640px;min-width:0}
+.multiples{display:flex;flex-wrap:wrap;gap:8px}
 svg.plot{max-width:100%;height:auto}
 """.strip()
 # No script may run from this file even if escaping were ever missed.
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 
 
-def html_table(table: view.Table, empty: str) -> str:
+def html_table(table: view.Table, empty: str, css: str = "") -> str:
     """Render a table in a horizontally scrollable box, or a note when it has no rows.
 
     Numbers, ids and verdicts never break (a verdict split as "regre/ssion" was unreadable); only the
@@ -66,7 +73,8 @@ def html_table(table: view.Table, empty: str) -> str:
         "<tr>" + "".join(f"{o}{cell(v)}</td>" for o, v in zip(opens, row, strict=False)) + "</tr>"
         for row in table.rows
     )
-    return f'<div class="scroll"><table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody>\n</table></div>'
+    cls = f' class="{css}"' if css else ""
+    return f'<div class="scroll"><table{cls}>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody>\n</table></div>'
 
 
 def _detection_power(data: RunData) -> list[str]:
@@ -100,8 +108,54 @@ def _code(s: str) -> str:
     return f"<code>{escape(one_line(s))}</code>"
 
 
+def _section(title: str, body: list[str], open_: bool = False) -> list[str]:
+    """A collapsed section: its heading is the summary line, its body shown on a click."""
+    return [
+        f'<details class="section"{" open" if open_ else ""}>',
+        f"<summary><h2>{escape(title)}</h2></summary>",
+        *body,
+        "</details>",
+    ]
+
+
+def _stack_line(data: RunData) -> str:
+    facts = summary.stack_facts(data)
+    return '<p class="stack">' + " · ".join(f"{escape(k)} {_code(v)}" for k, v in facts) + "</p>"
+
+
+def _figure(plot: str, caption: str) -> list[str]:
+    if not plot:
+        return []
+    return [
+        '<div class="fig">',
+        plot,
+        *([f'<p class="cap">{escape(caption)}</p>'] if caption else []),
+        "</div>",
+    ]
+
+
+def _plots(data: RunData) -> list[str]:
+    """The evidence the verdicts test, as plots: counts against their controls first (what decides
+    most regressions), then the drift ratios, the error against the reference where the run has
+    one, and where outputs split."""
+    out = [
+        *_figure(svg.divergence_plot(data), svg.counts_caption(data)),
+        *_figure(svg.topk_plot(data), svg.counts_caption(data)),
+        *_figure(svg.forest_plot(data), svg.forest_caption(data)),
+    ]
+    if ref.has_reference(data):
+        out += _figure(ref.by_step_plots(data), ref.BY_STEP_NOTE)
+    out += [
+        *_figure(svg.first_divergence_plot(data), svg.first_divergence_caption(data)),
+        *_figure(svg.seq_rep_plot(data), svg.seq_rep_caption(data)),
+    ]
+    return ['<div class="figs">', *out, "</div>"]
+
+
 class HtmlFormatter(ReportFormatter):
-    """Render report.html."""
+    """Render report.html: the headline, the stack in one line and a verdict per pair with the
+    number that decided it fit one screen without scrolling sideways; the plots of that evidence
+    follow, and every wide table and long block sits collapsed below."""
 
     name = "html"
     filename = runstore.REPORT_HTML
@@ -121,57 +175,55 @@ class HtmlFormatter(ReportFormatter):
             "</head>",
             "<body><main>",
             f'<h1 class="{headline.headline_tone(data)}">{title}</h1>',
-            f"<p>{prose.intro(data, _code)}</p>",
+            _stack_line(data),
         ]
         if warns := prose.warnings(data):
-            out += [
-                "<h2>Warnings</h2>",
-                '<ul class="warn">',
-                *(f"<li>{escape(w)}</li>" for w in warns),
-                "</ul>",
-            ]
-        out += ["<h2>Verdicts</h2>", html_table(verdict_table.verdict_table(data), "no cascade pairs")]
+            out += ['<ul class="warn">', *(f"<li>{escape(w)}</li>" for w in warns), "</ul>"]
+        out += [
+            '<div class="summary">',
+            "<h2>Verdicts</h2>",
+            html_table(summary.summary_table(data), "no cascade pairs", css="summary"),
+            "</div>",
+            "<h2>Evidence</h2>",
+            *_plots(data),
+        ]
+        evidence = [html_table(verdict_table.verdict_table(data), "no cascade pairs")]
         for note in (prose.drift_note(data), prose.if_note(data)):
             if note:
-                out.append(f'<p class="cap">{escape(note)}</p>')
-        out += ["<h2>Against the reference</h2>", f"<p>{escape(ref.rule_note(data))}</p>"]
+                evidence.append(f'<p class="cap">{escape(note)}</p>')
+        out += _section("Per-pair evidence", evidence)
+        reference = [f"<p>{escape(ref.rule_note(data))}</p>"]
         if ref.has_reference(data):
-            out += [
+            reference += [
                 html_table(ref.reference_table(data), "no pair scored"),
                 f'<p class="cap">{escape(ref.REFERENCE_NOTE)}</p>',
-                ref.by_step_plots(data),
-                f'<p class="cap">{escape(ref.BY_STEP_NOTE)}</p>',
             ]
+        out += _section("Against the reference", reference)
         if speed_table.has_speed(data):
-            out += ["<h2>Decode speed</h2>", html_table(speed_table.speed_table(data), "no timed pairs")]
-            out.append(f'<p class="cap">{escape(speed_table.SPEED_NOTE)}</p>')
-        out += ["<h2>Detection power</h2>", *_detection_power(data)]
-        out += [
-            "<h2>Plots</h2>",
-            svg.forest_plot(data),
-            '<p class="cap">Dot = drift ratio, bar = its bootstrap 95% CI, red tick = the row\'s drift threshold, '
-            "grey line = ratio 1 (cascade as noisy as the control), dashed red line = drift_min. Grey italic rows "
-            "are calibration pairs (an LSE shift injected on purpose): they show what a real error looks like.</p>",
-            svg.first_divergence_plot(data),
-            '<p class="cap">Non-identical prompts only: dot = median, whiskers = min–max, small dots = '
-            "each prompt. Cascade divergence far earlier than the noise controls points at cascade attention.</p>",
-            svg.seq_rep_plot(data),
-            '<p class="cap">One small dot per finished cell; a cascade arm above its flat arm means more '
-            "repeated 4-grams.</p>",
-        ]
-        out += ["<h2>Noise floor</h2>", html_table(tables.noise_table(data), "no control pairs")]
-        out += ["<h2>Cells</h2>", html_table(tables.cell_table(data), "no cells")]
+            out += _section(
+                "Decode speed",
+                [
+                    html_table(speed_table.speed_table(data), "no timed pairs"),
+                    f'<p class="cap">{escape(speed_table.SPEED_NOTE)}</p>',
+                ],
+            )
+        out += _section("Detection power", _detection_power(data))
+        out += _section("Noise floor", [html_table(tables.noise_table(data), "no control pairs")])
+        out += _section("Cells", [html_table(tables.cell_table(data), "no cells")])
         if data.examples:
-            out += ["<h2>Most divergent prompts</h2>", *(_example(ex) for ex in data.examples)]
+            note = [f'<p class="nodata">{escape(data.samples_missing)}</p>'] if data.samples_missing else []
+            out += _section("Most divergent prompts", [*note, *(_example(ex) for ex in data.examples)])
         if (inv := tables.invocations_table(data)) is not None:
-            out += ["<h2>Invocations</h2>", html_table(inv, "one invocation")]
+            out += _section("Invocations", [html_table(inv, "one invocation")])
         env = "\n".join(f"{k}: {v}" for k, v in environment.env_lines(data))
-        out += ["<h2>Environment</h2>", f"<pre>{escape(env)}</pre>", "<h2>Reproduce</h2>"]
+        out += _section("Environment", [f"<pre>{escape(env)}</pre>"])
+        out += _section("About this report", [f"<p>{prose.intro(data, _code)}</p>"])
         lines = reproduce.reproduce_lines(data)
-        out.append(
+        out += [
+            "<h2>Reproduce</h2>",
             f"<pre><code>{escape(chr(10).join(lines))}</code></pre>"
             if lines
-            else '<p class="nodata">command not recorded in run.json</p>'
-        )
+            else '<p class="nodata">command not recorded in run.json</p>',
+        ]
         out += ["</main></body>", "</html>"]
         return "\n".join(out) + "\n"

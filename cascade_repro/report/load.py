@@ -56,6 +56,9 @@ class RunData:
     # The prompts no IFEval verifier can score, read when the run is loaded: the report names them
     # without calling the scorer.
     unscorable: Unscorable = field(default_factory=Unscorable)
+    # Why the examples have no texts or top-k tables ("" when they have them, or there are none):
+    # a run copied without samples/ (committed evidence, a CI artifact) still renders, and says so.
+    samples_missing: str = ""
     _rows: dict[str, list[dict]] | None = field(default=None, init=False, repr=False, compare=False)
 
     def rows(self, table: str) -> list[dict]:
@@ -110,7 +113,25 @@ def load_run(
         pairs["kind"] = ["noise" if v == "control" else TWIN.pair_kind for v in pairs["verdict"]]
     examples = pick_examples(pairs, comparisons, n_examples)
     _attach_samples(run_dir, examples, samples)
-    return RunData(run_dir, manifest, cells, pairs, comparisons, examples, unscorable_prompts(run_dir))
+    missing = ""
+    if samples is None and examples and not runstore.samples_files(run_dir):
+        missing = NO_SAMPLES
+    return RunData(
+        run_dir,
+        manifest,
+        cells,
+        pairs,
+        comparisons,
+        examples,
+        unscorable_prompts(run_dir),
+        samples_missing=missing,
+    )
+
+
+NO_SAMPLES = (
+    f"no {runstore.SAMPLES}/ in this run directory: the divergent prompts' texts and the top-k tables at "
+    "their first divergence cannot be shown"
+)
 
 
 def unscorable_prompts(run_dir: Path) -> Unscorable:

@@ -58,8 +58,25 @@ def y_range(values: list[float]) -> tuple[float, float, float]:
     return bottom, top, step
 
 
+def series_styles(names: list[str]) -> dict[str, tuple[str, bool]]:
+    """Colour and hollowness per series named `role config`: one colour per configuration, the
+    reference side (the control, the flat arm) hollow beside its configuration's solid test side."""
+    configs = list(dict.fromkeys(n.partition(" ")[2] for n in names))
+    return {
+        n: (COLORS[configs.index(n.partition(" ")[2]) % len(COLORS)], n.partition(" ")[0] in REFERENCE_ROLES)
+        for n in names
+    }
+
+
+CONTROL = "control"  # the legend's name for a noise-control series
+REFERENCE_ROLES = (CONTROL, TWIN.ref)
+
+
 def whisker_plot(title: str, xlabel: str, ylabel: str, series: dict[str, Series]) -> str:
-    """Draw median dots with min–max whiskers per x and series, plus every value as a faint dot."""
+    """Draw median dots with min–max whiskers per x and series, plus every value as a faint dot.
+
+    Series are named `role config` (``series_styles``): a configuration keeps one colour, its
+    reference side drawn hollow."""
     series = {k: v for k, v in series.items() if any(v.values())}
     if not series:
         return f'<p class="nodata">{escape(title)}: no data</p>'
@@ -94,8 +111,10 @@ def whisker_plot(title: str, xlabel: str, ylabel: str, series: dict[str, Series]
         f'<text transform="translate(16 {TOP + ph / 2:.1f}) rotate(-90)" text-anchor="middle">'
         f"{escape(ylabel)}</text>"
     )
+    styles = series_styles(list(series))
     for j, (name, s) in enumerate(series.items()):
-        color = COLORS[j % len(COLORS)]
+        color, hollow = styles[name]
+        fill = f'fill="#fff" stroke="{color}" stroke-width="2"' if hollow else f'fill="{color}"'
         offset = (j - (len(series) - 1) / 2) * spread
         for i, x in enumerate(xs):
             vals = sorted(s.get(x) or [])
@@ -118,9 +137,9 @@ def whisker_plot(title: str, xlabel: str, ylabel: str, series: dict[str, Series]
                 f'<circle cx="{cx}" cy="{_num(y(v))}" r="2" fill="{color}" fill-opacity="0.45"/>'
                 for v in vals
             )
-            out.append(f'<circle cx="{cx}" cy="{_num(y(med))}" r="5" fill="{color}"/></g>')
+            out.append(f'<circle cx="{cx}" cy="{_num(y(med))}" r="5" {fill}/></g>')
         ly = TOP + 10 + 20 * j
-        out.append(f'<circle cx="{LEFT + pw + 20}" cy="{ly}" r="5" fill="{color}"/>')
+        out.append(f'<circle cx="{LEFT + pw + 20}" cy="{ly}" r="5" {fill}/>')
         out.append(f'<text x="{LEFT + pw + 32}" y="{ly + 4}">{escape(name)}</text>')
     out.append("</svg>")
     return "\n".join(out)
@@ -132,36 +151,149 @@ def _add(s: Series, x, v) -> None:
         s.setdefault(xi, []).append(float(v))
 
 
-def first_divergence_plot(data: RunData) -> str:
-    """Plot first-divergence positions of non-identical prompts by batch, cascade pairs vs controls."""
-    kinds = {r["pair_id"]: r for r in data.rows("pairs")}
-    cascade: Series = {}
-    noise: Series = {}
+AXIS_NAMES = {"fa_version": "FA", "backend": "", "dtype": "", "seed": "seed "}
+
+
+def config_label(r: dict, axes: list[str]) -> str:
+    """A configuration's name in a legend: the values of the axes that vary, e.g. `FA2` or
+    `FA3 FLASHINFER`; empty when the run has one configuration."""
+    return " ".join(f"{AXIS_NAMES.get(a, a + ' ')}{text_of(r.get(a))}" for a in axes)
+
+
+def _series_name(role: str, config: str) -> str:
+    return f"{role} {config}" if config else role
+
+
+def _plotted_axes(data: RunData) -> list[str]:
+    """The axes besides tp and batch along which the pairs differ: one series per value."""
+    return view.varying_axes([r for r in data.rows("pairs") if r.get("kind") != outcome.CALIBRATION])
+
+
+def first_divergence_series(data: RunData) -> dict[str, Series]:
+    """First-divergence positions of non-identical prompts by batch: one series per configuration of
+    cascade pairs, one per configuration of noise controls (calibration pairs are neither)."""
+    axes = _plotted_axes(data)
+    pairs = {r["pair_id"]: r for r in data.rows("pairs")}
+    out: dict[str, Series] = {}
     for r in data.rows("comparisons"):
-        p = kinds.get(r["pair_id"])
-        # Calibration pairs carry an injected error: they are neither cascade evidence nor noise.
+        p = pairs.get(r["pair_id"])
         if (
             p is None
             or p.get("kind") == outcome.CALIBRATION
             or (not is_missing(r["exact"]) and bool(r["exact"]))
         ):
             continue
-        _add(cascade if p.get("kind") == TWIN.pair_kind else noise, p.get("batch"), r["first_div"])
+        role = TWIN.pair_kind if p.get("kind") == TWIN.pair_kind else CONTROL
+        _add(out.setdefault(_series_name(role, config_label(p, axes)), {}), p.get("batch"), r["first_div"])
+    return dict(sorted(out.items(), key=lambda kv: _series_order(kv[0])))
+
+
+def _series_order(name: str) -> tuple:
+    # cascade series of a configuration next to its control, configurations in label order
+    role, _, config = name.partition(" ")
+    return (config, role in REFERENCE_ROLES)
+
+
+def first_divergence_plot(data: RunData) -> str:
+    """Plot first-divergence positions of non-identical prompts by batch, per configuration."""
     return whisker_plot(
-        "First divergence by batch size",
-        "batch size",
-        "first divergent token",
-        {"cascade pairs": cascade, "noise controls": noise},
+        "First divergence by batch size", "batch size", "first divergent token", first_divergence_series(data)
     )
 
 
-def seq_rep_plot(data: RunData) -> str:
-    """Plot seq-rep-4 of finished cells by batch, cascade arm vs flat arm."""
-    arms: dict[str, Series] = {f"{arm} arm": {} for arm in TWIN.arms}
+def first_divergence_caption(data: RunData) -> str:
+    """What the first-divergence plot shows, from the series it draws."""
+    series = first_divergence_series(data)
+    if not any(any(s.values()) for s in series.values()):
+        return ""
+    n = {name: sum(len(v) for v in s.values()) for name, s in series.items()}
+    counts = ", ".join(f"{name} {k}" for name, k in n.items() if k)
+    return (
+        f"Prompts that diverged ({counts}): dot = median first divergent token, whiskers = min–max, small "
+        "dots = each prompt. A cascade series diverging far earlier than its configuration's control points "
+        "at cascade attention."
+    )
+
+
+def seq_rep_series(data: RunData) -> dict[str, Series]:
+    """seq-rep-4 of finished cells by batch: one series per arm and configuration."""
+    axes = _plotted_axes(data)
+    out: dict[str, Series] = {}
     for r in view.cells(data):
-        if r.get("status") == "done" and f"{r.get('arm')} arm" in arms:
-            _add(arms[f"{r['arm']} arm"], r.get("batch"), r.get("seq_rep_4"))
-    return whisker_plot("seq-rep-4 by batch size", "batch size", "seq-rep-4 (mean per cell)", arms)
+        if (
+            r.get("status") != "done"
+            or r.get("arm") not in TWIN.arms
+            or r.get("origin") == outcome.CALIBRATION
+        ):
+            continue
+        name = _series_name(str(r["arm"]), config_label(r, axes))
+        _add(out.setdefault(name, {}), r.get("batch"), r.get("seq_rep_4"))
+    return dict(sorted(out.items(), key=lambda kv: _series_order(kv[0])))
+
+
+def seq_rep_plot(data: RunData) -> str:
+    """Plot seq-rep-4 of finished cells by batch, per arm and configuration."""
+    return whisker_plot(
+        "seq-rep-4 by batch size", "batch size", "seq-rep-4 (mean per cell)", seq_rep_series(data)
+    )
+
+
+def seq_rep_caption(data: RunData) -> str:
+    """What the seq-rep-4 plot shows."""
+    series = seq_rep_series(data)
+    if not any(any(s.values()) for s in series.values()):
+        return ""
+    return (
+        f"One small dot per finished cell ({', '.join(series)}); a {TWIN.test} series above the {TWIN.ref} "
+        "series of its configuration means more repeated 4-grams."
+    )
+
+
+def counts_series(data: RunData, column: str, control_column: str, per_n: bool) -> dict[str, Series]:
+    """A count of every cascade pair by batch (as a fraction of its prompts where ``per_n``) and the
+    same count of the control it was judged against: one series each per configuration."""
+    axes = _plotted_axes(data)
+    out: dict[str, Series] = {}
+    for r in view.cascade_pairs(data):
+        config = config_label(r, axes)
+        for role, col, n_col in ((TWIN.pair_kind, column, "n"), (CONTROL, control_column, "noise_n")):
+            k, n = r.get(col), as_int(r.get(n_col))
+            if is_missing(k) or (per_n and not n):
+                continue
+            _add(out.setdefault(_series_name(role, config), {}), r.get("batch"), float(k) / n if per_n else k)
+    return dict(sorted(out.items(), key=lambda kv: _series_order(kv[0])))
+
+
+def divergence_plot(data: RunData) -> str:
+    """The divergence counts the verdicts test: per batch, the share of prompts each cascade pair's
+    outputs diverged on, beside its control's."""
+    return whisker_plot(
+        "Prompts diverged, cascade vs control",
+        "batch size",
+        "share of prompts diverged",
+        counts_series(data, "n_diverged", "noise_n_diverged", per_n=True),
+    )
+
+
+def topk_plot(data: RunData) -> str:
+    """Divergences outside the reference arm's top-k, per cascade pair and its control; drawn only
+    where one happened."""
+    series = counts_series(data, "topk_violations", "noise_topk_violations", per_n=False)
+    if not any(v for s in series.values() for vals in s.values() for v in vals):
+        return ""
+    return whisker_plot("Divergences outside top-k", "batch size", "divergences outside top-k", series)
+
+
+def counts_caption(data: RunData) -> str:
+    """What the count plots show, with the test that turns them into a verdict."""
+    series = counts_series(data, "n_diverged", "noise_n_diverged", per_n=True)
+    if not series:
+        return ""
+    alpha = data.manifest.thresholds.get("alpha", 0.01)
+    return (
+        f"One dot per cascade pair and per the control it was judged against ({', '.join(series)}). "
+        f"A cascade dot above its control's is a regression when Fisher's exact test gives p < {alpha:g}."
+    )
 
 
 # --- forest plot of drift ratios ------------------------------------------------------------------
@@ -312,3 +444,28 @@ def _forest_row(r: dict, cy: float, left: float, x) -> str:
         )
     out.append(f'<circle cx="{x(r["ratio"])}" cy="{cy:.1f}" r="4" fill="{color}"/></g>')
     return "".join(out)
+
+
+def forest_caption(data: RunData) -> str:
+    """What the forest plot shows: its marks, and the calibration rows only where it draws some."""
+    rows = forest_rows(data)
+    if not rows:
+        return ""
+    drift_min = _positive(data.manifest.thresholds.get("drift_min"))
+    text = (
+        "Dot = drift ratio (red: the pair is a regression), bar = its bootstrap 95% CI, red tick = the row's "
+        "drift threshold, grey line = ratio 1 (cascade as noisy as the control)"
+    )
+    if drift_min:
+        text += f", dashed red line = drift_min {drift_min:g}"
+    n_cal = sum(1 for r in rows if r["calibration"])
+    if n_cal:
+        text += (
+            f". The {n_cal} grey italic rows are calibration pairs (an LSE shift injected on purpose): they show "
+            "what a real error looks like"
+        )
+    decided = [r for r in view.cascade_pairs(data) if "drift" in text_of(r.get("decided_by")).split(",")]
+    regressions = [r for r in view.cascade_pairs(data) if r.get("verdict") == outcome.REGRESSION]
+    if regressions and not decided:
+        text += ". Drift decided none of the regressions here: the counts above did"
+    return text + "."

@@ -731,6 +731,9 @@ class Rerendered:
 
     paths: dict[Any, Path]
     outcome: Any  # report.outcome.Outcome
+    # The reports left as they were (a run without samples/ beside richer ones), and why, in one line.
+    kept: list[Path] = field(default_factory=list)
+    note: str = ""
 
 
 def rerender(
@@ -739,6 +742,7 @@ def rerender(
     rescore_first: bool = False,
     allow_loss: bool = False,
     command: str = "",
+    force: bool = False,
 ) -> Rerendered:
     """``cascade-repro report``: write every report of a run again from its saved files, judged by
     ``fail_on`` (None: the run's own). Under the run's lock: a matrix still writing the directory
@@ -746,11 +750,15 @@ def rerender(
     scoring is scored first (its report then shows the cells it finished, and says the run is not
     finished); ``rescore_first`` scores it again (:func:`rescore`, recorded as ``command``). A
     directory without run.json is not locked (nothing to lock, and no lock file left behind): the
-    readers say what is wrong with it."""
+    readers say what is wrong with it.
+
+    A run without ``samples/`` (committed evidence, an artifact copied without them) renders no
+    sample text or top-k table: where report.md or report.html already exist, they are kept
+    (they may hold what this rendering cannot) unless ``force``; the other reports are written."""
     from contextlib import nullcontext
 
     from cascade_repro.judge.outcome import run_fail_on
-    from cascade_repro.report import write_reports
+    from cascade_repro.report import ReportFormat, write_reports
     from cascade_repro.report.load import load_run
     from cascade_repro.report.outcome import outcome_of
 
@@ -773,9 +781,29 @@ def rerender(
             _, data = rescore(run_dir, command, allow_loss=allow_loss)
         else:
             data = load_run(run_dir)
+        formats = list(ReportFormat)
+        kept: list[Path] = []
+        note = ""
+        if data.samples_missing:
+            rich = [
+                f for f in (ReportFormat.markdown, ReportFormat.html) if (run_dir / _report_name(f)).is_file()
+            ]
+            if rich and not force:
+                kept = [run_dir / _report_name(f) for f in rich]
+                formats = [f for f in formats if f not in rich]
+                note = f"{data.samples_missing}; left {' and '.join(p.name for p in kept)} unchanged (--force rewrites them)"
+            else:
+                note = data.samples_missing
         # Rendered from what was loaded (or scored): the samples are read once.
-        paths = write_reports(run_dir, fail_on=fail_on, data=data)
-    return Rerendered(paths, outcome_of(data, fail_on if fail_on is not None else run_fail_on(data.manifest)))
+        paths = write_reports(run_dir, formats, fail_on=fail_on, data=data)
+    outcome = outcome_of(data, fail_on if fail_on is not None else run_fail_on(data.manifest))
+    return Rerendered(paths, outcome, kept, note)
+
+
+def _report_name(fmt: Any) -> str:
+    from cascade_repro.report import formatter_for
+
+    return formatter_for(fmt).filename
 
 
 def _old_cells(run_dir: Path) -> Any:

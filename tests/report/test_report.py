@@ -614,7 +614,12 @@ def _golden(name: str, text: str) -> None:
 
 @pytest.mark.parametrize(
     ("formatter", "golden"),
-    [(MarkdownFormatter(), "report.md"), (JsonFormatter(), "summary.json"), (JunitFormatter(), "junit.xml")],
+    [
+        (MarkdownFormatter(), "report.md"),
+        (HtmlFormatter(), "report.html"),
+        (JsonFormatter(), "summary.json"),
+        (JunitFormatter(), "junit.xml"),
+    ],
 )
 def test_golden(run_dir: Path, formatter: ReportFormatter, golden: str) -> None:
     _golden(golden, formatter.render(load_run(run_dir)))
@@ -651,7 +656,8 @@ def test_html_is_escaped_self_contained_and_plotted(run_dir: Path) -> None:
     page = HtmlFormatter().render(data)
     assert "<script" not in page.lower()
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
-    assert page.count("<svg") == 3  # forest plot, first divergence, seq-rep-4
+    # divergence counts, top-k counts, forest plot, first divergence, seq-rep-4
+    assert page.count("<svg") == 5
     assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
     assert "https://" not in page and "@import" not in page
     assert "white-space:pre-wrap" in page and "overflow-wrap:anywhere" in page
@@ -1380,3 +1386,35 @@ def test_report_of_a_run_cut_before_any_sample_scores_it_as_not_finished(tmp_pat
     res = CliRunner().invoke(app, ["report", str(run_dir)])
     assert res.exit_code == 5, res.output
     assert res.stderr.endswith(f"exit 5: not finished: {n_cells} of {n_cells} cells never ran; rerun the same command\n")
+
+
+# --- re-rendering a run without samples/ (issue 31, part 4) --------------------------------------
+
+
+def test_report_without_samples_keeps_the_richer_reports_unless_forced(run_dir: Path) -> None:
+    import shutil
+    from html import escape as html_escape
+
+    from typer.testing import CliRunner
+
+    from cascade_repro.cli import app
+    from cascade_repro.report.load import NO_SAMPLES
+
+    write_reports(run_dir)
+    rich = {name: (run_dir / name).read_bytes() for name in ("report.md", "report.html")}
+    assert "반복 반복" in rich["report.md"].decode()  # a sample's text is there
+    shutil.rmtree(run_dir / "samples")
+    (run_dir / "summary.json").unlink()
+
+    res = CliRunner().invoke(app, ["report", str(run_dir)])
+    assert res.exit_code == 1, res.output  # the run's regression, as before
+    notes = [line for line in res.output.splitlines() if line.startswith("note: ")]
+    assert notes == [f"note: {NO_SAMPLES}; left report.md and report.html unchanged (--force rewrites them)"]
+    assert {name: (run_dir / name).read_bytes() for name in rich} == rich
+    assert (run_dir / "summary.json").is_file()  # what holds no sample is written
+
+    res = CliRunner().invoke(app, ["report", str(run_dir), "--force"])
+    assert res.exit_code == 1 and f"note: {NO_SAMPLES}\n" in res.output, res.output
+    page = (run_dir / "report.html").read_text(encoding="utf-8")
+    assert f'<p class="nodata">{html_escape(NO_SAMPLES)}</p>' in page
+    assert "반복 반복" not in page and "반복 반복" not in (run_dir / "report.md").read_text(encoding="utf-8")

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 from pathlib import Path
@@ -28,6 +27,9 @@ import pytest
 from cascade_repro.judge.verdicts import Thresholds
 from cascade_repro.plan.matrix import MatrixSpec, plan
 from cascade_repro.run.runner import finalize
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+from browser import CHROMIUM, chromium  # noqa: E402
 
 SCRIPT = "<script>document.title='PWNED'</script>"
 IMG = "<img src=x onerror=\"document.title='PWNED-IMG'\">"
@@ -295,20 +297,9 @@ def test_summary_json_and_junit_stay_well_formed(run_dir):
 
 # --- a real browser -----------------------------------------------------------------------------------
 
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 needs_chromium = pytest.mark.skipif(
     CHROMIUM is None, reason="no headless browser: apt-get install chromium (Debian) to run this check"
 )
-
-
-def chromium(*args: str, profile: Path, timeout: float = 90) -> subprocess.CompletedProcess:
-    """Run Debian's chromium headless, offline and with a throwaway profile."""
-    cmd = [
-        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-extensions",
-        f"--user-data-dir={profile}", *args,
-    ]  # fmt: skip
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
 @needs_chromium
