@@ -17,19 +17,16 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from support.browser import CHROMIUM, chromium
 
 from cascade_repro.judge.verdicts import Thresholds
 from cascade_repro.plan.matrix import MatrixSpec, plan
 from cascade_repro.run.runner import finalize
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
-from browser import CHROMIUM, chromium  # noqa: E402
 
 SCRIPT = "<script>document.title='PWNED'</script>"
 IMG = "<img src=x onerror=\"document.title='PWNED-IMG'\">"

@@ -6,23 +6,20 @@ where it is not installed (CI installs it best-effort)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
+from support.browser import CHROMIUM, layout
 
 from cascade_repro.report import load_run
 from cascade_repro.report.html import HtmlFormatter
 from cascade_repro.report.view import cascade_pairs
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
-from browser import CHROMIUM, layout  # noqa: E402
-
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="no headless browser: apt-get install chromium (Debian) to run this check"
 )
 
-EVIDENCE = Path(__file__).resolve().parents[1] / "docs" / "evidence"
+EVIDENCE = Path(__file__).resolve().parents[2] / "docs" / "evidence"
 RUNS = {
     "vllm0.10.2-band": EVIDENCE / "2026-12-01-h200-vllm0.10.2" / "band",
     "fa3-ko-cal": EVIDENCE / "2026-12-01-h200" / "fa3-ko-cal",

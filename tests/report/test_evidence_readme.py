@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from cascade_repro.cli import app
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 READMES = sorted((ROOT / "docs" / "evidence").glob("*/README.md"))
 BLOCK = re.compile(r"```(python|bash)\n(.*?)```", re.S)
 
