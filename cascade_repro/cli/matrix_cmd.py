@@ -438,7 +438,7 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, refer
             f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in spec.engine_args.items()
         )
         console.print(
-            f"vLLM engine arguments, both arms: {escape(shown)} (checked against {escape(known_fields()[1])})",
+            f"vLLM engine arguments, both arms: {escape(shown)} (checked against {escape(known_fields().where)})",
             highlight=False,
         )
 
