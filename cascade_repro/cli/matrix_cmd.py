@@ -62,7 +62,11 @@ from cascade_repro.run import runstore
 from cascade_repro.vllm_surface.inject import DEFAULT_LADDER
 
 
-@app.command(epilog=exit_codes.epilog("matrix"))
+@app.command(
+    epilog=exit_codes.epilog("matrix"),
+    # vLLM's engine flags and lm-eval's spellings arrive as ctx.args, read by plan/flags.read_foreign
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+)
 def matrix(
     ctx: typer.Context,
     engine: Engine = None,
@@ -287,13 +291,15 @@ def matrix(
 
         cascade-repro matrix --engine vllm --batch 8,64,128 --calibrate default
     """
-    given = dict(locals())
+    given = {k: v for k, v in locals().items() if k != "ctx"}
     with user_errors():
         from cascade_repro.engines import get as engine_info
         from cascade_repro.plan.flags import spec_from_cli
 
-        asked = spec_from_cli(given, config)
+        asked = spec_from_cli(given, config, extra=ctx.args, ours=_own_flags(ctx))
         spec = asked.spec
+        for note in asked.foreign.notes:
+            err_console().print(f"note: {note}", highlight=False, markup=False)
         from cascade_repro.run.runner import RunOptions, check_run_id, default_run_id, run_matrix
 
         settings = asked.run_settings(given, defaulted=lambda name: _defaulted(ctx, name))
@@ -322,6 +328,11 @@ def matrix(
         outcome = run_matrix(spec, opts, console)
     _print_outcome(outcome, console)
     raise typer.Exit(outcome.exit_code)
+
+
+def _own_flags(ctx: Any) -> list[str]:
+    """Every flag the command declares (its suggestions for a mistyped one)."""
+    return [o for p in ctx.command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-")]
 
 
 def _defaulted(ctx: Any, name: str) -> bool:

@@ -284,7 +284,7 @@ def known_fields() -> Fields:
 
 def recorded(release: str, why: str = "") -> Fields:
     """A recorded release's fields (``vllm_surface/engine_fields.py``)."""
-    return Fields(FIELDS[release], f"vLLM {release}'s EngineArgs as recorded" + (f" ({why})" if why else ""))
+    return Fields(FIELDS[release], f"vLLM {release}'s EngineArgs as recorded" + (f", {why}" if why else ""))
 
 
 def _installed_kinds(cls: type) -> dict[str, str]:
