@@ -17,7 +17,9 @@ from typing import Any
 
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import (
+    CONFIG_KEYS,
     MatrixSpec,
+    config_values,
     load_toml,
     parse_fa_list,
     parse_hf_overrides,
@@ -90,6 +92,53 @@ def spec_values(given: Mapping[str, Any], foreign: Mapping[str, Any] | None = No
         if given.get(name) is not None:
             out[name] = given[name]
     return out
+
+
+YAML_SUFFIXES = (".yaml", ".yml")
+# vLLM's names (a `vllm serve --config` file's keys) for the matrix's own settings.
+VLLM_CONFIG_KEYS = {"tensor_parallel_size": "tp", "attention_backend": "backend"}
+
+
+def load_config(path: Path) -> dict[str, Any]:
+    """``--config``: a matrix TOML file, or a vLLM YAML config (``vllm serve --config``'s: one
+    mapping of engine arguments, dashed or not). A YAML key that is a matrix setting (``model``,
+    ``dtype``, ``seed``, ``tensor-parallel-size`` as --tp, ...) sets it; every other key is an engine
+    argument, checked as -E's are."""
+    if path.suffix.lower() not in YAML_SUFFIXES:
+        return load_toml(path)
+    import yaml
+
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"config file not found: {path}") from None
+    except OSError as e:
+        raise UsageError(f"cannot read config file {path}: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: not UTF-8 at byte {e.start}") from None
+    except yaml.YAMLError as e:
+        raise UsageError(f"{path}: invalid YAML: {' '.join(str(e).split())}") from None
+    except RecursionError:
+        raise UsageError(f"{path}: invalid YAML: nested too deeply") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: a vLLM config is one mapping of engine arguments (key: value)")
+    ours: dict[str, Any] = {}
+    engine: dict[str, Any] = {}
+    for key, value in data.items():
+        name = VLLM_CONFIG_KEYS.get(k := str(key).replace("-", "_"), k)
+        if name == "engine_args" and isinstance(value, dict):
+            engine.update({str(a).replace("-", "_"): v for a, v in value.items()})
+        elif name in CONFIG_KEYS:
+            ours[name] = value
+        else:
+            engine[name] = value
+    if engine:
+        ours["engine_args"] = engine
+    return config_values(ours, path)
 
 
 def parse_limit(text: str) -> int:
@@ -312,7 +361,7 @@ def spec_from_cli(
         if "max_tokens" in flags:
             raise UsageError("--max-tokens and --gen_kwargs max_gen_toks set the same thing: give one")
         flags["max_tokens"] = foreign.max_tokens
-    values: dict[str, Any] = load_toml(config) if config else {}
+    values: dict[str, Any] = load_config(config) if config else {}
     settings: dict[str, Any] = {}
     if fields is not None:
         values = {k: v for k, v in values.items() if k in fields}
