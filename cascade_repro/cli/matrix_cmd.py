@@ -369,6 +369,9 @@ def _check_rendered(spec: Any, system_text: str, records: list[Any]) -> str | No
     return measured.warning()
 
 
+NARROW = 120  # columns below which the dry-run table heads each engine's cells with its key
+
+
 def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, reference: Any = None) -> None:
     """Print every cell (of the shard, if given), its engine and wave count; then the engine-start
     count and the time estimate (refined by ``run_dir``'s waves when that run already has some)."""
@@ -393,19 +396,35 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, refer
         engines = {k: ep for k, ep in engines.items() if k in keep}
         title += f", shard {shard}"
     table = Table(title=title)
-    for col in ("cell", "engine key", "tp", "batch", "arm", "waves", "why"):
-        table.add_column(col)
+    console = out_console()
+    # The cell id stays whole (it is what a user copies); the rest fold, never "…". Under 120
+    # columns each engine key heads its cells instead of filling a column (tp and batch are in the id).
+    narrow = console.width < NARROW
+    cols = (
+        ("cell", "arm", "waves", "why")
+        if narrow
+        else ("cell", "engine key", "tp", "batch", "arm", "waves", "why")
+    )
+    for col in cols:
+        table.add_column(col, no_wrap=col == "cell", overflow="fold")
     why = {"matrix": "", "control": "noise control (added)", "calibration": "calibration"}
     cells_of = {key: matrix_plan.cells_of(key) for key in engines}
     for key, cells in cells_of.items():
+        if narrow:
+            table.add_row(f"[bold]{escape(key)}[/]")
         for c in cells:
             role = why.get(c.origin, c.origin)
             if c.inject and c.origin != "calibration":
                 role = f"inject {c.inject}"
             elif c.origin == "calibration":
                 role = f"calibration ({c.inject})"
-            table.add_row(c.cell_id, key, str(c.tp), str(c.batch), c.arm, str(-(-n // c.batch)), role)
-    console = out_console()
+            waves = str(-(-n // c.batch))
+            if narrow:
+                table.add_row(escape(c.cell_id), c.arm, waves, role)
+            else:
+                table.add_row(escape(c.cell_id), escape(key), str(c.tp), str(c.batch), c.arm, waves, role)
+        if narrow:
+            table.add_section()
     console.print(table)
     if warning is not None:
         out_console(stderr=True).print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)

@@ -243,7 +243,9 @@ def _gen_kwargs(flag: str, value: str) -> int | None:
         key, text = key.strip(), text.strip()
         if key in ("max_gen_toks", "max_tokens") and text.isdigit():
             max_tokens = int(text)
-        elif (key == "temperature" and text in ("0", "0.0")) or (key == "do_sample" and text.lower() == "false"):
+        elif (key == "temperature" and text in ("0", "0.0")) or (
+            key == "do_sample" and text.lower() == "false"
+        ):
             continue
         else:
             raise UsageError(
