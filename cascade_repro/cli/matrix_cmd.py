@@ -12,11 +12,13 @@ from cascade_repro import exit_codes
 from cascade_repro.cli.app import (
     RESULTS_DIR,
     SPEC,
+    ShortHelpCommand,
     app,
     as_typed,
     command_line,
     err_console,
     out_console,
+    show_all_help,
     spec_default,
     user_errors,
 )
@@ -62,13 +64,66 @@ from cascade_repro.run import runstore
 from cascade_repro.vllm_surface.inject import DEFAULT_LADDER
 
 
+class MatrixCommand(ShortHelpCommand):
+    """`matrix`'s help: the common options first; the rest, and every vLLM flag, under --help-all."""
+
+    rare = frozenset(
+        {
+            "alpha", "rep_delta", "min_topk_violations", "drift_min", "inject", "engine_timeout",
+            "graphs_for_batches", "load_format", "hf_overrides", "prompt_field", "key_field", "allow_mixed",
+            "run_id", "reference_device", "topk", "arm_switch", "auto_controls", "rerun", "force_cascade",
+            "ignore_eos", "device", "trust_remote_code", "engine_args", "seed", "system_prompt",
+        }
+    )  # fmt: skip
+    more_help = staticmethod(lambda: _foreign_help())
+
+
+def _foreign_help() -> list[tuple[str, str, str]]:
+    """The panels of vLLM's and lm-eval's spellings: a line each in --help, vLLM's every flag under
+    --help-all (from the installed vLLM's EngineArgs, or the recorded release's)."""
+    from cascade_repro.plan.engine_args import OWNED, SHORT_FLAGS, flag_of, known_fields
+
+    fields = known_fields()
+    flags = [flag_of(n) for n in sorted(fields.kinds) if n not in OWNED]
+    short = (
+        "Every vLLM engine argument by vLLM's spelling, as vllm serve takes it, the same for both arms "
+        "(as -E key=value): --block-size 32, --kv-cache-dtype fp8, -pp 2, -O0, --max-num-seqs N, "
+        f"--enable-chunked-prefill, --quantization, ... ({len(flags)} flags; --help-all lists them). "
+        "Values are checked against each field's type; the ones the matrix owns are refused with its option."
+    )
+    full = (
+        f"Checked against {fields.where}. Short forms: {', '.join(f'{k} ({flag_of(v)})' for k, v in SHORT_FLAGS.items())}, "
+        "-O<n> (the optimization level). A switch takes --no-<flag> to turn it off. "
+        "Refused with the option to use: "
+        + ", ".join(f"{flag_of(k)} ({v})" for k, v in OWNED.items())
+        + ".\n\n"
+        + " ".join(flags)
+    )
+    lm_eval = (
+        "lm-eval's spellings: --model_args k=v,... (as -E), --output_path/--output-path/-o DIR (as "
+        "--results-dir), --log_samples (every sample is kept anyway), --gen_kwargs max_gen_toks=N "
+        "(as --max-tokens; the matrix decodes greedily)."
+    )
+    return [("vLLM engine flags", short, full), ("lm-eval spellings", lm_eval, lm_eval)]
+
+
 @app.command(
+    cls=MatrixCommand,
     epilog=exit_codes.epilog("matrix"),
     # vLLM's engine flags and lm-eval's spellings arrive as ctx.args, read by plan/flags.read_foreign
     context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
 )
 def matrix(
     ctx: typer.Context,
+    help_all: Annotated[
+        bool,
+        typer.Option(
+            "--help-all",
+            help="Show every option, each text in full, and every vLLM engine flag.",
+            is_eager=True,
+            callback=show_all_help,
+        ),
+    ] = False,
     engine: Engine = None,
     model: Model = None,
     tp: Tp = None,
@@ -302,7 +357,10 @@ def matrix(
             err_console().print(f"note: {note}", highlight=False, markup=False)
         from cascade_repro.run.runner import RunOptions, check_run_id, default_run_id, run_matrix
 
-        settings = asked.run_settings(given, defaulted=lambda name: _defaulted(ctx, name))
+        typed = getattr(ctx.get_parameter_source("results_dir"), "name", "") == "COMMANDLINE"
+        settings = asked.run_settings(
+            {**given, "results_dir_typed": typed}, lambda name: _defaulted(ctx, name)
+        )
         opts = RunOptions.from_settings(settings, fresh=fresh, command=command_line())
 
         if engine_info(spec.engine).is_vllm:
