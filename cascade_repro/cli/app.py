@@ -85,13 +85,14 @@ class ShortHelpCommand(Command):
             name, text = record
             if not everything:
                 text = first_sentence(text)
-            panels.setdefault(getattr(p, "rich_help_panel", None) or "Options", []).append((name, text))
+            row = (name.replace("-", _HYPHEN), text.replace("-", _HYPHEN))
+            panels.setdefault(getattr(p, "rich_help_panel", None) or "Options", []).append(row)
         for title, rows in panels.items():
             with formatter.section(title):
                 formatter.write_dl(rows)
         for title, short, full in self.more_help():
             with formatter.section(title):
-                formatter.write_text(full if everything else short)
+                formatter.write_text((full if everything else short).replace("-", _HYPHEN))
         if not everything:
             formatter.write_paragraph()
             formatter.write_text(f"{len(self.rare)} more options, and every text in full: --help-all")
@@ -106,7 +107,12 @@ class ShortHelpCommand(Command):
             formatter.write_paragraph()
             with formatter.indentation():
                 for line in self.epilog.splitlines():
-                    formatter.write_text(line) if line.strip() else formatter.write_paragraph()
+                    formatter.write_text(
+                        line.replace("-", _HYPHEN)
+                    ) if line.strip() else formatter.write_paragraph()
+
+    def get_help(self, ctx: Any) -> str:
+        return super().get_help(ctx).replace(_HYPHEN, "-")
 
 
 def _click_command() -> Any:
@@ -115,6 +121,9 @@ def _click_command() -> Any:
 
 
 HELP_ALL = "help_all"
+# Click's wrapping breaks a line after any hyphen (--output-/path, ENGINE-/MODEL-HASH): the help is
+# laid out with a hyphen it does not break at, and the real one put back in the text it returns.
+_HYPHEN = "\u2011"
 
 
 def click_help_record(p: Any, ctx: Any) -> tuple[str, str] | None:
