@@ -50,7 +50,15 @@ def test_no_arguments_shows_help():
 def test_matrix_help_groups_options_in_panels():
     res, everything = invoke("matrix", "--help"), invoke("matrix", "--help-all")
     assert res.exit_code == everything.exit_code == 0
-    for panel in ("Matrix", "Prompts", "Engine", "Output", "Verdicts", "vLLM engine flags", "lm-eval spellings"):
+    for panel in (
+        "Matrix",
+        "Prompts",
+        "Engine",
+        "Output",
+        "Verdicts",
+        "vLLM engine flags",
+        "lm-eval spellings",
+    ):
         assert f"\n{panel}:\n" in res.stdout, panel
     assert "\nDebug:\n" in everything.stdout
     for option in ("--batch", "--tp", "--cascade", "--dry-run", "--prompts", "--results-dir"):
@@ -58,12 +66,12 @@ def test_matrix_help_groups_options_in_panels():
     for option in ("--arm-switch", "--alpha", "--inject"):  # the rare ones: --help-all
         assert f"\n  {option} " not in res.stdout and f"\n  {option} " in everything.stdout
     assert (
-        "Exit codes: - 0 success - 1 regression (per --fail-on), or every cascade pair errored "
-        "- 2 usage error, in one line - 4 nothing exercised (cascade never fired in any pair) "
-        "- 5 inconclusive (no noise control, or the run is not finished) "
-        "- 6 the machine refused (a permission, a full disk, an I/O error: one line names the path) "
-        "- 70 internal error (a bug: `cascade-repro --debug` shows its traceback) - 130 interrupted "
-        "- 141 a pipe closed early (`| head -1`: SIGPIPE, as any Unix tool)"
+        "Exit codes: • 0 success • 1 regression (per --fail-on), or every cascade pair errored "
+        "• 2 usage error, in one line • 4 nothing exercised (cascade never fired in any pair) "
+        "• 5 inconclusive (no noise control, or the run is not finished) "
+        "• 6 the machine refused (a permission, a full disk, an I/O error: one line names the path) "
+        "• 70 internal error (a bug: `cascade-repro --debug` shows its traceback) • 130 interrupted "
+        "• 141 a pipe closed early (`| head -1`: SIGPIPE, as any Unix tool)"
     ) in flat(res.stdout)
 
 
@@ -309,7 +317,9 @@ def test_an_unwritable_results_dir_is_one_line_not_a_traceback(tmp_path, monkeyp
         UsageError, match=f"^{tmp_path}/f is a file, not a folder: it cannot hold {tmp_path}/f/run$"
     ):
         runstore.RunLock(tmp_path / "f" / "run").acquire()
-    res = invoke("matrix", "--engine", "fake", "--limit", "1", "--results-dir", str(tmp_path / "f"), "--run-id", "run")
+    res = invoke(
+        "matrix", "--engine", "fake", "--limit", "1", "--results-dir", str(tmp_path / "f"), "--run-id", "run"
+    )
     assert res.exit_code == 2 and "Traceback" not in res.output
     assert flat(res.stderr) == f"error: --results-dir {tmp_path}/f: {tmp_path}/f is a file, not a folder"
 
@@ -575,7 +585,16 @@ def test_an_option_several_commands_take_reads_the_same_in_each(option, commands
     assert len({(p.help, p.metavar, p.envvar, tuple(p.opts), tuple(p.secondary_opts)) for p in params}) == 1
 
 
-AXES = ("--tp", "--batch", "--cascade", "--backend", "--fa-version", "--hf-overrides", "--max-tokens", "--config")
+AXES = (
+    "--tp",
+    "--batch",
+    "--cascade",
+    "--backend",
+    "--fa-version",
+    "--hf-overrides",
+    "--max-tokens",
+    "--config",
+)
 
 
 @pytest.mark.parametrize("option", AXES)

@@ -107,9 +107,11 @@ class ShortHelpCommand(Command):
             formatter.write_paragraph()
             with formatter.indentation():
                 for line in self.epilog.splitlines():
-                    formatter.write_text(
-                        line.replace("-", _HYPHEN)
-                    ) if line.strip() else formatter.write_paragraph()
+                    if not line.strip():
+                        formatter.write_paragraph()
+                        continue
+                    line = "• " + line[2:] if line.startswith("- ") else line  # a list item, as rich shows it
+                    formatter.write_text(line.replace("-", _HYPHEN))
 
     def get_help(self, ctx: Any) -> str:
         return super().get_help(ctx).replace(_HYPHEN, "-")
