@@ -70,7 +70,12 @@ def threshold_lines(ex: Explanation) -> list[str]:
         if not t["monotone"]:
             s += " (not at every larger batch: the cost model has rounding steps)"
         lines.append(s)
-        if t.get("fa2_band") is not None:
+        if t.get("fa2_band") is not None and not t.get("fa2_band_ranges"):
+            lines.append(
+                f"TP {tp}: with FA2, no batch size here runs cascade decode steps through FA2's split-KV "
+                "path (the field bug's band, vLLM <= 0.11.0)"
+            )
+        elif t.get("fa2_band") is not None:
             lines.append(
                 f"TP {tp}: with FA2, decode steps of {t['fa2_band']} concurrent requests run cascade through "
                 f"FA2's split-KV path (the field bug's band, vLLM <= 0.11.0) once a request's own part "

@@ -35,7 +35,7 @@ USED_THROUGH = {
     "accelerate": "transformers' device_map='auto' (--reference-device balanced)",
     "gguf": "transformers reading the embedded model's GGUF file",
 }
-IMPORT_NAME = {"rapidfuzz": "rapidfuzz", "pyarrow": "pyarrow"}
+IMPORT_NAME = {"rapidfuzz": "rapidfuzz", "pyarrow": "pyarrow", "pyyaml": "yaml"}
 
 
 def _name(requirement: str) -> str:

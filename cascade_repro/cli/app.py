@@ -61,6 +61,102 @@ class Command(_PlainPlaceholders, TyperCommand):
                 p.rich_help_panel = None
 
 
+class ShortHelpCommand(Command):
+    """A command with many options (`matrix`): ``--help`` lists the common ones by panel, each with
+    its first sentence; ``--help-all`` every option with its whole text and :attr:`more_help`'s
+    panels in full. Rendered by Click's formatter, which wraps at any width and never cuts a word
+    (Typer's four-column table cut flag names to ``--tensor-pa…`` at 80 columns)."""
+
+    rare: frozenset[str] = frozenset()  # the parameters shown under --help-all only
+    # (panel title, the short text, the full text) after the options
+    more_help: Any = staticmethod(lambda: [])
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        everything = bool(ctx.meta.get(HELP_ALL))
+        self.format_usage(ctx, formatter)
+        self.format_help_text(ctx, formatter)
+        panels: dict[str, list[tuple[str, str]]] = {}
+        for p in self.get_params(ctx):
+            if getattr(p, "hidden", False) or (p.name in self.rare and not everything):
+                continue
+            record = click_help_record(p, ctx)
+            if record is None:
+                continue
+            name, text = record
+            if not everything:
+                text = first_sentence(text)
+            row = (name.replace("-", _HYPHEN), text.replace("-", _HYPHEN))
+            panels.setdefault(getattr(p, "rich_help_panel", None) or "Options", []).append(row)
+        for title, rows in panels.items():
+            with formatter.section(title):
+                formatter.write_dl(rows)
+        for title, short, full in self.more_help():
+            with formatter.section(title):
+                formatter.write_text((full if everything else short).replace("-", _HYPHEN))
+        if not everything:
+            formatter.write_paragraph()
+            formatter.write_text(f"{len(self.rare)} more options, and every text in full: --help-all")
+        self.format_epilog(ctx, formatter)
+
+    def format_help_text(self, ctx: Any, formatter: Any) -> None:
+        _click_command().format_help_text(self, ctx, formatter)
+
+    def format_epilog(self, ctx: Any, formatter: Any) -> None:
+        """The epilog line by line (the exit-code table), each wrapped on its own."""
+        if self.epilog:
+            formatter.write_paragraph()
+            with formatter.indentation():
+                for line in self.epilog.splitlines():
+                    if not line.strip():
+                        formatter.write_paragraph()
+                        continue
+                    line = "• " + line[2:] if line.startswith("- ") else line  # a list item, as rich shows it
+                    formatter.write_text(line.replace("-", _HYPHEN))
+
+    def get_help(self, ctx: Any) -> str:
+        return super().get_help(ctx).replace(_HYPHEN, "-")
+
+
+def _click_command() -> Any:
+    """Click's Command class as this Typer uses it (its own copy from 0.24, or click's)."""
+    return next(c for c in TyperCommand.__mro__[1:] if c.__name__ == "Command")
+
+
+HELP_ALL = "help_all"
+# Click's wrapping breaks a line after any hyphen (--output-/path, ENGINE-/MODEL-HASH): the help is
+# laid out with a hyphen it does not break at, and the real one put back in the text it returns.
+_HYPHEN = "\u2011"
+
+
+def click_help_record(p: Any, ctx: Any) -> tuple[str, str] | None:
+    """An option's flags and text as plain help shows them (backticks dropped: no markdown here)."""
+    record = p.get_help_record(ctx) if getattr(p, "param_type_name", "") == "option" else None
+    if record is None:
+        return None
+    return record[0], record[1].replace("`", "")
+
+
+def first_sentence(text: str) -> str:
+    """An option's text cut to its first sentence, its ``[default: X]`` kept."""
+    import re
+
+    parts = re.split(r"(?<!e\.g)(?<!i\.e)\. ", text, maxsplit=1)
+    if len(parts) == 1:
+        return text
+    head, tail = parts
+    default = tail[tail.rfind("[default:") :] if "[default:" in tail else ""
+    return head + "." + (" " + default if default else "")
+
+
+def show_all_help(ctx: Any, _param: Any, value: bool) -> None:
+    """``--help-all``: the command's help with every option and text."""
+    if not value or ctx.resilient_parsing:
+        return
+    ctx.meta[HELP_ALL] = True
+    typer.echo(ctx.get_help())
+    ctx.exit()
+
+
 class UngroupedCommand(Command):
     """A command with few options: help lists them all under Options."""
 

@@ -290,6 +290,9 @@ def _yes(v: bool | None) -> str:
     return "?" if v is None else ("[green]yes[/]" if v else "no")
 
 
+NARROW = 120  # columns below which explain's table leaves its reasons to lines under it
+
+
 def _print(ex: Any, lines: list[str]) -> None:
     from rich.markup import escape
     from rich.table import Table
@@ -318,28 +321,36 @@ def _print(ex: Any, lines: list[str]) -> None:
     for line in lines:
         console.print(f"[bold]{escape(line)}[/]")
     table = Table(title=f"cascade predictions ({ex.engine})")
-    for col in (
-        "cell",
-        "tp",
-        "batch",
-        "heads q/kv per GPU",
-        "prefill",
-        "decode",
-        "why (decode)",
-        "FA2 split-KV",
-    ):
-        table.add_column(col, overflow="fold")
+    # Under 120 columns the reasons go below the table, one line per cell: in a column they fold
+    # into rows of 6 to 10 lines at 80 columns.
+    narrow = console.width < NARROW
+    cols = ("cell", "prefill", "decode", "FA2 split-KV") if narrow else (
+        "cell", "tp", "batch", "heads q/kv per GPU", "prefill", "decode", "why (decode)", "FA2 split-KV",
+    )  # fmt: skip
+    for col in cols:
+        table.add_column(col, overflow="fold", no_wrap=col == "cell")
     flat = 0
+    reasons: list[str] = []
     for c in ex.cells:
         if c.arm != TWIN.test:
             flat += 1
             continue
+        why = c.decode_reason + (f" [{'; '.join(c.notes)}]" if c.notes else "")
+        if narrow:
+            table.add_row(escape(c.cell_id), _yes(c.prefill), _yes(c.decode), _yes(c.fa2_split))
+            split = f"; FA2 split-KV: {c.fa2_split_reason}" if c.fa2_split_reason else ""
+            reasons.append(
+                f"{c.cell_id} (tp {c.tp}, batch {c.batch}, heads {c.q_heads}/{c.kv_heads}): {why}{split}"
+            )
+            continue
         table.add_row(
             escape(c.cell_id), str(c.tp), str(c.batch), f"{c.q_heads}/{c.kv_heads}", _yes(c.prefill),
-            _yes(c.decode), escape(c.decode_reason + (f" [{'; '.join(c.notes)}]" if c.notes else "")),
+            _yes(c.decode), escape(why),
             f"{_yes(c.fa2_split)}: {escape(c.fa2_split_reason)}" if c.fa2_split_reason else _yes(c.fa2_split),
         )  # fmt: skip
     console.print(table)
+    for line in reasons:
+        console.print(escape(line), highlight=False)
     if flat:
         console.print(f"{flat} flat cell{'s' if flat != 1 else ''}: cascade disabled, never fires")
     console.print(

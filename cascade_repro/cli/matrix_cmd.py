@@ -12,11 +12,13 @@ from cascade_repro import exit_codes
 from cascade_repro.cli.app import (
     RESULTS_DIR,
     SPEC,
+    ShortHelpCommand,
     app,
     as_typed,
     command_line,
     err_console,
     out_console,
+    show_all_help,
     spec_default,
     user_errors,
 )
@@ -62,9 +64,66 @@ from cascade_repro.run import runstore
 from cascade_repro.vllm_surface.inject import DEFAULT_LADDER
 
 
-@app.command(epilog=exit_codes.epilog("matrix"))
+class MatrixCommand(ShortHelpCommand):
+    """`matrix`'s help: the common options first; the rest, and every vLLM flag, under --help-all."""
+
+    rare = frozenset(
+        {
+            "alpha", "rep_delta", "min_topk_violations", "drift_min", "inject", "engine_timeout",
+            "graphs_for_batches", "load_format", "hf_overrides", "prompt_field", "key_field", "allow_mixed",
+            "run_id", "reference_device", "topk", "arm_switch", "auto_controls", "rerun", "force_cascade",
+            "ignore_eos", "device", "trust_remote_code", "engine_args", "seed", "system_prompt",
+        }
+    )  # fmt: skip
+    more_help = staticmethod(lambda: _foreign_help())
+
+
+def _foreign_help() -> list[tuple[str, str, str]]:
+    """The panels of vLLM's and lm-eval's spellings: a line each in --help, vLLM's every flag under
+    --help-all (from the installed vLLM's EngineArgs, or the recorded release's)."""
+    from cascade_repro.plan.engine_args import OWNED, SHORT_FLAGS, flag_of, known_fields
+
+    fields = known_fields()
+    flags = [flag_of(n) for n in sorted(fields.kinds) if n not in OWNED]
+    short = (
+        "Every vLLM engine argument by vLLM's spelling, as vllm serve takes it, the same for both arms "
+        "(as -E key=value): --block-size 32, --kv-cache-dtype fp8, -pp 2, -O0, --max-num-seqs N, "
+        f"--enable-chunked-prefill, --quantization, ... ({len(flags)} flags; --help-all lists them). "
+        "Values are checked against each field's type; the ones the matrix owns are refused with its option."
+    )
+    full = (
+        f"Checked against {fields.where}. Short forms: {', '.join(f'{k} ({flag_of(v)})' for k, v in SHORT_FLAGS.items())}, "
+        "-O<n> (the optimization level). A switch takes --no-<flag> to turn it off. "
+        "Refused with the option to use: "
+        + ", ".join(f"{flag_of(k)} ({v})" for k, v in OWNED.items())
+        + ".\n\n"
+        + " ".join(flags)
+    )
+    lm_eval = (
+        "lm-eval's spellings: --model_args k=v,... (as -E), --output_path/--output-path/-o DIR (as "
+        "--results-dir), --log_samples (every sample is kept anyway), --gen_kwargs max_gen_toks=N "
+        "(as --max-tokens; the matrix decodes greedily)."
+    )
+    return [("vLLM engine flags", short, full), ("lm-eval spellings", lm_eval, lm_eval)]
+
+
+@app.command(
+    cls=MatrixCommand,
+    epilog=exit_codes.epilog("matrix"),
+    # vLLM's engine flags and lm-eval's spellings arrive as ctx.args, read by plan/flags.read_foreign
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+)
 def matrix(
     ctx: typer.Context,
+    help_all: Annotated[
+        bool,
+        typer.Option(
+            "--help-all",
+            help="Show every option, each text in full, and every vLLM engine flag.",
+            is_eager=True,
+            callback=show_all_help,
+        ),
+    ] = False,
     engine: Engine = None,
     model: Model = None,
     tp: Tp = None,
@@ -287,16 +346,21 @@ def matrix(
 
         cascade-repro matrix --engine vllm --batch 8,64,128 --calibrate default
     """
-    given = dict(locals())
+    given = {k: v for k, v in locals().items() if k != "ctx"}
     with user_errors():
         from cascade_repro.engines import get as engine_info
         from cascade_repro.plan.flags import spec_from_cli
 
-        asked = spec_from_cli(given, config)
+        asked = spec_from_cli(given, config, extra=ctx.args, ours=_own_flags(ctx))
         spec = asked.spec
+        for note in asked.foreign.notes:
+            err_console().print(f"note: {note}", highlight=False, markup=False)
         from cascade_repro.run.runner import RunOptions, check_run_id, default_run_id, run_matrix
 
-        settings = asked.run_settings(given, defaulted=lambda name: _defaulted(ctx, name))
+        typed = getattr(ctx.get_parameter_source("results_dir"), "name", "") == "COMMANDLINE"
+        settings = asked.run_settings(
+            {**given, "results_dir_typed": typed}, lambda name: _defaulted(ctx, name)
+        )
         opts = RunOptions.from_settings(settings, fresh=fresh, command=command_line())
 
         if engine_info(spec.engine).is_vllm:
@@ -322,6 +386,11 @@ def matrix(
         outcome = run_matrix(spec, opts, console)
     _print_outcome(outcome, console)
     raise typer.Exit(outcome.exit_code)
+
+
+def _own_flags(ctx: Any) -> list[str]:
+    """Every flag the command declares (its suggestions for a mistyped one)."""
+    return [o for p in ctx.command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-")]
 
 
 def _defaulted(ctx: Any, name: str) -> bool:
@@ -358,6 +427,9 @@ def _check_rendered(spec: Any, system_text: str, records: list[Any]) -> str | No
     return measured.warning()
 
 
+NARROW = 120  # columns below which the dry-run table heads each engine's cells with its key
+
+
 def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, reference: Any = None) -> None:
     """Print every cell (of the shard, if given), its engine and wave count; then the engine-start
     count and the time estimate (refined by ``run_dir``'s waves when that run already has some)."""
@@ -382,19 +454,35 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, refer
         engines = {k: ep for k, ep in engines.items() if k in keep}
         title += f", shard {shard}"
     table = Table(title=title)
-    for col in ("cell", "engine key", "tp", "batch", "arm", "waves", "why"):
-        table.add_column(col)
+    console = out_console()
+    # The cell id stays whole (it is what a user copies); the rest fold, never "…". Under 120
+    # columns each engine key heads its cells instead of filling a column (tp and batch are in the id).
+    narrow = console.width < NARROW
+    cols = (
+        ("cell", "arm", "waves", "why")
+        if narrow
+        else ("cell", "engine key", "tp", "batch", "arm", "waves", "why")
+    )
+    for col in cols:
+        table.add_column(col, no_wrap=col == "cell", overflow="fold")
     why = {"matrix": "", "control": "noise control (added)", "calibration": "calibration"}
     cells_of = {key: matrix_plan.cells_of(key) for key in engines}
     for key, cells in cells_of.items():
+        if narrow:
+            table.add_row(f"[bold]{escape(key)}[/]")
         for c in cells:
             role = why.get(c.origin, c.origin)
             if c.inject and c.origin != "calibration":
                 role = f"inject {c.inject}"
             elif c.origin == "calibration":
                 role = f"calibration ({c.inject})"
-            table.add_row(c.cell_id, key, str(c.tp), str(c.batch), c.arm, str(-(-n // c.batch)), role)
-    console = out_console()
+            waves = str(-(-n // c.batch))
+            if narrow:
+                table.add_row(escape(c.cell_id), c.arm, waves, role)
+            else:
+                table.add_row(escape(c.cell_id), escape(key), str(c.tp), str(c.batch), c.arm, waves, role)
+        if narrow:
+            table.add_section()
     console.print(table)
     if warning is not None:
         out_console(stderr=True).print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
@@ -438,7 +526,7 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, refer
             f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in spec.engine_args.items()
         )
         console.print(
-            f"vLLM engine arguments, both arms: {escape(shown)} (checked against {escape(known_fields()[1])})",
+            f"vLLM engine arguments, both arms: {escape(shown)} (checked against {escape(known_fields().where)})",
             highlight=False,
         )
 

@@ -122,7 +122,7 @@ SystemPrompt = Annotated[
 
 # default: None
 Limit = Annotated[
-    int | None,
+    str | None,  # read by plan/flags, which says what lm-eval's fraction (--limit 0.5) does here
     option("Use only the first N prompts. [default: all of the set]", PROMPTS, "--limit", metavar="N"),
 ]
 

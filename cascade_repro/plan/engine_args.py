@@ -14,236 +14,17 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from cascade_repro.errors import UsageError
+from cascade_repro.vllm_surface.engine_fields import FIELDS
 
 RECORDED_RELEASE = "0.26.0"
 # EngineArgs fields of vLLM 0.26.0 (public names), recorded by scripts/old-vllm/record_surface.py.
-RECORDED_FIELDS = frozenset(
-    {
-        "additional_config",
-        "aggregate_engine_logging",
-        "all2all_backend",
-        "allow_deprecated_quantization",
-        "allowed_local_media_path",
-        "allowed_media_domains",
-        "async_scheduling",
-        "attention_backend",
-        "attention_config",
-        "block_size",
-        "calculate_kv_scales",
-        "code_revision",
-        "collect_detailed_traces",
-        "compilation_config",
-        "config_format",
-        "convert",
-        "cp_kv_cache_interleave_size",
-        "cpu_distributed_timeout_seconds",
-        "cpu_offload_gb",
-        "cpu_offload_params",
-        "cudagraph_capture_sizes",
-        "cudagraph_metrics",
-        "data_parallel_address",
-        "data_parallel_backend",
-        "data_parallel_external_lb",
-        "data_parallel_hybrid_lb",
-        "data_parallel_multi_port_external_lb",
-        "data_parallel_rank",
-        "data_parallel_rpc_port",
-        "data_parallel_size",
-        "data_parallel_size_local",
-        "data_parallel_start_rank",
-        "dbo_decode_token_threshold",
-        "dbo_prefill_token_threshold",
-        "dcp_comm_backend",
-        "dcp_kv_cache_interleave_size",
-        "decode_context_parallel_size",
-        "default_mm_loras",
-        "device_ids",
-        "diffusion_config",
-        "disable_cascade_attn",
-        "disable_chunked_mm_input",
-        "disable_custom_all_reduce",
-        "disable_hybrid_kv_cache_manager",
-        "disable_log_stats",
-        "disable_nccl_for_dp_synchronization",
-        "disable_sliding_window",
-        "distributed_executor_backend",
-        "distributed_timeout_seconds",
-        "download_dir",
-        "dtype",
-        "ec_transfer_config",
-        "enable_bf16x3_router_gemm",
-        "enable_chunked_prefill",
-        "enable_cumem_allocator",
-        "enable_dbo",
-        "enable_elastic_ep",
-        "enable_ep_weight_filter",
-        "enable_eplb",
-        "enable_expert_parallel",
-        "enable_flashinfer_autotune",
-        "enable_layerwise_nvtx_tracing",
-        "enable_logging_iteration_details",
-        "enable_lora",
-        "enable_mamba_cache_stochastic_rounding",
-        "enable_mfu_metrics",
-        "enable_mixed_moe_lora_format",
-        "enable_mm_embeds",
-        "enable_mm_processor_stats",
-        "enable_moe_shared_loras",
-        "enable_prefix_caching",
-        "enable_prompt_embeds",
-        "enable_return_routed_experts",
-        "enable_sleep_mode",
-        "enable_tower_connector_lora",
-        "enforce_eager",
-        "eplb_config",
-        "expert_placement_strategy",
-        "fail_on_environ_validation",
-        "fully_sharded_loras",
-        "gdn_prefill_backend",
-        "generation_config",
-        "gpu_memory_utilization",
-        "hf_config_path",
-        "hf_overrides",
-        "hf_token",
-        "ignore_patterns",
-        "interleave_mm_strings",
-        "io_processor_plugin",
-        "ir_op_priority",
-        "jit_monitor_mode",
-        "jit_monitor_verbose",
-        "kernel_config",
-        "kv_cache_dtype",
-        "kv_cache_dtype_skip_layers",
-        "kv_cache_memory_bytes",
-        "kv_cache_metrics",
-        "kv_cache_metrics_sample",
-        "kv_events_config",
-        "kv_offloading_backend",
-        "kv_offloading_size",
-        "kv_sharing_fast_prefill",
-        "kv_transfer_config",
-        "language_model_only",
-        "limit_mm_per_prompt",
-        "linear_backend",
-        "load_format",
-        "logits_processors",
-        "logprobs_mode",
-        "long_prefill_token_threshold",
-        "lora_dtype",
-        "lora_target_modules",
-        "mamba_backend",
-        "mamba_block_size",
-        "mamba_cache_dtype",
-        "mamba_cache_mode",
-        "mamba_cache_philox_rounds",
-        "mamba_config",
-        "mamba_ssm_cache_dtype",
-        "master_addr",
-        "master_port",
-        "max_cpu_loras",
-        "max_cudagraph_capture_size",
-        "max_logprobs",
-        "max_long_partial_prefills",
-        "max_lora_rank",
-        "max_loras",
-        "max_model_len",
-        "max_num_batched_tokens",
-        "max_num_partial_prefills",
-        "max_num_scheduled_tokens",
-        "max_num_seqs",
-        "max_parallel_loading_workers",
-        "media_io_kwargs",
-        "mm_encoder_attn_backend",
-        "mm_encoder_attn_dtype",
-        "mm_encoder_fp8_scale_path",
-        "mm_encoder_fp8_scale_save_margin",
-        "mm_encoder_fp8_scale_save_path",
-        "mm_encoder_only",
-        "mm_encoder_tp_mode",
-        "mm_ipc_gpu_memory_gb",
-        "mm_processor_cache_gb",
-        "mm_processor_cache_type",
-        "mm_processor_kwargs",
-        "mm_shm_cache_max_object_size_mb",
-        "mm_tensor_ipc",
-        "model",
-        "model_class_overrides",
-        "model_impl",
-        "model_loader_extra_config",
-        "model_weights",
-        "moe_backend",
-        "nnodes",
-        "node_rank",
-        "num_gpu_blocks_override",
-        "numa_bind",
-        "numa_bind_cpus",
-        "numa_bind_nodes",
-        "offload_backend",
-        "offload_group_size",
-        "offload_num_in_group",
-        "offload_params",
-        "offload_prefetch_step",
-        "optimization_level",
-        "otlp_traces_endpoint",
-        "override_attention_dtype",
-        "override_generation_config",
-        "performance_mode",
-        "pipeline_parallel_size",
-        "pooler_config",
-        "prefill_context_parallel_size",
-        "prefill_schedule_interval",
-        "prefix_caching_hash_algo",
-        "prefix_match_unit",
-        "profiler_config",
-        "pt_load_map_location",
-        "quantization",
-        "quantization_config",
-        "ray_workers_use_nsight",
-        "reasoning_config",
-        "reasoning_parser",
-        "reasoning_parser_plugin",
-        "renderer_num_workers",
-        "revision",
-        "runner",
-        "safetensors_load_strategy",
-        "safetensors_prefetch_block_size",
-        "safetensors_prefetch_num_threads",
-        "scheduler_cls",
-        "scheduler_reserve_full_isl",
-        "scheduling_policy",
-        "seed",
-        "served_model_name",
-        "show_hidden_metrics_for_version",
-        "shutdown_timeout",
-        "skip_mm_profiling",
-        "skip_tokenizer_init",
-        "spec_method",
-        "spec_model",
-        "spec_tokens",
-        "specialize_active_lora",
-        "speculative_config",
-        "stream_interval",
-        "structured_outputs_config",
-        "tensor_parallel_size",
-        "tokenizer",
-        "tokenizer_mode",
-        "tokenizer_revision",
-        "tokens_only",
-        "trust_remote_code",
-        "ubatch_size",
-        "use_fp64_gumbel",
-        "use_tqdm_on_load",
-        "video_pruning_rate",
-        "watermark",
-        "weight_transfer_config",
-        "worker_cls",
-        "worker_extension_cls",
-    }
-)
+RECORDED_FIELDS = frozenset(FIELDS[RECORDED_RELEASE])
+
 
 # Owned by the harness: each is a matrix option (an axis or a per-arm setting), so passing it here
 # would either be overwritten or make the two arms differ.
@@ -258,6 +39,43 @@ OWNED = {
 }
 
 
+# vLLM's short spellings (``vllm serve``'s argparse aliases): ``-pp 2``, ``-O0``. ``-tp`` is the
+# matrix's own (--tp); ``-q`` is --quiet here, so quantization is spelled --quantization.
+SHORT_FLAGS = {
+    "-pp": "pipeline_parallel_size",
+    "-dcp": "decode_context_parallel_size",
+    "-dp": "data_parallel_size",
+    "-dpn": "data_parallel_rank",
+    "-dpr": "data_parallel_start_rank",
+    "-dpl": "data_parallel_size_local",
+    "-dpa": "data_parallel_address",
+    "-dpp": "data_parallel_rpc_port",
+}
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+_KIND_WORDS = {
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true or false",
+    "str": "a string",
+    "list": "a list (comma-separated, or JSON)",
+    "object": "a JSON object",
+}
+
+
+@dataclass(frozen=True)
+class Fields:
+    """The engine-argument names to check against, the kind of value each takes, and where they come
+    from (the installed vLLM's EngineArgs, or a recorded release's)."""
+
+    kinds: Mapping[str, str]
+    where: str
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(self.kinds)
+
+
 def parse_value(text: str) -> Any:
     """A value as JSON when it reads as JSON (``32``, ``true``, ``{"a": 1}``), else the string itself."""
     try:
@@ -266,15 +84,94 @@ def parse_value(text: str) -> Any:
         return text
 
 
-def parse_pairs(items: Iterable[str]) -> dict[str, Any]:
-    """``-E key=value`` (repeatable) into a dict; vLLM's dashed spelling (``block-size``) is accepted."""
+def coerce(key: str, text: str, kind: str, source: str = "-E") -> Any:
+    """A value typed on the command line as its field's kind: ``32`` for an int field, ``True`` for
+    ``true`` on a bool, the text itself for a string (``--revision 0123`` stays ``"0123"``). A value
+    that is not of the kind is a one-line UsageError naming the field and what it takes; ``None`` or
+    ``null`` is None, as vLLM's optional arguments read it."""
+    text = text.strip()
+    if text in ("None", "null") and kind != "bool":
+        return None
+    if kind == "str":
+        return text
+    if kind == "bool":
+        low = text.lower()
+        if low in _TRUE or low in _FALSE:
+            return low in _TRUE
+    elif kind == "int":
+        try:
+            return int(text)
+        except ValueError:
+            pass
+    elif kind == "float":
+        try:
+            return float(text)
+        except ValueError:
+            pass
+    elif kind == "list":
+        value = parse_value(text)
+        return value if isinstance(value, list) else [parse_value(x.strip()) for x in text.split(",")]
+    elif kind == "object":
+        if isinstance(value := parse_value(text), dict):
+            return value
+    else:
+        return parse_value(text)
+    raise UsageError(f"{source} {key}={text!r}: {key} takes {_KIND_WORDS[kind]}")
+
+
+def check_kind(key: str, value: Any, kind: str, source: str) -> None:
+    """Refuse a value (already typed: from JSON, TOML or YAML) that is not of its field's kind."""
+    if value is None or kind == "any":
+        return
+    ok = {
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, int | float) and not isinstance(value, bool),
+        "bool": isinstance(value, bool),
+        "str": isinstance(value, str),
+        "list": isinstance(value, list),
+        "object": isinstance(value, dict),
+    }[kind]
+    if not ok:
+        raise UsageError(f"{source}: engine argument {key}={value!r}: {key} takes {_KIND_WORDS[kind]}")
+
+
+def _looks_like_pairs(value: str) -> bool:
+    """``32,kv_cache_dtype=fp8``: lm-eval's ``k=v,k=v`` typed after one -E, not one value."""
+    parts = value.split(",")
+    return len(parts) > 1 and all(_is_pair(p) for p in parts[1:])
+
+
+def _is_pair(text: str) -> bool:
+    key, sep, _ = text.partition("=")
+    key = key.strip().replace("-", "_")
+    return bool(sep) and key.isidentifier()
+
+
+def split_pairs(text: str) -> list[str]:
+    """``k=v,k=v`` (lm-eval's ``--model_args``) into its pairs; a comma inside a JSON value
+    (``{"a": 1, "b": 2}``, ``[1, 2]``) or a list (``8,16``) stays in its value."""
+    out: list[str] = []
+    for part in text.split(","):
+        if out and not _is_pair(part):
+            out[-1] += "," + part
+        else:
+            out.append(part)
+    return out
+
+
+def parse_pairs(items: Iterable[str], source: str = "-E") -> dict[str, Any]:
+    """``-E key=value`` (repeatable) into a dict; vLLM's dashed spelling (``block-size``) is accepted,
+    ``k=v,k=v`` after one -E is split as lm-eval splits ``--model_args``, and each value is read as
+    its field's kind (:func:`coerce`; JSON where the field is not known)."""
+    kinds = known_fields().kinds
     out: dict[str, Any] = {}
     for item in items:
-        key, sep, value = item.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or not key:
-            raise UsageError(f"-E {item!r}: expected key=value, e.g. -E block_size=32")
-        out[key] = parse_value(value.strip())
+        for pair in split_pairs(item) if _looks_like_pairs(item.partition("=")[2]) else [item]:
+            key, sep, value = pair.partition("=")
+            key = key.strip().replace("-", "_")
+            if not sep or not key:
+                raise UsageError(f"{source} {item!r}: expected key=value, e.g. -E block_size=32")
+            out[key] = coerce(key, value, kinds.get(key, "any"), source)
     return out
 
 
@@ -291,24 +188,155 @@ def parse_json(text: str) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in value.items()}
 
 
-def known_fields() -> tuple[frozenset[str], str]:
-    """The engine-argument names to check against, and where they come from."""
+def flag_of(name: str) -> str:
+    """A field's ``vllm serve`` spelling: ``--block-size``."""
+    return "--" + name.replace("_", "-")
+
+
+def parse_flags(tokens: list[str], fields: Fields | None = None) -> tuple[dict[str, Any], list[str]]:
+    """vLLM's own flags as ``vllm serve`` takes them (``--block-size 32``, ``--block-size=32``,
+    ``--enable-prefix-caching``, ``--no-enable-chunked-prefill``, ``-pp 2``, ``-O0``) into engine
+    arguments, each value read as its field's kind. Returns them and the tokens that are not vLLM
+    flags (for the caller to read or refuse), in order. A flag of a field whose kind is unknown and
+    that no value follows is ``True``, as a switch."""
+    fields = fields or known_fields()
+    out: dict[str, Any] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        i += 1
+        flag, eq, inline = tok.partition("=")
+        name, negated = _field_of(flag, fields)
+        if name is None:
+            rest.append(tok)
+            continue
+        if name is _OPT_LEVEL:  # -O0, -O 3, -O=3
+            name, text = _optimization(tok, tokens, i, fields)
+            i += 0 if tok[2:] else 1
+            out.update({name: text})
+            continue
+        kind = fields.kinds[name]
+        if negated or (kind == "bool" and not eq):
+            out[name] = not negated
+            continue
+        if eq:
+            text = inline
+        elif i < len(tokens) and not tokens[i].startswith("--"):
+            text = tokens[i]
+            i += 1
+        elif kind == "any":
+            out[name] = True
+            continue
+        else:
+            raise UsageError(f"{flag} needs a value: {name} takes {_KIND_WORDS[kind]}")
+        out[name] = coerce(name, text, kind, flag)
+    return out, rest
+
+
+_OPT_LEVEL = "-O"
+
+
+def _field_of(flag: str, fields: Fields) -> tuple[str | None, bool]:
+    """The field a flag names (and whether it is the ``--no-`` form), or None."""
+    if flag.startswith("-O") and not flag.startswith("--"):
+        return _OPT_LEVEL, False
+    if flag in SHORT_FLAGS:
+        name = SHORT_FLAGS[flag]
+        return (name, False) if name in fields.kinds else (None, False)
+    if not flag.startswith("--"):
+        return None, False
+    name = flag[2:].replace("-", "_")
+    if name in fields.kinds:
+        return name, False
+    if name.startswith("no_") and fields.kinds.get(name[3:]) in ("bool", "any"):
+        return name[3:], True
+    return None, False
+
+
+def _optimization(tok: str, tokens: list[str], i: int, fields: Fields) -> tuple[str, Any]:
+    """``-O<n>``: vLLM's optimization level (``optimization_level`` where the release has it; before
+    that, ``-O3`` was compilation_config's level)."""
+    text = tok[2:].lstrip("=") or (tokens[i] if i < len(tokens) else "")
+    try:
+        level = int(text)
+    except ValueError:
+        raise UsageError(f"-O{text}: expected an optimization level, e.g. -O0 or -O3") from None
+    if "optimization_level" in fields.kinds:
+        return "optimization_level", level
+    return "compilation_config", {"level": level}
+
+
+def known_fields() -> Fields:
+    """The engine-argument names to check against, their kinds, and where they come from."""
     if importlib.util.find_spec("vllm") is not None:
         try:
-            import dataclasses
-
             import vllm
             from vllm.engine.arg_utils import EngineArgs
 
-            names = frozenset(f.name for f in dataclasses.fields(EngineArgs))
-            return names, f"vLLM {getattr(vllm, '__version__', '?')}'s EngineArgs"
+            return Fields(
+                _installed_kinds(EngineArgs), f"vLLM {getattr(vllm, '__version__', '?')}'s EngineArgs"
+            )
         except Exception:  # noqa: BLE001 - a broken install: fall back to the recorded list
             pass
-    return RECORDED_FIELDS, f"vLLM {RECORDED_RELEASE}'s EngineArgs as recorded (vLLM is not importable here)"
+    return recorded(RECORDED_RELEASE, "vLLM is not importable here")
+
+
+def recorded(release: str, why: str = "") -> Fields:
+    """A recorded release's fields (``vllm_surface/engine_fields.py``)."""
+    return Fields(FIELDS[release], f"vLLM {release}'s EngineArgs as recorded" + (f", {why}" if why else ""))
+
+
+def _installed_kinds(cls: type) -> dict[str, str]:
+    """Each field's kind from its annotation, as vLLM's ``_compute_kwargs`` maps annotations to
+    command-line types (a dataclass or dict: an object; bool before the others; Literal: its
+    members' type)."""
+    import dataclasses
+    import types
+    import typing
+
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001 - a forward reference vLLM resolves only under TYPE_CHECKING
+        hints = {}
+
+    def members(t: Any) -> set[Any]:
+        origin = typing.get_origin(t)
+        if origin is typing.Annotated:
+            return members(typing.get_args(t)[0])
+        if origin in (typing.Union, types.UnionType):
+            return {m for a in typing.get_args(t) for m in members(a)}
+        if origin is typing.Literal:
+            return {type(a) for a in typing.get_args(t)}
+        return {t}
+
+    out: dict[str, str] = {}
+    for f in dataclasses.fields(cls):
+        if f.name.startswith("_"):
+            continue
+        ts = members(hints.get(f.name, Any)) - {type(None)}
+        origins = {typing.get_origin(t) or t for t in ts}
+        if any(dataclasses.is_dataclass(t) for t in ts) or (origins and origins <= {dict}):
+            kind = "object"
+        elif origins == {bool}:
+            kind = "bool"
+        elif origins and origins <= {list, tuple, set}:
+            kind = "list"
+        elif origins == {int}:
+            kind = "int"
+        elif origins and origins <= {int, float}:
+            kind = "float"
+        elif origins == {str}:
+            kind = "str"
+        else:
+            kind = "any"
+        out[f.name] = kind
+    return out
 
 
 def check(args: dict[str, Any], max_batch: int, source: str = "options") -> None:
-    """Raise a one-line UsageError for the first argument that is unknown or would break the experiment."""
+    """Raise a one-line UsageError for the first argument that is unknown, of the wrong kind, or
+    would break the experiment."""
     if not args:
         return
     for key, value in args.items():
@@ -328,9 +356,10 @@ def check(args: dict[str, Any], max_batch: int, source: str = "options") -> None
                     f"--batch ({max_batch}), or a wave would not run as one batch (--batch is the number of "
                     "concurrent requests per wave)"
                 )
-    names, where = known_fields()
-    for key in args:
-        if key not in names:
-            close = difflib.get_close_matches(key, sorted(names), n=3, cutoff=0.6)
+    fields = known_fields()
+    for key, value in args.items():
+        if key not in fields.kinds:
+            close = difflib.get_close_matches(key, sorted(fields.kinds), n=3, cutoff=0.6)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise UsageError(f"{source}: {key!r} is not an engine argument of {where}{hint}")
+            raise UsageError(f"{source}: {key!r} is not an engine argument of {fields.where}{hint}")
+        check_kind(key, value, fields.kinds[key], source)

@@ -9,7 +9,7 @@ ladder is read here, once, whichever command took it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +17,9 @@ from typing import Any
 
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import (
+    CONFIG_KEYS,
     MatrixSpec,
+    config_values,
     load_toml,
     parse_fa_list,
     parse_hf_overrides,
@@ -39,16 +41,20 @@ VLLM_DTYPES = {
 
 # Flags whose value is the spec field's as typed (the flag's parameter name is the field's).
 SCALAR_FLAGS = (
-    "engine", "model", "prompts", "system_prompt", "limit", "prompt_field", "key_field", "max_tokens", "ignore_eos",
+    "engine", "model", "prompts", "system_prompt", "prompt_field", "key_field", "max_tokens", "ignore_eos",
     "force_cascade", "topk", "arm_switch", "enforce_eager", "graphs_for_batches", "load_format", "max_model_len",
     "gpu_memory_utilization", "trust_remote_code", "engine_timeout", "device", "inject", "rerun", "auto_controls",
 )  # fmt: skip
 
 
-def spec_values(given: Mapping[str, Any]) -> dict[str, Any]:
+def spec_values(given: Mapping[str, Any], foreign: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The spec field values of the flags in ``given`` (a command's parameters by name; a flag that
-    is absent or None was not given): comma lists parsed, JSON decoded, vLLM's spellings mapped."""
+    is absent or None was not given): comma lists parsed, JSON decoded, vLLM's spellings mapped.
+    ``foreign``: engine arguments given by vLLM's or lm-eval's spelling (:func:`read_foreign`),
+    under -E and over --engine-args."""
     out: dict[str, Any] = {}
+    if given.get("limit") is not None:
+        out["limit"] = parse_limit(str(given["limit"]))
     for flag in ("tp", "batch"):
         if given.get(flag) is not None:
             out[flag] = parse_int_list(given[flag], flag)
@@ -75,16 +81,202 @@ def spec_values(given: Mapping[str, Any]) -> dict[str, Any]:
             raise UsageError(str(e)) from None
     if given.get("hf_overrides") is not None:
         out["hf_overrides"] = parse_hf_overrides(given["hf_overrides"])
-    if given.get("engine_args") is not None or given.get("engine_arg"):
+    if given.get("engine_args") is not None or given.get("engine_arg") or foreign:
         from cascade_repro.plan import engine_args as eargs
 
         merged = eargs.parse_json(given["engine_args"]) if given.get("engine_args") is not None else {}
+        merged.update(foreign or {})
         merged.update(eargs.parse_pairs(given.get("engine_arg") or []))
         out["engine_args"] = merged
     for name in SCALAR_FLAGS:
         if given.get(name) is not None:
             out[name] = given[name]
     return out
+
+
+YAML_SUFFIXES = (".yaml", ".yml")
+# vLLM's names (a `vllm serve --config` file's keys) for the matrix's own settings.
+VLLM_CONFIG_KEYS = {"tensor_parallel_size": "tp", "attention_backend": "backend"}
+
+
+def load_config(path: Path) -> dict[str, Any]:
+    """``--config``: a matrix TOML file, or a vLLM YAML config (``vllm serve --config``'s: one
+    mapping of engine arguments, dashed or not). A YAML key that is a matrix setting (``model``,
+    ``dtype``, ``seed``, ``tensor-parallel-size`` as --tp, ...) sets it; every other key is an engine
+    argument, checked as -E's are."""
+    if path.suffix.lower() not in YAML_SUFFIXES:
+        return load_toml(path)
+    import yaml
+
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"config file not found: {path}") from None
+    except OSError as e:
+        raise UsageError(f"cannot read config file {path}: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: not UTF-8 at byte {e.start}") from None
+    except yaml.YAMLError as e:
+        raise UsageError(f"{path}: invalid YAML: {' '.join(str(e).split())}") from None
+    except RecursionError:
+        raise UsageError(f"{path}: invalid YAML: nested too deeply") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: a vLLM config is one mapping of engine arguments (key: value)")
+    ours: dict[str, Any] = {}
+    engine: dict[str, Any] = {}
+    for key, value in data.items():
+        name = VLLM_CONFIG_KEYS.get(k := str(key).replace("-", "_"), k)
+        if name == "engine_args" and isinstance(value, dict):
+            engine.update({str(a).replace("-", "_"): v for a, v in value.items()})
+        elif name in CONFIG_KEYS:
+            ours[name] = value
+        else:
+            engine[name] = value
+    if engine:
+        ours["engine_args"] = engine
+    return config_values(ours, path)
+
+
+def parse_limit(text: str) -> int:
+    """``--limit N``: a count of prompts. lm-eval's fraction (``--limit 0.5``) is refused with what to
+    type instead, since a prefix-sharing matrix plans its waves on a count."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        frac = float(text)
+    except ValueError:
+        raise UsageError(f"--limit: expected a number of prompts, got {text!r}") from None
+    raise UsageError(
+        f"--limit {text}: lm-eval reads a fraction of the set; here --limit counts prompts "
+        f"(e.g. --limit 32; `cascade-repro prompts list` gives each set's size)"
+        if 0 < frac < 1
+        else f"--limit: expected a whole number of prompts, got {text!r}"
+    )
+
+
+# lm-eval's spellings (lm_eval/__main__.py) that mean one of ours.
+LM_EVAL_RESULTS = ("--output_path", "--output-path", "-o")
+LM_EVAL_SAMPLES = ("--log_samples", "--log-samples")
+LM_EVAL_MODEL_ARGS = ("--model_args", "--model-args")
+LM_EVAL_GEN_KWARGS = ("--gen_kwargs", "--gen-kwargs")
+LM_EVAL_FLAGS = (*LM_EVAL_RESULTS, *LM_EVAL_SAMPLES, *LM_EVAL_MODEL_ARGS, *LM_EVAL_GEN_KWARGS)
+# lm-eval's vLLM model_args that are not engine arguments, and the option that says the same here.
+MODEL_ARGS_OWNED = {
+    "pretrained": "--model",
+    "batch_size": "--batch",
+    "max_gen_toks": "--max-tokens",
+    "max_length": "--max-model-len",
+}
+
+
+@dataclass(frozen=True)
+class Foreign:
+    """What the flags of vLLM's and lm-eval's spelling ask for: engine arguments (``--block-size 32``,
+    ``--model_args k=v,...``), lm-eval's output folder, ``--max-tokens`` from ``--gen_kwargs``, and
+    the notes to print (a flag that changes nothing here)."""
+
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    results_dir: str | None = None
+    max_tokens: int | None = None
+    notes: tuple[str, ...] = ()
+
+
+def read_foreign(tokens: Sequence[str], ours: Collection[str] = ()) -> Foreign:
+    """The tokens the command's own parser left (``ctx.args``): lm-eval's spellings first, then
+    vLLM's engine flags (``engine_args.parse_flags``); anything else is a one-line UsageError whose
+    suggestion comes from the family the flag is closest to (``ours``: the command's own flags,
+    vLLM's, lm-eval's), never across them."""
+    from cascade_repro.plan import engine_args as eargs
+
+    engine: dict[str, Any] = {}
+    results: str | None = None
+    max_tokens: int | None = None
+    notes: list[str] = []
+    left: list[str] = []
+    toks = list(tokens)
+    i = 0
+    while i < len(toks):
+        flag, eq, inline = toks[i].partition("=")
+        i += 1
+        if flag not in LM_EVAL_FLAGS:
+            left.append(toks[i - 1])
+            continue
+        if flag in LM_EVAL_SAMPLES:
+            notes.append(f"{flag}: every sample is kept anyway (samples/ in the run directory)")
+            continue
+        if eq:
+            value = inline
+        elif i < len(toks):
+            value, i = toks[i], i + 1
+        else:
+            raise UsageError(f"{flag} needs a value")
+        if flag in LM_EVAL_RESULTS:
+            results = value
+        elif flag in LM_EVAL_MODEL_ARGS:
+            pairs = eargs.parse_pairs(eargs.split_pairs(value), source=flag)
+            for key in pairs:
+                if key in MODEL_ARGS_OWNED:
+                    raise UsageError(f"{flag} {key}=...: use {MODEL_ARGS_OWNED[key]}")
+            engine.update(pairs)
+        else:
+            max_tokens = _gen_kwargs(flag, value)
+    vllm, left = eargs.parse_flags(left)
+    if left:
+        raise UsageError(_unknown(left[0], ours, eargs.known_fields().names))
+    return Foreign({**vllm, **engine}, results, max_tokens, tuple(notes))
+
+
+def _gen_kwargs(flag: str, value: str) -> int | None:
+    """lm-eval's ``--gen_kwargs``: ``max_gen_toks`` is --max-tokens; greedy settings are what the
+    matrix does anyway; any other is refused (both arms decode greedily, the experiment's point)."""
+    from cascade_repro.plan import engine_args as eargs
+
+    max_tokens = None
+    for pair in eargs.split_pairs(value):
+        key, _, text = pair.partition("=")
+        key, text = key.strip(), text.strip()
+        if key in ("max_gen_toks", "max_tokens") and text.isdigit():
+            max_tokens = int(text)
+        elif (key == "temperature" and text in ("0", "0.0")) or (
+            key == "do_sample" and text.lower() == "false"
+        ):
+            continue
+        else:
+            raise UsageError(
+                f"{flag} {pair}: the matrix decodes greedily, both arms alike; "
+                "only max_gen_toks (--max-tokens) is taken"
+            )
+    return max_tokens
+
+
+def _unknown(token: str, ours: Collection[str], vllm_names: Collection[str]) -> str:
+    """The refusal of a flag nobody here reads, with the closest flags of the family it resembles."""
+    import difflib
+
+    from cascade_repro.plan import engine_args as eargs
+
+    if not token.startswith("-"):
+        return f"unexpected argument {token!r} (see `--help`)"
+    flag = token.partition("=")[0]
+    families = {
+        "this tool's": sorted(ours),
+        "vLLM's": sorted(eargs.flag_of(n) for n in vllm_names),
+        "lm-eval's": sorted(LM_EVAL_FLAGS),
+    }
+    best: tuple[float, str, list[str]] = (0.0, "", [])
+    for family, names in families.items():
+        close = difflib.get_close_matches(flag, names, n=3, cutoff=0.75)
+        score = difflib.SequenceMatcher(None, flag, close[0]).ratio() if close else 0.0
+        if score > best[0]:
+            best = (score, family, close)
+    hint = f"; did you mean {', '.join(best[2])} ({best[1]})?" if best[2] else ""
+    return f"no such option: {flag}{hint}"
 
 
 @dataclass(frozen=True)
@@ -132,6 +324,7 @@ class CliSpec:
     file_keys: frozenset[str]  # the spec fields the file set
     settings: dict[str, Any]  # the file's run settings (RUN_KEYS), each checked for its type
     config: Path | None = None
+    foreign: Foreign = field(default_factory=Foreign)  # the flags of vLLM's and lm-eval's spelling
 
     def run_settings(self, given: Mapping[str, Any], defaulted: Callable[[str], bool]) -> RunSettings:
         """The run settings: ``given``'s (the command's parameters by name), the file's where
@@ -139,6 +332,11 @@ class CliSpec:
         from_file = {k: v for k, v in self.settings.items() if defaulted(k)}
         names = [f for f in RunSettings.__dataclass_fields__ if f not in ("config", "from_file")]
         values = {k: from_file.get(k, given[k]) for k in names}
+        if self.foreign.results_dir is not None:  # a flag, over the file's and the environment's
+            if given.get("results_dir_typed"):
+                raise UsageError("--results-dir and lm-eval's --output_path name the same folder: give one")
+            from_file.pop("results_dir", None)
+            values["results_dir"] = self.foreign.results_dir
         values["results_dir"] = Path(values["results_dir"])
         return RunSettings(**values, config=self.config, from_file=frozenset(from_file))
 
@@ -149,14 +347,23 @@ def spec_from_cli(
     *,
     engine: str | None = None,
     fields: Collection[str] | None = None,
+    extra: Sequence[str] = (),
+    ours: Collection[str] = (),
 ) -> CliSpec:
     """Build and validate the spec a command line asks for: ``config``'s values (a matrix TOML
     file), the flags in ``given`` over them. ``engine``: the command's own default engine where
     neither names one (an error names it as ``--engine``). ``fields``: read only these spec fields
     of the file and no run settings (`explain`, which runs nothing); otherwise the file's run
-    settings are taken out and checked (:attr:`CliSpec.settings`)."""
-    flags = spec_values(given)
-    values: dict[str, Any] = load_toml(config) if config else {}
+    settings are taken out and checked (:attr:`CliSpec.settings`). ``extra``: the tokens the
+    command's parser left, read by :func:`read_foreign` (``ours``: the command's flags, for its
+    suggestions)."""
+    foreign = read_foreign(extra, ours)
+    flags = spec_values(given, foreign.engine_args)
+    if foreign.max_tokens is not None:
+        if "max_tokens" in flags:
+            raise UsageError("--max-tokens and --gen_kwargs max_gen_toks set the same thing: give one")
+        flags["max_tokens"] = foreign.max_tokens
+    values: dict[str, Any] = load_config(config) if config else {}
     settings: dict[str, Any] = {}
     if fields is not None:
         values = {k: v for k, v in values.items() if k in fields}
@@ -168,4 +375,4 @@ def spec_from_cli(
         values["engine"] = engine
         flags["engine"] = engine
     spec = MatrixSpec.from_dict(values, source=str(config) if config else "options", flags=flags)
-    return CliSpec(spec, values, file_keys, settings, config)
+    return CliSpec(spec, values, file_keys, settings, config, foreign)

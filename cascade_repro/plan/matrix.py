@@ -554,6 +554,11 @@ def load_toml(path: Path) -> dict[str, Any]:
                 f"{path}: {', '.join(outside)} outside [matrix]: put every setting in [matrix] or none there"
             )
         data = data["matrix"]
+    return config_values(data, path)
+
+
+def config_values(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A config file's keys (TOML's, or a vLLM YAML file's once translated) as MatrixSpec field values."""
     out: dict[str, Any] = {}
     for k, v in data.items():
         k = k.replace("-", "_")

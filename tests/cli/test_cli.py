@@ -48,34 +48,35 @@ def test_no_arguments_shows_help():
 
 
 def test_matrix_help_groups_options_in_panels():
-    res = invoke("matrix", "--help")
-    assert res.exit_code == 0
-    for panel in ("Matrix", "Prompts", "Engine", "Output", "Verdicts", "Debug"):
-        assert f"╭─ {panel} ─" in res.stdout, panel
-    for option in (
-        "--batch",
-        "--tp",
-        "--cascade",
-        "--dry-run",
-        "--prompts",
-        "--arm-switch",
-        "--results-dir",
-        "--alpha",
-        "--inject",
+    res, everything = invoke("matrix", "--help"), invoke("matrix", "--help-all")
+    assert res.exit_code == everything.exit_code == 0
+    for panel in (
+        "Matrix",
+        "Prompts",
+        "Engine",
+        "Output",
+        "Verdicts",
+        "vLLM engine flags",
+        "lm-eval spellings",
     ):
+        assert f"\n{panel}:\n" in res.stdout, panel
+    assert "\nDebug:\n" in everything.stdout
+    for option in ("--batch", "--tp", "--cascade", "--dry-run", "--prompts", "--results-dir"):
         assert option in res.stdout
+    for option in ("--arm-switch", "--alpha", "--inject"):  # the rare ones: --help-all
+        assert f"\n  {option} " not in res.stdout and f"\n  {option} " in everything.stdout
     assert (
         "Exit codes: • 0 success • 1 regression (per --fail-on), or every cascade pair errored "
         "• 2 usage error, in one line • 4 nothing exercised (cascade never fired in any pair) "
         "• 5 inconclusive (no noise control, or the run is not finished) "
         "• 6 the machine refused (a permission, a full disk, an I/O error: one line names the path) "
-        "• 70 internal error (a bug: cascade-repro --debug shows its traceback) • 130 interrupted "
-        "• 141 a pipe closed early (| head -1: SIGPIPE, as any Unix tool)"
+        "• 70 internal error (a bug: `cascade-repro --debug` shows its traceback) • 130 interrupted "
+        "• 141 a pipe closed early (`| head -1`: SIGPIPE, as any Unix tool)"
     ) in flat(res.stdout)
 
 
 def test_run_id_help_explains_the_default_name():
-    assert "hash" in invoke("matrix", "--help").stdout
+    assert "hash" in invoke("matrix", "--help-all").stdout
 
 
 @pytest.mark.parametrize("args", [["--help"], ["matrix", "--help"], ["report", "--help"]])
@@ -316,7 +317,9 @@ def test_an_unwritable_results_dir_is_one_line_not_a_traceback(tmp_path, monkeyp
         UsageError, match=f"^{tmp_path}/f is a file, not a folder: it cannot hold {tmp_path}/f/run$"
     ):
         runstore.RunLock(tmp_path / "f" / "run").acquire()
-    res = invoke("matrix", "--engine", "fake", "--limit", "1", "--results-dir", str(tmp_path / "f"), "--run-id", "run")
+    res = invoke(
+        "matrix", "--engine", "fake", "--limit", "1", "--results-dir", str(tmp_path / "f"), "--run-id", "run"
+    )
     assert res.exit_code == 2 and "Traceback" not in res.output
     assert flat(res.stderr) == f"error: --results-dir {tmp_path}/f: {tmp_path}/f is a file, not a folder"
 
@@ -463,7 +466,7 @@ def test_the_verdict_options_defaults_in_help_are_the_thresholds_defaults():
 
     from cascade_repro.judge.verdicts import Thresholds
 
-    text = flat(invoke("matrix", "--help").stdout)
+    text = flat(invoke("matrix", "--help-all").stdout)
     th = Thresholds()
     for option, value in (("--alpha", th.alpha), ("--rep-delta", th.rep_delta),
                           ("--min-topk-violations", th.min_topk_violations), ("--drift-min", th.drift_min)):  # fmt: skip
@@ -511,8 +514,20 @@ def test_every_option_that_takes_a_value_names_it():
 
 
 def _option_row(text: str, option: str) -> str:
-    """The help row of one option, from its name up to the next option."""
-    for line in text.splitlines():
+    """The help row of one option, from its name up to the next option (Typer's boxes, or the plain
+    rows of `matrix`'s help: the flags, then lines indented under them)."""
+    lines = text.splitlines()
+    if not any("│" in line for line in lines):
+        for i, line in enumerate(lines):
+            flags = [w.strip(",") for w in line.strip().split("  ")[0].split()]
+            if line.startswith("  -") and option in flags:
+                block = [line]
+                while i + 1 < len(lines) and lines[i + 1].startswith("     "):
+                    i += 1
+                    block.append(lines[i])
+                return " ".join(" ".join(block).split())
+        raise AssertionError(f"{option} not in help")
+    for line in lines:
         cells = line.strip("│ ").split()
         if cells and option in cells[0].split(","):
             return " ".join(cells)
@@ -531,7 +546,7 @@ def _option_row(text: str, option: str) -> str:
         ("matrix", "--limit", "--limit N Use only the first N prompts. [default: all of the set]"),
         ("matrix", "--shard", "--shard I/N Run only shard I of N"),
         ("matrix", "--run-id", "--run-id RUN_ID Name of the run directory. [default: ENGINE-MODEL-HASH, e.g. hf-embedded-44136fa355b3,"),
-        ("matrix", "--quiet", "--quiet -q No progress bar: the plain progress lines instead"),
+        ("matrix", "--quiet", "-q, --quiet No progress bar: the plain progress lines instead"),
         ("matrix", "--dry-run", "--dry-run Print the cell table and the number of engine starts, run nothing."),
         ("report", "--fail-on", "--fail-on regression|error|never Exit 1 on regression, error (regression or error cells) or never; summary.json follows. [default: the run's own --fail-on]"),
         ("merge", "--allow-partial", "--allow-partial Merge even when a shard's directory is missing:"),
@@ -539,7 +554,8 @@ def _option_row(text: str, option: str) -> str:
     ],
 )  # fmt: skip
 def test_help_rows_name_the_value_and_its_default(command, option, row):
-    assert _option_row(invoke(command, "--help").stdout, option).startswith(row)
+    text = invoke(command, "--help-all" if command == "matrix" else "--help").stdout  # matrix's rare ones
+    assert _option_row(text, option).startswith(row)
 
 
 def _command(words: str):
@@ -569,7 +585,16 @@ def test_an_option_several_commands_take_reads_the_same_in_each(option, commands
     assert len({(p.help, p.metavar, p.envvar, tuple(p.opts), tuple(p.secondary_opts)) for p in params}) == 1
 
 
-AXES = ("--tp", "--batch", "--cascade", "--backend", "--fa-version", "--hf-overrides", "--max-tokens", "--config")
+AXES = (
+    "--tp",
+    "--batch",
+    "--cascade",
+    "--backend",
+    "--fa-version",
+    "--hf-overrides",
+    "--max-tokens",
+    "--config",
+)
 
 
 @pytest.mark.parametrize("option", AXES)
@@ -642,7 +667,7 @@ def test_arm_switch_help_names_what_the_hf_engine_records():
     assert not engine_info("hf").attention_axes  # so runner records arm_switch "shared" for it
     assert (
         "The hf engine always serves both arms from one model: its run.json and report say shared."
-        in flat(invoke("matrix", "--help").stdout)
+        in flat(invoke("matrix", "--help-all").stdout)
     )
 
 
@@ -766,8 +791,8 @@ def test_prompts_show_prints_no_python_dict():
 @pytest.mark.parametrize(
     ("args", "line"),
     [
-        (["matrix", "--limit", "abc"], "error: Invalid value for '--limit': Input should be a valid integer, unable to parse string as an integer (see `cascade-repro matrix --help`)"),
-        (["matrix", "--nosuch"], "error: No such option: --nosuch (see `cascade-repro matrix --help`)"),
+        (["matrix", "--limit", "abc"], "error: --limit: expected a number of prompts, got 'abc'"),
+        (["matrix", "--nosuch"], "error: no such option: --nosuch"),
         (["report"], "error: Missing argument 'RUN_DIR'. (see `cascade-repro report --help`)"),
         (["prompts", "show"], "error: Missing argument 'SET'. (see `cascade-repro prompts show --help`)"),
         (["nosuchcmd"], "error: No such command 'nosuchcmd'. (see `cascade-repro --help`)"),
