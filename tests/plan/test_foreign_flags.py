@@ -16,7 +16,7 @@ from cascade_repro.plan import engine_args as ea
 from cascade_repro.plan.flags import read_foreign
 from cascade_repro.vllm_surface.engine_fields import FIELDS, KINDS
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 NARROW = {"COLUMNS": "80"}
 
 
