@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import tarfile
 from pathlib import Path
 
@@ -13,6 +14,10 @@ import pytest
 from typer.testing import CliRunner
 
 from cascade_repro.cli import app
+from cascade_repro.report.markdown import ISSUE_COLUMN_CHARS
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+import gfm  # noqa: E402
 
 EVIDENCE = Path(__file__).resolve().parents[1] / "docs" / "evidence"
 SCORED = ("run.json", "pairs.parquet", "cells.parquet", "summary.json")
@@ -63,3 +68,8 @@ def test_report_gives_the_committed_verdicts(tmp_path: Path, name: str, src: Pat
     after = verdicts(json.loads((run_dir / "summary.json").read_text(encoding="utf-8")))
     assert after == before, name
     assert res.exit_code == before["exit_code"], res.output
+    # The re-rendered report.md as GitHub shows it: nothing struck through (pair ids hold `~`),
+    # the headline as summary.json says it, the tables shown open within the issue column.
+    shown = gfm.render((run_dir / "report.md").read_text(encoding="utf-8"))
+    assert shown.struck == [] and shown.headline == before["headline"], name
+    assert max(shown.widths(folded=False), default=0) <= ISSUE_COLUMN_CHARS, shown.tables

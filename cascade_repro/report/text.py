@@ -18,6 +18,10 @@ _BACKTICKS = re.compile("`+")
 # Only what could open a tag, comment or entity; a bare "<1e-6" stays readable in the raw file.
 _MD_TAG = re.compile(r"<(?=[A-Za-z/!?])")
 _MD_ENTITY = re.compile(r"&(?=#?[A-Za-z0-9]+;)")
+# Every character GitHub's markdown gives a meaning inside a line: emphasis (* _), strikethrough
+# (~: pair ids hold one, and "a~b, c~d" rendered struck through), code (`), links and images ([ ]),
+# table cells (|), math ($), and the backslash that escapes them.
+_MD_INLINE = re.compile(r"([\\`*_~\[\]|$])")
 
 
 def is_missing(v: Any) -> bool:
@@ -129,7 +133,12 @@ def md_cell(v: Any, limit: int = 160) -> str:
     """Make any value safe inside one GitHub markdown table cell."""
     s = truncate(one_line(text_of(v)), limit)
     # Truncate first so an escape sequence is never cut in half.
-    return md_escape_html(s).replace("\\", "\\\\").replace("|", "\\|")
+    return md_inline(s)
+
+
+def md_inline(s: str) -> str:
+    """Escape text for GitHub markdown inside a line: it renders as the very characters given."""
+    return _MD_INLINE.sub(r"\\\1", md_escape_html(s))
 
 
 def md_escape_html(s: str) -> str:
