@@ -10,16 +10,20 @@ import sys
 import tarfile
 from pathlib import Path
 
+import jsonschema
 import pytest
+import xmlschema
 from typer.testing import CliRunner
 
 from cascade_repro.cli import app
+from cascade_repro.report.json import summary_schema
 from cascade_repro.report.markdown import ISSUE_COLUMN_CHARS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 import gfm  # noqa: E402
 
 EVIDENCE = Path(__file__).resolve().parents[1] / "docs" / "evidence"
+JUNIT_XSD = Path(__file__).resolve().parent / "data" / "junit-10.xsd"
 SCORED = ("run.json", "pairs.parquet", "cells.parquet", "summary.json")
 
 
@@ -73,3 +77,9 @@ def test_report_gives_the_committed_verdicts(tmp_path: Path, name: str, src: Pat
     shown = gfm.render((run_dir / "report.md").read_text(encoding="utf-8"))
     assert shown.struck == [] and shown.headline == before["headline"], name
     assert max(shown.widths(folded=False), default=0) <= ISSUE_COLUMN_CHARS, shown.tables
+    # The machine-readable files as produced now: junit.xml against junit-10.xsd, summary.json
+    # against its shipped JSON Schema.
+    xmlschema.XMLSchema(JUNIT_XSD).validate(str(run_dir / "junit.xml"))
+    jsonschema.Draft202012Validator(summary_schema()).validate(
+        json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    )

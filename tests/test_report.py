@@ -42,6 +42,24 @@ from cascade_repro.report.text import fence_for, fmt_p, md_cell
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 import gfm  # noqa: E402
 
+JUNIT_XSD = Path(__file__).parent / "data" / "junit-10.xsd"
+
+
+def assert_junit_valid(text: str) -> None:
+    """junit.xml against Jenkins' xUnit schema (junit-10.xsd, the one pytest validates against)."""
+    import xmlschema
+
+    xmlschema.XMLSchema(JUNIT_XSD).validate(text)
+
+
+def assert_summary_valid(text: str) -> None:
+    """summary.json against the JSON Schema the package ships."""
+    import jsonschema
+
+    from cascade_repro.report.json import summary_schema
+
+    jsonschema.Draft202012Validator(summary_schema()).validate(json.loads(text))
+
 GOLDEN = Path(__file__).parent / "golden"
 NAN = float("nan")
 SCRIPT = "<script>alert(1)</script>"
@@ -667,6 +685,78 @@ def test_report_md_escapes_every_gfm_character(run_dir: Path) -> None:
     shown = assert_reads_on_github(text, headline(data), fits=False)
     assert hostile["p02"] in shown.headline
     assert any(row and row[0] == hostile["p02"] for _, rows in shown.tables for row in rows)
+
+
+def test_junit_is_valid_against_jenkins_junit_10_xsd(run_dir: Path) -> None:
+    data = load_run(run_dir)
+    text = JunitFormatter().render(data)
+    assert_junit_valid(text)
+    root = ET.fromstring(text)
+    assert "skipped" not in root.attrib and root.find("testsuite").get("skipped") == "1"
+    # The schema is no test that cannot fail: the old document (skipped on <testsuites>) fails it.
+    root.set("skipped", "1")
+    with pytest.raises(Exception, match="skipped"):
+        assert_junit_valid(ET.tostring(root, encoding="unicode"))
+
+
+def test_junit_suite_time_is_every_invocations_sum(tmp_path: Path) -> None:
+    """A resumed run: 13 s in the last invocation, 518 s in all; timings from before the runner summed
+    them held the last one's."""
+    invs = [{"started_at": "2025-01-02T03:04:05Z", "command": "a", "total_s": 505.0},
+            {"started_at": "2025-01-02T04:04:05Z", "command": "a", "total_s": 13.0}]  # fmt: skip
+    data = load_run(build_run(tmp_path, {**RUN, "invocations": invs, "timings": {"total_s": 13.0}}))
+    root = ET.fromstring(JunitFormatter().render(data))
+    assert root.get("time") == root.find("testsuite").get("time") == "518.000"
+
+
+def test_summary_json_is_valid_against_its_schema(run_dir: Path, tmp_path: Path) -> None:
+    from conftest import synthetic_run
+
+    from cascade_repro.judge import compare
+    from cascade_repro.judge.verdicts import Thresholds
+    from cascade_repro.report.json import SCHEMA_VERSION, summary_schema
+    from cascade_repro.run import runstore
+
+    assert summary_schema()["properties"]["schema_version"] == {"const": SCHEMA_VERSION}
+    text = JsonFormatter().render(load_run(run_dir))
+    assert_summary_valid(text)
+    synth = synthetic_run(tmp_path / "synth", prompts=4, batch="1,8")
+    run = runstore.read_manifest(synth)
+    cells, pairs, comps = compare.build_tables(run, synth, Thresholds())
+    for name, df in ((runstore.CELLS, cells), (runstore.PAIRS, pairs), (runstore.COMPARISONS, comps)):
+        df.to_parquet(synth / name, index=False)
+    assert_summary_valid(JsonFormatter().render(load_run(synth)))
+    # A pair field the schema does not know (a new column without a new schema) fails it.
+    bad = json.loads(text)
+    bad["pairs"][0]["new_field"] = 1
+    with pytest.raises(Exception, match="new_field"):
+        assert_summary_valid(json.dumps(bad))
+
+
+def test_no_report_names_the_users_machine(tmp_path: Path) -> None:
+    """The prompt set's path, a cache folder and the command line hold the user's home and the
+    installation's site-packages; no report shows either (the host name is not recorded at all)."""
+    site = "/home/alice/.venv/lib/python3.12/site-packages"
+    run = {
+        **RUN,
+        "command": f"cascade-repro matrix --prompts /home/alice/sets/mine.jsonl --out {site}/x",
+        "prompt_set": {**RUN["prompt_set"], "source": f"{site}/cascade_repro/prompts_data/shared-prefix.jsonl"},
+        "env": {**RUN["env"], "vllm_env": {"CUDA_CACHE_PATH": "/home/alice/.cache/cuda"}},
+        "invocations": [{"started_at": "2025-01-02T03:04:05Z", "command": "cascade-repro matrix /home/alice/r",
+                         "total_s": 1.0}],
+    }  # fmt: skip
+    data = load_run(build_run(tmp_path, run))
+    for fmt in ReportFormat:
+        text = formatter_for(fmt).render(data)
+        assert "alice" not in text and "/home/" not in text, fmt
+    md = MarkdownFormatter().render(data)
+    assert "prompt_set.source: <site-packages>/cascade_repro/prompts_data/shared-prefix.jsonl" in md
+    assert "--prompts ~/sets/mine.jsonl" in md and "CUDA_CACHE_PATH: ~/.cache/cuda" in md
+    # A set read from a file outside a home folder is shown by its name.
+    from cascade_repro.report.environment import portable_source
+
+    assert portable_source("/data/sets/mine.jsonl") == "mine.jsonl"
+    assert portable_source("prompts/ko.jsonl") == "prompts/ko.jsonl"
 
 
 def test_examples_rank_and_texts(run_dir: Path) -> None:

@@ -24,6 +24,13 @@ _MD_ENTITY = re.compile(r"&(?=#?[A-Za-z0-9]+;)")
 _MD_INLINE = re.compile(r"([\\`*_~\[\]|$])")
 
 
+# What names the user's machine in a path: the installation's site-packages, a home folder.
+_SITE_PACKAGES = re.compile(r"(?:[A-Za-z]:)?[/\\][^\s'\"]*?[/\\](?:site|dist)-packages(?=[/\\])")
+_HOME = re.compile(
+    r"(?<![\w.~-])(?:/home/[^/\s'\"]+|/Users/[^/\s'\"]+|/root|[A-Za-z]:\\Users\\[^\\\s'\"]+)(?=[/\\\s'\"]|$)"
+)
+
+
 def is_missing(v: Any) -> bool:
     """Return True for None, NaN and pandas NA."""
     if v is None:
@@ -122,6 +129,24 @@ def one_line(s: str) -> str:
     """Collapse newlines and tabs into spaces and drop every other control character."""
     s = re.sub(r"[\r\n\t]+", " ", s)
     return _CONTROL_ALL.sub("", s)
+
+
+def portable_paths(s: str) -> str:
+    """Text with the user's machine taken out of its paths: an installation's site-packages reads
+    `<site-packages>`, a home folder `~` (reports are pasted into public issues; the host name is
+    not recorded for the same reason)."""
+    return _HOME.sub("~", _SITE_PACKAGES.sub("<site-packages>", s))
+
+
+def portable_json(v: Any) -> Any:
+    """``portable_paths`` over every string of a JSON value (keys too)."""
+    if isinstance(v, str):
+        return portable_paths(v)
+    if isinstance(v, dict):
+        return {portable_json(k): portable_json(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [portable_json(x) for x in v]
+    return v
 
 
 def truncate(s: str, limit: int) -> str:
