@@ -218,11 +218,11 @@ def deciding_evidence(r: dict, alpha: float = 0.01, rep_delta: float = 0.02) -> 
         return "a cell did not finish"
     if verdict == INCONCLUSIVE:
         return "no noise control measured"
+    if verdict == IDENTICAL:
+        return f"diverged {fmt_ratio(r.get('n_diverged'), r.get('n'))}"
     if text_of(r.get("rule")) == "reference" and not is_missing(r.get("ref_ratio")):
         s = f"error vs reference {fmt_x(r.get('ref_ratio'))}x{_over(r.get('ref_ratio'), r.get('ref_min_effect'))}"
         return f"{s}, {_p_vs(r.get('p_ref'), alpha)}"
-    if verdict == IDENTICAL:
-        return f"diverged {fmt_ratio(r.get('n_diverged'), r.get('n'))}"
     fired = [k for k in str(r.get("decided_by") or "").split(",") if k in _EVIDENCE]
     if verdict == REGRESSION and not fired:
         fired = [k for k, fires in _FIRES.items() if fires(r, alpha, rep_delta)]
