@@ -219,7 +219,14 @@ def _collapsed(summary: str, body: list[str]) -> list[str]:
     let GitHub render the markdown inside the HTML block)."""
     while body and not body[-1]:
         body = body[:-1]
-    return [f"<details><summary>{html.escape(summary, quote=False)}</summary>", "", *body, "", "</details>", ""]
+    return [
+        f"<details><summary>{html.escape(summary, quote=False)}</summary>",
+        "",
+        *body,
+        "",
+        "</details>",
+        "",
+    ]
 
 
 def _evidence(data: RunData, worst_only: bool) -> list[str]:
