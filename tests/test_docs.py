@@ -218,8 +218,8 @@ def test_the_worked_examples_quoted_output_is_a_real_runs(tmp_path):
     # The quoted verdict table: the real report's, column for column.
     report = (run_dir / "report.md").read_text(encoding="utf-8")
     assert report.startswith(f"## {headline}\n")
-    real_header, real_rows = markdown_table(report[report.index("### Verdicts") :])
-    header, rows = markdown_table(example[example.index("Its verdict") :])
+    real_header, real_rows = markdown_table(report[report.index("\n| pair | verdict |") :])
+    header, rows = markdown_table(example[example.index("its verdict table") :])
     assert header == real_header
     assert [r[0] for r in rows] == [r[0] for r in real_rows]
     for row, real_row in zip(rows, real_rows, strict=True):

@@ -25,6 +25,7 @@ import pytest
 from cascade_repro import vllm_surface
 from cascade_repro.errors import UsageError
 from cascade_repro.plan import models
+from cascade_repro.report.json import SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
@@ -141,6 +142,7 @@ def test_the_wheel_installs_in_a_clean_venv_and_runs_the_readme_commands(tmp_pat
         meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert "cascade_repro/prompts_data/ko-ifeval-style.jsonl" in names
+    assert "cascade_repro/report/summary.schema.json" in names  # summary.json's JSON Schema ships
     assert "License-Expression: Apache-2.0" in meta
     assert "Requires-Dist: vllm<0.32.0,>=0.10.2; extra == \"vllm\"" in meta
 
@@ -157,6 +159,10 @@ def test_the_wheel_installs_in_a_clean_venv_and_runs_the_readme_commands(tmp_pat
     where = subprocess.run([str(vpy), "-c", "import cascade_repro; print(cascade_repro.__file__)"],
                            cwd=work, env=env, capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert Path(where.strip()).is_relative_to(venv), where  # the wheel's copy, not the checkout's
+    version = subprocess.run([str(vpy), "-c", "from cascade_repro.report.json import summary_schema as s; "
+                              "print(s()['properties']['schema_version']['const'])"],
+                             cwd=work, env=env, capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert version.strip() == str(SCHEMA_VERSION)
 
     script = venv / "bin" / "cascade-repro"
     res = subprocess.run([str(script), "--help"], cwd=work, env=env, capture_output=True, text=True, timeout=120)

@@ -409,6 +409,23 @@ def err_console():
     return out_console(stderr=True)
 
 
+def print_summary_json(run_dir: Path, exit_code: int) -> None:
+    """``--json``: the run's directory, exit code and summary.json on stdout as one JSON object (the
+    summary just written; null where the run scored nothing, as an empty shard)."""
+    import json
+
+    from cascade_repro.run import runstore
+
+    path = Path(run_dir) / runstore.SUMMARY_JSON
+    summary = None
+    # The file this command just wrote; a link there would be no report of this run.
+    if path.is_file() and not path.is_symlink():
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    doc = {"run_dir": str(run_dir), "exit_code": exit_code, "summary": summary}
+    sys.stdout.write(json.dumps(doc, ensure_ascii=False, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
 def print_outcome(console: Any, headline: str, exit_code: int, reason: str) -> None:
     """The verdict on stderr: the report's headline (red on a regression or a failing exit), then why."""
     style = "bold green" if exit_code == 0 else "bold red"

@@ -18,6 +18,7 @@ from cascade_repro.cli.app import (
     command_line,
     err_console,
     out_console,
+    print_summary_json,
     show_all_help,
     spec_default,
     user_errors,
@@ -54,11 +55,13 @@ from cascade_repro.cli.options import (
     RepDelta,
     ResultsDir,
     RunId,
+    SummaryJson,
     SystemPrompt,
     Tp,
     TrustRemoteCode,
     option,
 )
+from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import ARM_SWITCHES, FAIL_ON_DEFAULT
 from cascade_repro.run import runstore
 from cascade_repro.vllm_surface.inject import DEFAULT_LADDER
@@ -291,6 +294,7 @@ def matrix(
     ] = False,
     fail_on: FailOn = FAIL_ON_DEFAULT,
     quiet: Quiet = False,
+    json_out: SummaryJson = False,
     shard: Annotated[
         str | None,
         option(
@@ -372,6 +376,8 @@ def matrix(
             if vllm_surface.cascade_status(version) == "removed" and not dry_run:
                 raise typer.Exit(exit_codes.NOTHING_EXERCISED)
         if dry_run:
+            if json_out:
+                raise UsageError("--json prints a run's summary; --dry-run runs nothing (drop one of them)")
             from cascade_repro.plan.models import check_model
 
             if opts.run_id is not None:
@@ -385,6 +391,8 @@ def matrix(
         console = err_console()
         outcome = run_matrix(spec, opts, console)
     _print_outcome(outcome, console)
+    if json_out:
+        print_summary_json(outcome.run_dir, outcome.exit_code)
     raise typer.Exit(outcome.exit_code)
 
 

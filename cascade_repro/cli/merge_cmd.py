@@ -9,8 +9,15 @@ import typer
 from rich.markup import escape
 
 from cascade_repro import exit_codes
-from cascade_repro.cli.app import app, command_line, err_console, print_outcome, user_errors
-from cascade_repro.cli.options import FailOn
+from cascade_repro.cli.app import (
+    app,
+    command_line,
+    err_console,
+    print_outcome,
+    print_summary_json,
+    user_errors,
+)
+from cascade_repro.cli.options import FailOn, SummaryJson
 from cascade_repro.plan.matrix import FAIL_ON_DEFAULT
 
 
@@ -21,6 +28,7 @@ def merge(
     fail_on: FailOn = FAIL_ON_DEFAULT,
     link: Annotated[bool, typer.Option("--link", help="Hard-link samples and logs instead of copying (same filesystem only).")] = False,
     allow_partial: Annotated[bool, typer.Option("--allow-partial", help="Merge even when a shard's directory is missing: its cells show as `pending` and its pairs as `error` (a warning, and the exit code per --fail-on). Without it a missing shard is a usage error (exit 2) and nothing is written.")] = False,
+    json_out: SummaryJson = False,
 ) -> None:  # fmt: skip
     """Merge shard directories of one matrix into OUT_DIR, then score it and write every report.
 
@@ -55,4 +63,6 @@ def merge(
         highlight=False,
         markup=False,
     )
+    if json_out:
+        print_summary_json(outcome.run_dir, outcome.exit_code)
     raise typer.Exit(outcome.exit_code)

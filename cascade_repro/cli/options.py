@@ -310,6 +310,13 @@ Out = Annotated[Path | None, option(None, OUTPUT, "--out", metavar="DIR")]
 
 # default: False
 Json = Annotated[bool, option("Print JSON instead of a table.", OUTPUT, "--json")]
+# matrix, merge, report: what a script reads instead of parsing stderr.
+SummaryJson = variant(
+    Json,
+    help='Print the outcome on stdout as one JSON object: {"run_dir", "exit_code", "summary"}, where '
+    "summary is the summary.json written (its JSON Schema ships in the package as "
+    "cascade_repro/report/summary.schema.json; null where nothing was scored). Messages stay on stderr.",
+)
 
 # --- verdicts: defaults THRESHOLDS.<name> ------------------------------------------------------------
 

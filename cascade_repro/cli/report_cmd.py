@@ -7,8 +7,15 @@ from typing import Annotated
 import typer
 
 from cascade_repro import exit_codes
-from cascade_repro.cli.app import app, command_line, err_console, print_outcome, user_errors
-from cascade_repro.cli.options import FailOn, RunDir, variant
+from cascade_repro.cli.app import (
+    app,
+    command_line,
+    err_console,
+    print_outcome,
+    print_summary_json,
+    user_errors,
+)
+from cascade_repro.cli.options import FailOn, RunDir, SummaryJson, variant
 
 # Not matrix's default: a report judges the run as its own matrix command asked, unless told.
 ReportFailOn = variant(
@@ -44,6 +51,7 @@ def report(
             "divergent prompts' texts and top-k tables.",
         ),
     ] = False,
+    json_out: SummaryJson = False,
 ) -> None:
     """Re-render report.md, report.html, summary.json and junit.xml from a run directory.
 
@@ -67,4 +75,6 @@ def report(
     for p in done.paths.values():
         console.print(f"wrote {p}", highlight=False, markup=False)  # a path: "[x]" is no style tag
     print_outcome(console, done.outcome.headline, done.outcome.exit_code, done.outcome.reason)
+    if json_out:
+        print_summary_json(run_dir, done.outcome.exit_code)
     raise typer.Exit(done.outcome.exit_code)

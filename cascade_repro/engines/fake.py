@@ -91,6 +91,13 @@ class ByteTokenizer:
         out.append(run.decode("utf-8", "replace"))
         return "".join(out)
 
+    def token_bytes(self, token_id: int) -> bytes | None:
+        """The bytes one id stands for (a byte, or a special token's text); None for an unknown id."""
+        if 0 <= token_id < 256:
+            return bytes([token_id])
+        special = self.SPECIAL.get(token_id)
+        return special.encode("utf-8") if special is not None else None
+
 
 def _unit(digest: bytes, i: int) -> float:
     """The ``i``-th number in [0, 1) drawn from a digest (four bytes each)."""

@@ -24,6 +24,7 @@ from cascade_repro.errors import UsageError
 from cascade_repro.judge.metrics.divergence import divergence_metrics
 from cascade_repro.judge.outcome import REGRESSION
 from cascade_repro.minimize.ddmin import ddmin
+from cascade_repro.minimize.tokens import hex_bytes, token_bytes
 from cascade_repro.plan.matrix import waves
 from cascade_repro.run import runstore
 from cascade_repro.run.manifest import Manifest
@@ -60,6 +61,10 @@ class Violation:
     flat_topk: list[list[float]] = field(default_factory=list)
     cascade_text: str = ""
     flat_text: str = ""
+    # The tokens' bytes in hex (`e2 80`), "" where the tokenizer does not say: a byte fragment
+    # decodes to U+FFFD alone, and issue.md shows these instead (minimize/tokens.py).
+    cascade_bytes: str = ""
+    flat_bytes: str = ""
 
 
 @dataclass
@@ -251,6 +256,8 @@ class Oracle:
                     flat_topk=[[int(e[0]), float(e[1])] for e in (f.topk[s] if s < len(f.topk) else [])],
                     cascade_text=tok.decode([ct]) if ct is not None else "",
                     flat_text=tok.decode([ft]) if ft is not None else "",
+                    cascade_bytes=hex_bytes(token_bytes(tok, ct)) if ct is not None else "",
+                    flat_bytes=hex_bytes(token_bytes(tok, ft)) if ft is not None else "",
                 )
             )
         trial = Trial(

@@ -4,10 +4,12 @@ and timings as key/value lines."""
 from __future__ import annotations
 
 import json
+from pathlib import PurePath, PureWindowsPath
 
 from cascade_repro.report.load import RunData
-from cascade_repro.report.text import one_line, truncate
+from cascade_repro.report.text import one_line, portable_paths, truncate
 from cascade_repro.report.view import prompt_set, ran_vllm, stored_spec
+from cascade_repro.twin import CASCADE as TWIN
 
 ENV_VALUE_MAX = 200
 
@@ -17,9 +19,9 @@ def env_pairs(env: dict) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for k in sorted(env):
         if isinstance(env[k], dict):
-            out.extend((f"{k}.{kk}", _flat(vv)) for kk, vv in sorted(env[k].items()))
+            out.extend((f"{k}.{kk}", portable_paths(_flat(vv))) for kk, vv in sorted(env[k].items()))
         else:
-            out.append((k, _flat(env[k])))
+            out.append((k, portable_paths(_flat(env[k]))))
     return out
 
 
@@ -38,7 +40,9 @@ def env_lines(data: RunData) -> list[tuple[str, str]]:
             out.append((f"spec.{k}", _flat(spec[k])))
     ps = prompt_set(data).to_json()
     for k in sorted(ps):
-        if k != "system_prompt_text":  # kilobytes of text; the prompt set name identifies it
+        if k == "source":
+            out.append(("prompt_set.source", portable_source(_flat(ps[k]))))
+        elif k != "system_prompt_text":  # kilobytes of text; the prompt set name identifies it
             out.append((f"prompt_set.{k}", _flat(ps[k])))
     out.extend(env_pairs(m.stack_env))
     for key, e in sorted(m.engines.items()):
@@ -49,7 +53,15 @@ def env_lines(data: RunData) -> list[tuple[str, str]]:
     out.extend((f"thresholds.{k}", _flat(v)) for k, v in sorted(m.thresholds.items()))
     out.extend((f"timings.{k}", _flat(v)) for k, v in sorted(m.timings.to_json().items()))
     # A system prompt or a long error can be kilobytes; the environment block is for versions and flags.
-    return [(one_line(k), truncate(one_line(v), ENV_VALUE_MAX)) for k, v in out]
+    return [(one_line(k), truncate(one_line(portable_paths(v)), ENV_VALUE_MAX)) for k, v in out]
+
+
+def portable_source(source: str) -> str:
+    """Where the prompts were read from, without the user's machine: a shipped set as
+    `<site-packages>/cascade_repro/prompts_data/...`, a file elsewhere by its name (the set's name
+    and prompt hashes identify it)."""
+    s = portable_paths(source)
+    return PurePath(s).name if PurePath(s).is_absolute() or PureWindowsPath(s).is_absolute() else s
 
 
 # Spec keys that mean nothing to the hf engine; left out of its reports to keep them readable.
@@ -67,3 +79,38 @@ def _flat(v) -> str:
     if v is None or isinstance(v, bool):
         return json.dumps(v)
     return str(v)
+
+
+def key_facts(data: RunData) -> list[tuple[str, str]]:
+    """What a maintainer asks first, as (label, value): model, dtype, vLLM, GPU, FlashAttention
+    version and backend, and the twin compared. What the engines read back wins over what the spec
+    asked for (``dtypes: auto`` ran as bfloat16)."""
+    m = data.manifest
+    spec, env = m.spec, m.stack_env
+    effective = [e.effective for e in m.engines.values() if isinstance(e.effective, dict)]
+
+    def ran(key: str, asked: object) -> str:
+        seen = sorted({_flat(e[key]) for e in effective if e.get(key) not in (None, "")})
+        return ", ".join(seen) if seen else _flat(asked) if asked not in (None, "", []) else "—"
+
+    gpu = str(env.get("gpu_name") or "—")
+    count = str(env.get("gpu_count") or "")
+    if count.isdigit() and int(count) > 1:
+        gpu += f" x{count}"
+    facts = [
+        ("model", str(stored_spec(data).get("model") or m.stored("model_name") or "—")),
+        ("dtype", ran("dtype", stored_spec(data).get("dtypes"))),
+    ]
+    if ran_vllm(spec):
+        facts += [
+            ("vLLM", str(env.get("vllm") or "—")),
+            ("GPU", gpu),
+            (
+                "FA",
+                f"{ran('flash_attn_version', spec.fa_versions)} ({ran('attention_backend', spec.backends)})",
+            ),
+        ]
+    else:
+        facts += [("engine", str(spec.engine)), ("GPU", gpu if env.get("gpu_name") else "none")]
+    facts.append(("twin", f"{TWIN.test} vs {TWIN.ref}"))
+    return [(k, truncate(one_line(v), ENV_VALUE_MAX)) for k, v in facts]

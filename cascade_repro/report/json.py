@@ -5,16 +5,20 @@ schema 3 the decode speed per pair (`speed_*`, `wall_ratio`, `predicted_speedup`
 per cell (`*_step_ms`, `decode_tok_s`), `invocations` and `mixed_stack`; schema 4 the verdict against
 the reference per pair (`rule`, `reference`, `ref_*`, `p_ref*`), its pass (`reference`) and
 `controls` (every flat-vs-flat pair's error ratio: the run's measured null). Every key is described in
-docs/summary-json.md.
+docs/summary-json.md; `summary.schema.json` beside this module (shipped in the package) is its JSON
+Schema, whose ``schema_version`` constant moves with ``SCHEMA_VERSION``.
 """
 
 from __future__ import annotations
+
+import json
+from importlib import resources
 
 from cascade_repro.judge import outcome
 from cascade_repro.report import headline, power, prose, view
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.load import RunData
-from cascade_repro.report.text import as_int, json_text
+from cascade_repro.report.text import as_int, json_text, portable_json
 from cascade_repro.run import runstore
 
 PAIR_FIELDS = (
@@ -90,6 +94,7 @@ CONTROL_FIELDS = ("pair_id", "kind", "tp", "batch", "ref_batch", "n_diverged", "
                   "ref_err_twin", "ref_ratio", "ref_ratio_lo", "ref_ratio_hi", "p_ref")  # fmt: skip
 REFERENCE_FIELDS = ("precision", "device", "status", "sequences")
 SCHEMA_VERSION = 4
+SCHEMA_FILE = "summary.schema.json"
 CELL_FIELDS = (
     "cell_id",
     "status",
@@ -117,6 +122,11 @@ INT_FIELDS = {
     "cascade_decode_steps", "speed_waves", "topk_violations", "noise_n", "noise_topk_violations", "bias_up", "bias_down",
     "ref_n", "ref_up", "ref_down", "ref_batch",
 }  # fmt: skip
+
+
+def summary_schema() -> dict:
+    """summary.json's JSON Schema (draft 2020-12), as the package ships it."""
+    return json.loads(resources.files(__package__).joinpath(SCHEMA_FILE).read_text(encoding="utf-8"))
 
 
 def _row(r: dict, fields: tuple[str, ...]) -> dict:
@@ -157,12 +167,12 @@ class JsonFormatter(ReportFormatter):
             # Informational: neither changes a verdict or the exit code.
             "predictions": view.predictions(data),
             "if_note": prose.if_note(data),
-            "env": m.stack_env,
+            "env": portable_json(m.stack_env),
             # Every invocation of the run (the first, each resume) and the stack keys that changed.
             "invocations": [
                 {
                     "started_at": i.stored("started_at"),
-                    "command": i.stored("command"),
+                    "command": portable_json(i.stored("command")),
                     "cells_kept": i.cells_kept,
                     "cells_run": i.cells_run,
                     "total_s": i.total_s,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import html
-import re
 
 from cascade_repro.judge import outcome
 from cascade_repro.report import (
@@ -20,10 +19,14 @@ from cascade_repro.report import (
 from cascade_repro.report import reference as ref
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.load import Example, RunData
-from cascade_repro.report.text import clean, fence_for, md_escape_html, md_table_rows, one_line
+from cascade_repro.report.text import clean, fence_for, md_inline, md_table_rows, one_line
 from cascade_repro.run import runstore
 from cascade_repro.twin import CASCADE as TWIN
 
+# The widest table shown open, in characters of cell text per row: GitHub's issue column is about
+# 830 px at desktop width, its 14 px text about 7 px a character, less each cell's 26 px of padding.
+# Wider tables sit in <details> (GitHub scrolls them sideways there).
+ISSUE_COLUMN_CHARS = 100
 # GitHub rejects issue bodies over 65536 characters; keep each sample text well below that.
 MAX_TEXT = 3000
 # The whole report: GitHub's limit less room for a sentence the user adds around it.
@@ -70,12 +73,9 @@ def _cut(text: str) -> str:
     return head[: head.rfind("\n") if "\n" in head else len(head)] + note
 
 
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]|])")
-
-
 def md_text(s: str) -> str:
     """Escape run-supplied text for a markdown paragraph or list item."""
-    return _MD_SPECIAL.sub(r"\\\1", md_escape_html(one_line(s)))
+    return md_inline(one_line(s))
 
 
 def md_code(s: str) -> str:
@@ -148,50 +148,58 @@ class MarkdownFormatter(ReportFormatter):
 
     def _render(self, data: RunData, level: int) -> str:
         drop = set(SHORTENINGS[:level])
-        out = [f"## {md_text(headline.headline(data))}", "", prose.intro(data, md_code), ""]
-        if warns := prose.warnings(data):
-            out += ["### Warnings", "", *(f"- **warning:** {md_text(w)}" for w in warns), ""]
-        if drop:
-            out += [f"_{md_text(shortened_note(drop))}_", ""]
-        verdicts = verdict_table.verdict_table(data)
+        # What a maintainer reads in an issue without a click: the headline, the stack in one line,
+        # the verdicts in a table that fits the column, the warnings; everything else is collapsed.
+        out = [f"## {md_text(headline.headline(data))}", "", facts_line(data), ""]
+        verdicts = verdict_table.compact_table(data)
         if "verdict rows" in drop:
             verdicts = _worst_rows(verdicts, MAX_VERDICT_ROWS)
-        out += ["### Verdicts", "", *md_table(verdicts, "no cascade pairs"), ""]
-        for note in (prose.drift_note(data), prose.if_note(data), prose.unscored_note(data)):
-            if note:
-                out += [f"_{md_text(note)}_", ""]
-        out += ["### Against the reference", "", md_text(ref.rule_note(data)), ""]
+        out += [*md_table(verdicts, "no cascade pairs"), ""]
+        if warns := prose.warnings(data):
+            out += [*(f"- **warning:** {md_text(w)}" for w in warns), ""]
+        if drop:
+            out += [f"_{md_text(shortened_note(drop))}_", ""]
+        out += [f"_{md_text(ref.rule_note(data))}_", ""]
+        out += _collapsed("What this run compares", [prose.intro(data, md_code)])
+        out += _collapsed("Evidence per pair", _evidence(data, "verdict rows" in drop))
         if ref.has_reference(data):
-            out += [
+            body = [
                 *md_table(ref.reference_table(data), "no pair scored"),
                 "",
                 f"_{md_text(ref.REFERENCE_NOTE)}_",
-                "",
             ]
             if lines := ref.by_step_lines(data):
-                out += ["<details><summary>Error against the reference by decode step</summary>", "",
-                        *(f"- {md_text(line)}" for line in lines), "", "</details>", ""]  # fmt: skip
+                body += [
+                    "",
+                    "Error against the reference by decode step:",
+                    "",
+                    *(f"- {md_text(x)}" for x in lines),
+                ]
+            out += _collapsed("Against the reference", body)
         if speed_table.has_speed(data) and "speed" not in drop:
-            out += ["### Decode speed", "", *md_table(speed_table.speed_table(data), "no timed pairs"), ""]
-            out += [f"_{md_text(speed_table.SPEED_NOTE)}_", ""]
-        out += ["### Detection power", "", *_detection_power(data)]
+            body = [
+                *md_table(speed_table.speed_table(data), "no timed pairs"),
+                "",
+                f"_{md_text(speed_table.SPEED_NOTE)}_",
+            ]
+            out += _collapsed("Decode speed", body)
+        out += _collapsed("Detection power", _detection_power(data))
         if "noise" not in drop:
-            out += ["### Noise floor", "", *md_table(tables.noise_table(data), "no control pairs"), ""]
+            out += _collapsed("Noise floor", md_table(tables.noise_table(data), "no control pairs"))
         if "cells" not in drop:
-            out += ["### Cells", "", *md_table(tables.cell_table(data), "no cells"), ""]
+            out += _collapsed("Cells", md_table(tables.cell_table(data), "no cells"))
         if data.examples and "examples" not in drop:
             out += ["### Most divergent prompts", ""]
             for ex in data.examples:
                 out += _example(ex)
         if (inv := tables.invocations_table(data)) is not None:
-            out += ["### Invocations", "", *md_table(inv, "one invocation"), ""]
+            out += _collapsed("Invocations", md_table(inv, "one invocation"))
         env = "\n".join(f"{k}: {v}" for k, v in environment.env_lines(data))
         if "environment" not in drop:
-            out += ["### Environment", "", *fenced(env, "text"), ""]
+            out += _collapsed("Environment", fenced(env, "text"))
             collected = data.manifest.vllm_collect_env
             if isinstance(collected, str) and collected.strip():
-                out += ["<details><summary>vLLM's collect_env</summary>", "", *fenced(collected, "text"), "",
-                        "</details>", ""]  # fmt: skip
+                out += _collapsed("vLLM's collect_env", fenced(collected, "text"))
         out += ["### Reproduce", ""]
         lines = reproduce.reproduce_lines(data)
         if lines:
@@ -199,3 +207,46 @@ class MarkdownFormatter(ReportFormatter):
         else:
             out.append("_command not recorded in run.json_")
         return "\n".join(out).rstrip("\n") + "\n"
+
+
+def facts_line(data: RunData) -> str:
+    """`**model** `m` · **dtype** bfloat16 · ...`: the stack on one line, every value escaped."""
+    return " · ".join(f"**{label}** {md_code(value)}" for label, value in environment.key_facts(data))
+
+
+def _collapsed(summary: str, body: list[str]) -> list[str]:
+    """A section GitHub shows folded: its summary, then the markdown body (blank lines around it
+    let GitHub render the markdown inside the HTML block)."""
+    while body and not body[-1]:
+        body = body[:-1]
+    return [
+        f"<details><summary>{html.escape(summary, quote=False)}</summary>",
+        "",
+        *body,
+        "",
+        "</details>",
+        "",
+    ]
+
+
+def _evidence(data: RunData, worst_only: bool) -> list[str]:
+    """Each cascade pair's evidence as a two-column table (every number the verdict weighed) and
+    its reasons in words; the notes that explain the columns below them."""
+    table = verdict_table.verdict_table(data)
+    if worst_only:
+        table = _worst_rows(table, MAX_VERDICT_ROWS)
+    if not table.rows:
+        return ["_no cascade pairs_"]
+    out: list[str] = []
+    reasons = table.headers.index("reasons")
+    for row in table.rows:
+        if not any(row[1:]):  # the "… more pairs" line of a shortened table
+            out += [md_text(str(row[0])), ""]
+            continue
+        fields = [[h, v] for h, v in zip(table.headers[1:], row[1:], strict=True) if h != "reasons"]
+        out += [f"#### {md_text(str(row[0]))}", "", *md_table_rows(["evidence", "value"], fields), ""]
+        out += [md_text(str(row[reasons])), ""]
+    for note in (prose.drift_note(data), prose.if_note(data), prose.unscored_note(data)):
+        if note:
+            out += [f"_{md_text(note)}_", ""]
+    return out[:-1]

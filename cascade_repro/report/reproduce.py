@@ -7,7 +7,7 @@ import re
 import shlex
 
 from cascade_repro.report.load import RunData
-from cascade_repro.report.text import one_line
+from cascade_repro.report.text import one_line, portable_paths
 from cascade_repro.report.view import ran_vllm
 from cascade_repro.run.envinfo import pip_vcs_url
 
@@ -57,4 +57,5 @@ def command(data: RunData) -> str | None:
     cmd = data.manifest.command
     if isinstance(cmd, list):
         cmd = shlex.join(str(c) for c in cmd)
-    return one_line(str(cmd)) if cmd else None
+    # A path under the user's home reads ~/...: the command still runs for them, and names no one.
+    return portable_paths(one_line(str(cmd))) if cmd else None

@@ -13,6 +13,7 @@ from cascade_repro.report.text import (
     fmt_ratio,
     one_line,
     plural,
+    portable_paths,
     text_of,
     text_or_missing,
 )
@@ -150,7 +151,7 @@ def invocations_table(data: RunData) -> Table | None:
         stack = ", ".join(f"{key} {env[key]}" for key in ("vllm", "torch", "gpu_name") if env.get(key))
         rows.append([str(k), text_of(inv.kind or "matrix"), text_of(inv.stored("started_at")), fmt_int(inv.cells_kept),
                      fmt_int(inv.cells_run), fmt_float(inv.total_s, ".1f"), stack or MISSING,
-                     one_line(text_of(inv.stored("command")))])  # fmt: skip
+                     portable_paths(one_line(text_of(inv.stored("command"))))])  # fmt: skip
     return Table(["#", "kind", "started", "cells kept", "cells run", "s", "stack", "command"], rows,
                  wrap=frozenset({"command"}))  # fmt: skip
 

@@ -18,6 +18,17 @@ _BACKTICKS = re.compile("`+")
 # Only what could open a tag, comment or entity; a bare "<1e-6" stays readable in the raw file.
 _MD_TAG = re.compile(r"<(?=[A-Za-z/!?])")
 _MD_ENTITY = re.compile(r"&(?=#?[A-Za-z0-9]+;)")
+# Every character GitHub's markdown gives a meaning inside a line: emphasis (* _), strikethrough
+# (~: pair ids hold one, and "a~b, c~d" rendered struck through), code (`), links and images ([ ]),
+# table cells (|), math ($), and the backslash that escapes them.
+_MD_INLINE = re.compile(r"([\\`*_~\[\]|$])")
+
+
+# What names the user's machine in a path: the installation's site-packages, a home folder.
+_SITE_PACKAGES = re.compile(r"(?:[A-Za-z]:)?[/\\][^\s'\"]*?[/\\](?:site|dist)-packages(?=[/\\])")
+_HOME = re.compile(
+    r"(?<![\w.~-])(?:/home/[^/\s'\"]+|/Users/[^/\s'\"]+|/root|[A-Za-z]:\\Users\\[^\\\s'\"]+)(?=[/\\\s'\"]|$)"
+)
 
 
 def is_missing(v: Any) -> bool:
@@ -120,6 +131,24 @@ def one_line(s: str) -> str:
     return _CONTROL_ALL.sub("", s)
 
 
+def portable_paths(s: str) -> str:
+    """Text with the user's machine taken out of its paths: an installation's site-packages reads
+    `<site-packages>`, a home folder `~` (reports are pasted into public issues; the host name is
+    not recorded for the same reason)."""
+    return _HOME.sub("~", _SITE_PACKAGES.sub("<site-packages>", s))
+
+
+def portable_json(v: Any) -> Any:
+    """``portable_paths`` over every string of a JSON value (keys too)."""
+    if isinstance(v, str):
+        return portable_paths(v)
+    if isinstance(v, dict):
+        return {portable_json(k): portable_json(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [portable_json(x) for x in v]
+    return v
+
+
 def truncate(s: str, limit: int) -> str:
     """Cut s to at most limit characters, ending with an ellipsis when cut."""
     return s if len(s) <= limit else s[: limit - 1] + "…"
@@ -129,7 +158,12 @@ def md_cell(v: Any, limit: int = 160) -> str:
     """Make any value safe inside one GitHub markdown table cell."""
     s = truncate(one_line(text_of(v)), limit)
     # Truncate first so an escape sequence is never cut in half.
-    return md_escape_html(s).replace("\\", "\\\\").replace("|", "\\|")
+    return md_inline(s)
+
+
+def md_inline(s: str) -> str:
+    """Escape text for GitHub markdown inside a line: it renders as the very characters given."""
+    return _MD_INLINE.sub(r"\\\1", md_escape_html(s))
 
 
 def md_escape_html(s: str) -> str:

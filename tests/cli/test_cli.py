@@ -871,3 +871,42 @@ def test_dry_run_states_the_reference_and_refuses_one_that_does_not_fit(monkeypa
     assert "\n" not in err and "--reference fp64: the float64 weights of embedded need ~" in err
     bad = invoke("matrix", "--dry-run", "--reference", "fp16")
     assert bad.exit_code == 2 and "--reference must be one of auto, fp32, fp64, off" in bad.stderr
+
+
+def test_json_prints_the_outcome_on_stdout_for_matrix_report_and_merge(tmp_path):
+    """`--json`: stdout is one JSON object (the run dir, the exit code, summary.json's content,
+    valid against its shipped schema) and nothing else; the messages stay on stderr."""
+    import jsonschema
+
+    from cascade_repro.report.json import summary_schema
+
+    validator = jsonschema.Draft202012Validator(summary_schema())
+
+    def outcome(res, run_dir):
+        doc = json.loads(res.stdout)  # the whole of stdout: one object
+        assert set(doc) == {"run_dir", "exit_code", "summary"}
+        assert (doc["run_dir"], doc["exit_code"]) == (str(run_dir), res.exit_code)
+        validator.validate(doc["summary"])
+        assert doc["summary"] == json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+        assert doc["summary"]["headline"] in flat(res.stderr)
+        return doc
+
+    common = ["--engine", "fake", "--batch", "1,8", "--limit", "4", "--max-tokens", "8"]
+    runs = tmp_path / "r"
+    res = invoke("matrix", *common, "--results-dir", str(runs), "--run-id", "whole", "--json")
+    assert res.exit_code == 0, res.stderr
+    assert outcome(res, runs / "whole")["summary"]["counts"]["identical"] == 1
+    res = invoke("report", str(runs / "whole"), "--json")
+    assert res.exit_code == 0 and outcome(res, runs / "whole")["summary"]["run_id"] == "whole"
+    for i in (1, 2):
+        res = invoke("matrix", *common, "--shard", f"{i}/2", "--results-dir", str(runs), "--run-id", f"s{i}")
+        assert res.exit_code == 0, res.stderr
+        assert res.stdout == ""  # without --json nothing is printed on stdout
+    res = invoke("merge", str(tmp_path / "merged"), str(runs / "s1"), str(runs / "s2"), "--json")
+    assert res.exit_code == 0, res.stderr
+    outcome(res, tmp_path / "merged")
+    # --json with --dry-run: there is no summary to print.
+    res = invoke("matrix", *common, "--dry-run", "--json")
+    assert res.exit_code == 2 and res.stdout == "" and "--dry-run runs nothing" in res.stderr
+    for command in ("matrix", "report", "merge"):
+        assert "summary.schema.json" in flat(invoke(command, "--help").stdout), command

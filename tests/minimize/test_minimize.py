@@ -433,3 +433,32 @@ def test_repro_carries_old_vllm_env_and_ignore_eos():
     plain = render_repro(model="m", system_prompt="", prompts=["p"], engine_args={}, max_tokens=1, topk=5,
                          seed=0, inject=False, header="h")  # fmt: skip
     assert "ENGINE_ENV = {}" in plain and "IGNORE_EOS = False" in plain
+
+
+def test_issue_shows_byte_fragments_by_id_and_bytes():
+    """Two byte fragments of a character both decode to '�' alone: issue.md shows their ids and
+    bytes, so the two sides of the first divergence differ on the page; decodable tokens stay text."""
+    from cascade_repro.engines.fake import ByteTokenizer
+    from cascade_repro.minimize.render import _tok
+    from cascade_repro.minimize.tokens import _byte_decoder, hex_bytes, token_bytes
+
+    tok = ByteTokenizer()
+    x = {"cascade_token": 0xE2, "cascade_text": tok.decode([0xE2]), "cascade_bytes": hex_bytes(token_bytes(tok, 0xE2)),
+         "flat_token": 0xEC, "flat_text": tok.decode([0xEC]), "flat_bytes": hex_bytes(token_bytes(tok, 0xEC))}  # fmt: skip
+    assert x["cascade_text"] == x["flat_text"] == "\ufffd"
+    assert (_tok(x, "cascade", "flat"), _tok(x, "flat", "cascade")) == ("id 226 (bytes e2)", "id 236 (bytes ec)")
+    # Text where it decodes and differs.
+    y = {"cascade_token": 65, "cascade_text": "A", "flat_token": 66, "flat_text": "B"}
+    assert (_tok(y, "cascade", "flat"), _tok(y, "flat", "cascade")) == ("`'A'` (id 65)", "`'B'` (id 66)")
+    # Equal decoded text under different ids (a minimized.json of an older version: no bytes): the ids.
+    z = {"cascade_token": 7, "cascade_text": "a", "flat_token": 8, "flat_text": "a"}
+    assert _tok(z, "cascade", "flat") == "id 7 `'a'`"
+
+    class Bpe:  # a Hugging Face byte-level BPE tokenizer's piece, and a SentencePiece byte fallback
+        def convert_ids_to_tokens(self, i):
+            return {1: "âĢ", 2: "<0xE2>", 3: "Ġthe", 4: "▁word"}[i]
+
+    rev = {c: b for c, b in _byte_decoder().items()}
+    assert len(rev) == 256 and rev["Ġ"] == 0x20
+    assert [token_bytes(Bpe(), i) for i in (1, 2, 3, 4)] == [b"\xe2\x80", b"\xe2", b" the", b" word"]
+    assert token_bytes(object(), 1) is None

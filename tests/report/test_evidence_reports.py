@@ -9,12 +9,18 @@ import shutil
 import tarfile
 from pathlib import Path
 
+import jsonschema
 import pytest
+import xmlschema
+from support import gfm
 from typer.testing import CliRunner
 
 from cascade_repro.cli import app
+from cascade_repro.report.json import summary_schema
+from cascade_repro.report.markdown import ISSUE_COLUMN_CHARS
 
 EVIDENCE = Path(__file__).resolve().parents[2] / "docs" / "evidence"
+JUNIT_XSD = Path(__file__).resolve().parents[1] / "data" / "junit-10.xsd"
 SCORED = ("run.json", "pairs.parquet", "cells.parquet", "summary.json")
 
 
@@ -63,3 +69,14 @@ def test_report_gives_the_committed_verdicts(tmp_path: Path, name: str, src: Pat
     after = verdicts(json.loads((run_dir / "summary.json").read_text(encoding="utf-8")))
     assert after == before, name
     assert res.exit_code == before["exit_code"], res.output
+    # The re-rendered report.md as GitHub shows it: nothing struck through (pair ids hold `~`),
+    # the headline as summary.json says it, the tables shown open within the issue column.
+    shown = gfm.render((run_dir / "report.md").read_text(encoding="utf-8"))
+    assert shown.struck == [] and shown.headline == before["headline"], name
+    assert max(shown.widths(folded=False), default=0) <= ISSUE_COLUMN_CHARS, shown.tables
+    # The machine-readable files as produced now: junit.xml against junit-10.xsd, summary.json
+    # against its shipped JSON Schema.
+    xmlschema.XMLSchema(JUNIT_XSD).validate(str(run_dir / "junit.xml"))
+    jsonschema.Draft202012Validator(summary_schema()).validate(
+        json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    )

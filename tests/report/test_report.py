@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support import gfm
 
 from cascade_repro.errors import UsageError
 from cascade_repro.judge.outcome import exit_status
@@ -30,12 +31,31 @@ from cascade_repro.report import (
     load_run,
     write_reports,
 )
+from cascade_repro.report.headline import headline
 from cascade_repro.report.html import HtmlFormatter
 from cascade_repro.report.json import JsonFormatter
 from cascade_repro.report.junit import JunitFormatter
 from cascade_repro.report.load import pick_examples, read_samples
-from cascade_repro.report.markdown import MarkdownFormatter
+from cascade_repro.report.markdown import ISSUE_COLUMN_CHARS, MarkdownFormatter, md_text
 from cascade_repro.report.text import fence_for, fmt_p, md_cell
+
+JUNIT_XSD = Path(__file__).parents[1] / "data" / "junit-10.xsd"
+
+
+def assert_junit_valid(text: str) -> None:
+    """junit.xml against Jenkins' xUnit schema (junit-10.xsd, the one pytest validates against)."""
+    import xmlschema
+
+    xmlschema.XMLSchema(JUNIT_XSD).validate(text)
+
+
+def assert_summary_valid(text: str) -> None:
+    """summary.json against the JSON Schema the package ships."""
+    import jsonschema
+
+    from cascade_repro.report.json import summary_schema
+
+    jsonschema.Draft202012Validator(summary_schema()).validate(json.loads(text))
 
 GOLDEN = Path(__file__).parents[1] / "golden"
 NAN = float("nan")
@@ -625,6 +645,122 @@ def test_golden(run_dir: Path, formatter: ReportFormatter, golden: str) -> None:
     _golden(golden, formatter.render(load_run(run_dir)))
 
 
+def assert_reads_on_github(markdown: str, expected_headline: str, *, fits: bool = True) -> gfm.Rendered:
+    """report.md through cmark-gfm: nothing struck through, the headline as written, and (fits)
+    every table shown open within the issue column's budget."""
+    shown = gfm.render(markdown)
+    assert shown.struck == []
+    assert shown.headline == expected_headline
+    if fits:
+        assert max(shown.widths(folded=False), default=0) <= ISSUE_COLUMN_CHARS, shown.tables
+    return shown
+
+
+def evidence_of(md: str, pair: str) -> dict[str, str]:
+    """One pair's evidence table in report.md, as GitHub shows it: {evidence: value}."""
+    block = md.split(f"#### {pair}\n", 1)[1].lstrip("\n").split("\n\n", 1)[0]
+    ((_, rows),) = gfm.render(block).tables
+    return dict(rows[1:])
+
+
+def test_report_md_reads_on_github(run_dir: Path) -> None:
+    data = load_run(run_dir)
+    shown = assert_reads_on_github(MarkdownFormatter().render(data), headline(data))
+    # Open: the headline, the compact verdicts; the wide tables are folded.
+    open_tables = [rows for folded, rows in shown.tables if not folded]
+    assert open_tables[0][0] == ["pair", "verdict", "decided by (vs threshold)", "depth"]
+    assert open_tables[0][2] == ["p02", "regression", "drift 1.35x > 1.14x; +top-k, repetition", "decode"]
+    assert max(shown.widths(folded=True)) > ISSUE_COLUMN_CHARS  # the cell table: folded, not cut
+
+
+def test_report_md_escapes_every_gfm_character(run_dir: Path) -> None:
+    """Pair ids hold `~` (GFM's strikethrough, single or double): "a~b, c~d" rendered struck through
+    in the headline, the warnings and the GitHub job summary. Every interpolated text is escaped."""
+    hostile = {"p02": "tp1-b48-fa2~flat, tp1-b56-fa2~flat *x* _y_ `z` [l](u) $m$ a|b \\ ~~s~~"}
+    for name in ("pairs.parquet", "comparisons.parquet"):
+        df = pd.read_parquet(run_dir / name)
+        df["pair_id"] = df["pair_id"].replace(hostile)
+        df.to_parquet(run_dir / name)
+    data = load_run(run_dir)
+    text = MarkdownFormatter().render(data)
+    # fits=False: a 77-character pair id is wider than any column; the id is shown whole.
+    shown = assert_reads_on_github(text, headline(data), fits=False)
+    assert hostile["p02"] in shown.headline
+    assert any(row and row[0] == hostile["p02"] for _, rows in shown.tables for row in rows)
+
+
+def test_junit_is_valid_against_jenkins_junit_10_xsd(run_dir: Path) -> None:
+    data = load_run(run_dir)
+    text = JunitFormatter().render(data)
+    assert_junit_valid(text)
+    root = ET.fromstring(text)
+    assert "skipped" not in root.attrib and root.find("testsuite").get("skipped") == "1"
+    # The schema is no test that cannot fail: the old document (skipped on <testsuites>) fails it.
+    root.set("skipped", "1")
+    with pytest.raises(Exception, match="skipped"):
+        assert_junit_valid(ET.tostring(root, encoding="unicode"))
+
+
+def test_junit_suite_time_is_every_invocations_sum(tmp_path: Path) -> None:
+    """A resumed run: 13 s in the last invocation, 518 s in all; timings from before the runner summed
+    them held the last one's."""
+    invs = [{"started_at": "2025-01-02T03:04:05Z", "command": "a", "total_s": 505.0},
+            {"started_at": "2025-01-02T04:04:05Z", "command": "a", "total_s": 13.0}]  # fmt: skip
+    data = load_run(build_run(tmp_path, {**RUN, "invocations": invs, "timings": {"total_s": 13.0}}))
+    root = ET.fromstring(JunitFormatter().render(data))
+    assert root.get("time") == root.find("testsuite").get("time") == "518.000"
+
+
+def test_summary_json_is_valid_against_its_schema(run_dir: Path, tmp_path: Path) -> None:
+    from conftest import synthetic_run
+
+    from cascade_repro.judge import compare
+    from cascade_repro.judge.verdicts import Thresholds
+    from cascade_repro.report.json import SCHEMA_VERSION, summary_schema
+    from cascade_repro.run import runstore
+
+    assert summary_schema()["properties"]["schema_version"] == {"const": SCHEMA_VERSION}
+    text = JsonFormatter().render(load_run(run_dir))
+    assert_summary_valid(text)
+    synth = synthetic_run(tmp_path / "synth", prompts=4, batch="1,8")
+    run = runstore.read_manifest(synth)
+    cells, pairs, comps = compare.build_tables(run, synth, Thresholds())
+    for name, df in ((runstore.CELLS, cells), (runstore.PAIRS, pairs), (runstore.COMPARISONS, comps)):
+        df.to_parquet(synth / name, index=False)
+    assert_summary_valid(JsonFormatter().render(load_run(synth)))
+    # A pair field the schema does not know (a new column without a new schema) fails it.
+    bad = json.loads(text)
+    bad["pairs"][0]["new_field"] = 1
+    with pytest.raises(Exception, match="new_field"):
+        assert_summary_valid(json.dumps(bad))
+
+
+def test_no_report_names_the_users_machine(tmp_path: Path) -> None:
+    """The prompt set's path, a cache folder and the command line hold the user's home and the
+    installation's site-packages; no report shows either (the host name is not recorded at all)."""
+    site = "/home/alice/.venv/lib/python3.12/site-packages"
+    run = {
+        **RUN,
+        "command": f"cascade-repro matrix --prompts /home/alice/sets/mine.jsonl --out {site}/x",
+        "prompt_set": {**RUN["prompt_set"], "source": f"{site}/cascade_repro/prompts_data/shared-prefix.jsonl"},
+        "env": {**RUN["env"], "vllm_env": {"CUDA_CACHE_PATH": "/home/alice/.cache/cuda"}},
+        "invocations": [{"started_at": "2025-01-02T03:04:05Z", "command": "cascade-repro matrix /home/alice/r",
+                         "total_s": 1.0}],
+    }  # fmt: skip
+    data = load_run(build_run(tmp_path, run))
+    for fmt in ReportFormat:
+        text = formatter_for(fmt).render(data)
+        assert "alice" not in text and "/home/" not in text, fmt
+    md = MarkdownFormatter().render(data)
+    assert "prompt_set.source: <site-packages>/cascade_repro/prompts_data/shared-prefix.jsonl" in md
+    assert "--prompts ~/sets/mine.jsonl" in md and "CUDA_CACHE_PATH: ~/.cache/cuda" in md
+    # A set read from a file outside a home folder is shown by its name.
+    from cascade_repro.report.environment import portable_source
+
+    assert portable_source("/data/sets/mine.jsonl") == "mine.jsonl"
+    assert portable_source("prompts/ko.jsonl") == "prompts/ko.jsonl"
+
+
 def test_examples_rank_and_texts(run_dir: Path) -> None:
     data = load_run(run_dir)
     assert [(e.pair_id, e.prompt_index) for e in data.examples] == [("p02", 2), ("p02", 1), ("p02", 3)]
@@ -875,9 +1011,10 @@ def test_unknown_format_is_usage_error(run_dir: Path) -> None:
 def test_predictions_and_if_columns_only_when_present(tmp_path: Path) -> None:
     data = load_run(build_run(tmp_path / "with"))
     md = MarkdownFormatter().render(data)
-    assert "| predicted (prefill/decode) |" in md and "| IF strict cascade vs flat |" in md
-    assert "| 0/200 | no/no (decode from 45) |" in md  # the prediction sits next to the measured count
-    assert "| yes/? |" in md  # decode unknown without an SM count
+    # Each pair's evidence: the prediction next to the measured count.
+    assert "| cascade steps | 0/200 |\n| predicted (prefill/decode) | no/no (decode from 45) |" in md
+    assert "| predicted (prefill/decode) | yes/? |" in md  # decode unknown without an SM count
+    assert "| IF strict cascade vs flat |" in md
     assert "0.250 vs 0.750 (-0.500, p=0.5, n=4)" in md
     assert "It is informational: it does not change the verdict." in md
     assert "it does not change the verdict" in HtmlFormatter().render(data)
@@ -903,8 +1040,8 @@ def test_bare_prediction_map_is_read_too(tmp_path: Path) -> None:
         "predictions": {"tp1-b8-s0-cascade": {"prefill": True, "decode": True, "decode_from_batch": 8}},
     }
     md = MarkdownFormatter().render(load_run(build_run(tmp_path, run)))
-    assert "| 120/128 | yes/yes |" in md
-    assert "| 0/200 | — |" in md  # cells without a prediction
+    assert "| 120/128 |\n| predicted (prefill/decode) | yes/yes |" in md
+    assert "| 0/200 |\n| predicted (prefill/decode) | — |" in md  # cells without a prediction
 
 
 def test_if_does_not_change_verdicts_or_exit_code(run_dir: Path) -> None:
@@ -940,15 +1077,17 @@ def clean_dir(tmp_path: Path) -> Path:
 
 def test_verdict_table_shows_drift_depth_and_control(run_dir: Path) -> None:
     md = MarkdownFormatter().render(load_run(run_dir))
-    row = next(line for line in md.split("\n") if line.startswith("| p02 |"))
-    assert (
-        "| decode | 1.35 [1.25, 1.46] | > 1.14, p=0.0005 | 0↑ 4↓, p=0.125 | n01 | 3/4 vs 1/4, p=0.0714 | 2 vs 0, p<1e-6 |"
-        in row
-    )
-    assert "| none | — | — | — | n01 |" in md  # the not-exercised pair: no drift or bias measured
-    verdicts = md.split("### Verdicts")[1].split("### Detection power")[0]
-    # Calibration pairs stay out of the verdict table.
-    assert "shift" not in verdicts.split("_Both drift measures")[0]
+    got = evidence_of(md, "p02")
+    keys = ("depth", "drift ratio [95% CI]", "drift threshold / p", "bias (up/down, sign test)", "control",
+            "diverged vs noise", "top-k viol. vs noise")  # fmt: skip
+    assert [got[k] for k in keys] == [
+        "decode", "1.35 [1.25, 1.46]", "> 1.14, p=0.0005", "0↑ 4↓, p=0.125", "n01", "3/4 vs 1/4, p=0.0714",
+        "2 vs 0, p<1e-6",
+    ]  # fmt: skip
+    # the not-exercised pair: no drift or bias measured
+    assert [evidence_of(md, "p01")[k] for k in keys[:5]] == ["none", "—", "—", "—", "n01"]
+    # Calibration pairs stay out of the verdict table and the pairs' evidence.
+    assert "shift" not in md.split("<details><summary>Detection power")[0]
     assert "99.5th percentile" in md and "(2000 permutations)" in md and "drift\\_min = 1.1" in md
     assert "sign test at p < alpha/2 (alpha = 0.01)" in md
 
@@ -1065,11 +1204,10 @@ def test_detection_power_statement_and_ladder(run_dir: Path) -> None:
     data = load_run(run_dir)
     md = MarkdownFormatter().render(data)
     statement = "This setup flags an LSE error of 0.1 nats at 4 prompts x 64 tokens (tp 1, batch 8)."
-    assert f"### Detection power\n\n{statement}\n" in md
-    assert (
-        "| 0.1 | tp1-b8-s0-cascade-shift0.1~flat | regression | — | 2.40 [2.10, 2.80] | > 1.14, p=0.0005 | 0↑ 4↓, p=0.125 | 3/4 |"
-        in md
-    )
+    assert f"<details><summary>Detection power</summary>\n\n{statement}\n" in md
+    row = ["0.1", "tp1-b8-s0-cascade-shift0.1~flat", "regression", "—", "2.40 [2.10, 2.80]", "> 1.14, p=0.0005",
+           "0↑ 4↓, p=0.125", "3/4"]  # fmt: skip
+    assert any(row in rows for _, rows in gfm.render(md).tables)
     assert statement in HtmlFormatter().render(data)
     summary = json.loads(JsonFormatter().render(data))
     (entry,) = summary["detection_power"]
@@ -1090,7 +1228,7 @@ def test_detection_power_statement_and_ladder(run_dir: Path) -> None:
 def test_not_calibrated(clean_dir: Path) -> None:
     data = load_run(clean_dir)
     sentence = "Not calibrated: run with `--calibrate` to measure the smallest LSE error this setup flags."
-    assert f"### Detection power\n\n{sentence}\n" in MarkdownFormatter().render(data)
+    assert f"<details><summary>Detection power</summary>\n\n{sentence}\n" in MarkdownFormatter().render(data)
     assert "Not calibrated: run with <code>--calibrate</code>" in HtmlFormatter().render(data)
     assert json.loads(JsonFormatter().render(data))["detection_power"] == []
 
@@ -1225,8 +1363,12 @@ def test_old_run_without_drift_columns_renders(tmp_path: Path) -> None:
     for fmt in ReportFormat:
         assert formatter_for(fmt).render(data)
     md = MarkdownFormatter().render(data)
-    row = next(line for line in md.split("\n") if line.startswith("| p02 |"))
-    assert "| — | — | — | — | — | 3/4 vs 1/4, p=0.0714 |" in row  # depth, drift, threshold, bias, control
+    got = evidence_of(md, "p02")
+    keys = ("depth", "drift ratio [95% CI]", "drift threshold / p", "bias (up/down, sign test)", "control")
+    assert [got[k] for k in keys] == ["—"] * 5
+    assert got["diverged vs noise"] == "3/4 vs 1/4, p=0.0714"
+    # No decided_by recorded: the evidence whose numbers cleared its bar is the one shown.
+    assert "| p02 | **regression** | outside top-k 2 vs 0: p<1e-6 < 0.01; +repetition | — |" in md
     assert "_drift ratio:" not in md and "Not calibrated" in md
     assert "Drift ratio per pair (log scale): no data" in HtmlFormatter().render(data)
     assert json.loads(JsonFormatter().render(data))["pairs"][1]["drift_ratio"] is None
@@ -1239,7 +1381,8 @@ def test_an_hf_run_says_plainly_that_vllm_was_not_run(tmp_path: Path) -> None:
     run = {**RUN, "spec": {**RUN["spec"], "engine": "hf"}}
     data = load_run(build_run(tmp_path / "hf", run))
     md = MarkdownFormatter().render(data)
-    assert md.split("### Warnings")[1].lstrip().startswith(f"- **warning:** {HF_BANNER}")
+    warnings = [line for line in md.split("\n") if line.startswith("- **warning:** ")]
+    assert warnings[0] == f"- **warning:** {md_text(HF_BANNER)}"
     assert "vLLM was not run" in HtmlFormatter().render(data)
     assert HF_BANNER in json.loads(JsonFormatter().render(data))["warnings"]
     # A vLLM run carries no such line.
@@ -1276,10 +1419,14 @@ def test_report_md_of_a_200_cell_run_fits_a_github_issue(tmp_path: Path) -> None
     cells, pairs, comps = compare.build_tables(run, run_dir, Thresholds())
     for name, df in ((runstore.CELLS, cells), (runstore.PAIRS, pairs), (runstore.COMPARISONS, comps)):
         df.to_parquet(run_dir / name, index=False)
-    md = MarkdownFormatter().render(load_run(run_dir))
+    data = load_run(run_dir)
+    md = MarkdownFormatter().render(data)
     assert len(md) <= GITHUB_LIMIT < 65_536
     assert "Shortened to fit a GitHub issue" in md and "report.html" in md
-    assert md.startswith("## cascade-repro:") and "### Verdicts" in md and "### Reproduce" in md
+    assert (
+        md.startswith("## cascade-repro:") and "| pair | verdict | decided by" in md and "### Reproduce" in md
+    )
+    assert_reads_on_github(md, headline(data))
 
 
 def test_report_of_a_cut_run_scores_what_finished_and_says_it_is_not_finished(tmp_path):
@@ -1302,7 +1449,10 @@ def test_report_of_a_cut_run_scores_what_finished_and_says_it_is_not_finished(tm
     res = CliRunner().invoke(app, ["report", str(run_dir)])
     assert res.exit_code == 5, res.output
     head = f"cascade-repro: not finished ({n_cells - 1} of {n_cells} cells done: rerun the same command to finish); so far: "
-    assert head in res.stderr and f"exit 5: not finished: 1 of {n_cells} cells never ran; rerun the same command" in res.stderr
+    assert (
+        head in res.stderr
+        and f"exit 5: not finished: 1 of {n_cells} cells never ran; rerun the same command" in res.stderr
+    )
     report = (run_dir / "report.md").read_text()
     assert report.startswith(f"## {head}")
     assert all((run_dir / t).is_file() for t in runstore.TABLES)  # the finished pairs are scored
@@ -1327,7 +1477,10 @@ def test_report_of_a_run_cut_after_its_first_cell_is_not_finished_not_all_errore
 
     res = CliRunner().invoke(app, ["report", str(run_dir)])
     assert res.exit_code == 5, res.output
-    assert f"exit 5: not finished: {n_cells - 1} of {n_cells} cells never ran; rerun the same command" in res.stderr
+    assert (
+        f"exit 5: not finished: {n_cells - 1} of {n_cells} cells never ran; rerun the same command"
+        in res.stderr
+    )
     # With a regression among the finished pairs the run fails at once; here there is none.
     assert CliRunner().invoke(app, ["report", str(run_dir), "--fail-on", "error"]).exit_code == 5
 
@@ -1344,7 +1497,9 @@ def test_report_judges_by_the_runs_own_fail_on_unless_told_and_summary_json_agre
     run_dir = synthetic_run(tmp_path / "run", prompts=16, batch="8,16", max_tokens=64)
     (path,) = runstore.samples_files(run_dir)  # cut: a not-finished run exits 5 under regression
     lines = path.read_bytes().splitlines(keepends=True)
-    path.write_bytes(b"".join(lines[: max(i for i, ln in enumerate(lines) if ln.startswith(b'{"type":"cell_done"'))]))
+    path.write_bytes(
+        b"".join(lines[: max(i for i, ln in enumerate(lines) if ln.startswith(b'{"type":"cell_done"'))])
+    )
     for name in runstore.TABLES:
         (run_dir / name).unlink()
 

@@ -68,7 +68,7 @@ def test_the_ladder_is_judged_by_the_reference(calibrated):
     assert entries[0]["flags_from"] is not None and entries[0]["flags_from"] <= 0.1
     assert "reference rule" in calibration.statement(entries[0], 16)
     report = (calibrated.run_dir / runstore.REPORT_MD).read_text()
-    assert "### Against the reference" in report and "float64 reference" in report
+    assert "<details><summary>Against the reference</summary>" in report and "float64 reference" in report
 
 
 def test_an_lse_shift_ladder_is_flagged_from_some_shift_on_and_the_clean_pair_never(calibrated):
