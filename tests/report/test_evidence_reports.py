@@ -69,6 +69,9 @@ def test_report_gives_the_committed_verdicts(tmp_path: Path, name: str, src: Pat
     after = verdicts(json.loads((run_dir / "summary.json").read_text(encoding="utf-8")))
     assert after == before, name
     assert res.exit_code == before["exit_code"], res.output
+    if "--force rewrites them" in res.output:  # no samples/ here: the committed richer report was kept
+        forced = CliRunner().invoke(app, ["report", str(run_dir), "--force", "--fail-on", committed.get("fail_on") or "regression"])  # fmt: skip
+        assert forced.exit_code == before["exit_code"], forced.output
     # The re-rendered report.md as GitHub shows it: nothing struck through (pair ids hold `~`),
     # the headline as summary.json says it, the tables shown open within the issue column.
     shown = gfm.render((run_dir / "report.md").read_text(encoding="utf-8"))
