@@ -32,6 +32,7 @@ from cascade_repro.cli.options import (
     Backend,
     Batch,
     Cascade,
+    Twin,
     Config,
     DriftMin,
     Engine,
@@ -69,6 +70,7 @@ def matrix(
     model: Model = None,
     tp: Tp = None,
     batch: Batch = None,
+    twin: Twin = None,
     cascade: Cascade = None,
     seed: Annotated[
         str | None,

@@ -187,6 +187,18 @@ Batch = Annotated[
     ),
 ]
 
+Twin = Annotated[
+    str | None,
+    option(
+        "The setting each test cell differs in from its twin: `cascade`, `prefix-caching`, `chunked-prefill`, "
+        "`cuda-graphs`, `async-scheduling`, `kv-cache-dtype=fp8`, `attention-backend=A:B`, `tp=A:B` or "
+        "`batch=1:N` (README: Which setting changed my outputs?)." + spec_default("twin"),
+        MATRIX,
+        "--twin",
+        metavar="NAME",
+    ),
+]
+
 Cascade = Annotated[
     str | None,
     option(

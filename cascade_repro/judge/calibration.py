@@ -23,7 +23,7 @@ FLAGGED = REGRESSION
 def shift_of(label: Any) -> float | None:
     """Return X of an ``lse-shift=X`` label, else None."""
     i = inj.try_parse(label if isinstance(label, str) else None)
-    return i.nats if i is not None and i.kind == inj.LSE_SHIFT else None
+    return i.nats if i is not None and i.kind in inj.GRADED else None
 
 
 def detection_power(pairs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
