@@ -186,7 +186,7 @@ def assert_user_error(res, *fragments: str) -> None:
         (["--dtype", "fp8"], ["dtype must be one of auto, float32, float16, bfloat16, not 'fp8'"]),
         (["--cascade", "maybe"], ["--cascade: expected on/off, got 'maybe'"]),
         (["--fa-version", "9"], ["--fa-version: expected 2, 3, 4 or default, got '9'"]),
-        (["--inject", "bitflip"], ["expected lse-layout or lse-shift=X"]),
+        (["--inject", "bitflip"], ["expected lse-layout, lse-shift=X"]),
         (["--calibrate", "0.1,x"], ["--calibrate: 'x' is not a number of nats"]),
         (["--fail-on", "sometimes"], ["--fail-on must be one of regression, error, never"]),
         (["--hf-overrides", "{bad"], ["--hf-overrides is not valid JSON"]),
@@ -686,7 +686,7 @@ def one_error(res) -> str:
         (["-E", "block_size=32"], "--engine-args are vLLM engine arguments; the hf engine takes none (use --engine vllm)"),
         (["--tp", "2"], "the hf engine runs on one device: use --tp 1 (tensor parallelism needs --engine vllm)"),
         (["--arm-switch", "swap"], "--arm-switch must be one of toggle, restart, not 'swap'"),
-        (["--fail-on", "sometimes"], "--fail-on must be one of regression, error, never, not 'sometimes'"),
+        (["--fail-on", "sometimes"], "--fail-on must be one of regression, error, never, expected, not 'sometimes'"),
         # Verdict knobs and seeds out of range: refused on a dry run too, before anything runs.
         (["--alpha", "2"], "--alpha must be in (0, 1), got 2.0"),
         (["--alpha", "0"], "--alpha must be in (0, 1), got 0.0"),

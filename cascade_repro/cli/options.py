@@ -299,7 +299,8 @@ Fresh = Annotated[
 FailOn = Annotated[
     str,
     option(
-        "Exit 1 on `regression`, `error` (regression or error cells) or `never`." + default(FAIL_ON_DEFAULT),
+        "Exit 1 on `regression`, `error` (regression or error cells), `expected` (a regression even where "
+        "the --twin changes results by design, as kv-cache-dtype=fp8 does) or `never`." + default(FAIL_ON_DEFAULT),
         OUTPUT,
         "--fail-on",
         metavar="|".join(FAIL_ON),
