@@ -296,7 +296,9 @@ def resolve(name: str | None) -> TwinAxis:
         if family == "attention-backend":
             a, b = a.strip().upper(), b.strip().upper()
             if not (colon and BACKEND.fullmatch(a) and BACKEND.fullmatch(b)) or a == b:
-                raise ValueError(f"--twin {spelling}: two different backend names, as in {example}; got {text!r}")
+                raise ValueError(
+                    f"--twin {spelling}: two different backend names, as in {example}; got {text!r}"
+                )
             return _backend_twin(a, b)
         try:
             x, y = int(a), int(b)
@@ -306,7 +308,9 @@ def resolve(name: str | None) -> TwinAxis:
             raise ValueError(f"--twin {spelling}: A < B, both positive, as in {example}; got {text!r}")
         if family == "batch":
             if x != 1:
-                raise ValueError(f"--twin {spelling}: the reference arm runs one request at a time; got {text!r}")
+                raise ValueError(
+                    f"--twin {spelling}: the reference arm runs one request at a time; got {text!r}"
+                )
             return _batch_twin(x, y)
         return _tp_twin(x, y)
     if family in PARAMETERISED:

@@ -429,7 +429,10 @@ def test_a_vllm_without_cascade_is_said_in_one_line_and_exits_nothing_exercised(
     monkeypatch.setattr(vllm_surface, "installed_version", lambda: "0.33.0")
     res = invoke("matrix", "--engine", "vllm", "--limit", "2")
     assert res.exit_code == 4, res.output
-    assert "vLLM 0.33.0 has no cascade attention (removed in 0.32.0" in flat(res.output)
+    assert "--twin cascade cannot be tested on vLLM 0.33.0: cascade attention was removed in vLLM 0.32.0" in flat(
+        res.output
+    )
+    assert "this vLLM can test --twin prefix-caching, chunked-prefill" in flat(res.output)
     res = invoke("explain", "--gpu", "H200", "--prefix-tokens", "1597")
     assert res.exit_code == 0 and "no pair can be exercised" in flat(res.output)
 

@@ -300,7 +300,8 @@ FailOn = Annotated[
     str,
     option(
         "Exit 1 on `regression`, `error` (regression or error cells), `expected` (a regression even where "
-        "the --twin changes results by design, as kv-cache-dtype=fp8 does) or `never`." + default(FAIL_ON_DEFAULT),
+        "the --twin changes results by design, as kv-cache-dtype=fp8 does) or `never`."
+        + default(FAIL_ON_DEFAULT),
         OUTPUT,
         "--fail-on",
         metavar="|".join(FAIL_ON),

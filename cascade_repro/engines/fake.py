@@ -34,9 +34,9 @@ import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cascade_repro import twin as twins
 from cascade_repro import vllm_surface
 from cascade_repro.engines.base import Completion, WaveStats, completion_text
-from cascade_repro import twin as twins
 from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.vllm_surface import inject as inj
 
@@ -206,7 +206,9 @@ class FakeEngine:
         if arm != tw.test:
             return twins.effect_record(tw, 0, {"simulated": "reference arm"})
         if os.environ.get(EFFECT_ENV, "").strip().lower() == "off":
-            return twins.effect_record(tw, 0, {"simulated": "off"}, f"the fake engine was told to ignore it ({EFFECT_ENV}=off)")
+            return twins.effect_record(
+                tw, 0, {"simulated": "off"}, f"the fake engine was told to ignore it ({EFFECT_ENV}=off)"
+            )
         return twins.effect_record(tw, steps, {"simulated": "on"})
 
 

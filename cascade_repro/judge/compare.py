@@ -16,8 +16,8 @@ import pandas as pd
 
 from cascade_repro.judge import reference_verdict as refv
 from cascade_repro.judge import speed
-from cascade_repro.judge.ifeval.score import paired_if, score_response
 from cascade_repro.judge.effect import cell_effect
+from cascade_repro.judge.ifeval.score import paired_if, score_response
 from cascade_repro.judge.metrics.divergence import divergence_metrics
 from cascade_repro.judge.metrics.drift import drift_floor, drift_triple
 from cascade_repro.judge.metrics.reference import ArmError, arm_error, by_step_mean

@@ -13,10 +13,10 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from cascade_repro import exit_codes, vllm_surface
+from cascade_repro import twin as twins
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import FAIL_ON
 from cascade_repro.run.manifest import Manifest
-from cascade_repro import twin as twins
 from cascade_repro.twin import CASCADE as TWIN
 
 # A pair's verdict (pairs.parquet's ``verdict``).

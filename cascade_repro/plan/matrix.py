@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, NoReturn
 
+from cascade_repro import twin as twins
 from cascade_repro import vllm_surface
 from cascade_repro.engines import ENGINES as ENGINE_REGISTRY
 from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
 from cascade_repro.section import Section, section_list, section_map
-from cascade_repro import twin as twins
 from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.vllm_surface import inject as inj
 
@@ -161,6 +161,12 @@ class MatrixSpec:
             bad(f"{n('twin')} {tw.name} needs the vllm engine (the {self.engine} engine serves "
                 f"{', '.join(t.name for t in twins.all_examples() if self.engine in t.engines)}; "
                 f"use {use_vllm})", "twin", "engine")  # fmt: skip
+        if clash := sorted(set(self.engine_args or {}) & {k for a in tw.arms for k in tw.engine_args(a)}):
+            bad(
+                f"{n('engine_args')} {', '.join(clash)}: {n('twin')} {tw.name} sets it per arm",
+                "engine_args",
+                "twin",
+            )
         if tw.axis is not None:
             # The twin sets this axis itself: a list given beside it would be ignored without a word.
             own = {"tp": "tp", "batch": "batch", "backend": "backends"}[tw.axis]
@@ -512,7 +518,9 @@ def plan(spec: MatrixSpec) -> Plan:
         if r:
             parts.append(f"r{r}")
         if origin == "calibration" and inject:
-            parts.append(("shift" if inject.startswith(inj.LSE_SHIFT) else "scale") + inject.partition("=")[2])
+            parts.append(
+                ("shift" if inject.startswith(inj.LSE_SHIFT) else "scale") + inject.partition("=")[2]
+            )
         cell_id = "-".join(parts)
         ep.cells.append(cell_id)
         cells[cell_id] = Cell.of(cell_id=cell_id, engine_key=key, tp=tp, batch=batch, arm=arm, rerun=r, seed=seed,

@@ -15,11 +15,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from cascade_repro import twin as twins
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import Cell, EnginePlan, MatrixSpec, waves
 from cascade_repro.run import runstore
 from cascade_repro.run.manifest import Manifest
-from cascade_repro import twin as twins
 from cascade_repro.twin import CASCADE as TWIN
 
 # Exit codes the runner understands.

@@ -77,7 +77,9 @@ def parse(text: str | None) -> Injection | None:
         try:
             scale = float(amount)
         except ValueError:
-            raise ValueError(f"out-scale needs a relative amount, e.g. out-scale=0.01; got {amount!r}") from None
+            raise ValueError(
+                f"out-scale needs a relative amount, e.g. out-scale=0.01; got {amount!r}"
+            ) from None
         if not math.isfinite(scale) or scale == 0 or abs(scale) > 100:
             raise ValueError(f"out-scale must be a non-zero amount within +-100, got {amount!r}")
         return Injection(OUT_SCALE, scale, onset)
