@@ -528,7 +528,7 @@ def _option_row(text: str, option: str) -> str:
         ("matrix", "--batch", "--batch SIZES Batch sizes, comma-separated:"),
         ("matrix", "--cascade", "--cascade on,off Cascade arms: on,off, on or off. [default: on,off]"),
         ("matrix", "--engine", "--engine hf|vllm|fake Engine: hf (transformers, CPU or GPU, reference cascade), vllm, or fake (deterministic, no weights: a test of the harness, its verdicts mean nothing). [default: hf]"),
-        ("matrix", "--fail-on", "--fail-on regression|error|never Exit 1 on regression, error (regression or error cells) or never. [default: regression]"),
+        ("matrix", "--fail-on", "--fail-on regression|error|never|expected Exit 1 on regression, error (regression or error cells), expected (a regression even where the --twin changes results by design, as kv-cache-dtype=fp8 does) or never. [default: regression]"),
         ("matrix", "--alpha", "--alpha P Significance level:"),
         ("matrix", "--min-topk-violations", "--min-topk-violations N Divergences outside top-k needed (besides significance) to flag. [default: 1]"),
         ("matrix", "--limit", "--limit N Use only the first N prompts. [default: all of the set]"),
@@ -536,7 +536,7 @@ def _option_row(text: str, option: str) -> str:
         ("matrix", "--run-id", "--run-id RUN_ID Name of the run directory. [default: ENGINE-MODEL-HASH, e.g. hf-embedded-44136fa355b3,"),
         ("matrix", "--quiet", "--quiet -q No progress bar: the plain progress lines instead"),
         ("matrix", "--dry-run", "--dry-run Print the cell table and the number of engine starts, run nothing."),
-        ("report", "--fail-on", "--fail-on regression|error|never Exit 1 on regression, error (regression or error cells) or never; summary.json follows. [default: the run's own --fail-on]"),
+        ("report", "--fail-on", "--fail-on regression|error|never|expected Exit 1 on regression, error (regression or error cells), expected (also where the twin changes results by design) or never; summary.json follows. [default: the run's own --fail-on]"),
         ("merge", "--allow-partial", "--allow-partial Merge even when a shard's directory is missing:"),
         ("explain", "--engine", "--engine hf|vllm|fake Engine whose decision to predict:"),
     ],
@@ -724,7 +724,7 @@ def test_flag_errors_name_the_flag(args, message):
          "engine, engine_args, engine_timeout, fa_version, fail_on, force_cascade, gpu_memory_utilization, "
          "graphs_for_batches, hf_overrides, ignore_eos, inject, key_field, limit, load_format, max_model_len, "
          "max_tokens, min_topk_violations, model, prompt_field, prompts, quiet, reference, reference_device, "
-         "rep_delta, rerun, results_dir, run_id, seed, shard, system_prompt, topk, tp, trust_remote_code"),
+         "rep_delta, rerun, results_dir, run_id, seed, shard, system_prompt, topk, tp, trust_remote_code, twin"),
     ],
 )  # fmt: skip
 def test_config_errors_name_the_file_and_its_key(tmp_path, toml, flags, message):

@@ -329,3 +329,48 @@ def test_a_positive_control_is_flagged_on_any_twin_and_an_expected_change_does_n
     res, _ = _matrix(tmp_path, "fp8", "--twin", "kv-cache-dtype=fp8", "--inject", "out-scale=0.5",
                      "--fail-on", "expected")  # fmt: skip
     assert res.returncode == 1, res.stderr
+
+
+# --- explain: will the setting take effect? ----------------------------------------------------------
+
+
+def test_explain_predicts_per_cell_where_knowable():
+    from cascade_repro.plan.twin_effect import predict_effects
+
+    def pred(name, batch, **kw):
+        tw = twins.resolve(name)
+        cells = _plan(engine="vllm", twin=tw.name, batch=batch).cells
+        args = dict(shared_prefix=1597, prompt_lens=[40, 60, 1700], block_size=16, gpus=1) | kw
+        return [(p.cell_id, p.takes_effect, p.why) for p in predict_effects(tw, cells, **args)]
+
+    assert pred("prefix-caching", [8]) == [
+        ("tp1-b8-prefix-on", "yes", "shared prefix 1597 tokens >= one 16-token block: 1584 cached")
+    ]
+    assert pred("prefix-caching", [8], shared_prefix=10)[0][1:] == (
+        "no", "shared prefix 10 tokens < one 16-token block: nothing to hit"
+    )
+    assert pred("chunked-prefill", [1], prompt_lens=[40, 60, 100])[0][1:] == (
+        "no", "a wave's prompts hold 100 tokens <= the 128-token step budget"
+    )
+    assert pred("chunked-prefill", [2], prompt_lens=[40, 60, 100])[0][1] == "yes"
+    assert pred("cuda-graphs", [8, 1024])[1][1:] == (
+        "no", "batch 1024 > the largest captured size 512: decode runs eager"
+    )
+    assert pred("tp=1:2", [8]) == [("tp2-b8-tp2", "no", "TP 2 needs 2 GPUs, 1 visible (matrix refuses it)")]
+    assert pred("async-scheduling", [8])[0][1] == "?"
+    assert pred("batch=1:8", [8]) == [("tp1-b8-batch8", "yes", "every wave runs 8 requests at once")]
+
+
+def test_explain_command_prints_the_twin_lines():
+    from typer.testing import CliRunner
+
+    from cascade_repro.cli import app
+
+    res = CliRunner().invoke(
+        app, ["explain", "--twin", "prefix-caching", "--batch", "8", "--gpu", "H200", "--prefix-tokens", "8"]
+    )
+    assert res.exit_code == 0, res.output
+    assert res.stdout.splitlines() == [
+        "tp1-b8-prefix-on: prefix-caching takes effect: no (shared prefix 8 tokens < one 16-token block: "
+        "nothing to hit)"
+    ]

@@ -161,7 +161,8 @@ class MatrixSpec:
             bad(f"{n('twin')} {tw.name} needs the vllm engine (the {self.engine} engine serves "
                 f"{', '.join(t.name for t in twins.all_examples() if self.engine in t.engines)}; "
                 f"use {use_vllm})", "twin", "engine")  # fmt: skip
-        if clash := sorted(set(self.engine_args or {}) & {k for a in tw.arms for k in tw.engine_args(a)}):
+        given_args = self.engine_args if isinstance(self.engine_args, dict) else {}
+        if clash := sorted(set(given_args) & {k for a in tw.arms for k in tw.engine_args(a)}):
             bad(
                 f"{n('engine_args')} {', '.join(clash)}: {n('twin')} {tw.name} sets it per arm",
                 "engine_args",

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cascade_repro.errors import UsageError  # standard library only, like this module
+from cascade_repro.twin import CASCADE  # standard library only too
 
 # The FlashAttention backend holds use_cascade_attention, cascade_attention and the
 # merge_attn_states it calls (same path and names in 0.10.2 and 0.26.0).
@@ -123,7 +124,7 @@ class TwinRelease:
 # in tests/data hold every engine argument a twin sets: enable_prefix_caching, enable_chunked_prefill,
 # max_num_batched_tokens, enforce_eager, async_scheduling, kv_cache_dtype, disable_cascade_attn).
 TWIN_RELEASES: dict[str, TwinRelease] = {
-    "cascade": TwinRelease(
+    CASCADE.family: TwinRelease(
         (0, 10, 2), CASCADE_REMOVED_IN,
         "cascade attention was removed in vLLM 0.32.0 (disable_cascade_attn is kept and does nothing)",
     ),
