@@ -165,7 +165,8 @@ CUDA_GRAPHS = TwinAxis(
     test_args=(("enforce_eager", False), ("disable_cascade_attn", True)),
     ref_args=(("enforce_eager", True), ("disable_cascade_attn", True)),
     effect="graph_steps",
-    effect_doc="decode steps run while the engine's CUDA-graph mode is on (read back from its config)",
+    effect_doc="decode tokens generated with the CUDA-graph mode on and the batch within the captured sizes "
+    "(read back from the engine's config; replays are not counted one by one)",
 )
 
 ASYNC_SCHEDULING = TwinAxis(
@@ -179,7 +180,7 @@ ASYNC_SCHEDULING = TwinAxis(
     test_args=(("async_scheduling", True), ("disable_cascade_attn", True)),
     ref_args=(("async_scheduling", False), ("disable_cascade_attn", True)),
     effect="config",
-    effect_doc="the async_scheduling flag read back from the engine's scheduler config",
+    effect_doc="decode tokens generated with async_scheduling read back on from the engine's scheduler config",
 )
 
 KV_CACHE_FP8 = TwinAxis(
@@ -193,7 +194,7 @@ KV_CACHE_FP8 = TwinAxis(
     test_args=(("kv_cache_dtype", "fp8"), ("disable_cascade_attn", True)),
     ref_args=(("kv_cache_dtype", "auto"), ("disable_cascade_attn", True)),
     effect="config",
-    effect_doc="the KV cache dtype read back from the engine's cache config",
+    effect_doc="decode tokens generated with an fp8 KV cache read back from the engine's cache config",
     expected_change=True,
 )
 
@@ -220,7 +221,8 @@ def _backend_twin(a: str, b: str) -> TwinAxis:
         test_value=b,
         ref_value=a,
         effect="config",
-        effect_doc="the attention implementation class each layer was built with (the plugin records it)",
+        effect_doc="decode tokens generated with the test backend's implementation class in the model's layers "
+        "(read back from every worker through the plugin)",
     )
 
 
@@ -239,7 +241,7 @@ def _tp_twin(a: int, b: int) -> TwinAxis:
         test_value=b,
         ref_value=a,
         effect="config",
-        effect_doc="the TP world size read back from the engine's parallel config",
+        effect_doc="decode tokens generated in a TP group of the test arm's size (read back from every worker)",
         gpus=max(a, b),
     )
 
@@ -260,7 +262,7 @@ def _batch_twin(a: int, b: int) -> TwinAxis:
         test_value=b,
         ref_value=a,
         effect="config",
-        effect_doc=f"waves that ran {b} requests at once (the wave record's batch)",
+        effect_doc=f"decode tokens (the fake engine: steps) of waves that ran {b} requests at once",
         engines=("vllm", "hf", "fake"),
     )
 

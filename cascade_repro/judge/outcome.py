@@ -99,7 +99,7 @@ def never_fired_because(run: ScoredRun) -> str:
     why = []
     tw = twins.of(run.manifest.spec)
     if tw is not TWIN:
-        return f"{tw.name} never took effect: {tw.effect_doc} stayed 0 (see the engines' effective settings)"
+        return f"{tw.effect_doc} stayed 0: see the pairs' reasons"
     batches = [_whole(r.get("batch")) for r in run.rows("cells") if r.get("arm") == TWIN.test]
     batches = [b for b in batches if b is not None] or [
         b for b in (_whole(r.get("batch")) for r in twin_pairs(run)) if b is not None
@@ -180,11 +180,13 @@ def _nothing_exercised_reason(run: ScoredRun, counts: dict[str, int]) -> str:
         has_arm = any(r.get("arm") == twins.of(run.manifest.spec).test for r in run.rows("cells"))
         why = "no cascade cell has a finished flat twin" if has_arm else "the matrix has no cascade arm"
         return f"nothing exercised: the run has no cascade pairs ({why})"
+    tw = twins.of(run.manifest.spec)
+    never = "cascade never fired" if tw is TWIN else f"{tw.name} never took effect"
     if fired == total:
         where = "its only pair" if total == 1 else f"any of {total} pairs"
-        return f"nothing exercised: cascade never fired in {where} ({never_fired_because(run)})"
+        return f"nothing exercised: {never} in {where} ({never_fired_because(run)})"
     return (
-        f"nothing exercised: cascade never fired in {fired} of {total} pairs, the other {total - fired} "
+        f"nothing exercised: {never} in {fired} of {total} pairs, the other {total - fired} "
         f"measured nothing ({never_fired_because(run)})"
     )
 
