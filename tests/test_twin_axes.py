@@ -374,3 +374,25 @@ def test_explain_command_prints_the_twin_lines():
         "tp1-b8-prefix-on: prefix-caching takes effect: no (shared prefix 8 tokens < one 16-token block: "
         "nothing to hit)"
     ]
+
+
+def test_out_scale_scales_any_backends_attention_output_only_inside_a_wave(tmp_path):
+    torch = pytest.importorskip("torch")
+    from cascade_repro.vllm_surface import inject as inj
+    from cascade_repro.vllm_surface import probe
+
+    class SomeImpl:
+        def forward(self, layer, q, *rest, output=None):
+            return q.clone()
+
+    st = probe.ProbeState(tmp_path)
+    assert probe.wrap_impl_forward(SomeImpl, st) and not probe.wrap_impl_forward(SomeImpl, st)  # once
+    q = torch.ones(2, 3)
+    st.apply({"wave": None, "inject": "out-scale=0.5", "seq": 1})
+    assert torch.equal(SomeImpl().forward(None, q), q)  # a warm-up or profiling run: not counted, not scaled
+    st.apply({"wave": "w1", "inject": "out-scale=0.5", "seq": 2})
+    assert torch.equal(SomeImpl().forward(None, q), q * 1.5)
+    assert st.waves["w1"]["scaled_calls"] == 1
+    st.apply({"wave": "w2", "inject": None, "seq": 3})
+    assert torch.equal(SomeImpl().forward(None, q), q) and "w2" not in st.waves  # nothing counted
+    assert inj.parse("out-scale=0.01").label == "out-scale=0.01"
