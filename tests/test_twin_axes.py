@@ -396,3 +396,16 @@ def test_out_scale_scales_any_backends_attention_output_only_inside_a_wave(tmp_p
     st.apply({"wave": "w2", "inject": None, "seq": 3})
     assert torch.equal(SomeImpl().forward(None, q), q) and "w2" not in st.waves  # nothing counted
     assert inj.parse("out-scale=0.01").label == "out-scale=0.01"
+
+
+def test_calibrate_states_a_twins_detection_power(tmp_path):
+    res, run = _matrix(tmp_path, "cal", "--twin", "prefix-caching", "--calibrate", "0.01,1")
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    (entry,) = summary["detection_power"]
+    assert entry["fault"] == "out-scale" and entry["flags_from"] == 0.01  # the fake moves 8 * E nats
+    assert [s["pair_id"] for s in entry["ladder"]] == ["tp1-b8-prefix-on-scale0.01~prefix-off",
+                                                       "tp1-b8-prefix-on-scale1~prefix-off"]  # fmt: skip
+    assert "This setup flags an attention-output scale of 1 + 0.01 at 16 prompts x 64 tokens" in (
+        run / "report.md"
+    ).read_text()
