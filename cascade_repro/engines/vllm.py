@@ -537,8 +537,8 @@ class VLLMEngine:
         comps = [completion_of(o, self.topk, text) for o in outs]
         if tw is not TWIN:
             extra["effect"] = self.effect(arm, outs, comps, agg)
-            if agg.get("scaled_calls"):
-                extra["scaled_calls"] = agg["scaled_calls"]
+            if inject:  # 0 says the fault never ran (a step replayed from a full CUDA graph skips it)
+                extra["scaled_calls"] = int(agg.get("scaled_calls", 0) or 0)
         phases["convert_s"] = clock() - t
         extra["phases"] = {k: round(v, 6) for k, v in phases.items()}
         return comps, stats
