@@ -87,6 +87,9 @@ def test_the_spec_refuses_what_a_twin_cannot_take():
         MatrixSpec(engine="vllm", twin="tp=1:2", tp=[4]).validate()
     with pytest.raises(UsageError, match="--engine-args enforce_eager: --twin cuda-graphs sets it per arm"):
         MatrixSpec(engine="vllm", twin="cuda-graphs", engine_args={"enforce_eager": True}).validate()
+    with pytest.raises(UsageError, match="--twin chunked-prefill prefills in 128-token steps, which vLLM allows up "
+                       "to batch 128: --batch 8, 256"):  # fmt: skip
+        MatrixSpec(engine="vllm", twin="chunked-prefill", batch=[8, 256]).validate()
     with pytest.raises(UsageError, match="--twin must be one of"):
         MatrixSpec(engine="vllm", twin="graphs").validate()
     ok = MatrixSpec(engine="hf", twin="batch=1:8")

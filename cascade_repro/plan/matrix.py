@@ -213,6 +213,12 @@ class MatrixSpec:
         if not all(isinstance(b, str) for b in self.backends):
             bad(f"{n('backends')} must be names such as FLASH_ATTN, got {show(self.backends)}", "backends")
         self.backends = [b.upper() for b in self.backends]
+        batches = self.batch if isinstance(self.batch, list) and self.batch else [0]
+        if tw.family == twins.CHUNKED_PREFILL.family and all(isinstance(b, int) for b in batches):
+            # vLLM refuses a step budget below max_num_seqs, which the twin sets to the largest batch.
+            if max(batches) > twins.CHUNK_TOKENS:
+                bad(f"{n('twin')} {tw.name} prefills in {twins.CHUNK_TOKENS}-token steps, which vLLM allows up "
+                    f"to batch {twins.CHUNK_TOKENS}: {n('batch')} {show(self.batch)}", "twin", "batch")  # fmt: skip
         for name in ("tp", "batch"):
             for v in getattr(self, name):
                 if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
