@@ -412,3 +412,12 @@ def test_calibrate_states_a_twins_detection_power(tmp_path):
     assert "This setup flags an attention-output scale of 1 + 0.01 at 16 prompts x 64 tokens" in (
         run / "report.md"
     ).read_text()
+
+
+def test_minimize_refuses_another_twin_in_one_line(tmp_path):
+    from cascade_repro.minimize.search import pick_pair
+
+    res, run = _matrix(tmp_path, "pc", "--twin", "prefix-caching")
+    assert res.returncode == 0, res.stderr
+    with pytest.raises(UsageError, match="minimize shrinks a cascade pair .*compares --twin prefix-caching$"):
+        pick_pair(run, None)

@@ -6,11 +6,11 @@ import math
 import statistics
 from html import escape
 
+from cascade_repro import twin as twins
 from cascade_repro.judge import outcome
 from cascade_repro.report import view
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import as_int, fmt_x, fmt_x_ci, is_missing, text_of, truncate
-from cascade_repro.twin import CASCADE as TWIN
 
 Series = dict[int, list[float]]  # x (batch size) -> values
 COLORS = ("#d1242f", "#0969da", "#1a7f37", "#8250df", "#bf8700")
@@ -146,7 +146,7 @@ def first_divergence_plot(data: RunData) -> str:
             or (not is_missing(r["exact"]) and bool(r["exact"]))
         ):
             continue
-        _add(cascade if p.get("kind") == TWIN.pair_kind else noise, p.get("batch"), r["first_div"])
+        _add(cascade if p.get("kind") in outcome.TWIN_KINDS else noise, p.get("batch"), r["first_div"])
     return whisker_plot(
         "First divergence by batch size",
         "batch size",
@@ -157,7 +157,7 @@ def first_divergence_plot(data: RunData) -> str:
 
 def seq_rep_plot(data: RunData) -> str:
     """Plot seq-rep-4 of finished cells by batch, cascade arm vs flat arm."""
-    arms: dict[str, Series] = {f"{arm} arm": {} for arm in TWIN.arms}
+    arms: dict[str, Series] = {f"{arm} arm": {} for arm in twins.of(data.manifest.spec).arms}
     for r in view.cells(data):
         if r.get("status") == "done" and f"{r.get('arm')} arm" in arms:
             _add(arms[f"{r['arm']} arm"], r.get("batch"), r.get("seq_rep_4"))
