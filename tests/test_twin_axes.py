@@ -223,6 +223,7 @@ def _fake_vllm_wave(tmp_path: Path, twin: str, arm: str, batch: int = 8, prompt_
     eng = VLLMEngine("/models/m", spec, ep, run_dir=tmp_path / arm)
     prompts = [[1] * (prompt_len - 1) + [i] for i in range(batch)]
     _, st = eng.run_wave(prompts, arm, 3, prefix_len=prompt_len - 1)
+    eng.effective_seen = eng.effective()
     eng.close()
     return eng, st.extra["effect"]
 
@@ -262,6 +263,7 @@ def test_fake_vllm_reads_back_the_attention_class_and_tp_size(fake_vllm, tmp_pat
     tw = twins.resolve("attention-backend=FLASH_ATTN:FLASHINFER")
     eng, eff = _fake_vllm_wave(tmp_path, tw.name, tw.test)
     assert eng.readback["attn_impl_classes"] == ["FlashInferImpl"] and eng.readback["tp_world_size"] == 1
+    assert eng.effective_seen["twin_readback"] == eng.readback and eng.effective_seen["twin"] == tw.name
     assert eff["evidence"] == {"attn_impl_classes": ["FlashInferImpl"]}
     assert eng.llm is None  # closed
 

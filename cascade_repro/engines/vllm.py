@@ -430,6 +430,10 @@ class VLLMEngine:
         }
         if facts.get("errors"):
             out["probe_errors"] = facts["errors"]
+        if self.twin is not TWIN:
+            # What the proof of effect reads (wave_effect), once per engine start.
+            out["twin"] = self.twin.name
+            out["twin_readback"] = self.readback
         return _jsonable(out)
 
     def run_wave(
