@@ -32,6 +32,7 @@ PLUGIN_NAME = "cascade_repro_probe"
 PLUGIN_GROUP = "vllm.general_plugins"
 # The README gives this line too: it works from a checkout and beside an installed wheel alike.
 INSTALL_VLLM = f'pip install "{vllm_surface.VLLM_REQUIREMENT}"'
+INSTALL_CASCADE_VLLM = f'pip install "{vllm_surface.CASCADE_REQUIREMENT}"'
 TRUE_VALUES = ("1", "true", "yes", "on")
 
 
@@ -241,7 +242,8 @@ def check_vllm(f: Facts) -> Check:
             "vLLM",
             FAIL,
             vllm_surface.cascade_note(v) or status,
-            f"{INSTALL_VLLM} (cascade is opt-in from 0.18.0; this harness opts in)",
+            f"{INSTALL_CASCADE_VLLM} for --twin cascade (opt-in from 0.18.0; this harness opts in); the "
+            "other twins run on this vLLM (the twins row)",
         )
     if vt is None or vt < vllm_surface.version_tuple(vllm_surface.RELEASES[0].version):
         known = ", ".join(r.version for r in vllm_surface.RELEASES)
@@ -507,9 +509,30 @@ def check_attention_variant(f: Facts) -> Check:
     return Check("attention variant", OK, "global attention, no ALiBi, no sliding window")
 
 
+def check_twins(f: Facts) -> Check:
+    """Which --twin settings this vLLM and these GPUs can test (vllm_surface.TWIN_RELEASES; the tp
+    twin's example needs 2 GPUs)."""
+    from cascade_repro import twin as twins
+
+    if f.vllm_error:
+        return Check("twins", WARN, "skipped: no vLLM")
+    fams = vllm_surface.testable_twins(f.vllm_version)
+    spell = {t.family: t.name.split("=")[0] + ("=..." if "=" in t.name else "") for t in twins.all_examples()}
+    notes = []
+    if "tp" in fams and len(f.gpus) < 2:
+        fams = [x for x in fams if x != "tp"]
+        notes.append(f"tp needs 2 GPUs, {len(f.gpus)} visible")
+    gone = [x for x in twins.FAMILIES if x not in vllm_surface.testable_twins(f.vllm_version)]
+    if gone:
+        notes += [vllm_surface.twin_problem(x, f.vllm_version) or x for x in gone]
+    detail = "can test --twin " + ", ".join(spell[x] for x in fams) if fams else "no twin can be tested here"
+    return Check("twins", OK if fams else FAIL, detail + "".join(f"; {n}" for n in notes))
+
+
 def run_checks(f: Facts) -> list[Check]:
     checks = [
         check_vllm(f),
+        check_twins(f),
         check_plugin(f),
         check_probe_targets(f),
         check_gpus(f),

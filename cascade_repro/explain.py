@@ -5,12 +5,13 @@ threshold per TP in words.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.predict import CellPrediction, predict
+from cascade_repro.twin import CASCADE
 from cascade_repro.vllm_surface import ModelAttention
 from cascade_repro.vllm_surface.cascade_rule import (
     DEFAULT_BLOCK_SIZE,
@@ -38,6 +39,9 @@ class Explanation:
     rule_source: str
     cells: list[CellPrediction]
     thresholds: dict[int, dict[str, Any]]
+    # A twin other than cascade: its name and, per test cell, whether its setting takes effect.
+    twin: str = CASCADE.name
+    twin_cells: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -118,6 +122,7 @@ def explain_spec(
         cfg.update(spec.hf_overrides or {})
     attention = ModelAttention.from_config(cfg)
     suffix_lens = None
+    prompt_lens = None
     if prefix_tokens is None:
         from cascade_repro.plan.models import load_tokenizer
         from cascade_repro.prompts.chat import measure_prefix
@@ -129,6 +134,7 @@ def explain_spec(
         prefix_tokens = measured.tokens
         aligned = prefix_tokens // block_size * block_size
         suffix_lens = [len(r) - aligned for r in measured.rendered]
+        prompt_lens = [len(r) for r in measured.rendered]
     elif prefix_tokens < 0:
         raise UsageError(f"--prefix-tokens must be >= 0, got {prefix_tokens}")
     num_sms, source = (
@@ -145,9 +151,29 @@ def explain_spec(
         num_sms=num_sms, block_size=block_size, dcp_world_size=dcp_world_size, rule=rule, max_scan=max_scan,
         max_tokens=spec.max_tokens, default_fa=default_fa_for(gpu or source),
     )  # fmt: skip
+    from cascade_repro import twin as twins
+    from cascade_repro.plan.twin_effect import predict_effects
+
+    tw = twins.of(spec)
+    twin_cells = []
+    if tw is not twins.CASCADE:
+        from cascade_repro.run.envinfo import visible_gpu_count
+
+        captured = sorted({1, *spec.batch}) if spec.graphs_for_batches else None
+        twin_cells = [p.to_dict() for p in predict_effects(
+            tw, cells, shared_prefix=prefix_tokens, prompt_lens=prompt_lens, block_size=block_size,
+            gpus=visible_gpu_count() if tw.gpus > 1 else None, captured=captured,
+        )]  # fmt: skip
     return Explanation(
         engine=spec.engine, model=model_name, attention=attention, num_sms=num_sms, sms_source=source,
         block_size=block_size, shared_prefix_tokens=prefix_tokens,
         prefix_tokens=prefix_tokens // block_size * block_size, dcp_world_size=dcp_world_size,
-        rule_source=rule_source, cells=preds, thresholds=thresholds,
+        rule_source=rule_source, cells=preds, thresholds=thresholds, twin=tw.name, twin_cells=twin_cells,
     )  # fmt: skip
+
+
+def twin_lines(ex: Explanation) -> list[str]:
+    """One line per test cell of a twin other than cascade: whether its setting takes effect, and why."""
+    return [
+        f"{c['cell_id']}: {ex.twin} takes effect: {c['takes_effect']} ({c['why']})" for c in ex.twin_cells
+    ]

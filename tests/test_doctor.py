@@ -59,7 +59,7 @@ def test_no_vllm_fails_with_install_hint(monkeypatch):
     monkeypatch.setattr(doctor, "shared_prefix", lambda *a, **k: 2096)
     checks, code = doctor.doctor(model="embedded", tp=1)
     c = by_name(checks)["vLLM"]
-    assert c.status == FAIL and c.fix == 'pip install "vllm>=0.10.2,<0.32.0"'
+    assert c.status == FAIL and c.fix == 'pip install "vllm>=0.10.2,<0.35.0"'
 
     assert "No module named 'vllm'" in c.detail
     assert by_name(checks)["FlashAttention"].status == WARN  # skipped, not failed twice
@@ -200,3 +200,25 @@ def test_doctor_reads_heads_and_variants_as_explain_does():
     bloom = {"num_attention_heads": 16, "model_type": "bloom"}
     assert by_name(doctor.run_checks(healthy(model_config=bloom)))["attention variant"].status == FAIL
     assert ModelAttention.from_config(bloom).use_alibi
+
+
+@pytest.mark.parametrize(
+    ("version", "gpus", "status", "detail"),
+    [
+        ("0.26.0", 2, OK, "can test --twin cascade, prefix-caching, chunked-prefill, cuda-graphs, async-scheduling, "
+         "kv-cache-dtype=..., attention-backend=..., tp=..., batch=..."),
+        ("0.26.0", 1, OK, "can test --twin cascade, prefix-caching, chunked-prefill, cuda-graphs, async-scheduling, "
+         "kv-cache-dtype=..., attention-backend=..., batch=...; tp needs 2 GPUs, 1 visible"),
+        ("0.34.0", 1, OK, "can test --twin prefix-caching, chunked-prefill, cuda-graphs, async-scheduling, "
+         "kv-cache-dtype=..., attention-backend=..., batch=...; tp needs 2 GPUs, 1 visible; --twin cascade cannot "
+         "be tested on vLLM 0.34.0: cascade attention was removed in vLLM 0.32.0 (disable_cascade_attn is kept "
+         "and does nothing)"),
+    ],
+)  # fmt: skip
+def test_doctor_lists_the_twins_this_vllm_can_test(version, gpus, status, detail):
+    f = healthy(vllm_version=version)
+    f.gpus = f.gpus[:1] * gpus
+    checks = by_name(doctor.run_checks(f))
+    assert (checks["twins"].status, checks["twins"].detail) == (status, detail)
+    if version == "0.34.0":
+        assert checks["vLLM"].fix.startswith('pip install "vllm>=0.10.2,<0.32.0" for --twin cascade')

@@ -45,7 +45,8 @@ def _name(requirement: str) -> str:
 
 def test_the_vllm_extra_is_the_range_the_version_table_can_test():
     assert PROJECT["optional-dependencies"]["vllm"] == [vllm_surface.VLLM_REQUIREMENT]
-    assert vllm_surface.VLLM_REQUIREMENT == "vllm>=0.10.2,<0.32.0"
+    assert vllm_surface.VLLM_REQUIREMENT == "vllm>=0.10.2,<0.35.0"
+    assert vllm_surface.CASCADE_REQUIREMENT == "vllm>=0.10.2,<0.32.0"
     # the upper bound is where cascade went, the lower the oldest release the probe knows
     assert vllm_surface.cascade_status("0.31.9") != "removed" and vllm_surface.cascade_status("0.32.0") == "removed"
 
@@ -144,7 +145,7 @@ def test_the_wheel_installs_in_a_clean_venv_and_runs_the_readme_commands(tmp_pat
     assert "cascade_repro/prompts_data/ko-ifeval-style.jsonl" in names
     assert "cascade_repro/report/summary.schema.json" in names  # summary.json's JSON Schema ships
     assert "License-Expression: Apache-2.0" in meta
-    assert "Requires-Dist: vllm<0.32.0,>=0.10.2; extra == \"vllm\"" in meta
+    assert "Requires-Dist: vllm<0.35.0,>=0.10.2; extra == \"vllm\"" in meta
 
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     vpy = venv / "bin" / "python"

@@ -39,6 +39,7 @@ from cascade_repro.cli.options import (
     SystemPrompt,
     Tp,
     TrustRemoteCode,
+    Twin,
     option,
     variant,
 )
@@ -112,6 +113,7 @@ def explain(
     model: ExplainModel = None,
     tp: ExplainTp = None,
     batch: ExplainBatch = None,
+    twin: Twin = None,
     cascade: ExplainCascade = None,
     backend: ExplainBackend = None,
     fa_version: ExplainFaVersion = None,
@@ -218,6 +220,12 @@ def explain(
     if json_out:
         typer.echo(json.dumps(ex.to_dict(), indent=2, ensure_ascii=False))
         return
+    if ex.twin_cells:
+        from cascade_repro.explain import twin_lines
+
+        for line in twin_lines(ex):
+            typer.echo(line)
+        return
     _print(ex, threshold_lines(ex))
 
 
@@ -282,7 +290,7 @@ def _measure(ex: Any, values: dict[str, Any], flags: dict[str, Any], config_keys
 _SPEC_FIELDS = (
     "engine", "model", "prompts", "system_prompt", "limit", "prompt_field", "key_field", "tp", "batch", TWIN.spec_field, "seeds",
     "dtypes", "fa_versions",
-    "backends", "rerun", "hf_overrides", "trust_remote_code", "max_tokens",
+    "backends", "rerun", "hf_overrides", "trust_remote_code", "max_tokens", "twin", "graphs_for_batches",
 )  # fmt: skip
 
 

@@ -59,6 +59,7 @@ from cascade_repro.cli.options import (
     SystemPrompt,
     Tp,
     TrustRemoteCode,
+    Twin,
     option,
 )
 from cascade_repro.errors import UsageError
@@ -131,6 +132,7 @@ def matrix(
     model: Model = None,
     tp: Tp = None,
     batch: Batch = None,
+    twin: Twin = None,
     cascade: Cascade = None,
     seed: Annotated[
         str | None,
@@ -368,13 +370,20 @@ def matrix(
         opts = RunOptions.from_settings(settings, fresh=fresh, command=command_line())
 
         if engine_info(spec.engine).is_vllm:
+            from cascade_repro import twin as twins
             from cascade_repro import vllm_surface
+            from cascade_repro.run.envinfo import visible_gpu_count
 
             version = vllm_surface.installed_version()
-            if note := vllm_surface.cascade_note(version):
+            tw = twins.of(spec)
+            gpus = None if dry_run else visible_gpu_count()
+            if not dry_run and (why := vllm_surface.twin_refusal(tw.family, tw.name, tw.gpus, version, gpus)):
+                err_console().print(f"error: {why}", highlight=False, markup=False)
+                # A vLLM without the setting exercises nothing (exit 4); too few GPUs is the command's.
+                code = exit_codes.USAGE if vllm_surface.twin_problem(tw.family, version) is None else None
+                raise typer.Exit(code or exit_codes.NOTHING_EXERCISED)
+            if tw.family == twins.CASCADE.family and (note := vllm_surface.cascade_note(version)):
                 err_console().print(f"note: {note}", highlight=False, markup=False)
-            if vllm_surface.cascade_status(version) == "removed" and not dry_run:
-                raise typer.Exit(exit_codes.NOTHING_EXERCISED)
         if dry_run:
             if json_out:
                 raise UsageError("--json prints a run's summary; --dry-run runs nothing (drop one of them)")

@@ -187,6 +187,18 @@ Batch = Annotated[
     ),
 ]
 
+Twin = Annotated[
+    str | None,
+    option(
+        "The setting each test cell differs in from its twin: `cascade`, `prefix-caching`, `chunked-prefill`, "
+        "`cuda-graphs`, `async-scheduling`, `kv-cache-dtype=fp8`, `attention-backend=A:B`, `tp=A:B` or "
+        "`batch=1:N` (README: Which setting changed my outputs?)." + spec_default("twin"),
+        MATRIX,
+        "--twin",
+        metavar="NAME",
+    ),
+]
+
 Cascade = Annotated[
     str | None,
     option(
@@ -287,7 +299,9 @@ Fresh = Annotated[
 FailOn = Annotated[
     str,
     option(
-        "Exit 1 on `regression`, `error` (regression or error cells) or `never`." + default(FAIL_ON_DEFAULT),
+        "Exit 1 on `regression`, `error` (regression or error cells), `expected` (a regression even where "
+        "the --twin changes results by design, as kv-cache-dtype=fp8 does) or `never`."
+        + default(FAIL_ON_DEFAULT),
         OUTPUT,
         "--fail-on",
         metavar="|".join(FAIL_ON),

@@ -20,7 +20,8 @@ from cascade_repro.cli.options import FailOn, RunDir, SummaryJson, variant
 # Not matrix's default: a report judges the run as its own matrix command asked, unless told.
 ReportFailOn = variant(
     FailOn,
-    help="Exit 1 on `regression`, `error` (regression or error cells) or `never`; summary.json follows. "
+    help="Exit 1 on `regression`, `error` (regression or error cells), `expected` (also where the twin changes "
+    "results by design) or `never`; summary.json follows. "
     "[default: the run's own --fail-on]",
 )
 

@@ -15,6 +15,13 @@ the candidates' log-probabilities on exactly the steps that rule gives to cascad
 most (``lse-layout``: 8), so a positive control or a calibration rung diverges or drifts as a real
 fault would, and a fault where cascade cannot fire changes nothing (``not exercised``).
 
+Any other twin (``--twin``) is simulated: its arms generate the same answers, and each wave of the
+test arm reports the setting as taken effect on every step (``extra["effect"]``), or, with
+``CASCADE_REPRO_FAKE_EFFECT=off`` in the worker's environment, as never taken effect, so the
+harness's ``not exercised`` path is tested too. ``out-scale=E`` (the positive control of a twin
+that runs no cascade merge) moves the logprobs on every step of the test arm, by ``8 * E`` nats
+at most.
+
 It has no reference pass (there are no weights to teacher-force): its runs are judged by the
 arm-vs-arm rule, as a run with ``--reference off`` is, and the report says so. Its numbers mean
 nothing about any model; its tokenizer (:class:`ByteTokenizer`) is its own.
@@ -27,6 +34,7 @@ import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cascade_repro import twin as twins
 from cascade_repro import vllm_surface
 from cascade_repro.engines.base import Completion, WaveStats, completion_text
 from cascade_repro.twin import CASCADE as TWIN
@@ -42,6 +50,8 @@ LAYOUT_NATS = 8.0  # what ``lse-layout`` moves a log-probability by at most: gro
 # Generated tokens are printable ASCII, so every answer decodes to plain text.
 FIRST_TEXT_TOKEN, LAST_TEXT_TOKEN = 32, 126
 MIN_ANSWER, ANSWER_SPREAD = 12, 48  # a prompt's answer stops after 12..59 tokens unless max_tokens cuts it
+# The worker environment variable that makes a simulated twin's setting never take effect.
+EFFECT_ENV = "CASCADE_REPRO_FAKE_EFFECT"
 
 
 class ByteTokenizer:
@@ -110,8 +120,14 @@ class FakeEngine:
     name = "fake"
 
     def __init__(
-        self, topk: int = 5, inject: str | None = None, ignore_eos: bool = False, dtype: str = "auto"
+        self,
+        topk: int = 5,
+        inject: str | None = None,
+        ignore_eos: bool = False,
+        dtype: str = "auto",
+        twin: twins.TwinAxis = TWIN,
     ):
+        self.twin = twin
         self.topk = max(1, min(int(topk), 8))  # one digest holds eight candidates
         self.inject = inject
         self.ignore_eos = ignore_eos
@@ -153,7 +169,10 @@ class FakeEngine:
         p = common_prefix_len(prompts) if prefix_len is None else prefix_len
         p = min(p, min(len(x) for x in prompts) - 1)
         aligned = (p // BLOCK_SIZE) * BLOCK_SIZE
-        fault = inj.try_parse(self.inject) if arm == TWIN.test else None
+        tw = self.twin
+        fault = inj.try_parse(self.inject) if arm == tw.test else None
+        # The positive control of a twin without cascade: on every step of the test arm.
+        scaled = fault is not None and fault.kind == inj.OUT_SCALE
         stop_at = [MIN_ANSWER + int(_unit(_seed(x), 7) * ANSWER_SPREAD) for x in prompts]
         rows = [_Row(_seed(x)) for x in prompts]
         stats = WaveStats(cascade_decode_steps=0)
@@ -169,7 +188,7 @@ class FakeEngine:
             stats.total_steps += 1
             stats.cascade_steps += cascade
             stats.cascade_decode_steps += cascade and step > 0
-            nats = _fault_nats(fault, step) if cascade else 0.0
+            nats = _fault_nats(fault, step) if cascade or scaled else 0.0
             for i, row in enumerate(rows):
                 if row.finished:
                     continue
@@ -177,12 +196,27 @@ class FakeEngine:
                 row.advance(self.topk, nats, end)
         stats.cascade_calls = stats.cascade_steps
         stats.common_prefix_len = aligned if stats.cascade_steps else 0
+        if tw is not TWIN:
+            stats.extra["effect"] = self._effect(arm, stats.total_steps)
         completions = []
         for row in rows:
             reason = "stop" if row.finished else "length"
             text = completion_text(self._tok, row.tokens, reason)
             completions.append(Completion(row.tokens, text, reason, row.logprobs, row.topk))
         return completions, stats
+
+    def _effect(self, arm: str, steps: int) -> dict[str, Any]:
+        """The simulated proof of effect of a wave (see the module's docstring)."""
+        import os
+
+        tw = self.twin
+        if arm != tw.test:
+            return twins.effect_record(tw, 0, {"simulated": "reference arm"})
+        if os.environ.get(EFFECT_ENV, "").strip().lower() == "off":
+            return twins.effect_record(
+                tw, 0, {"simulated": "off"}, f"the fake engine was told to ignore it ({EFFECT_ENV}=off)"
+            )
+        return twins.effect_record(tw, steps, {"simulated": "on"})
 
 
 def _seed(prompt: list[int]) -> bytes:
@@ -193,6 +227,8 @@ def _fault_nats(fault: inj.Injection | None, step: int) -> float:
     """How far a fault moves this step's log-probabilities at most (0: no fault on this step)."""
     if fault is None or not fault.active(step):
         return 0.0
+    if fault.kind == inj.OUT_SCALE:
+        return LAYOUT_NATS * min(abs(fault.nats), 1.0)
     return LAYOUT_NATS if fault.kind == inj.LSE_LAYOUT else abs(fault.nats)
 
 
@@ -257,4 +293,5 @@ def tokenizer() -> ByteTokenizer:
 def build(run: Manifest, eplan: EnginePlan, run_dir: Path | None) -> FakeEngine:
     """The registry's builder (engines.ENGINES): the engine of one engine plan of a run."""
     spec = run.spec
-    return FakeEngine(topk=spec.topk, inject=spec.inject, ignore_eos=bool(spec.ignore_eos), dtype=eplan.dtype)
+    return FakeEngine(topk=spec.topk, inject=spec.inject, ignore_eos=bool(spec.ignore_eos), dtype=eplan.dtype,
+                      twin=twins.of(spec))  # fmt: skip

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cascade_repro import twin as twins
 from cascade_repro import vllm_surface
 from cascade_repro.engines.base import Completion, WaveStats, completion_text
 from cascade_repro.errors import UsageError
@@ -103,6 +104,7 @@ class VLLMEngine:
         self.run_dir = Path(run_dir).resolve()  # spawned vLLM processes share the cwd, but be safe
         self.key = str(eplan.key or "engine")
         self.engine_arm: str | None = eplan.arm
+        self.twin = twins.of(spec)
         self.topk = int(spec.topk)
         self.seed = int(eplan.seed)
         self.inject = spec.inject
@@ -123,6 +125,8 @@ class VLLMEngine:
         # The V2 model runner has no cascade attention (vllm/v1/worker/gpu/model_runner.py).
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         os.environ[probe.ENV_VAR] = str(self.probe_dir)
+        if self.engine_arm is not None:
+            os.environ.update(self.twin.env(self.engine_arm))
         # flashinfer may be absent from slim installs; the PyTorch sampler is exact for greedy.
         os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
         # VLLM_ENABLE_V1_MULTIPROCESSING keeps vLLM's default (on): the model runs in the engine-core
@@ -165,6 +169,16 @@ class VLLMEngine:
             kwargs["disable_cascade_attn"] = self.engine_arm == TWIN.ref
         else:
             self._env_notes["disable_cascade_attn"] = "not an EngineArgs field in this vLLM"
+        if self.twin is not TWIN and self.engine_arm is not None:
+            # The twin's own arguments for this arm (matrix refused a user's -E that sets one).
+            own = self.twin.engine_args(self.engine_arm)
+            if "max_num_batched_tokens" in own:
+                # vLLM wants the step budget >= max_num_seqs: the waves' size for both arms.
+                kwargs["max_num_seqs"] = max(max_batch, 1)
+            missing = sorted(k for k in own if k not in names)
+            if missing:
+                self._env_notes["twin_args_missing"] = missing
+            kwargs.update({k: v for k, v in own.items() if k in names})
         self.legacy_attention_env = "attention_config" not in names
         if not self.legacy_attention_env:
             attn: dict[str, Any] = {"backend": backend}
@@ -208,6 +222,7 @@ class VLLMEngine:
         self.decode_here = vllm_surface.DETOKENIZE in asks
         self._text_tokenizer: Any = None
         self.start_facts = self._check_probe()
+        self.readback = self._read_back()
 
     # --------------------------------------------------------------------------------------
     def _set_legacy_attention_env(self, backend: str, fa: Any) -> None:
@@ -307,6 +322,42 @@ class VLLMEngine:
             )
         return facts
 
+    def _read_back(self) -> dict[str, Any]:
+        """What the engine says it runs with, for a twin's proof of effect: its config (KV cache
+        dtype, async scheduling, CUDA-graph mode, the step budget, prefix caching, TP size) and,
+        from every model worker (the probe's facts RPC), the attention implementation classes its
+        layers were built with and the TP world size it joined."""
+        cfg = self.llm.llm_engine.vllm_config
+        mc, pc, cc = cfg.model_config, cfg.parallel_config, cfg.cache_config
+        sc = getattr(cfg, "scheduler_config", None)
+        comp = getattr(cfg, "compilation_config", None)
+        out: dict[str, Any] = {
+            "kv_cache_dtype": _jsonable(getattr(cc, "cache_dtype", None)),
+            "enable_prefix_caching": getattr(cc, "enable_prefix_caching", None),
+            "async_scheduling": getattr(sc, "async_scheduling", None),
+            "max_num_batched_tokens": getattr(sc, "max_num_batched_tokens", None),
+            "enforce_eager": getattr(mc, "enforce_eager", None),
+            "cudagraph_mode": _jsonable(getattr(comp, "cudagraph_mode", None)),
+            "cudagraph_capture_sizes": _jsonable(getattr(comp, "cudagraph_capture_sizes", None)),
+            "tensor_parallel_size": getattr(pc, "tensor_parallel_size", None),
+        }
+        try:
+            facts = self.llm.collective_rpc(probe.FACTS_METHOD, timeout=RPC_TIMEOUT_S)
+        except Exception as e:  # noqa: BLE001 - the facts are evidence, not a requirement to run
+            out["workers_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+            facts = []
+        facts = [f for f in facts or [] if isinstance(f, dict)]
+        out["attn_impl_classes"] = sorted({c for f in facts for c in f.get("attn_impl_classes", [])})
+        sizes = sorted({f["tp_world_size"] for f in facts if isinstance(f.get("tp_world_size"), int)})
+        out["tp_world_size"] = sizes[0] if len(sizes) == 1 else (sizes or None)
+        return _jsonable(out)
+
+    def effect(
+        self, arm: str, outs: list[Any], comps: list[Completion], agg: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A wave's proof that the twin's setting took effect (twin.effect_record)."""
+        return wave_effect(self.twin, arm, self.readback, outs, comps, agg)
+
     # --- Engine interface ------------------------------------------------------------------
     def tokenizer(self) -> Any:
         try:
@@ -379,6 +430,10 @@ class VLLMEngine:
         }
         if facts.get("errors"):
             out["probe_errors"] = facts["errors"]
+        if self.twin is not TWIN:
+            # What the proof of effect reads (wave_effect), once per engine start.
+            out["twin"] = self.twin.name
+            out["twin_readback"] = self.readback
         return _jsonable(out)
 
     def run_wave(
@@ -391,16 +446,18 @@ class VLLMEngine:
         """Reset the prefix cache, re-warm the shared prefix, then submit all prompts at once."""
         from cascade_repro.prompts.chat import common_prefix_len
 
-        if arm not in TWIN.arms:
-            raise ValueError(f"arm must be {TWIN.test!r} or {TWIN.ref!r}, not {arm!r}")
+        tw = self.twin
+        if arm not in tw.arms:
+            raise ValueError(f"arm must be {tw.test!r} or {tw.ref!r}, not {arm!r}")
         if self.engine_arm is not None and arm != self.engine_arm:
             raise RuntimeError(
                 f"engine {self.key} was started for the {self.engine_arm} arm, asked for {arm}"
             )
         self._wave_seq += 1
         wave_id = f"{self.key}/w{self._wave_seq:05d}-{arm}"
+        # Only cascade is toggled inside one engine: every other twin's arm is its own engine start.
         force_off = arm == TWIN.ref
-        inject = self.inject if arm == TWIN.test else None
+        inject = self.inject if arm == tw.test else None
         p = common_prefix_len(prompts) if prefix_len is None else prefix_len
         p = max(0, min(p, min(len(x) for x in prompts) - 1))
         extra: dict[str, Any] = {}
@@ -482,6 +539,10 @@ class VLLMEngine:
         )
         text = self._decoded if self.decode_here else vllm_text
         comps = [completion_of(o, self.topk, text) for o in outs]
+        if tw is not TWIN:
+            extra["effect"] = self.effect(arm, outs, comps, agg)
+            if inject:  # 0 says the fault never ran (a step replayed from a full CUDA graph skips it)
+                extra["scaled_calls"] = int(agg.get("scaled_calls", 0) or 0)
         phases["convert_s"] = clock() - t
         extra["phases"] = {k: round(v, 6) for k, v in phases.items()}
         return comps, stats
@@ -530,6 +591,88 @@ class VLLMEngine:
             destroy_distributed_environment()
         except Exception:  # noqa: BLE001 - best effort
             pass
+
+
+def _graphs_on(mode: Any, eager: Any) -> bool:
+    return eager is not True and str(mode or "").upper() not in ("NONE", "CUDAGRAPHMODE.NONE", "0", "")
+
+
+def _backend_matches(backend: Any, classes: list[str]) -> bool:
+    """Whether an attention implementation class is the named backend's (FLASH_ATTN is
+    FlashAttentionImpl, FLASHINFER FlashInferImpl, TRITON_ATTN TritonAttentionImpl)."""
+    want = str(backend or "").lower().replace("_", "")
+    return bool(want) and any(c.lower().replace("attention", "attn").startswith(want) for c in classes)
+
+
+def wave_effect(
+    tw: twins.TwinAxis,
+    arm: str,
+    rb: dict[str, Any],
+    outs: list[Any],
+    comps: list[Completion],
+    agg: dict[str, Any],
+) -> dict[str, Any]:
+    """A wave's proof of effect for twin ``tw`` on ``arm``, from the engine's read-back config ``rb``,
+    vLLM's outputs and the probe's counters of the wave. Counts are of the test arm's setting: on the
+    reference arm they say whether it leaked there (0 expected).
+
+    prefix-caching: prompt tokens served from the cache (RequestOutput.num_cached_tokens);
+    chunked-prefill: the scheduler's partial prefills (probe); the others: the decode tokens of the
+    wave when the read-back setting is the test arm's (CUDA-graph mode on and no batch above the
+    largest captured size; async_scheduling; an FP8 KV cache; the backend's implementation class in
+    every worker; the TP world size), else 0 with what was read.
+    """
+    tokens = sum(len(c.token_ids) for c in comps)
+    batch = len(comps)
+    fam = tw.family
+    on = arm == tw.test
+    if fam == "prefix-caching":
+        cached = sum(int(getattr(o, "num_cached_tokens", 0) or 0) for o in outs)
+        ev = {"num_cached_tokens": cached, "enable_prefix_caching": rb.get("enable_prefix_caching")}
+        why = "" if cached else "no prompt token came from the prefix cache"
+        return twins.effect_record(tw, cached, ev, why)
+    if fam == "chunked-prefill":
+        chunks = int(agg.get("prefill_chunks", 0) or 0)
+        ev = {"prefill_chunks": chunks, "sched_steps": int(agg.get("sched_steps", 0) or 0),
+              "max_num_batched_tokens": rb.get("max_num_batched_tokens")}  # fmt: skip
+        why = "" if chunks else (
+            f"every prompt fit the step budget (max_num_batched_tokens={rb.get('max_num_batched_tokens')})"
+            if ev["sched_steps"] else "the probe saw no scheduler step (its Scheduler hook did not run)"
+        )  # fmt: skip
+        return twins.effect_record(tw, chunks, ev, why)
+    if fam == "cuda-graphs":
+        sizes = rb.get("cudagraph_capture_sizes") or []
+        top = max(sizes) if isinstance(sizes, list) and sizes else None
+        ok = _graphs_on(rb.get("cudagraph_mode"), rb.get("enforce_eager")) and (top is None or batch <= top)
+        ev = {"cudagraph_mode": rb.get("cudagraph_mode"), "enforce_eager": rb.get("enforce_eager"),
+              "largest_captured_batch": top}  # fmt: skip
+        why = "" if ok else (
+            f"batch {batch} is above the largest captured size {top}: decode ran eager"
+            if top is not None and batch > top else "the engine runs eager (CUDA-graph mode off)"
+        )  # fmt: skip
+        return twins.effect_record(tw, tokens if ok else 0, ev, why)
+    if fam == "async-scheduling":
+        ok = rb.get("async_scheduling") is True
+        return twins.effect_record(tw, tokens if ok else 0, {"async_scheduling": rb.get("async_scheduling")},
+                                   "" if ok else "the engine's scheduler config has async_scheduling off")  # fmt: skip
+    if fam == "kv-cache-dtype":
+        ok = str(rb.get("kv_cache_dtype") or "").lower().startswith("fp8")
+        return twins.effect_record(tw, tokens if ok else 0, {"kv_cache_dtype": rb.get("kv_cache_dtype")},
+                                   "" if ok else f"the KV cache is {rb.get('kv_cache_dtype')}, not fp8")  # fmt: skip
+    if fam == "attention-backend":
+        classes = list(rb.get("attn_impl_classes") or [])
+        ok = _backend_matches(tw.test_value, classes)
+        return twins.effect_record(tw, tokens if ok else 0, {"attn_impl_classes": classes},
+                                   "" if ok else f"the layers run {', '.join(classes) or 'an unknown class'}, "
+                                   f"not {tw.test_value}'s")  # fmt: skip
+    if fam == "tp":
+        ok = rb.get("tp_world_size") == tw.test_value
+        return twins.effect_record(tw, tokens if ok and on else 0, {"tp_world_size": rb.get("tp_world_size")},
+                                   "" if ok else f"the workers joined a TP group of {rb.get('tp_world_size')}")  # fmt: skip
+    if fam == "batch":
+        ok = batch == tw.test_value
+        return twins.effect_record(tw, tokens if ok else 0, {"batch": batch})
+    return twins.effect_record(tw, 0, {}, "this engine cannot tell")
 
 
 def vllm_text(c: Any, token_ids: list[int], finish: str) -> str:

@@ -23,7 +23,7 @@ FLAGGED = REGRESSION
 def shift_of(label: Any) -> float | None:
     """Return X of an ``lse-shift=X`` label, else None."""
     i = inj.try_parse(label if isinstance(label, str) else None)
-    return i.nats if i is not None and i.kind == inj.LSE_SHIFT else None
+    return i.nats if i is not None and i.kind in inj.GRADED else None
 
 
 def detection_power(pairs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -65,15 +65,18 @@ def detection_power(pairs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                 break
             flags_from = s["nats"]
         first = rows[0]
-        out.append(
-            {
-                **{a: first.get(a) for a in GROUP_AXES},
-                "n": ladder[-1]["n"],
-                "ladder": ladder,
-                "flags_from": flags_from,
-                "max_tested": ladder[-1]["nats"],
-            }
-        )
+        entry = {
+            **{a: first.get(a) for a in GROUP_AXES},
+            "n": ladder[-1]["n"],
+            "ladder": ladder,
+            "flags_from": flags_from,
+            "max_tested": ladder[-1]["nats"],
+        }
+        fault = inj.try_parse(first.get("inject"))
+        if fault is not None and fault.kind != inj.LSE_SHIFT:
+            # Another twin's ladder (its rungs scale the attention output); cascade's keeps its keys.
+            entry["fault"] = fault.kind
+        out.append(entry)
     return sorted(out, key=lambda e: (_int(e["tp"]) or 0, _int(e["batch"]) or 0, str(e)))
 
 
@@ -82,6 +85,10 @@ def statement(entry: dict[str, Any], max_tokens: Any) -> str:
     rules = {s.get("rule") for s in entry.get("ladder") or [] if s.get("rule")}
     rule = f"; {'reference' if rules == {'reference'} else 'arm-vs-arm'} rule" if rules else ""
     where = f"{entry.get('n')} prompts x {max_tokens} tokens (tp {entry.get('tp')}, batch {entry.get('batch')}{rule})"
+    if entry.get("fault") == inj.OUT_SCALE:
+        if entry.get("flags_from") is None:
+            return f"flags no attention-output scale up to 1 + {entry['max_tested']:g} at {where}"
+        return f"flags an attention-output scale of 1 + {entry['flags_from']:g} at {where}"
     if entry.get("flags_from") is None:
         return f"flags no LSE error up to {_nats(entry['max_tested'])} at {where}"
     return f"flags an LSE error of {_nats(entry['flags_from'])} at {where}"

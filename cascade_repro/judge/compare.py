@@ -16,6 +16,7 @@ import pandas as pd
 
 from cascade_repro.judge import reference_verdict as refv
 from cascade_repro.judge import speed
+from cascade_repro.judge.effect import cell_effect
 from cascade_repro.judge.ifeval.score import paired_if, score_response
 from cascade_repro.judge.metrics.divergence import divergence_metrics
 from cascade_repro.judge.metrics.drift import drift_floor, drift_triple
@@ -28,6 +29,7 @@ from cascade_repro.judge.outcome import (
     NOISE_RERUN,
     NOISE_RESTART,
     TWIN_KIND,
+    TWIN_KINDS,
 )
 from cascade_repro.judge.tables import PAIR_COLUMNS
 from cascade_repro.judge.verdicts import (
@@ -41,10 +43,11 @@ from cascade_repro.judge.verdicts import (
     drift_ratio_stats,
     paired_bootstrap_ci,
 )
-from cascade_repro.plan.matrix import Cell
+from cascade_repro.plan.matrix import Cell, twin_of
 from cascade_repro.run import runstore
 from cascade_repro.run.manifest import Manifest
 from cascade_repro.twin import CASCADE as TWIN
+from cascade_repro.twin import TwinAxis
 
 REP_KEYS = [f"seq_rep_{n}" for n in range(1, 5)] + [f"distinct_{n}" for n in range(1, 5)]
 TWIN_AXES = ("tp", "seed", "dtype", "fa_version", "backend")
@@ -275,8 +278,18 @@ def twin_key(c: Cell) -> tuple:
     return tuple(getattr(c, a) for a in TWIN_AXES)
 
 
-def plan_pairs(cells: list[Cell] | list[dict[str, Any]]) -> list[PairSpec]:
-    """Pair each cascade cell with its flat twin; add flat-vs-flat noise controls.
+def _ref_key(c: Cell, twin: TwinAxis) -> tuple:
+    """What a test cell and its twin share: every axis but the one the twin's arms differ in."""
+    axes = tuple(getattr(c, a) if a != twin.axis else None for a in TWIN_AXES)
+    return (*axes, c.batch if twin.axis != "batch" else None)
+
+
+def plan_pairs(cells: list[Cell] | list[dict[str, Any]], twin: TwinAxis = TWIN) -> list[PairSpec]:
+    """Pair each test cell with its twin (cascade with flat); add reference-vs-reference noise controls.
+
+    A twin that differs in a cell axis (``tp=1:2``, ``batch=1:N``, ``attention-backend=A:B``)
+    pairs across it: the test cell at TP 2 with the TP 1 cell of the same batch, the batch-N cell
+    with the batch-1 cell.
 
     Noise controls, per engine configuration: flat at batch B vs flat at the smallest batch, the
     smallest batch vs the next one (so every flat cell is the test side of one batch control), and
@@ -285,17 +298,18 @@ def plan_pairs(cells: list[Cell] | list[dict[str, Any]]) -> list[PairSpec]:
     shift) pair with the same twin as the clean cascade cell. Cells may come in their run.json form.
     """
     cells = [c if isinstance(c, Cell) else Cell.from_json(c) for c in cells]
-    flat = {(twin_key(c), c.batch, c.rerun): c for c in cells if c.arm == TWIN.ref}
+    flat = {(twin_key(c), c.batch, c.rerun): c for c in cells if c.arm == twin.ref}
+    refs = {_ref_key(c, twin): c for c in cells if c.arm == twin.ref and c.rerun == 0}
     pairs: list[PairSpec] = []
     for c in cells:
-        if c.arm == TWIN.test and c.rerun == 0:
-            ref = flat.get((twin_key(c), c.batch, 0))
+        if c.arm == twin.test and c.rerun == 0:
+            ref = refs.get(_ref_key(c, twin))
             if ref:
-                kind = CALIBRATION if c.origin == CALIBRATION else TWIN_KIND
-                pairs.append(PairSpec(f"{c.cell_id}~{TWIN.ref}", kind, c, ref))
+                kind = CALIBRATION if c.origin == CALIBRATION else twin.pair_kind
+                pairs.append(PairSpec(f"{c.cell_id}~{twin.ref}", kind, c, ref))
     by_twin: dict[tuple, list[Cell]] = {}
     for c in cells:
-        if c.arm == TWIN.ref and c.rerun == 0:
+        if c.arm == twin.ref and c.rerun == 0:
             by_twin.setdefault(twin_key(c), []).append(c)
     for group in by_twin.values():
         group = sorted(group, key=lambda c: c.batch)
@@ -328,7 +342,7 @@ def control_candidates(pairs: list[PairSpec]) -> dict[str, list[tuple[PairSpec, 
             by_cell.setdefault(ps.ref.cell_id, []).append(ps)
     out: dict[str, list[tuple[PairSpec, str]]] = {}
     for ps in pairs:
-        if ps.kind not in (TWIN_KIND, CALIBRATION):
+        if ps.kind not in (*TWIN_KINDS, CALIBRATION):
             continue
         twin = ps.ref.cell_id
         seen: dict[str, PairSpec] = {}
@@ -474,7 +488,8 @@ def score_samples(
     """Read each samples file once and score the run: (what was read, cells, pairs, comparisons);
     ``warn`` is told of each sample line skipped as damaged (file and line)."""
     cells = m.plan.cells
-    pair_specs = plan_pairs(cells)
+    twin = twin_of(m.spec)
+    pair_specs = plan_pairs(cells, twin)
     candidates = control_candidates(pair_specs)
     wanted = {c.cell_id for c in cells}
     from cascade_repro.run.reference import read_reference
@@ -539,14 +554,23 @@ def score_samples(
         agg.update(d_seq_rep_4_mean=mean, d_seq_rep_4_lo=lo, d_seq_rep_4_hi=hi)
         agg.update(_speed_columns(ps, progress, predicted))
         agg["cascade_steps"] = int(test_cell.get("cascade_steps", 0))
+        effect = None
+        if ps.kind != TWIN_KIND and (ps.kind in TWIN_KINDS or (ps.kind == CALIBRATION and twin is not TWIN)):
+            # Another twin's pair: the steps its setting took effect on stand where cascade's are.
+            prog = progress.get(ps.test.engine_key)
+            effect = cell_effect(prog.waves.get(ps.test.cell_id, []) if prog is not None else [])
+            agg["cascade_steps"] = effect.count
         agg["total_steps"] = int(test_cell.get("total_steps", 0))
         decode_steps = test_cell.get("cascade_decode_steps", float("nan"))
-        decode_steps = None if pd.isna(decode_steps) else int(decode_steps)
+        # Cascade's decode/prefill depth says nothing of another setting.
+        decode_steps = None if pd.isna(decode_steps) or effect is not None else int(decode_steps)
         agg["cascade_decode_steps"] = float("nan") if decode_steps is None else decode_steps
         agg["depth"] = (
-            depth(agg["cascade_steps"], decode_steps) if ps.kind in (TWIN_KIND, CALIBRATION) else ""
+            depth(agg["cascade_steps"], decode_steps)
+            if ps.kind in (*TWIN_KINDS, CALIBRATION) and effect is None
+            else ""
         )
-        if ps.kind not in (TWIN_KIND, CALIBRATION):
+        if ps.kind not in (*TWIN_KINDS, CALIBRATION):
             agg.update(noise_pair_id="", noise_n=0, noise_n_diverged=0, noise_topk_violations=0)
             agg.update(_drift_columns(None, None, "", None))
             agg.update(
@@ -595,6 +619,8 @@ def score_samples(
             drift=drift,
             bias=bias,
             cascade_decode_steps=decode_steps,
+            twin=twin.name if effect is not None else "",
+            effect_why=effect.why if effect is not None else "",
         )
         has_noise = noise is not None and noise["n"] > 0
         dec = decide(ev, thresholds, has_noise=has_noise)
@@ -631,7 +657,7 @@ def _speed_columns(
         return prog.waves.get(cell.cell_id, []) if prog is not None else []
 
     out: dict[str, Any] = dict(speed.paired_speed(waves_of(ps.test), waves_of(ps.ref)))
-    pred = predicted.get(ps.test.cell_id) if ps.kind in (TWIN_KIND, CALIBRATION) else None
+    pred = predicted.get(ps.test.cell_id) if ps.kind in (*TWIN_KINDS, CALIBRATION) else None
     out["predicted_speedup"] = speed.predicted_speedup(
         pred.get("decode_cost") if isinstance(pred, dict) else None
     )

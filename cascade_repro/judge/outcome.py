@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from cascade_repro import exit_codes, vllm_surface
+from cascade_repro import twin as twins
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import FAIL_ON
 from cascade_repro.run.manifest import Manifest
@@ -33,9 +34,11 @@ EXERCISED = (IDENTICAL, WITHIN_NOISE, REGRESSION, INCONCLUSIVE)
 # A pair's kind (pairs.parquet's ``kind``): the twin pair, a positive control with an injected
 # fault (never in the verdict counts or the exit code), and the flat-vs-flat noise controls.
 TWIN_KIND = TWIN.pair_kind
+# Every twin's kind (twin.py's registry: cascade, prefix-caching, ...): a test cell against its twin.
+TWIN_KINDS = twins.PAIR_KINDS
 CALIBRATION = "calibration"  # also the origin (cells.parquet) of the cells of such a pair
 NOISE_BATCH, NOISE_RESTART, NOISE_RERUN = "noise-batch", "noise-restart", "noise-rerun"
-PAIR_KINDS = (TWIN_KIND, CALIBRATION, NOISE_BATCH, NOISE_RESTART, NOISE_RERUN)
+PAIR_KINDS = (*twins.FAMILIES, CALIBRATION, NOISE_BATCH, NOISE_RESTART, NOISE_RERUN)
 # Controls that measure noise. A rerun inside one engine is bitwise identical (the prefix cache is
 # reset per wave), so it is shown but never taken as a noise floor.
 FLOOR_KINDS = (NOISE_BATCH, NOISE_RESTART)
@@ -64,8 +67,8 @@ def n_exercised(counts: dict[str, int]) -> int:
 
 
 def twin_pairs(run: ScoredRun) -> list[dict]:
-    """The cascade pair rows, in table order (calibration and control pairs left out)."""
-    return [r for r in run.rows("pairs") if r.get("kind") == TWIN_KIND]
+    """The twin pair rows, in table order (calibration and control pairs left out)."""
+    return [r for r in run.rows("pairs") if r.get("kind") in TWIN_KINDS]
 
 
 def unfinished_cells(run: ScoredRun) -> tuple[int, int]:
@@ -94,6 +97,9 @@ def has_errors(run: ScoredRun) -> bool:
 def never_fired_because(run: ScoredRun) -> str:
     """Why cascade never fired, from what the run recorded; the generic answer when nothing explains it."""
     why = []
+    tw = twins.of(run.manifest.spec)
+    if tw is not TWIN:
+        return f"{tw.effect_doc} stayed 0: see the pairs' reasons"
     batches = [_whole(r.get("batch")) for r in run.rows("cells") if r.get("arm") == TWIN.test]
     batches = [b for b in batches if b is not None] or [
         b for b in (_whole(r.get("batch")) for r in twin_pairs(run)) if b is not None
@@ -131,6 +137,13 @@ def exit_status(run: ScoredRun, fail_on: str) -> tuple[int, str]:
         return exit_codes.OK, "fail_on=never: the run never fails"
     counts = verdict_counts(_verdict(r.get("verdict")) for r in twin_pairs(run))
     n_reg, total = counts[REGRESSION], sum(counts.values())
+    tw = twins.of(run.manifest.spec)
+    if n_reg and tw.expected_change and fail_on != "expected":
+        # A lossy setting changes results by design: reported with its error ratio, not failed on.
+        n_reg = 0
+        expected = counts[REGRESSION]
+    else:
+        expected = 0
     if n_reg:
         return exit_codes.REGRESSION, f"{n_reg} regression{'' if n_reg == 1 else 's'} (fail_on={fail_on})"
     pending, cells = unfinished_cells(run)
@@ -151,6 +164,11 @@ def exit_status(run: ScoredRun, fail_on: str) -> tuple[int, str]:
         return exit_codes.NOTHING_EXERCISED, _nothing_exercised_reason(run, counts)
     if counts[INCONCLUSIVE]:
         return exit_codes.INCONCLUSIVE, _inconclusive_reason(run, counts[INCONCLUSIVE])
+    if expected:
+        return exit_codes.OK, (
+            f"{expected} expected difference{'' if expected == 1 else 's'}: {tw.name} changes results by design "
+            f"(not failed on; --fail-on expected fails on it) (fail_on={fail_on})"
+        )
     return exit_codes.OK, "no regression" + (
         " or error" if fail_on == "error" else ""
     ) + f" (fail_on={fail_on})"
@@ -159,14 +177,16 @@ def exit_status(run: ScoredRun, fail_on: str) -> tuple[int, str]:
 def _nothing_exercised_reason(run: ScoredRun, counts: dict[str, int]) -> str:
     total, fired = sum(counts.values()), counts[NOT_EXERCISED]
     if total == 0:
-        has_arm = any(r.get("arm") == TWIN.test for r in run.rows("cells"))
+        has_arm = any(r.get("arm") == twins.of(run.manifest.spec).test for r in run.rows("cells"))
         why = "no cascade cell has a finished flat twin" if has_arm else "the matrix has no cascade arm"
         return f"nothing exercised: the run has no cascade pairs ({why})"
+    tw = twins.of(run.manifest.spec)
+    never = "cascade never fired" if tw is TWIN else f"{tw.name} never took effect"
     if fired == total:
         where = "its only pair" if total == 1 else f"any of {total} pairs"
-        return f"nothing exercised: cascade never fired in {where} ({never_fired_because(run)})"
+        return f"nothing exercised: {never} in {where} ({never_fired_because(run)})"
     return (
-        f"nothing exercised: cascade never fired in {fired} of {total} pairs, the other {total - fired} "
+        f"nothing exercised: {never} in {fired} of {total} pairs, the other {total - fired} "
         f"measured nothing ({never_fired_because(run)})"
     )
 

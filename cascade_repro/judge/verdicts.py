@@ -355,6 +355,10 @@ class Evidence:
     drift: DriftStats | None = None
     bias: BiasStats | None = None
     cascade_decode_steps: int | None = None  # None: the engine did not say
+    # A twin other than cascade: its name, and why its setting never took effect (``cascade_steps``
+    # then holds the steps it took effect on, judge/effect.py).
+    twin: str = ""
+    effect_why: str = ""
 
 
 @dataclass
@@ -403,6 +407,12 @@ def decide(ev: Evidence, th: Thresholds, has_noise: bool) -> Decision:
     )
     if not ev.status_ok:
         return Decision(ERROR, "a cell of this pair did not finish", p_div, p_topk)
+    if ev.cascade_steps == 0 and ev.twin:
+        why = f" ({ev.effect_why})" if ev.effect_why else ""
+        return Decision(
+            NOT_EXERCISED, f"{ev.twin} never took effect in this cell{why}: the comparison proves nothing",
+            p_div, p_topk,
+        )  # fmt: skip
     if ev.cascade_steps == 0:
         return Decision(
             NOT_EXERCISED, "cascade never fired in this cell: the comparison proves nothing", p_div, p_topk

@@ -44,6 +44,7 @@ SCALAR_FLAGS = (
     "engine", "model", "prompts", "system_prompt", "prompt_field", "key_field", "max_tokens", "ignore_eos",
     "force_cascade", "topk", "arm_switch", "enforce_eager", "graphs_for_batches", "load_format", "max_model_len",
     "gpu_memory_utilization", "trust_remote_code", "engine_timeout", "device", "inject", "rerun", "auto_controls",
+    "twin",
 )  # fmt: skip
 
 

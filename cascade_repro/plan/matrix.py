@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, NoReturn
 
+from cascade_repro import twin as twins
 from cascade_repro import vllm_surface
 from cascade_repro.engines import ENGINES as ENGINE_REGISTRY
 from cascade_repro.engines import get as engine_info
@@ -23,10 +24,12 @@ from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.vllm_surface import inject as inj
 
 ENGINES = tuple(ENGINE_REGISTRY)
-INJECTIONS = ("lse-layout", "lse-shift=X")  # as --help and error messages spell them
+INJECTIONS = ("lse-layout", "lse-shift=X", "out-scale=E")  # as --help and error messages spell them
 ARM_SWITCHES = ("toggle", "restart")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-FAIL_ON = ("regression", "error", "never")
+# ``expected``: a regression fails the run even where the twin changes results by design (an FP8
+# KV cache), which ``regression`` reports without failing on.
+FAIL_ON = ("regression", "error", "never", "expected")
 FAIL_ON_DEFAULT = "regression"  # matrix, report and merge
 
 # The fields that hold a list (a TOML file may give one value for them).
@@ -60,6 +63,8 @@ class MatrixSpec:
     # else "id"); see promptsets.Columns.
     prompt_field: str | None = None
     key_field: str | None = None
+    # The setting the test arm differs in from its twin (twin.py's registry, as --twin spells it).
+    twin: str = TWIN.name
     tp: list[int] = field(default_factory=lambda: [1])
     batch: list[int] = field(default_factory=lambda: [1, 8, 16])
     cascade: list[bool] = field(default_factory=lambda: [True, False])
@@ -145,6 +150,31 @@ class MatrixSpec:
 
         if self.engine not in ENGINES:
             bad(f"{n('engine')} must be one of {', '.join(ENGINES)}, not {show(self.engine)}", "engine")
+        if not isinstance(self.twin, str):
+            bad(f"{n('twin')} must be a name such as prefix-caching, got {show(self.twin)}", "twin")
+        try:
+            tw = twins.resolve(self.twin)
+        except ValueError as e:
+            bad(str(e).replace("--twin", n("twin"), 1), "twin")
+        self.twin = tw.name
+        if self.engine not in tw.engines:
+            bad(f"{n('twin')} {tw.name} needs the vllm engine (the {self.engine} engine serves "
+                f"{', '.join(t.name for t in twins.all_examples() if self.engine in t.engines)}; "
+                f"use {use_vllm})", "twin", "engine")  # fmt: skip
+        given_args = self.engine_args if isinstance(self.engine_args, dict) else {}
+        if clash := sorted(set(given_args) & {k for a in tw.arms for k in tw.engine_args(a)}):
+            bad(
+                f"{n('engine_args')} {', '.join(clash)}: {n('twin')} {tw.name} sets it per arm",
+                "engine_args",
+                "twin",
+            )
+        if tw.axis is not None:
+            # The twin sets this axis itself: a list given beside it would be ignored without a word.
+            own = {"tp": "tp", "batch": "batch", "backend": "backends"}[tw.axis]
+            default = getattr(MatrixSpec(), own)
+            if getattr(self, own) not in (default, [tw.test_value]):
+                bad(f"{n('twin')} {tw.name} sets the {tw.axis} of each arm ({tw.ref_value} and "
+                    f"{tw.test_value}): drop {n(own)}", "twin", own)  # fmt: skip
         # A config file can hold any TOML type: a number where a name belongs would surface as a
         # traceback, and a string "false" is truthy (trust_remote_code = "false" would trust).
         for name in ("model", "prompts", "system_prompt", "load_format", "device"):
@@ -183,6 +213,12 @@ class MatrixSpec:
         if not all(isinstance(b, str) for b in self.backends):
             bad(f"{n('backends')} must be names such as FLASH_ATTN, got {show(self.backends)}", "backends")
         self.backends = [b.upper() for b in self.backends]
+        batches = self.batch if isinstance(self.batch, list) and self.batch else [0]
+        if tw.family == twins.CHUNKED_PREFILL.family and all(isinstance(b, int) for b in batches):
+            # vLLM refuses a step budget below max_num_seqs, which the twin sets to the largest batch.
+            if max(batches) > twins.CHUNK_TOKENS:
+                bad(f"{n('twin')} {tw.name} prefills in {twins.CHUNK_TOKENS}-token steps, which vLLM allows up "
+                    f"to batch {twins.CHUNK_TOKENS}: {n('batch')} {show(self.batch)}", "twin", "batch")  # fmt: skip
         for name in ("tp", "batch"):
             for v in getattr(self, name):
                 if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -250,7 +286,7 @@ class MatrixSpec:
                 f"drop {n('inject')}", "calibrate", "inject")  # fmt: skip
         if self.calibrate and True not in self.cascade:
             bad(
-                f"{n('calibrate')} needs the {TWIN.test} arm ({both_arms})",
+                f"{n('calibrate')} needs the {tw.test} arm ({both_arms})",
                 "calibrate",
                 TWIN.spec_field,
             )
@@ -456,8 +492,11 @@ def plan(spec: MatrixSpec) -> Plan:
         "fa": len(spec.fa_versions) > 1,
         "backend": len(spec.backends) > 1,
     }
-    restart = engine_info(spec.engine).attention_axes and spec.arm_switch == "restart"
-    arms = [TWIN.arm(c) for c in spec.cascade]
+    tw = twin_of(spec)
+    # An arm with engine arguments of its own is an engine start of its own; so is every arm under
+    # restart (the real disable_cascade_attn flag) and a twin's rerun control.
+    restart = (engine_info(spec.engine).attention_axes and spec.arm_switch == "restart") or not tw.toggle
+    arms = [tw.arm(c) for c in spec.cascade]
     engines: dict[str, EnginePlan] = {}
     cells: dict[str, Cell] = {}
 
@@ -465,13 +504,14 @@ def plan(spec: MatrixSpec) -> Plan:
         tp, seed, dtype, fa, backend = axes
         # Under restart a flat rerun is an engine start of its own: a rerun inside one engine is
         # bitwise identical, so only a second start measures what two starts differ by.
-        key_arm = (arm + ("-r1" if r else "")) if restart else None
+        # A batch twin's reference arm has no other batch to be controlled by: its rerun is one too.
+        key_arm = (arm + ("-r1" if r else "")) if restart or (r and tw.axis == "batch") else None
         key = _engine_key(spec.engine, tp, seed, dtype, fa, backend, key_arm)
         ep = engines.get(key) or engines.setdefault(
             key,
             # Built with ``of``: run.json writes every field, ``arm: null`` too.
             EnginePlan.of(key=key, tp=tp, seed=seed, dtype=dtype, fa_version=fa, backend=backend,
-                          arm=arm if restart else None, cells=[]),
+                          arm=arm if key_arm else None, cells=[]),
         )  # fmt: skip
         parts = [f"tp{tp}", f"b{batch}", arm]
         if varying["seed"]:
@@ -485,28 +525,59 @@ def plan(spec: MatrixSpec) -> Plan:
         if r:
             parts.append(f"r{r}")
         if origin == "calibration" and inject:
-            parts.append("shift" + inject.partition("=")[2])
+            parts.append(
+                ("shift" if inject.startswith(inj.LSE_SHIFT) else "scale") + inject.partition("=")[2]
+            )
         cell_id = "-".join(parts)
         ep.cells.append(cell_id)
         cells[cell_id] = Cell.of(cell_id=cell_id, engine_key=key, tp=tp, batch=batch, arm=arm, rerun=r, seed=seed,
                                  dtype=dtype, fa_version=fa, backend=backend, inject=inject, origin=origin)  # fmt: skip
 
-    for axes in itertools.product(spec.tp, spec.seeds, spec.dtypes, spec.fa_versions, spec.backends):
-        for batch in spec.batch:
+    def on_arm(axes: tuple, batch: int, arm: str) -> tuple[tuple, int]:
+        """The axes and batch of ``arm``'s cell: a twin that differs in tp, backend or batch sets it."""
+        tp, seed, dtype, fa, backend = axes
+        v = tw.axis_value(arm)
+        if tw.axis == "tp":
+            tp = int(v)  # type: ignore[arg-type]
+        elif tw.axis == "backend":
+            backend = str(v)
+        elif tw.axis == "batch":
+            batch = int(v)  # type: ignore[arg-type]
+        return (tp, seed, dtype, fa, backend), batch
+
+    def add_arm(axes: tuple, batch: int, arm: str, r: int, inject: str | None, origin: str) -> None:
+        add(*on_arm(axes, batch, arm), arm, r, inject, origin)
+
+    tps = [tw.ref_value] if tw.axis == "tp" else spec.tp
+    backends = [tw.ref_value] if tw.axis == "backend" else spec.backends
+    batches = [tw.test_value] if tw.axis == "batch" else spec.batch
+    # A twin whose reference arm is a batch size of its own gets its control from a second engine
+    # start at that batch: another batch size is what its test arm already is.
+    rerun_control = restart or tw.axis == "batch"
+    # The ladder's fault: an LSE shift inside cascade's merge, or, for a twin whose test arm runs
+    # no cascade merge, the attention output scaled on the test arm whatever its setting.
+    rung = inj.LSE_SHIFT if tw.family == twins.CASCADE.family else inj.OUT_SCALE
+    for axes in itertools.product(tps, spec.seeds, spec.dtypes, spec.fa_versions, backends):
+        for batch in batches:
             for arm in arms:
-                for r in [0, 1] if (spec.rerun and arm == TWIN.ref) else [0]:
-                    add(axes, batch, arm, r, spec.inject if arm == TWIN.test else None, "matrix")
-                if arm == TWIN.test:
+                for r in [0, 1] if (spec.rerun and arm == tw.ref) else [0]:
+                    add_arm(axes, batch, arm, r, spec.inject if arm == tw.test else None, "matrix")
+                if arm == tw.test:
                     for x in spec.calibrate:
-                        add(axes, batch, arm, 0, inj.Injection(inj.LSE_SHIFT, x).label, "calibration")
-        if not (spec.auto_controls and TWIN.test in arms and TWIN.ref in arms):
+                        add_arm(axes, batch, arm, 0, inj.Injection(rung, x).label, "calibration")
+        if not (spec.auto_controls and tw.test in arms and tw.ref in arms):
             continue
-        if restart and not spec.rerun:
-            for batch in spec.batch:
-                add(axes, batch, TWIN.ref, 1, None, "control")
-        elif not restart and len(spec.batch) == 1:
-            add(axes, control_batch(spec.batch[0]), TWIN.ref, 0, None, "control")
+        if rerun_control and not spec.rerun:
+            for batch in batches:
+                add_arm(axes, batch, tw.ref, 1, None, "control")
+        elif not rerun_control and len(batches) == 1:
+            add_arm(axes, control_batch(batches[0]), tw.ref, 0, None, "control")
     return Plan(engines=engines, cells=[cells[i] for ep in engines.values() for i in ep.cells])
+
+
+def twin_of(spec: MatrixSpec) -> twins.TwinAxis:
+    """The twin a spec compares its arms on (a run.json from before --twin: cascade)."""
+    return twins.of(spec)
 
 
 def waves(n_prompts: int, batch: int) -> list[list[tuple[int, bool]]]:

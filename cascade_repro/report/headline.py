@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from cascade_repro import exit_codes
+from cascade_repro import twin as twins
 from cascade_repro.judge.outcome import (
     ERROR,
     EXERCISED,
@@ -27,7 +28,7 @@ HEADLINE_IDS = 3
 
 def headline(data: RunData) -> str:
     """Say in plain words what the run found, e.g. `cascade-repro: regression in 2 of 6 pairs: a, b`."""
-    text = _headline(data)
+    text = _named(data, _headline(data))
     pending, total = unfinished_cells(data)
     missing = [str(m) for m in data.manifest.shards_missing or []]
     if pending and missing:
@@ -77,6 +78,20 @@ def _headline(data: RunData) -> str:
     return f"cascade-repro: no cascade effect beyond noise in {plural(clean, 'pair')} ({detail})" + _extras(
         counts
     )
+
+
+def _named(data: RunData, text: str) -> str:
+    """The headline of a twin other than cascade: the twin named where cascade would be, and a
+    regression of a setting that changes results by design called expected."""
+    tw = twins.of(data.manifest.spec)
+    if tw is twins.CASCADE:
+        return text
+    for old, new in (("no cascade pairs", f"no {tw.name} pairs"), ("cascade never fired", f"{tw.name} never took effect"),
+                     ("no cascade effect", f"no {tw.name} effect")):  # fmt: skip
+        text = text.replace(old, new)
+    if tw.expected_change and text.startswith("cascade-repro: regression"):
+        text += f" (expected: {tw.name} changes results by design)"
+    return text.replace("cascade-repro: ", f"cascade-repro --twin {tw.name}: ", 1)
 
 
 def pair_ids(rows: list[dict], limit: int = HEADLINE_IDS) -> str:

@@ -69,7 +69,8 @@ class JunitFormatter(ReportFormatter):
             test_cell = cell_status.get(r.get("test_cell"), {})
             wall = test_cell.get("wall_s")
             case = doc.testcase(
-                classname=f"{TWIN.pair_kind}.tp{fmt_int(r.get('tp'))}",
+                # The pair's kind names its twin (cascade, prefix-caching, ...).
+                classname=f"{text_of(r.get('kind')) or TWIN.pair_kind}.tp{fmt_int(r.get('tp'))}",
                 name=f"batch{fmt_int(r.get('batch'))}-{text_of(r.get('pair_id'))}",
                 # the cascade cell's generation time (its flat twin's is in its own cell row)
                 time=f"{float(wall):.3f}" if isinstance(wall, int | float) and wall == wall else "0.000",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from cascade_repro import engines
+from cascade_repro import twin as twins
 from cascade_repro.judge.outcome import EXERCISED
 from cascade_repro.judge.verdicts import PREFILL_ONLY
 from cascade_repro.prompts.chat import short_prefix_warning
@@ -40,6 +41,15 @@ def intro(data: RunData, code: Callable[[str], str]) -> str:
                 prompts += f", shared prefix {fmt_int(prefix)} tokens"
             prompts += ")"
         prompts += "."
+    tw = twins.of(data.manifest.spec)
+    if tw is not twins.CASCADE:
+        # Another twin (--twin): its two arms in its own words; the judging is cascade's.
+        return (
+            f"This run generates the same prompts with {model}{engine} twice per configuration, --twin "
+            f"{code(tw.name)}: {tw.summary}; arms {code(tw.test)} (test) and {code(tw.ref)} (reference), greedy "
+            "decoding otherwise equal. Each pair is judged as a cascade pair is; the columns keep cascade's "
+            f"names, and cascade steps count the proof that {tw.name} took effect: {tw.effect_doc}.{prompts}"
+        )
     return (
         f"This run generates the same prompts with {model}{engine} twice per configuration: with cascade "
         "attention enabled (test) and disabled (the flat twin, reference), greedy decoding otherwise equal. "

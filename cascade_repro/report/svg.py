@@ -6,11 +6,11 @@ import math
 import statistics
 from html import escape
 
+from cascade_repro import twin as twins
 from cascade_repro.judge import outcome
 from cascade_repro.report import view
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import as_int, fmt_x, fmt_x_ci, is_missing, text_of, truncate
-from cascade_repro.twin import CASCADE as TWIN
 
 Series = dict[int, list[float]]  # x (batch size) -> values
 COLORS = ("#d1242f", "#0969da", "#1a7f37", "#8250df", "#bf8700")
@@ -69,7 +69,8 @@ def series_styles(names: list[str]) -> dict[str, tuple[str, bool]]:
 
 
 CONTROL = "control"  # the legend's name for a noise-control series
-REFERENCE_ROLES = (CONTROL, TWIN.ref)
+# The reference side of a series: the control, or any twin's reference arm (``flat``, ``prefix-off``...).
+REFERENCE_ROLES = frozenset({CONTROL, *(t.ref for t in twins.all_examples())})
 
 
 def whisker_plot(title: str, xlabel: str, ylabel: str, series: dict[str, Series]) -> str:
@@ -183,7 +184,7 @@ def first_divergence_series(data: RunData) -> dict[str, Series]:
             or (not is_missing(r["exact"]) and bool(r["exact"]))
         ):
             continue
-        role = TWIN.pair_kind if p.get("kind") == TWIN.pair_kind else CONTROL
+        role = twins.of(data.manifest.spec).pair_kind if p.get("kind") in outcome.TWIN_KINDS else CONTROL
         _add(out.setdefault(_series_name(role, config_label(p, axes)), {}), p.get("batch"), r["first_div"])
     return dict(sorted(out.items(), key=lambda kv: _series_order(kv[0])))
 
@@ -218,13 +219,10 @@ def first_divergence_caption(data: RunData) -> str:
 def seq_rep_series(data: RunData) -> dict[str, Series]:
     """seq-rep-4 of finished cells by batch: one series per arm and configuration."""
     axes = _plotted_axes(data)
+    arms = twins.of(data.manifest.spec).arms
     out: dict[str, Series] = {}
     for r in view.cells(data):
-        if (
-            r.get("status") != "done"
-            or r.get("arm") not in TWIN.arms
-            or r.get("origin") == outcome.CALIBRATION
-        ):
+        if r.get("status") != "done" or r.get("arm") not in arms or r.get("origin") == outcome.CALIBRATION:
             continue
         name = _series_name(str(r["arm"]), config_label(r, axes))
         _add(out.setdefault(name, {}), r.get("batch"), r.get("seq_rep_4"))
@@ -243,8 +241,9 @@ def seq_rep_caption(data: RunData) -> str:
     series = seq_rep_series(data)
     if not any(any(s.values()) for s in series.values()):
         return ""
+    axis = twins.of(data.manifest.spec)
     return (
-        f"One small dot per finished cell ({', '.join(series)}); a {TWIN.test} series above the {TWIN.ref} "
+        f"One small dot per finished cell ({', '.join(series)}); a {axis.test} series above the {axis.ref} "
         "series of its configuration means more repeated 4-grams."
     )
 
@@ -253,10 +252,11 @@ def counts_series(data: RunData, column: str, control_column: str, per_n: bool) 
     """A count of every cascade pair by batch (as a fraction of its prompts where ``per_n``) and the
     same count of the control it was judged against: one series each per configuration."""
     axes = _plotted_axes(data)
+    kind = twins.of(data.manifest.spec).pair_kind
     out: dict[str, Series] = {}
     for r in view.cascade_pairs(data):
         config = config_label(r, axes)
-        for role, col, n_col in ((TWIN.pair_kind, column, "n"), (CONTROL, control_column, "noise_n")):
+        for role, col, n_col in ((kind, column, "n"), (CONTROL, control_column, "noise_n")):
             k, n = r.get(col), as_int(r.get(n_col))
             if is_missing(k) or (per_n and not n):
                 continue

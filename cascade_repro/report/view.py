@@ -15,7 +15,7 @@ from typing import Any
 
 from cascade_repro import engines
 from cascade_repro.judge import calibration, outcome
-from cascade_repro.judge.outcome import CALIBRATION, TWIN_KIND
+from cascade_repro.judge.outcome import CALIBRATION, TWIN_KINDS
 from cascade_repro.plan.matrix import MatrixSpec
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import MISSING, as_int, text_of
@@ -89,7 +89,7 @@ def _pairs_of(data: RunData, keep: Callable[[object], bool]) -> list[dict]:
 
 def cascade_pairs(data: RunData) -> list[dict]:
     """Return cascade pair rows ordered by tp, batch and the other axes (calibration rows excluded)."""
-    return _pairs_of(data, lambda k: k == TWIN_KIND)
+    return _pairs_of(data, lambda k: k in TWIN_KINDS)
 
 
 def calibration_pairs(data: RunData) -> list[dict]:
@@ -108,7 +108,7 @@ def _shift(r: dict) -> float:
 
 def control_pairs(data: RunData) -> list[dict]:
     """Return noise-control pair rows in the same order."""
-    return _pairs_of(data, lambda k: k not in (TWIN_KIND, CALIBRATION))
+    return _pairs_of(data, lambda k: k not in TWIN_KINDS and k != CALIBRATION)
 
 
 def cells(data: RunData) -> list[dict]:

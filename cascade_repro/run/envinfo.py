@@ -163,6 +163,26 @@ def capture(include_gpu: bool = True) -> dict[str, Any]:
     return info
 
 
+def visible_gpu_count() -> int | None:
+    """How many GPUs a process started now would see, without initialising CUDA here (the workers
+    must own the devices): CUDA_VISIBLE_DEVICES when set, else ``nvidia-smi -L``; None: unknown."""
+    import os
+    import shutil
+    import subprocess
+
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis is not None:
+        return len([d for d in vis.split(",") if d.strip() and d.strip() != "-1"])
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return 0
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
 def gpu_devices() -> list[dict[str, Any]]:
     """Return one dict per visible CUDA device: index, name, sm_count, compute_capability, memory_gib.
 

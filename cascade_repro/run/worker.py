@@ -15,6 +15,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from cascade_repro import twin as twins
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import Cell, EnginePlan, MatrixSpec, waves
 from cascade_repro.run import runstore
@@ -125,6 +126,8 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
                     spec.max_tokens,
                     prefix_len=shared,
                 )
+                if twins.of(spec) is not TWIN:
+                    stats.extra = {**(stats.extra or {}), "effect": wave_effect(twins.of(spec), cell, stats)}
                 samples, wave_rec = typed_wave_records(cid, w, wave, comps, stats, prompts, hashes, rendered)
                 # A background writer starts on these at once.
                 for rec in samples:
@@ -156,9 +159,21 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
 def cell_inject(cell: Cell, spec: MatrixSpec) -> str | None:
     """The fault a cell's cascade arm runs with: the cell's own (calibration) or the spec's (a cell
     planned by a version without a per-cell ``inject``)."""
-    if cell.arm != TWIN.test:
+    if cell.arm != twins.of(spec).test:
         return None
     return cell.inject if cell.has("inject") else spec.inject
+
+
+def wave_effect(twin: twins.TwinAxis, cell: Cell, stats: Any) -> dict[str, Any]:
+    """A wave's proof that the twin's setting took effect: the engine's own, else what the worker
+    knows (a batch twin's test arm takes effect on every step of a wave of its batch size)."""
+    given = (stats.extra or {}).get("effect")
+    if isinstance(given, dict):
+        return given
+    if twin.axis == "batch":
+        on = cell.arm == twin.test and cell.batch == twin.test_value
+        return twins.effect_record(twin, stats.total_steps if on else 0, {"batch": cell.batch})
+    return twins.effect_record(twin, 0, {}, "this engine does not report it")
 
 
 def typed_wave_records(

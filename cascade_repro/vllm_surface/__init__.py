@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cascade_repro.errors import UsageError  # standard library only, like this module
+from cascade_repro.twin import CASCADE  # standard library only too
 
 # The FlashAttention backend holds use_cascade_attention, cascade_attention and the
 # merge_attn_states it calls (same path and names in 0.10.2 and 0.26.0).
@@ -27,6 +28,9 @@ USE_CASCADE_ATTENTION = f"{FLASH_ATTN_MODULE}.use_cascade_attention"
 # installed vLLM imports gets the method.
 WORKER_BASE_MODULE = "vllm.v1.worker.worker_base"
 WORKER_BASE_MODULES = (WORKER_BASE_MODULE, "vllm.worker.worker_base")
+# The V1 scheduler (vllm/v1/core/sched/scheduler.py in 0.10.2 and 0.26.0): the probe counts its
+# steps and prefill chunks per wave (the chunked-prefill twin's proof of effect).
+SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
 
 # use_cascade_attention's hard conditions: a common prefix of at least this many tokens (after
 # alignment to the KV block size) and at least this many requests in the step.
@@ -97,9 +101,64 @@ CASCADE_REMOVED_IN = (0, 32, 0)
 # fork commit pinned by vLLM 0.11.0 and earlier lacks it, 0.11.1's has it.
 FA2_LSE_FIX_IN = (0, 11, 1)
 FIRST_V1_CASCADE = (0, 7, 0)  # the first release whose fork carries PR #34's transpose
-# The vLLM this tool can test: the oldest release the probe knows up to the last one with cascade.
-# pyproject.toml's `vllm` extra and doctor's fix line say the same (tests/test_packaging.py).
-VLLM_REQUIREMENT = f"vllm>={RELEASES[0].version},<{'.'.join(map(str, CASCADE_REMOVED_IN))}"
+# The newest release whose engine arguments the twins were checked against (0.34.0, December 2026).
+NEWEST_KNOWN = (0, 34, 0)
+# The vLLM this tool can test: the oldest release the probe knows up to the newest one known. Cascade
+# needs < 0.32 (TWIN_RELEASES); every other twin runs on 0.32 and later. pyproject.toml's `vllm`
+# extra and doctor's fix line say the same (tests/test_packaging.py).
+VLLM_REQUIREMENT = f"vllm>={RELEASES[0].version},<{NEWEST_KNOWN[0]}.{NEWEST_KNOWN[1] + 1}.0"
+CASCADE_REQUIREMENT = f"vllm>={RELEASES[0].version},<{'.'.join(map(str, CASCADE_REMOVED_IN))}"
+
+
+@dataclass(frozen=True)
+class TwinRelease:
+    """Which vLLM releases can test a twin family (twin.py): from ``first`` up to, not including,
+    ``gone`` (None: every release since), with the reason it cannot be tested past that."""
+
+    first: tuple[int, ...]
+    gone: tuple[int, ...] | None = None
+    why_gone: str = ""
+
+
+# Read from the release notes and engine-argument sources of 0.10.2 and 0.26.0 (the recorded surfaces
+# in tests/data hold every engine argument a twin sets: enable_prefix_caching, enable_chunked_prefill,
+# max_num_batched_tokens, enforce_eager, async_scheduling, kv_cache_dtype, disable_cascade_attn).
+TWIN_RELEASES: dict[str, TwinRelease] = {
+    CASCADE.family: TwinRelease(
+        (0, 10, 2), CASCADE_REMOVED_IN,
+        "cascade attention was removed in vLLM 0.32.0 (disable_cascade_attn is kept and does nothing)",
+    ),
+    "prefix-caching": TwinRelease((0, 10, 2)),
+    "chunked-prefill": TwinRelease((0, 10, 2)),
+    "cuda-graphs": TwinRelease((0, 10, 2)),
+    "async-scheduling": TwinRelease((0, 10, 2)),
+    "kv-cache-dtype": TwinRelease((0, 10, 2)),
+    # Chosen by attention_config from 0.26.0, by VLLM_ATTENTION_BACKEND before (Release.attention_via).
+    "attention-backend": TwinRelease((0, 10, 2)),
+    "tp": TwinRelease((0, 10, 2)),
+    "batch": TwinRelease((0, 10, 2)),
+}  # fmt: skip
+
+
+def twin_problem(family: str, version: str | None) -> str | None:
+    """Why this vLLM cannot test a twin family, in one line; None when it can (or the version is
+    unknown: the engine start will tell)."""
+    rel = TWIN_RELEASES.get(family)
+    vt = version_tuple(version)
+    if rel is None or vt is None:
+        return None
+    if vt[:3] < rel.first:
+        return (
+            f"vLLM {version} is older than every release the harness knows ({'.'.join(map(str, rel.first))})"
+        )
+    if rel.gone is not None and vt[:3] >= rel.gone:
+        return f"--twin {family} cannot be tested on vLLM {version}: {rel.why_gone}"
+    return None
+
+
+def testable_twins(version: str | None) -> list[str]:
+    """The twin families this vLLM can test, in the registry's order."""
+    return [f for f in TWIN_RELEASES if twin_problem(f, version) is None]
 
 
 def cascade_status(version: str | None) -> str:
@@ -317,3 +376,17 @@ def model_context(cfg: dict[str, Any]) -> int | None:
                 length = float(rope["original_max_position_embeddings"])
             length *= factor
     return int(length)
+
+
+def twin_refusal(
+    family: str, name: str, gpus_needed: int, version: str | None, gpus: int | None
+) -> str | None:
+    """The one line ``matrix`` refuses a twin with on this box (None: it can run): a vLLM that cannot
+    test it (with the twins it can), or fewer GPUs than its test arm needs."""
+    if why := twin_problem(family, version):
+        others = [f for f in testable_twins(version) if f != family]
+        return why + (f"; this vLLM can test --twin {', '.join(others)}" if others else "")
+    if gpus is not None and gpus < gpus_needed:
+        return (f"--twin {name} needs {gpus_needed} GPUs for its test arm; this machine has {gpus} "
+                "(run it where that many are visible)")  # fmt: skip
+    return None

@@ -9,7 +9,14 @@ cascade of the hf engine and by the vLLM probe alike:
   weighted ``e**X`` times too much against the suffix. Graded: a ladder of ``X`` (``--calibrate``)
   measures the smallest error a setup can see.
 
-Either may start mid-answer: ``lse-shift=X@STEP`` (or ``lse-layout@STEP``) leaves every step before
+A third, for a twin other than cascade (``--twin``), where the test arm may run no cascade merge:
+
+- ``out-scale=E``: every attention layer's output on the test arm is scaled by ``1 + E``, in
+  whatever backend runs, independent of the setting under test (the vLLM probe wraps the attention
+  layer's forward; the fake engine moves its logprobs by as much on every step). Graded like
+  ``lse-shift``: ``--calibrate`` runs a ladder of ``E`` for such twins.
+
+Any may start mid-answer: ``lse-shift=X@STEP`` (or ``lse-layout@STEP``) leaves every step before
 generated token ``STEP`` alone (the prefill produces token 0, decode step ``k`` token ``k``), so a
 fault that begins late in an answer, as the field bug's split onset did, is a positive control too.
 
@@ -23,7 +30,9 @@ from dataclasses import dataclass
 
 LSE_LAYOUT = "lse-layout"
 LSE_SHIFT = "lse-shift"
-KINDS = (LSE_LAYOUT, LSE_SHIFT)
+OUT_SCALE = "out-scale"
+KINDS = (LSE_LAYOUT, LSE_SHIFT, OUT_SCALE)
+GRADED = (LSE_SHIFT, OUT_SCALE)  # the kinds with an amount: a calibration ladder's rungs
 # --calibrate default: half-decade steps of prefix-LSE shift in nats (each step is one more cascade
 # cell per batch size, so the ladder is short). On a 1,600-token shared prefix
 # the suffix holds a few percent of the attention mass, so 0.01 nats moves the merged output by
@@ -42,7 +51,7 @@ class Injection:
     @property
     def label(self) -> str:
         """The canonical spelling (what run.json, cell ids and reports show)."""
-        base = f"{LSE_SHIFT}={self.nats:g}" if self.kind == LSE_SHIFT else self.kind
+        base = f"{self.kind}={self.nats:g}" if self.kind in GRADED else self.kind
         return f"{base}@{self.onset}" if self.onset else base
 
     def active(self, token_index: int) -> bool:
@@ -64,6 +73,16 @@ def parse(text: str | None) -> Injection | None:
     if s == LSE_LAYOUT:
         return Injection(LSE_LAYOUT, onset=onset)
     kind, sep, amount = s.partition("=")
+    if kind.strip() == OUT_SCALE and sep:
+        try:
+            scale = float(amount)
+        except ValueError:
+            raise ValueError(
+                f"out-scale needs a relative amount, e.g. out-scale=0.01; got {amount!r}"
+            ) from None
+        if not math.isfinite(scale) or scale == 0 or abs(scale) > 100:
+            raise ValueError(f"out-scale must be a non-zero amount within +-100, got {amount!r}")
+        return Injection(OUT_SCALE, scale, onset)
     if kind.strip() == LSE_SHIFT and sep:
         try:
             nats = float(amount)
@@ -74,7 +93,9 @@ def parse(text: str | None) -> Injection | None:
         if not math.isfinite(nats) or nats == 0 or abs(nats) > 100:
             raise ValueError(f"lse-shift must be a non-zero number of nats within +-100, got {amount!r}")
         return Injection(LSE_SHIFT, nats, onset)
-    raise ValueError(f"expected lse-layout or lse-shift=X (X in nats), each optionally @STEP, got {text!r}")
+    raise ValueError(
+        f"expected lse-layout, lse-shift=X (X in nats) or out-scale=E, each optionally @STEP, got {text!r}"
+    )
 
 
 def try_parse(text: str | None) -> Injection | None:
@@ -107,3 +128,8 @@ def parse_ladder(text: str) -> list[float]:
     if len(set(out)) != len(out):
         raise ValueError(f"--calibrate: duplicate shifts in {text!r}")
     return sorted(out)
+
+
+def ladder_rung(kind: str, amount: float) -> Injection:
+    """One calibration rung: ``lse-shift=X`` for cascade, ``out-scale=E`` for every other twin."""
+    return Injection(kind, amount)

@@ -113,6 +113,13 @@ COUNTER_KEYS = (
     "fa2_split_calls",
     # Decode steps the cost model declined and the control's force_on turned into cascade steps.
     "forced_on",
+    # The scheduler's steps (any twin: the hook on Scheduler.schedule, in the engine-core process)
+    # and the requests it scheduled a part of their prompt for, leaving the rest to a later step:
+    # the chunked-prefill twin's proof of effect.
+    "sched_steps",
+    "prefill_chunks",
+    # Attention layer calls whose output the out-scale fault scaled (a twin's positive control).
+    "scaled_calls",
 )
 # Step wall times (seconds, float) and the number of steps each sum covers; see the docstring.
 TIMING_KEYS = (
@@ -305,6 +312,19 @@ class ProbeState:
         ):
             c["fa2_split_calls"] += 1
         self._dirty = True
+
+    def record_schedule(self, chunks: int) -> None:
+        c = self.counters()
+        if c is not None:
+            c["sched_steps"] += 1
+            c["prefill_chunks"] += chunks
+            self._dirty = True
+
+    def record_scaled(self) -> None:
+        c = self.counters()
+        if c is not None:
+            c["scaled_calls"] += 1
+            self._dirty = True
 
     def record_inject(self) -> None:
         c = self.counters()
@@ -626,6 +646,130 @@ def patch_worker_base(module: ModuleType, state: ProbeState) -> list[str]:
     return [RPC_METHOD]
 
 
+FACTS_METHOD = "cascade_repro_probe_facts"
+
+
+def _impl_classes(worker: Any) -> list[type]:
+    runner = getattr(getattr(worker, "worker", worker), "model_runner", None)
+    get = getattr(runner, "get_model", None)
+    model = get() if callable(get) else getattr(runner, "model", None)
+    modules = getattr(model, "modules", None)
+    if not callable(modules):
+        return []
+    return list({type(m.impl) for m in modules() if getattr(m, "impl", None) is not None})
+
+
+def wrap_impl_forward(cls: type, state: ProbeState) -> bool:
+    """Scale the attention output of ``cls.forward`` by ``1 + E`` while the control says
+    ``out-scale=E`` (a twin's positive control, in whatever backend runs). Python-level: a step
+    replayed from a full CUDA graph keeps what was captured, so the count of scaled calls
+    (``scaled_calls``) is the proof that it ran."""
+    fwd = cls.__dict__.get("forward")
+    if not callable(fwd) or getattr(fwd, _MARK, None) is not None:
+        return False
+    orig = fwd
+
+    @functools.wraps(orig)
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig(self, *args, **kwargs)
+        f = state.inject
+        if f is not None and f.kind == inj.OUT_SCALE and state.wave is not None and out is not None:
+            try:
+                out.mul_(1.0 + f.nats)
+                state.record_scaled()
+            except Exception as e:  # noqa: BLE001 - never break the forward
+                state._note_error(f"out-scale: {e!r}"[:200])
+        return out
+
+    setattr(forward, _MARK, orig)
+    cls.forward = forward
+    state.patched.append(f"{cls.__module__}.{cls.__name__}.forward")
+    return True
+
+
+def worker_facts(worker: Any, state: ProbeState | None = None) -> dict[str, Any]:
+    """What a model worker reads back of its own setup: the attention implementation classes its
+    layers were built with (any backend) and the tensor-parallel world size it joined. With
+    ``state``, each class's forward also gets the out-scale fault (:func:`wrap_impl_forward`)."""
+    out: dict[str, Any] = {"pid": os.getpid()}
+    try:
+        classes = _impl_classes(worker)
+        out["attn_impl_classes"] = sorted(c.__name__ for c in classes)
+        if state is not None:
+            out["out_scale_wrapped"] = sorted(c.__name__ for c in classes if wrap_impl_forward(c, state))
+    except Exception as e:  # noqa: BLE001 - a fact not read is reported, never raised inside vLLM
+        out["attn_impl_error"] = f"{type(e).__name__}: {e}"[:200]
+    try:
+        from vllm.distributed import parallel_state
+
+        out["tp_world_size"] = int(parallel_state.get_tensor_model_parallel_world_size())
+    except Exception as e:  # noqa: BLE001
+        out["tp_error"] = f"{type(e).__name__}: {e}"[:200]
+    return out
+
+
+def patch_worker_facts(module: ModuleType, state: ProbeState) -> list[str]:
+    """Give ``WorkerWrapperBase`` the facts method (:func:`worker_facts`) for ``collective_rpc``."""
+    cls = module.__dict__.get("WorkerWrapperBase")
+    if not isinstance(cls, type):
+        return []
+
+    def cascade_repro_probe_facts(self: Any) -> dict[str, Any]:
+        return worker_facts(self, state)
+
+    setattr(cls, FACTS_METHOD, cascade_repro_probe_facts)
+    state.patched.append(f"{module.__name__}.WorkerWrapperBase.{FACTS_METHOD}")
+    return [FACTS_METHOD]
+
+
+def patch_scheduler(module: ModuleType, state: ProbeState) -> list[str]:
+    """Count the scheduler's steps and prefill chunks per wave (``Scheduler.schedule``, vLLM V1).
+
+    A request is a chunk in a step when the tokens computed before the step plus those scheduled in
+    it fall short of its prompt: its prefill goes on in a later step. Read from the scheduler's own
+    ``requests`` (``num_computed_tokens``, ``num_prompt_tokens``) and the output's
+    ``num_scheduled_tokens``; a release that names them otherwise counts steps only.
+    """
+    cls = module.__dict__.get("Scheduler")
+    if not isinstance(cls, type) or not callable(getattr(cls, "schedule", None)):
+        return []
+    orig = _original(cls.schedule)
+
+    @functools.wraps(orig)
+    def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
+        state.refresh()
+        if state.wave is None:
+            return orig(self, *args, **kwargs)
+        reqs = getattr(self, "requests", None) or {}
+        before = {rid: getattr(r, "num_computed_tokens", None) for rid, r in reqs.items()}
+        out = orig(self, *args, **kwargs)
+        chunks = 0
+        try:
+            for rid, n in (getattr(out, "num_scheduled_tokens", None) or {}).items():
+                r, done = reqs.get(rid), before.get(rid)
+                prompt = getattr(r, "num_prompt_tokens", None)
+                if (
+                    isinstance(done, int)
+                    and isinstance(prompt, int)
+                    and done < prompt
+                    and done + int(n) < prompt
+                ):
+                    chunks += 1
+        except Exception as e:  # noqa: BLE001 - never break vLLM's scheduler
+            state._note_error(f"schedule: {e!r}"[:200])
+        state.record_schedule(chunks)
+        return out
+
+    setattr(schedule, _MARK, orig)
+    cls.schedule = schedule
+    done = [f"{module.__name__}.Scheduler.schedule"]
+    state.patched.extend(done)
+    return done
+
+
+SCHEDULER_MODULE = vllm_surface.SCHEDULER_MODULE
+
+
 # --------------------------------------------------------------------------------------------
 # Post-import hook
 # --------------------------------------------------------------------------------------------
@@ -722,6 +866,8 @@ def activate(directory: str | os.PathLike[str]) -> ProbeState:
     when_imported(FLASH_ATTN_MODULE, lambda m: patch_flash_attn(m, st))
     for name in WORKER_BASE_MODULES:  # the one this vLLM uses defines WorkerWrapperBase
         when_imported(name, lambda m: patch_worker_base(m, st))
+        when_imported(name, lambda m: patch_worker_facts(m, st))
+    when_imported(SCHEDULER_MODULE, lambda m: patch_scheduler(m, st))
     return st
 
 

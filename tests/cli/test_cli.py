@@ -187,7 +187,7 @@ def assert_user_error(res, *fragments: str) -> None:
         (["--dtype", "fp8"], ["dtype must be one of auto, float32, float16, bfloat16, not 'fp8'"]),
         (["--cascade", "maybe"], ["--cascade: expected on/off, got 'maybe'"]),
         (["--fa-version", "9"], ["--fa-version: expected 2, 3, 4 or default, got '9'"]),
-        (["--inject", "bitflip"], ["expected lse-layout or lse-shift=X"]),
+        (["--inject", "bitflip"], ["expected lse-layout, lse-shift=X"]),
         (["--calibrate", "0.1,x"], ["--calibrate: 'x' is not a number of nats"]),
         (["--fail-on", "sometimes"], ["--fail-on must be one of regression, error, never"]),
         (["--hf-overrides", "{bad"], ["--hf-overrides is not valid JSON"]),
@@ -432,7 +432,10 @@ def test_a_vllm_without_cascade_is_said_in_one_line_and_exits_nothing_exercised(
     monkeypatch.setattr(vllm_surface, "installed_version", lambda: "0.33.0")
     res = invoke("matrix", "--engine", "vllm", "--limit", "2")
     assert res.exit_code == 4, res.output
-    assert "vLLM 0.33.0 has no cascade attention (removed in 0.32.0" in flat(res.output)
+    assert "--twin cascade cannot be tested on vLLM 0.33.0: cascade attention was removed in vLLM 0.32.0" in flat(
+        res.output
+    )
+    assert "this vLLM can test --twin prefix-caching, chunked-prefill" in flat(res.output)
     res = invoke("explain", "--gpu", "H200", "--prefix-tokens", "1597")
     assert res.exit_code == 0 and "no pair can be exercised" in flat(res.output)
 
@@ -540,7 +543,7 @@ def _option_row(text: str, option: str) -> str:
         ("matrix", "--batch", "--batch SIZES Batch sizes, comma-separated:"),
         ("matrix", "--cascade", "--cascade on,off Cascade arms: on,off, on or off. [default: on,off]"),
         ("matrix", "--engine", "--engine hf|vllm|fake Engine: hf (transformers, CPU or GPU, reference cascade), vllm, or fake (deterministic, no weights: a test of the harness, its verdicts mean nothing). [default: hf]"),
-        ("matrix", "--fail-on", "--fail-on regression|error|never Exit 1 on regression, error (regression or error cells) or never. [default: regression]"),
+        ("matrix", "--fail-on", "--fail-on regression|error|never|expected Exit 1 on regression, error (regression or error cells), expected (a regression even where the --twin changes results by design, as kv-cache-dtype=fp8 does) or never. [default: regression]"),
         ("matrix", "--alpha", "--alpha P Significance level:"),
         ("matrix", "--min-topk-violations", "--min-topk-violations N Divergences outside top-k needed (besides significance) to flag. [default: 1]"),
         ("matrix", "--limit", "--limit N Use only the first N prompts. [default: all of the set]"),
@@ -548,7 +551,7 @@ def _option_row(text: str, option: str) -> str:
         ("matrix", "--run-id", "--run-id RUN_ID Name of the run directory. [default: ENGINE-MODEL-HASH, e.g. hf-embedded-44136fa355b3,"),
         ("matrix", "--quiet", "-q, --quiet No progress bar: the plain progress lines instead"),
         ("matrix", "--dry-run", "--dry-run Print the cell table and the number of engine starts, run nothing."),
-        ("report", "--fail-on", "--fail-on regression|error|never Exit 1 on regression, error (regression or error cells) or never; summary.json follows. [default: the run's own --fail-on]"),
+        ("report", "--fail-on", "--fail-on regression|error|never|expected Exit 1 on regression, error (regression or error cells), expected (also where the twin changes results by design) or never; summary.json follows. [default: the run's own --fail-on]"),
         ("merge", "--allow-partial", "--allow-partial Merge even when a shard's directory is missing:"),
         ("explain", "--engine", "--engine hf|vllm|fake Engine whose decision to predict:"),
     ],
@@ -711,7 +714,7 @@ def one_error(res) -> str:
         (["-E", "block_size=32"], "--engine-args are vLLM engine arguments; the hf engine takes none (use --engine vllm)"),
         (["--tp", "2"], "the hf engine runs on one device: use --tp 1 (tensor parallelism needs --engine vllm)"),
         (["--arm-switch", "swap"], "--arm-switch must be one of toggle, restart, not 'swap'"),
-        (["--fail-on", "sometimes"], "--fail-on must be one of regression, error, never, not 'sometimes'"),
+        (["--fail-on", "sometimes"], "--fail-on must be one of regression, error, never, expected, not 'sometimes'"),
         # Verdict knobs and seeds out of range: refused on a dry run too, before anything runs.
         (["--alpha", "2"], "--alpha must be in (0, 1), got 2.0"),
         (["--alpha", "0"], "--alpha must be in (0, 1), got 0.0"),
@@ -746,7 +749,7 @@ def test_flag_errors_name_the_flag(args, message):
          "engine, engine_args, engine_timeout, fa_version, fail_on, force_cascade, gpu_memory_utilization, "
          "graphs_for_batches, hf_overrides, ignore_eos, inject, key_field, limit, load_format, max_model_len, "
          "max_tokens, min_topk_violations, model, prompt_field, prompts, quiet, reference, reference_device, "
-         "rep_delta, rerun, results_dir, run_id, seed, shard, system_prompt, topk, tp, trust_remote_code"),
+         "rep_delta, rerun, results_dir, run_id, seed, shard, system_prompt, topk, tp, trust_remote_code, twin"),
     ],
 )  # fmt: skip
 def test_config_errors_name_the_file_and_its_key(tmp_path, toml, flags, message):

@@ -163,7 +163,7 @@ CASES = [
     Case("config-alpha-is-read", _config("alpha = 2\n"), 2, "m.toml: alpha must be in (0, 1), got 2"),
     Case("config-alpha-type", _config('alpha = "small"\n'), 2, "m.toml: alpha must be a number, got 'small'"),
     Case("config-fail-on-is-read", _config('fail_on = "sometimes"\n'), 2,
-         "m.toml: fail_on must be one of regression, error, never, not 'sometimes'"),
+         "m.toml: fail_on must be one of regression, error, never, expected, not 'sometimes'"),
     Case("config-flag-wins", _config('fail_on = "sometimes"\n', "--fail-on", "never"), 0),
     Case("config-shard-is-read", _config('shard = "x"\n'), 2, "m.toml: shard: expected i/n"),
     Case("config-fresh-refused", _config("fresh = true\n"), 2,

@@ -156,8 +156,8 @@ def test_engine_flow_with_fake_vllm(fake_vllm, tmp_path: Path, inject):
     else:
         assert "inject_calls" not in st.extra and all(torch.equal(x, lse) for x in seen)
     assert eng.llm.resets == 2
-    # One round trip per wave (it reads the counters and stops the counting), plus the start's check.
-    assert eng.llm.rpcs == 1 + 2
+    # One round trip per wave (it reads the counters and stops the counting), plus two at the start.
+    assert eng.llm.rpcs == 2 + 2  # the start: the probe check and the facts read back
     assert set(st.extra["phases"]) == {"reset_s", "warmup_s", "control_s", "generate_s", "sync_s", "convert_s"}
     steps = st.extra["steps"]
     assert (steps["decode_cascade_n"], steps["decode_flat_n"], steps["prefill_n"]) == (3, 0, 0)

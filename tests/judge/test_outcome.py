@@ -39,7 +39,9 @@ def test_the_order_counts_are_reported_in():
     # summary.json's "counts" keys follow this order: worst first.
     assert outcome.VERDICTS == ("regression", "error", "not exercised", "inconclusive", "within noise", "identical")
     assert set(outcome.EXERCISED) == set(outcome.VERDICTS) - {"error", "not exercised"}
-    assert outcome.PAIR_KINDS == ("cascade", "calibration", "noise-batch", "noise-restart", "noise-rerun")
+    twins = ("cascade", "prefix-caching", "chunked-prefill", "cuda-graphs", "async-scheduling", "kv-cache-dtype",
+             "attention-backend", "tp", "batch")  # fmt: skip
+    assert outcome.PAIR_KINDS == (*twins, "calibration", "noise-batch", "noise-restart", "noise-rerun")
     assert outcome.verdict_counts(["identical", "odd", "identical"]) == {
         "regression": 0, "error": 0, "not exercised": 0, "inconclusive": 0, "within noise": 0, "identical": 2,
         "odd": 1,

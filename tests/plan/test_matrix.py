@@ -232,7 +232,7 @@ def test_waves_property_every_prompt_once_every_wave_exactly_b(n, b):
         ({"batch": [8, 8]}, r"batch has duplicate values"),
         ({"tp": [2]}, r"hf engine runs on one device: use tp = 1 \(tensor parallelism needs engine = \"vllm\"\)"),
         ({"dtypes": ["fp8"]}, r"dtype must be one of auto, float32, float16, bfloat16, not 'fp8'"),
-        ({"inject": "bit-flip"}, r"inject: expected lse-layout or lse-shift=X \(X in nats\), each optionally @STEP, got 'bit-flip'"),
+        ({"inject": "bit-flip"}, r"inject: expected lse-layout, lse-shift=X \(X in nats\) or out-scale=E, each optionally @STEP, got 'bit-flip'"),
         ({"inject": "lse-shift=abc"}, r"inject: lse-shift needs a number of nats"),
         ({"inject": "lse-shift=0"}, r"inject: lse-shift must be a non-zero number"),
         ({"calibrate": [0.1, -1]}, r"calibrate must be a list of shifts in \(0, 100\] nats"),

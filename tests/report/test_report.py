@@ -1519,7 +1519,7 @@ def test_report_judges_by_the_runs_own_fail_on_unless_told_and_summary_json_agre
 
     res = CliRunner().invoke(app, ["report", str(run_dir), "--fail-on", "bogus"])
     assert res.exit_code == 2
-    assert res.stderr == "error: --fail-on must be one of regression, error, never, not 'bogus'\n"
+    assert res.stderr == "error: --fail-on must be one of regression, error, never, expected, not 'bogus'\n"
 
 
 def test_report_of_a_run_cut_before_any_sample_scores_it_as_not_finished(tmp_path):

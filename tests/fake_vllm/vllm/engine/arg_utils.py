@@ -7,3 +7,11 @@ class EngineArgs:
     attention_config: dict | None = None
     compilation_config: dict | None = None
     disable_cascade_attn: bool = True
+    # The arguments the twins set (vLLM 0.26.0 has each; tests/data/vllm-surface-0.26.0.json).
+    enable_prefix_caching: bool | None = None
+    enable_chunked_prefill: bool | None = None
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
+    enforce_eager: bool = False
+    async_scheduling: bool | None = None
+    kv_cache_dtype: str = "auto"

@@ -20,8 +20,40 @@ class Tokenizer:
         return " ".join(f"t{i}" for i in ids)
 
 
+DEFAULT_BUDGET = 8192  # vLLM's max_num_batched_tokens for the LLM class
+
+
+class _Layer:
+    def __init__(self, impl):
+        self.impl = impl
+
+
+class _Model:
+    """The model a worker runs, as the probe's facts RPC walks it: modules with an ``impl``."""
+
+    def __init__(self, impls):
+        self.layers = [_Layer(i) for i in impls]
+
+    def modules(self):
+        return [self, *self.layers]
+
+
+def _impl_class(backend):
+    """The implementation class a backend's layers are built with (FLASH_ATTN: the fake's own)."""
+    if backend in (None, "FLASH_ATTN"):
+        return None
+    # vLLM's own names: FlashInferImpl, TritonAttentionImpl, ...
+    known = {"FLASHINFER": "FlashInfer", "TRITON_ATTN": "TritonAttention"}
+    name = known.get(backend) or "".join(w.capitalize() for w in str(backend).lower().split("_"))
+    return type(name + "Impl", (), {"forward": lambda self, *a, **k: None})
+
+
 class LLM:
-    """Counts what the harness asks of it; generates request i of a call as [10 + i] * max_tokens."""
+    """Counts what the harness asks of it; generates request i of a call as [10 + i] * max_tokens.
+
+    ``FAKE_VLLM_IGNORE=a,b`` makes it drop those engine arguments, as a vLLM that does not honour a
+    setting would: a twin's proof of effect must then come out 0.
+    """
 
     def __init__(self, model, **kwargs):
         from cascade_repro.vllm_surface import probe
@@ -29,9 +61,18 @@ class LLM:
 
         probe.register()
         self.model, self.kwargs = model, kwargs
+        ignore = {x.strip() for x in os.environ.get("FAKE_VLLM_IGNORE", "").split(",") if x.strip()}
+        kwargs = {k: v for k, v in kwargs.items() if k not in ignore}
+        importlib.import_module("vllm.distributed.parallel_state").TP_WORLD_SIZE = kwargs.get("tensor_parallel_size") or 1
+        self.budget = kwargs.get("max_num_batched_tokens") or DEFAULT_BUDGET
+        self.prefix_caching = bool(kwargs.get("enable_prefix_caching"))
+        self.sched_mod = importlib.import_module("vllm.v1.core.sched.scheduler")
         self.fa = importlib.import_module("vllm.v1.attention.backends.flash_attn")
         self.worker = importlib.import_module("vllm.v1.worker.worker_base").WorkerWrapperBase()
         self.layers = [self.fa.FlashAttentionImpl() for _ in range(2)]
+        other = _impl_class((kwargs.get("attention_config") or {}).get("backend"))
+        impls = self.layers if other is None else [other() for _ in range(2)]
+        self.worker.worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(get_model=lambda: _Model(impls)))
         self.resets = 0
         self.generated = []
         self.rpcs = 0
@@ -42,7 +83,14 @@ class LLM:
             model_config=mc,
             parallel_config=types.SimpleNamespace(tensor_parallel_size=kwargs.get("tensor_parallel_size")),
             cache_config=types.SimpleNamespace(enable_prefix_caching=kwargs.get("enable_prefix_caching"),
-                                               block_size=16, gpu_memory_utilization=0.5),
+                                               block_size=16, gpu_memory_utilization=0.5,
+                                               cache_dtype=kwargs.get("kv_cache_dtype", "auto")),
+            scheduler_config=types.SimpleNamespace(async_scheduling=kwargs.get("async_scheduling", False),
+                                                   max_num_batched_tokens=self.budget,
+                                                   max_num_seqs=kwargs.get("max_num_seqs", 256)),
+            compilation_config=types.SimpleNamespace(
+                cudagraph_mode="NONE" if kwargs.get("enforce_eager") else "FULL_AND_PIECEWISE",
+                cudagraph_capture_sizes=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512]),
             attention_config=types.SimpleNamespace(**(kwargs.get("attention_config") or {})),
             use_v2_model_runner=False,
         )
@@ -67,11 +115,20 @@ class LLM:
         self.rpcs += 1
         return [getattr(self.worker, method)(*args, **(kwargs or {}))]
 
+    def _prefill(self, prompts):
+        """The scheduler's prefill steps of a call: the budget handed out prompt by prompt."""
+        sched = self.sched_mod.Scheduler(self.budget)
+        for i, p in enumerate(prompts):
+            sched.add(f"r{i}", len(p.get("prompt_token_ids", ())) if isinstance(p, dict) else 1)
+        while sched.pending():
+            sched.schedule()
+
     def generate(self, prompts, params, use_tqdm=True):
         import torch
 
         self.generated.append(len(prompts))
         n = len(prompts)
+        self._prefill(prompts)
         builder = self.fa.FlashAttentionMetadataBuilder()
         for _ in range(params.max_tokens):  # one decision per step, as the model runner takes it
             use = builder.use_cascade_attention(common_prefix_len=512, query_lens=[1] * n, num_query_heads=9,
@@ -95,5 +152,7 @@ class LLM:
             # vLLM's text is the tokens decoded, as the engine decodes them when vLLM does not
             text = self.get_tokenizer().decode(toks, skip_special_tokens=True) if params.detokenize else ""
             c = types.SimpleNamespace(token_ids=toks, text=text, finish_reason="length", logprobs=lps)
-            outs.append(types.SimpleNamespace(outputs=[c]))
+            # The warm-up put the shared prefix in the cache: every request of a wave finds it there.
+            cached = 16 * (min(300, len(prompts[i].get("prompt_token_ids", ()))) // 16) if self.prefix_caching and isinstance(prompts[i], dict) else 0
+            outs.append(types.SimpleNamespace(outputs=[c], num_cached_tokens=cached))
         return outs

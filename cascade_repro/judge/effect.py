@@ -1,0 +1,41 @@
+"""Did the twin's setting take effect? Its proof, summed over a cell's waves.
+
+Each wave record of a run with a twin other than cascade carries ``extra["effect"]``
+(``twin.effect_record``: the count of steps, or prefix-cache hit tokens, on which the setting took
+effect, what the engine read, and why the count is 0). A test cell whose count is 0 on every wave
+never had the setting: its pair is ``not exercised``, with the first reason a wave gave. Pure
+functions over the wave records (what ``runstore.SampleScan`` gives back).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Effect:
+    """A cell's proof of effect: the summed count, the waves that reported one, and why it is 0."""
+
+    count: int
+    waves: int
+    why: str = ""
+
+
+def cell_effect(waves: Iterable[dict[str, Any]]) -> Effect:
+    """Sum the effect records of a cell's waves; a wave without one counts as not reported."""
+    count = n = 0
+    why = ""
+    for w in waves:
+        rec = (w.get("extra") or {}).get("effect")
+        if not isinstance(rec, dict):
+            continue
+        n += 1
+        c = rec.get("count")
+        count += c if isinstance(c, int) and not isinstance(c, bool) and c > 0 else 0
+        if not why and isinstance(rec.get("why"), str):
+            why = rec["why"]
+    if n == 0:
+        why = "no wave reported it"
+    return Effect(count, n, "" if count else why)
