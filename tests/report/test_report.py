@@ -36,7 +36,8 @@ from cascade_repro.report.html import HtmlFormatter
 from cascade_repro.report.json import JsonFormatter
 from cascade_repro.report.junit import JunitFormatter
 from cascade_repro.report.load import pick_examples, read_samples
-from cascade_repro.report.markdown import ISSUE_COLUMN_CHARS, MarkdownFormatter, md_text
+from cascade_repro.report.markdown import MarkdownFormatter, md_text
+from cascade_repro.report.summary import ISSUE_COLUMN_CHARS
 from cascade_repro.report.text import fence_for, fmt_p, md_cell
 
 JUNIT_XSD = Path(__file__).parents[1] / "data" / "junit-10.xsd"
