@@ -212,7 +212,8 @@ def deciding_evidence(
         return _pack([("", "no noise control measured"), ("", diverged)], width, name_rest=False)
     if text_of(r.get("rule")) == "reference" and not is_missing(r.get("ref_ratio")):
         ratio = f"error vs reference {fmt_x(r.get('ref_ratio'))}x{_over(r.get('ref_ratio'), r.get('ref_min_effect'))}"
-        return _pack([("", ratio), ("", _p_vs(r.get("p_ref"), th["alpha"]))], width, name_rest=False)
+        full = f"{ratio}, {_p_vs(r.get('p_ref'), th['alpha'])}"
+        return full if width is None or len(full) <= width else ratio
     fired = [k for k in text_of(r.get("decided_by")).split(",") if k in _EVIDENCE]
     if verdict == REGRESSION:
         fired = fired or [k for k, fires in _FIRES.items() if fires(r, th)]
