@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from cascade_repro.judge.outcome import ERROR, IDENTICAL, INCONCLUSIVE, NOT_EXERCISED, REGRESSION
+from cascade_repro.judge.verdicts import Thresholds
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import (
     MISSING,
@@ -36,8 +37,9 @@ ISSUE_COLUMN_CHARS = 100
 SUMMARY_HEADERS = ("pair", "verdict", "decided by (vs threshold)", "depth")
 # A fact is a version or a name; a longer value is a damaged or hostile run.json.
 FACT_MAX = 120
-# What ``verdicts.Thresholds`` defaults to, for runs whose run.json recorded no thresholds.
-DEFAULTS = {"alpha": 0.01, "rep_delta": 0.02, "min_topk_violations": 1}
+# The thresholds the summary compares against, at the verdict's defaults (for a run.json that
+# recorded none).
+DEFAULTS = {k: float(getattr(Thresholds(), k)) for k in ("alpha", "rep_delta", "min_topk_violations")}
 
 
 def _values(items) -> list[str]:
