@@ -9,7 +9,6 @@ from pathlib import PurePath, PureWindowsPath
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import one_line, portable_paths, truncate
 from cascade_repro.report.view import prompt_set, ran_vllm, stored_spec
-from cascade_repro.twin import CASCADE as TWIN
 
 ENV_VALUE_MAX = 200
 
@@ -79,38 +78,3 @@ def _flat(v) -> str:
     if v is None or isinstance(v, bool):
         return json.dumps(v)
     return str(v)
-
-
-def key_facts(data: RunData) -> list[tuple[str, str]]:
-    """What a maintainer asks first, as (label, value): model, dtype, vLLM, GPU, FlashAttention
-    version and backend, and the twin compared. What the engines read back wins over what the spec
-    asked for (``dtypes: auto`` ran as bfloat16)."""
-    m = data.manifest
-    spec, env = m.spec, m.stack_env
-    effective = [e.effective for e in m.engines.values() if isinstance(e.effective, dict)]
-
-    def ran(key: str, asked: object) -> str:
-        seen = sorted({_flat(e[key]) for e in effective if e.get(key) not in (None, "")})
-        return ", ".join(seen) if seen else _flat(asked) if asked not in (None, "", []) else "—"
-
-    gpu = str(env.get("gpu_name") or "—")
-    count = str(env.get("gpu_count") or "")
-    if count.isdigit() and int(count) > 1:
-        gpu += f" x{count}"
-    facts = [
-        ("model", str(stored_spec(data).get("model") or m.stored("model_name") or "—")),
-        ("dtype", ran("dtype", stored_spec(data).get("dtypes"))),
-    ]
-    if ran_vllm(spec):
-        facts += [
-            ("vLLM", str(env.get("vllm") or "—")),
-            ("GPU", gpu),
-            (
-                "FA",
-                f"{ran('flash_attn_version', spec.fa_versions)} ({ran('attention_backend', spec.backends)})",
-            ),
-        ]
-    else:
-        facts += [("engine", str(spec.engine)), ("GPU", gpu if env.get("gpu_name") else "none")]
-    facts.append(("twin", f"{TWIN.test} vs {TWIN.ref}"))
-    return [(k, truncate(one_line(v), ENV_VALUE_MAX)) for k, v in facts]

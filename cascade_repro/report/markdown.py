@@ -12,6 +12,7 @@ from cascade_repro.report import (
     prose,
     reproduce,
     speed_table,
+    summary,
     tables,
     verdict_table,
     view,
@@ -23,10 +24,6 @@ from cascade_repro.report.text import clean, fence_for, md_inline, md_table_rows
 from cascade_repro.run import runstore
 from cascade_repro.twin import CASCADE as TWIN
 
-# The widest table shown open, in characters of cell text per row: GitHub's issue column is about
-# 830 px at desktop width, its 14 px text about 7 px a character, less each cell's 26 px of padding.
-# Wider tables sit in <details> (GitHub scrolls them sideways there).
-ISSUE_COLUMN_CHARS = 100
 # GitHub rejects issue bodies over 65536 characters; keep each sample text well below that.
 MAX_TEXT = 3000
 # The whole report: GitHub's limit less room for a sentence the user adds around it.
@@ -151,7 +148,7 @@ class MarkdownFormatter(ReportFormatter):
         # What a maintainer reads in an issue without a click: the headline, the stack in one line,
         # the verdicts in a table that fits the column, the warnings; everything else is collapsed.
         out = [f"## {md_text(headline.headline(data))}", "", facts_line(data), ""]
-        verdicts = verdict_table.compact_table(data)
+        verdicts = summary.summary_table(data)
         if "verdict rows" in drop:
             verdicts = _worst_rows(verdicts, MAX_VERDICT_ROWS)
         out += [*md_table(verdicts, "no cascade pairs"), ""]
@@ -211,7 +208,7 @@ class MarkdownFormatter(ReportFormatter):
 
 def facts_line(data: RunData) -> str:
     """`**model** `m` · **dtype** bfloat16 · ...`: the stack on one line, every value escaped."""
-    return " · ".join(f"**{label}** {md_code(value)}" for label, value in environment.key_facts(data))
+    return " · ".join(f"**{label}** {md_code(value)}" for label, value in summary.stack_facts(data))
 
 
 def _collapsed(summary: str, body: list[str]) -> list[str]:

@@ -1,34 +1,45 @@
-"""What a maintainer reads first, format-neutral: the stack in one line (model, dtype, vLLM, GPU,
-FA version and backend, the twin), and one row per cascade pair with the number that decided it
-next to its threshold. The full evidence of every pair stays in the verdict table."""
+"""What a reader sees first, in report.md and report.html alike: the stack in one line (model,
+dtype, vLLM, GPU, FA version and backend, the twin), and one row per cascade pair with the evidence
+that decided its verdict next to its threshold. Every row fits a GitHub issue's column; the full
+evidence of every pair stays in the verdict table."""
 
 from __future__ import annotations
 
-from cascade_repro.judge.outcome import (
-    ERROR,
-    IDENTICAL,
-    INCONCLUSIVE,
-    NOT_EXERCISED,
-    REGRESSION,
-)
+from collections.abc import Callable
+
+from cascade_repro.judge.outcome import ERROR, IDENTICAL, INCONCLUSIVE, NOT_EXERCISED, REGRESSION
+from cascade_repro.judge.verdicts import Thresholds
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import (
     MISSING,
     Strong,
     as_int,
-    fmt_ci,
+    fmt_float,
+    fmt_int,
+    fmt_p_eq,
     fmt_ratio,
     fmt_x,
-    fmt_x_ci,
     is_missing,
+    one_line,
+    portable_paths,
     text_of,
     text_or_missing,
+    truncate,
 )
-from cascade_repro.report.view import Table, cascade_pairs, ran_vllm, spec_field
+from cascade_repro.report.view import Table, cascade_pairs, cells, ran_vllm, spec_field
 from cascade_repro.twin import CASCADE as TWIN
 
-SUMMARY_HEADERS = ("pair", "verdict", "deciding evidence (vs threshold)", "depth")
-DEFAULT_ALPHA, DEFAULT_DRIFT_MIN, DEFAULT_REP_DELTA = 0.01, 2.0, 0.02
+# The widest summary row, in characters of cell text: GitHub's issue column is about 830 px at
+# desktop width, its 14 px text about 7 px a character, less each cell's 26 px of padding. report.md
+# shows no other table open (wider ones sit in <details>, which GitHub scrolls sideways), and
+# report.html shows the same rows, so a reader of either sees the same words.
+ISSUE_COLUMN_CHARS = 100
+SUMMARY_HEADERS = ("pair", "verdict", "decided by (vs threshold)", "depth")
+# A fact is a version or a name; a longer value is a damaged or hostile run.json.
+FACT_MAX = 120
+# The thresholds the summary compares against, at the verdict's defaults (for a run.json that
+# recorded none).
+DEFAULTS = {k: float(getattr(Thresholds(), k)) for k in ("alpha", "rep_delta", "min_topk_violations")}
 
 
 def _values(items) -> list[str]:
@@ -42,12 +53,14 @@ def _values(items) -> list[str]:
 
 
 def stack_facts(data: RunData) -> list[tuple[str, str]]:
-    """(label, value) of what a maintainer asks first, each only where the run recorded it."""
+    """(label, value) of what a maintainer asks first, each only where the run recorded it. What
+    the engines read back wins over what the spec asked for (``dtypes: auto`` ran as bfloat16)."""
     m = data.manifest
     env = m.stack_env or {}
-    effective = [e.effective for _, e in sorted(m.engines.items())]
+    effective = [e.effective for _, e in sorted(m.engines.items()) if isinstance(e.effective, dict)]
     out: list[tuple[str, str]] = []
-    model = str(m.model_name) if m.has("model_name") and m.model_name else spec_field(data, "model")
+    # The model's recorded name ("SmolLM2-135M-Instruct (Q4_1 GGUF ...)") says more than the spec's "embedded".
+    model = m.model_name if m.has("model_name") and m.model_name else spec_field(data, "model")
     if model:
         out.append(("model", str(model)))
     dtypes = _values(e.get("dtype") for e in effective) or _values(spec_field(data, "dtypes") or [])
@@ -59,15 +72,13 @@ def stack_facts(data: RunData) -> list[tuple[str, str]]:
         out.append(("vLLM", ", ".join(vllm) or MISSING))
     else:
         out.append(("engine", text_of(spec.engine)))
-    gpu = env.get("gpu_name")
-    if gpu:
-        count = as_int(env.get("gpu_count"))
-        sms = as_int(env.get("sm_count"))
+    if gpu := env.get("gpu_name"):
+        count, sms = as_int(env.get("gpu_count")), as_int(env.get("sm_count"))
         out.append(
             ("GPU", f"{gpu}{f' x{count}' if count and count > 1 else ''}{f' ({sms} SMs)' if sms else ''}")
         )
-    elif env.get("device") or spec_field(data, "device"):
-        out.append(("device", str(env.get("device") or spec_field(data, "device"))))
+    elif device := env.get("device") or spec_field(data, "device"):
+        out.append(("device", str(device)))
     if ran_vllm(spec):
         fa = _values(e.get("flash_attn_version") for e in effective) or _values(
             spec_field(data, "fa_versions") or []
@@ -82,112 +93,159 @@ def stack_facts(data: RunData) -> list[tuple[str, str]]:
     switch = m.arm_switch if m.has("arm_switch") and m.arm_switch else spec_field(data, "arm_switch")
     twin = f"{TWIN.test} vs {TWIN.ref}"
     out.append(("twin", f"{twin} ({switch})" if switch else twin))
+    # A model given as a local path would name the user's machine in a public issue.
+    return [(k, truncate(one_line(portable_paths(v)), FACT_MAX)) for k, v in out]
+
+
+def _num(v) -> float:
+    """v as a float, NaN where missing or not a number."""
+    try:
+        return float("nan") if is_missing(v) else float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _over(value, bar) -> str:
+    """` > 1.14x` or ` ≤ 1.14x`: where a ratio stands against its threshold (nothing where either is missing)."""
+    v, b = _num(value), _num(bar)
+    if v != v or b != b:
+        return ""
+    return f" {'>' if v > b else '≤'} {fmt_x(b)}x"
+
+
+def _p_vs(p, bar: float) -> str:
+    """`p=0.0012 < 0.005`: a p-value against the level it must get under."""
+    if is_missing(p):
+        return "p —"
+    return f"{fmt_p_eq(p)} {'<' if _num(p) < bar else '≥'} {bar:g}"
+
+
+# Each piece of arm-vs-arm evidence a regression can rest on (``verdicts.decide``'s order) as its
+# numbers against its bar, and whether its numbers cleared the bar (for runs that did not record
+# ``decided_by``). ``th``: the run's thresholds with the defaults filled in.
+_EVIDENCE: dict[str, Callable[[dict, dict], str]] = {
+    "bias": lambda r, th: (
+        f"bias {fmt_int(r.get('bias_up'))}↑ {fmt_int(r.get('bias_down'))}↓: {_p_vs(r.get('p_bias'), th['alpha'] / 2)}"
+    ),
+    "drift": lambda r, th: (
+        f"drift {fmt_x(r.get('drift_ratio'))}x{_over(r.get('drift_ratio'), r.get('drift_threshold'))}"
+    ),
+    "divergence": lambda r, th: (
+        f"diverged {fmt_ratio(r.get('n_diverged'), r.get('n'))} vs "
+        f"{fmt_ratio(r.get('noise_n_diverged'), r.get('noise_n'))}: {_p_vs(r.get('p_divergence'), th['alpha'])}"
+    ),
+    "top-k": lambda r, th: (
+        f"outside top-k {fmt_int(r.get('topk_violations'))} vs {fmt_int(r.get('noise_topk_violations'))}: "
+        f"{_p_vs(r.get('p_topk'), th['alpha'])}"
+    ),
+    "repetition": lambda r, th: (
+        f"Δseq-rep-4 CI low {fmt_float(r.get('d_seq_rep_4_lo'), '+.3f')}"
+        + ("" if is_missing(r.get("d_seq_rep_4_lo")) else f" > {th['rep_delta']:g}")
+    ),
+}
+_FIRES: dict[str, Callable[[dict, dict], bool]] = {
+    "bias": lambda r, th: _num(r.get("p_bias")) < th["alpha"] / 2,
+    "drift": lambda r, th: _num(r.get("drift_ratio")) > _num(r.get("drift_threshold")),
+    "divergence": lambda r, th: _num(r.get("p_divergence")) < th["alpha"],
+    "top-k": lambda r, th: (
+        _num(r.get("p_topk")) < th["alpha"] and _num(r.get("topk_violations")) >= th["min_topk_violations"]
+    ),
+    "repetition": lambda r, th: _num(r.get("d_seq_rep_4_lo")) > th["rep_delta"],
+}
+
+
+def _pack(pieces: list[tuple[str, str]], width: int | None, *, name_rest: bool) -> str:
+    """The pieces' texts joined while they fit ``width`` characters; the first is always shown.
+    With ``name_rest``, pieces left out are named after them (`; +top-k, repetition`): a regression
+    says everything that fired, its numbers where there is room."""
+    text = pieces[0][1]
+    for i, (_, piece) in enumerate(pieces[1:], 1):
+        rest = [name for name, _ in pieces[i + 1 :]]
+        longer = f"{text}; {piece}"
+        if width is None or len(longer + (f"; +{', '.join(rest)}" if rest and name_rest else "")) <= width:
+            text = longer
+        elif name_rest:
+            return f"{text}; +{', '.join(name for name, _ in pieces[i:])}"
+        else:
+            return text
+    return text
+
+
+def _unfinished(r: dict, status: dict[str, str]) -> str:
+    """Which of the pair's cells did not finish, by id where the cell table says."""
+    for side, key in (("test", "test_cell"), ("twin", "ref_cell")):
+        cell = text_of(r.get(key))
+        if status.get(cell) in ("error", "pending"):
+            return f"{side} cell {cell} did not finish"
+    return "a cell did not finish"
+
+
+def thresholds(data: RunData) -> dict:
+    """The run's thresholds (run.json), the verdict's defaults where a number is missing."""
+    th = data.manifest.thresholds or {}
+    out = {}
+    for k, default in DEFAULTS.items():
+        v = _num(th.get(k))
+        out[k] = default if v != v else v
     return out
 
 
-def _below(p, bar: float) -> str:
-    """`p=0.0031 < 0.01` or `p=0.43 ≥ 0.01`: a p-value against its bar, the comparison spelled out."""
-    if is_missing(p):
-        return "p —"
-    return f"p={float(p):.2g} {'<' if float(p) < bar else '≥'} {bar:g}"
+def deciding_evidence(
+    r: dict, th: dict, width: int | None = None, status: dict[str, str] | None = None
+) -> str:
+    """The evidence that decided a cascade pair's verdict, each number against its threshold, in
+    at most ``width`` characters where it can (the first piece is shown whatever its length).
 
-
-def _than(v, bar) -> str:
-    """`> 2.00` or `≤ 2.00`: where a ratio stands against its threshold (`vs` where either is missing)."""
-    if is_missing(v) or is_missing(bar):
-        return f"vs {fmt_x(bar)}"
-    return f"{'>' if float(v) > float(bar) else '≤'} {fmt_x(bar)}"
-
-
-def _above(v, bar) -> str:
-    """`1.18 ≤ 2.00` or `2.90 > 2.00`: a ratio against its threshold."""
-    return f"{fmt_x(v)} {_than(v, bar)}"
-
-
-def _alpha(th: dict) -> float:
-    v = th.get("alpha")
-    return float(v) if isinstance(v, int | float) else DEFAULT_ALPHA
-
-
-def _evidence(r: dict, kind: str, th: dict) -> str:
-    """One piece of arm-vs-arm evidence as its number next to its threshold."""
-    alpha = _alpha(th)
-    if kind == "divergence":
-        return (
-            f"diverged {fmt_ratio(r.get('n_diverged'), r.get('n'))} vs "
-            f"{fmt_ratio(r.get('noise_n_diverged'), r.get('noise_n'))} in control, "
-            f"{_below(r.get('p_divergence'), alpha)}"
-        )
-    if kind == "top-k":
-        return (
-            f"{text_of(as_int(r.get('topk_violations')))} vs {text_of(as_int(r.get('noise_topk_violations')))} "
-            f"outside top-k, {_below(r.get('p_topk'), alpha)}"
-        )
-    if kind == "drift":
-        ci = fmt_x_ci(r.get("drift_ratio"), r.get("drift_ratio_lo"), r.get("drift_ratio_hi"))
-        return f"drift ratio {ci} {_than(r.get('drift_ratio'), r.get('drift_threshold'))}"
-    if kind == "bias":
-        return (
-            f"bias {text_of(as_int(r.get('bias_up')))}↑ {text_of(as_int(r.get('bias_down')))}↓, "
-            f"sign test {_below(r.get('p_bias'), alpha / 2)}"
-        )
-    if kind == "repetition":
-        rep = th.get("rep_delta", DEFAULT_REP_DELTA)
-        return f"Δseq-rep-4 {fmt_ci(r.get('d_seq_rep_4_mean'), r.get('d_seq_rep_4_lo'), r.get('d_seq_rep_4_hi'))} > {rep:g}"
-    return kind
-
-
-def _reference(r: dict, th: dict) -> str:
-    """The reference rule's number: the test arm's error over its twin's, against the run's controls."""
-    ratio = fmt_x_ci(r.get("ref_ratio"), r.get("ref_ratio_lo"), r.get("ref_ratio_hi"))
-    return (
-        f"error vs {text_or_missing(r.get('reference'))} reference {ratio} x twin's "
-        f"({_above(r.get('ref_ratio'), r.get('ref_min_effect'))} control), {_below(r.get('p_ref'), _alpha(th))}"
-    )
-
-
-def _clean_evidence(r: dict, th: dict) -> str:
-    """A pair below every threshold: the two numbers that came nearest, against their thresholds."""
-    parts = []
-    if not is_missing(r.get("drift_ratio")):
-        parts.append(f"drift ratio {_above(r.get('drift_ratio'), r.get('drift_threshold'))}")
-    if not is_missing(r.get("n_diverged")) and not is_missing(r.get("noise_n")):
-        parts.append(
-            f"diverged {fmt_ratio(r.get('n_diverged'), r.get('n'))} vs "
-            f"{fmt_ratio(r.get('noise_n_diverged'), r.get('noise_n'))} in control, "
-            f"{_below(r.get('p_divergence'), _alpha(th))}"
-        )
-    return "; ".join(parts) or MISSING
-
-
-def deciding_evidence(r: dict, th: dict) -> str:
-    """The number (or numbers) that decided a cascade pair's verdict, each beside its threshold."""
+    A regression shows what fired (``decided_by``; for a run that did not record it, whatever
+    cleared its bar), as many with their numbers as fit and the rest by name; the reference rule its
+    error ratio against the run's minimum effect; a clean pair the numbers that came nearest
+    (divergence against its control, then drift). ``status``: each cell's status, to name a cell
+    that did not finish.
+    """
     verdict = text_of(r.get("verdict"))
-    if verdict in (ERROR, NOT_EXERCISED, INCONCLUSIVE):
-        reason = text_of(r.get("reasons"))
-        return reason.split(";")[0] if reason != MISSING else verdict
-    if text_of(r.get("rule")) == "reference" and not is_missing(r.get("ref_ratio")):
-        return _reference(r, th)
+    diverged = f"diverged {fmt_ratio(r.get('n_diverged'), r.get('n'))}"
+    if verdict == NOT_EXERCISED:
+        return f"cascade never fired ({fmt_ratio(r.get('cascade_steps'), r.get('total_steps'))} steps)"
+    if verdict == ERROR:
+        return _unfinished(r, status or {})
     if verdict == IDENTICAL:
-        return f"all {text_of(as_int(r.get('n')))} outputs token-identical"
-    fired = [k for k in text_of(r.get("decided_by")).split(",") if k and k != MISSING]
-    if verdict == REGRESSION and fired:
-        return "; ".join(_evidence(r, k, th) for k in fired)
-    return _clean_evidence(r, th)
+        return diverged
+    if verdict == INCONCLUSIVE:
+        return _pack([("", "no noise control measured"), ("", diverged)], width, name_rest=False)
+    if text_of(r.get("rule")) == "reference" and not is_missing(r.get("ref_ratio")):
+        ratio = f"error vs reference {fmt_x(r.get('ref_ratio'))}x{_over(r.get('ref_ratio'), r.get('ref_min_effect'))}"
+        full = f"{ratio}, {_p_vs(r.get('p_ref'), th['alpha'])}"
+        return full if width is None or len(full) <= width else ratio
+    fired = [k for k in text_of(r.get("decided_by")).split(",") if k in _EVIDENCE]
+    if verdict == REGRESSION:
+        fired = fired or [k for k, fires in _FIRES.items() if fires(r, th)]
+        if fired:
+            return _pack([(k, _EVIDENCE[k](r, th)) for k in fired], width, name_rest=True)
+    nearest = [
+        k for k, col in (("divergence", "noise_n"), ("drift", "drift_ratio")) if not is_missing(r.get(col))
+    ]
+    return _pack([(k, _EVIDENCE[k](r, th)) for k in nearest or ["divergence"]], width, name_rest=False)
 
 
-def summary_table(data: RunData) -> Table:
-    """One row per cascade pair: its id, verdict, the deciding number with its threshold, depth."""
-    th = data.manifest.thresholds or {}
+def summary_table(data: RunData, width: int | None = ISSUE_COLUMN_CHARS) -> Table:
+    """One row per cascade pair: its id, verdict, the deciding evidence with its threshold, and
+    where cascade ran; each row's evidence within ``width`` characters of cell text where it can."""
+    th = thresholds(data)
+    status = {text_of(c.get("cell_id")): text_of(c.get("status")) for c in cells(data)}
     rows = []
     for r in cascade_pairs(data):
-        verdict = text_of(r.get("verdict"))
+        pair, verdict, depth = (
+            text_of(r.get("pair_id")),
+            text_of(r.get("verdict")),
+            text_or_missing(r.get("depth")),
+        )
+        room = None if width is None else width - len(pair) - len(verdict) - len(depth)
         rows.append(
             [
-                text_of(r.get("pair_id")),
+                pair,
                 Strong(verdict) if verdict == REGRESSION else verdict,
-                deciding_evidence(r, th),
-                text_or_missing(r.get("depth")),
+                deciding_evidence(r, th, room, status),
+                depth,
             ]
         )
     return Table(list(SUMMARY_HEADERS), rows, wrap=frozenset({SUMMARY_HEADERS[2]}))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cascade_repro.judge.outcome import ERROR, IDENTICAL, INCONCLUSIVE, NOT_EXERCISED, REGRESSION
+from cascade_repro.judge.outcome import REGRESSION
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import (
     MISSING,
@@ -15,7 +15,6 @@ from cascade_repro.report.text import (
     fmt_p_eq,
     fmt_ratio,
     fmt_threshold_p,
-    fmt_x,
     fmt_x_ci,
     is_missing,
     text_of,
@@ -138,127 +137,3 @@ def verdict_table(data: RunData) -> Table:
             ]
         )
     return Table(headers, rows, wrap=frozenset({"reasons"}))
-
-
-def _num(v) -> float:
-    """v as a float, NaN where missing or not a number."""
-    try:
-        return float("nan") if is_missing(v) else float(v)
-    except (TypeError, ValueError):
-        return float("nan")
-
-
-def _over(value, bar, unit: str = "x") -> str:
-    """` > 1.14x` or ` ≤ 1.14x`: the comparison the numbers make (nothing where either is missing)."""
-    v, b = _num(value), _num(bar)
-    if v != v or b != b:
-        return ""
-    return f" {'>' if v > b else '≤'} {fmt_x(b) if unit == 'x' else f'{b:g}'}{unit}"
-
-
-def _p_vs(p, bar: float) -> str:
-    """`p=0.0012 < 0.005`: a p-value against the level it must get under."""
-    if is_missing(p):
-        return "p —"
-    return f"{fmt_p_eq(p)} {'<' if _num(p) < bar else '≥'} {bar:g}"
-
-
-def _divergence(r: dict, alpha: float, rep_delta: float) -> str:
-    counts = f"{fmt_ratio(r.get('n_diverged'), r.get('n'))} vs {fmt_ratio(r.get('noise_n_diverged'), r.get('noise_n'))}"
-    return f"diverged {counts}: {_p_vs(r.get('p_divergence'), alpha)}"
-
-
-def _topk(r: dict, alpha: float, rep_delta: float) -> str:
-    counts = f"{fmt_int(r.get('topk_violations'))} vs {fmt_int(r.get('noise_topk_violations'))}"
-    return f"outside top-k {counts}: {_p_vs(r.get('p_topk'), alpha)}"
-
-
-def _drift(r: dict, alpha: float, rep_delta: float) -> str:
-    return f"drift {fmt_x(r.get('drift_ratio'))}x{_over(r.get('drift_ratio'), r.get('drift_threshold'))}"
-
-
-def _bias(r: dict, alpha: float, rep_delta: float) -> str:
-    counts = f"{fmt_int(r.get('bias_up'))}↑ {fmt_int(r.get('bias_down'))}↓"
-    return f"bias {counts}: {_p_vs(r.get('p_bias'), alpha / 2)}"
-
-
-def _repetition(r: dict, alpha: float, rep_delta: float) -> str:
-    lo = r.get("d_seq_rep_4_lo")
-    return f"Δseq-rep-4 CI low {fmt_float(lo, '+.3f')}{_over(lo, rep_delta, unit='')}"
-
-
-# The evidence a regression can rest on (``verdicts.decide``'s order), each shown as its number
-# against its bar, and whether its numbers cleared the bar (for runs that did not record ``decided_by``).
-_EVIDENCE = {
-    "bias": _bias,
-    "drift": _drift,
-    "divergence": _divergence,
-    "top-k": _topk,
-    "repetition": _repetition,
-}
-_FIRES = {
-    "bias": lambda r, a, d: _num(r.get("p_bias")) < a / 2,
-    "drift": lambda r, a, d: _num(r.get("drift_ratio")) > _num(r.get("drift_threshold")),
-    "divergence": lambda r, a, d: _num(r.get("p_divergence")) < a,
-    "top-k": lambda r, a, d: _num(r.get("p_topk")) < a and _num(r.get("topk_violations")) > 0,
-    "repetition": lambda r, a, d: _num(r.get("d_seq_rep_4_lo")) > d,
-}
-
-
-def deciding_evidence(r: dict, alpha: float = 0.01, rep_delta: float = 0.02) -> str:
-    """The one number that decided a pair's verdict, against its threshold, in a few words.
-
-    A regression shows the first evidence that fired (``decided_by``; the others are named after
-    it); a clean verdict shows the count that held (divergence against its control, else drift).
-    """
-    verdict = text_of(r.get("verdict"))
-    if verdict == NOT_EXERCISED:
-        return f"cascade steps {fmt_ratio(r.get('cascade_steps'), r.get('total_steps'))}"
-    if verdict == ERROR:
-        return "a cell did not finish"
-    if verdict == INCONCLUSIVE:
-        return "no noise control measured"
-    if verdict == IDENTICAL:
-        return f"diverged {fmt_ratio(r.get('n_diverged'), r.get('n'))}"
-    if text_of(r.get("rule")) == "reference" and not is_missing(r.get("ref_ratio")):
-        s = f"error vs reference {fmt_x(r.get('ref_ratio'))}x{_over(r.get('ref_ratio'), r.get('ref_min_effect'))}"
-        return f"{s}, {_p_vs(r.get('p_ref'), alpha)}"
-    fired = [k for k in str(r.get("decided_by") or "").split(",") if k in _EVIDENCE]
-    if verdict == REGRESSION and not fired:
-        fired = [k for k, fires in _FIRES.items() if fires(r, alpha, rep_delta)]
-    if fired:
-        key = fired[0]
-    else:
-        key = (
-            "divergence" if not is_missing(r.get("noise_n")) or is_missing(r.get("drift_ratio")) else "drift"
-        )
-    s = _EVIDENCE[key](r, alpha, rep_delta)
-    if len(fired) > 1:
-        s += "; +" + ", ".join(fired[1:])
-    return s
-
-
-def compact_table(data: RunData) -> Table:
-    """The verdicts in four columns: pair, verdict, the number that decided it, and where cascade ran."""
-    th = data.manifest.thresholds
-    alpha, rep_delta = _number(th.get("alpha"), 0.01), _number(th.get("rep_delta"), 0.02)
-    rows = []
-    for r in cascade_pairs(data):
-        verdict = text_of(r.get("verdict"))
-        rows.append(
-            [
-                text_of(r.get("pair_id")),
-                Strong(verdict) if verdict == REGRESSION else verdict,
-                deciding_evidence(r, alpha, rep_delta),
-                text_or_missing(r.get("depth")),
-            ]
-        )
-    return Table(["pair", "verdict", "decided by (vs threshold)", "depth"], rows)
-
-
-def _number(v, default: float) -> float:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return default
-    return f if f == f else default

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from cascade_repro.cli import app
 from cascade_repro.report.json import summary_schema
-from cascade_repro.report.markdown import ISSUE_COLUMN_CHARS
+from cascade_repro.report.summary import ISSUE_COLUMN_CHARS
 
 EVIDENCE = Path(__file__).resolve().parents[2] / "docs" / "evidence"
 JUNIT_XSD = Path(__file__).resolve().parents[1] / "data" / "junit-10.xsd"

@@ -36,7 +36,8 @@ from cascade_repro.report.html import HtmlFormatter
 from cascade_repro.report.json import JsonFormatter
 from cascade_repro.report.junit import JunitFormatter
 from cascade_repro.report.load import pick_examples, read_samples
-from cascade_repro.report.markdown import ISSUE_COLUMN_CHARS, MarkdownFormatter, md_text
+from cascade_repro.report.markdown import MarkdownFormatter, md_text
+from cascade_repro.report.summary import ISSUE_COLUMN_CHARS
 from cascade_repro.report.text import fence_for, fmt_p, md_cell
 
 JUNIT_XSD = Path(__file__).parents[1] / "data" / "junit-10.xsd"
@@ -669,7 +670,9 @@ def test_report_md_reads_on_github(run_dir: Path) -> None:
     # Open: the headline, the compact verdicts; the wide tables are folded.
     open_tables = [rows for folded, rows in shown.tables if not folded]
     assert open_tables[0][0] == ["pair", "verdict", "decided by (vs threshold)", "depth"]
-    assert open_tables[0][2] == ["p02", "regression", "drift 1.35x > 1.14x; +top-k, repetition", "decode"]
+    # What fired, with its numbers while the row fits the column, the rest by name.
+    decided = "drift 1.35x > 1.14x; outside top-k 2 vs 0: p<1e-6 < 0.01; +repetition"
+    assert open_tables[0][2] == ["p02", "regression", decided, "decode"]
     assert max(shown.widths(folded=True)) > ISSUE_COLUMN_CHARS  # the cell table: folded, not cut
 
 
@@ -1367,8 +1370,9 @@ def test_old_run_without_drift_columns_renders(tmp_path: Path) -> None:
     keys = ("depth", "drift ratio [95% CI]", "drift threshold / p", "bias (up/down, sign test)", "control")
     assert [got[k] for k in keys] == ["—"] * 5
     assert got["diverged vs noise"] == "3/4 vs 1/4, p=0.0714"
-    # No decided_by recorded: the evidence whose numbers cleared its bar is the one shown.
-    assert "| p02 | **regression** | outside top-k 2 vs 0: p<1e-6 < 0.01; +repetition | — |" in md
+    # No decided_by recorded: the evidence whose numbers cleared its bar is what is shown.
+    decided = "outside top-k 2 vs 0: p<1e-6 < 0.01; Δseq-rep-4 CI low +0.051 > 0.02"
+    assert f"| p02 | **regression** | {decided} | — |" in md
     assert "_drift ratio:" not in md and "Not calibrated" in md
     assert "Drift ratio per pair (log scale): no data" in HtmlFormatter().render(data)
     assert json.loads(JsonFormatter().render(data))["pairs"][1]["drift_ratio"] is None
