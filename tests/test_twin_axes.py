@@ -196,6 +196,16 @@ def test_matrix_refuses_tp_on_one_gpu_in_one_line(monkeypatch):
     res = CliRunner().invoke(app, ["matrix", "--engine", "vllm", "--limit", "2"])
     assert res.exit_code == 4 and len(res.stderr.strip().splitlines()) == 1
     assert "--twin cascade cannot be tested on vLLM 0.34.0" in res.stderr
+    # A dry run plans for the machine it will run on: it says what this one would refuse, and plans.
+    monkeypatch.setattr(vllm_surface, "installed_version", lambda: "0.26.0")
+    res = CliRunner().invoke(app, ["matrix", "--engine", "vllm", "--twin", "tp=1:2", "--limit", "2", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert res.stderr.splitlines()[0] == (
+        "warning: --twin tp=1:2 needs 2 GPUs for its test arm; this machine has 1 (run it where that many are visible)"
+    )
+    monkeypatch.setattr(envinfo, "visible_gpu_count", lambda: 0)  # a laptop planning one-GPU work: no word
+    res = CliRunner().invoke(app, ["matrix", "--engine", "vllm", "--limit", "2", "--dry-run"])
+    assert res.exit_code == 0 and "warning" not in res.stderr, res.output
 
 
 # --- proof of effect --------------------------------------------------------------------------------

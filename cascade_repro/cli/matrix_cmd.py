@@ -376,8 +376,14 @@ def matrix(
 
             version = vllm_surface.installed_version()
             tw = twins.of(spec)
-            gpus = None if dry_run else visible_gpu_count()
-            if not dry_run and (why := vllm_surface.twin_refusal(tw.family, tw.name, tw.gpus, version, gpus)):
+            gpus = visible_gpu_count()
+            why = vllm_surface.twin_refusal(tw.family, tw.name, tw.gpus, version, gpus)
+            if why and dry_run:  # a plan for another machine is fine: say what this one would refuse
+                if tw.gpus < 2 and vllm_surface.twin_problem(tw.family, version) is None:
+                    why = ""  # a GPU-less box planning one-GPU work: nothing worth a warning
+                if why:
+                    err_console().print(f"warning: {why}", highlight=False, markup=False)
+            elif why:
                 err_console().print(f"error: {why}", highlight=False, markup=False)
                 # A vLLM without the setting exercises nothing (exit 4); too few GPUs is the command's.
                 code = exit_codes.USAGE if vllm_surface.twin_problem(tw.family, version) is None else None

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from cascade_repro import twin as twins
 from cascade_repro.errors import UsageError
 from cascade_repro.judge.ifeval.score import Unscorable
 from cascade_repro.judge.tables import CELL_COLUMNS, COMPARISON_COLUMNS, PAIR_COLUMNS
@@ -41,6 +42,11 @@ class Example:
     ref_topk: list[tuple[int, float]] = field(default_factory=list)
     edit_distance: float | None = None
     topk_ok: bool | None = None
+    # The two arms' names and sample headings, from the run's twin (cascade (test) / flat (ref)...).
+    test_arm: str = TWIN.test
+    ref_arm: str = TWIN.ref
+    test_label: str = TWIN.test_label
+    ref_label: str = TWIN.ref_label
 
 
 @dataclass
@@ -112,6 +118,14 @@ def load_run(
         # Old runs had no kind column: only cascade pairs carry a real verdict.
         pairs["kind"] = ["noise" if v == "control" else TWIN.pair_kind for v in pairs["verdict"]]
     examples = pick_examples(pairs, comparisons, n_examples)
+    axis = twins.of(manifest.spec)
+    for ex in examples:
+        ex.test_arm, ex.ref_arm, ex.test_label, ex.ref_label = (
+            axis.test,
+            axis.ref,
+            axis.test_label,
+            axis.ref_label,
+        )
     _attach_samples(run_dir, examples, samples)
     missing = ""
     if samples is None and examples and not runstore.samples_files(run_dir):
@@ -164,7 +178,7 @@ def pick_examples(pairs: pd.DataFrame, comparisons: pd.DataFrame, n: int) -> lis
     """
     if n <= 0 or comparisons.empty or pairs.empty:
         return []
-    cascade = {r["pair_id"]: r for r in pairs.to_dict("records") if r.get("kind") == TWIN.pair_kind}
+    cascade = {r["pair_id"]: r for r in pairs.to_dict("records") if r.get("kind") in twins.PAIR_KINDS}
     cols = {c: comparisons[c].to_numpy(dtype=object) for c in ("pair_id", "prompt_index", "exact", "first_div",
                                                                  "topk_ok", "edit_distance")}  # fmt: skip
     keep = [

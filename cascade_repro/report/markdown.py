@@ -22,7 +22,6 @@ from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.load import Example, RunData
 from cascade_repro.report.text import clean, fence_for, md_inline, md_table_rows, one_line
 from cascade_repro.run import runstore
-from cascade_repro.twin import CASCADE as TWIN
 
 # GitHub rejects issue bodies over 65536 characters; keep each sample text well below that.
 MAX_TEXT = 3000
@@ -112,8 +111,8 @@ def _example(ex: Example) -> list[str]:
         "",
         *md_table(tables.example_table(ex), "no token data"),
         "",
-        *_sample(TWIN.test_label, ex.test_cell, ex.test_text),
-        *_sample(TWIN.ref_label, ex.ref_cell, ex.ref_text),
+        *_sample(ex.test_label, ex.test_cell, ex.test_text),
+        *_sample(ex.ref_label, ex.ref_cell, ex.ref_text),
         "</details>",
         "",
     ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from cascade_repro import twin as twins
 from cascade_repro.judge.outcome import ERROR, IDENTICAL, INCONCLUSIVE, NOT_EXERCISED, REGRESSION
 from cascade_repro.judge.verdicts import Thresholds
 from cascade_repro.report.load import RunData
@@ -90,9 +91,11 @@ def stack_facts(data: RunData) -> list[tuple[str, str]]:
             out.append(("FA", ", ".join(fa)))
         if backends:
             out.append(("backend", ", ".join(backends)))
+    axis = twins.of(m.spec)
     switch = m.arm_switch if m.has("arm_switch") and m.arm_switch else spec_field(data, "arm_switch")
-    twin = f"{TWIN.test} vs {TWIN.ref}"
-    out.append(("twin", f"{twin} ({switch})" if switch else twin))
+    twin = f"{axis.test} vs {axis.ref}" if axis is TWIN else f"{axis.name}: {axis.test} vs {axis.ref}"
+    # One engine switching the arms (cascade's toggle) or an engine start per arm.
+    out.append(("twin", f"{twin} ({switch})" if switch and axis.toggle else twin))
     # A model given as a local path would name the user's machine in a public issue.
     return [(k, truncate(one_line(portable_paths(v)), FACT_MAX)) for k, v in out]
 

@@ -18,7 +18,6 @@ from cascade_repro.report.text import (
     text_or_missing,
 )
 from cascade_repro.report.view import Table, cascade_pairs, cells, control_pairs, has_if, invocations
-from cascade_repro.twin import CASCADE as TWIN
 
 RERUN_NOTE = "same-engine rerun: bitwise identical expected; not used as a noise floor"
 
@@ -169,7 +168,7 @@ def example_title(ex: Example) -> str:
 
 def example_table(ex: Example) -> Table:
     """Show both sides' token, log-probability and top-k at the first divergence."""
-    sides = [f"{TWIN.test} ({ex.test_cell})", f"{TWIN.ref} ({ex.ref_cell})"]
+    sides = [f"{ex.test_arm} ({ex.test_cell})", f"{ex.ref_arm} ({ex.ref_cell})"]
     return Table(
         [f"at token {fmt_int(ex.first_div)}", *sides],
         [
