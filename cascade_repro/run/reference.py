@@ -472,11 +472,46 @@ class ReferenceModel:
 
         Rows are right-padded; a row's queries see the prefix and its own earlier tokens only.
         """
+        return self._score(self._prefix_cache(prefix), len(prefix), rows)
+
+    def score_prompt(self, prefix: list[int], own: list[int], gens: list[list[int]]) -> list[RefRow]:
+        """Score several generations of one prompt (its arms, reruns, calibration rungs), reading the
+        prompt's own tokens once instead of once per generation.
+
+        The prompt's own tokens but the last extend a copy of the prefix's KV; each row is then that
+        last token and its generated ones, so the logits that predict a generated token are the same
+        positions :meth:`score` reads.
+        """
+        import copy
+
+        import torch
+
+        if not own:  # the prefix's last token predicts the first generated one
+            return self.score_prompt(prefix[:-1], prefix[-1:], gens)
+        base, head = self._prefix_cache(prefix), own[:-1]
+        if not head:
+            return self._score(base, len(prefix), [(own, g) for g in gens])
+        p, n = len(prefix), len(head)
+        cache = copy.deepcopy(base)
+        mask = torch.ones((1, 1, n, p + n), dtype=torch.bool, device=self.device)
+        mask[..., p:] = torch.ones((n, n), dtype=torch.bool, device=self.device).tril()
+        with torch.inference_mode():
+            self.model.base_model(
+                input_ids=torch.tensor([head], device=self.device),
+                position_ids=(p + torch.arange(n, device=self.device))[None],
+                attention_mask=mask,
+                use_cache=True,
+                **{self._cache_kw: cache},
+            )
+        return self._score(cache, p + n, [(own[-1:], g) for g in gens])
+
+    def _score(self, base: Any, p: int, rows: list[tuple[list[int], list[int]]]) -> list[RefRow]:
+        """Score rows after ``p`` positions whose KV is ``base`` (a batch-1 cache)."""
         import torch
 
         from cascade_repro.engines.hf import _wave_cache
 
-        p, b = len(prefix), len(rows)
+        b = len(rows)
         seqs = [own + gen for own, gen in rows]
         width = max(len(s) for s in seqs)
         lengths = torch.tensor([len(s) for s in seqs], device=self.device)
@@ -490,7 +525,7 @@ class ReferenceModel:
         # Padding queries see at least the row's first token, so no softmax row is empty.
         mask[:, :, p] = True
         with torch.inference_mode():
-            cache = _wave_cache(self._prefix_cache(prefix), b, p + width)
+            cache = _wave_cache(base, b, p + width)
             # Only the positions that predict a generated token go through lm_head: each row's own
             # prompt part is read for its KV alone (at ~50k vocabulary entries, the head is a fifth
             # of a small model's work per position).
@@ -537,6 +572,25 @@ def _batches(todo: list[Todo], own_len: Callable[[Todo], int], budget: int) -> I
         batch.append(t)
     if batch:
         yield batch
+
+
+def _scored(
+    model: ReferenceModel, device: str, todo: list[Todo], rendered: list[list[int]], shared: int, budget: int
+) -> Iterator[tuple[list[Todo], list[RefRow]]]:
+    """The rows of ``todo`` scored, in groups that each end one forward's work."""
+    prefix = rendered[0][:shared]
+    if device == "cpu":
+        # Bound by arithmetic: a prompt's own tokens (~100) outweigh its 16-128 generated ones, so each
+        # prompt's are read once for all its rows (arms, reruns, calibration rungs).
+        by_prompt: dict[int, list[Todo]] = {}
+        for t in todo:
+            by_prompt.setdefault(t.prompt_index, []).append(t)
+        for i, group in sorted(by_prompt.items()):
+            yield group, model.score_prompt(prefix, rendered[i][shared:], [t.token_ids for t in group])
+        return
+    # A GPU is bound by launches: rows of many prompts in one wide batch.
+    for batch in _batches(todo, lambda t: len(rendered[t.prompt_index]) - shared, budget):
+        yield batch, model.score(prefix, [(rendered[t.prompt_index][shared:], t.token_ids) for t in batch])
 
 
 def run_pass(run_dir: Path, precision: str, device: str, log: Callable[[str], None] = print) -> int:
@@ -593,9 +647,8 @@ def run_pass(run_dir: Path, precision: str, device: str, log: Callable[[str], No
                 f"reference: {key}: sample of prompt {t.prompt_index} does not match prompts.jsonl; not scored"
             )
         good = [t for t in items if t not in bad]
-        for batch in _batches(good, lambda t: len(rendered[t.prompt_index]) - shared, budget):
-            rows = [(rendered[t.prompt_index][shared:], t.token_ids) for t in batch]
-            for t, row in zip(batch, model.score(rendered[0][:shared], rows), strict=True):
+        for batch, scored in _scored(model, device, good, rendered, shared, budget):
+            for t, row in zip(batch, scored, strict=True):
                 writer.write(
                     {
                         "type": RECORD,

@@ -1,0 +1,40 @@
+"""The reference model's two ways of scoring agree: each row on its own (``score``), or a prompt's
+generations together with its own tokens read once (``score_prompt``, the CPU pass). A tiny random
+Llama stands in for the model: what is checked is which positions are read, not what a model knows."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from cascade_repro.run.reference import ReferenceModel  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)  # fmt: skip
+    path = tmp_path_factory.mktemp("tiny")
+    transformers.LlamaForCausalLM(cfg).save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("own_len", [0, 1, 9])
+def test_a_prompts_rows_score_as_they_do_one_by_one(tiny, own_len, monkeypatch, tmp_path):
+    monkeypatch.setenv("CASCADE_REPRO_CACHE", str(tmp_path))
+    rng = random.Random(own_len)
+    model = ReferenceModel(tiny, "fp64", "cpu", 3, False)
+    prefix = [rng.randrange(97) for _ in range(20)]
+    own = [rng.randrange(97) for _ in range(own_len)]
+    gens = [[rng.randrange(97) for _ in range(n)] for n in (5, 1, 8)]
+    # A prompt with no tokens of its own after the prefix: the prefix's last token predicts the first.
+    alone = [model.score(prefix, [(own, g)])[0] if own else model.score(prefix[:-1], [(prefix[-1:], g)])[0] for g in gens]
+    together = model.score_prompt(prefix, own, gens)
+    assert [r.lp for r in together] == [r.lp for r in alone]
+    assert [r.top_ids for r in together] == [r.top_ids for r in alone]
+    assert [len(r.lp) for r in together] == [5, 1, 8]
