@@ -142,7 +142,7 @@ def test_matrix_shard_option_is_in_the_output_panel():
     res = invoke("matrix", "--help")
     out = res.stdout
     assert "--shard" in out
-    assert out.index("╭─ Output ─") < out.index("--shard") < out.index("╭─ Verdicts ─")
+    assert out.index("\nOutput:\n") < out.index("--shard") < out.index("\nVerdicts:\n")
 
 
 def test_matrix_dry_run_shows_only_the_shards_cells():
