@@ -11,8 +11,8 @@ resolved; an IntEnum takes its int). 0.10.2's were read by hand from that releas
 itself reads as one of two kinds, ``bool | str | None`` (``hf_token``: a bare flag or a string)
 and a dict-or-string (``hf_overrides``, ``pt_load_map_location``: JSON when it looks like an
 object); in 0.10.2 ``hf_token`` and the 2 string-or-list unions left undecided by hand.
-Defaults are not recorded: vLLM's come from its config
-classes, and the harness passes only what a user set.
+Defaults are not recorded: vLLM's come from its config classes, and the harness passes only what
+a user set.
 """
 
 from __future__ import annotations

@@ -278,8 +278,10 @@ class _Source:
             src, orig = target[1], target[2]
             if src in _TYPING_MODULES:
                 return self._typing(orig)
-            if self.space(src) is None:  # outside the tree (torch, transformers): a non-builtin class
-                return {_hint("other", f"{src}.{orig}")}
+            if self.space(src) is None:
+                if src.partition(".")[0] == "vllm":  # vLLM's own module, missing from the tree
+                    return {_hint("unknown", f"{src}.{orig}")}
+                return {_hint("other", f"{src}.{orig}")}  # torch, transformers: a non-builtin class
             return self.name(orig, src, depth + 1)
         if what == "module":
             return {_hint("other", target[1])}
