@@ -289,49 +289,112 @@ def recorded(release: str, why: str = "") -> Fields:
 
 def _installed_kinds(cls: type) -> dict[str, str]:
     """Each field's kind from its annotation, as vLLM's ``_compute_kwargs`` maps annotations to
-    command-line types (a dataclass or dict: an object; bool before the others; Literal: its
-    members' type)."""
+    command-line types (see :func:`kind_of_type`).
+
+    The annotations are resolved first for the whole class; where that fails (one field naming a
+    class imported only under ``TYPE_CHECKING``, as 0.26.0's ``quantization_config`` does), each
+    field on its own, a string annotation evaluated in its module's namespace; a field that still
+    does not resolve takes its recorded kind, so one such field never turns every kind to ``any``."""
     import dataclasses
-    import types
+    import sys
     import typing
 
     try:
-        hints = typing.get_type_hints(cls)
-    except Exception:  # noqa: BLE001 - a forward reference vLLM resolves only under TYPE_CHECKING
-        hints = {}
-
-    def members(t: Any) -> set[Any]:
-        origin = typing.get_origin(t)
-        if origin is typing.Annotated:
-            return members(typing.get_args(t)[0])
-        if origin in (typing.Union, types.UnionType):
-            return {m for a in typing.get_args(t) for m in members(a)}
-        if origin is typing.Literal:
-            return {type(a) for a in typing.get_args(t)}
-        return {t}
+        hints: dict[str, Any] | None = typing.get_type_hints(cls, include_extras=True)
+    except Exception:  # noqa: BLE001 - a name vLLM imports only for type checkers
+        hints = None
+    module = sys.modules.get(cls.__module__)
+    namespace = dict(vars(module)) if module is not None else {}
+    recorded_kinds = FIELDS[RECORDED_RELEASE]
 
     out: dict[str, str] = {}
     for f in dataclasses.fields(cls):
         if f.name.startswith("_"):
             continue
-        ts = members(hints.get(f.name, Any)) - {type(None)}
-        origins = {typing.get_origin(t) or t for t in ts}
-        if any(dataclasses.is_dataclass(t) for t in ts) or (origins and origins <= {dict}):
-            kind = "object"
-        elif origins == {bool}:
-            kind = "bool"
-        elif origins and origins <= {list, tuple, set}:
-            kind = "list"
-        elif origins == {int}:
-            kind = "int"
-        elif origins and origins <= {int, float}:
-            kind = "float"
-        elif origins == {str}:
-            kind = "str"
-        else:
-            kind = "any"
-        out[f.name] = kind
+        hint = hints[f.name] if hints is not None and f.name in hints else _field_hint(f.type, namespace)
+        kind = kind_of_type(hint) if hint is not _UNRESOLVED else None
+        out[f.name] = kind or recorded_kinds.get(f.name, "any")
     return out
+
+
+_UNRESOLVED = object()
+
+
+def _field_hint(annotation: Any, namespace: dict[str, Any]) -> Any:
+    """One field's annotation as a type: a string one evaluated in its module's namespace."""
+    if not isinstance(annotation, str):
+        return annotation
+    try:
+        return eval(annotation, namespace)  # noqa: S307 - the installed vLLM's own annotation text
+    except Exception:  # noqa: BLE001 - NameError for a TYPE_CHECKING-only name, or older syntax
+        return _UNRESOLVED
+
+
+def _hint_members(t: Any) -> set[Any] | None:
+    """vLLM's ``get_type_hints``: Annotated and unions flattened; None where a member is still a
+    forward reference (a string inside ``Optional["X"]``)."""
+    import types
+    import typing
+
+    origin = typing.get_origin(t)
+    if origin is typing.Annotated:
+        return _hint_members(typing.get_args(t)[0])
+    if origin in (typing.Union, types.UnionType):
+        out: set[Any] = set()
+        for a in typing.get_args(t):
+            inner = _hint_members(a)
+            if inner is None:
+                return None
+            out |= inner
+        return out
+    if isinstance(t, str | typing.ForwardRef):
+        return None
+    return {t}
+
+
+def kind_of_type(t: Any) -> str | None:
+    """The kind vLLM's ``_compute_kwargs`` gives an annotation, rule by rule in its order: a config
+    dataclass is a JSON object; ``bool | str | None`` a bare flag or a string (``any``); then bool,
+    Literal (its members' type), list/tuple/set, int (an IntEnum too: Python is handed its int),
+    float, a dict-or-string (``any``), dict (an object), str or any other class (an Enum, ``Any``).
+    None where the annotation does not resolve."""
+    import dataclasses
+    import enum
+    import typing
+
+    hints = _hint_members(t)
+    if hints is None:
+        return None
+    hints = {int if isinstance(h, type) and issubclass(h, enum.IntEnum) else h for h in hints}
+
+    def has(kind: Any) -> bool:
+        return any(h is kind or typing.get_origin(h) is kind for h in hints)
+
+    def foreign() -> bool:
+        return any(getattr(h, "__module__", "builtins") != "builtins" for h in hints)
+
+    if any(isinstance(h, type) and dataclasses.is_dataclass(h) for h in hints):
+        return "object"
+    if hints == {bool, str, type(None)}:
+        return "any"
+    if has(bool):
+        return "bool"
+    if has(typing.Literal):
+        literal = next(h for h in hints if typing.get_origin(h) is typing.Literal)
+        members = {type(a) for a in typing.get_args(literal)}
+        kind = members.pop().__name__ if len(members) == 1 else "any"
+        return kind if kind in ("int", "float", "str", "bool") else "any"
+    if has(tuple) or has(list) or has(set) or has(frozenset):
+        return "list"
+    if has(int):
+        return "int"
+    if has(float):
+        return "float"
+    if has(dict):
+        return "any" if has(str) or foreign() else "object"
+    if has(str) or foreign():
+        return "str"
+    return "any"
 
 
 def check(args: dict[str, Any], max_batch: int, source: str = "options") -> None:

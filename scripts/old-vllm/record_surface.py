@@ -109,6 +109,7 @@ def record(pkg: Path) -> dict:
     out["engine_args"] = sorted(
         n.target.id for n in args.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
     )
+    out["engine_args_kinds"] = engine_args_kinds(pkg)
 
     envs = _parse(pkg / "envs.py")
     names: set[str] = set()
@@ -138,6 +139,219 @@ def record(pkg: Path) -> dict:
         n.target.id for n in sp.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
     )
     return out
+
+
+# --- EngineArgs kinds: each field's annotation mapped to a command-line kind as vLLM maps it ---
+#
+# vLLM turns a config field's annotation into an argparse type in ``_compute_kwargs``
+# (``vllm/engine/arg_utils.py``): it flattens Annotated/Optional/unions into a set of hints, then
+# takes the first rule that matches, in this order. ``engine_args_kinds`` reads the annotations with
+# ``ast`` (vLLM needs a GPU torch to import), resolves the aliases and classes they name across the
+# source tree (``CacheDType = Literal[...]``, ``@config class CacheConfig``), and applies the same
+# order. The kinds are cascade_repro's (``vllm_surface/engine_fields.py``): int, float, bool, str,
+# list, object (a JSON object), any (a union vLLM reads as two kinds, or a name not found).
+
+_BUILTINS = {"int", "float", "bool", "str", "bytes", "dict", "list", "tuple", "set", "frozenset", "type", "object"}
+_TYPING_ALIASES = {"Dict": "dict", "List": "list", "Tuple": "tuple", "Set": "set", "FrozenSet": "frozenset",
+                   "Type": "type", "Mapping": "dict", "MutableMapping": "dict", "Sequence": "list"}
+_TYPING_MODULES = {"typing", "typing_extensions", "collections.abc"}
+_DATACLASS_DECORATORS = {"dataclass", "config"}  # vLLM's configs: @config is a pydantic dataclass
+
+
+class _Hint(tuple):
+    """One member of a flattened annotation: (what, detail). what is builtin, none, literal,
+    dataclass, other (a class outside builtins: an Enum, torch.dtype, Any, Callable) or unknown."""
+
+
+def _hint(what: str, detail: str = "") -> _Hint:
+    return _Hint((what, detail))
+
+
+class _Source:
+    """A vLLM source tree's modules, read with ast, and the names each defines or imports."""
+
+    def __init__(self, pkg: Path):
+        self.root = pkg.parent  # the folder holding vllm/
+        self._spaces: dict[str, dict[str, tuple] | None] = {}
+
+    def space(self, module: str) -> dict[str, tuple] | None:
+        if module not in self._spaces:
+            self._spaces[module] = self._read(module)
+        return self._spaces[module]
+
+    def _read(self, module: str) -> dict[str, tuple] | None:
+        base = self.root / module.replace(".", "/")
+        for path in (base.with_suffix(".py"), base / "__init__.py"):
+            if path.is_file():
+                break
+        else:
+            return None
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        names: dict[str, tuple] = {}
+        # First definition wins: an ``if TYPE_CHECKING:`` branch (the precise type) before its else.
+        for node in _top_level(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                src = node.module or ""
+                if node.level:
+                    src = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([src] if src else []))
+                for a in node.names:
+                    names.setdefault(a.asname or a.name, ("import", src, a.name))
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    names.setdefault(a.asname or a.name.partition(".")[0], ("module", a.name))
+            elif isinstance(node, ast.ClassDef):
+                names.setdefault(node.name, ("class", module, node))
+            elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                names.setdefault(node.targets[0].id, ("expr", module, node.value))
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+                names.setdefault(node.target.id, ("expr", module, node.value))
+            elif type(node).__name__ == "TypeAlias":  # ``type X = ...`` (Python 3.12+)
+                names.setdefault(node.name.id, ("expr", module, node.value))
+        return names
+
+    def hints(self, node: ast.expr, module: str, depth: int = 0) -> set[_Hint]:
+        """The flattened hints of an annotation read in ``module`` (vLLM's ``get_type_hints``)."""
+        if depth > 20:
+            return {_hint("unknown", ast.unparse(node))}
+        if isinstance(node, ast.Constant):
+            if node.value is None:
+                return {_hint("none")}
+            if isinstance(node.value, str):  # a forward reference
+                try:
+                    return self.hints(ast.parse(node.value, mode="eval").body, module, depth + 1)
+                except SyntaxError:
+                    return {_hint("unknown", node.value)}
+            return {_hint("unknown", repr(node.value))}
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+            return self.hints(node.left, module, depth + 1) | self.hints(node.right, module, depth + 1)
+        if isinstance(node, ast.Subscript):
+            head = self.hints(node.value, module, depth + 1)
+            items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+            if head == {_hint("typing", "Literal")}:
+                return {self._literal(items, module, depth)}
+            if head == {_hint("typing", "Annotated")}:
+                return self.hints(items[0], module, depth + 1)
+            if head in ({_hint("typing", "Union")}, {_hint("typing", "Optional")}):
+                out = {h for i in items for h in self.hints(i, module, depth + 1)}
+                return out | ({_hint("none")} if head == {_hint("typing", "Optional")} else set())
+            if head == {_hint("typing", "Callable")}:
+                return {_hint("other", "Callable")}
+            return head  # list[int] is list, dict[str, Any] is dict: vLLM reads the origin
+        if isinstance(node, ast.Name):
+            return self.name(node.id, module, depth + 1)
+        if isinstance(node, ast.Attribute):  # typing.Optional, torch.dtype
+            if isinstance(node.value, ast.Name):
+                target = (self.space(module) or {}).get(node.value.id)
+                if target and target[0] == "module" and target[1] in _TYPING_MODULES:
+                    return self._typing(node.attr)
+            return {_hint("other", ast.unparse(node))}
+        return {_hint("unknown", ast.unparse(node))}
+
+    def _literal(self, items: list[ast.expr], module: str, depth: int) -> _Hint:
+        """A Literal's members' type, as ``literal_to_kwargs`` takes it (nested Literals flattened)."""
+        kinds = set()
+        for item in items:
+            if isinstance(item, ast.Constant) and item.value is not None:
+                kinds.add(type(item.value).__name__)
+            else:
+                inner = self.hints(item, module, depth + 1)
+                kinds |= {d for w, d in inner if w == "literal"} or {"mixed"}
+        return _hint("literal", kinds.pop() if len(kinds) == 1 else "mixed")
+
+    def _typing(self, name: str) -> set[_Hint]:
+        if name in _TYPING_ALIASES:
+            return {_hint("builtin", _TYPING_ALIASES[name])}
+        if name in ("Literal", "Annotated", "Union", "Optional", "Callable"):
+            return {_hint("typing", name)}
+        return {_hint("other", name)}  # Any, TypeAlias targets vLLM treats as a non-builtin class
+
+    def name(self, name: str, module: str, depth: int) -> set[_Hint]:
+        target = (self.space(module) or {}).get(name)
+        if target is None:
+            if name == "None":
+                return {_hint("none")}
+            if name in _BUILTINS:
+                return {_hint("builtin", name)}
+            return {_hint("unknown", name)}
+        what = target[0]
+        if what == "import":
+            src, orig = target[1], target[2]
+            if src in _TYPING_MODULES:
+                return self._typing(orig)
+            if self.space(src) is None:
+                if src.partition(".")[0] == "vllm":  # vLLM's own module, missing from the tree
+                    return {_hint("unknown", f"{src}.{orig}")}
+                return {_hint("other", f"{src}.{orig}")}  # torch, transformers: a non-builtin class
+            return self.name(orig, src, depth + 1)
+        if what == "module":
+            return {_hint("other", target[1])}
+        if what == "class":
+            node = target[2]
+            decorators = {
+                (d.func if isinstance(d, ast.Call) else d) for d in node.decorator_list
+            }
+            marks = {d.id if isinstance(d, ast.Name) else getattr(d, "attr", "") for d in decorators}
+            if marks & _DATACLASS_DECORATORS:
+                return {_hint("dataclass", name)}
+            bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases}
+            # An IntEnum (OptimizationLevel) takes its int value: vLLM's CLI reads it as a string
+            # and pydantic converts, but EngineArgs(...) in Python is handed the int.
+            return {_hint("builtin", "int") if "IntEnum" in bases else _hint("other", name)}
+        return self.hints(target[2], target[1], depth + 1)
+
+
+def kind_of(hints: set[_Hint]) -> str:
+    """The kind vLLM's ``_compute_kwargs`` gives a field with these hints, rule by rule in its order."""
+    whats = {w for w, _ in hints}
+    builtins = {d for w, d in hints if w == "builtin"}
+    literals = {d for w, d in hints if w == "literal"}
+    if "dataclass" in whats:
+        return "object"  # parsed as the config class from JSON
+    if "unknown" in whats:
+        return "any"
+    if whats <= {"builtin", "none"} and builtins == {"bool", "str"}:
+        return "any"  # bool | str | None: a bare flag is True, a value is a string
+    if "bool" in builtins:
+        return "bool"
+    if literals:
+        kind = literals.pop()
+        return kind if kind in ("int", "float", "str", "bool") and not literals else "any"
+    if builtins & {"tuple", "list", "set", "frozenset"}:
+        return "list"
+    if "int" in builtins:
+        return "int"
+    if "float" in builtins:
+        return "float"
+    if "dict" in builtins:
+        return "any" if "str" in builtins or "other" in whats else "object"  # union_dict_and_str
+    if "str" in builtins or "other" in whats:
+        return "str"
+    return "any"  # vLLM itself refuses such a field ("Unsupported type")
+
+
+def engine_args_kinds(pkg: Path) -> dict[str, str]:
+    """Each ``EngineArgs`` field's kind, from ``engine/arg_utils.py`` and the modules it names."""
+    src = _Source(pkg)
+    module = "vllm.engine.arg_utils"
+    args = _classes(_parse(pkg / "engine/arg_utils.py"))["EngineArgs"]
+    return {
+        n.target.id: kind_of(src.hints(n.annotation, module))
+        for n in args.body
+        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+    }
+
+
+def _top_level(tree: ast.Module):
+    """A module's statements, with those inside top-level ``if``/``try`` blocks (TYPE_CHECKING)."""
+    stack = list(reversed(tree.body))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If):
+            stack.extend(reversed(node.body + node.orelse))
+        elif isinstance(node, ast.Try):
+            stack.extend(reversed(node.body + [s for h in node.handlers for s in h.body] + node.orelse))
+        else:
+            yield node
 
 
 def main(argv: list[str]) -> int:

@@ -42,6 +42,22 @@ def test_recorded_fields_are_the_wheels_each_with_a_kind(release):
     )
 
 
+def test_0_26_0_kinds_are_the_ones_recorded_from_its_source():
+    recorded = json.loads((DATA / "vllm-surface-0.26.0.json").read_text())["engine_args_kinds"]
+    assert FIELDS["0.26.0"] == {n: k for n, k in recorded.items() if not n.startswith("_")}
+    # Only the unions vLLM itself reads as one of two kinds stay undecided.
+    assert sorted(n for n, k in FIELDS["0.26.0"].items() if k == "any") == [
+        "hf_overrides",
+        "hf_token",
+        "pt_load_map_location",
+    ]
+    assert (recorded["max_lora_rank"], recorded["optimization_level"], recorded["quantization_config"]) == (
+        "int",
+        "int",
+        "object",
+    )
+
+
 # Each flag the issue names, as `vllm serve` takes it, and the engine argument it becomes.
 ISSUE_FLAGS = [
     (["--block-size", "32"], {"block_size": 32}),

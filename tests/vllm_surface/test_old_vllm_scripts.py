@@ -69,3 +69,109 @@ def test_readme_documents_the_steps():
     text = (HERE / "README.md").read_text()
     for step in ("resolve.sh", "stage.sh", "device.sh", "check_links.py", "record_surface.py"):
         assert step in text
+
+
+# A vLLM-shaped source tree (the layout record_surface.py reads): aliases in vllm/config/*.py,
+# @config and @dataclass configs, an IntEnum and an Enum, names imported only under TYPE_CHECKING,
+# relative imports, a forward reference in quotes, and names that lead nowhere.
+TREE = {
+    "vllm/__init__.py": "",
+    "vllm/config/__init__.py": "from vllm.config.cache import CacheConfig\nfrom .compilation import CompilationConfig\n",
+    "vllm/config/utils.py": "def config(cls):\n    return cls\n",
+    "vllm/config/cache.py": (
+        "from typing import Literal\nfrom vllm.config.utils import config\n"
+        "BlockSize = Literal[16, 32]\nCacheDType = Literal['auto', 'fp8']\n"
+        "@config\nclass CacheConfig:\n    block_size: BlockSize = 16\n"
+    ),
+    "vllm/config/compilation.py": (
+        "from dataclasses import dataclass\n@dataclass\nclass CompilationConfig:\n    level: int = 0\n"
+    ),
+    "vllm/config/model.py": (
+        "from collections.abc import Callable\nfrom typing import Any, Literal, TypeAlias\n"
+        "from transformers import PretrainedConfig\n"
+        "HfOverrides: TypeAlias = dict[str, Any] | Callable[[PretrainedConfig], PretrainedConfig]\n"
+        "TokenizerMode = Literal['auto', 'hf']\n"
+    ),
+    "vllm/config/vllm.py": (
+        "import enum\nfrom enum import IntEnum\n"
+        "class OptimizationLevel(IntEnum):\n    O0 = 0\n"
+        "class Backend(enum.Enum):\n    FLASH = 'flash'\n"
+    ),
+    "vllm/config/quantization.py": "from .utils import config\n@config\nclass QuantizationConfigArgs:\n    pass\n",
+    "vllm/engine/arg_utils.py": '''
+import typing
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional, Union
+
+import torch
+
+from vllm.config import CacheConfig, CompilationConfig
+from vllm.config.cache import BlockSize, CacheDType
+from vllm.config.model import HfOverrides, TokenizerMode
+from vllm.config.nowhere import Missing
+from vllm.config.vllm import Backend, OptimizationLevel
+
+if TYPE_CHECKING:
+    from vllm.config.quantization import QuantizationConfigArgs
+else:
+    QuantizationConfigArgs = Any
+
+
+@dataclass
+class EngineArgs:
+    max_num_seqs: int | None = None
+    enforce_eager: bool = False
+    enable_prefix_caching: Optional[bool] = None
+    block_size: BlockSize = 16
+    kv_cache_dtype: CacheDType = "auto"
+    tokenizer_mode: TokenizerMode | str = "auto"
+    max_lora_rank: Literal[8, 16] = 8
+    gpu_memory_utilization: float = 0.9
+    seed: Union[int, None] = None
+    ratio: Annotated[float, "a note"] = 1.0
+    cache_config: CacheConfig | None = None
+    compilation_config: CompilationConfig = None
+    quantization_config: "dict[str, Any] | QuantizationConfigArgs | None" = None
+    additional_config: dict = None
+    override_generation_config: typing.Dict[str, Any] = None
+    cudagraph_capture_sizes: list[int] | None = None
+    served_model_name: str | list[str] | None = None
+    offload_params: set[str] = None
+    hf_token: bool | str | None = None
+    pt_load_map_location: str | dict[str, str] = "cpu"
+    hf_overrides: HfOverrides = None
+    optimization_level: OptimizationLevel = OptimizationLevel.O0
+    attention_backend: Backend | None = None
+    lora_dtype: str | torch.dtype | None = None
+    model: str = ""
+    mystery: Missing | None = None
+    undefined: NotDefinedAnywhere = None
+    _api_process_count: int = 1
+''',
+}
+TREE_KINDS = {
+    "max_num_seqs": "int", "enforce_eager": "bool", "enable_prefix_caching": "bool", "block_size": "int",
+    "kv_cache_dtype": "str", "tokenizer_mode": "str", "max_lora_rank": "int", "gpu_memory_utilization": "float",
+    "seed": "int", "ratio": "float", "cache_config": "object", "compilation_config": "object",
+    "quantization_config": "object", "additional_config": "object", "override_generation_config": "object",
+    "cudagraph_capture_sizes": "list", "served_model_name": "list", "offload_params": "list",
+    "hf_token": "any", "pt_load_map_location": "any", "hf_overrides": "any", "optimization_level": "int",
+    "attention_backend": "str", "lora_dtype": "str", "model": "str", "mystery": "any", "undefined": "any",
+    "_api_process_count": "int",
+}  # fmt: skip
+
+
+def _record_surface():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("record_surface", HERE / "record_surface.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_record_surface_maps_engine_args_annotations_as_vllm_does(tmp_path):
+    for rel, text in TREE.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert _record_surface().engine_args_kinds(tmp_path / "vllm") == TREE_KINDS
