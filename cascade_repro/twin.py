@@ -30,6 +30,13 @@ from typing import Any
 # reads back from its own config (the attention implementation class, the KV cache dtype, the async
 # scheduling flag, the TP world size), counted as every step of a wave where it holds.
 EFFECTS = ("cascade_steps", "prefix_hits", "prefill_chunks", "graph_steps", "config")
+EFFECT_LABELS = {
+    "cascade_steps": "cascade steps",
+    "prefix_hits": "prefix-cache hits",
+    "prefill_chunks": "prefill chunks",
+    "graph_steps": "graph steps",
+    "config": "steps with the setting",
+}
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,11 @@ class TwinAxis:
     @property
     def pair_kind(self) -> str:
         return self.family
+
+    @property
+    def effect_label(self) -> str:
+        """The reports' heading of the effect count (the tables' ``cascade_steps`` column)."""
+        return EFFECT_LABELS[self.effect]
 
     @property
     def arms(self) -> tuple[str, str]:

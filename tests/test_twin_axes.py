@@ -306,9 +306,14 @@ def test_fake_engine_run_names_the_twin_and_says_when_it_never_took_effect(tmp_p
     assert summary["headline"] == (
         "cascade-repro --twin prefix-caching: no prefix-caching effect beyond noise in 1 pair (1 identical)"
     )
-    assert (run / "report.md").read_text().startswith(f"## {summary['headline']}\n")
+    report = (run / "report.md").read_text()
+    assert report.startswith(f"## {summary['headline']}\n")
+    # The facts line, the evidence and the examples name this twin's arms and what proved it, not cascade's.
+    assert "**twin** `prefix-caching: prefix-on vs prefix-off`" in report
+    assert "| prefix-cache hits |" in report and "cascade steps" not in report.split("<details>", 1)[1]
     junit = (run / "junit.xml").read_text()
     assert 'classname="prefix-caching.tp1" name="batch8-tp1-b8-prefix-on~prefix-off"' in junit
+    assert "prefix-cache hits" in junit
 
     res, run = _matrix(tmp_path, "off", "--twin", "prefix-caching", env={"CASCADE_REPRO_FAKE_EFFECT": "off"})
     assert res.returncode == 4, res.stderr

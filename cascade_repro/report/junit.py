@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cascade_repro import twin as twins
 from cascade_repro.judge import outcome
 from cascade_repro.report import power, verdict_table, view
 from cascade_repro.report.base import ReportFormatter
@@ -22,7 +23,7 @@ from cascade_repro.twin import CASCADE as TWIN
 SUITE = "cascade-repro"
 
 
-def _details(r: dict) -> str:
+def _details(r: dict, effect: str = TWIN.effect_label) -> str:
     return "\n".join(
         [
             f"drift ratio {verdict_table.fmt_drift(r)} vs threshold {verdict_table.fmt_drift_rule(r)} "
@@ -32,7 +33,7 @@ def _details(r: dict) -> str:
             f"top-k violations {fmt_int(r.get('topk_violations'))} vs noise "
             f"{fmt_int(r.get('noise_topk_violations'))} ({fmt_p_eq(r.get('p_topk'))})",
             f"delta seq-rep-4 {fmt_ci(r.get('d_seq_rep_4_mean'), r.get('d_seq_rep_4_lo'), r.get('d_seq_rep_4_hi'))}",
-            f"cascade steps {fmt_ratio(r.get('cascade_steps'), r.get('total_steps'))}, "
+            f"{effect} {fmt_ratio(r.get('cascade_steps'), r.get('total_steps'))}, "
             f"decode steps {fmt_int(r.get('cascade_decode_steps'))}, depth {text_or_missing(r.get('depth'))}",
             f"decided by {text_or_missing(r.get('decided_by'))}",
             f"test cell {text_of(r.get('test_cell'))}, ref cell {text_of(r.get('ref_cell'))}",
@@ -65,6 +66,7 @@ class JunitFormatter(ReportFormatter):
         # measured is one property.
         statements = [e["statement"] for e in power.detection_power(data)]
         doc.add_property("detection_power", " ".join(statements) or power.not_calibrated(str))
+        axis = twins.of(data.manifest.spec)
         for r in view.cascade_pairs(data):
             test_cell = cell_status.get(r.get("test_cell"), {})
             wall = test_cell.get("wall_s")
@@ -86,7 +88,7 @@ class JunitFormatter(ReportFormatter):
                 doc.outcome(
                     case,
                     "error",
-                    _details(r),
+                    _details(r, axis.effect_label),
                     message=one_line(msg or text_of(r.get("reasons"))),
                     type="error",
                 )
@@ -94,16 +96,20 @@ class JunitFormatter(ReportFormatter):
                 doc.outcome(
                     case,
                     "failure",
-                    _details(r),
+                    _details(r, axis.effect_label),
                     message=one_line(text_of(r.get("reasons"))),
                     type="regression",
                 )
             elif verdict == outcome.NOT_EXERCISED:
-                doc.outcome(case, "skipped", message="cascade never fired")
+                doc.outcome(
+                    case,
+                    "skipped",
+                    message="cascade never fired" if axis is TWIN else f"{axis.name} never took effect",
+                )
             elif verdict == outcome.INCONCLUSIVE:
                 doc.outcome(case, "skipped", message=one_line(f"inconclusive: {text_of(r.get('reasons'))}"))
             # Every pair's evidence, passing ones too: a CI page shows why a pair passed.
-            element(case, "system-out", f"verdict {verdict}\n{_details(r)}")
+            element(case, "system-out", f"verdict {verdict}\n{_details(r, axis.effect_label)}")
         return doc.render(suite_seconds(data))
 
 

@@ -47,8 +47,8 @@ def intro(data: RunData, code: Callable[[str], str]) -> str:
         return (
             f"This run generates the same prompts with {model}{engine} twice per configuration, --twin "
             f"{code(tw.name)}: {tw.summary}; arms {code(tw.test)} (test) and {code(tw.ref)} (reference), greedy "
-            "decoding otherwise equal. Each pair is judged as a cascade pair is; the columns keep cascade's "
-            f"names, and cascade steps count the proof that {tw.name} took effect: {tw.effect_doc}.{prompts}"
+            "decoding otherwise equal. Each pair is judged as a cascade pair is, and the column "
+            f"{tw.effect_label} counts the proof that {tw.name} took effect: {tw.effect_doc}.{prompts}"
         )
     return (
         f"This run generates the same prompts with {model}{engine} twice per configuration: with cascade "
