@@ -411,6 +411,8 @@ def matrix(
             _print_plan(
                 spec, opts.shard, opts.results_dir / (opts.run_id or default_run_id(spec)), opts.reference
             )
+            if opts.executor.name == "ray":
+                _print_ray_needs(spec, opts.shard, opts.executor.ray_address)
             return
         console = err_console()
         outcome = run_matrix(spec, opts, console)
@@ -418,6 +420,21 @@ def matrix(
     if json_out:
         print_summary_json(outcome.run_dir, outcome.exit_code)
     raise typer.Exit(outcome.exit_code)
+
+
+def _print_ray_needs(spec: Any, shard: Any, address: str | None) -> None:
+    """`--dry-run --executor ray`: what each engine key's task asks of the cluster, and whether the
+    cluster (joined only where --ray-address or RAY_ADDRESS names one) can place it."""
+    from cascade_repro.plan.matrix import plan
+    from cascade_repro.plan.shard import keys_for
+    from cascade_repro.run.ray_executor import dry_run_lines
+
+    engines = plan(spec).engines
+    if shard is not None:
+        keep = set(keys_for(engines, shard))
+        engines = {k: ep for k, ep in engines.items() if k in keep}
+    for line in dry_run_lines(spec, engines, address):
+        out_console().print(line, highlight=False, markup=False)
 
 
 def _own_flags(ctx: Any) -> list[str]:

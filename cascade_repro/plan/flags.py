@@ -298,9 +298,9 @@ class RunSettings:
     shard: str | None
     allow_mixed: bool
     quiet: bool
-    executor: str = "local"
-    ray_address: str | None = None
-    retries: int = 1
+    executor: str
+    ray_address: str | None
+    retries: int
     config: Path | None = None
     from_file: frozenset[str] = field(default_factory=frozenset)  # the settings the file gave
 

@@ -26,15 +26,15 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
+from cascade_repro.plan.matrix import EnginePlan, MatrixSpec
 from cascade_repro.run import cuda_cache, runstore, supervise
-from cascade_repro.run.manifest import Manifest
 
 RAY_MISSING = "--executor ray needs Ray: pip install 'cascade-repro[ray]'"
 POLL_S = 0.5
@@ -80,19 +80,20 @@ class KeyNeed:
         return f"{gpus}, {self.cpus} CPU" if self.gpus else f"{self.cpus} CPU"
 
 
-def needs(run: Manifest, keys: list[str] | None = None) -> list[KeyNeed]:
-    """Each engine key's ask: vLLM takes ``tp`` GPUs and a CPU; the CPU engines (hf, fake) a CPU.
-
-    The hf engine on ``--device cuda`` asks one GPU."""
-    info = engine_info(run.spec.engine)
+def needs(
+    spec: MatrixSpec, engines: Mapping[str, EnginePlan], keys: list[str] | None = None
+) -> list[KeyNeed]:
+    """Each engine key's ask: vLLM takes ``tp`` GPUs and a CPU; the CPU engines (hf, fake) a CPU,
+    the hf engine on ``--device cuda`` a GPU too."""
+    info = engine_info(spec.engine)
     out = []
-    for key, ep in run.plan.engines.items():
+    for key, ep in engines.items():
         if keys is not None and key not in keys:
             continue
         if info.is_vllm:
             gpus = int(ep.tp)
         else:
-            gpus = 1 if str(run.spec.device).startswith("cuda") else 0
+            gpus = 1 if str(spec.device).startswith("cuda") else 0
         out.append(KeyNeed(key, gpus, 1))
     return out
 
@@ -133,21 +134,21 @@ def coverage_lines(needs_: list[KeyNeed], nodes: list[dict[str, float]] | None) 
     return lines
 
 
-def dry_run_lines(run: Manifest, keys: list[str], address: str | None) -> list[str]:
+def dry_run_lines(spec: MatrixSpec, engines: Mapping[str, EnginePlan], address: str | None) -> list[str]:
     """``coverage_lines`` for a dry run: a cluster is joined only where one is named (never started)."""
     ray = import_ray()
     addr = address_of(address)
     nodes = None
     if addr is not None:
-        started = not ray.is_initialized()
-        if started:
+        joined = not ray.is_initialized()
+        if joined:
             _init(ray, addr)
         try:
             nodes = node_resources(ray)
         finally:
-            if started:
+            if joined:
                 ray.shutdown()
-    return coverage_lines(needs(run, keys), nodes)
+    return coverage_lines(needs(spec, engines), nodes)
 
 
 def _init(ray: Any, address: str | None) -> None:
@@ -203,7 +204,7 @@ class Session:
         end; otherwise ``reason`` says why its unfinished cells failed)."""
         ray = self.ray
         run = runstore.read_manifest(run_dir)
-        asks = {n.key: n for n in needs(run, keys)}
+        asks = {n.key: n for n in needs(run.spec, run.plan.engines, keys)}
         nodes = node_resources(ray)
         for n in asks.values():  # fail fast: a bundle no node can hold would wait forever
             if (why := unplaceable(n, nodes)) is not None:

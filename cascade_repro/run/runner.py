@@ -89,6 +89,10 @@ class RunOptions:
             reference = ReferenceOptions(s.reference, s.reference_device)
             shard = Shard.parse(s.shard) if s.shard is not None else None
             executor = Executor(s.executor, s.ray_address, s.retries)
+        if executor.name == "ray":  # Ray missing: one line now, before a dry run or a prepare
+            from cascade_repro.run.ray_executor import import_ray
+
+            import_ray()
         return cls(
             results_dir=s.results_dir,
             run_id=s.run_id,
