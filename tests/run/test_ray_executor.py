@@ -182,7 +182,9 @@ def test_a_tp2_key_holds_two_gpus_of_one_node_and_a_tp4_key_fails_fast(tmp_path)
     # Two GPUs on the one node: a tp=4 key could never be placed, and says so before anything runs.
     run4 = synthetic_run(tmp_path / "tp4", 4, "8", tp="4")
     keys = list(runstore.read_manifest(run4).plan.engines)
-    with pytest.raises(UsageError, match=r"asks for 4 GPUs, 1 CPU on one node; the cluster's largest node has 2 GPUs"):
+    with pytest.raises(
+        UsageError, match=r"asks for 4 GPUs, 1 CPU on one node; the cluster's largest node has 2 GPUs"
+    ):
         session.run_keys(run4, keys, 60.0, None, lambda *a: None)
 
 
