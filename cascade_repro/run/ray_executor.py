@@ -139,23 +139,29 @@ def dry_run_lines(spec: MatrixSpec, engines: Mapping[str, EnginePlan], address: 
     ray = import_ray()
     addr = address_of(address)
     nodes = None
+    unreachable = ""
     if addr is not None:
         joined = not ray.is_initialized()
-        if joined:
-            _init(ray, addr)
         try:
-            nodes = node_resources(ray)
-        finally:
             if joined:
+                _init(ray, addr)
+            nodes = node_resources(ray)
+        except UsageError as e:  # a plan is still a plan: said, not refused
+            unreachable = str(e)
+        finally:
+            if joined and ray.is_initialized():
                 ray.shutdown()
-    return coverage_lines(needs(spec, engines), nodes)
+    lines = coverage_lines(needs(spec, engines), nodes)
+    if unreachable:
+        lines[-1] = f"{unreachable}; its resources were not checked"
+    return lines
 
 
 def _init(ray: Any, address: str | None) -> None:
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     except (ConnectionError, RuntimeError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__
         raise UsageError(f"--ray-address {address}: cannot join the Ray cluster: {first}") from None
 
 
