@@ -234,34 +234,39 @@ class Session:
                 reason = f"{reason} (after {tries[a.key] + 1} attempts)"
             on_done(a.key, rc, reason)
 
-        for key in keys:
-            submit(key)
-        while live:
-            ready, _ = ray.wait(list(live), num_returns=1, timeout=POLL_S)
-            for gen in ready:
-                a = live[gen]
-                try:
-                    item = ray.get(next(gen))
-                except StopIteration:  # read to its end, so no result of the task is left unread
-                    del live[gen]
-                    if a.result is None:
-                        a.result = (70, "the Ray task ended without saying how its worker exited", False)
-                    finish(a, *a.result)
-                    continue
-                except Exception as e:  # noqa: BLE001 - every Ray failure of a task: its worker or node died, it was cancelled
-                    del live[gen]
-                    finish(a, -9, f"Ray task died: {_one_line(e)}", True)
-                    continue
-                a.last_seen = time.monotonic()
-                if (done := self._take(run_dir, a, item, progress)) is not None:
-                    a.result = done
-            progress.tick()
-            now = time.monotonic()
-            for gen, a in list(live.items()):
-                if a.started and now - a.last_seen > timeout + SILENCE_GRACE_S:
-                    ray.cancel(gen, force=True)
-                    del live[gen]
-                    finish(a, -9, f"Ray task silent for {now - a.last_seen:.0f}s; cancelled", True)
+        try:
+            for key in keys:
+                submit(key)
+            while live:
+                ready, _ = ray.wait(list(live), num_returns=1, timeout=POLL_S)
+                for gen in ready:
+                    a = live[gen]
+                    try:
+                        item = ray.get(next(gen))
+                    except StopIteration:  # read to its end, so no result of the task is left unread
+                        del live[gen]
+                        if a.result is None:
+                            a.result = (70, "the Ray task ended without saying how its worker exited", False)
+                        finish(a, *a.result)
+                        continue
+                    except Exception as e:  # noqa: BLE001 - every Ray failure of a task: its worker or node died, it was cancelled
+                        del live[gen]
+                        finish(a, -9, f"Ray task died: {_one_line(e)}", True)
+                        continue
+                    a.last_seen = time.monotonic()
+                    if (done := self._take(run_dir, a, item, progress)) is not None:
+                        a.result = done
+                progress.tick()
+                now = time.monotonic()
+                for gen, a in list(live.items()):
+                    if a.started and now - a.last_seen > timeout + SILENCE_GRACE_S:
+                        ray.cancel(gen, force=True)
+                        del live[gen]
+                        finish(a, -9, f"Ray task silent for {now - a.last_seen:.0f}s; cancelled", True)
+        finally:  # Ctrl-C, SIGTERM or an error here: no task may go on writing for nobody
+            for gen, a in live.items():
+                ray.cancel(gen, force=True)
+                self._release(a)
 
     def _submit(self, run_dir: Path, key: str, need: KeyNeed, timeout: float) -> _Attempt:
         ray = self.ray

@@ -132,6 +132,24 @@ def test_with_no_retries_a_killed_tasks_unfinished_cells_are_errors_with_the_rea
     assert len(out.errors) == len(bad)
 
 
+def test_a_hung_worker_is_killed_after_the_engine_timeout_and_not_retried(tmp_path, monkeypatch):
+    monkeypatch.setenv("CASCADE_REPRO_FAULT", f"hang:{CUT}:1")
+    spec = MatrixSpec.from_dict({**SPEC, "engine_timeout": 2})
+    opts = RunOptions(
+        results_dir=tmp_path, run_id="hang", progress=False, executor=Executor("ray", retries=1)
+    )
+    out = run_matrix(spec, opts)
+    import pandas as pd
+
+    cells = pd.read_parquet(out.run_dir / runstore.CELLS).set_index("cell_id")
+    bad = cells[cells["status"] == "error"]
+    assert CUT in bad.index and set(bad["engine_key"]) == {KEYS[1]}
+    # The local executor's words, once: a hang would hang again, so no second attempt.
+    assert set(bad["error"]) == {"timeout: no progress for 2s (--engine-timeout); worker killed"}
+    starts = [r for r in samples(out.run_dir, KEYS[1]) if r["type"] == runstore.ENGINE]
+    assert len(starts) == 1
+
+
 def test_without_ray_one_line_and_exit_2(monkeypatch):
     from typer.testing import CliRunner
 
