@@ -44,6 +44,7 @@ SILENCE_GRACE_S = 60.0
 # The tool's own settings and test hooks travel with a task; nothing else of the driver's
 # environment does (a remote node has its own PATH, caches and CUDA_VISIBLE_DEVICES).
 ENV_PREFIX = "CASCADE_REPRO_"
+OMP = "OMP_NUM_THREADS"
 
 
 def import_ray() -> Any:
@@ -277,6 +278,9 @@ class Session:
         # Ray's own retry is off: an attempt must resume from the lines the driver holds by then.
         task = ray.remote(num_returns="streaming", max_retries=0)(_key_task)
         env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX)}
+        # Ray sets OMP_NUM_THREADS to a task's CPUs (1): a CPU engine would run on one thread and
+        # report torch_threads 1. The worker gets this driver's setting instead, or none, as locally.
+        env[OMP] = os.environ.get(OMP, "")
         gen = task.options(
             num_cpus=need.cpus,
             num_gpus=need.gpus,
@@ -421,6 +425,8 @@ def _key_task(
             return lines, log
 
         env = cuda_cache.apply(dict(os.environ, PYTHONUNBUFFERED="1", **env_vars))
+        if not env.get(OMP):
+            env.pop(OMP, None)
         argv = [sys.executable, "-m", "cascade_repro.run.worker", str(run_dir), key]
         stopped = None
         with supervise.Worker(argv, env=env, log_path=log_path) as w:

