@@ -26,9 +26,11 @@ from cascade_repro.cli.app import (
 from cascade_repro.cli.options import (
     DEBUG,
     ENGINE,
+    EXECUTOR_DEFAULT,
     MATRIX,
     OUTPUT,
     PROMPTS,
+    RETRIES_DEFAULT,
     THRESHOLDS,
     VERDICTS,
     Alpha,
@@ -38,6 +40,7 @@ from cascade_repro.cli.options import (
     Config,
     DriftMin,
     Engine,
+    Executor,
     FailOn,
     FaVersion,
     Fresh,
@@ -50,10 +53,12 @@ from cascade_repro.cli.options import (
     PromptField,
     Prompts,
     Quiet,
+    RayAddress,
     Reference,
     ReferenceDevice,
     RepDelta,
     ResultsDir,
+    Retries,
     RunId,
     SummaryJson,
     SystemPrompt,
@@ -77,6 +82,7 @@ class MatrixCommand(ShortHelpCommand):
             "graphs_for_batches", "load_format", "hf_overrides", "prompt_field", "key_field", "allow_mixed",
             "run_id", "reference_device", "topk", "arm_switch", "auto_controls", "rerun", "force_cascade",
             "ignore_eos", "device", "trust_remote_code", "engine_args", "seed", "system_prompt",
+            "ray_address", "retries",
         }
     )  # fmt: skip
     more_help = staticmethod(lambda: _foreign_help())
@@ -305,6 +311,9 @@ def matrix(
             metavar="I/N",
         ),
     ] = None,
+    executor: Executor = EXECUTOR_DEFAULT,
+    ray_address: RayAddress = None,
+    retries: Retries = RETRIES_DEFAULT,
     alpha: Alpha = THRESHOLDS.alpha,
     rep_delta: RepDelta = THRESHOLDS.rep_delta,
     min_topk_violations: MinTopkViolations = THRESHOLDS.min_topk_violations,
@@ -402,6 +411,8 @@ def matrix(
             _print_plan(
                 spec, opts.shard, opts.results_dir / (opts.run_id or default_run_id(spec)), opts.reference
             )
+            if opts.executor.name == "ray":
+                _print_ray_needs(spec, opts.shard, opts.executor.ray_address)
             return
         console = err_console()
         outcome = run_matrix(spec, opts, console)
@@ -409,6 +420,21 @@ def matrix(
     if json_out:
         print_summary_json(outcome.run_dir, outcome.exit_code)
     raise typer.Exit(outcome.exit_code)
+
+
+def _print_ray_needs(spec: Any, shard: Any, address: str | None) -> None:
+    """`--dry-run --executor ray`: what each engine key's task asks of the cluster, and whether the
+    cluster (joined only where --ray-address or RAY_ADDRESS names one) can place it."""
+    from cascade_repro.plan.matrix import plan
+    from cascade_repro.plan.shard import keys_for
+    from cascade_repro.run.ray_executor import dry_run_lines
+
+    engines = plan(spec).engines
+    if shard is not None:
+        keep = set(keys_for(engines, shard))
+        engines = {k: ep for k, ep in engines.items() if k in keep}
+    for line in dry_run_lines(spec, engines, address):
+        out_console().print(line, highlight=False, markup=False)
 
 
 def _own_flags(ctx: Any) -> list[str]:

@@ -319,6 +319,46 @@ Quiet = Annotated[
     ),
 ]
 
+# default: EXECUTOR_DEFAULT. Where a matrix's engine keys run; a run setting, not part of the matrix.
+EXECUTOR_DEFAULT = "local"
+Executor = Annotated[
+    str,
+    option(
+        "Where the engine keys run: `local` (one worker process after another on this machine) or `ray` "
+        "(each key a task on a Ray cluster asking for its tp GPUs, the run directory written here; "
+        "needs `pip install 'cascade-repro[ray]'`). [default: local]",
+        OUTPUT,
+        "--executor",
+        envvar="CASCADE_REPRO_EXECUTOR",
+        metavar="local|ray",
+    ),
+]
+
+# default: None
+RayAddress = Annotated[
+    str | None,
+    option(
+        "The Ray cluster for --executor ray, as `ray.init` takes it (`auto`, `HEAD:6379`, `ray://HEAD:10001`). "
+        "[default: auto where RAY_ADDRESS is set, else a Ray started for this run]",
+        OUTPUT,
+        "--ray-address",
+        metavar="ADDR",
+    ),
+]
+
+# default: RETRIES_DEFAULT
+RETRIES_DEFAULT = 1
+Retries = Annotated[
+    int,
+    option(
+        "--executor ray: times a key whose task died (its worker or node lost) is run again, resuming, "
+        f"before its unfinished cells are errors. [default: {RETRIES_DEFAULT}]",
+        OUTPUT,
+        "--retries",
+        metavar="N",
+    ),
+]
+
 # default: None. Each command says what it writes there, and where by default.
 Out = Annotated[Path | None, option(None, OUTPUT, "--out", metavar="DIR")]
 

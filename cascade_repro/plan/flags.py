@@ -298,6 +298,9 @@ class RunSettings:
     shard: str | None
     allow_mixed: bool
     quiet: bool
+    executor: str
+    ray_address: str | None
+    retries: int
     config: Path | None = None
     from_file: frozenset[str] = field(default_factory=frozenset)  # the settings the file gave
 

@@ -331,7 +331,7 @@ TOML_KEYS = tuple(sorted(toml_key(f) for f in FIELDS))
 RUN_KEYS: dict[str, type] = {
     "fail_on": str, "alpha": float, "rep_delta": float, "min_topk_violations": int, "drift_min": float,
     "reference": str, "reference_device": str, "results_dir": str, "run_id": str, "shard": str,
-    "allow_mixed": bool, "quiet": bool,
+    "allow_mixed": bool, "quiet": bool, "executor": str, "ray_address": str, "retries": int,
 }  # fmt: skip
 ONE_OFF_KEYS = ("config", "dry_run", "fresh")
 CONFIG_KEYS = tuple(sorted((*TOML_KEYS, *RUN_KEYS)))

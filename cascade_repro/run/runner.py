@@ -35,6 +35,26 @@ POLL_S = 0.5
 FA2_JIT_NOTE = "compiling FlashAttention 2 kernels for this GPU, first run only: about 3 min"
 
 
+EXECUTORS = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class Executor:
+    """Where the engine keys' workers run; a run setting, not part of the matrix (nor its hash)."""
+
+    name: str = "local"  # local: one after the other on this machine; ray: tasks on a Ray cluster
+    ray_address: str | None = None  # None: `auto` where RAY_ADDRESS is set, else a local Ray
+    retries: int = 1  # ray: attempts after a task died, before its unfinished cells are errors
+
+    def __post_init__(self) -> None:
+        if self.name not in EXECUTORS:
+            raise UsageError(f"--executor {self.name!r}: choose from {', '.join(EXECUTORS)}")
+        if self.retries < 0:
+            raise UsageError(f"--retries {self.retries}: must be 0 or more")
+        if self.ray_address is not None and self.name != "ray":
+            raise UsageError("--ray-address names a Ray cluster: give it with --executor ray")
+
+
 @dataclass
 class RunOptions:
     """How to run a matrix, as opposed to what the matrix is (MatrixSpec)."""
@@ -50,6 +70,7 @@ class RunOptions:
     shard: Shard | None = None  # run only this shard's engine keys (see shard.py); not part of the matrix
     allow_mixed: bool = False  # resume under another vLLM/torch/transformers/GPU than the run began with
     reference: ReferenceOptions = field(default_factory=ReferenceOptions)  # what the judge compares with
+    executor: Executor = field(default_factory=Executor)  # where the workers run
 
     @classmethod
     def from_settings(cls, settings: RunSettings, *, fresh: bool = False, command: str = "") -> RunOptions:
@@ -67,6 +88,11 @@ class RunOptions:
             )
             reference = ReferenceOptions(s.reference, s.reference_device)
             shard = Shard.parse(s.shard) if s.shard is not None else None
+            executor = Executor(s.executor, s.ray_address, s.retries)
+        if executor.name == "ray":  # Ray missing: one line now, before a dry run or a prepare
+            from cascade_repro.run.ray_executor import import_ray
+
+            import_ray()
         return cls(
             results_dir=s.results_dir,
             run_id=s.run_id,
@@ -78,6 +104,7 @@ class RunOptions:
             shard=shard,
             allow_mixed=s.allow_mixed,
             reference=reference,
+            executor=executor,
         )
 
 
@@ -235,11 +262,12 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
     check_run_id(run_id)
     if (file := runstore.not_a_folder(opts.results_dir / run_id)) is not None:
         raise UsageError(f"--results-dir {opts.results_dir}: {file} is a file, not a folder")
-    if engine_info(spec.engine).tensor_parallel:
+    # A Ray cluster's GPUs are counted where its tasks are placed (ray_executor), not on the driver.
+    if engine_info(spec.engine).tensor_parallel and opts.executor.name == "local":
         gpus = visible_gpus()
         if max(spec.tp) > gpus:
             raise UsageError(f"--tp {max(spec.tp)} needs {max(spec.tp)} GPUs, {gpus} visible")
-    elif spec.device.startswith("cuda"):
+    elif spec.device.startswith("cuda") and opts.executor.name == "local":
         # Said now, not as every cell's error once the engine has started on a machine without one.
         index, gpus = int(spec.device.partition(":")[2] or 0), visible_gpus()
         if index >= gpus:  # nvidia-smi may be absent where CUDA works: torch has the last word
@@ -385,12 +413,20 @@ def cells_done(
 
 
 def execute(
-    run_dir: Path, show_progress: bool = True, console: Any = None, bar: bool = True, fresh: bool = False
+    run_dir: Path,
+    show_progress: bool = True,
+    console: Any = None,
+    bar: bool = True,
+    fresh: bool = False,
+    executor: Executor | None = None,
 ) -> list[str]:
     """Run one worker per engine key with unfinished cells; return error lines for the summary.
 
     ``bar=False``: plain progress lines even on a terminal. ``fresh``: the run directory was just
-    cleared (``--fresh``), said as starting over, never as a resume."""
+    cleared (``--fresh``), said as starting over, never as a resume. ``executor``: where the
+    workers run (default: here, one after the other; ``ray``: each key a task on a Ray cluster,
+    ``run/ray_executor.py``)."""
+    executor = executor or Executor()
     from cascade_repro.plan import estimate
     from cascade_repro.run.progress import RunProgress
 
@@ -444,32 +480,53 @@ def execute(
             1 for k, ep in run.plan.engines.items() if any(c not in progs[k].done for c in ep.cells)
         ),
     )
+
+    def ended(key: str, rc: int, reason: str) -> list[str]:
+        """A key's worker is done for good: its unfinished cells are errors with ``reason``."""
+        path = runstore.samples_path(run_dir, key)
+        prog = runstore.read_progress(path, runstore.prompt_ids(run_dir))
+        unfinished = [c for c in run.plan.engines[key].cells if c not in prog.done and c not in prog.errors]
+        if unfinished:
+            writer = runstore.JsonlWriter(path)
+            for cid in unfinished:
+                writer.write(runstore.CellError(cid, reason or f"worker exited {rc}"))
+            writer.close()
+            progress.cells_failed(len(unfinished))
+        return [f"{cid}: {why}" for cid, why in runstore.read_progress(path, samples=False).errors.items()]
+
     with progress, supervise.sigterm_as_interrupt():
+        todo = []
         for key, ep in run.plan.engines.items():
-            path = runstore.samples_path(run_dir, key)
-            prog = progs[key]
-            done = [c for c in ep.cells if c in prog.done]
+            done = [c for c in ep.cells if c in progs[key].done]
             progress.already_done(done)
-            if len(done) == len(ep.cells):
-                continue
+            if len(done) < len(ep.cells):
+                todo.append(key)
+        if executor.name == "ray":
+            from cascade_repro.run import ray_executor
+
+            ended_by: dict[str, list[str]] = {}
+            with ray_executor.Session(executor.ray_address, executor.retries) as session:
+                session.run_keys(
+                    run_dir,
+                    todo,
+                    float(spec.engine_timeout),
+                    progress,
+                    lambda key, rc, reason: ended_by.__setitem__(key, ended(key, rc, reason)),
+                )
+            for key in todo:  # in plan order, as the local executor lists them
+                errors += ended_by.get(key, [])
+            return errors
+        for key in todo:
+            ep = run.plan.engines[key]
             env = cuda_cache.apply(dict(os.environ, PYTHONUNBUFFERED="1"))
             gpu = str(run.stack_env.get("gpu_name") or "")
             jit = cuda_cache.needs_fa2_jit(ep.fa_version, gpu) and not cuda_cache.fa2_compiled(env, gpu)
             # A silent first FA2 start on a fresh Hopper machine lasts minutes: say why.
             progress.engine_starting(key, FA2_JIT_NOTE if jit else "")
             rc, reason = _run_worker(run_dir, key, float(spec.engine_timeout), progress, env=env)
-            prog = runstore.read_progress(path, runstore.prompt_ids(run_dir))
-            if jit and prog.engine:
+            if jit and runstore.read_progress(runstore.samples_path(run_dir, key), samples=False).engine:
                 cuda_cache.mark_fa2_compiled(env, gpu)
-            unfinished = [c for c in ep.cells if c not in prog.done and c not in prog.errors]
-            if unfinished:
-                writer = runstore.JsonlWriter(path)
-                for cid in unfinished:
-                    writer.write(runstore.CellError(cid, reason or f"worker exited {rc}"))
-                writer.close()
-                progress.cells_failed(len(unfinished))
-            for cid, why in runstore.read_progress(path, samples=False).errors.items():
-                errors.append(f"{cid}: {why}")
+            errors += ended(key, rc, reason)
     return errors
 
 
@@ -894,7 +951,9 @@ def run_matrix(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> RunOu
     with runstore.RunLock(run_dir):
         prepared.write()
         kept = cells_done(run_dir)
-        errors = execute(run_dir, opts.progress, console, bar=opts.bar, fresh=opts.fresh)
+        errors = execute(
+            run_dir, opts.progress, console, bar=opts.bar, fresh=opts.fresh, executor=opts.executor
+        )
         # The reference pass writes only reference/: run.json read once serves before and after it.
         run = runstore.read_manifest(run_dir)
         if restrict(run).plan.cells:

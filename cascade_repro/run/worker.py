@@ -265,12 +265,16 @@ def _die_with_parent() -> None:
 def _maybe_fault(cell_id: str, wave: int, writer: runstore.JsonlWriter | None = None) -> None:
     """Test hook: CASCADE_REPRO_FAULT="KIND:CELL_ID[:WAVE]" makes the worker fail on purpose.
 
-    KIND is ``exit`` (exit 9), ``hang`` (sleep forever), ``oom`` (raise a CUDA-OOM-like error) or
-    ``raise`` (an ordinary exception). Used by the crash-isolation tests on CPU. The fault strikes
-    at the start of the wave, once ``writer`` has written every earlier wave (a background writer
-    would otherwise make what a test finds on disk depend on the thread's timing).
+    KIND is ``exit`` (exit 9), ``hang`` (sleep forever), ``oom`` (raise a CUDA-OOM-like error),
+    ``raise`` (an ordinary exception) or ``kill-parent`` (SIGKILL the process that started this
+    worker, then this one: a Ray task's worker or node lost). Used by the crash-isolation tests on
+    CPU. The fault strikes at the start of the wave, once ``writer`` has written every earlier wave
+    (a background writer would otherwise make what a test finds on disk depend on the thread's
+    timing). With CASCADE_REPRO_FAULT_ONCE=PATH it strikes only where it can create PATH (the
+    first attempt; a retry runs clean).
     """
     import os
+    import signal
 
     spec = os.environ.get("CASCADE_REPRO_FAULT", "")
     if not spec:
@@ -279,8 +283,16 @@ def _maybe_fault(cell_id: str, wave: int, writer: runstore.JsonlWriter | None = 
     target, _, w = rest.partition(":")
     if target != cell_id or (w and int(w) != wave):
         return
+    if once := os.environ.get("CASCADE_REPRO_FAULT_ONCE"):
+        try:
+            os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return
     if writer is not None:
         writer.wait()
+    if kind == "kill-parent":
+        os.kill(os.getppid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
     if kind == "exit":
         os._exit(9)
     if kind == "hang":

@@ -11,14 +11,14 @@ from cascade_repro.errors import UsageError
 from cascade_repro.judge.verdicts import Thresholds
 from cascade_repro.plan.flags import RunSettings, spec_from_cli, spec_values
 from cascade_repro.plan.matrix import RUN_KEYS
-from cascade_repro.run.runner import RunOptions
+from cascade_repro.run.runner import Executor, RunOptions
 
 # matrix's run options as the command line leaves them when none is given
 TH = Thresholds()
 RUN_DEFAULTS = {
     "fail_on": "regression", "alpha": TH.alpha, "rep_delta": TH.rep_delta,
     "min_topk_violations": TH.min_topk_violations, "drift_min": TH.drift_min, "reference": "auto", "reference_device": "auto", "results_dir": Path("results"), "run_id": None, "shard": None,
-    "allow_mixed": False, "quiet": False,
+    "allow_mixed": False, "quiet": False, "executor": "local", "ray_address": None, "retries": 1,
 }  # fmt: skip
 
 
@@ -95,6 +95,16 @@ def test_run_options_from_settings():
         3.0,
     )
     assert opts.command == "cascade-repro matrix"
+    assert opts.executor == Executor("local", None, 1)  # the default: workers on this machine
+    ray = RunOptions.from_settings(RunSettings(**{**RUN_DEFAULTS, "executor": "ray", "retries": 0}))
+    assert (ray.executor.name, ray.executor.ray_address, ray.executor.retries) == ("ray", None, 0)
+    for bad, line in (
+        ({"executor": "slurm"}, "^--executor 'slurm': choose from local, ray$"),
+        ({"executor": "ray", "retries": -1}, "^--retries -1: must be 0 or more$"),
+        ({"ray_address": "auto"}, "^--ray-address names a Ray cluster: give it with --executor ray$"),
+    ):
+        with pytest.raises(UsageError, match=line):
+            RunOptions.from_settings(RunSettings(**{**RUN_DEFAULTS, **bad}))
     with pytest.raises(UsageError, match="^--fail-on must be one of"):
         RunOptions.from_settings(RunSettings(**{**RUN_DEFAULTS, "fail_on": "sometimes"}))
 
