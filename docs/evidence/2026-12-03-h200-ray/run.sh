@@ -2,7 +2,7 @@
 # The H200 run behind this directory's README (issue "More GPUs than one box"): the same TP 1 matrix
 # through the local executor and through `--executor ray` (a local Ray on the one GPU), one after the
 # other, then local again to bound what two local runs of it differ by. Each gets its own run id.
-#   RES=/tmp/res bash run.sh OUT_DIR
+#   RES=/tmp/res bash run.sh OUT_DIR      (LOCAL2=0: skip the second local run)
 set -u
 out=$1
 res=${RES:-/tmp/res}
@@ -17,12 +17,13 @@ step() {  # name, args...
 }
 step local-1
 step ray --executor ray
-step local-2
+[ "${LOCAL2:-1}" = 1 ] && step local-2
 python3 - "$res" <<'PY' | tee -a "$out/all.log"
 import json, sys
 import pandas as pd
 res = sys.argv[1]
-runs = ("local-1", "ray", "local-2")
+import os
+runs = tuple(r for r in ("local-1", "ray", "local-2") if os.path.isfile(f"{res}/{r}/pairs.parquet"))
 pairs = {r: pd.read_parquet(f"{res}/{r}/pairs.parquet")[["pair_id", "verdict", "ref_ratio", "n_diverged"]] for r in runs}
 for r in runs:
     inv = json.load(open(f"{res}/{r}/run.json"))["invocations"][-1]
