@@ -44,10 +44,10 @@ $(STAMP): $(BIN)/python pyproject.toml Makefile
 run: setup
 	$(BIN)/cascade-repro matrix $(RUN_ARGS)
 
-# -n auto: one test process per core; --dist loadgroup: the tests that read one shared real run
-# (tests/conftest.py's make_run, marked xdist_group) share a worker, so that run is made once.
+# -n auto: one test process per core (pytest-xdist); the few real runs that several tests read are
+# made once for all workers (tests/conftest.py's made_once).
 test: setup
-	$(BIN)/python -m pytest -q -n auto --dist loadgroup
+	$(BIN)/python -m pytest -q -n auto
 
 lint: setup
 	$(BIN)/ruff check cascade_repro tests benchmarks

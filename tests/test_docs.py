@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import typer
-from conftest import MAKE_RUN_GROUP
 from typer.testing import CliRunner
 
 from cascade_repro import exit_codes
@@ -174,7 +173,6 @@ def test_the_worked_example_is_make_run():
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group(MAKE_RUN_GROUP)
 def test_the_worked_examples_quoted_output_is_a_real_runs(make_run):
     assert make_run.returncode == 0, make_run.stderr[-3000:]
     run_dir = make_run.run_dir

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import MAKE_RUN_GROUP, run_args
+from conftest import run_args
 
 from cascade_repro.plan.matrix import MatrixSpec
 from cascade_repro.plan.models import embedded_available
@@ -45,7 +45,6 @@ def injected_run(tmp_path_factory):
 # The clean run is `make run`'s (conftest's `make_run`, shared with tests/test_docs.py): one real run
 # of the README's worked example instead of two; batch 8 and 16, cascade on and off, the reference on.
 @pytest.mark.slow
-@pytest.mark.xdist_group(MAKE_RUN_GROUP)
 def test_clean_run_has_no_regression(make_run):
     assert make_run.returncode == 0, make_run.stderr[-3000:]
     pairs = _pairs(make_run.run_dir)
@@ -87,7 +86,6 @@ def test_injected_fault_is_flagged_as_regression(injected_run):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group(MAKE_RUN_GROUP)
 def test_report_rerenders_identically_offline(make_run, tmp_path):
     from typer.testing import CliRunner
 
@@ -103,7 +101,6 @@ def test_report_rerenders_identically_offline(make_run, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group(MAKE_RUN_GROUP)
 def test_the_manifest_round_trips_a_real_run_json_byte_for_byte(make_run, tmp_path):
     raw = (make_run.run_dir / runstore.RUN_JSON).read_bytes()
     m = runstore.read_manifest(make_run.run_dir)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
+from conftest import made_once
 
 from cascade_repro.errors import UsageError
 from cascade_repro.judge import calibration
@@ -27,8 +29,6 @@ if not embedded_available():
 # Three rungs: 0.01 nats (the smallest this fp32 setup flags), 0.1 and a gross 1 nat; every rung is a
 # cell the reference pass reads again in float64.
 LADDER = [0.01, 0.1, 1.0]
-# The tests reading `calibrated` share one xdist worker, so its run (minutes on CPU) is made once.
-CALIBRATED = pytest.mark.xdist_group("reference-pass-calibrated")
 
 
 def _pairs(run_dir: Path) -> pd.DataFrame:
@@ -37,9 +37,15 @@ def _pairs(run_dir: Path) -> pd.DataFrame:
 
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory):
-    out = tmp_path_factory.mktemp("cal")
-    spec = MatrixSpec(limit=8, batch=[8], max_tokens=16, calibrate=LADDER)
-    return run_matrix(spec, RunOptions(results_dir=out, progress=False))
+    """Made once per test run however pytest-xdist spreads this module's tests (conftest's made_once)."""
+
+    def make(folder: Path) -> dict:
+        spec = MatrixSpec(limit=8, batch=[8], max_tokens=16, calibrate=LADDER)
+        outcome = run_matrix(spec, RunOptions(results_dir=folder, progress=False))
+        return {"exit_code": outcome.exit_code, "run_dir": str(outcome.run_dir)}
+
+    _, made = made_once(tmp_path_factory, "reference-pass-calibrated", make)
+    return SimpleNamespace(exit_code=made["exit_code"], run_dir=Path(made["run_dir"]))
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +55,6 @@ def onset(tmp_path_factory):
     return run_matrix(spec, RunOptions(results_dir=out, progress=False))
 
 
-@CALIBRATED
 def test_clean_pair_is_judged_by_the_reference_and_is_not_a_regression(calibrated):
     pairs = _pairs(calibrated.run_dir)
     clean = pairs.loc["tp1-b8-cascade~flat"]
@@ -63,7 +68,6 @@ def test_clean_pair_is_judged_by_the_reference_and_is_not_a_regression(calibrate
     assert run.reference["status"] == "done" and run.reference["precision"] == "fp64"
 
 
-@CALIBRATED
 def test_the_ladder_is_judged_by_the_reference(calibrated):
     entries = calibration.detection_power(_pairs(calibrated.run_dir).reset_index().to_dict("records"))
     assert len(entries) == 1
@@ -77,7 +81,6 @@ def test_the_ladder_is_judged_by_the_reference(calibrated):
     assert "<details><summary>Against the reference</summary>" in report and "float64 reference" in report
 
 
-@CALIBRATED
 def test_an_lse_shift_ladder_is_flagged_from_some_shift_on_and_the_clean_pair_never(calibrated):
     pairs = _pairs(calibrated.run_dir)
     # One batch size: the planner added the flat b1 control, and the clean pair is judged against it.
@@ -113,7 +116,6 @@ def test_a_fault_with_an_onset_is_flagged_and_shows_as_a_step(onset):
     assert min(test[8:]) > 10 * max(twin[8:])
 
 
-@CALIBRATED
 def test_a_cut_reference_pass_resumes_and_a_finished_one_is_never_recomputed(calibrated, tmp_path):
     run_dir = tmp_path / "copy"
     shutil.copytree(calibrated.run_dir, run_dir)
