@@ -391,7 +391,6 @@ class ReferenceModel:
         self._head = self.model.get_output_embeddings() if plain_head else None
 
     def _prefix_cache(self, prefix: list[int]) -> Any:
-        import torch
         from transformers import DynamicCache
 
         key = tuple(prefix)
@@ -402,14 +401,7 @@ class ReferenceModel:
                 for i, (k, v) in enumerate(stored):
                     cache.update(k.to(self.device), v.to(self.device), i)
             elif prefix:
-                n = len(prefix)
-                with torch.inference_mode():
-                    self.model(
-                        input_ids=torch.tensor([prefix], device=self.device),
-                        attention_mask=torch.ones(1, 1, n, n, dtype=torch.bool, device=self.device).tril(),
-                        use_cache=True,
-                        **{self._cache_kw: cache},
-                    )
+                self._extend(cache, 0, prefix)
                 self._store_prefix(prefix, cache)
             self._prefix = (key, cache)
         return self._prefix[1]
@@ -484,26 +476,31 @@ class ReferenceModel:
         """
         import copy
 
-        import torch
-
         if not own:  # the prefix's last token predicts the first generated one
             return self.score_prompt(prefix[:-1], prefix[-1:], gens)
         base, head = self._prefix_cache(prefix), own[:-1]
         if not head:
             return self._score(base, len(prefix), [(own, g) for g in gens])
-        p, n = len(prefix), len(head)
         cache = copy.deepcopy(base)
-        mask = torch.ones((1, 1, n, p + n), dtype=torch.bool, device=self.device)
-        mask[..., p:] = torch.ones((n, n), dtype=torch.bool, device=self.device).tril()
+        self._extend(cache, len(prefix), head)
+        return self._score(cache, len(prefix) + len(head), [(own[-1:], g) for g in gens])
+
+    def _extend(self, cache: Any, start: int, tokens: list[int]) -> None:
+        """Append ``tokens``' KV to a batch-1 ``cache`` that holds ``start`` positions: each token sees
+        the cache and the tokens before it. Only the KV is wanted, so the decoder runs without the head."""
+        import torch
+
+        n = len(tokens)
+        mask = torch.ones((1, 1, n, start + n), dtype=torch.bool, device=self.device)
+        mask[..., start:] = torch.ones((n, n), dtype=torch.bool, device=self.device).tril()
         with torch.inference_mode():
             self.model.base_model(
-                input_ids=torch.tensor([head], device=self.device),
-                position_ids=(p + torch.arange(n, device=self.device))[None],
+                input_ids=torch.tensor([tokens], device=self.device),
+                position_ids=(start + torch.arange(n, device=self.device))[None],
                 attention_mask=mask,
                 use_cache=True,
                 **{self._cache_kw: cache},
             )
-        return self._score(cache, p + n, [(own[-1:], g) for g in gens])
 
     def _score(self, base: Any, p: int, rows: list[tuple[list[int], list[int]]]) -> list[RefRow]:
         """Score rows after ``p`` positions whose KV is ``base`` (a batch-1 cache)."""
