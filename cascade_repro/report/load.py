@@ -20,6 +20,7 @@ from cascade_repro.report.text import as_int, is_missing
 from cascade_repro.run import runstore
 from cascade_repro.run.manifest import Manifest
 from cascade_repro.twin import CASCADE as TWIN
+from cascade_repro.twin import TwinAxis
 
 
 @dataclass
@@ -42,11 +43,8 @@ class Example:
     ref_topk: list[tuple[int, float]] = field(default_factory=list)
     edit_distance: float | None = None
     topk_ok: bool | None = None
-    # The two arms' names and sample headings, from the run's twin (cascade (test) / flat (ref)...).
-    test_arm: str = TWIN.test
-    ref_arm: str = TWIN.ref
-    test_label: str = TWIN.test_label
-    ref_label: str = TWIN.ref_label
+    # The run's twin: its arms' names and sample headings (cascade (test) / flat (ref), ...).
+    twin: TwinAxis = TWIN
 
 
 @dataclass
@@ -120,12 +118,7 @@ def load_run(
     examples = pick_examples(pairs, comparisons, n_examples)
     axis = twins.of(manifest.spec)
     for ex in examples:
-        ex.test_arm, ex.ref_arm, ex.test_label, ex.ref_label = (
-            axis.test,
-            axis.ref,
-            axis.test_label,
-            axis.ref_label,
-        )
+        ex.twin = axis
     _attach_samples(run_dir, examples, samples)
     missing = ""
     if samples is None and examples and not runstore.samples_files(run_dir):

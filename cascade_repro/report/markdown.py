@@ -111,8 +111,8 @@ def _example(ex: Example) -> list[str]:
         "",
         *md_table(tables.example_table(ex), "no token data"),
         "",
-        *_sample(ex.test_label, ex.test_cell, ex.test_text),
-        *_sample(ex.ref_label, ex.ref_cell, ex.ref_text),
+        *_sample(ex.twin.test_label, ex.test_cell, ex.test_text),
+        *_sample(ex.twin.ref_label, ex.ref_cell, ex.ref_text),
         "</details>",
         "",
     ]

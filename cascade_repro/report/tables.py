@@ -169,7 +169,7 @@ def example_title(ex: Example) -> str:
 
 def example_table(ex: Example) -> Table:
     """Show both sides' token, log-probability and top-k at the first divergence."""
-    sides = [f"{ex.test_arm} ({ex.test_cell})", f"{ex.ref_arm} ({ex.ref_cell})"]
+    sides = [f"{ex.twin.test} ({ex.test_cell})", f"{ex.twin.ref} ({ex.ref_cell})"]
     return Table(
         [f"at token {fmt_int(ex.first_div)}", *sides],
         [
