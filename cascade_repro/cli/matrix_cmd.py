@@ -387,16 +387,15 @@ def matrix(
             tw = twins.of(spec)
             gpus = visible_gpu_count()
             why = vllm_surface.twin_refusal(tw.family, tw.name, tw.gpus, version, gpus)
-            if why and dry_run:  # a plan for another machine is fine: say what this one would refuse
-                if tw.gpus < 2 and vllm_surface.twin_problem(tw.family, version) is None:
-                    why = ""  # a GPU-less box planning one-GPU work: nothing worth a warning
-                if why:
-                    err_console().print(f"warning: {why}", highlight=False, markup=False)
-            elif why:
+            unsupported = vllm_surface.twin_problem(tw.family, version) is not None
+            if why and not dry_run:
                 err_console().print(f"error: {why}", highlight=False, markup=False)
                 # A vLLM without the setting exercises nothing (exit 4); too few GPUs is the command's.
-                code = exit_codes.USAGE if vllm_surface.twin_problem(tw.family, version) is None else None
-                raise typer.Exit(code or exit_codes.NOTHING_EXERCISED)
+                raise typer.Exit(exit_codes.NOTHING_EXERCISED if unsupported else exit_codes.USAGE)
+            # A plan for another machine is fine: say what this one would refuse, bar a GPU-less box
+            # planning one-GPU work.
+            if why and (unsupported or tw.gpus > 1):
+                err_console().print(f"warning: {why}", highlight=False, markup=False)
             if tw.family == twins.CASCADE.family and (note := vllm_surface.cascade_note(version)):
                 err_console().print(f"note: {note}", highlight=False, markup=False)
         if dry_run:
