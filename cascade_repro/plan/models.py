@@ -88,13 +88,26 @@ def embedded_converted() -> bool:
 
 
 def embedded_model_dir() -> Path:
-    """Return the converted embedded model folder, converting it on first use."""
+    """Return the converted embedded model folder, converting it on first use.
+
+    Two first runs at once (two shells, parallel test workers) convert once: the second waits on
+    CONVERT_LOCK while the first converts (~15 s), then finds the folder there.
+    """
+    import fcntl
+
     gguf = embedded_gguf_path()
     target = _embedded_target(gguf)
     sweep_partial_conversions(target.parent)
     if (target / "config.json").is_file():
         return target
-    _convert_gguf(gguf, target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(target.parent / CONVERT_LOCK, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released when the descriptor closes, however this process ends
+        if not (target / "config.json").is_file():
+            _convert_gguf(gguf, target)
+    finally:
+        os.close(fd)
     return target
 
 
@@ -104,6 +117,7 @@ def embedded_model_dir() -> Path:
 # locked by someone else is a dead conversion's (each up to ~540 MB) and is removed on the next start.
 CONVERT_PREFIX = ".convert-"
 OWNER = ".owner"
+CONVERT_LOCK = ".convert.lock"  # held while one process converts, so another waits instead of converting too
 # A folder without OWNER is a conversion in its first moment (the owner file is not there yet, or
 # no longer: it is taken out just before the rename), or one left by a version that wrote none.
 # Removed only once nothing in it has changed for this long.

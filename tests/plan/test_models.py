@@ -164,3 +164,31 @@ def test_the_embedded_model_sweeps_dead_conversions_on_every_start(tmp_path, mon
     (target / "config.json").write_text("{}")  # converted; a killed earlier attempt's folder beside it
     dead = _conversion(target.parent, "killed", "999999")
     assert models.embedded_model_dir() == target and not dead.exists()
+
+
+def test_two_first_runs_at_once_convert_once(tmp_path, monkeypatch):
+    """The second caller waits on the conversion lock and finds the first one's folder."""
+    import threading
+    import time
+
+    gguf = tmp_path / "x.gguf"
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setenv("CASCADE_REPRO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(models, "embedded_gguf_path", lambda: gguf)
+    calls, started = [], threading.Event()
+
+    def write(gguf, folder):
+        calls.append(folder.name)
+        started.set()
+        time.sleep(0.5)  # the other caller arrives while this one converts
+        (folder / "config.json").write_text("{}")
+
+    monkeypatch.setattr(models, "_write_hf_folder", write)
+    got = []
+    first = threading.Thread(target=lambda: got.append(models.embedded_model_dir()))
+    first.start()
+    assert started.wait(30)
+    got.append(models.embedded_model_dir())
+    first.join(30)
+    assert len(calls) == 1
+    assert got[0] == got[1] == models._embedded_target(gguf) and (got[0] / "config.json").is_file()
