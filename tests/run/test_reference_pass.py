@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pytest
-from conftest import made_once
+from conftest import SHORT_SYSTEM, made_once
 
 from cascade_repro.errors import UsageError
 from cascade_repro.judge import calibration
@@ -31,16 +31,22 @@ if not embedded_available():
 LADDER = [0.01, 0.1, 1.0]
 
 
+def CUT(model: Path) -> dict:
+    """The runs of this module: the two-layer cut of the embedded model (conftest's cut_model) behind a
+    ~300-token system prompt, 8 prompts at batch 8, 16 tokens each."""
+    return dict(model=str(model), system_prompt=str(SHORT_SYSTEM), limit=8, batch=[8], max_tokens=16)
+
+
 def _pairs(run_dir: Path) -> pd.DataFrame:
     return pd.read_parquet(run_dir / runstore.PAIRS).set_index("pair_id")
 
 
 @pytest.fixture(scope="module")
-def calibrated(tmp_path_factory):
+def calibrated(tmp_path_factory, cut_model):
     """Made once per test run however pytest-xdist spreads this module's tests (conftest's made_once)."""
 
     def make(folder: Path) -> dict:
-        spec = MatrixSpec(limit=8, batch=[8], max_tokens=16, calibrate=LADDER)
+        spec = MatrixSpec(**CUT(cut_model), calibrate=LADDER)
         outcome = run_matrix(spec, RunOptions(results_dir=folder, progress=False))
         return {"exit_code": outcome.exit_code, "run_dir": str(outcome.run_dir)}
 
@@ -49,9 +55,10 @@ def calibrated(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def onset(tmp_path_factory):
+def onset(tmp_path_factory, cut_model):
+    """A fault from the 9th token on, and no flat-vs-flat control (the reference alone judges)."""
     out = tmp_path_factory.mktemp("onset")
-    spec = MatrixSpec(limit=8, batch=[8], max_tokens=16, inject="lse-shift=0.3@8")
+    spec = MatrixSpec(**CUT(cut_model), inject="lse-shift=0.3@8", auto_controls=False)
     return run_matrix(spec, RunOptions(results_dir=out, progress=False))
 
 
@@ -114,6 +121,17 @@ def test_a_fault_with_an_onset_is_flagged_and_shows_as_a_step(onset):
     # before the onset the cascade arm is as close to the reference as flat; from it on, far further
     assert max(test[:8]) < 1e-4 and max(twin[:8]) < 1e-4
     assert min(test[8:]) > 10 * max(twin[8:])
+
+
+def test_without_controls_the_reference_alone_judges(onset):
+    # Against the reference the fault is measured without any flat-vs-flat control (minimum effect 1),
+    # and the verdict line says that no control was measured.
+    pairs = _pairs(onset.run_dir)
+    assert list(pairs.index) == ["tp1-b8-cascade~flat"]
+    pair = pairs.loc["tp1-b8-cascade~flat"]
+    assert pair["verdict"] == "regression" and pair["rule"] == "reference"
+    assert "no flat-vs-flat control measured: the tests alone decide" in pair["reasons"]
+    assert onset.exit_code == 1
 
 
 def test_a_cut_reference_pass_resumes_and_a_finished_one_is_never_recomputed(calibrated, tmp_path):

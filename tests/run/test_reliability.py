@@ -4,7 +4,8 @@ Every run here is the real ``cascade-repro matrix`` command in a subprocess (run
 scoring, reports) with tiny settings: 8 short prompts behind a long system prompt (so cascade fires
 at batch 8), 4 new tokens, batch 4 and 8. The engine is the deterministic ``fake`` (no weights, a
 worker up in well under a second): none of this depends on what a model computes. The kill -9
-resume runs once more on the embedded model (``hf``, slow), the model path end to end. The runs share
+resume runs once more on the ``hf`` engine (slow; conftest's two-layer cut of the embedded model), the
+model path end to end: a worker that loads torch and weights, and the reference pass. The runs share
 one environment that plants secrets (item 6), so every run directory this module writes is also
 checked for leaks.
 
@@ -46,7 +47,7 @@ def engine_key(engine: str = ENGINE) -> str:
 
 PROMPTS = [f"Write one short sentence about the number {i}." for i in range(8)]
 # ~320 shared tokens of the embedded model's (the fake's bytes: ~1,800): enough for cascade to fire at
-# batch 8, short enough for a ~1 s wave of the embedded model on CPU.
+# batch 8, short enough for a wave of well under a second on CPU.
 SYSTEM = ("You are a careful assistant. Answer briefly and follow every instruction exactly. " * 22).strip()
 ARGS = [
     "matrix", "--limit", "8", "--batch", "4,8", "--cascade", "on,off", "--max-tokens", "4",
@@ -89,12 +90,17 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _start(cwd: Path, prompts: Path, *extra_args: str, engine: str = ENGINE, **extra_env: str) -> subprocess.Popen:
+def _engine(engine: str, model: Path | None) -> list[str]:
+    return ["--engine", engine, *(["--model", str(model)] if model else [])]
+
+
+def _start(cwd: Path, prompts: Path, *extra_args: str, engine: str = ENGINE, model: Path | None = None,
+           **extra_env: str) -> subprocess.Popen:  # fmt: skip
     """Start `cascade-repro matrix ...` in cwd (so `--results-dir results` reads the same everywhere)."""
     cwd.mkdir(parents=True, exist_ok=True)
     code = "import sys; from cascade_repro.cli import main; sys.argv[0] = 'cascade-repro'; main()"
     return subprocess.Popen(
-        [sys.executable, "-c", code, *ARGS, "--engine", engine, "--prompts", str(prompts),
+        [sys.executable, "-c", code, *ARGS, *_engine(engine, model), "--prompts", str(prompts),
          "--system-prompt", str(prompts.with_name("system.txt")), *extra_args],
         cwd=cwd, env=_env(**extra_env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -209,12 +215,13 @@ def reference(tmp_path_factory, prompts_file):
 
 
 @pytest.fixture(scope="module")
-def hf_reference(tmp_path_factory, prompts_file):
-    """The same on the embedded model, for the kill -9 resume of the real engine."""
-    return _reference_run(tmp_path_factory, prompts_file, "hf")
+def hf_reference(tmp_path_factory, prompts_file, cut_model):
+    """The same on the hf engine (conftest's two-layer cut of the embedded model), for the kill -9
+    resume of a real engine: its worker loads torch and a model, and the reference pass runs."""
+    return _reference_run(tmp_path_factory, prompts_file, "hf", cut_model)
 
 
-def _reference_run(tmp_path_factory, prompts_file: Path, engine: str) -> dict:
+def _reference_run(tmp_path_factory, prompts_file: Path, engine: str, model: Path | None = None) -> dict:
     """An uninterrupted run with a second identical run thrown at it.
 
     While the first run holds the lock it is paused (SIGSTOP), so the second command is sure to
@@ -222,7 +229,7 @@ def _reference_run(tmp_path_factory, prompts_file: Path, engine: str) -> dict:
     and must finish as if nothing had happened.
     """
     cwd = tmp_path_factory.mktemp(f"reference-{engine}")
-    first = _start(cwd, prompts_file, engine=engine)
+    first = _start(cwd, prompts_file, engine=engine, model=model)
     lock_seen = {}
 
     def locked() -> bool:
@@ -242,7 +249,7 @@ def _reference_run(tmp_path_factory, prompts_file: Path, engine: str) -> dict:
         second = subprocess.run(
             [sys.executable, "-c",
              "import sys; from cascade_repro.cli import main; sys.argv[0] = 'cascade-repro'; main()",
-             *ARGS, "--engine", engine, "--prompts", str(prompts_file),
+             *ARGS, *_engine(engine, model), "--prompts", str(prompts_file),
              "--system-prompt", str(prompts_file.with_name("system.txt"))],
             cwd=cwd, env=_env(), capture_output=True, text=True, timeout=120,
         )  # fmt: skip
@@ -365,10 +372,11 @@ def test_two_takeovers_of_a_stale_lock_have_one_winner(tmp_path, monkeypatch):
 @pytest.mark.parametrize("engine", [ENGINE, HF])
 def test_kill_9_of_the_parent_then_rerun_resumes_to_the_same_report(tmp_path, prompts_file, engine, request):
     reference = request.getfixturevalue("reference" if engine == ENGINE else "hf_reference")
+    model = request.getfixturevalue("cut_model") if engine == "hf" else None
     cwd = tmp_path / "killed"
     # The worker pauses in the second cell's second wave, after writing that cell's first wave:
     # the kill lands at a known point, with one finished cell and a half-written one on disk.
-    proc = _start(cwd, prompts_file, engine=engine, CASCADE_REPRO_FAULT="hang:tp1-b4-flat:1")
+    proc = _start(cwd, prompts_file, engine=engine, model=model, CASCADE_REPRO_FAULT="hang:tp1-b4-flat:1")
     samples: list[Path] = []
 
     def at_hang() -> bool:
@@ -402,7 +410,7 @@ def test_kill_9_of_the_parent_then_rerun_resumes_to_the_same_report(tmp_path, pr
     with open(path, "ab") as f:
         f.write(b'{"type":"sample","cell_id":"tp1-b4-flat","wave":1,"prompt_index":4,"prompt_key":"p4","tok')
 
-    rc, out, err = _finish(_start(cwd, prompts_file, engine=engine))
+    rc, out, err = _finish(_start(cwd, prompts_file, engine=engine, model=model))
     assert rc == 0, err
     assert not (run_dir / runstore.LOCK).exists()
     # It says it resumed, and that the cut cell's finished first wave is kept.
