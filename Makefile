@@ -5,7 +5,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 CPU_TORCH ?= torch==2.13.0
-RUN_ARGS ?= --limit 16 --batch 8,16 --cascade on,off --max-tokens 64
+RUN_ARGS ?= --limit 8 --batch 8 --cascade on,off --max-tokens 32
 
 .PHONY: setup run test lint clean
 
