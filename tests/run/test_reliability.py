@@ -218,10 +218,12 @@ def reference(tmp_path_factory, prompts_file):
 def hf_reference(tmp_path_factory, prompts_file, cut_model):
     """The same on the hf engine (conftest's two-layer cut of the embedded model), for the kill -9
     resume of a real engine: its worker loads torch and a model, and the reference pass runs."""
-    return _reference_run(tmp_path_factory, prompts_file, "hf", cut_model)
+    cwd = tmp_path_factory.mktemp("reference-hf")
+    rc, _, err = _finish(_start(cwd, prompts_file, engine="hf", model=cut_model))
+    return {"cwd": cwd, "run_dir": _run_dir(cwd), "rc": rc, "stderr": err}
 
 
-def _reference_run(tmp_path_factory, prompts_file: Path, engine: str, model: Path | None = None) -> dict:
+def _reference_run(tmp_path_factory, prompts_file: Path, engine: str) -> dict:
     """An uninterrupted run with a second identical run thrown at it.
 
     While the first run holds the lock it is paused (SIGSTOP), so the second command is sure to
@@ -229,7 +231,7 @@ def _reference_run(tmp_path_factory, prompts_file: Path, engine: str, model: Pat
     and must finish as if nothing had happened.
     """
     cwd = tmp_path_factory.mktemp(f"reference-{engine}")
-    first = _start(cwd, prompts_file, engine=engine, model=model)
+    first = _start(cwd, prompts_file, engine=engine)
     lock_seen = {}
 
     def locked() -> bool:
@@ -249,7 +251,7 @@ def _reference_run(tmp_path_factory, prompts_file: Path, engine: str, model: Pat
         second = subprocess.run(
             [sys.executable, "-c",
              "import sys; from cascade_repro.cli import main; sys.argv[0] = 'cascade-repro'; main()",
-             *ARGS, *_engine(engine, model), "--prompts", str(prompts_file),
+             *ARGS, "--engine", engine, "--prompts", str(prompts_file),
              "--system-prompt", str(prompts_file.with_name("system.txt"))],
             cwd=cwd, env=_env(), capture_output=True, text=True, timeout=120,
         )  # fmt: skip
