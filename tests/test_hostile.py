@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from support.cli import CliRunner
 
 from cascade_repro.cli import app
 from cascade_repro.plan.matrix import MatrixSpec

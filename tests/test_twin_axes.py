@@ -180,7 +180,7 @@ def test_versions_decide_per_twin():
 
 
 def test_matrix_refuses_tp_on_one_gpu_in_one_line(monkeypatch):
-    from typer.testing import CliRunner
+    from support.cli import CliRunner
 
     from cascade_repro.cli import app
     from cascade_repro.run import envinfo
@@ -382,7 +382,7 @@ def test_explain_predicts_per_cell_where_knowable():
 
 
 def test_explain_command_prints_the_twin_lines():
-    from typer.testing import CliRunner
+    from support.cli import CliRunner
 
     from cascade_repro.cli import app
 

@@ -1435,7 +1435,7 @@ def test_report_md_of_a_200_cell_run_fits_a_github_issue(tmp_path: Path) -> None
 
 def test_report_of_a_cut_run_scores_what_finished_and_says_it_is_not_finished(tmp_path):
     from conftest import synthetic_run
-    from typer.testing import CliRunner
+    from support.cli import CliRunner
 
     from cascade_repro.cli import app
     from cascade_repro.run import runstore
@@ -1465,7 +1465,7 @@ def test_report_of_a_cut_run_scores_what_finished_and_says_it_is_not_finished(tm
 def test_report_of_a_run_cut_after_its_first_cell_is_not_finished_not_all_errored(tmp_path):
     """Every pair of such a run is an error (its twin never ran): the exit code still says "rerun"."""
     from conftest import synthetic_run
-    from typer.testing import CliRunner
+    from support.cli import CliRunner
 
     from cascade_repro.cli import app
     from cascade_repro.run import runstore
@@ -1493,7 +1493,7 @@ def test_report_judges_by_the_runs_own_fail_on_unless_told_and_summary_json_agre
     import json
 
     from conftest import synthetic_run
-    from typer.testing import CliRunner
+    from support.cli import CliRunner
 
     from cascade_repro.cli import app
     from cascade_repro.run import runstore
@@ -1531,7 +1531,7 @@ def test_report_of_a_run_cut_before_any_sample_scores_it_as_not_finished(tmp_pat
     import shutil
 
     from conftest import synthetic_run
-    from typer.testing import CliRunner
+    from support.cli import CliRunner
 
     from cascade_repro.cli import app
     from cascade_repro.run import runstore
@@ -1554,7 +1554,7 @@ def test_report_without_samples_keeps_the_richer_reports_unless_forced(run_dir: 
     import shutil
     from html import escape as html_escape
 
-    from typer.testing import CliRunner
+    from support.cli import CliRunner
 
     from cascade_repro.cli import app
     from cascade_repro.report.load import NO_SAMPLES
