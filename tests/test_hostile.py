@@ -725,6 +725,7 @@ class FinishedRun:
     args: list[str]
     run: Path
     exit_code: int
+    output: str
 
     def copy(self, tmp_path: Path) -> tuple[list[str], Path]:
         """The matrix's arguments for ``tmp_path/results`` and the copy of the run they resume."""
@@ -736,7 +737,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory, *args: str) -> Finish
     results = tmp_path_factory.mktemp("finished") / "results"
     first = CliRunner().invoke(app, fake_matrix(results, *args), env=WIDE)
     assert first.exception is None or isinstance(first.exception, SystemExit), first.exception
-    return FinishedRun(list(args), results / "r", first.exit_code)
+    return FinishedRun(list(args), results / "r", first.exit_code, first.output)
 
 
 @pytest.fixture(scope="module")
@@ -753,7 +754,7 @@ def test_resume_reruns_the_cell_of_a_damaged_sample_line(
     import pandas as pd
 
     # Exit 4: at batch 1 cascade never fires (nothing exercised), the exit code of a finished run.
-    assert batch1_run.exit_code == 4
+    assert batch1_run.exit_code == 4, batch1_run.output
     argv, run = batch1_run.copy(tmp_path)
     path, line, cid = damage_sample(run, damage.how)
     mine = b'"cell_id":"%s"' % cid.encode()
@@ -804,7 +805,7 @@ def test_a_control_record_of_the_wrong_type_is_a_lost_record(
     import pandas as pd
 
     first = batch8_run
-    assert first.exit_code in (0, 5)
+    assert first.exit_code in (0, 5), first.output
     argv, run = first.copy(tmp_path)
     path = samples_file(run)
     key = f'"{name}":'.encode()
