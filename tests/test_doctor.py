@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
+from support.cli import CliRunner
 
 from cascade_repro import doctor
 from cascade_repro.doctor import FAIL, OK, WARN, Facts

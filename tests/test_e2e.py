@@ -110,10 +110,11 @@ def test_worker_crash_is_isolated_and_resume_keeps_finished_cells(tmp_path, monk
 
 
 def test_hung_worker_is_killed_after_engine_timeout(tmp_path, monkeypatch):
-    # Inactivity timeout: the fake engine loads nothing, yet a busy 2-core runner may take seconds to
-    # start the worker's Python; 10 s is well past that, and the test waits it out once.
+    # Inactivity timeout: the fake engine loads nothing, and the runner's first poll (0.5 s after the
+    # worker starts) finds its records there, on an idle 2-core box and with four busy processes beside
+    # it; 3 s leaves a loaded runner room for a slow start, and the test waits it out once.
     spec = MatrixSpec(
-        engine="fake", limit=8, batch=[8], cascade=[True, False], max_tokens=4, engine_timeout=10
+        engine="fake", limit=8, batch=[8], cascade=[True, False], max_tokens=4, engine_timeout=3
     )
     monkeypatch.setenv("CASCADE_REPRO_FAULT", "hang:tp1-b8-flat")
     out = run_matrix(spec, RunOptions(results_dir=tmp_path, progress=False))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from support.cli import CliRunner
 
 import cascade_repro.cli.explain_cmd  # noqa: F401 - registers the command until cli/__init__ imports it
 from cascade_repro import explain

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from support.cli import CliRunner
 
 from cascade_repro.cli import app
 from cascade_repro.plan.matrix import MatrixSpec
@@ -712,20 +712,50 @@ def test_a_damaged_sample_line_is_skipped_and_named(damage: Damage, synth: Path,
     assert again.exit_code == 0 and "Traceback" not in again.output, again.output
 
 
+def fake_matrix(results: Path, *args: str) -> list[str]:
+    """A small matrix of the fake engine into ``results/r``."""
+    return ["matrix", "--engine", "fake", *args, "--no-auto-controls", "--reference", "off", "--results-dir",
+            str(results), "--run-id", "r"]  # fmt: skip
+
+
+@dataclass
+class FinishedRun:
+    """A fake-engine run made once for the rows below, which each damage a copy and run again."""
+
+    args: list[str]
+    run: Path
+    exit_code: int
+    output: str
+
+    def copy(self, tmp_path: Path) -> tuple[list[str], Path]:
+        """The matrix's arguments for ``tmp_path/results`` and the copy of the run they resume."""
+        run = Path(shutil.copytree(self.run, tmp_path / "results" / "r", symlinks=True))
+        return fake_matrix(tmp_path / "results", *self.args), run
+
+
+def finished_run(tmp_path_factory: pytest.TempPathFactory, *args: str) -> FinishedRun:
+    results = tmp_path_factory.mktemp("finished") / "results"
+    first = CliRunner().invoke(app, fake_matrix(results, *args), env=WIDE)
+    assert first.exception is None or isinstance(first.exception, SystemExit), first.exception
+    return FinishedRun(list(args), results / "r", first.exit_code, first.output)
+
+
+@pytest.fixture(scope="module")
+def batch1_run(tmp_path_factory: pytest.TempPathFactory) -> FinishedRun:
+    return finished_run(tmp_path_factory, "--limit", "2", "--batch", "1", "--max-tokens", "2")
+
+
 @pytest.mark.parametrize("damage", [DAMAGES[0], DAMAGES[1], DAMAGES[-1]], ids=lambda d: d.id)
 def test_resume_reruns_the_cell_of_a_damaged_sample_line(
-    damage: Damage, tmp_path: Path, request: pytest.FixtureRequest
+    damage: Damage, batch1_run: FinishedRun, tmp_path: Path
 ):
     from collections import Counter
 
     import pandas as pd
 
-    argv = ["matrix", "--engine", "fake", "--limit", "2", "--batch", "1", "--max-tokens", "2", "--no-auto-controls",
-            "--reference", "off", "--results-dir", str(tmp_path / "results"), "--run-id", "r"]  # fmt: skip
-    first = CliRunner().invoke(app, argv, env=WIDE)
     # Exit 4: at batch 1 cascade never fires (nothing exercised), the exit code of a finished run.
-    assert first.exit_code == 4, first.output
-    run = tmp_path / "results" / "r"
+    assert batch1_run.exit_code == 4, batch1_run.output
+    argv, run = batch1_run.copy(tmp_path)
     path, line, cid = damage_sample(run, damage.how)
     mine = b'"cell_id":"%s"' % cid.encode()
     before = [ln for ln in path.read_bytes().splitlines(keepends=True) if mine not in ln]
@@ -763,15 +793,20 @@ CONTROL_DAMAGE = [
 ]
 
 
+@pytest.fixture(scope="module")
+def batch8_run(tmp_path_factory: pytest.TempPathFactory) -> FinishedRun:
+    return finished_run(tmp_path_factory, "--limit", "2", "--batch", "8", "--max-tokens", "4")
+
+
 @pytest.mark.parametrize(("name", "bad", "says"), CONTROL_DAMAGE, ids=[c[0] for c in CONTROL_DAMAGE])
-def test_a_control_record_of_the_wrong_type_is_a_lost_record(name: str, bad: str, says: str, tmp_path: Path):
+def test_a_control_record_of_the_wrong_type_is_a_lost_record(
+    name: str, bad: str, says: str, batch8_run: FinishedRun, tmp_path: Path
+):
     import pandas as pd
 
-    argv = ["matrix", "--engine", "fake", "--limit", "2", "--batch", "8", "--max-tokens", "4", "--no-auto-controls",
-            "--reference", "off", "--results-dir", str(tmp_path / "results"), "--run-id", "r"]  # fmt: skip
-    first = CliRunner().invoke(app, argv, env=WIDE)
+    first = batch8_run
     assert first.exit_code in (0, 5), first.output
-    run = tmp_path / "results" / "r"
+    argv, run = first.copy(tmp_path)
     path = samples_file(run)
     key = f'"{name}":'.encode()
     assert key in path.read_bytes()

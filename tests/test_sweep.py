@@ -102,7 +102,7 @@ def test_measure_without_vllm_is_a_one_line_error(tmp_path):
 
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed here")
-    from typer.testing import CliRunner
+    from support.cli import CliRunner
 
     from cascade_repro.cli import app
 

@@ -180,7 +180,7 @@ def test_versions_decide_per_twin():
 
 
 def test_matrix_refuses_tp_on_one_gpu_in_one_line(monkeypatch):
-    from typer.testing import CliRunner
+    from support.cli import CliRunner
 
     from cascade_repro.cli import app
     from cascade_repro.run import envinfo
@@ -282,13 +282,16 @@ def test_fake_vllm_reads_back_the_attention_class_and_tp_size(fake_vllm, tmp_pat
 
 
 def _matrix(tmp_path: Path, run_id: str, *args: str, env: dict[str, str] | None = None):
-    import os
-    import subprocess
-    import sys
+    """`matrix` on the fake engine, in this process (its workers are processes of their own, started
+    with ``env`` in their environment); the result's ``exit_code`` and ``stderr``, and the run directory."""
+    from support.cli import CliRunner
 
-    cmd = [sys.executable, "-m", "cascade_repro", "matrix", "--engine", "fake", "--limit", "16", "--batch", "8",
-           "--results-dir", str(tmp_path), "--run-id", run_id, "--quiet", *args]  # fmt: skip
-    res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=600)
+    from cascade_repro.cli import app
+
+    argv = ["matrix", "--engine", "fake", "--limit", "16", "--batch", "8", "--results-dir", str(tmp_path),
+            "--run-id", run_id, "--quiet", *args]  # fmt: skip
+    res = CliRunner().invoke(app, argv, env=env)
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
     return res, tmp_path / run_id
 
 
@@ -296,7 +299,7 @@ def test_fake_engine_run_names_the_twin_and_says_when_it_never_took_effect(tmp_p
     import pandas as pd
 
     res, run = _matrix(tmp_path, "on", "--twin", "prefix-caching")
-    assert res.returncode == 0, res.stderr
+    assert res.exit_code == 0, res.stderr
     pairs = pd.read_parquet(run / "pairs.parquet")
     row = pairs[pairs["kind"] == "prefix-caching"].iloc[0]
     assert (row["pair_id"], row["verdict"], row["depth"]) == ("tp1-b8-prefix-on~prefix-off", "identical", "")
@@ -316,7 +319,7 @@ def test_fake_engine_run_names_the_twin_and_says_when_it_never_took_effect(tmp_p
     assert "prefix-cache hits" in junit
 
     res, run = _matrix(tmp_path, "off", "--twin", "prefix-caching", env={"CASCADE_REPRO_FAKE_EFFECT": "off"})
-    assert res.returncode == 4, res.stderr
+    assert res.exit_code == 4, res.stderr
     row = pd.read_parquet(run / "pairs.parquet").iloc[0]
     assert row["verdict"] == "not exercised"
     assert json.loads((run / "summary.json").read_text())["headline"] == (
@@ -332,12 +335,12 @@ def test_a_positive_control_is_flagged_on_any_twin_and_an_expected_change_does_n
     import pandas as pd
 
     res, run = _matrix(tmp_path, "scaled", "--twin", "async-scheduling", "--inject", "out-scale=0.5")
-    assert res.returncode == 1, res.stderr
+    assert res.exit_code == 1, res.stderr
     row = pd.read_parquet(run / "pairs.parquet").iloc[0]
     assert (row["kind"], row["verdict"]) == ("async-scheduling", "regression")
     # The same fault under a twin that changes results by design: reported, not failed on...
     res, run = _matrix(tmp_path, "fp8", "--twin", "kv-cache-dtype=fp8", "--inject", "out-scale=0.5")
-    assert res.returncode == 0, res.stderr
+    assert res.exit_code == 0, res.stderr
     assert pd.read_parquet(run / "pairs.parquet").iloc[0]["verdict"] == "regression"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["exit_code"] == 0 and summary["headline"] == (
@@ -348,7 +351,7 @@ def test_a_positive_control_is_flagged_on_any_twin_and_an_expected_change_does_n
     # ...unless asked.
     res, _ = _matrix(tmp_path, "fp8", "--twin", "kv-cache-dtype=fp8", "--inject", "out-scale=0.5",
                      "--fail-on", "expected")  # fmt: skip
-    assert res.returncode == 1, res.stderr
+    assert res.exit_code == 1, res.stderr
 
 
 # --- explain: will the setting take effect? ----------------------------------------------------------
@@ -382,7 +385,7 @@ def test_explain_predicts_per_cell_where_knowable():
 
 
 def test_explain_command_prints_the_twin_lines():
-    from typer.testing import CliRunner
+    from support.cli import CliRunner
 
     from cascade_repro.cli import app
 
@@ -420,7 +423,7 @@ def test_out_scale_scales_any_backends_attention_output_only_inside_a_wave(tmp_p
 
 def test_calibrate_states_a_twins_detection_power(tmp_path):
     res, run = _matrix(tmp_path, "cal", "--twin", "prefix-caching", "--calibrate", "0.01,1")
-    assert res.returncode == 0, res.stderr
+    assert res.exit_code == 0, res.stderr
     summary = json.loads((run / "summary.json").read_text())
     (entry,) = summary["detection_power"]
     assert entry["fault"] == "out-scale" and entry["flags_from"] == 0.01  # the fake moves 8 * E nats
@@ -435,6 +438,6 @@ def test_minimize_refuses_another_twin_in_one_line(tmp_path):
     from cascade_repro.minimize.search import pick_pair
 
     res, run = _matrix(tmp_path, "pc", "--twin", "prefix-caching")
-    assert res.returncode == 0, res.stderr
+    assert res.exit_code == 0, res.stderr
     with pytest.raises(UsageError, match="minimize shrinks a cascade pair .*compares --twin prefix-caching$"):
         pick_pair(run, None)

@@ -136,11 +136,12 @@ class MarkdownFormatter(ReportFormatter):
 
     def render(self, data: RunData) -> str:
         """Return the markdown report, shortened step by step until it fits GitHub's limit."""
-        for level in range(len(SHORTENINGS) + 1):
-            text = self._render(data, level)
-            if len(text) <= GITHUB_LIMIT:
-                return text
-        return _cut(text)
+        with data.settled():  # a long run renders up to len(SHORTENINGS) + 1 times: tables converted once
+            for level in range(len(SHORTENINGS) + 1):
+                text = self._render(data, level)
+                if len(text) <= GITHUB_LIMIT:
+                    return text
+            return _cut(text)
 
     def _render(self, data: RunData, level: int) -> str:
         drop = set(SHORTENINGS[:level])

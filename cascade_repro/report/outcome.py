@@ -22,5 +22,6 @@ def outcome_of(data: Any, fail_on: str) -> Outcome:
     from cascade_repro.report.headline import headline
     from cascade_repro.report.view import verdict_counts
 
-    code, reason = exit_status(data, fail_on)
-    return Outcome(code, reason, headline(data), {k: v for k, v in verdict_counts(data).items() if v})
+    with data.settled():  # the exit policy, headline and counts read the same tables: converted once
+        code, reason = exit_status(data, fail_on)
+        return Outcome(code, reason, headline(data), {k: v for k, v in verdict_counts(data).items() if v})

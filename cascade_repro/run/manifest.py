@@ -13,6 +13,7 @@ where it was made; ``--engine-args`` checks depend on the installed vLLM).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from dataclasses import dataclass, field
@@ -197,6 +198,7 @@ def manifest_problem(data: Any, require: tuple[str, ...] = ()) -> str | None:
     return None
 
 
+@functools.cache  # a class's annotations do not change: evaluating them is most of the check's time
 def _hints(cls: type) -> dict[str, Any]:
     names = {f.name for f in cls._names()}  # type: ignore[attr-defined]
     return {n: t for n, t in typing.get_type_hints(cls).items() if n in names}

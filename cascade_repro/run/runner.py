@@ -832,6 +832,7 @@ def rerender(
             # samples/ may not exist yet (cut during the first engine start): all cells pending
             and run.has("plan")
         )
+        scored_now = unscored or rescore_first
         if unscored and not rescore_first:
             _, data = finalize(run_dir)
         elif rescore_first:
@@ -851,9 +852,15 @@ def rerender(
                 note = f"{data.samples_missing}; left {' and '.join(p.name for p in kept)} unchanged (--force rewrites them)"
             else:
                 note = data.samples_missing
-        # Rendered from what was loaded (or scored): the samples are read once.
-        paths = write_reports(run_dir, formats, fail_on=fail_on, data=data)
-    outcome = outcome_of(data, fail_on if fail_on is not None else run_fail_on(data.manifest))
+        with data.settled():  # the reports and the outcome read the same tables: each converted once
+            if scored_now and fail_on is None and not data.samples_missing:
+                # Scoring (`commit`) has just written every report, judged by the run's own --fail-on:
+                # written again from the same data they would be the same bytes.
+                paths = {f: run_dir / _report_name(f) for f in formats}
+            else:
+                # Rendered from what was loaded (or scored): the samples are read once.
+                paths = write_reports(run_dir, formats, fail_on=fail_on, data=data)
+            outcome = outcome_of(data, fail_on if fail_on is not None else run_fail_on(data.manifest))
     return Rerendered(paths, outcome, kept, note)
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from support.cli import CliRunner
 from test_hostile import WIDE, damage_sample, run_copy, samples_file, shards
-from typer.testing import CliRunner
 
 from cascade_repro.cli import app
 from cascade_repro.run import runstore

@@ -30,8 +30,10 @@ from pathlib import Path
 
 import atheris
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for support/ (the runner below)
+
 with atheris.instrument_imports(include=["cascade_repro"]):
-    from typer.testing import CliRunner
+    from support.cli import CliRunner
 
     from cascade_repro.cli import app
     from cascade_repro.run import runstore

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner
+from support.cli import CliRunner
 
 from cascade_repro.cli import app
 from cascade_repro.errors import UsageError

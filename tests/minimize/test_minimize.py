@@ -10,7 +10,7 @@ import runpy
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from support.cli import CliRunner
 
 from cascade_repro.cli import app
 from cascade_repro.engines.base import Completion, WaveStats

@@ -745,7 +745,7 @@ def test_a_runs_prompts_jsonl_reads_back_as_the_same_records(tmp_path):
 
 
 def _show(monkeypatch, *args: str) -> str:
-    from typer.testing import CliRunner
+    from support.cli import CliRunner
 
     from cascade_repro.cli import prompts_cmd
     from cascade_repro.cli.app import app

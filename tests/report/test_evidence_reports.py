@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 import xmlschema
 from support import gfm
-from typer.testing import CliRunner
+from support.cli import CliRunner
 
 from cascade_repro.cli import app
 from cascade_repro.report.json import summary_schema

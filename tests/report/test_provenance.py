@@ -80,7 +80,7 @@ def test_rescore_is_an_invocation_too(tmp_path):
     import json
 
     from conftest import synthetic_run
-    from typer.testing import CliRunner
+    from support.cli import CliRunner
 
     from cascade_repro.cli import app
 

@@ -1433,14 +1433,28 @@ def test_report_md_of_a_200_cell_run_fits_a_github_issue(tmp_path: Path) -> None
     assert_reads_on_github(md, headline(data))
 
 
-def test_report_of_a_cut_run_scores_what_finished_and_says_it_is_not_finished(tmp_path):
+@pytest.fixture(scope="module")
+def synth16(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished synthetic run (16 prompts, batch 8 and 16, 64 tokens), scored and reported: the tests
+    below cut a copy of it (``cut_copy``), as an interrupt at one moment or another would."""
     from conftest import synthetic_run
-    from typer.testing import CliRunner
+
+    return synthetic_run(tmp_path_factory.mktemp("synth16") / "run", prompts=16, batch="8,16", max_tokens=64)
+
+
+def cut_copy(synth16: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(synth16, tmp_path / "run", symlinks=True))
+
+
+def test_report_of_a_cut_run_scores_what_finished_and_says_it_is_not_finished(synth16, tmp_path):
+    from support.cli import CliRunner
 
     from cascade_repro.cli import app
     from cascade_repro.run import runstore
 
-    run_dir = synthetic_run(tmp_path / "run", prompts=16, batch="8,16", max_tokens=64)
+    run_dir = cut_copy(synth16, tmp_path)
     # Cut it as an interrupt would: the last cell's cell_done never written, nothing scored yet.
     (path,) = runstore.samples_files(run_dir)
     lines = path.read_bytes().splitlines(keepends=True)
@@ -1462,15 +1476,14 @@ def test_report_of_a_cut_run_scores_what_finished_and_says_it_is_not_finished(tm
     assert all((run_dir / t).is_file() for t in runstore.TABLES)  # the finished pairs are scored
 
 
-def test_report_of_a_run_cut_after_its_first_cell_is_not_finished_not_all_errored(tmp_path):
+def test_report_of_a_run_cut_after_its_first_cell_is_not_finished_not_all_errored(synth16, tmp_path):
     """Every pair of such a run is an error (its twin never ran): the exit code still says "rerun"."""
-    from conftest import synthetic_run
-    from typer.testing import CliRunner
+    from support.cli import CliRunner
 
     from cascade_repro.cli import app
     from cascade_repro.run import runstore
 
-    run_dir = synthetic_run(tmp_path / "run", prompts=16, batch="8,16", max_tokens=64)
+    run_dir = cut_copy(synth16, tmp_path)
     (path,) = runstore.samples_files(run_dir)
     lines = path.read_bytes().splitlines(keepends=True)
     first_done = min(i for i, ln in enumerate(lines) if ln.startswith(b'{"type":"cell_done"'))
@@ -1489,16 +1502,15 @@ def test_report_of_a_run_cut_after_its_first_cell_is_not_finished_not_all_errore
     assert CliRunner().invoke(app, ["report", str(run_dir), "--fail-on", "error"]).exit_code == 5
 
 
-def test_report_judges_by_the_runs_own_fail_on_unless_told_and_summary_json_agrees(tmp_path):
+def test_report_judges_by_the_runs_own_fail_on_unless_told_and_summary_json_agrees(synth16, tmp_path):
     import json
 
-    from conftest import synthetic_run
-    from typer.testing import CliRunner
+    from support.cli import CliRunner
 
     from cascade_repro.cli import app
     from cascade_repro.run import runstore
 
-    run_dir = synthetic_run(tmp_path / "run", prompts=16, batch="8,16", max_tokens=64)
+    run_dir = cut_copy(synth16, tmp_path)
     (path,) = runstore.samples_files(run_dir)  # cut: a not-finished run exits 5 under regression
     lines = path.read_bytes().splitlines(keepends=True)
     path.write_bytes(
@@ -1526,17 +1538,16 @@ def test_report_judges_by_the_runs_own_fail_on_unless_told_and_summary_json_agre
     assert res.stderr == "error: --fail-on must be one of regression, error, never, expected, not 'bogus'\n"
 
 
-def test_report_of_a_run_cut_before_any_sample_scores_it_as_not_finished(tmp_path):
+def test_report_of_a_run_cut_before_any_sample_scores_it_as_not_finished(synth16, tmp_path):
     """Cut during the first engine start: run.json and its plan exist, samples/ does not yet."""
     import shutil
 
-    from conftest import synthetic_run
-    from typer.testing import CliRunner
+    from support.cli import CliRunner
 
     from cascade_repro.cli import app
     from cascade_repro.run import runstore
 
-    run_dir = synthetic_run(tmp_path / "run", prompts=16, batch="8,16", max_tokens=64)
+    run_dir = cut_copy(synth16, tmp_path)
     shutil.rmtree(run_dir / runstore.SAMPLES)
     for name in (*runstore.TABLES, *runstore.REPORTS):
         (run_dir / name).unlink(missing_ok=True)
@@ -1554,7 +1565,7 @@ def test_report_without_samples_keeps_the_richer_reports_unless_forced(run_dir: 
     import shutil
     from html import escape as html_escape
 
-    from typer.testing import CliRunner
+    from support.cli import CliRunner
 
     from cascade_repro.cli import app
     from cascade_repro.report.load import NO_SAMPLES

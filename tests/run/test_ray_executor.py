@@ -178,7 +178,7 @@ def test_a_hung_worker_is_killed_after_the_engine_timeout_and_not_retried(tmp_pa
 
 
 def test_without_ray_one_line_and_exit_2(monkeypatch):
-    from typer.testing import CliRunner
+    from support.cli import CliRunner
 
     from cascade_repro.cli import app
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from typer.testing import CliRunner
+from support.cli import CliRunner
 
 from cascade_repro.errors import RunLockedError
 from cascade_repro.plan.models import embedded_available

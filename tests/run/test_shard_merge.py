@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from typer.testing import CliRunner
+from support.cli import CliRunner
 
 import cascade_repro.cli.merge_cmd  # noqa: F401 - registers `merge` (cli/__init__.py may not import it yet)
 from cascade_repro.cli import app
