@@ -106,13 +106,15 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch):
 
 def synthetic_run(run_dir: Path, prompts: int, batch: str, tp: str = "1", max_tokens: int = 64) -> Path:
     """A run directory from tests/support/make_synthetic_run.py (seeded samples, wave records with step
-    timing, the scored tables) without any engine."""
-    import subprocess
-    import sys
+    timing, the scored tables) without any engine, written by this process."""
+    import contextlib
+    import io
 
-    script = Path(__file__).resolve().parent / "support" / "make_synthetic_run.py"
-    subprocess.run([sys.executable, str(script), str(run_dir), "--prompts", str(prompts), "--max-tokens",
-                    str(max_tokens), "--tp", tp, "--batch", batch, "--procs", "1"], check=True, capture_output=True)  # fmt: skip
+    from support import make_synthetic_run
+
+    with contextlib.redirect_stdout(io.StringIO()):  # its one summary line
+        make_synthetic_run.main([str(run_dir), "--prompts", str(prompts), "--max-tokens", str(max_tokens),
+                                 "--tp", tp, "--batch", batch, "--procs", "1"])  # fmt: skip
     return run_dir
 
 

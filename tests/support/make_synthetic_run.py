@@ -193,7 +193,7 @@ def _mean(xs: list[float]) -> float:
     return float(statistics.fmean(xs)) if xs else float("nan")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--prompts", type=int, default=3572, help="prompts per cell (3572 -> 107,160 samples)")
@@ -203,7 +203,7 @@ def main() -> int:
     ap.add_argument("--no-rerun", action="store_true", help="no flat rerun cells (fewer pairs)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--procs", type=int, default=2, help="engine keys written in parallel")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     import pandas as pd
 
