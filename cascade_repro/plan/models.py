@@ -406,15 +406,43 @@ def context_limit(
     return (context, f"context {context:,} of {model_name}") if context else None
 
 
+# Tokenizers loaded by this process, keyed by what they were read from: parsing a tokenizer.json
+# (~0.4 s for the embedded model's 3.5 MB) once per process, however many commands or dry runs ask.
+_TOKENIZERS: dict[tuple, Any] = {}
+_TOKENIZERS_KEPT = 4
+
+
+def _tokenizer_key(model_path: str, trust_remote_code: bool) -> tuple:
+    folder = Path(model_path)
+    files: tuple = ()
+    if folder.is_dir():  # a folder's files may change under the same name: their sizes and times say
+        files = tuple(
+            (f.name, st.st_size, st.st_mtime_ns)
+            for f in sorted(folder.iterdir())
+            if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges"))
+            and f.is_file()
+            for st in [f.stat()]
+        )
+    return (model_path, trust_remote_code, files)
+
+
 def load_tokenizer(model_path: str, trust_remote_code: bool = False) -> Any:
-    """The model folder's HF tokenizer; a one-line UsageError when it cannot be loaded."""
+    """The model folder's HF tokenizer (loaded once per process); a one-line UsageError when it cannot be
+    loaded. Callers read it and never change it."""
+    key = _tokenizer_key(model_path, trust_remote_code)
+    if key in _TOKENIZERS:
+        return _TOKENIZERS[key]
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     try:
-        return AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+        tok = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
         raise UsageError(
             f"could not load the tokenizer of {model_path!r}: {str(e).splitlines()[0]}"
         ) from None
+    while len(_TOKENIZERS) >= _TOKENIZERS_KEPT:
+        del _TOKENIZERS[next(iter(_TOKENIZERS))]
+    _TOKENIZERS[key] = tok
+    return tok

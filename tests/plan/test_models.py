@@ -192,3 +192,24 @@ def test_two_first_runs_at_once_convert_once(tmp_path, monkeypatch):
     first.join(30)
     assert len(calls) == 1
     assert got[0] == got[1] == models._embedded_target(gguf) and (got[0] / "config.json").is_file()
+
+
+def test_a_tokenizer_is_loaded_once_per_process_until_its_files_change(tmp_path, monkeypatch):
+    import transformers
+
+    loads = []
+
+    class Auto:
+        @staticmethod
+        def from_pretrained(path, trust_remote_code=False):
+            loads.append(path)
+            return object()
+
+    monkeypatch.setattr(transformers, "AutoTokenizer", Auto)
+    monkeypatch.setattr(models, "_TOKENIZERS", {})
+    (tmp_path / "tokenizer.json").write_text("{}")
+    first = models.load_tokenizer(str(tmp_path))
+    assert models.load_tokenizer(str(tmp_path)) is first and len(loads) == 1
+    assert models.load_tokenizer(str(tmp_path), trust_remote_code=True) is not first and len(loads) == 2
+    (tmp_path / "tokenizer.json").write_text('{"changed": true}')  # another size: read again
+    assert models.load_tokenizer(str(tmp_path)) is not first and len(loads) == 3
