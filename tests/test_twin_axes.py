@@ -314,9 +314,12 @@ def test_fake_engine_run_names_the_twin_and_says_when_it_never_took_effect(tmp_p
     # The facts line, the evidence and the examples name this twin's arms and what proved it, not cascade's.
     assert "**twin** `prefix-caching: prefix-on vs prefix-off`" in report
     assert "| prefix-cache hits |" in report and "cascade steps" not in report.split("<details>", 1)[1]
+    # Uncalibrated: what --calibrate would measure is this twin's fault (the attention output scaled).
+    not_calibrated = "Not calibrated: run with `--calibrate` to measure the smallest attention-output scale"
+    assert not_calibrated in report and "LSE" not in report
     junit = (run / "junit.xml").read_text()
     assert 'classname="prefix-caching.tp1" name="batch8-tp1-b8-prefix-on~prefix-off"' in junit
-    assert "prefix-cache hits" in junit
+    assert "prefix-cache hits" in junit and "smallest attention-output scale this setup flags" in junit
 
     res, run = _matrix(tmp_path, "off", "--twin", "prefix-caching", env={"CASCADE_REPRO_FAKE_EFFECT": "off"})
     assert res.exit_code == 4, res.stderr

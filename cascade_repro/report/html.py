@@ -80,7 +80,7 @@ def html_table(table: view.Table, empty: str, css: str = "") -> str:
 def _detection_power(data: RunData) -> list[str]:
     entries = power.detection_power(data)
     if not entries:
-        return [f"<p>{power.not_calibrated(_code)}</p>"]
+        return [f"<p>{power.not_calibrated(data, _code)}</p>"]
     out = []
     for e in entries:
         out += [f"<p>{escape(e['statement'])}</p>", html_table(power.ladder_table(data, e), "no shifts")]

@@ -65,7 +65,7 @@ class JunitFormatter(ReportFormatter):
         # Calibration pairs are not testcases (an injected error is meant to fail); what they
         # measured is one property.
         statements = [e["statement"] for e in power.detection_power(data)]
-        doc.add_property("detection_power", " ".join(statements) or power.not_calibrated(str))
+        doc.add_property("detection_power", " ".join(statements) or power.not_calibrated(data, str))
         axis = twins.of(data.manifest.spec)
         for r in view.cascade_pairs(data):
             test_cell = cell_status.get(r.get("test_cell"), {})

@@ -121,7 +121,7 @@ def _example(ex: Example) -> list[str]:
 def _detection_power(data: RunData) -> list[str]:
     entries = power.detection_power(data)
     if not entries:
-        return [power.not_calibrated(md_code), ""]
+        return [power.not_calibrated(data, md_code), ""]
     out = []
     for e in entries:
         out += [md_text(e["statement"]), "", *md_table(power.ladder_table(data, e), "no shifts"), ""]
