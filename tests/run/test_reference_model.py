@@ -38,3 +38,29 @@ def test_a_prompts_rows_score_as_they_do_one_by_one(tiny, own_len, monkeypatch, 
     assert [r.lp for r in together] == [r.lp for r in alone]
     assert [r.top_ids for r in together] == [r.top_ids for r in alone]
     assert [len(r.lp) for r in together] == [5, 1, 8]
+
+
+def test_a_prefix_prefilled_in_chunks_gives_the_kv_and_scores_of_one_forward(tiny, monkeypatch, tmp_path):
+    from transformers import DynamicCache
+
+    from cascade_repro.run import reference
+
+    monkeypatch.setenv("CASCADE_REPRO_CACHE", str(tmp_path))
+    rng = random.Random(7)
+    model = ReferenceModel(tiny, "fp64", "cpu", 3, False)
+    prefix = [rng.randrange(97) for _ in range(150)]
+    rows = [([rng.randrange(97) for _ in range(4)], [rng.randrange(97) for _ in range(6)])]
+
+    def prefill(step: int):
+        monkeypatch.setattr(reference, "TOKENS_PER_BATCH", {"cpu": step, "cuda": step})
+        cache = DynamicCache()
+        model._extend(cache, 0, prefix)
+        return cache, model._score(cache, len(prefix), rows)
+
+    whole, scored_whole = prefill(1000)
+    chunked, scored_chunked = prefill(64)  # 64 + 64 + 22
+    for a, b in zip(whole.layers, chunked.layers, strict=True):
+        assert a.keys.shape[-2] == b.keys.shape[-2] == 150
+        assert torch.allclose(a.keys, b.keys, rtol=0, atol=1e-12)
+        assert torch.allclose(a.values, b.values, rtol=0, atol=1e-12)
+    assert [r.lp for r in scored_chunked] == [r.lp for r in scored_whole]  # stored to 1e-9 nats
