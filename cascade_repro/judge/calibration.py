@@ -80,18 +80,24 @@ def detection_power(pairs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda e: (_int(e["tp"]) or 0, _int(e["batch"]) or 0, str(e)))
 
 
+# What each ladder's fault is called in the reports.
+FAULT_WORDS = {inj.LSE_SHIFT: "LSE error", inj.OUT_SCALE: "attention-output scale"}
+
+
 def statement(entry: dict[str, Any], max_tokens: Any) -> str:
     """``flags an LSE error of 0.05 nats at 64 prompts x 128 tokens (tp 1, batch 64; reference rule)``."""
     rules = {s.get("rule") for s in entry.get("ladder") or [] if s.get("rule")}
     rule = f"; {'reference' if rules == {'reference'} else 'arm-vs-arm'} rule" if rules else ""
     where = f"{entry.get('n')} prompts x {max_tokens} tokens (tp {entry.get('tp')}, batch {entry.get('batch')}{rule})"
     if entry.get("fault") == inj.OUT_SCALE:
+        words = FAULT_WORDS[inj.OUT_SCALE]
         if entry.get("flags_from") is None:
-            return f"flags no attention-output scale up to 1 + {entry['max_tested']:g} at {where}"
-        return f"flags an attention-output scale of 1 + {entry['flags_from']:g} at {where}"
+            return f"flags no {words} up to 1 + {entry['max_tested']:g} at {where}"
+        return f"flags an {words} of 1 + {entry['flags_from']:g} at {where}"
+    words = FAULT_WORDS[inj.LSE_SHIFT]
     if entry.get("flags_from") is None:
-        return f"flags no LSE error up to {_nats(entry['max_tested'])} at {where}"
-    return f"flags an LSE error of {_nats(entry['flags_from'])} at {where}"
+        return f"flags no {words} up to {_nats(entry['max_tested'])} at {where}"
+    return f"flags an {words} of {_nats(entry['flags_from'])} at {where}"
 
 
 def _nats(x: float) -> str:

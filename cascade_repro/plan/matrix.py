@@ -473,6 +473,13 @@ def control_batch(batch: int) -> int:
     return batch // 8 if batch >= 8 else batch * 8
 
 
+def calibration_fault(tw: twins.TwinAxis) -> str:
+    """The fault a twin's calibration ladder injects: an LSE shift inside cascade's merge, or, for a
+    twin whose test arm runs no cascade merge, the attention output scaled on the test arm whatever
+    its setting."""
+    return inj.LSE_SHIFT if tw.family == twins.CASCADE.family else inj.OUT_SCALE
+
+
 def plan(spec: MatrixSpec) -> Plan:
     """Return the plan: engine plans keyed by engine key, each with its cells in run order.
 
@@ -554,9 +561,7 @@ def plan(spec: MatrixSpec) -> Plan:
     # A twin whose reference arm is a batch size of its own gets its control from a second engine
     # start at that batch: another batch size is what its test arm already is.
     rerun_control = restart or tw.axis == "batch"
-    # The ladder's fault: an LSE shift inside cascade's merge, or, for a twin whose test arm runs
-    # no cascade merge, the attention output scaled on the test arm whatever its setting.
-    rung = inj.LSE_SHIFT if tw.family == twins.CASCADE.family else inj.OUT_SCALE
+    rung = calibration_fault(tw)
     for axes in itertools.product(tps, spec.seeds, spec.dtypes, spec.fa_versions, backends):
         for batch in batches:
             for arm in arms:

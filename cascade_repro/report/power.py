@@ -6,21 +6,21 @@ from collections.abc import Callable
 
 from cascade_repro import twin as twins
 from cascade_repro.judge import calibration
+from cascade_repro.plan.matrix import calibration_fault
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import fmt_int, fmt_ratio, fmt_x_ci, one_line, text_of
 from cascade_repro.report.verdict_table import fmt_bias, fmt_drift, fmt_drift_rule
 from cascade_repro.report.view import Table, calibration_pairs, spec_field
 
 NOT_CALIBRATED = "Not calibrated: run with {flag} to measure the smallest {fault} this setup flags."
-# What a calibration ladder injects: cascade's shifts the prefix pass's LSE, any other twin's scales
-# the test arm's attention output (calibration.statement words each ladder the same way).
-FAULT_WORDS = {True: "LSE error", False: "attention-output scale"}
 
 
 def not_calibrated(data: RunData, code: Callable[[str], str]) -> str:
-    """The one sentence shown when the run has no calibration pairs; code() formats the flag."""
-    cascade = twins.of(data.manifest.spec).name == twins.CASCADE.name
-    return NOT_CALIBRATED.format(flag=code("--calibrate"), fault=FAULT_WORDS[cascade])
+    """The one sentence shown when the run has no calibration pairs: what --calibrate would inject for
+    this run's twin (the planner's choice), named as the ladder's statement names it; code() formats
+    the flag."""
+    fault = calibration_fault(twins.of(data.manifest.spec))
+    return NOT_CALIBRATED.format(flag=code("--calibrate"), fault=calibration.FAULT_WORDS[fault])
 
 
 def power_statement(entry: dict, max_tokens) -> str:
