@@ -160,7 +160,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return SharedRunScheduling(config, log)
 
 
-
 def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], dict]) -> tuple[Path, dict]:
     """``make(folder)`` run once for the whole test run, its JSON-able result returned to every caller.
 

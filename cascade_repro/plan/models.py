@@ -410,20 +410,20 @@ def context_limit(
 # (~0.4 s for the embedded model's 3.5 MB) once per process, however many commands or dry runs ask.
 _TOKENIZERS: dict[tuple, Any] = {}
 _TOKENIZERS_KEPT = 4
+TOKENIZER_FILES = ("tokenizer", "special_tokens", "chat_template", "vocab", "merges")
 
 
 def _tokenizer_key(model_path: str, trust_remote_code: bool) -> tuple:
+    """What a loaded tokenizer was read from: a folder's files may change under the same name, so their
+    sizes and times are part of it."""
     folder = Path(model_path)
-    files: tuple = ()
-    if folder.is_dir():  # a folder's files may change under the same name: their sizes and times say
-        files = tuple(
-            (f.name, st.st_size, st.st_mtime_ns)
-            for f in sorted(folder.iterdir())
-            if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges"))
-            and f.is_file()
-            for st in [f.stat()]
-        )
-    return (model_path, trust_remote_code, files)
+    files = []
+    if folder.is_dir():
+        for f in sorted(folder.iterdir()):
+            if f.name.startswith(TOKENIZER_FILES) and f.is_file():
+                st = f.stat()
+                files.append((f.name, st.st_size, st.st_mtime_ns))
+    return (model_path, trust_remote_code, tuple(files))
 
 
 def load_tokenizer(model_path: str, trust_remote_code: bool = False) -> Any:

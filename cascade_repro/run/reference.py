@@ -54,6 +54,13 @@ DIGITS = 9
 # float64 attention scores (~22 MB a row and layer at a 1,800-token context) above glibc's 32 MB mmap
 # threshold are mapped and faulted in afresh for every layer.
 TOKENS_PER_BATCH = {"cuda": 8192, "cpu": 256}
+
+
+def tokens_per_batch(device_type: str) -> int:
+    """TOKENS_PER_BATCH for a device type: a CPU's, or a GPU's for any other."""
+    return TOKENS_PER_BATCH["cpu" if device_type == "cpu" else "cuda"]
+
+
 # Tokens per second scored (each row's own prompt part and its generated tokens, behind a ~1,600-token
 # prefix), for the time estimate; the pass reports its real speed as it goes. Measured on 2 CPU cores
 # (the embedded model: fp64 ~40, fp32 ~110) and an H200 (fp32, ~30 samples of ~250 tokens a second).
@@ -495,7 +502,7 @@ class ReferenceModel:
         (RESULTS.md 6b)."""
         import torch
 
-        step = TOKENS_PER_BATCH.get(self.device.type, TOKENS_PER_BATCH["cuda"])
+        step = tokens_per_batch(self.device.type)
         for at in range(0, len(tokens), step):
             chunk = tokens[at : at + step]
             n, past = len(chunk), start + at
@@ -622,7 +629,7 @@ def run_pass(run_dir: Path, precision: str, device: str, log: Callable[[str], No
     import torch
     import transformers
 
-    budget = TOKENS_PER_BATCH["cpu" if device == "cpu" else "cuda"]
+    budget = tokens_per_batch(device)
     done, last = 0, time.time()
     for key, items in todo.items():
         if not items:
