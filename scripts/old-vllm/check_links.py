@@ -113,7 +113,9 @@ def main(argv: list[str]) -> int:
             for lib in libs:
                 for line in readelf(["--dyn-syms"], lib).splitlines():
                     f = line.split()
-                    if len(f) < 8 or f[6] != "UND":
+                    # A weak reference left unresolved is bound to 0, not refused (torch's
+                    # libtorch_nvshmem.so takes nvshmem_init that way).
+                    if len(f) < 8 or f[6] != "UND" or f[4] == "WEAK":
                         continue
                     owner = next((x for x in prefixes if f[7].startswith(x)), None)
                     if owner != prefix:

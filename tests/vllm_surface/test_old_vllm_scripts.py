@@ -1,30 +1,35 @@
-"""scripts/old-vllm: the lock, the drop list and the image's stand-in libraries agree with each other.
+"""scripts/old-vllm and scripts/vllm-0.34: each stack's lock, drop list and the image's stand-in
+libraries agree with each other.
 
 The wheels themselves never reach CI; these checks read the committed text files only.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parents[2] / "scripts" / "old-vllm"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+HERE = SCRIPTS / "old-vllm"
+STACKS = ["old-vllm", "vllm-0.34"]
 
 
-def _pins() -> dict[str, str]:
+def _pins(stack: str = "old-vllm") -> dict[str, str]:
     out = {}
-    for line in (HERE / "lock.txt").read_text().splitlines():
+    for line in (SCRIPTS / stack / "lock.txt").read_text().splitlines():
         m = re.match(r"^([A-Za-z0-9_.-]+)==(\S+)", line)
         if m:
             out[m.group(1).lower().replace("_", "-")] = m.group(2)
     return out
 
 
-def _rows(name: str) -> list[list[str]]:
-    return [ln.split() for ln in (HERE / name).read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+def _rows(name: str, stack: str = "old-vllm") -> list[list[str]]:
+    text = (SCRIPTS / stack / name).read_text()
+    return [ln.split() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
 
 
 def test_lock_pins_the_old_stack():
@@ -35,38 +40,53 @@ def test_lock_pins_the_old_stack():
     assert all(not v.endswith((".dev", "rc")) for v in pins.values())
 
 
-def test_every_dropped_package_is_in_the_lock_and_says_why():
-    pins = _pins()
-    for row in _rows("drop.txt"):
+def test_the_new_stack_pins_vllm_0_34_on_torch_2_14():
+    pins = _pins("vllm-0.34")
+    assert pins["vllm"] == "0.34.0"
+    assert pins["torch"] == "2.14.0"  # vLLM 0.34.0's own pin
+    # 0.34.0 pins flashinfer-python 0.7.3, which PyPI does not have: overrides.txt names the stand-in.
+    overrides = dict(r[0].split("==") for r in _rows("overrides.txt", "vllm-0.34"))
+    assert pins["flashinfer-python"] == overrides["flashinfer-python"] == "0.7.4"
+    assert all(not v.endswith((".dev", "rc")) for v in pins.values())
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_dropped_package_is_in_the_lock_and_says_why(stack):
+    pins = _pins(stack)
+    for row in _rows("drop.txt", stack):
         assert row[0] in pins, f"drop.txt names {row[0]}, which lock.txt does not hold"
         assert len(row) > 1, f"drop.txt: {row[0]} without a reason"
-    dropped = {r[0] for r in _rows("drop.txt")}
+    dropped = {r[0] for r in _rows("drop.txt", stack)}
     # What the harness runs on must never be dropped.
     assert not dropped & {"vllm", "torch", "triton", "transformers", "nvidia-cublas-cu12", "nvidia-cuda-runtime-cu12"}
 
 
-def test_every_dropped_cuda_library_has_a_stand_in_or_a_lazy_loader():
-    stand_ins = {r[3] for r in _rows("image-sonames.txt")}
-    dropped = {r[0]: " ".join(r[1:]) for r in _rows("drop.txt")}
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_dropped_cuda_library_has_a_stand_in_or_a_lazy_loader(stack):
+    rows = _rows("image-sonames.txt", stack)
+    dropped = {r[0]: " ".join(r[1:]) for r in _rows("drop.txt", stack)}
     for name, why in dropped.items():
-        if not name.startswith("nvidia-"):
-            continue
         soname = why.split()[0]
-        linked = [r for r in _rows("image-sonames.txt") if r[0].endswith(soname) or r[0].endswith(soname.replace(".so.9", "*.so.9"))]
+        if not (name.startswith("nvidia-") and soname.startswith("lib") and ".so" in soname):
+            continue
+        linked = [r for r in rows if fnmatch.fnmatch(soname, r[0].rsplit("/", 1)[-1])]
         assert linked or "lazily" in why, f"{name}: no image library stands in for {soname}"
         if linked:
-            assert linked[0][3] in stand_ins
-            # torch's RPATH looks in $ORIGIN/../../nvidia/<dir>/lib: the link must land there.
-            assert re.fullmatch(r"nvidia/[a-z_]+/lib", linked[0][1]), linked[0]
+            # torch's RPATH looks in $ORIGIN/../../nvidia/<dir>/lib: the link must land there, in the
+            # folder the image keeps it in.
+            assert re.fullmatch(r"nvidia/[a-z0-9_]+/lib", linked[0][1]), linked[0]
+            assert linked[0][0].startswith(linked[0][1] + "/") or stack == "old-vllm", linked[0]
 
 
+@pytest.mark.parametrize("stack", STACKS)
 @pytest.mark.parametrize("script", ["resolve.sh", "stage.sh", "device.sh"])
-def test_scripts_parse(script):
-    subprocess.run(["bash", "-n", str(HERE / script)], check=True)
+def test_scripts_parse(stack, script):
+    subprocess.run(["bash", "-n", str(SCRIPTS / stack / script)], check=True)
 
 
-def test_readme_documents_the_steps():
-    text = (HERE / "README.md").read_text()
+@pytest.mark.parametrize("stack", STACKS)
+def test_readme_documents_the_steps(stack):
+    text = (SCRIPTS / stack / "README.md").read_text()
     for step in ("resolve.sh", "stage.sh", "device.sh", "check_links.py", "record_surface.py"):
         assert step in text
 
