@@ -28,9 +28,21 @@ USE_CASCADE_ATTENTION = f"{FLASH_ATTN_MODULE}.use_cascade_attention"
 # installed vLLM imports gets the method.
 WORKER_BASE_MODULE = "vllm.v1.worker.worker_base"
 WORKER_BASE_MODULES = (WORKER_BASE_MODULE, "vllm.worker.worker_base")
-# The V1 scheduler (vllm/v1/core/sched/scheduler.py in 0.10.2 and 0.26.0): the probe counts its
-# steps and prefill chunks per wave (the chunked-prefill twin's proof of effect).
+# The V1 scheduler (vllm/v1/core/sched/scheduler.py from 0.10.2 to 0.34.0): the probe counts its
+# steps, prefill chunks and requests per step per wave (the chunked-prefill and batch twins' proof of
+# effect), and the steps scheduled by its async subclass (``async_scheduler.AsyncScheduler``, what
+# SchedulerConfig.get_scheduler_cls picks for async_scheduling=True: the async-scheduling twin's).
 SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
+ASYNC_SCHEDULER = "AsyncScheduler"
+# Where a step's CUDA-graph mode is decided, per model runner (the cuda-graphs twin's proof of effect):
+# the V1 runner's GPUModelRunner._determine_batch_execution_and_padding returns it first (0.26.0 to
+# 0.33.0; 0.10.2 dispatches inline, so there the read-back config stands in); the V2 runner (0.26.0
+# on, the only one in 0.34.0) replays through CudaGraphManager.run_fullgraph (FULL) or runs
+# run_pw_graph (PIECEWISE), and calls the model itself when eager.
+V1_RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
+V1_GRAPH_DECISION = "_determine_batch_execution_and_padding"
+V2_GRAPHS_MODULE = "vllm.v1.worker.gpu.cudagraph_utils"
+V2_GRAPH_RUNS = {"run_fullgraph": "FULL", "run_pw_graph": "PIECEWISE"}
 
 # use_cascade_attention's hard conditions: a common prefix of at least this many tokens (after
 # alignment to the KV block size) and at least this many requests in the step.
