@@ -244,9 +244,11 @@ def _fake_vllm_wave(tmp_path: Path, twin: str, arm: str, batch: int = 8, prompt_
         ("prefix-caching", "enable_prefix_caching", 8 * 288, "no prompt token came from the prefix cache"),
         # 8 prompts of 301 tokens through 128-token steps: 19 steps, each but the last ends mid-prompt.
         ("chunked-prefill", "max_num_batched_tokens", 18, "every prompt fit the step budget (max_num_batched_tokens=8192)"),
-        ("cuda-graphs", "enforce_eager", 24, None),
-        ("async-scheduling", "async_scheduling", 24, "the engine's scheduler config has async_scheduling off"),
-        ("kv-cache-dtype=fp8", "kv_cache_dtype", 24, "the KV cache is auto, not fp8"),
+        # The 3 decode steps replayed a FULL graph; the 2,408-token prefill step ran eager (> 512).
+        ("cuda-graphs", "enforce_eager", 3, None),
+        # 1 prefill and 3 decode steps, all scheduled by the AsyncScheduler.
+        ("async-scheduling", "async_scheduling", 4, "no step was scheduled by vLLM's AsyncScheduler"),
+        ("kv-cache-dtype=fp8", "kv_cache_dtype", 24, "the layers' KV cache is auto (2 bytes per element), not fp8"),
         ("attention-backend=FLASH_ATTN:TRITON_ATTN", "attention_config", 24,
          "the layers run FlashAttentionImpl, not TRITON_ATTN's"),
     ],

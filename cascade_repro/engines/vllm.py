@@ -119,11 +119,7 @@ class VLLMEngine:
         # --- environment, before vLLM is imported (spawned engine/worker processes inherit it) ---
         self.probe_dir = runstore.probe_dir(self.run_dir, self.key)
         _prepare_probe_dir(self.probe_dir)
-        prev_v2 = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
-        if prev_v2 not in (None, "0"):
-            self._env_notes["VLLM_USE_V2_MODEL_RUNNER_was"] = prev_v2
-        # The V2 model runner has no cascade attention (vllm/v1/worker/gpu/model_runner.py).
-        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        self._set_model_runner_env(vllm_surface.installed_version())
         os.environ[probe.ENV_VAR] = str(self.probe_dir)
         if self.engine_arm is not None:
             os.environ.update(self.twin.env(self.engine_arm))
@@ -225,6 +221,21 @@ class VLLMEngine:
         self.readback = self._read_back()
 
     # --------------------------------------------------------------------------------------
+    def _set_model_runner_env(self, version: str | None) -> None:
+        """Pin the V1 model runner where VLLM_USE_V2_MODEL_RUNNER picks one (the V2 runner has no
+        cascade path; the twins' 0.26.0 evidence ran V1), and leave it unset where vLLM has a single
+        runner: 0.34.0 removed V1 and refuses the variable at engine start unless it is 1."""
+        name = "VLLM_USE_V2_MODEL_RUNNER"
+        prev = os.environ.get(name)
+        pin = vllm_surface.release_for(version)[0].runner_env
+        if pin is not None:
+            if prev not in (None, pin):
+                self._env_notes[f"{name}_was"] = prev
+            os.environ[name] = pin
+        elif prev is not None and prev != "1":
+            self._env_notes[f"{name}_was"] = prev
+            del os.environ[name]
+
     def _set_legacy_attention_env(self, backend: str, fa: Any) -> None:
         self.requested_env = {"VLLM_ATTENTION_BACKEND": backend}
         if fa:
@@ -348,6 +359,16 @@ class VLLMEngine:
             facts = []
         facts = [f for f in facts or [] if isinstance(f, dict)]
         out["attn_impl_classes"] = sorted({c for f in facts for c in f.get("attn_impl_classes", [])})
+        out["model_runner"] = sorted({f["model_runner"] for f in facts if f.get("model_runner")})
+        for key in ("layer_kv_cache_dtypes", "kv_cache_tensor_dtypes", "kv_cache_element_bytes"):
+            out[key] = sorted({x for f in facts for x in f.get(key, [])})
+        # Which of the probe's step hooks run in this vLLM: where one does not, its twin's proof
+        # falls back to the config read back above (wave_effect).
+        patched = self.start_facts.get("patched", [])
+        out["graph_hook"] = any(
+            vllm_surface.V1_GRAPH_DECISION in p or "CudaGraphManager." in p for p in patched
+        )
+        out["scheduler_hook"] = any(p.endswith("Scheduler.schedule") for p in patched)
         sizes = sorted({f["tp_world_size"] for f in facts if isinstance(f.get("tp_world_size"), int)})
         out["tp_world_size"] = sizes[0] if len(sizes) == 1 else (sizes or None)
         return _jsonable(out)
@@ -373,9 +394,19 @@ class VLLMEngine:
         ac = getattr(cfg, "attention_config", None)
         sc = getattr(cfg, "scheduler_config", None)
         comp = getattr(cfg, "compilation_config", None)
+        # The runner class each worker reports (observed); else the config's property (0.26.0 to
+        # 0.33.0), the variable, or the release's only runner (0.34.0: V2; 0.10.2: V1).
+        ran = self.readback.get("model_runner") or []
         v2 = getattr(cfg, "use_v2_model_runner", None)
-        if not isinstance(v2, bool):
-            v2 = os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0").lower() in ("1", "true")
+        if ran:
+            v2 = all(".worker.gpu." in r for r in ran)
+        elif not isinstance(v2, bool):
+            env = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
+            v2 = (
+                (env.lower() in ("1", "true"))
+                if env is not None
+                else (vllm_surface.release_for(self.vllm_version)[0].model_runners == "v2")
+            )
         if ac is not None:
             backend = getattr(ac, "backend", None)
             fa_req = getattr(ac, "flash_attn_version", None)
@@ -388,6 +419,7 @@ class VLLMEngine:
             "engine": "vllm",
             "vllm": self.vllm_version,
             "model_runner": "V2" if v2 else "V1",
+            "model_runner_class": ran[0] if len(ran) == 1 else (ran or None),
             "dtype": _jsonable(getattr(mc, "dtype", None)),
             "tp": getattr(pc, "tensor_parallel_size", None),
             "enable_prefix_caching": getattr(cc, "enable_prefix_caching", None),
@@ -616,11 +648,15 @@ def wave_effect(
     vLLM's outputs and the probe's counters of the wave. Counts are of the test arm's setting: on the
     reference arm they say whether it leaked there (0 expected).
 
-    prefix-caching: prompt tokens served from the cache (RequestOutput.num_cached_tokens);
-    chunked-prefill: the scheduler's partial prefills (probe); the others: the decode tokens of the
-    wave when the read-back setting is the test arm's (CUDA-graph mode on and no batch above the
-    largest captured size; async_scheduling; an FP8 KV cache; the backend's implementation class in
-    every worker; the TP world size), else 0 with what was read.
+    Observed as vLLM ran: prefix-caching, the prompt tokens served from the cache
+    (RequestOutput.num_cached_tokens); chunked-prefill, the scheduler's partial prefills; cuda-graphs,
+    the steps the model runner ran through a CUDA graph; async-scheduling, the steps an
+    AsyncScheduler scheduled (the probe's hooks, vllm_surface). The others count the wave's decode
+    tokens when what the workers report holds: every attention layer built for an FP8 KV cache of
+    1-byte elements; the backend's implementation class in every worker; the TP world size; the
+    wave's requests in one scheduler step (batch). Where a hook does not exist in the installed
+    vLLM (0.10.2 has no graph point), the read-back config stands in and the evidence says
+    ``observed: False``. 0 comes with what was read.
     """
     tokens = sum(len(c.token_ids) for c in comps)
     batch = len(comps)
@@ -643,21 +679,52 @@ def wave_effect(
     if fam == "cuda-graphs":
         sizes = rb.get("cudagraph_capture_sizes") or []
         top = max(sizes) if isinstance(sizes, list) and sizes else None
-        ok = _graphs_on(rb.get("cudagraph_mode"), rb.get("enforce_eager")) and (top is None or batch <= top)
+        on_cfg = _graphs_on(rb.get("cudagraph_mode"), rb.get("enforce_eager"))
         ev = {"cudagraph_mode": rb.get("cudagraph_mode"), "enforce_eager": rb.get("enforce_eager"),
               "largest_captured_batch": top}  # fmt: skip
-        why = "" if ok else (
+        cfg_why = (
             f"batch {batch} is above the largest captured size {top}: decode ran eager"
             if top is not None and batch > top else "the engine runs eager (CUDA-graph mode off)"
         )  # fmt: skip
-        return twins.effect_record(tw, tokens if ok else 0, ev, why)
+        if rb.get("graph_hook"):
+            # Observed: the steps the model runner ran through a CUDA graph (vllm_surface's graph points).
+            full, pw = int(agg.get("graph_full_steps", 0) or 0), int(agg.get("graph_piecewise_steps", 0) or 0)
+            ev.update(graph_full_steps=full, graph_piecewise_steps=pw,
+                      graph_eager_steps=int(agg.get("graph_eager_steps", 0) or 0))  # fmt: skip
+            why = "" if full + pw else (cfg_why if not on_cfg or (top is not None and batch > top)
+                                        else "no step of the wave ran through a CUDA graph")  # fmt: skip
+            return twins.effect_record(tw, full + pw, ev, why)
+        # No graph point in this vLLM (0.10.2): the decode tokens under the read-back mode.
+        ok = on_cfg and (top is None or batch <= top)
+        ev["observed"] = False
+        return twins.effect_record(tw, tokens if ok else 0, ev, "" if ok else cfg_why)
     if fam == "async-scheduling":
+        ev = {"async_scheduling": rb.get("async_scheduling")}
+        if rb.get("scheduler_hook") and int(agg.get("sched_steps", 0) or 0):
+            # Observed: steps scheduled by the AsyncScheduler (what async_scheduling=True installs).
+            n = int(agg.get("async_sched_steps", 0) or 0)
+            ev.update(async_sched_steps=n, sched_steps=int(agg["sched_steps"]))
+            return twins.effect_record(
+                tw, n, ev, "" if n else "no step was scheduled by vLLM's AsyncScheduler"
+            )
         ok = rb.get("async_scheduling") is True
-        return twins.effect_record(tw, tokens if ok else 0, {"async_scheduling": rb.get("async_scheduling")},
+        ev["observed"] = False
+        return twins.effect_record(tw, tokens if ok else 0, ev,
                                    "" if ok else "the engine's scheduler config has async_scheduling off")  # fmt: skip
     if fam == "kv-cache-dtype":
+        ev = {"kv_cache_dtype": rb.get("kv_cache_dtype")}
+        layers, sizes = rb.get("layer_kv_cache_dtypes") or [], rb.get("kv_cache_element_bytes") or []
+        if layers:
+            # Observed in every worker: each attention layer built for fp8, its cache in 1-byte elements.
+            ev.update(layer_kv_cache_dtypes=layers, kv_cache_tensor_dtypes=rb.get("kv_cache_tensor_dtypes") or [],
+                      kv_cache_element_bytes=sizes)  # fmt: skip
+            ok = all(str(d).lower().startswith("fp8") for d in layers) and (not sizes or sizes == [1])
+            why = "" if ok else (f"the layers' KV cache is {', '.join(map(str, layers))} "
+                                 f"({', '.join(map(str, sizes)) or '?'} bytes per element), not fp8")  # fmt: skip
+            return twins.effect_record(tw, tokens if ok else 0, ev, why)
         ok = str(rb.get("kv_cache_dtype") or "").lower().startswith("fp8")
-        return twins.effect_record(tw, tokens if ok else 0, {"kv_cache_dtype": rb.get("kv_cache_dtype")},
+        ev["observed"] = False
+        return twins.effect_record(tw, tokens if ok else 0, ev,
                                    "" if ok else f"the KV cache is {rb.get('kv_cache_dtype')}, not fp8")  # fmt: skip
     if fam == "attention-backend":
         classes = list(rb.get("attn_impl_classes") or [])
@@ -670,8 +737,14 @@ def wave_effect(
         return twins.effect_record(tw, tokens if ok and on else 0, {"tp_world_size": rb.get("tp_world_size")},
                                    "" if ok else f"the workers joined a TP group of {rb.get('tp_world_size')}")  # fmt: skip
     if fam == "batch":
+        if rb.get("scheduler_hook") and int(agg.get("sched_steps", 0) or 0):
+            # Observed: the most requests vLLM's scheduler put in one step of the wave.
+            most = int(agg.get("max_sched_reqs", 0) or 0)
+            ok = most == tw.test_value
+            why = "" if ok or not on else f"at most {most} of the wave's {batch} requests ran in one step"
+            return twins.effect_record(tw, tokens if ok else 0, {"batch": batch, "max_sched_reqs": most}, why)
         ok = batch == tw.test_value
-        return twins.effect_record(tw, tokens if ok else 0, {"batch": batch})
+        return twins.effect_record(tw, tokens if ok else 0, {"batch": batch, "observed": False})
     return twins.effect_record(tw, 0, {}, "this engine cannot tell")
 
 

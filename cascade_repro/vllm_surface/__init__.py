@@ -28,9 +28,21 @@ USE_CASCADE_ATTENTION = f"{FLASH_ATTN_MODULE}.use_cascade_attention"
 # installed vLLM imports gets the method.
 WORKER_BASE_MODULE = "vllm.v1.worker.worker_base"
 WORKER_BASE_MODULES = (WORKER_BASE_MODULE, "vllm.worker.worker_base")
-# The V1 scheduler (vllm/v1/core/sched/scheduler.py in 0.10.2 and 0.26.0): the probe counts its
-# steps and prefill chunks per wave (the chunked-prefill twin's proof of effect).
+# The V1 scheduler (vllm/v1/core/sched/scheduler.py from 0.10.2 to 0.34.0): the probe counts its
+# steps, prefill chunks and requests per step per wave (the chunked-prefill and batch twins' proof of
+# effect), and the steps scheduled by its async subclass (``async_scheduler.AsyncScheduler``, what
+# SchedulerConfig.get_scheduler_cls picks for async_scheduling=True: the async-scheduling twin's).
 SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
+ASYNC_SCHEDULER = "AsyncScheduler"
+# Where a step's CUDA-graph mode is decided, per model runner (the cuda-graphs twin's proof of effect):
+# the V1 runner's GPUModelRunner._determine_batch_execution_and_padding returns it first (0.26.0 to
+# 0.33.0; 0.10.2 dispatches inline, so there the read-back config stands in); the V2 runner (0.26.0
+# on, the only one in 0.34.0) replays through CudaGraphManager.run_fullgraph (FULL) or runs
+# run_pw_graph (PIECEWISE), and calls the model itself when eager.
+V1_RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
+V1_GRAPH_DECISION = "_determine_batch_execution_and_padding"
+V2_GRAPHS_MODULE = "vllm.v1.worker.gpu.cudagraph_utils"
+V2_GRAPH_RUNS = {"run_fullgraph": "FULL", "run_pw_graph": "PIECEWISE"}
 
 # use_cascade_attention's hard conditions: a common prefix of at least this many tokens (after
 # alignment to the KV block size) and at least this many requests in the step.
@@ -47,26 +59,46 @@ class Release:
     # How the attention backend and FlashAttention version are chosen: the ``attention_config``
     # engine argument, or the VLLM_ATTENTION_BACKEND / VLLM_FLASH_ATTN_VERSION variables.
     attention_via: str
-    # VLLM_USE_V2_MODEL_RUNNER exists (the V2 runner has no cascade path, so it must be 0).
-    v2_model_runner: bool
-    # use_cascade_attention takes dcp_world_size (decode context parallelism) as its last argument.
-    rule_takes_dcp: bool
+    # The GPU model runners it has: "v1" (vllm/v1/worker/gpu_model_runner.py only), "v1+v2"
+    # (VLLM_USE_V2_MODEL_RUNNER picks; the V2 runner in vllm/v1/worker/gpu/ has no cascade path) or
+    # "v2" (V1 removed; vLLM refuses VLLM_USE_V2_MODEL_RUNNER set to anything but 1).
+    model_runners: str
+    # use_cascade_attention takes dcp_world_size (decode context parallelism) as its last argument;
+    # None: the release has no cascade attention at all.
+    rule_takes_dcp: bool | None
     # LLM.reset_prefix_cache() says whether the reset happened (0.10.2's V1 engine returns None).
     reset_returns_bool: bool
     source: str
 
+    @property
+    def has_cascade(self) -> bool:
+        return self.rule_takes_dcp is not None
 
-# Ordered by version. 0.10.2: read from its wheel (flash_attn.py: use_cascade_attention with 8
-# parameters, cascade_attention(..., fa_version=...), merge_attn_states imported from
-# vllm/attention/ops/merge_attn_states.py; vllm/worker/worker_base.py: WorkerWrapperBase;
-# vllm/attention/utils/fa_utils.py: get_flash_attn_version reads VLLM_FLASH_ATTN_VERSION;
-# engine/arg_utils.py: disable_cascade_attn, no attention_config). 0.26.0: read from its wheel.
+    @property
+    def runner_env(self) -> str | None:
+        """The VLLM_USE_V2_MODEL_RUNNER value the engine sets: "0" (the V1 runner, the only one with
+        cascade, and the one every twin ran on in 0.26.0's evidence) where the variable picks the
+        runner; None where there is no such variable (0.10.2) or vLLM refuses it (0.34.0)."""
+        return "0" if self.model_runners == "v1+v2" else None
+
+
+# Ordered by version, each read from its wheel's source (tests/data/vllm-surface-<version>.json,
+# recorded by scripts/old-vllm/record_surface.py; tests/vllm_surface checks every entry against it).
+# 0.10.2: vllm/worker/worker_base.py holds WorkerWrapperBase; backend and FA version through
+# VLLM_ATTENTION_BACKEND / VLLM_FLASH_ATTN_VERSION (no attention_config); one model runner; the
+# cascade rule without dcp_world_size. 0.26.0 and 0.31.0: attention_config, both runners, the rule
+# with dcp_world_size. 0.33.0: cascade gone (flash_attn.py has neither use_cascade_attention nor
+# cascade_attention; removed in 0.32.0), both runners still. 0.34.0: the V1 model runner gone
+# (vllm/v1/worker/gpu_model_runner.py and VllmConfig.use_v2_model_runner removed; the platform's
+# validate_environ raises on VLLM_USE_V2_MODEL_RUNNER other than 1), so CUDA graphs are dispatched
+# by the V2 runner's CudaGraphManager (vllm/v1/worker/gpu/cudagraph_utils.py).
 RELEASES: tuple[Release, ...] = (
-    Release("0.10.2", "vllm.worker.worker_base", "env", False, False, False, "vLLM 0.10.2 wheel"),
-    Release(
-        "0.26.0", "vllm.v1.worker.worker_base", "attention_config", True, True, True, "vLLM 0.26.0 wheel"
-    ),
-)
+    Release("0.10.2", "vllm.worker.worker_base", "env", "v1", False, False, "vLLM 0.10.2 wheel"),
+    Release("0.26.0", "vllm.v1.worker.worker_base", "attention_config", "v1+v2", True, True, "vLLM 0.26.0 wheel"),
+    Release("0.31.0", "vllm.v1.worker.worker_base", "attention_config", "v1+v2", True, True, "vLLM 0.31.0 wheel"),
+    Release("0.33.0", "vllm.v1.worker.worker_base", "attention_config", "v1+v2", None, True, "vLLM 0.33.0 wheel"),
+    Release("0.34.0", "vllm.v1.worker.worker_base", "attention_config", "v2", None, True, "vLLM 0.34.0 wheel"),
+)  # fmt: skip
 
 
 def version_tuple(version: str | None) -> tuple[int, ...] | None:

@@ -31,6 +31,19 @@ What is patched (vLLM 0.26.0, ``vllm/v1/attention/backends/flash_attn.py``):
   synchronously with ``LLM.collective_rpc`` (``run_method`` resolves a string with ``getattr`` on
   the wrapper, ``vllm/v1/serial_utils.py`` and ``vllm/v1/executor/multiproc_executor.py``).
 
+Every twin (vLLM 0.10.2 to 0.34.0; ``vllm_surface.targets`` names each target and the releases
+it applies to, tests/vllm_surface checks them against every recorded release):
+
+- ``Scheduler.schedule`` (``vllm/v1/core/sched/scheduler.py``): steps, prefill chunks, the most
+  requests in one step, and steps scheduled by an ``AsyncScheduler``.
+- The step's CUDA-graph mode: the V1 model runner's ``_determine_batch_execution_and_padding``
+  (0.26.0 to 0.33.0) or the V2 runner's ``CudaGraphManager.run_fullgraph`` / ``run_pw_graph``
+  (``vllm/v1/worker/gpu/cudagraph_utils.py``, the only runner in 0.34.0).
+- The facts RPC: the model runner's class, each attention layer's implementation class and KV
+  cache dtype, the TP world size; and the out-scale fault on each implementation's ``forward``.
+
+Cascade attention (removed in 0.32.0) is patched only where it exists.
+
 The flash_attn module is not imported here: its class body evaluates ``get_flash_attn_version()``
 at import time, under whatever vLLM config is current, so importing it earlier than vLLM does could
 change its CUDA-graph support class. Instead a post-import hook (``sys.meta_path``) patches it right
@@ -120,6 +133,16 @@ COUNTER_KEYS = (
     "prefill_chunks",
     # Attention layer calls whose output the out-scale fault scaled (a twin's positive control).
     "scaled_calls",
+    # The most requests one scheduler step scheduled (the batch twin's proof that a wave's requests
+    # ran together), and the steps an AsyncScheduler scheduled (the async-scheduling twin's).
+    "max_sched_reqs",
+    "async_sched_steps",
+    # Model-runner steps by CUDA-graph mode as the runner ran them (the cuda-graphs twin's proof):
+    # a FULL graph replayed, PIECEWISE graphs, or eager (the V1 runner's decision says so; the V2
+    # runner's eager steps call the model directly and are not counted).
+    "graph_full_steps",
+    "graph_piecewise_steps",
+    "graph_eager_steps",
 )
 # Step wall times (seconds, float) and the number of steps each sum covers; see the docstring.
 TIMING_KEYS = (
@@ -313,11 +336,27 @@ class ProbeState:
             c["fa2_split_calls"] += 1
         self._dirty = True
 
-    def record_schedule(self, chunks: int) -> None:
+    def record_schedule(self, chunks: int, reqs: int = 0, is_async: bool = False) -> None:
         c = self.counters()
         if c is not None:
             c["sched_steps"] += 1
             c["prefill_chunks"] += chunks
+            if reqs > c["max_sched_reqs"]:
+                c["max_sched_reqs"] = reqs
+            if is_async:
+                c["async_sched_steps"] += 1
+            self._dirty = True
+
+    def record_graph_step(self, mode: str) -> None:
+        """One model-runner step run with CUDA-graph mode ``mode`` (FULL, PIECEWISE or NONE)."""
+        key = {
+            "FULL": "graph_full_steps",
+            "PIECEWISE": "graph_piecewise_steps",
+            "NONE": "graph_eager_steps",
+        }.get(mode)
+        c = self.counters()
+        if c is not None and key is not None:
+            c[key] += 1
             self._dirty = True
 
     def record_scaled(self) -> None:
@@ -659,6 +698,11 @@ def _impl_classes(worker: Any) -> list[type]:
     return list({type(m.impl) for m in modules() if getattr(m, "impl", None) is not None})
 
 
+# AttentionImpl.forward(self, layer, query, key, value, kv_cache, attn_metadata, output, ...): the
+# position of ``output`` after self, in every backend the twins use (0.26.0 to 0.34.0).
+IMPL_OUTPUT_POS = 6
+
+
 def wrap_impl_forward(cls: type, state: ProbeState) -> bool:
     """Scale the attention output of ``cls.forward`` by ``1 + E`` while the control says
     ``out-scale=E`` (a twin's positive control, in whatever backend runs). Python-level: a step
@@ -673,9 +717,17 @@ def wrap_impl_forward(cls: type, state: ProbeState) -> bool:
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = orig(self, *args, **kwargs)
         f = state.inject
-        if f is not None and f.kind == inj.OUT_SCALE and state.wave is not None and out is not None:
+        # The buffer the layer reads the result from: the ``output`` argument where one is handed
+        # over (vLLM's unified_attention_with_output ignores forward's return from 0.26.0 on), else
+        # what forward returned.
+        target = kwargs.get("output")
+        if target is None and len(args) > IMPL_OUTPUT_POS:
+            target = args[IMPL_OUTPUT_POS]
+        if target is None or not hasattr(target, "mul_"):
+            target = out
+        if f is not None and f.kind == inj.OUT_SCALE and state.wave is not None and target is not None:
             try:
-                out.mul_(1.0 + f.nats)
+                target.mul_(1.0 + f.nats)
                 state.record_scaled()
             except Exception as e:  # noqa: BLE001 - never break the forward
                 state._note_error(f"out-scale: {e!r}"[:200])
@@ -687,11 +739,49 @@ def wrap_impl_forward(cls: type, state: ProbeState) -> bool:
     return True
 
 
+def _attention_layers(worker: Any) -> list[Any]:
+    runner = getattr(getattr(worker, "worker", worker), "model_runner", None)
+    get = getattr(runner, "get_model", None)
+    model = get() if callable(get) else getattr(runner, "model", None)
+    modules = getattr(model, "modules", None)
+    if not callable(modules):
+        return []
+    return [m for m in modules() if getattr(m, "impl", None) is not None]
+
+
+def kv_cache_facts(layers: list[Any]) -> dict[str, Any]:
+    """What the attention layers store their KV cache as: the dtype each was built with
+    (``layer.kv_cache_dtype``: "auto", "fp8", ...) and the bound cache tensors' dtypes and bytes per
+    element (an FP8 cache is stored in 1-byte elements, as uint8 or a float8 dtype)."""
+    names: set[str] = set()
+    tensors: set[str] = set()
+    sizes: set[int] = set()
+    for layer in layers:
+        d = getattr(layer, "kv_cache_dtype", None)
+        if d is not None:
+            names.add(str(d))
+        cache = getattr(layer, "kv_cache", None)
+        for t in cache if isinstance(cache, list | tuple) else [cache]:
+            if getattr(t, "numel", None) is not None and t.numel() > 0:
+                tensors.add(str(t.dtype).replace("torch.", ""))
+                sizes.add(int(t.element_size()))
+    return {"layer_kv_cache_dtypes": sorted(names), "kv_cache_tensor_dtypes": sorted(tensors),
+            "kv_cache_element_bytes": sorted(sizes)}  # fmt: skip
+
+
 def worker_facts(worker: Any, state: ProbeState | None = None) -> dict[str, Any]:
-    """What a model worker reads back of its own setup: the attention implementation classes its
-    layers were built with (any backend) and the tensor-parallel world size it joined. With
-    ``state``, each class's forward also gets the out-scale fault (:func:`wrap_impl_forward`)."""
+    """What a model worker reads back of its own setup: its model runner's class, the attention
+    implementation classes its layers were built with (any backend), what they store the KV cache as
+    and the tensor-parallel world size it joined. With ``state``, each class's forward also gets the
+    out-scale fault (:func:`wrap_impl_forward`)."""
     out: dict[str, Any] = {"pid": os.getpid()}
+    runner = getattr(getattr(worker, "worker", worker), "model_runner", None)
+    if runner is not None:
+        out["model_runner"] = f"{type(runner).__module__}.{type(runner).__name__}"
+    try:
+        out.update(kv_cache_facts(_attention_layers(worker)))
+    except Exception as e:  # noqa: BLE001 - a fact not read is reported, never raised inside vLLM
+        out["kv_cache_error"] = f"{type(e).__name__}: {e}"[:200]
     try:
         classes = _impl_classes(worker)
         out["attn_impl_classes"] = sorted(c.__name__ for c in classes)
@@ -757,7 +847,7 @@ def patch_scheduler(module: ModuleType, state: ProbeState) -> list[str]:
                     chunks += 1
         except Exception as e:  # noqa: BLE001 - never break vLLM's scheduler
             state._note_error(f"schedule: {e!r}"[:200])
-        state.record_schedule(chunks)
+        state.record_schedule(chunks, len(getattr(out, "num_scheduled_tokens", None) or ()), _is_async(self))
         return out
 
     setattr(schedule, _MARK, orig)
@@ -768,6 +858,74 @@ def patch_scheduler(module: ModuleType, state: ProbeState) -> list[str]:
 
 
 SCHEDULER_MODULE = vllm_surface.SCHEDULER_MODULE
+
+
+def _is_async(scheduler: Any) -> bool:
+    return any(c.__name__ == vllm_surface.ASYNC_SCHEDULER for c in type(scheduler).__mro__)
+
+
+def _mode_name(mode: Any) -> str:
+    """A CUDAGraphMode's name (``CUDAGraphMode.FULL`` -> ``FULL``)."""
+    name = getattr(mode, "name", None)
+    return str(name if isinstance(name, str) else mode).rpartition(".")[2].upper()
+
+
+def patch_v1_graphs(module: ModuleType, state: ProbeState) -> list[str]:
+    """Count each step's CUDA-graph mode as the V1 model runner decides it (``GPUModelRunner.
+    _determine_batch_execution_and_padding`` returns the mode first; 0.26.0 to 0.33.0)."""
+    cls = module.__dict__.get("GPUModelRunner")
+    name = vllm_surface.V1_GRAPH_DECISION
+    if not isinstance(cls, type) or not callable(cls.__dict__.get(name)):
+        return []
+    orig = _original(cls.__dict__[name])
+
+    @functools.wraps(orig)
+    def decide(self: Any, *args: Any, **kwargs: Any) -> Any:
+        state.refresh()  # a worker process of TP > 1 learns of a new wave here (one stat a step)
+        out = orig(self, *args, **kwargs)
+        if state.wave is not None:
+            try:
+                state.record_graph_step(_mode_name(out[0]))
+            except Exception as e:  # noqa: BLE001 - never break the model runner
+                state._note_error(f"graph mode: {e!r}"[:200])
+        return out
+
+    setattr(decide, _MARK, orig)
+    setattr(cls, name, decide)
+    done = [f"{module.__name__}.GPUModelRunner.{name}"]
+    state.patched.extend(done)
+    return done
+
+
+def patch_v2_graphs(module: ModuleType, state: ProbeState) -> list[str]:
+    """Count the V2 model runner's graph steps: ``CudaGraphManager.run_fullgraph`` replays a FULL
+    graph, ``run_pw_graph`` runs PIECEWISE ones (``vllm/v1/worker/gpu/cudagraph_utils.py``).
+    Patched on the base class: ``ModelCudaGraphManager.run_fullgraph`` calls it through super()."""
+    cls = module.__dict__.get("CudaGraphManager")
+    if not isinstance(cls, type):
+        return []
+    done = []
+    for name, mode in vllm_surface.V2_GRAPH_RUNS.items():
+        fn = cls.__dict__.get(name)
+        if not callable(fn):
+            continue
+        orig = _original(fn)
+
+        def make(orig: Callable[..., Any], mode: str) -> Callable[..., Any]:
+            @functools.wraps(orig)
+            def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+                state.refresh()
+                if state.wave is not None:
+                    state.record_graph_step(mode)
+                return orig(self, *args, **kwargs)
+
+            setattr(run, _MARK, orig)
+            return run
+
+        setattr(cls, name, make(orig, mode))
+        done.append(f"{module.__name__}.CudaGraphManager.{name}")
+    state.patched.extend(done)
+    return done
 
 
 # --------------------------------------------------------------------------------------------
@@ -868,6 +1026,9 @@ def activate(directory: str | os.PathLike[str]) -> ProbeState:
         when_imported(name, lambda m: patch_worker_base(m, st))
         when_imported(name, lambda m: patch_worker_facts(m, st))
     when_imported(SCHEDULER_MODULE, lambda m: patch_scheduler(m, st))
+    # Both runners' graph points: the one this vLLM runs is imported (0.34.0 has only the V2 one).
+    when_imported(vllm_surface.V1_RUNNER_MODULE, lambda m: patch_v1_graphs(m, st))
+    when_imported(vllm_surface.V2_GRAPHS_MODULE, lambda m: patch_v2_graphs(m, st))
     return st
 
 

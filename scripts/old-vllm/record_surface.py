@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -65,34 +66,7 @@ def record(pkg: Path) -> dict:
             break
     out["version"] = ver
 
-    fa_path = pkg / "v1/attention/backends/flash_attn.py"
-    fa_src = fa_path.read_text(encoding="utf-8")
-    fa = ast.parse(fa_src)
-    fns, classes = _functions(fa), _classes(fa)
-    rule = fns["use_cascade_attention"]
-    out["flash_attn"] = {
-        "module": "vllm.v1.attention.backends.flash_attn",
-        "use_cascade_attention_params": _params(rule),
-        "use_cascade_attention_source": ast.get_source_segment(fa_src, rule),
-        "cascade_attention_params": _params(fns["cascade_attention"]),
-        "merge_attn_states_imported_from": next(
-            (
-                n.module
-                for n in fa.body
-                if isinstance(n, ast.ImportFrom) and any(a.name == "merge_attn_states" for a in n.names)
-            ),
-            None,
-        ),
-        "merge_call_args": [_arg_text(a) for a in _calls(fns["cascade_attention"], "merge_attn_states")[0].args],
-        "cascade_call_kwargs": sorted(
-            {k.arg for c in _calls(fa, "cascade_attention") for k in c.keywords if k.arg}
-        ),
-        "impl_sets_vllm_flash_attn_version": "self.vllm_flash_attn_version =" in fa_src,
-        "builder_has_use_cascade_attention": any(
-            isinstance(n, ast.FunctionDef) and n.name == "use_cascade_attention"
-            for n in classes.get("FlashAttentionMetadataBuilder", ast.ClassDef(body=[])).body
-        ),
-    }
+    out["flash_attn"] = _flash_attn(pkg)
 
     wrappers = []
     for rel in ("worker/worker_base.py", "v1/worker/worker_base.py"):
@@ -101,7 +75,7 @@ def record(pkg: Path) -> dict:
             wrappers.append("vllm." + rel[:-3].replace("/", "."))
     out["worker_wrapper_base_modules"] = wrappers
 
-    runner = _parse(pkg / "v1/worker/gpu_model_runner.py")
+    runner = _parse(pkg / "v1/worker/gpu_model_runner.py")  # the V1 model runner (gone in 0.34)
     calls = _calls(runner, "use_cascade_attention") if runner else []
     out["runner_use_cascade_call_kwargs"] = sorted({k.arg for c in calls for k in c.keywords if k.arg})
 
@@ -138,7 +112,187 @@ def record(pkg: Path) -> dict:
     out["sampling_params_fields"] = sorted(
         n.target.id for n in sp.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
     )
+    out["removed_env_vars"] = sorted(_dict_keys(envs, "removed_environment_variables"))
+    out["env_vars_validated"] = _validated_env(pkg)
+    out["modules"] = {m: facts for m in SURFACE_MODULES if (facts := module_facts(pkg, m)) is not None}
     return out
+
+
+def _flash_attn(pkg: Path) -> dict:
+    """The FlashAttention backend's cascade path: the rule, the kernel call, the merge (None where a
+    release has no cascade: removed in 0.32)."""
+    fa_src = (pkg / "v1/attention/backends/flash_attn.py").read_text(encoding="utf-8")
+    fa = ast.parse(fa_src)
+    fns, classes = _functions(fa), _classes(fa)
+    rule, kernel = fns.get("use_cascade_attention"), fns.get("cascade_attention")
+    merges = _calls(kernel, "merge_attn_states") if kernel else []
+    return {
+        "module": "vllm.v1.attention.backends.flash_attn",
+        "use_cascade_attention_params": _params(rule) if rule else None,
+        "use_cascade_attention_source": ast.get_source_segment(fa_src, rule) if rule else None,
+        "cascade_attention_params": _params(kernel) if kernel else None,
+        "merge_attn_states_imported_from": next(
+            (
+                n.module
+                for n in fa.body
+                if isinstance(n, ast.ImportFrom) and any(a.name == "merge_attn_states" for a in n.names)
+            ),
+            None,
+        ),
+        "merge_call_args": [_arg_text(a) for a in merges[0].args] if merges else None,
+        "cascade_call_kwargs": sorted(
+            {k.arg for c in _calls(fa, "cascade_attention") for k in c.keywords if k.arg}
+        ),
+        "impl_sets_vllm_flash_attn_version": "self.vllm_flash_attn_version =" in fa_src,
+        "builder_has_use_cascade_attention": any(
+            isinstance(n, ast.FunctionDef) and n.name == "use_cascade_attention"
+            for n in classes.get("FlashAttentionMetadataBuilder", ast.ClassDef(body=[])).body
+        ),
+    }
+
+
+def _dict_keys(tree: ast.Module, name: str) -> list[str]:
+    """The string keys of a top-level dict literal assigned to ``name``."""
+    for n in _top_level(tree):
+        target = n.targets[0] if isinstance(n, ast.Assign) and len(n.targets) == 1 else getattr(n, "target", None)
+        if isinstance(target, ast.Name) and target.id == name and isinstance(n.value, ast.Dict):
+            return [k.value for k in n.value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+    return []
+
+
+def _validated_env(pkg: Path) -> list[str]:
+    """The VLLM_* names the platform's ``validate_environ`` singles out (0.34 refuses
+    ``VLLM_USE_V2_MODEL_RUNNER`` unless it is 1)."""
+    tree = _parse(pkg / "platforms/interface.py")
+    fn = next(
+        (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "validate_environ"), None
+    ) if tree else None
+    if fn is None:
+        return []
+    return sorted({
+        n.value for n in ast.walk(fn)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and re.fullmatch(r"VLLM_[A-Z0-9_]+", n.value)
+    })  # fmt: skip
+
+
+# --- Every module the harness reaches into, recorded whole --------------------------------------
+#
+# The probe patches (vllm_surface/probe.py), the engine (engines/vllm.py: engine arguments, the config
+# read back, LLM methods, outputs) and doctor import or read these modules. Each is recorded with its
+# top-level functions (parameter lists), classes (bases, methods with parameter lists, annotated
+# fields, attributes set on ``self``) and imported names, so a test can ask for any target by name
+# (vllm_surface.targets) without a new recording.
+
+SURFACE_MODULES = (
+    "vllm.v1.attention.backends.flash_attn",
+    "vllm.v1.attention.backends.flash_attn_diffkv",
+    "vllm.v1.attention.backends.triton_attn",
+    "vllm.v1.attention.backends.flashinfer",
+    "vllm.v1.attention.backends.fa_utils",
+    "vllm.attention.utils.fa_utils",
+    "vllm.v1.attention.ops.merge_attn_states",
+    "vllm.attention.ops.merge_attn_states",
+    "vllm.model_executor.layers.attention.attention",
+    "vllm.attention.layer",
+    "vllm.vllm_flash_attn.flash_attn_interface",
+    "vllm.v1.worker.worker_base",
+    "vllm.worker.worker_base",
+    "vllm.v1.worker.gpu_worker",
+    "vllm.v1.worker.gpu_model_runner",
+    "vllm.v1.worker.gpu.model_runner",
+    "vllm.v1.worker.gpu.cudagraph_utils",
+    "vllm.v1.cudagraph_dispatcher",
+    "vllm.v1.core.sched.scheduler",
+    "vllm.v1.core.sched.async_scheduler",
+    "vllm.v1.core.sched.output",
+    "vllm.v1.request",
+    "vllm.v1.serial_utils",
+    "vllm.v1.executor.uniproc_executor",
+    "vllm.executor.uniproc_executor",
+    "vllm.v1.executor.multiproc_executor",
+    "vllm.v1.engine.llm_engine",
+    "vllm.v1.engine.core",
+    "vllm.entrypoints.llm",
+    "vllm.engine.arg_utils",
+    "vllm.config",
+    "vllm.config.vllm",
+    "vllm.config.model",
+    "vllm.config.cache",
+    "vllm.config.scheduler",
+    "vllm.config.compilation",
+    "vllm.config.parallel",
+    "vllm.config.attention",
+    "vllm.outputs",
+    "vllm.sampling_params",
+    "vllm.inputs",
+    "vllm.inputs.llm",
+    "vllm.inputs.data",
+    "vllm.logprobs",
+    "vllm.distributed.parallel_state",
+    "vllm.plugins",
+    "vllm.platforms.interface",
+)
+
+
+def _module_path(pkg: Path, module: str) -> Path | None:
+    base = pkg.parent / module.replace(".", "/")
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _self_attrs(cls: ast.ClassDef) -> list[str]:
+    """Attributes a class's methods set on ``self`` (``self.requests = {}``, ``self.worker: T``)."""
+    names = set()
+    for n in ast.walk(cls):
+        targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AnnAssign) else []
+        for t in targets:
+            for e in ast.walk(t):
+                if isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) and e.value.id == "self":
+                    names.add(e.attr)
+    return sorted(names)
+
+
+def _class_facts(cls: ast.ClassDef) -> dict:
+    methods = {
+        n.name: _params(n) for n in cls.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
+    return {
+        "bases": [ast.unparse(b) for b in cls.bases],
+        "methods": dict(sorted(methods.items())),
+        "fields": sorted(
+            n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+        ),
+        "attrs": _self_attrs(cls),
+    }
+
+
+def module_facts(pkg: Path, module: str) -> dict | None:
+    """One module's functions, classes and imported names (None: the release has no such module)."""
+    path = _module_path(pkg, module)
+    if path is None:
+        return None
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    functions, classes, imports, names = {}, {}, {}, set()
+    for n in _top_level(tree):
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef):
+            functions.setdefault(n.name, _params(n))
+        elif isinstance(n, ast.ClassDef):
+            classes.setdefault(n.name, _class_facts(n))
+        elif isinstance(n, ast.ImportFrom):
+            for a in n.names:
+                imports.setdefault(a.asname or a.name, f"{'.' * n.level}{n.module or ''}:{a.name}")
+        elif isinstance(n, ast.Assign):
+            names.update(t.id for t in n.targets if isinstance(t, ast.Name))
+        elif isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
+            names.add(n.target.id)
+    return {
+        "functions": dict(sorted(functions.items())),
+        "classes": dict(sorted(classes.items())),
+        "imports": dict(sorted(imports.items())),
+        "names": sorted(names),
+    }
 
 
 # --- EngineArgs kinds: each field's annotation mapped to a command-line kind as vLLM maps it ---

@@ -124,14 +124,16 @@ def test_engine_flow_with_fake_vllm(fake_vllm, tmp_path: Path, inject):
     run_dir = tmp_path / "run"
     eng = VLLMEngine("/models/m", spec, eplan, run_dir=run_dir)
     assert os.environ[probe.ENV_VAR] == str(run_dir / "probe" / "k")
-    assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    # The fake has no package version: read as the newest release, which has one model runner.
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ
     kw = eng.llm.kwargs
     assert kw["disable_cascade_attn"] is False and kw["enable_prefix_caching"] is True
     assert kw["attention_config"] == {"backend": "FLASH_ATTN", "flash_attn_version": 2}
     assert "max_num_seqs" not in kw and "hf_overrides" not in kw  # vLLM's default (>= 256) fits batch 8
     eff = eng.effective()
     assert eff["probe"] == "rpc" and eff["flash_attn_version"] == 3 and eff["arm_switch"] == "toggle"
-    assert eff["attention_backend"] == "FLASH_ATTN" and eff["model_runner"] == "V1"
+    assert eff["attention_backend"] == "FLASH_ATTN" and eff["model_runner"] == "V2"
+    assert eff["model_runner_class"] == "vllm.v1.worker.gpu.model_runner.GPUModelRunner"  # what the worker reported
     assert any(p.endswith("use_cascade_attention") for p in eff["probe_patched"])
 
     prompts = [[1] * 300 + [i] for i in range(8)]
@@ -229,3 +231,27 @@ def test_the_worker_queues_each_waves_records_at_once(fake_vllm, cut_model, tmp_
                    ("write", "WaveRecord"), ("write", "CellDone"), ("sync", None), ("sync", None)]  # fmt: skip
     samples = [ln for ln in runstore.samples_path(prepared.run_dir, key).read_text().splitlines() if '"type":"sample"' in ln]
     assert len(samples) == 16
+
+
+@pytest.mark.parametrize(
+    ("version", "inherited", "want", "note"),
+    [("0.26.0", None, "0", None), ("0.33.0", "1", "0", "1"), ("0.34.0", None, None, None),
+     ("0.34.0", "0", None, "0"), ("0.34.0", "1", "1", None), ("0.35.2", "0", None, "0"),
+     ("0.10.2", None, None, None)],
+)  # fmt: skip
+def test_the_model_runner_variable_follows_the_release(monkeypatch, version, inherited, want, note):
+    """V1 is pinned where the variable picks a runner; 0.34.0 (V1 removed) refuses any value but 1 at
+    engine start, so an inherited 0 is dropped and said; 0.10.2 has no such variable."""
+    import os
+
+    from cascade_repro.engines.vllm import VLLMEngine
+
+    name = "VLLM_USE_V2_MODEL_RUNNER"
+    if inherited is None:
+        monkeypatch.delenv(name, raising=False)
+    else:
+        monkeypatch.setenv(name, inherited)
+    shim = type("Shim", (), {"_env_notes": {}})()
+    VLLMEngine._set_model_runner_env(shim, version)
+    assert os.environ.get(name) == want
+    assert shim._env_notes.get(f"{name}_was") == note

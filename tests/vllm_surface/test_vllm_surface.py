@@ -26,7 +26,7 @@ def facts(path: Path) -> dict:
 
 def test_every_known_release_has_recorded_facts():
     recorded = {facts(p)["version"] for p in RECORDED}
-    assert {r.version for r in vllm_surface.RELEASES} == recorded == {"0.10.2", "0.26.0"}
+    assert {r.version for r in vllm_surface.RELEASES} == recorded == {"0.10.2", "0.26.0", "0.31.0", "0.33.0", "0.34.0"}
 
 
 @pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)
@@ -39,13 +39,24 @@ def test_release_entry_matches_its_source(path):
     assert rel.attention_via == ("attention_config" if "attention_config" in f["engine_args"] else "env")
     if rel.attention_via == "env":  # the engine's legacy path sets these two
         assert {"VLLM_ATTENTION_BACKEND", "VLLM_FLASH_ATTN_VERSION"} <= set(f["env_vars"])
-    assert rel.v2_model_runner == ("VLLM_USE_V2_MODEL_RUNNER" in f["env_vars"])
-    assert rel.rule_takes_dcp == ("dcp_world_size" in f["flash_attn"]["use_cascade_attention_params"])
-    assert "disable_cascade_attn" in f["engine_args"]
+    modules = f["modules"]
+    runners = {"v1": "vllm.v1.worker.gpu_model_runner" in modules, "v2": "vllm.v1.worker.gpu.model_runner" in modules}
+    assert rel.model_runners == "+".join(k for k, has in runners.items() if has)
+    # The variable picks the runner only where both exist; 0.34.0's platform refuses it unless it is 1.
+    assert ("VLLM_USE_V2_MODEL_RUNNER" in f["env_vars"]) == (rel.model_runners == "v1+v2")
+    assert ("VLLM_USE_V2_MODEL_RUNNER" in f["env_vars_validated"]) == (rel.model_runners == "v2")
+    assert (rel.runner_env == "0") == (rel.model_runners == "v1+v2")
+    params = f["flash_attn"]["use_cascade_attention_params"]
+    assert rel.rule_takes_dcp == (None if params is None else "dcp_world_size" in params)
+    assert rel.has_cascade == (vllm_surface.cascade_status(rel.version) != "removed")
+    assert "disable_cascade_attn" in f["engine_args"]  # kept without effect after cascade went
     assert rel.reset_returns_bool == f["v1_reset_prefix_cache_returns"]
 
 
-@pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)
+CASCADE_RECORDED = [p for p in RECORDED if facts(p)["flash_attn"]["use_cascade_attention_params"]]
+
+
+@pytest.mark.parametrize("path", CASCADE_RECORDED, ids=lambda p: p.stem)
 def test_probe_patch_points_exist_with_the_shapes_it_assumes(path):
     fa = facts(path)["flash_attn"]
     assert fa["module"] == vllm_surface.FLASH_ATTN_MODULE == probe.FLASH_ATTN_MODULE
@@ -77,7 +88,7 @@ def test_engine_calls_exist(path):
     assert vllm_surface.output_asks({vllm_surface.FLAT_LOGPROBS}) == {vllm_surface.FLAT_LOGPROBS: True}
 
 
-@pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", CASCADE_RECORDED, ids=lambda p: p.stem)
 def test_explain_port_decides_as_the_recorded_rule(path):
     fa = facts(path)["flash_attn"]
     ns: dict = {"np": np, "cdiv": cascade_rule.cdiv}
@@ -102,8 +113,9 @@ def test_explain_port_decides_as_the_recorded_rule(path):
 @pytest.mark.parametrize(
     ("version", "want", "exact"),
     [("0.10.2", "0.10.2", True), ("0.11.0", "0.10.2", False), ("0.26.0", "0.26.0", True),
-     ("0.26.0+cu130", "0.26.0", True), ("0.31.1", "0.26.0", False), ("0.9.0", "0.10.2", False),
-     ("garbage", "0.26.0", False)],
+     ("0.26.0+cu130", "0.26.0", True), ("0.31.1", "0.31.0", False), ("0.32.0", "0.31.0", False),
+     ("0.34.0", "0.34.0", True), ("0.35.1", "0.34.0", False), ("0.9.0", "0.10.2", False),
+     ("garbage", "0.34.0", False)],
 )  # fmt: skip
 def test_release_for(version, want, exact):
     rel, is_exact = vllm_surface.release_for(version)

@@ -24,15 +24,22 @@ DEFAULT_BUDGET = 8192  # vLLM's max_num_batched_tokens for the LLM class
 
 
 class _Layer:
-    def __init__(self, impl):
+    """An attention layer: its implementation, the KV cache dtype it was built with and its bound
+    cache (an FP8 cache in 1-byte elements, as vLLM stores it)."""
+
+    def __init__(self, impl, kv_cache_dtype="auto"):
+        import torch
+
         self.impl = impl
+        self.kv_cache_dtype = kv_cache_dtype
+        self.kv_cache = torch.zeros(4, dtype=torch.uint8 if kv_cache_dtype.startswith("fp8") else torch.bfloat16)
 
 
 class _Model:
     """The model a worker runs, as the probe's facts RPC walks it: modules with an ``impl``."""
 
-    def __init__(self, impls):
-        self.layers = [_Layer(i) for i in impls]
+    def __init__(self, impls, kv_cache_dtype="auto"):
+        self.layers = [_Layer(i, kv_cache_dtype) for i in impls]
 
     def modules(self):
         return [self, *self.layers]
@@ -67,12 +74,22 @@ class LLM:
         self.budget = kwargs.get("max_num_batched_tokens") or DEFAULT_BUDGET
         self.prefix_caching = bool(kwargs.get("enable_prefix_caching"))
         self.sched_mod = importlib.import_module("vllm.v1.core.sched.scheduler")
+        # async_scheduling=True installs the AsyncScheduler subclass (SchedulerConfig.get_scheduler_cls)
+        self.sched_cls = (importlib.import_module("vllm.v1.core.sched.async_scheduler").AsyncScheduler
+                          if kwargs.get("async_scheduling") else self.sched_mod.Scheduler)
+        # The V2 runner's graphs (0.34.0): none when eager; a step of more tokens than the largest
+        # captured size runs eager.
+        self.capture_sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+        graphs = importlib.import_module("vllm.v1.worker.gpu.cudagraph_utils")
+        self.graphs = None if kwargs.get("enforce_eager") else graphs.ModelCudaGraphManager(self.capture_sizes)
         self.fa = importlib.import_module("vllm.v1.attention.backends.flash_attn")
         self.worker = importlib.import_module("vllm.v1.worker.worker_base").WorkerWrapperBase()
         self.layers = [self.fa.FlashAttentionImpl() for _ in range(2)]
         other = _impl_class((kwargs.get("attention_config") or {}).get("backend"))
         impls = self.layers if other is None else [other() for _ in range(2)]
-        self.worker.worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(get_model=lambda: _Model(impls)))
+        runner = importlib.import_module("vllm.v1.worker.gpu.model_runner").GPUModelRunner(
+            _Model(impls, str(kwargs.get("kv_cache_dtype") or "auto")))
+        self.worker.worker = types.SimpleNamespace(model_runner=runner)
         self.resets = 0
         self.generated = []
         self.rpcs = 0
@@ -90,9 +107,8 @@ class LLM:
                                                    max_num_seqs=kwargs.get("max_num_seqs", 256)),
             compilation_config=types.SimpleNamespace(
                 cudagraph_mode="NONE" if kwargs.get("enforce_eager") else "FULL_AND_PIECEWISE",
-                cudagraph_capture_sizes=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512]),
+                cudagraph_capture_sizes=self.capture_sizes),
             attention_config=types.SimpleNamespace(**(kwargs.get("attention_config") or {})),
-            use_v2_model_runner=False,
         )
         self.llm_engine = types.SimpleNamespace(vllm_config=cfg,
                                                 engine_core=types.SimpleNamespace(shutdown=lambda: None))
@@ -115,22 +131,34 @@ class LLM:
         self.rpcs += 1
         return [getattr(self.worker, method)(*args, **(kwargs or {}))]
 
+    def _step(self, sched):
+        """One engine step: the scheduler's, then the model runner's, through a graph if one fits."""
+        out = sched.schedule()
+        tokens = sum(out.num_scheduled_tokens.values())
+        if self.graphs is not None and tokens <= max(self.capture_sizes):
+            if all(n == 1 for n in out.num_scheduled_tokens.values()):
+                self.graphs.run_fullgraph(tokens)  # a uniform decode batch: the FULL graph
+            else:
+                self.graphs.run_pw_graph(None, {})
+
     def _prefill(self, prompts):
         """The scheduler's prefill steps of a call: the budget handed out prompt by prompt."""
-        sched = self.sched_mod.Scheduler(self.budget)
+        sched = self.sched_cls(self.budget)
         for i, p in enumerate(prompts):
             sched.add(f"r{i}", len(p.get("prompt_token_ids", ())) if isinstance(p, dict) else 1)
         while sched.pending():
-            sched.schedule()
+            self._step(sched)
+        return sched
 
     def generate(self, prompts, params, use_tqdm=True):
         import torch
 
         self.generated.append(len(prompts))
         n = len(prompts)
-        self._prefill(prompts)
+        sched = self._prefill(prompts)
         builder = self.fa.FlashAttentionMetadataBuilder()
         for _ in range(params.max_tokens):  # one decision per step, as the model runner takes it
+            self._step(sched)
             use = builder.use_cascade_attention(common_prefix_len=512, query_lens=[1] * n, num_query_heads=9,
                                                 num_kv_heads=3, use_alibi=False, use_sliding_window=False,
                                                 use_local_attention=False, num_sms=132, dcp_world_size=1)

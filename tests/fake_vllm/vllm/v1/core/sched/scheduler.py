@@ -2,7 +2,8 @@
 (``num_computed_tokens``, ``num_prompt_tokens``), returning ``num_scheduled_tokens`` per request.
 
 The fake LLM drives it once per prefill step: each step gives out at most ``budget`` prompt tokens,
-request by request, so a prompt longer than what is left of the budget is a chunk.
+request by request, so a prompt longer than what is left of the budget is a chunk; then once per
+decode step, one token to every request.
 """
 
 import types
@@ -26,6 +27,8 @@ class Scheduler:
         return any(r.num_computed_tokens < r.num_prompt_tokens for r in self.requests.values())
 
     def schedule(self):
+        if not self.pending():  # a decode step: every request gets its next token
+            return types.SimpleNamespace(num_scheduled_tokens=dict.fromkeys(self.requests, 1))
         left, out = self.budget, {}
         for rid, r in self.requests.items():
             need = r.num_prompt_tokens - r.num_computed_tokens
