@@ -195,3 +195,19 @@ def test_record_surface_maps_engine_args_annotations_as_vllm_does(tmp_path):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
     assert _record_surface().engine_args_kinds(tmp_path / "vllm") == TREE_KINDS
+
+
+def test_the_0_33_overlay_differs_from_the_0_34_stack_in_three_pins():
+    mine, base = _pins("vllm-0.33"), _pins("vllm-0.34")
+    assert mine.keys() == base.keys()
+    changed = {name: (base[name], v) for name, v in mine.items() if base[name] != v}
+    assert changed == {
+        "vllm": ("0.34.0", "0.33.0"),
+        "flashinfer-python": ("0.7.4", "0.7.2.post1"),
+        "transformers": ("5.22.2", "5.20.2"),
+    }
+
+
+@pytest.mark.parametrize("script", ["resolve.sh", "stage.sh", "device.sh"])
+def test_the_overlay_scripts_parse(script):
+    subprocess.run(["bash", "-n", str(SCRIPTS / "vllm-0.33" / script)], check=True)
