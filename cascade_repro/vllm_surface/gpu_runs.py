@@ -4,7 +4,7 @@ One row per (vLLM release, twin as ``--twin`` spells it): the day of the newest 
 on that release and the run directory under ``docs/evidence/`` that holds it (its ``run.json``
 names both). Only what ran: a twin that never ran on a release has no row. ``doctor`` lists these
 per twin, the README's "vLLM release x twin" table is rendered from them (:func:`readme_table`),
-and ``tests/test_gpu_runs.py`` checks every row against its folder's ``run.json`` and keeps the
+and ``tests/vllm_surface/test_gpu_runs.py`` checks every row against its folder's ``run.json`` and keeps the
 README equal to the table.
 
 Standard library only.
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cascade_repro.twin import CASCADE
 from cascade_repro.vllm_surface import version_tuple
 
 
@@ -30,8 +31,8 @@ class GpuRun:
 _TWINS_0_26 = "docs/evidence/2026-12-03-h200-twins"
 
 GPU_RUNS: tuple[GpuRun, ...] = (
-    GpuRun("0.10.2", "cascade", "2026-12-01", "docs/evidence/2026-12-01-h200-vllm0.10.2/band"),
-    GpuRun("0.26.0", "cascade", "2026-12-03", f"{_TWINS_0_26}/cascade"),
+    GpuRun("0.10.2", CASCADE.name, "2026-12-01", "docs/evidence/2026-12-01-h200-vllm0.10.2/band"),
+    GpuRun("0.26.0", CASCADE.name, "2026-12-03", f"{_TWINS_0_26}/cascade"),
     GpuRun("0.26.0", "prefix-caching", "2026-12-03", f"{_TWINS_0_26}/prefix"),
     GpuRun("0.26.0", "chunked-prefill", "2026-12-03", f"{_TWINS_0_26}/chunked"),
     GpuRun("0.26.0", "cuda-graphs", "2026-12-03", f"{_TWINS_0_26}/graphs"),

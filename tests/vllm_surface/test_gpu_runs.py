@@ -13,7 +13,7 @@ from cascade_repro import twin as twins
 from cascade_repro import vllm_surface
 from cascade_repro.vllm_surface import gpu_runs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EVIDENCE = ROOT / "docs" / "evidence"
 
 
