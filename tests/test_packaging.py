@@ -163,7 +163,8 @@ def test_the_wheel_installs_in_a_clean_venv_and_runs_the_readme_commands(tmp_pat
     assert "cascade_repro/prompts_data/ko-ifeval-style.jsonl" in names
     assert "cascade_repro/report/summary.schema.json" in names  # summary.json's JSON Schema ships
     assert "License-Expression: Apache-2.0" in meta
-    assert "Requires-Dist: vllm<0.35.0,>=0.10.2; extra == \"vllm\"" in meta
+    assert "Requires-Dist: vllm==0.26.0; extra == \"vllm\"" in meta
+    assert "Requires-Dist: vllm==0.31.0; extra == \"cascade\"" in meta
 
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     vpy = venv / "bin" / "python"
