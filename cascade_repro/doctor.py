@@ -23,11 +23,13 @@ from typing import Any
 
 from cascade_repro import exit_codes, vllm_surface
 from cascade_repro.errors import UsageError
+from cascade_repro.vllm_surface import gpu_runs
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 MIN_PREFIX = vllm_surface.MIN_COMMON_PREFIX
 MIN_REQUESTS = vllm_surface.MIN_REQUESTS
-TESTED_VLLM = "0.26.0"
+# The newest release the tool has run on a GPU (gpu_runs.GPU_RUNS).
+TESTED_VLLM = gpu_runs.releases()[-1]
 PLUGIN_NAME = "cascade_repro_probe"
 PLUGIN_GROUP = "vllm.general_plugins"
 # The README gives this line too: it works from a checkout and beside an installed wheel alike.
@@ -93,32 +95,29 @@ def plugin_registered() -> bool:
     return any(ep.name == PLUGIN_NAME for ep in entry_points(group=PLUGIN_GROUP))
 
 
-def probe_targets() -> dict[str, bool]:
-    """Which names the probe patches exist in this vLLM (imports the flash_attn backend)."""
+def probe_targets(version: str | None = None) -> dict[str, bool]:
+    """Which of the functions, classes and methods the probe and the engine rely on
+    (vllm_surface.targets, those of this vLLM's release) exist here: each imported, by its label."""
     import importlib
 
-    from cascade_repro.vllm_surface import probe
+    from cascade_repro.vllm_surface import targets
 
-    fa = importlib.import_module(probe.FLASH_ATTN_MODULE)
-    wrapper = None
-    for name in probe.WORKER_BASE_MODULES:  # the module moved between releases; the probe hooks both
-        try:
-            wrapper = getattr(importlib.import_module(name), "WorkerWrapperBase", None)
-        except ImportError:
-            continue
-        if isinstance(wrapper, type):
-            break
-    builder = getattr(fa, "FlashAttentionMetadataBuilder", None)
-    return {
-        "use_cascade_attention": callable(getattr(fa, "use_cascade_attention", None)),
-        "cascade_attention": callable(getattr(fa, "cascade_attention", None)),
-        "merge_attn_states": callable(getattr(fa, "merge_attn_states", None)),
-        "FlashAttentionImpl": isinstance(getattr(fa, "FlashAttentionImpl", None), type),
-        "FlashAttentionMetadataBuilder.use_cascade_attention": callable(
-            getattr(builder, "use_cascade_attention", None)
-        ),
-        "WorkerWrapperBase": isinstance(wrapper, type),
-    }
+    release = vllm_surface.release_for(version)[0]
+    out: dict[str, bool] = {}
+    for t in targets.importable(release):
+        found = False
+        for module in t.modules:  # a name that moved between releases: the probe hooks each place
+            try:
+                obj: Any = importlib.import_module(module)
+            except ImportError:
+                continue
+            for part in t.name.split("."):
+                obj = getattr(obj, part, None) if obj is not None else None
+            if obj is not None:
+                found = True
+                break
+        out[t.label] = found
+    return out
 
 
 def gpus() -> list[dict[str, Any]]:
@@ -198,7 +197,7 @@ def gather_facts(
         f.gpus = []
     if f.vllm_error is None:
         try:
-            f.probe_targets = probe_targets()
+            f.probe_targets = probe_targets(f.vllm_version)
         except Exception as e:  # noqa: BLE001 - e.g. no CUDA platform on this machine
             f.probe_targets_error = _one_line(e)
         try:
@@ -236,13 +235,15 @@ def check_vllm(f: Facts) -> Check:
     status = vllm_surface.cascade_status(v)
     bug = vllm_surface.has_fa2_lse_bug(v)
     bug_txt = {True: "; its FA2 has the split-KV LSE bug (PR #87 came in 0.11.1)", False: "", None: ""}[bug]
+    ran = _gpu_note(v)
     if status == "removed":
-        # The same sentence matrix and explain print (vllm_surface.cascade_note), then the fix.
+        # The same sentence matrix and explain print (vllm_surface.cascade_note), then the fix. A
+        # warning, not a failure: every other twin runs on this vLLM (the twins row).
         return Check(
             "vLLM",
-            FAIL,
-            vllm_surface.cascade_note(v) or status,
-            f"{INSTALL_CASCADE_VLLM} for --twin cascade (opt-in from 0.18.0; this harness opts in); the "
+            WARN,
+            (vllm_surface.cascade_note(v) or status) + ran,
+            f'{INSTALL_CASCADE_VLLM} (or pip install "{vllm_surface.CASCADE_EXTRA}") for --twin cascade; the '
             "other twins run on this vLLM (the twins row)",
         )
     if vt is None or vt < vllm_surface.version_tuple(vllm_surface.RELEASES[0].version):
@@ -252,7 +253,7 @@ def check_vllm(f: Facts) -> Check:
     rel, exact = vllm_surface.release_for(v)
     if exact:
         return Check(
-            "vLLM", OK, f"vLLM {v}: a release the probe was written against; cascade {status}{bug_txt}"
+            "vLLM", OK, f"vLLM {v}: a release the probe was written against; cascade {status}{bug_txt}{ran}"
         )
     newer = vt[:2] > (vllm_surface.version_tuple(TESTED_VLLM) or ())[:2]
     where = (
@@ -263,6 +264,17 @@ def check_vllm(f: Facts) -> Check:
         WARN,
         f"vLLM {v}: {where}; cascade {status}{bug_txt}; the probe checks below say whether it still fits",
     )
+
+
+def _gpu_note(version: str) -> str:
+    """How much of the tool has run on a GPU with this release (gpu_runs.GPU_RUNS)."""
+    vt = vllm_surface.version_tuple(version)
+    runs = [
+        r for r in gpu_runs.GPU_RUNS if vt is not None and vllm_surface.version_tuple(r.release) == vt[:3]
+    ]
+    if not runs:
+        return f"; no twin has run on a GPU with it yet (last GPU runs on {TESTED_VLLM})"
+    return f"; {len(runs)} twin{'s' if len(runs) > 1 else ''} ran on a GPU with it"
 
 
 def check_plugin(f: Facts) -> Check:
@@ -301,13 +313,13 @@ def check_probe_targets(f: Facts) -> Check:
         return Check(
             "probe targets",
             FAIL,
-            f"this vLLM lacks {', '.join(missing)}: the probe cannot count or steer cascade",
+            f"this vLLM lacks {', '.join(missing)}: the probe cannot count, steer or prove what it relies on",
             f"use vLLM {TESTED_VLLM}, or --arm-switch restart (no counters)",
         )
     return Check(
         "probe targets",
         OK,
-        "use_cascade_attention, cascade_attention, merge_attn_states, FlashAttentionImpl found",
+        f"all {len(f.probe_targets)} functions, classes and methods the probe and engine use found",
     )
 
 
@@ -416,6 +428,17 @@ def check_fa(f: Facts) -> Check:
 
 def check_model_runner(f: Facts) -> Check:
     raw = f.env.get("VLLM_USE_V2_MODEL_RUNNER")
+    if f.vllm_version and vllm_surface.release_for(f.vllm_version)[0].model_runners == "v2":
+        # vLLM 0.34.0 removed the V1 runner and refuses the variable at engine start unless it is 1.
+        if raw is not None and raw.strip() != "1":
+            return Check(
+                "model runner",
+                WARN,
+                f"VLLM_USE_V2_MODEL_RUNNER={raw}: this vLLM has only the V2 model runner and refuses any other "
+                "value at engine start; cascade-repro's vllm engine unsets it for its own engines",
+                "unset VLLM_USE_V2_MODEL_RUNNER",
+            )
+        return Check("model runner", OK, "V2 (the only model runner of this vLLM)")
     if raw is not None and raw.strip().lower() in TRUE_VALUES:
         return Check(
             "model runner",
@@ -529,10 +552,32 @@ def check_twins(f: Facts) -> Check:
     return Check("twins", OK if fams else FAIL, detail + "".join(f"; {n}" for n in notes))
 
 
+def check_twin_runs(f: Facts) -> list[Check]:
+    """One line per twin this vLLM can test: the releases it last ran on a GPU with (gpu_runs), and
+    whether this release is one of them."""
+    from cascade_repro import twin as twins
+
+    if f.vllm_error:
+        return []
+    vt = vllm_surface.version_tuple(f.vllm_version)
+    out = []
+    for t in twins.all_examples():
+        if vllm_surface.twin_problem(t.family, f.vllm_version) is not None:
+            continue
+        runs = gpu_runs.runs_of(t.family)
+        here = vt is not None and any(vllm_surface.version_tuple(r.release) == vt[:3] for r in runs)
+        detail = f"ran on a GPU with vLLM {gpu_runs.ran_on(t.family)}" if runs else "never run on a GPU"
+        if runs and not here:
+            detail += f"; not yet with {f.vllm_version}"
+        out.append(Check(f"twin {t.family}", OK, detail))  # what ran where: facts, not a verdict on this box
+    return out
+
+
 def run_checks(f: Facts) -> list[Check]:
     checks = [
         check_vllm(f),
         check_twins(f),
+        *check_twin_runs(f),
         check_plugin(f),
         check_probe_targets(f),
         check_gpus(f),

@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # What proves a setting took effect, per wave (the wave record's ``extra["effect"]`` and, summed,
-# the cell's effect count): cascade steps; prefix-cache hit tokens; prefill steps that ran a
-# request's prompt in part (chunks); decode steps replayed from a CUDA graph; or a fact the engine
-# reads back from its own config (the attention implementation class, the KV cache dtype, the async
-# scheduling flag, the TP world size), counted as every step of a wave where it holds.
+# the cell's effect count), observed as vLLM ran: cascade steps; prefix-cache hit tokens; prefill
+# steps that ran a request's prompt in part (chunks); steps run through a CUDA graph; or steps (or
+# decode tokens) under a fact observed in the engine (the steps its async scheduler scheduled, the
+# attention implementation class and KV cache dtype each layer was built with, the TP world size,
+# the requests one scheduler step held).
 EFFECTS = ("cascade_steps", "prefix_hits", "prefill_chunks", "graph_steps", "config")
 EFFECT_LABELS = {
     "cascade_steps": "cascade steps",
@@ -177,8 +178,8 @@ CUDA_GRAPHS = TwinAxis(
     test_args=(("enforce_eager", False), ("disable_cascade_attn", True)),
     ref_args=(("enforce_eager", True), ("disable_cascade_attn", True)),
     effect="graph_steps",
-    effect_doc="decode tokens generated with the CUDA-graph mode on and the batch within the captured sizes "
-    "(read back from the engine's config; replays are not counted one by one)",
+    effect_doc="steps the model runner ran through a CUDA graph (a FULL replay or PIECEWISE graphs; the "
+    "engine's config stands in where the vLLM has no such hook)",
 )
 
 ASYNC_SCHEDULING = TwinAxis(
@@ -192,7 +193,7 @@ ASYNC_SCHEDULING = TwinAxis(
     test_args=(("async_scheduling", True), ("disable_cascade_attn", True)),
     ref_args=(("async_scheduling", False), ("disable_cascade_attn", True)),
     effect="config",
-    effect_doc="decode tokens generated with async_scheduling read back on from the engine's scheduler config",
+    effect_doc="steps scheduled by vLLM's async scheduler (AsyncScheduler, what async_scheduling=True installs)",
 )
 
 KV_CACHE_FP8 = TwinAxis(
@@ -206,7 +207,8 @@ KV_CACHE_FP8 = TwinAxis(
     test_args=(("kv_cache_dtype", "fp8"), ("disable_cascade_attn", True)),
     ref_args=(("kv_cache_dtype", "auto"), ("disable_cascade_attn", True)),
     effect="config",
-    effect_doc="decode tokens generated with an fp8 KV cache read back from the engine's cache config",
+    effect_doc="decode tokens generated with every attention layer's KV cache fp8, stored in 1-byte elements "
+    "(read from every worker)",
     expected_change=True,
 )
 
@@ -274,7 +276,7 @@ def _batch_twin(a: int, b: int) -> TwinAxis:
         test_value=b,
         ref_value=a,
         effect="config",
-        effect_doc=f"decode tokens (the fake engine: steps) of waves that ran {b} requests at once",
+        effect_doc=f"decode tokens (the fake engine: steps) of waves whose scheduler ran {b} requests in one step",
         engines=("vllm", "hf", "fake"),
     )
 

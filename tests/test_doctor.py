@@ -59,7 +59,7 @@ def test_no_vllm_fails_with_install_hint(monkeypatch):
     monkeypatch.setattr(doctor, "shared_prefix", lambda *a, **k: 2096)
     checks, code = doctor.doctor(model="embedded", tp=1)
     c = by_name(checks)["vLLM"]
-    assert c.status == FAIL and c.fix == 'pip install "vllm>=0.10.2,<0.35.0"'
+    assert c.status == FAIL and c.fix == 'pip install "vllm==0.26.0"'
 
     assert "No module named 'vllm'" in c.detail
     assert by_name(checks)["FlashAttention"].status == WARN  # skipped, not failed twice
@@ -170,7 +170,9 @@ def test_command_exit_codes(monkeypatch):
         ("0.11.0", WARN, ["between known releases, read as 0.10.2", "split-KV LSE bug"]),
         ("0.26.0", OK, ["cascade opt-in"]),
         ("0.28.1", WARN, ["newer than the tested 0.26.0", "cascade opt-in"]),
-        ("0.32.0", FAIL, ["removed in 0.32.0"]),
+        # No cascade, but every other twin runs: a warning, not a machine that cannot run.
+        ("0.32.0", WARN, ["removed in 0.32.0", "no twin has run on a GPU with it yet (last GPU runs on 0.26.0)"]),
+        ("0.34.0", WARN, ["removed in 0.32.0", "no twin has run on a GPU with it yet"]),
         ("0.9.2", WARN, ["older than every release the probe knows"]),
     ],
 )
@@ -221,4 +223,59 @@ def test_doctor_lists_the_twins_this_vllm_can_test(version, gpus, status, detail
     checks = by_name(doctor.run_checks(f))
     assert (checks["twins"].status, checks["twins"].detail) == (status, detail)
     if version == "0.34.0":
-        assert checks["vLLM"].fix.startswith('pip install "vllm>=0.10.2,<0.32.0" for --twin cascade')
+        assert checks["vLLM"].fix.startswith(
+            'pip install "vllm==0.31.0" (or pip install "cascade-repro[cascade]") for --twin cascade'
+        )
+        assert doctor.exit_code(list(checks.values())) == 0  # the other twins run here
+
+
+def test_doctor_says_where_each_testable_twin_last_ran_on_a_gpu():
+    lines = {c.name: (c.status, c.detail) for c in doctor.run_checks(healthy(vllm_version="0.34.0"))}
+    twin_rows = [n for n in lines if n.startswith("twin ")]
+    assert twin_rows == ["twin prefix-caching", "twin chunked-prefill", "twin cuda-graphs", "twin async-scheduling",
+                         "twin kv-cache-dtype", "twin attention-backend", "twin tp", "twin batch"]  # fmt: skip
+    assert lines["twin prefix-caching"] == (OK, "ran on a GPU with vLLM 0.26.0 (2026-12-03); not yet with 0.34.0")
+    assert lines["twin attention-backend"][1] == (
+        "ran on a GPU with vLLM 0.26.0 FLASH_ATTN:TRITON_ATTN (2026-12-03), 0.26.0 FLASH_ATTN:FLASHINFER "
+        "(2026-12-03); not yet with 0.34.0"
+    )
+    assert lines["twin tp"] == (OK, "never run on a GPU")
+    on_026 = {c.name: c.detail for c in doctor.run_checks(healthy(vllm_version="0.26.0"))}
+    assert on_026["twin cascade"] == "ran on a GPU with vLLM 0.26.0 (2026-12-03), 0.10.2 (2026-12-01)"
+    assert on_026["vLLM"].endswith("; 9 twins ran on a GPU with it")
+    assert not [c for c in doctor.run_checks(healthy(vllm_error="ImportError: x")) if c.name.startswith("twin ")]
+
+
+def test_the_model_runner_on_a_vllm_with_only_v2():
+    c = by_name(doctor.run_checks(healthy(vllm_version="0.34.0")))["model runner"]
+    assert (c.status, c.detail) == (OK, "V2 (the only model runner of this vLLM)")
+    c = by_name(doctor.run_checks(healthy(vllm_version="0.34.0", env={"VLLM_USE_V2_MODEL_RUNNER": "0"})))
+    assert c["model runner"].status == WARN and "refuses any other value at engine start" in c["model runner"].detail
+    assert c["model runner"].fix == "unset VLLM_USE_V2_MODEL_RUNNER"
+    ok = by_name(doctor.run_checks(healthy(vllm_version="0.34.0", env={"VLLM_USE_V2_MODEL_RUNNER": "1"})))
+    assert ok["model runner"].status == OK
+
+
+def test_doctor_checks_the_targets_of_the_installed_release(monkeypatch):
+    """probe_targets imports each function, class and method vllm_surface.targets lists for the
+    release: cascade's only where the release has it."""
+    import importlib
+    import types
+
+    from cascade_repro.vllm_surface import targets
+
+    seen = []
+
+    def fake_import(name):
+        seen.append(name)
+        return types.SimpleNamespace()  # nothing found: every target reported missing
+
+    monkeypatch.setattr(importlib, "import_module", fake_import)
+    got = doctor.probe_targets("0.34.0")
+    release = doctor.vllm_surface.release_for("0.34.0")[0]
+    assert list(got) == [t.label for t in targets.importable(release)] and not any(got.values())
+    assert not any("use_cascade_attention" in k for k in got)
+    assert any(k.endswith("CudaGraphManager.run_fullgraph") for k in got)
+    assert any("use_cascade_attention" in k for k in doctor.probe_targets("0.26.0"))
+    c = by_name(doctor.run_checks(healthy(probe_targets=got)))["probe targets"]
+    assert c.status == FAIL and "CudaGraphManager.run_fullgraph" in c.detail

@@ -43,12 +43,30 @@ def _name(requirement: str) -> str:
     return re.match(r"[A-Za-z0-9_.-]+", requirement).group(0).lower()
 
 
-def test_the_vllm_extra_is_the_range_the_version_table_can_test():
-    assert PROJECT["optional-dependencies"]["vllm"] == [vllm_surface.VLLM_REQUIREMENT]
-    assert vllm_surface.VLLM_REQUIREMENT == "vllm>=0.10.2,<0.35.0"
-    assert vllm_surface.CASCADE_REQUIREMENT == "vllm>=0.10.2,<0.32.0"
-    # the upper bound is where cascade went, the lower the oldest release the probe knows
-    assert vllm_surface.cascade_status("0.31.9") != "removed" and vllm_surface.cascade_status("0.32.0") == "removed"
+def test_the_vllm_extra_installs_only_a_release_that_ran_every_twin():
+    from cascade_repro import twin as twins
+    from cascade_repro.vllm_surface import gpu_runs
+
+    extras = PROJECT["optional-dependencies"]
+    assert extras["vllm"] == [vllm_surface.VLLM_REQUIREMENT] == ["vllm==0.26.0"]
+    # Every single-GPU twin this release can test ran on a GPU with it (the committed evidence).
+    single = [t.family for t in twins.all_examples() if t.gpus == 1]
+    assert gpu_runs.fully_ran(vllm_surface.VLLM_PIN, single)
+    # ... and no newer release that pip installs as published did (the pin moves with the evidence).
+    pin = vllm_surface.version_tuple(vllm_surface.VLLM_PIN)
+    newer = [v for v in gpu_runs.releases() if vllm_surface.version_tuple(v) > pin]
+    assert not [v for v in newer if gpu_runs.fully_ran(v, single) and v not in vllm_surface.UNINSTALLABLE]
+    assert vllm_surface.KNOWN_REQUIREMENT == "vllm>=0.10.2,<0.35.0"
+
+
+def test_the_cascade_extra_pins_the_newest_vllm_with_cascade():
+    assert PROJECT["optional-dependencies"]["cascade"] == [vllm_surface.CASCADE_REQUIREMENT] == ["vllm==0.31.0"]
+    pin = vllm_surface.CASCADE_PIN
+    assert vllm_surface.cascade_status(pin) == "opt-in"
+    assert vllm_surface.version_tuple(pin)[:2] == (vllm_surface.CASCADE_REMOVED_IN[0], vllm_surface.CASCADE_REMOVED_IN[1] - 1)
+    assert vllm_surface.release_for(pin) == (vllm_surface.release_for(pin)[0], True)  # its source was read
+    assert vllm_surface.release_for(pin)[0].has_cascade
+    assert f"{PROJECT['name']}[cascade]" == vllm_surface.CASCADE_EXTRA
 
 
 def test_the_example_workflow_pins_a_release_that_has_cascade():
@@ -145,7 +163,8 @@ def test_the_wheel_installs_in_a_clean_venv_and_runs_the_readme_commands(tmp_pat
     assert "cascade_repro/prompts_data/ko-ifeval-style.jsonl" in names
     assert "cascade_repro/report/summary.schema.json" in names  # summary.json's JSON Schema ships
     assert "License-Expression: Apache-2.0" in meta
-    assert "Requires-Dist: vllm<0.35.0,>=0.10.2; extra == \"vllm\"" in meta
+    assert "Requires-Dist: vllm==0.26.0; extra == \"vllm\"" in meta
+    assert "Requires-Dist: vllm==0.31.0; extra == \"cascade\"" in meta
 
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     vpy = venv / "bin" / "python"

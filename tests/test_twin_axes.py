@@ -193,9 +193,10 @@ def test_matrix_refuses_tp_on_one_gpu_in_one_line(monkeypatch):
         "error: --twin tp=1:2 needs 2 GPUs for its test arm; this machine has 1 (run it where that many are visible)"
     ]
     monkeypatch.setattr(vllm_surface, "installed_version", lambda: "0.34.0")
-    res = CliRunner().invoke(app, ["matrix", "--engine", "vllm", "--limit", "2"])
+    res = CliRunner().invoke(app, ["matrix", "--engine", "vllm", "--twin", "cascade", "--limit", "2"])
     assert res.exit_code == 4 and len(res.stderr.strip().splitlines()) == 1
     assert "--twin cascade cannot be tested on vLLM 0.34.0" in res.stderr
+    assert res.stderr.strip().endswith('; for cascade itself: pip install "cascade-repro[cascade]" (vLLM 0.31.0)')
     # A dry run plans for the machine it will run on: it says what this one would refuse, and plans.
     monkeypatch.setattr(vllm_surface, "installed_version", lambda: "0.26.0")
     res = CliRunner().invoke(app, ["matrix", "--engine", "vllm", "--twin", "tp=1:2", "--limit", "2", "--dry-run"])
@@ -446,3 +447,31 @@ def test_minimize_refuses_another_twin_in_one_line(tmp_path):
     assert res.exit_code == 0, res.stderr
     with pytest.raises(UsageError, match="minimize shrinks a cascade pair .*compares --twin prefix-caching$"):
         pick_pair(run, None)
+
+
+def test_the_readmes_first_gpu_command_on_a_vllm_without_cascade_prints_the_command_to_type(monkeypatch):
+    """Without --twin (cascade, the default) on vLLM >= 0.32: refused before any engine starts, in
+    one line that ends with the exact command to type; that command plans a run on this vLLM."""
+    import shlex
+    import sys
+
+    from support.cli import CliRunner
+
+    from cascade_repro.cli import app
+    from cascade_repro.run import envinfo
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    first = next(line for line in readme.splitlines() if line.startswith("cascade-repro matrix --engine vllm"))
+    argv = shlex.split(first.partition("#")[0])[1:]
+    monkeypatch.setattr(vllm_surface, "installed_version", lambda: "0.34.0")
+    monkeypatch.setattr(envinfo, "visible_gpu_count", lambda: 1)
+    monkeypatch.setattr(sys, "argv", ["cascade-repro", *argv])
+    res = CliRunner().invoke(app, argv)
+    assert res.exit_code == 4, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: vLLM 0.34.0 has no cascade attention (the default --twin")
+    command = lines[0].partition("type: ")[2]
+    assert command == shlex.join(["cascade-repro", *argv]) + " --twin prefix-caching"
+    res = CliRunner().invoke(app, [*shlex.split(command)[1:], "--dry-run"])
+    assert res.exit_code == 0 and "warning" not in res.stderr, res.output
+    assert vllm_surface.default_twin_refusal("0.31.0", "x") is None and vllm_surface.default_twin_refusal(None, "x") is None

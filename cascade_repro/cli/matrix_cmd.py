@@ -388,6 +388,9 @@ def matrix(
             gpus = visible_gpu_count()
             why = vllm_surface.twin_refusal(tw.family, tw.name, tw.gpus, version, gpus)
             unsupported = vllm_surface.twin_problem(tw.family, version) is not None
+            if unsupported and given.get("twin") is None and config is None:
+                # The default twin (cascade) on a vLLM without it: the exact command to type instead.
+                why = vllm_surface.default_twin_refusal(version, command_line()) or why
             if why and not dry_run:
                 err_console().print(f"error: {why}", highlight=False, markup=False)
                 # A vLLM without the setting exercises nothing (exit 4); too few GPUs is the command's.

@@ -161,7 +161,11 @@ class VLLMEngine:
         max_model_len = spec.max_model_len or self._auto_max_model_len()
         if max_model_len:
             kwargs["max_model_len"] = int(max_model_len)
-        if "disable_cascade_attn" in names:
+        if vllm_surface.cascade_status(self.vllm_version) == "removed" and "disable_cascade_attn" in names:
+            # Kept without effect from 0.32.0 on, and passing it draws a deprecation warning: not passed.
+            names = names - {"disable_cascade_attn"}
+            self._env_notes["disable_cascade_attn"] = "not passed: this vLLM has no cascade attention"
+        elif "disable_cascade_attn" in names:
             kwargs["disable_cascade_attn"] = self.engine_arm == TWIN.ref
         else:
             self._env_notes["disable_cascade_attn"] = "not an EngineArgs field in this vLLM"
@@ -171,7 +175,7 @@ class VLLMEngine:
             if "max_num_batched_tokens" in own:
                 # vLLM wants the step budget >= max_num_seqs: the waves' size for both arms.
                 kwargs["max_num_seqs"] = max(max_batch, 1)
-            missing = sorted(k for k in own if k not in names)
+            missing = sorted(k for k in own if k not in names and k != "disable_cascade_attn")
             if missing:
                 self._env_notes["twin_args_missing"] = missing
             kwargs.update({k: v for k, v in own.items() if k in names})

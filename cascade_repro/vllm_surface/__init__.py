@@ -135,11 +135,24 @@ FA2_LSE_FIX_IN = (0, 11, 1)
 FIRST_V1_CASCADE = (0, 7, 0)  # the first release whose fork carries PR #34's transpose
 # The newest release whose engine arguments the twins were checked against (0.34.0, December 2026).
 NEWEST_KNOWN = (0, 34, 0)
-# The vLLM this tool can test: the oldest release the probe knows up to the newest one known. Cascade
-# needs < 0.32 (TWIN_RELEASES); every other twin runs on 0.32 and later. pyproject.toml's `vllm`
-# extra and doctor's fix line say the same (tests/test_packaging.py).
-VLLM_REQUIREMENT = f"vllm>={RELEASES[0].version},<{NEWEST_KNOWN[0]}.{NEWEST_KNOWN[1] + 1}.0"
-CASCADE_REQUIREMENT = f"vllm>={RELEASES[0].version},<{'.'.join(map(str, CASCADE_REMOVED_IN))}"
+# The vLLM this tool can drive: the oldest release the probe knows up to the newest one known, every
+# target checked against each one's source (targets.py). Cascade needs < 0.32 (TWIN_RELEASES);
+# every other twin runs on 0.32 and later.
+KNOWN_REQUIREMENT = f"vllm>={RELEASES[0].version},<{NEWEST_KNOWN[0]}.{NEWEST_KNOWN[1] + 1}.0"
+# What the `vllm` extra installs: only a release the tool has run on a GPU, every single-GPU twin of
+# it (gpu_runs.GPU_RUNS), and one pip installs as published. 0.26.0 is the newest such release: an
+# unpinned `vllm` resolves to 0.33.0 (never run), and 0.34.0 cannot be installed as published (it
+# pins flashinfer-python==0.7.3, which the package index does not have). pyproject.toml's extras and
+# doctor's fix line say the same (tests/test_packaging.py).
+VLLM_PIN = "0.26.0"
+VLLM_REQUIREMENT = f"vllm=={VLLM_PIN}"
+# Releases pip cannot install as published, and why: the pin skips them even once they have run.
+UNINSTALLABLE = {"0.34.0": "it pins flashinfer-python==0.7.3, which the package index does not have"}
+# The `cascade` extra: the newest vLLM that has cascade attention (0.31.0; removed in 0.32.0, no
+# 0.31 patch release). Its probe targets are checked against its source; it has not run on a GPU.
+CASCADE_PIN = "0.31.0"
+CASCADE_REQUIREMENT = f"vllm=={CASCADE_PIN}"
+CASCADE_EXTRA = "cascade-repro[cascade]"
 
 
 @dataclass(frozen=True)
@@ -410,6 +423,31 @@ def model_context(cfg: dict[str, Any]) -> int | None:
     return int(length)
 
 
+# The twin the refusal of the default (cascade) on a vLLM without cascade hands the user: prefix
+# caching is on by default in vLLM and serves the very shared prefix cascade attention split off,
+# so it is what this vLLM does with the prefix the README's command builds.
+NO_CASCADE_TWIN = "prefix-caching"
+
+
+def default_twin_refusal(version: str | None, command: str) -> str | None:
+    """The one line ``matrix`` refuses its default twin (cascade) with on a vLLM that has none, with
+    the exact command to type instead: ``command`` (as typed) with ``--twin prefix-caching``.
+
+    A refusal, not a run of another twin: a run would answer a question the command did not ask
+    (its report, pair names and exit code about prefix caching while the README and the command
+    say cascade; a CI job on this line would change meaning with the vLLM it installs), and it
+    would spend GPU minutes to do so. The refusal costs no engine start, and the line is one paste.
+    None where the version has cascade (or is unknown).
+    """
+    if cascade_status(version) != "removed":
+        return None
+    return (
+        f"vLLM {version} has no cascade attention (the default --twin; removed in 0.32.0), so this command "
+        f"would test nothing; to test what this vLLM does with the shared prefix, type: {command} "
+        f"--twin {NO_CASCADE_TWIN}"
+    )
+
+
 def twin_refusal(
     family: str, name: str, gpus_needed: int, version: str | None, gpus: int | None
 ) -> str | None:
@@ -417,7 +455,12 @@ def twin_refusal(
     test it (with the twins it can), or fewer GPUs than its test arm needs."""
     if why := twin_problem(family, version):
         others = [f for f in testable_twins(version) if f != family]
-        return why + (f"; this vLLM can test --twin {', '.join(others)}" if others else "")
+        fix = (
+            f'; for cascade itself: pip install "{CASCADE_EXTRA}" (vLLM {CASCADE_PIN})'
+            if family == CASCADE.family
+            else ""
+        )
+        return why + (f"; this vLLM can test --twin {', '.join(others)}" if others else "") + fix
     if gpus is not None and gpus < gpus_needed:
         return (f"--twin {name} needs {gpus_needed} GPUs for its test arm; this machine has {gpus} "
                 "(run it where that many are visible)")  # fmt: skip

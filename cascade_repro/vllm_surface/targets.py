@@ -33,7 +33,7 @@ from cascade_repro.vllm_surface import (
 # When a target must exist, by the release's facts.
 APPLIES: dict[str, Callable[[Release], bool]] = {
     "always": lambda r: True,
-    "cascade": lambda r: r.has_cascade,
+    "has cascade": lambda r: r.has_cascade,
     "v1 runner": lambda r: "v1" in r.model_runners.split("+"),
     "v2 runner": lambda r: "v2" in r.model_runners.split("+"),
     # The V1 runner's one decision point for a step's graph mode (0.10.2 dispatches inline).
@@ -76,13 +76,13 @@ _SCHED = SCHEDULER_MODULE
 
 TARGETS: tuple[Target, ...] = (
     # --- the probe: cascade (vllm_surface/probe.py patch_flash_attn) ---
-    _t(_FA, "use_cascade_attention", "fn", "the cascade decision, counted and forced", "cascade",
+    _t(_FA, "use_cascade_attention", "fn", "the cascade decision, counted and forced", "has cascade",
        ("common_prefix_len", "query_lens")),
-    _t(_FA, "cascade_attention", "fn", "cascade executions, fa_version and decode shapes", "cascade",
+    _t(_FA, "cascade_attention", "fn", "cascade executions, fa_version and decode shapes", "has cascade",
        ("common_prefix_len", "max_kv_len", "cu_query_lens", "max_query_len", "fa_version")),
-    _t(_FA, "merge_attn_states", "fn", "the LSE faults inside cascade (imported name)", "cascade"),
+    _t(_FA, "merge_attn_states", "fn", "the LSE faults inside cascade (imported name)", "has cascade"),
     _t(_FA, "FlashAttentionMetadataBuilder.use_cascade_attention", "member",
-       "the model runner's call that reaches the module function", "cascade"),
+       "the model runner's call that reaches the module function", "has cascade"),
     _t(_FA, "FlashAttentionImpl.__init__", "member", "the FlashAttention version each layer uses"),
     _t(_FA, "FlashAttentionImpl.vllm_flash_attn_version", "member", "read after __init__"),
     # --- the probe: every twin ---

@@ -430,7 +430,7 @@ def test_a_vllm_without_cascade_is_said_in_one_line_and_exits_nothing_exercised(
     from cascade_repro import vllm_surface
 
     monkeypatch.setattr(vllm_surface, "installed_version", lambda: "0.33.0")
-    res = invoke("matrix", "--engine", "vllm", "--limit", "2")
+    res = invoke("matrix", "--engine", "vllm", "--twin", "cascade", "--limit", "2")
     assert res.exit_code == 4, res.output
     assert "--twin cascade cannot be tested on vLLM 0.33.0: cascade attention was removed in vLLM 0.32.0" in flat(
         res.output

@@ -255,3 +255,28 @@ def test_the_model_runner_variable_follows_the_release(monkeypatch, version, inh
     VLLMEngine._set_model_runner_env(shim, version)
     assert os.environ.get(name) == want
     assert shim._env_notes.get(f"{name}_was") == note
+
+
+def test_a_vllm_without_cascade_is_not_handed_disable_cascade_attn(fake_vllm, tmp_path: Path, monkeypatch):
+    """0.32.0 on keeps the argument without effect and warns when it is passed: the twins' arms and
+    the engine's own setting leave it out there, and run.json says so."""
+    pytest.importorskip("torch")
+    import vllm
+
+    from cascade_repro import twin as twins
+    from cascade_repro.engines.vllm import VLLMEngine
+    from cascade_repro.plan.matrix import MatrixSpec
+
+    monkeypatch.setattr(vllm, "__version__", "0.34.0")
+    tw = twins.PREFIX_CACHING
+    spec = MatrixSpec(engine="vllm", twin=tw.name, batch=[8], max_tokens=2, topk=2).to_dict()
+    eplan = {"key": "k", "tp": 1, "seed": 0, "dtype": "auto", "fa_version": None, "backend": "FLASH_ATTN",
+             "arm": tw.test}  # fmt: skip
+    eng = VLLMEngine("/models/m", spec, eplan, run_dir=tmp_path / "run")
+    try:
+        assert "disable_cascade_attn" not in eng.llm.kwargs and eng.llm.kwargs["enable_prefix_caching"] is True
+        notes = eng.effective()["notes"]
+        assert notes["disable_cascade_attn"] == "not passed: this vLLM has no cascade attention"
+        assert "twin_args_missing" not in notes
+    finally:
+        eng.close()

@@ -575,3 +575,110 @@ def test_force_on_overrides_the_cost_model_within_the_hard_conditions(tmp_path):
     assert c["forced_on"] == 2 and c["decisions_true"] == 2 and c["decisions_true_decode"] == 2
     st.apply(probe.control_data("w", True, None, 3, force_on=True))
     assert call() is False  # the flat arm's force_off wins
+
+
+def test_graph_steps_are_counted_from_either_model_runner(tmp_path):
+    """V1 (0.26.0 to 0.33.0): the mode _determine_batch_execution_and_padding returns first; V2 (the
+    only runner of 0.34.0): CudaGraphManager.run_fullgraph / run_pw_graph. Only inside a wave."""
+    import enum
+
+    class CUDAGraphMode(enum.Enum):
+        NONE = 0
+        PIECEWISE = 1
+        FULL = 2
+
+    class GPUModelRunner:
+        def __init__(self):
+            self.modes = [CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE, CUDAGraphMode.NONE]
+
+        def _determine_batch_execution_and_padding(self):
+            return (self.modes.pop(0), "desc", False, None, None)
+
+    class CudaGraphManager:
+        def run_fullgraph(self, desc):
+            return desc
+
+        def run_pw_graph(self, model, inputs):
+            return inputs
+
+    class ModelCudaGraphManager(CudaGraphManager):
+        def run_fullgraph(self, desc):
+            return super().run_fullgraph(desc)
+
+    v1 = types.ModuleType("fake_v1_runner")
+    v1.GPUModelRunner = GPUModelRunner
+    v2 = types.ModuleType("fake_cudagraph_utils")
+    v2.CudaGraphManager, v2.ModelCudaGraphManager = CudaGraphManager, ModelCudaGraphManager
+    st = probe.ProbeState(tmp_path)
+    assert probe.patch_v1_graphs(v1, st) == ["fake_v1_runner.GPUModelRunner._determine_batch_execution_and_padding"]
+    assert len(probe.patch_v2_graphs(v2, st)) == 2
+    runner, mgr = GPUModelRunner(), ModelCudaGraphManager()
+    runner._determine_batch_execution_and_padding()  # FULL, outside a wave: not counted
+    st.apply({"wave": "w1", "seq": 1})
+    runner._determine_batch_execution_and_padding()  # PIECEWISE
+    runner._determine_batch_execution_and_padding()  # NONE
+    assert mgr.run_fullgraph("d") == "d" and mgr.run_pw_graph(None, {"x": 1}) == {"x": 1}
+    c = st.waves["w1"]
+    assert (c["graph_full_steps"], c["graph_piecewise_steps"], c["graph_eager_steps"]) == (1, 2, 1)
+    # Patched once: a second patch wraps the originals, not the wrappers.
+    probe.patch_v2_graphs(v2, st)
+    mgr.run_fullgraph("d")
+    assert st.waves["w1"]["graph_full_steps"] == 2
+    agg = probe.aggregate([st.snapshot()], "w1")
+    assert (agg["graph_full_steps"], agg["graph_piecewise_steps"]) == (2, 2)
+
+
+def test_the_scheduler_hook_counts_requests_per_step_and_async_steps(tmp_path):
+    spec = importlib.util.spec_from_file_location("fake_sched", FAKE_VLLM_ROOT / "vllm" / "v1" / "core" / "sched" / "scheduler.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    AsyncScheduler = type("AsyncScheduler", (mod.Scheduler,), {})
+    st = probe.ProbeState(tmp_path)
+    probe.patch_scheduler(mod, st)
+    st.apply({"wave": "w1", "seq": 1})
+    for cls, wave in ((mod.Scheduler, "w1"), (AsyncScheduler, "w2")):
+        st.apply({"wave": wave, "seq": 2})
+        s = cls(100)
+        for i in range(3):
+            s.add(f"r{i}", 60)
+        while s.pending():
+            s.schedule()
+        s.schedule()  # a decode step: all three
+    w1, w2 = st.waves["w1"], st.waves["w2"]
+    assert (w1["sched_steps"], w1["max_sched_reqs"], w1["async_sched_steps"], w1["prefill_chunks"]) == (3, 3, 0, 1)
+    assert (w2["sched_steps"], w2["async_sched_steps"]) == (3, 3)
+
+
+def test_worker_facts_read_the_runner_and_each_layers_kv_cache(tmp_path):
+    class Impl:
+        def forward(self, layer, q, k, v, kv_cache, meta, output=None):
+            output.copy_(q)
+            return None  # vLLM's custom op ignores the return: the output argument is what counts
+
+    class Layer:
+        def __init__(self, dtype, tensor):
+            self.impl, self.kv_cache_dtype, self.kv_cache = Impl(), dtype, tensor
+
+    class GPUModelRunner:
+        def __init__(self, layers):
+            self.layers = layers
+
+        def get_model(self):
+            return types.SimpleNamespace(modules=lambda: [object(), *self.layers])
+
+    layers = [Layer("fp8", torch.zeros(2, dtype=torch.uint8)), Layer("fp8", [torch.zeros(2, dtype=torch.uint8)])]
+    worker = types.SimpleNamespace(worker=types.SimpleNamespace(model_runner=GPUModelRunner(layers)))
+    st = probe.ProbeState(tmp_path)
+    facts = probe.worker_facts(worker, st)
+    assert facts["model_runner"].endswith(".GPUModelRunner")
+    assert (facts["layer_kv_cache_dtypes"], facts["kv_cache_tensor_dtypes"], facts["kv_cache_element_bytes"]) == (
+        ["fp8"], ["uint8"], [1]
+    )
+    assert facts["out_scale_wrapped"] == ["Impl"]
+    st.apply({"wave": "w1", "inject": "out-scale=1", "seq": 1})
+    q, out = torch.ones(3), torch.zeros(3)
+    Impl().forward(None, q, None, None, None, None, output=out)
+    assert torch.equal(out, q * 2) and st.waves["w1"]["scaled_calls"] == 1
+    out = torch.zeros(3)
+    Impl().forward(None, q, None, None, None, None, out)  # output by position
+    assert torch.equal(out, q * 2)

@@ -24,13 +24,13 @@ def recorded(version: str) -> dict:
 
 
 def claimed() -> list[vllm_surface.Release]:
-    """The releases the `vllm` extra admits and the probe knows: all of RELEASES."""
-    low, high = vllm_surface.VLLM_REQUIREMENT.removeprefix("vllm>=").split(",<")
+    """The releases the tool claims it can drive (KNOWN_REQUIREMENT): all of RELEASES."""
+    low, high = vllm_surface.KNOWN_REQUIREMENT.removeprefix("vllm>=").split(",<")
     lo, hi = vllm_surface.version_tuple(low), vllm_surface.version_tuple(high)
     return [r for r in vllm_surface.RELEASES if lo <= vllm_surface.version_tuple(r.version) < hi]
 
 
-def test_every_release_the_extra_admits_is_known_and_recorded():
+def test_every_release_the_tool_claims_is_known_and_recorded():
     assert [r.version for r in claimed()] == [r.version for r in vllm_surface.RELEASES]
     for r in claimed():
         assert recorded(r.version)["version"] == r.version
