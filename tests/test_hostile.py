@@ -1207,3 +1207,82 @@ def test_a_worker_whose_tokenizer_renders_otherwise_refuses_to_generate(synth: P
     check_hashes(synth, [h or "" for h in ids.hashes])
     with pytest.raises(UsageError, match=r"^prompt 3 renders as 0{16} under this engine's tokenizer"):
         check_hashes(synth, [h if i != 3 else "0" * 16 for i, h in enumerate(ids.hashes)])
+
+
+# --- 8. a leading `~` in a path: expanded as a shell would, once, before any I/O -------------------
+# `--results-dir '~'` once wrote samples and tables under ./~ while pandas, which expands `~` itself,
+# read the tables back from $HOME: a clean run scored another run's tables. Each row runs in
+# ``tmp_path`` (the current folder) with HOME at ``tmp_path/home``: what it writes lands under HOME,
+# and no folder named `~` appears.
+
+
+def _tilde_results(value: str, where: str = "flag"):
+    def plant(root: Path, synth: Path) -> tuple[list[str], dict[str, str], Path]:
+        argv = [*MATRIX, "--reference", "off", "--run-id", "r"]
+        env: dict[str, str] = {}
+        if where == "flag":
+            argv += ["--results-dir", value]
+        elif where == "env":
+            env["CASCADE_REPRO_RESULTS_DIR"] = value
+        else:  # the config file's key
+            (root / "m.toml").write_text(f'results_dir = "{value}"\n', encoding="utf-8")
+            argv += ["--config", "m.toml"]
+        return argv, env, Path(value.replace("~", str(root / "home"), 1)) / "r"
+
+    return plant
+
+
+def _tilde_report(root: Path, synth: Path) -> tuple[list[str], dict[str, str], Path]:
+    run_copy(synth, root / "home" / "run")
+    return ["report", "~/run"], {}, root / "home" / "run"
+
+
+def _tilde_merge(root: Path, synth: Path) -> tuple[list[str], dict[str, str], Path]:
+    home = root / "home"
+    shards(home, synth)
+    return ["merge", "~/merged", "~/shard1", "~/shard2"], {}, home / "merged"
+
+
+def _tilde_prompts(root: Path, synth: Path) -> tuple[list[str], dict[str, str], Path]:
+    (root / "home" / "p.jsonl").write_text(json.dumps({"key": "a", "prompt": "hi"}) + "\n", encoding="utf-8")
+    argv = [*MATRIX, "--reference", "off", "--prompts", "~/p.jsonl", "--results-dir", "out", "--run-id", "r"]
+    return argv, {}, root / "out" / "r"
+
+
+def _tilde_no_user(root: Path, synth: Path) -> tuple[list[str], dict[str, str], Path]:
+    return ["report", "~no-such-user-41/run"], {}, root / "none"
+
+
+# fmt: off
+TILDE = [
+    Case("results-dir-tilde-alone", _tilde_results("~"), 4),  # 4: batch 1, nothing exercised
+    Case("results-dir-tilde-folder", _tilde_results("~/cr-results"), 4),
+    Case("results-dir-tilde-in-config", _tilde_results("~/cr-results", "config"), 4),
+    Case("results-dir-tilde-in-env", _tilde_results("~/cr-results", "env"), 4),
+    Case("report-tilde-run-dir", _tilde_report, 0),
+    Case("merge-tilde-dirs", _tilde_merge, 0),
+    Case("prompts-tilde-file", _tilde_prompts, 4),
+    Case("tilde-unknown-user", _tilde_no_user, 2, "~no-such-user-41 names no user on this machine"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case", TILDE, ids=lambda c: c.id)
+def test_a_leading_tilde_is_expanded_once_everywhere(
+    case: Case, synth: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    (tmp_path / "home").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CASCADE_REPRO_RESULTS_DIR")  # the config file's key counts only without it
+    argv, env, written = case.plant(tmp_path, synth)
+    res = CliRunner().invoke(app, argv, env={**WIDE, "HOME": str(tmp_path / "home"), **env})
+    assert "Traceback" not in res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    assert res.exit_code == case.code, res.output
+    assert not list(tmp_path.rglob("~*")), list(tmp_path.rglob("~*"))  # no folder named `~`
+    if case.says:
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        assert lines == [lines[0]] and lines[0].startswith("error: ") and case.says in lines[0], res.stderr
+        return
+    assert (written / runstore.RUN_JSON).is_file() and (written / runstore.CELLS).is_file()
+    assert (written / runstore.REPORT_MD).is_file()

@@ -70,6 +70,7 @@ from cascade_repro.cli.options import (
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import ARM_SWITCHES, FAIL_ON_DEFAULT
 from cascade_repro.run import runstore
+from cascade_repro.userpath import display
 from cascade_repro.vllm_surface.inject import DEFAULT_LADDER
 
 
@@ -594,7 +595,7 @@ def _print_outcome(outcome: Any, console: Any) -> None:
         console.print(f"run: {outcome.run_dir}", highlight=False, markup=False)
         return
     console.print(
-        f"report: {outcome.run_dir / runstore.REPORT_MD}  (html: {outcome.run_dir / runstore.REPORT_HTML})",
+        f"report: {display(outcome.run_dir / runstore.REPORT_MD)}  (html: {display(outcome.run_dir / runstore.REPORT_HTML)})",
         highlight=False,
         markup=False,
     )

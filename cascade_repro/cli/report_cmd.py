@@ -77,5 +77,5 @@ def report(
         console.print(f"wrote {p}", highlight=False, markup=False)  # a path: "[x]" is no style tag
     print_outcome(console, done.outcome.headline, done.outcome.exit_code, done.outcome.reason)
     if json_out:
-        print_summary_json(run_dir, done.outcome.exit_code)
+        print_summary_json(done.run_dir or run_dir, done.outcome.exit_code)
     raise typer.Exit(done.outcome.exit_code)

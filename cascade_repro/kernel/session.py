@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from cascade_repro import userpath
 from cascade_repro.errors import UsageError
 from cascade_repro.kernel import grid, report, run, worker
 from cascade_repro.kernel.grid import KernelCase
@@ -118,9 +119,11 @@ def run_kernel(opts: KernelOptions, console: Any = None, stdout: Any = None) -> 
 
     run.require_gpu_and_vllm()
     started = datetime.now(UTC)
-    out = opts.out
+    out = userpath.resolve(opts.out, "--out") if opts.out is not None else None
     if out is None:
-        root = Path(os.environ.get("CASCADE_REPRO_RESULTS_DIR") or "results")
+        root = userpath.resolve(
+            os.environ.get("CASCADE_REPRO_RESULTS_DIR") or "results", "CASCADE_REPRO_RESULTS_DIR"
+        )
         out = root / f"kernel-{started:%Y%m%d-%H%M%S}{'-' + opts.inject if opts.inject else ''}"
     try:
         out.mkdir(parents=True, exist_ok=True)

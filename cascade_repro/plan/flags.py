@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cascade_repro import userpath
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import (
     CONFIG_KEYS,
@@ -105,6 +106,7 @@ def load_config(path: Path) -> dict[str, Any]:
     mapping of engine arguments, dashed or not). A YAML key that is a matrix setting (``model``,
     ``dtype``, ``seed``, ``tensor-parallel-size`` as --tp, ...) sets it; every other key is an engine
     argument, checked as -E's are."""
+    path = userpath.resolve(path, "--config")
     if path.suffix.lower() not in YAML_SUFFIXES:
         return load_toml(path)
     import yaml

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from cascade_repro import userpath
 from cascade_repro.errors import UsageError
 
 EMBEDDED = "embedded"
@@ -36,7 +37,7 @@ def cache_root() -> Path:
     """Return the user cache dir (``CASCADE_REPRO_CACHE`` or ``$XDG_CACHE_HOME/cascade-repro``)."""
     env = os.environ.get("CASCADE_REPRO_CACHE")
     if env:
-        return Path(env)
+        return userpath.resolve(env, "CASCADE_REPRO_CACHE")
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "cascade-repro"
 

@@ -34,6 +34,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from cascade_repro import userpath
 from cascade_repro.errors import UsageError
 
 PACKAGE_DATA = "cascade_repro.prompts_data"
@@ -220,7 +221,7 @@ def load_system_prompt(spec: str) -> str:
     if spec in BUILTIN_SYSTEM_PROMPTS:
         file = _shipped(BUILTIN_SYSTEM_PROMPTS[spec])
         return _read_system_prompt(file, str(file))
-    path = Path(spec)
+    path = userpath.resolve(spec, "--system-prompt")
     if not path.is_file():
         if path.exists() or _looks_like_path(spec):
             raise _not_a_file(path, spec, "system prompt file")
@@ -259,7 +260,7 @@ def _resolve_set(spec: str) -> tuple[str, str, str, Iterator[tuple[_Where, Promp
         return spec, str(file), str(file), _file_records(file, str(file))
     if spec.startswith(HUB_PREFIX):
         return spec, spec, spec, _hub_records(spec)
-    path = Path(spec)
+    path = userpath.resolve(spec, "--prompts")
     if not path.exists() and not _looks_like_path(spec):
         raise UsageError(
             f"unknown prompt set {spec!r}; built-in sets: {', '.join(BUILTIN_SETS)}; "

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cascade_repro import userpath
 from cascade_repro.errors import UsageError, naming
 from cascade_repro.plan.matrix import FAIL_ON_DEFAULT, check_fail_on
 from cascade_repro.plan.shard import Shard, assign
@@ -265,8 +266,10 @@ def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = FAIL_ON_DEFAULT,
     from cascade_repro.run.runner import finalize
 
     check_fail_on(fail_on)
-    out_dir = Path(out_dir)
-    shards, warnings = check_shards([Path(d) for d in shard_dirs], allow_partial=allow_partial)
+    out_dir = userpath.resolve(out_dir, "OUT_DIR")
+    shards, warnings = check_shards(
+        [userpath.resolve(d, "SHARD_DIR") for d in shard_dirs], allow_partial=allow_partial
+    )
     first = shards[0]
     engines_plan = first.run.plan.engines
     per_shard = assign(engines_plan, first.shard.count)

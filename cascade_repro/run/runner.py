@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cascade_repro import userpath
 from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
 from cascade_repro.judge.verdicts import Thresholds
@@ -72,6 +73,9 @@ class RunOptions:
     reference: ReferenceOptions = field(default_factory=ReferenceOptions)  # what the judge compares with
     executor: Executor = field(default_factory=Executor)  # where the workers run
 
+    def __post_init__(self) -> None:
+        self.results_dir = userpath.resolve(self.results_dir, "--results-dir")
+
     @classmethod
     def from_settings(cls, settings: RunSettings, *, fresh: bool = False, command: str = "") -> RunOptions:
         """`matrix`'s run settings checked and typed; a refused one is one line naming the flag, or
@@ -89,12 +93,13 @@ class RunOptions:
             reference = ReferenceOptions(s.reference, s.reference_device)
             shard = Shard.parse(s.shard) if s.shard is not None else None
             executor = Executor(s.executor, s.ray_address, s.retries)
+            results_dir = userpath.resolve(s.results_dir, "--results-dir")
         if executor.name == "ray":  # Ray missing: one line now, before a dry run or a prepare
             from cascade_repro.run.ray_executor import import_ray
 
             import_ray()
         return cls(
-            results_dir=s.results_dir,
+            results_dir=results_dir,
             run_id=s.run_id,
             fresh=fresh,
             fail_on=s.fail_on,
@@ -791,6 +796,7 @@ class Rerendered:
     # The reports left as they were (a run without samples/ beside richer ones), and why, in one line.
     kept: list[Path] = field(default_factory=list)
     note: str = ""
+    run_dir: Path | None = None  # the run directory as resolved (``userpath``)
 
 
 def rerender(
@@ -821,7 +827,7 @@ def rerender(
 
     if fail_on is not None:  # before anything is scored or written
         check_fail_on(fail_on)
-    run_dir = Path(run_dir)
+    run_dir = userpath.resolve(run_dir, "RUN_DIR")
     is_run = (run_dir / runstore.RUN_JSON).is_file()
     if is_run:  # a damaged run.json: one line, before the lock file is made
         run = runstore.read_manifest(run_dir)
@@ -861,7 +867,7 @@ def rerender(
                 # Rendered from what was loaded (or scored): the samples are read once.
                 paths = write_reports(run_dir, formats, fail_on=fail_on, data=data)
             outcome = outcome_of(data, fail_on if fail_on is not None else run_fail_on(data.manifest))
-    return Rerendered(paths, outcome, kept, note)
+    return Rerendered(paths, outcome, kept, note, run_dir)
 
 
 def _report_name(fmt: Any) -> str:
