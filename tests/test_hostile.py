@@ -1286,3 +1286,61 @@ def test_a_leading_tilde_is_expanded_once_everywhere(
         return
     assert (written / runstore.RUN_JSON).is_file() and (written / runstore.CELLS).is_file()
     assert (written / runstore.REPORT_MD).is_file()
+
+
+# --- 9. another writer holds the run's lock: nothing is deleted before the lock is ours -------------
+# A merge cleared its output before it took the lock: beside a merge or a `report` writing there, the
+# refused merge had already deleted samples/ and prompts.jsonl of the run the other one was writing.
+
+
+def _merged_before(root: Path, synth: Path) -> Path:
+    s1, s2 = shards(root, synth)
+    out = root / "merged"
+    assert CliRunner().invoke(app, ["merge", str(out), str(s1), str(s2)], env=WIDE).exit_code == 0
+    return out
+
+
+def _merge_into_a_locked_merge(root: Path, synth: Path) -> tuple[list[str], Path]:
+    out = _merged_before(root, synth)
+    return ["merge", str(out), str(root / "shard1"), str(root / "shard2")], out
+
+
+def _merge_into_a_locked_cut_merge(root: Path, synth: Path) -> tuple[list[str], Path]:
+    """A merge cut short (its .merging marker left) is redone by the next merge: not while one runs."""
+    out = _merged_before(root, synth)
+    spec_hash = runstore.read_manifest(out).spec_hash
+    (out / runstore.MERGING).write_text(f"{spec_hash}\n", encoding="utf-8")
+    return ["merge", str(out), str(root / "shard1"), str(root / "shard2")], out
+
+
+def _matrix_fresh_into_a_locked_run(root: Path, synth: Path) -> tuple[list[str], Path]:
+    run = run_copy(synth, root / "results" / "r")
+    return [*MATRIX, "--results-dir", str(root / "results"), "--run-id", "r", "--fresh"], run
+
+
+# fmt: off
+LOCKED = [
+    Case("merge-beside-a-running-merge", _merge_into_a_locked_merge, 2, "is in use by another cascade-repro run"),
+    Case("merge-cut-beside-a-running-merge", _merge_into_a_locked_cut_merge, 2,
+         "is in use by another cascade-repro run"),
+    Case("matrix-fresh-beside-a-running-report", _matrix_fresh_into_a_locked_run, 2,
+         "is in use by another cascade-repro run"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case", LOCKED, ids=lambda c: c.id)
+def test_nothing_is_deleted_before_the_lock_is_taken(case: Case, synth: Path, tmp_path: Path):
+    argv, run = case.plant(tmp_path, synth)
+    files = run_bytes(run)
+    lock = runstore.RunLock(run)  # the other writer: a merge, a report, a matrix
+    lock.acquire()
+    try:
+        res = CliRunner().invoke(app, argv, env=WIDE)
+        assert run_bytes(run) == {**files, runstore.LOCK: (run / runstore.LOCK).read_bytes()}
+    finally:
+        lock.release()
+    assert "Traceback" not in res.output
+    assert res.exit_code == case.code, res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert lines == [lines[0]] and lines[0].startswith("error: ") and case.says in lines[0], res.stderr

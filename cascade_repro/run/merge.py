@@ -191,17 +191,19 @@ def _gpu_line(run: Manifest) -> str:
     return ", ".join(f"{k}={env[k]}" for k in keys if env.get(k)) or "unknown"
 
 
-def _prepare_out(out_dir: Path, shards: list[_ShardDir]) -> None:
-    """Refuse an output directory that is a shard or holds something else; clear an earlier merge."""
+def _check_out(out_dir: Path, shards: list[_ShardDir]) -> None:
+    """Refuse an output directory that is a shard or not a directory (before its lock is taken)."""
     out = out_dir.resolve()
     for s in shards:
         if s.path.resolve() == out:
             raise UsageError(f"the output directory {out_dir} is one of the shards: choose a new directory")
-    if not out_dir.exists():
-        return
-    if not out_dir.is_dir():
+    if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"{out_dir} exists and is not a directory")
-    runstore.refuse_run_links(out_dir)  # before anything there is deleted or written
+
+
+def _prepare_out(out_dir: Path, shards: list[_ShardDir]) -> None:
+    """Refuse an output directory that holds something else; clear an earlier merge. Called under
+    the output's lock: another merge or a `report` writing there would lose its files to the clear."""
     merging = out_dir / runstore.MERGING
     if merging.is_file():  # a merge cut short (killed mid-copy): its files are redone
         if merging.read_text(encoding="utf-8", errors="replace").strip() != shards[0].run.spec_hash:
@@ -273,8 +275,9 @@ def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = FAIL_ON_DEFAULT,
     first = shards[0]
     engines_plan = first.run.plan.engines
     per_shard = assign(engines_plan, first.shard.count)
-    _prepare_out(out_dir, shards)
-    with runstore.RunLock(out_dir):
+    _check_out(out_dir, shards)
+    with runstore.RunLock(out_dir):  # links refused there, before anything is deleted or written
+        _prepare_out(out_dir, shards)
         runstore.write_text_atomic(out_dir / runstore.MERGING, first.run.spec_hash + "\n")
         (out_dir / runstore.SAMPLES).mkdir(parents=True, exist_ok=True)
         _copy(runstore.prompts_path(first.path), runstore.prompts_path(out_dir), link=False)
