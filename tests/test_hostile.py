@@ -1344,3 +1344,67 @@ def test_nothing_is_deleted_before_the_lock_is_taken(case: Case, synth: Path, tm
     assert res.exit_code == case.code, res.output
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert lines == [lines[0]] and lines[0].startswith("error: ") and case.says in lines[0], res.stderr
+
+
+# --- 10. `matrix --run-id NAME` on a folder that is not a run ----------------------------------------
+# It overwrote the folder's report.md, summary.json and cells.parquet, and --fresh deleted its samples/
+# and minimize/: the user's own files. A folder without run.json is refused, as `merge` refuses one.
+
+
+def _users_folder(root: Path) -> Path:
+    mine = root / "results" / "mine"
+    for name in ("report.md", "summary.json", "cells.parquet", "samples/notes.jsonl", "minimize/todo.txt"):
+        (mine / name).parent.mkdir(parents=True, exist_ok=True)
+        (mine / name).write_text(f"the user's own {name}\n", encoding="utf-8")
+    return mine
+
+
+def _matrix_into_users_folder(fresh: bool):
+    def plant(root: Path, synth: Path) -> tuple[list[str], Path]:
+        mine = _users_folder(root)
+        return [
+            *MATRIX,
+            "--results-dir",
+            str(root / "results"),
+            "--run-id",
+            "mine",
+            *(["--fresh"] if fresh else []),
+        ], mine
+
+    return plant
+
+
+def _matrix_into_an_empty_folder(root: Path, synth: Path) -> tuple[list[str], Path]:
+    (root / "results" / "empty").mkdir(parents=True)
+    return [
+        *MATRIX,
+        "--reference",
+        "off",
+        "--results-dir",
+        str(root / "results"),
+        "--run-id",
+        "empty",
+    ], root / "x"
+
+
+NOT_A_RUN = "is not a cascade-repro run (no run.json) and holds cells.parquet, minimize and 3 more"
+# fmt: off
+NOT_RUNS = [
+    Case("matrix-run-id-on-a-users-folder", _matrix_into_users_folder(False), 2, NOT_A_RUN),
+    Case("matrix-fresh-on-a-users-folder", _matrix_into_users_folder(True), 2, NOT_A_RUN),
+    Case("matrix-run-id-on-an-empty-folder", _matrix_into_an_empty_folder, 4),  # 4: nothing exercised
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case", NOT_RUNS, ids=lambda c: c.id)
+def test_a_folder_that_is_not_a_run_is_refused(case: Case, synth: Path, tmp_path: Path):
+    argv, mine = case.plant(tmp_path, synth)
+    files = run_bytes(mine) if mine.exists() else {}
+    res = CliRunner().invoke(app, argv, env=WIDE)
+    assert "Traceback" not in res.output
+    assert res.exit_code == case.code, res.output
+    if case.says:
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        assert lines == [lines[0]] and lines[0].startswith("error: ") and case.says in lines[0], res.stderr
+        assert run_bytes(mine) == files and not (mine / runstore.LOCK).exists()

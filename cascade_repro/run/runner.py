@@ -163,6 +163,15 @@ class PreparedRun:
 
     def write(self) -> None:
         run_dir = self.run_dir
+        if not (run_dir / runstore.RUN_JSON).exists() and (
+            theirs := sorted(p.name for p in run_dir.iterdir() if p.name != runstore.LOCK)
+        ):
+            # Not a run (run.json is the first file a run writes): the user's own folder, whose
+            # samples/, minimize/ and reports --fresh would delete and a run would overwrite.
+            raise UsageError(
+                f"{run_dir} is not a cascade-repro run (no {runstore.RUN_JSON}) and holds "
+                f"{_first_names(theirs)}: choose another --run-id or --results-dir"
+            )
         if self.fresh:
             # Whatever the folder holds, run.json or not: samples left beside a lost run.json would
             # otherwise be resumed by the run that was asked to start over.
@@ -178,10 +187,17 @@ class PreparedRun:
                 raise UsageError(f"{run_dir} holds {was} of this matrix, not {now}: one --run-id per shard")
             else:
                 self.run = resumed_run(old, self.run, self.allow_mixed)
+        # run.json first: a folder without one was never begun by this tool (see above).
+        runstore.write_manifest(run_dir, self.run)
         (run_dir / runstore.SAMPLES).mkdir(parents=True, exist_ok=True)
         # With the prompt source's extra columns, and each prompt's hash as this tokenizer renders it.
         runstore.write_prompts(run_dir, self.records, self.hashes)
-        runstore.write_manifest(run_dir, self.run)
+
+
+def _first_names(names: list[str]) -> str:
+    """``a, b and 3 more``: what a folder holds, in a few words."""
+    more = f" and {len(names) - 2} more" if len(names) > 2 else ""
+    return ", ".join(names[:2]) + more
 
 
 # What a comparison must not mix: two of these differing between invocations of one run means its

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from cascade_repro import userpath
 from cascade_repro.atomic import write_atomic
 from cascade_repro.errors import EnvironmentFailure, RunLockedError, UsageError, name_oserror, naming
 from cascade_repro.run.manifest import Manifest, manifest_problem, type_problem
@@ -402,8 +403,9 @@ def _link_message(path: Path) -> str:
 
 
 def shown(path: Path | str) -> str:
-    """A path for a one-line message: a control character in a hostile name shows as ``?``."""
-    return re.sub(r"[\x00-\x1f\x7f]", "?", str(path))
+    """A path for a one-line message: relative to the current folder below it (as the user likely
+    typed it; ``userpath.display``), a control character in a hostile name shown as ``?``."""
+    return re.sub(r"[\x00-\x1f\x7f]", "?", userpath.display(path))
 
 
 def sweep_path(run_dir: Path) -> Path:
@@ -1107,7 +1109,7 @@ class RunLock:
                 os.close(fd)
                 pid = _read_pid(self.path)
                 raise RunLockedError(
-                    f"{self.path.parent} is in use by another cascade-repro run (pid {pid or 'unknown'}); "
+                    f"{shown(self.path.parent)} is in use by another cascade-repro run (pid {pid or 'unknown'}); "
                     "wait for it or choose another --results-dir"
                 ) from None
             # A holder releasing meanwhile unlinks the path: make sure we locked the file that is there.
