@@ -1408,3 +1408,42 @@ def test_a_folder_that_is_not_a_run_is_refused(case: Case, synth: Path, tmp_path
         lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
         assert lines == [lines[0]] and lines[0].startswith("error: ") and case.says in lines[0], res.stderr
         assert run_bytes(mine) == files and not (mine / runstore.LOCK).exists()
+
+
+# --- 11. run.json from a newer version: its unknown keys survive every rewrite, and one line says so --
+
+FUTURE = {"future": {"x": 1}, "prompt_set.future": 2, "plan.future": 3, "plan.cells[0].future": 4}
+NEWER = "note: this run was made by a newer cascade-repro (9.0.0, this is "
+
+
+def _plant_future_keys(run: Path) -> None:
+    data = json.loads((run / runstore.RUN_JSON).read_bytes())
+    data["tool_version"] = "9.0.0"
+    data["future"] = FUTURE["future"]
+    data["prompt_set"]["future"] = 2
+    data["plan"]["future"] = 3
+    data["plan"]["cells"][0]["future"] = 4
+    next(iter(data["engines"].values()))["future"] = 5
+    (run / runstore.RUN_JSON).write_text(json.dumps(data), encoding="utf-8")
+
+
+def _future_keys(run: Path) -> dict[str, object]:
+    data = json.loads((run / runstore.RUN_JSON).read_bytes())
+    engine = next(iter(data["engines"].values()))
+    return {"future": data.get("future"), "prompt_set.future": data["prompt_set"].get("future"),
+            "plan.future": data["plan"].get("future"), "plan.cells[0].future": data["plan"]["cells"][0].get("future"),
+            "engines.future": engine.get("future")}  # fmt: skip
+
+
+@pytest.mark.parametrize("command", ["matrix", "report", "report --rescore"])
+def test_a_newer_versions_keys_survive_and_are_noted(command: str, batch1_run: FinishedRun, tmp_path: Path):
+    argv, run = batch1_run.copy(tmp_path)
+    _plant_future_keys(run)
+    if command != "matrix":
+        argv = [*command.split(), str(run)]
+    res = CliRunner().invoke(app, argv, env=WIDE)
+    assert res.exit_code == 4, res.output  # batch 1: nothing exercised, as the run ended
+    assert _future_keys(run) == {**FUTURE, "engines.future": 5}
+    notes = [ln for ln in res.stderr.splitlines() if ln.startswith("note: this run")]
+    assert len(notes) == 1 and notes[0].startswith(NEWER), res.stderr
+    assert "kept as they are (future, prompt_set.future, plan.future and 2 more)" in notes[0], notes[0]

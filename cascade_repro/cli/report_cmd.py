@@ -71,6 +71,8 @@ def report(
             force=force,
         )
     console = err_console()
+    if done.newer:
+        console.print(f"note: {done.newer}", highlight=False, markup=False)
     if done.note:
         console.print(f"note: {done.note}", highlight=False, markup=False)
     for p in done.paths.values():

@@ -29,6 +29,7 @@ from cascade_repro.run.manifest import (
     Manifest,
     PromptSetFacts,
     Timings,
+    newer_version_note,
 )
 from cascade_repro.run.reference import ReferenceOptions
 
@@ -160,6 +161,7 @@ class PreparedRun:
     allow_mixed: bool = False
     # Each prompt's hash as the run's tokenizer renders it (chat.prompt_hash), for prompts.jsonl.
     hashes: list[str] | None = None
+    newer: str | None = None  # set by ``write`` where the run resumed was made by a newer version
 
     def write(self) -> None:
         run_dir = self.run_dir
@@ -187,6 +189,7 @@ class PreparedRun:
                 raise UsageError(f"{run_dir} holds {was} of this matrix, not {now}: one --run-id per shard")
             else:
                 self.run = resumed_run(old, self.run, self.allow_mixed)
+                self.newer = newer_version_note(old, self.run.tool_version)
         # run.json first: a folder without one was never begun by this tool (see above).
         runstore.write_manifest(run_dir, self.run)
         (run_dir / runstore.SAMPLES).mkdir(parents=True, exist_ok=True)
@@ -233,6 +236,9 @@ def resumed_run(old_m: Manifest, new_m: Manifest, allow_mixed: bool) -> Manifest
     if differ or old_m.mixed_stack:
         out.update(mixed_stack=sorted(set(differ) | set(old_m.mixed_stack or [])))
     out.update(timings=copy.deepcopy(old_m.timings))
+    if old_m.has("engines"):  # until scoring writes them anew (each record's unknown keys kept)
+        out.update(engines=copy.deepcopy(old_m.engines))
+    out.keep_unknown(old_m)  # a newer version's keys survive this version's rewrite
     return out
 
 
@@ -754,6 +760,9 @@ def score(
             status="error" if errs else ("done" if prog.engine else "pending"),
             error=next(iter(errs.values()), ""),
         )
+    for key, record in engines.items():
+        if isinstance(old := (run.engines or {}).get(key), EngineRecord):
+            record.keep_unknown(old)
     run.update(engines=engines, thresholds=th.to_dict())
     return Scored(run, cells_df, pairs_df, comp_df, read)
 
@@ -813,6 +822,7 @@ class Rerendered:
     kept: list[Path] = field(default_factory=list)
     note: str = ""
     run_dir: Path | None = None  # the run directory as resolved (``userpath``)
+    newer: str | None = None  # the run was made by a newer version (manifest.newer_version_note)
 
 
 def rerender(
@@ -883,7 +893,10 @@ def rerender(
                 # Rendered from what was loaded (or scored): the samples are read once.
                 paths = write_reports(run_dir, formats, fail_on=fail_on, data=data)
             outcome = outcome_of(data, fail_on if fail_on is not None else run_fail_on(data.manifest))
-    return Rerendered(paths, outcome, kept, note, run_dir)
+    from cascade_repro.run.envinfo import _version
+
+    newer = newer_version_note(run, _version("cascade-repro")) if is_run else None
+    return Rerendered(paths, outcome, kept, note, run_dir, newer)
 
 
 def _report_name(fmt: Any) -> str:
@@ -979,6 +992,8 @@ def run_matrix(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> RunOu
             console.print(f"[yellow]warning:[/] {_escape(warning)}", highlight=False)
     with runstore.RunLock(run_dir):
         prepared.write()
+        if console is not None and prepared.newer:
+            console.print(f"note: {_escape(prepared.newer)}", highlight=False)
         kept = cells_done(run_dir)
         errors = execute(
             run_dir, opts.progress, console, bar=opts.bar, fresh=opts.fresh, executor=opts.executor
