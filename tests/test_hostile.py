@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -1447,3 +1448,137 @@ def test_a_newer_versions_keys_survive_and_are_noted(command: str, batch1_run: F
     notes = [ln for ln in res.stderr.splitlines() if ln.startswith("note: this run")]
     assert len(notes) == 1 and notes[0].startswith(NEWER), res.stderr
     assert "kept as they are (future, prompt_set.future, plan.future and 2 more)" in notes[0], notes[0]
+
+
+# --- 12. nothing hangs, nothing runs out of memory: links, FIFOs and devices before any read ------------
+# Each row runs the command in a process of its own under a timeout: a hang fails the row (the
+# timeout kills it) instead of hanging the suite.
+
+HANG_TIMEOUT_S = 120
+
+
+def run_cli(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    import sys
+
+    try:
+        return subprocess.run([sys.executable, "-m", "cascade_repro", *argv], capture_output=True, text=True,
+                              cwd=cwd, env={**os.environ, **WIDE}, timeout=HANG_TIMEOUT_S)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"hung: {argv} did not end within {HANG_TIMEOUT_S} s")
+
+
+def _fifo(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+
+
+def _planted_resume(what: str, plant: Callable[[Path], None], dry_run: bool):
+    def argv(batch1: FinishedRun, root: Path) -> list[str]:
+        args, run = batch1.copy(root)
+        plant(samples_file(run) if what == "samples" else run / runstore.PROMPTS)
+        return [*args, "--dry-run"] if dry_run else args
+
+    return argv
+
+
+def _zero(path: Path) -> None:
+    link(path, Path("/dev/zero"))
+
+
+def _billion_laughs(root: Path) -> Path:
+    lines = ["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]" for i in range(8)]
+    path = root / "laughs.yaml"
+    path.write_text("hf_overrides:\n" + "".join(f"  {ln}\n" for ln in lines), encoding="utf-8")
+    return path
+
+
+def _config_fifo(name: str):
+    def argv(batch1: FinishedRun, root: Path) -> list[str]:
+        os.mkfifo(root / name)
+        return ["matrix", "--engine", "fake", "--dry-run", "--config", str(root / name)]
+
+    return argv
+
+
+@dataclass
+class Hang:
+    id: str
+    argv: Callable[[FinishedRun, Path], list[str]]
+    code: int
+    says: str = ""
+
+
+# fmt: off
+HANGS = [
+    Hang("dry-run-samples-linked-to-dev-zero", _planted_resume("samples", _zero, True), 2, "is a symbolic link"),
+    Hang("dry-run-prompts-fifo", _planted_resume("prompts", _fifo, True), 2, "prompts.jsonl is neither a file nor a folder"),
+    Hang("resume-samples-fifo", _planted_resume("samples", _fifo, False), 2, "is neither a file nor a folder"),
+    Hang("resume-prompts-linked-to-dev-zero", _planted_resume("prompts", _zero, False), 2,
+         f"prompts.jsonl {LINK}"),
+    Hang("config-yaml-billion-laughs", lambda b, r: ["matrix", "--engine", "vllm", "--dry-run", "--config",
+                                                     str(_billion_laughs(r))], 2,
+         "laughs.yaml line 3: YAML alias *a refused"),
+    Hang("config-dev-zero", lambda b, r: ["matrix", "--engine", "fake", "--dry-run", "--config", "/dev/zero"], 2,
+         "config file /dev/zero is not a regular file (a device, a pipe or a socket)"),
+    Hang("config-toml-fifo", _config_fifo("m.toml"), 2, "m.toml is not a regular file"),
+    Hang("config-yaml-fifo", _config_fifo("m.yaml"), 2, "m.yaml is not a regular file"),
+    Hang("dry-run-a-trillion-shards", lambda b, r: ["matrix", "--engine", "fake", "--limit", "2", "--dry-run",
+                                                    "--shard", "1/1000000000000"], 0),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case", HANGS, ids=lambda c: c.id)
+def test_nothing_hangs_or_runs_out_of_memory(case: Hang, batch1_run: FinishedRun, tmp_path: Path):
+    victims(tmp_path)
+    argv = case.argv(batch1_run, tmp_path)
+    before = snapshot(tmp_path)
+    res = run_cli(argv, tmp_path)
+    assert "Traceback" not in res.stderr, res.stderr
+    assert res.returncode == case.code, res.stderr
+    if case.says:
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        assert lines == [lines[0]] and lines[0].startswith("error: ") and case.says in lines[0], res.stderr
+        assert res.stdout == ""  # refused before the plan's table
+    assert snapshot(tmp_path) == before
+
+
+def test_a_merge_of_a_trillion_shards_walks_its_engine_keys_only(tmp_path: Path, synth: Path):
+    from cascade_repro.run.merge import check_shards
+
+    dirs = []
+    for i in (1, 2):
+        d = run_copy(synth, tmp_path / f"s{i}")
+        run = runstore.read_run_json(d)
+        run["shard"] = f"{i}/1000000000000"
+        runstore.write_json_atomic(d / runstore.RUN_JSON, run)
+        dirs.append(d)
+    _, warnings = check_shards(dirs)
+    assert warnings == [
+        "999,999,999,998 shards after 2/1000000000000 are missing: they hold no engine key (the matrix has 2), "
+        "so nothing is pending"
+    ]
+
+
+def test_a_large_dry_run_says_how_far_rendering_got(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from cascade_repro.cli import matrix_cmd
+
+    monkeypatch.setattr(matrix_cmd, "PROGRESS_EVERY_S", 0.0)  # every prompt, instead of every 10 s
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps({"key": f"k{i}", "prompt": f"p{i}"}) + "\n" for i in range(3)), encoding="utf-8")
+    res = CliRunner().invoke(app, ["matrix", "--engine", "fake", "--dry-run", "--prompts", str(path)], env=WIDE)
+    assert res.exit_code == 0, res.output
+    said = [ln for ln in res.stderr.splitlines() if ln.startswith("rendering")]
+    assert said == [f"rendering the prompts to plan: {i} of 3" for i in (1, 2, 3)], res.stderr
+
+
+def test_a_dry_run_measures_what_a_run_measures_one_prompt_at_a_time():
+    from cascade_repro.engines import get as engine_info
+    from cascade_repro.prompts.chat import measure_lengths, measure_prefix
+
+    tok = engine_info("fake").own_tokenizer()
+    prompts = ["a", "a longer prompt", "같은 접두사 뒤의 질문", ""]
+    for system in ("", "a shared system prompt " * 20):
+        whole, streamed = measure_prefix(tok, system, prompts), measure_lengths(tok, system, prompts)
+        assert streamed.lengths == [len(r) for r in whole.rendered] and streamed.tokens == whole.tokens

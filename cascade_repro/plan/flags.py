@@ -26,6 +26,7 @@ from cascade_repro.plan.matrix import (
     parse_hf_overrides,
     parse_int_list,
     parse_onoff_list,
+    read_config_bytes,
     run_settings,
     split_list,
 )
@@ -111,14 +112,19 @@ def load_config(path: Path) -> dict[str, Any]:
         return load_toml(path)
     import yaml
 
+    raw = read_config_bytes(path)
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise UsageError(f"config file not found: {path}") from None
-    except OSError as e:
-        raise UsageError(f"cannot read config file {path}: {e.strerror}") from None
-    try:
-        data = yaml.safe_load(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        # An alias (*name) repeats what its anchor holds: nested ones ("billion laughs") expand to
+        # more objects than memory holds once the values are walked. No engine argument needs one.
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.AliasEvent):
+                mark = event.start_mark
+                raise UsageError(
+                    f"{path} line {mark.line + 1}: YAML alias *{event.anchor} refused (aliases can expand "
+                    "without bound); write the value out"
+                )
+        data = yaml.safe_load(text)
     except UnicodeDecodeError as e:
         raise UsageError(f"{path}: not UTF-8 at byte {e.start}") from None
     except yaml.YAMLError as e:

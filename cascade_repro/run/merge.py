@@ -24,7 +24,7 @@ from typing import Any
 from cascade_repro import userpath
 from cascade_repro.errors import UsageError, naming
 from cascade_repro.plan.matrix import FAIL_ON_DEFAULT, check_fail_on
-from cascade_repro.plan.shard import Shard, assign
+from cascade_repro.plan.shard import Shard, owners
 from cascade_repro.run import runstore
 from cascade_repro.run.manifest import Invocation, Manifest, Timings
 
@@ -136,9 +136,13 @@ def check_shards(dirs: list[Path], allow_partial: bool = False) -> tuple[list[_S
     warnings: list[str] = []
     n = first.shard.count
     engines = first.run.plan.engines
-    per_shard = assign(engines, n)
+    owner = owners(engines, n)
+    # Shards past the number of engine keys hold nothing (shard.owners): not walked one by one.
+    width = min(n, max(len(engines), 1))
     missing = {
-        i: sum(len(engines[k].cells) for k in per_shard[i - 1]) for i in range(1, n + 1) if i not in seen
+        i: sum(len(ep.cells) for k, ep in engines.items() if owner[k] == i)
+        for i in range(1, width + 1)
+        if i not in seen
     }
     # A shard that would hold no cells (more shards than engine keys) loses nothing when missing.
     lost = [f"{i}/{n}" for i, n_cells in missing.items() if n_cells]
@@ -152,6 +156,16 @@ def check_shards(dirs: list[Path], allow_partial: bool = False) -> tuple[list[_S
         )
     for i, n_cells in missing.items():
         warnings.append(f"shard {i}/{n} is missing: its {n_cells} cells show as pending")
+    if (empty := n - width - sum(1 for i in seen if i > width)) == 1:
+        i = next(i for i in range(width + 1, n + 1) if i not in seen)  # at most len(seen) + 1 steps
+        warnings.append(
+            f"shard {i}/{n} is missing: it holds no engine key (the matrix has {len(engines)}), so nothing is pending"
+        )
+    elif empty:
+        warnings.append(
+            f"{empty:,} shards after {width}/{n} are missing: they hold no engine key (the matrix has "
+            f"{len(engines)}), so nothing is pending"
+        )
     for what in ("tool_version", "thresholds", "model_name"):
         values = {json.dumps(s.run.stored(what), sort_keys=True, default=str) for s in shards}
         if len(values) > 1:
@@ -274,7 +288,7 @@ def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = FAIL_ON_DEFAULT,
     )
     first = shards[0]
     engines_plan = first.run.plan.engines
-    per_shard = assign(engines_plan, first.shard.count)
+    owner = owners(engines_plan, first.shard.count)
     _check_out(out_dir, shards)
     with runstore.RunLock(out_dir):  # links refused there, before anything is deleted or written
         _prepare_out(out_dir, shards)
@@ -284,7 +298,7 @@ def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = FAIL_ON_DEFAULT,
         engines: dict[str, Any] = {}
         listed = []
         for s in shards:
-            keys = per_shard[s.shard.index - 1]
+            keys = [k for k in engines_plan if owner[k] == s.shard.index]
             for key in keys:
                 src = runstore.samples_path(s.path, key)
                 if src.is_file():
@@ -336,9 +350,10 @@ def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = FAIL_ON_DEFAULT,
             merge_command=command,
             shards=listed,
             shards_expected=first.shard.count,
+            # The shards that hold engine keys (shard.owners: the others hold nothing to miss).
             shards_missing=[
                 f"{i}/{first.shard.count}"
-                for i in range(1, first.shard.count + 1)
+                for i in sorted(set(owner.values()))
                 if i not in {s.shard.index for s in shards}
             ],  # fmt: skip
             engines=engines,
