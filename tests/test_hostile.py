@@ -1582,3 +1582,54 @@ def test_a_dry_run_measures_what_a_run_measures_one_prompt_at_a_time():
     for system in ("", "a shared system prompt " * 20):
         whole, streamed = measure_prefix(tok, system, prompts), measure_lengths(tok, system, prompts)
         assert streamed.lengths == [len(r) for r in whole.rendered] and streamed.tokens == whole.tokens
+
+
+# --- 13. what rich would hide or rewrite: COLUMNS=0, emoji codes in user text --------------------------
+# COLUMNS=0 once silenced every message, the exit codes staying 2, 1 or 69; rich turned ":smile:"
+# in a results path, ":thumbs_up:" in a prompt and "tp=A:B" in a message into emoji.
+
+
+def _emoji_prompts(root: Path) -> Path:
+    path = root / "emoji.jsonl"
+    path.write_text(json.dumps({"key": "a", "prompt": "I :thumbs_up: this"}) + "\n", encoding="utf-8")
+    return path
+
+
+@dataclass
+class Shown:
+    id: str
+    argv: Callable[[Path], list[str]]
+    env: dict[str, str]
+    code: int
+    says: str  # a text the command prints, on stdout or stderr
+
+
+ZERO = {"COLUMNS": "0"}
+# fmt: off
+SHOWN = [
+    Shown("columns-0-error", lambda r: ["matrix", "--bogus"], ZERO, 2, "error: no such option: --bogus"),
+    Shown("columns-0-usage-error", lambda r: ["prompts", "show", str(r / "none.jsonl")], ZERO, 2,
+          "error: prompt file not found"),
+    Shown("columns-0-dry-run-table", lambda r: ["matrix", "--engine", "fake", "--limit", "2", "--dry-run"], ZERO, 0,
+          "tp1-b8-cascade"),
+    Shown("columns-0-prompts-list", lambda r: ["prompts", "list"], ZERO, 0, "prompt sets"),
+    Shown("columns-0-env", lambda r: ["env"], ZERO, 0, "python"),
+    Shown("columns-0-headline", lambda r: [*MATRIX, "--reference", "off", "--results-dir", str(r / "res"),
+                                           "--run-id", "r"], ZERO, 4, "nothing exercised"),
+    Shown("emoji-code-in-results-dir", lambda r: [*MATRIX, "--reference", "off", "--results-dir",
+                                                  str(r / "runs" / ":smile:"), "--run-id", "r"], WIDE, 4,
+          "runs/:smile:/r/report.md"),
+    Shown("emoji-code-in-a-prompt", lambda r: ["prompts", "show", str(_emoji_prompts(r))], WIDE, 0,
+          "I :thumbs_up: this"),
+    Shown("emoji-code-in-a-message", lambda r: ["matrix", "--engine", "fake", "--twin", "tp=1:1", "--dry-run"], WIDE,
+          2, "--twin tp=A:B: A < B"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case", SHOWN, ids=lambda c: c.id)
+def test_rich_neither_hides_nor_rewrites_a_message(case: Shown, tmp_path: Path):
+    res = CliRunner().invoke(app, case.argv(tmp_path), env=case.env)
+    assert "Traceback" not in res.output
+    assert res.exit_code == case.code, res.output
+    assert case.says in res.output, res.output

@@ -100,8 +100,8 @@ def run_kernel(opts: KernelOptions, console: Any = None, stdout: Any = None) -> 
     """
     from rich.console import Console
 
-    console = console if console is not None else Console(stderr=True, soft_wrap=True)
-    stdout = stdout if stdout is not None else Console()
+    console = console if console is not None else Console(stderr=True, soft_wrap=True, emoji=False)
+    stdout = stdout if stdout is not None else Console(emoji=False)
     fa = grid.parse_fa_versions(opts.fa_version)
     dtypes = grid.parse_dtypes(opts.dtype)
     run.check_inject(opts.inject)

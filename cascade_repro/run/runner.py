@@ -465,7 +465,7 @@ def execute(
     if console is None:
         from rich.console import Console
 
-        console = Console(stderr=True, soft_wrap=True)
+        console = Console(stderr=True, soft_wrap=True, emoji=False)
     # Each key's samples file is written only by its own worker, so this one scan stays true for a
     # key until its worker runs.
     progs = _progress_by_key(run_dir, run)
