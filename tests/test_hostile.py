@@ -1633,3 +1633,27 @@ def test_rich_neither_hides_nor_rewrites_a_message(case: Shown, tmp_path: Path):
     assert "Traceback" not in res.output
     assert res.exit_code == case.code, res.output
     assert case.says in res.output, res.output
+
+
+# --- 14. a Hub dataset the Hub cannot serve: one line, at once ------------------------------------------
+# datasets retried for ~24 s, eleven lines, then advised "set HF_HUB_OFFLINE=0", which nobody had set.
+
+
+def test_an_unreachable_hub_dataset_is_one_line_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on: the connection is refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    res = run_cli(["prompts", "show", "hf:someone/prompts"], tmp_path)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2, res.stderr
+    assert lines == [
+        "error: could not load Hub dataset someone/prompts: the Hub cannot be reached (127.0.0.1: Connection "
+        "refused); give a local .jsonl, .csv or .parquet file, or set HF_HUB_OFFLINE=1 to read the dataset from "
+        "the local cache"
+    ], res.stderr

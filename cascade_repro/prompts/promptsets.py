@@ -34,7 +34,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from cascade_repro import userpath
+from cascade_repro import hub, userpath
 from cascade_repro.errors import UsageError
 
 PACKAGE_DATA = "cascade_repro.prompts_data"
@@ -49,7 +49,6 @@ BUILTIN_SYSTEM_PROMPTS: dict[str, str] = {"ko": "system_ko.txt", "en": "system_e
 NO_SYSTEM_PROMPT = "none"
 HUB_PREFIX = "hf:"
 HUB_DEFAULT_SPLIT = "train"
-HUB_OFFLINE_HINT = "these machines may be offline, set HF_HUB_OFFLINE=0 and check network"
 
 _JSONL_SUFFIXES = (".jsonl", ".json")
 _CSV_SUFFIXES = (".csv",)
@@ -485,13 +484,21 @@ def _hub_records(spec: str) -> Iterator[tuple[_Where, PromptRecord]]:
     The split is downloaded (not streamed) so that a second run can reuse the local cache offline.
     """
     name, split = _parse_hub_spec(spec)
+    offline = hub.offline()
+    if not offline and (why := hub.unreachable()) is not None:
+        # datasets would retry for ~25 s, a line per retry, before failing.
+        raise UsageError(
+            f"could not load Hub dataset {name}: the Hub cannot be reached ({why}); give a local "
+            ".jsonl, .csv or .parquet file, or set HF_HUB_OFFLINE=1 to read the dataset from the local cache"
+        )
     try:
         import datasets
 
         dataset = datasets.load_dataset(name, split=split)
     except Exception as exc:
         # Any network, auth, missing-dataset or import failure means the same thing to the user.
-        raise UsageError(f"could not load Hub dataset {name}: {_one_line(exc)}; {HUB_OFFLINE_HINT}") from None
+        where = "; HF_HUB_OFFLINE is set, so only the local cache was read" if offline else ""
+        raise UsageError(f"could not load Hub dataset {name}: {_one_line(exc)}{where}") from None
     prompt_col = _COLUMNS.get().prompt
     if prompt_col not in dataset.column_names:
         raise UsageError(
