@@ -169,7 +169,7 @@ class Group(_PlainPlaceholders, TyperGroup):
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         """The one error path of every command. Click's own usage errors (an unknown flag, a value of
         the wrong type, a missing argument) as one line and exit code 2, like the tool's own: Typer
-        draws them as a five-line box. Ctrl-C and SIGTERM are 130; any other exception is a bug: one line and
+        draws them as a five-line box. Ctrl-C, SIGTERM and SIGHUP are 130; any other exception is a bug: one line and
         :data:`EXIT_INTERNAL` (never 1, which CI reads as a regression), the traceback with --debug."""
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
