@@ -1657,3 +1657,26 @@ def test_an_unreachable_hub_dataset_is_one_line_at_once(tmp_path: Path, monkeypa
         "refused); give a local .jsonl, .csv or .parquet file, or set HF_HUB_OFFLINE=1 to read the dataset from "
         "the local cache"
     ], res.stderr
+
+
+# --- 15. the machine refuses the lock file: one line naming it, exit 6 ---------------------------------
+
+
+def test_a_full_disk_at_the_lock_names_the_lock_file(synth: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import errno
+
+    run = run_copy(synth, tmp_path / "run")
+    real_write = os.write
+
+    def full(fd: int, data: bytes) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(runstore.LOCK):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full)
+    res = CliRunner().invoke(app, ["report", str(run)], env=WIDE)
+    monkeypatch.undo()
+    assert res.exit_code == 6, res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert lines == [f"error: {run / runstore.LOCK}: No space left on device"], res.stderr
+    assert not (run / runstore.LOCK).exists()  # released on the way out

@@ -1123,8 +1123,9 @@ class RunLock:
             self._fd = fd
             try:
                 refuse_run_links(self.path.parent)
-                os.ftruncate(fd, 0)
-                os.write(fd, str(os.getpid()).encode())
+                with naming(self.path):  # a full disk: the one line names the lock file
+                    os.ftruncate(fd, 0)
+                    os.write(fd, str(os.getpid()).encode())
             except BaseException:  # a refusal, or Ctrl-C / SIGTERM: ``with`` never reaches __exit__
                 self.release()
                 raise
