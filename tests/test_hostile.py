@@ -1680,3 +1680,110 @@ def test_a_full_disk_at_the_lock_names_the_lock_file(synth: Path, tmp_path: Path
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert lines == [f"error: {run / runstore.LOCK}: No space left on device"], res.stderr
     assert not (run / runstore.LOCK).exists()  # released on the way out
+
+
+# --- 16. refusals that say what is wrong, where the tool went quietly on or said something else ---------
+
+
+def _dry(*args: str) -> list[str]:
+    return ["matrix", "--engine", "fake", "--limit", "1", "--dry-run", *args]
+
+
+def _file_as_cache(root: Path) -> list[str]:
+    (root / "afile").write_text("x\n", encoding="utf-8")
+    return _dry()
+
+
+def _duplicate_config_keys(suffix: str, text: str):
+    def argv(root: Path) -> list[str]:
+        (root / f"m.{suffix}").write_text(text, encoding="utf-8")
+        return _dry("--config", str(root / f"m.{suffix}"))
+
+    return argv
+
+
+def _pretty_json_array(root: Path) -> list[str]:
+    path = root / "pretty.jsonl"
+    path.write_text('[\n  {"key": "a", "prompt": "x"}\n]\n', encoding="utf-8")
+    return ["prompts", "show", str(path)]
+
+
+@dataclass
+class Refusal:
+    id: str
+    argv: Callable[[Path], list[str]]
+    says: str
+    env: Callable[[Path], dict[str, str]] = lambda root: {}
+
+
+# fmt: off
+REFUSALS = [
+    Refusal("run-id-300-characters", lambda r: _dry("--run-id", "a" * 300), "--run-id: at most 200 characters, got 300"),
+    Refusal("run-id-empty", lambda r: _dry("--run-id", ""), "--run-id '': use letters"),
+    Refusal("run-id-empty-on-a-run", lambda r: [*MATRIX, "--results-dir", str(r), "--run-id", ""], "--run-id '': use letters"),
+    Refusal("cache-variable-names-a-file", _file_as_cache, "CASCADE_REPRO_CACHE=", lambda r: {"CASCADE_REPRO_CACHE": str(r / "afile")}),
+    Refusal("toml-key-twice", _duplicate_config_keys("toml", "max-tokens = 4\nmax_tokens = 8\n"),
+            "m.toml: max-tokens and max_tokens set the same setting: give one"),
+    Refusal("yaml-key-twice", _duplicate_config_keys("yaml", "max-model-len: 4096\nmax_model_len: 2048\n"),
+            "m.yaml: max-model-len and max_model_len set the same setting: give one"),
+    Refusal("pretty-printed-json-array", _pretty_json_array,
+            "malformed JSON at column 1: Expecting value (this loader reads JSON Lines: one object per line)"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case", REFUSALS, ids=lambda c: c.id)
+def test_a_refusal_says_what_is_wrong(case: Refusal, tmp_path: Path):
+    res = CliRunner().invoke(app, case.argv(tmp_path), env={**WIDE, **case.env(tmp_path)})
+    assert "Traceback" not in res.output
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert lines == [lines[0]] and lines[0].startswith("error: ") and case.says in lines[0], res.stderr
+    assert res.stdout == ""  # before any table
+
+
+def test_report_of_run_json_names_the_folder_to_give(synth: Path, tmp_path: Path):
+    run = run_copy(synth, tmp_path / "run")
+    res = CliRunner().invoke(app, ["report", str(run / runstore.RUN_JSON)], env=WIDE)
+    assert res.exit_code == 2, res.output
+    assert res.stderr.strip() == f"error: {run / runstore.RUN_JSON} is a file: give the run directory ({run})"
+
+
+@pytest.mark.parametrize(("command", "instead"), [("report", ""), ("merge", " or choose another OUT_DIR"),
+                                                  ("matrix", " or choose another --results-dir")])  # fmt: skip
+def test_the_in_use_line_offers_what_the_command_has(command: str, instead: str, synth: Path, tmp_path: Path):
+    if command == "merge":
+        argv, run = _merge_into_a_locked_merge(tmp_path, synth)
+    elif command == "report":
+        run = run_copy(synth, tmp_path / "run")
+        argv = ["report", str(run)]
+    else:
+        argv, run = _matrix_fresh_into_a_locked_run(tmp_path, synth)
+    lock = runstore.RunLock(run)
+    lock.acquire()
+    try:
+        res = CliRunner().invoke(app, argv, env=WIDE)
+    finally:
+        lock.release()
+    assert res.exit_code == 2, res.output
+    assert res.stderr.rstrip().endswith(f"(pid {os.getpid()}); wait for it{instead}"), res.stderr
+
+
+def test_the_install_checkouts_commit_is_read_without_gits_lock(monkeypatch: pytest.MonkeyPatch):
+    """`git status` refreshes the index under .git/index.lock unless told not to: a run would take
+    that lock in the user's checkout, and a commit there at that moment would fail."""
+    from cascade_repro.run import envinfo
+
+    seen = []
+    real = subprocess.run
+
+    def record(args, **kw):
+        if args and args[0] == "git":
+            seen.append((args, (kw.get("env") or os.environ).get("GIT_OPTIONAL_LOCKS")))
+        return real(args, **kw)
+
+    monkeypatch.setattr(subprocess, "run", record)
+    envinfo.source_info()
+    if not seen:
+        pytest.skip("not run from a git checkout")
+    assert all(locks == "0" for _, locks in seen), seen

@@ -366,7 +366,9 @@ def matrix(
     with user_errors():
         from cascade_repro.engines import get as engine_info
         from cascade_repro.plan.flags import spec_from_cli
+        from cascade_repro.plan.models import check_cache_root
 
+        check_cache_root()  # said now, not after the plan's table
         asked = spec_from_cli(given, config, extra=ctx.args, ours=_own_flags(ctx))
         spec = asked.spec
         for note in asked.foreign.notes:

@@ -137,8 +137,11 @@ def load_config(path: Path) -> dict[str, Any]:
         raise UsageError(f"{path}: a vLLM config is one mapping of engine arguments (key: value)")
     ours: dict[str, Any] = {}
     engine: dict[str, Any] = {}
+    given: dict[str, str] = {}  # each setting's key as the file spelt it
     for key, value in data.items():
         name = VLLM_CONFIG_KEYS.get(k := str(key).replace("-", "_"), k)
+        if (first := given.setdefault(name, str(key))) != str(key):
+            raise UsageError(f"{path}: {first} and {key} set the same setting: give one")
         if name == "engine_args" and isinstance(value, dict):
             engine.update({str(a).replace("-", "_"): v for a, v in value.items()})
         elif name in CONFIG_KEYS:

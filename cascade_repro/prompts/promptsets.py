@@ -369,7 +369,9 @@ def _parse_json_object(line: str, where: _Where) -> dict:
     try:
         value = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise UsageError(f"{where}: malformed JSON at column {exc.colno}: {exc.msg}") from None
+        # A JSON array or object spread over lines ("[" or "{" alone on the first) is not JSON Lines.
+        hint = " (this loader reads JSON Lines: one object per line)" if line.strip() in ("[", "{") else ""
+        raise UsageError(f"{where}: malformed JSON at column {exc.colno}: {exc.msg}{hint}") from None
     except (ValueError, RecursionError) as exc:
         raise UsageError(f"{where}: cannot parse JSON: {_one_line(exc)}") from None
     if not isinstance(value, dict):

@@ -290,7 +290,9 @@ def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = FAIL_ON_DEFAULT,
     engines_plan = first.run.plan.engines
     owner = owners(engines_plan, first.shard.count)
     _check_out(out_dir, shards)
-    with runstore.RunLock(out_dir):  # links refused there, before anything is deleted or written
+    with runstore.RunLock(
+        out_dir, instead="choose another OUT_DIR"
+    ):  # links refused there, before anything is deleted or written
         _prepare_out(out_dir, shards)
         runstore.write_text_atomic(out_dir / runstore.MERGING, first.run.spec_hash + "\n")
         (out_dir / runstore.SAMPLES).mkdir(parents=True, exist_ok=True)

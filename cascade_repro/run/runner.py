@@ -95,6 +95,8 @@ class RunOptions:
             shard = Shard.parse(s.shard) if s.shard is not None else None
             executor = Executor(s.executor, s.ray_address, s.retries)
             results_dir = userpath.resolve(s.results_dir, "--results-dir")
+            if s.run_id is not None:  # '' would name the default run: refused, not ignored
+                check_run_id(s.run_id)
         if executor.name == "ray":  # Ray missing: one line now, before a dry run or a prepare
             from cascade_repro.run.ray_executor import import_ray
 
@@ -264,6 +266,11 @@ def check_run_id(run_id: str) -> None:
     """
     if not re.fullmatch(r"[A-Za-z0-9._-]+", run_id) or run_id.startswith("."):
         raise UsageError(f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-', not starting with '.'")
+    if len(run_id) > MAX_RUN_ID:  # a folder name: the filesystem refuses one past 255 bytes
+        raise UsageError(f"--run-id: at most {MAX_RUN_ID} characters, got {len(run_id):,}")
+
+
+MAX_RUN_ID = 200
 
 
 def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> PreparedRun:
@@ -854,10 +861,14 @@ def rerender(
     if fail_on is not None:  # before anything is scored or written
         check_fail_on(fail_on)
     run_dir = userpath.resolve(run_dir, "RUN_DIR")
+    if run_dir.is_file():
+        raise UsageError(
+            f"{runstore.shown(run_dir)} is a file: give the run directory ({runstore.shown(run_dir.parent)})"
+        )
     is_run = (run_dir / runstore.RUN_JSON).is_file()
     if is_run:  # a damaged run.json: one line, before the lock file is made
         run = runstore.read_manifest(run_dir)
-    with runstore.RunLock(run_dir) if is_run else nullcontext():
+    with runstore.RunLock(run_dir, instead="") if is_run else nullcontext():
         unscored = (
             is_run
             and not all((run_dir / t).is_file() for t in runstore.TABLES)

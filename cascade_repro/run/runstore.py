@@ -1086,8 +1086,9 @@ class RunLock:
     file first: it is opened with O_NOFOLLOW, as truncating it for the pid would empty a link's target.
     """
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, instead: str = "choose another --results-dir") -> None:
         self.path = run_dir / LOCK
+        self.instead = instead  # what the "in use" line offers besides waiting ("" for nothing)
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -1110,7 +1111,7 @@ class RunLock:
                 pid = _read_pid(self.path)
                 raise RunLockedError(
                     f"{shown(self.path.parent)} is in use by another cascade-repro run (pid {pid or 'unknown'}); "
-                    "wait for it or choose another --results-dir"
+                    f"wait for it{' or ' + self.instead if self.instead else ''}"
                 ) from None
             # A holder releasing meanwhile unlinks the path: make sure we locked the file that is there.
             try:
