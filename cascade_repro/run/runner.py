@@ -167,8 +167,10 @@ class PreparedRun:
 
     def write(self) -> None:
         run_dir = self.run_dir
-        if not (run_dir / runstore.RUN_JSON).exists() and (
-            theirs := sorted(p.name for p in run_dir.iterdir() if p.name != runstore.LOCK)
+        if (
+            run_dir.is_dir()
+            and not (run_dir / runstore.RUN_JSON).exists()
+            and (theirs := sorted(p.name for p in run_dir.iterdir() if p.name != runstore.LOCK))
         ):
             # Not a run (run.json is the first file a run writes): the user's own folder, whose
             # samples/, minimize/ and reports --fresh would delete and a run would overwrite.
