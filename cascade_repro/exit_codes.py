@@ -104,7 +104,7 @@ TABLE: tuple[ExitCode, ...] = (
     ),
     ExitCode(
         INTERRUPTED, COMMANDS,
-        "interrupted (Ctrl-C, or SIGTERM from `timeout` or a cancelled CI job, in any phase): rerun the "
+        "interrupted (Ctrl-C, SIGTERM from `timeout` or a cancelled CI job, or SIGHUP from a closed terminal, in any phase): rerun the "
         "same command to resume",
         "interrupted",
     ),

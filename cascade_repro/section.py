@@ -99,6 +99,38 @@ class Section:
                 return self._nested[name][1](value) if name in self._nested else value
         return self.extra.get(name)
 
+    def unknown_keys(self) -> list[str]:
+        """The keys read that this version has no field for (a newer version's), nested sections'
+        too, as dotted names: ``future``, ``plan.cells[3].future``, ``engines.k.future``."""
+        out = list(self.extra)
+        for name, child in self._children():
+            out += [f"{name}.{k}" for k in child.unknown_keys()]
+        return out
+
+    def keep_unknown(self, old: Section) -> None:
+        """Take ``old``'s unknown keys that this section lacks: a section built anew to replace the
+        one read (a resume's run.json) keeps what a newer version wrote there. Nested sections are
+        matched by field, by key in a map and by position in a list."""
+        for k, v in old.extra.items():
+            self.extra.setdefault(k, v)
+        theirs = dict(old._children())
+        for name, child in self._children():
+            if (twin := theirs.get(name)) is not None and type(twin) is type(child):
+                child.keep_unknown(twin)
+
+    def _children(self) -> list[tuple[str, Section]]:
+        """The nested sections, each named as :meth:`unknown_keys` names it."""
+        out: list[tuple[str, Section]] = []
+        for name in self._nested:
+            value = getattr(self, name, None)
+            if isinstance(value, Section):
+                out.append((name, value))
+            elif isinstance(value, dict):
+                out += [(f"{name}.{k}", v) for k, v in value.items() if isinstance(v, Section)]
+            elif isinstance(value, list):
+                out += [(f"{name}[{i}]", v) for i, v in enumerate(value) if isinstance(v, Section)]
+        return out
+
     def _written(self, f: dataclasses.Field, value: Any) -> bool:
         default = _default(f)
         if self.keys is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -1207,3 +1208,582 @@ def test_a_worker_whose_tokenizer_renders_otherwise_refuses_to_generate(synth: P
     check_hashes(synth, [h or "" for h in ids.hashes])
     with pytest.raises(UsageError, match=r"^prompt 3 renders as 0{16} under this engine's tokenizer"):
         check_hashes(synth, [h if i != 3 else "0" * 16 for i, h in enumerate(ids.hashes)])
+
+
+# --- 8. a leading `~` in a path: expanded as a shell would, once, before any I/O -------------------
+# `--results-dir '~'` once wrote samples and tables under ./~ while pandas, which expands `~` itself,
+# read the tables back from $HOME: a clean run scored another run's tables. Each row runs in
+# ``tmp_path`` (the current folder) with HOME at ``tmp_path/home``: what it writes lands under HOME,
+# and no folder named `~` appears.
+
+
+def _tilde_results(value: str, where: str = "flag"):
+    def plant(root: Path, synth: Path) -> tuple[list[str], dict[str, str], Path]:
+        argv = [*MATRIX, "--reference", "off", "--run-id", "r"]
+        env: dict[str, str] = {}
+        if where == "flag":
+            argv += ["--results-dir", value]
+        elif where == "env":
+            env["CASCADE_REPRO_RESULTS_DIR"] = value
+        else:  # the config file's key
+            (root / "m.toml").write_text(f'results_dir = "{value}"\n', encoding="utf-8")
+            argv += ["--config", "m.toml"]
+        return argv, env, Path(value.replace("~", str(root / "home"), 1)) / "r"
+
+    return plant
+
+
+def _tilde_report(root: Path, synth: Path) -> tuple[list[str], dict[str, str], Path]:
+    run_copy(synth, root / "home" / "run")
+    return ["report", "~/run"], {}, root / "home" / "run"
+
+
+def _tilde_merge(root: Path, synth: Path) -> tuple[list[str], dict[str, str], Path]:
+    home = root / "home"
+    shards(home, synth)
+    return ["merge", "~/merged", "~/shard1", "~/shard2"], {}, home / "merged"
+
+
+def _tilde_prompts(root: Path, synth: Path) -> tuple[list[str], dict[str, str], Path]:
+    (root / "home" / "p.jsonl").write_text(json.dumps({"key": "a", "prompt": "hi"}) + "\n", encoding="utf-8")
+    argv = [*MATRIX, "--reference", "off", "--prompts", "~/p.jsonl", "--results-dir", "out", "--run-id", "r"]
+    return argv, {}, root / "out" / "r"
+
+
+def _tilde_no_user(root: Path, synth: Path) -> tuple[list[str], dict[str, str], Path]:
+    return ["report", "~no-such-user-41/run"], {}, root / "none"
+
+
+# fmt: off
+TILDE = [
+    Case("results-dir-tilde-alone", _tilde_results("~"), 4),  # 4: batch 1, nothing exercised
+    Case("results-dir-tilde-folder", _tilde_results("~/cr-results"), 4),
+    Case("results-dir-tilde-in-config", _tilde_results("~/cr-results", "config"), 4),
+    Case("results-dir-tilde-in-env", _tilde_results("~/cr-results", "env"), 4),
+    Case("report-tilde-run-dir", _tilde_report, 0),
+    Case("merge-tilde-dirs", _tilde_merge, 0),
+    Case("prompts-tilde-file", _tilde_prompts, 4),
+    Case("tilde-unknown-user", _tilde_no_user, 2, "~no-such-user-41 names no user on this machine"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case", TILDE, ids=lambda c: c.id)
+def test_a_leading_tilde_is_expanded_once_everywhere(
+    case: Case, synth: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    (tmp_path / "home").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CASCADE_REPRO_RESULTS_DIR")  # the config file's key counts only without it
+    argv, env, written = case.plant(tmp_path, synth)
+    res = CliRunner().invoke(app, argv, env={**WIDE, "HOME": str(tmp_path / "home"), **env})
+    assert "Traceback" not in res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    assert res.exit_code == case.code, res.output
+    assert not list(tmp_path.rglob("~*")), list(tmp_path.rglob("~*"))  # no folder named `~`
+    if case.says:
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        assert lines == [lines[0]] and lines[0].startswith("error: ") and case.says in lines[0], res.stderr
+        return
+    assert (written / runstore.RUN_JSON).is_file() and (written / runstore.CELLS).is_file()
+    assert (written / runstore.REPORT_MD).is_file()
+
+
+# --- 9. another writer holds the run's lock: nothing is deleted before the lock is ours -------------
+# A merge cleared its output before it took the lock: beside a merge or a `report` writing there, the
+# refused merge had already deleted samples/ and prompts.jsonl of the run the other one was writing.
+
+
+def _merged_before(root: Path, synth: Path) -> Path:
+    s1, s2 = shards(root, synth)
+    out = root / "merged"
+    assert CliRunner().invoke(app, ["merge", str(out), str(s1), str(s2)], env=WIDE).exit_code == 0
+    return out
+
+
+def _merge_into_a_locked_merge(root: Path, synth: Path) -> tuple[list[str], Path]:
+    out = _merged_before(root, synth)
+    return ["merge", str(out), str(root / "shard1"), str(root / "shard2")], out
+
+
+def _merge_into_a_locked_cut_merge(root: Path, synth: Path) -> tuple[list[str], Path]:
+    """A merge cut short (its .merging marker left) is redone by the next merge: not while one runs."""
+    out = _merged_before(root, synth)
+    spec_hash = runstore.read_manifest(out).spec_hash
+    (out / runstore.MERGING).write_text(f"{spec_hash}\n", encoding="utf-8")
+    return ["merge", str(out), str(root / "shard1"), str(root / "shard2")], out
+
+
+def _matrix_fresh_into_a_locked_run(root: Path, synth: Path) -> tuple[list[str], Path]:
+    run = run_copy(synth, root / "results" / "r")
+    return [*MATRIX, "--results-dir", str(root / "results"), "--run-id", "r", "--fresh"], run
+
+
+# fmt: off
+LOCKED = [
+    Case("merge-beside-a-running-merge", _merge_into_a_locked_merge, 2, "is in use by another cascade-repro run"),
+    Case("merge-cut-beside-a-running-merge", _merge_into_a_locked_cut_merge, 2,
+         "is in use by another cascade-repro run"),
+    Case("matrix-fresh-beside-a-running-report", _matrix_fresh_into_a_locked_run, 2,
+         "is in use by another cascade-repro run"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case", LOCKED, ids=lambda c: c.id)
+def test_nothing_is_deleted_before_the_lock_is_taken(case: Case, synth: Path, tmp_path: Path):
+    argv, run = case.plant(tmp_path, synth)
+    files = run_bytes(run)
+    lock = runstore.RunLock(run)  # the other writer: a merge, a report, a matrix
+    lock.acquire()
+    try:
+        res = CliRunner().invoke(app, argv, env=WIDE)
+        assert run_bytes(run) == {**files, runstore.LOCK: (run / runstore.LOCK).read_bytes()}
+    finally:
+        lock.release()
+    assert "Traceback" not in res.output
+    assert res.exit_code == case.code, res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert lines == [lines[0]] and lines[0].startswith("error: ") and case.says in lines[0], res.stderr
+
+
+# --- 10. `matrix --run-id NAME` on a folder that is not a run ----------------------------------------
+# It overwrote the folder's report.md, summary.json and cells.parquet, and --fresh deleted its samples/
+# and minimize/: the user's own files. A folder without run.json is refused, as `merge` refuses one.
+
+
+def _users_folder(root: Path) -> Path:
+    mine = root / "results" / "mine"
+    for name in ("report.md", "summary.json", "cells.parquet", "samples/notes.jsonl", "minimize/todo.txt"):
+        (mine / name).parent.mkdir(parents=True, exist_ok=True)
+        (mine / name).write_text(f"the user's own {name}\n", encoding="utf-8")
+    return mine
+
+
+def _matrix_into_users_folder(fresh: bool):
+    def plant(root: Path, synth: Path) -> tuple[list[str], Path]:
+        mine = _users_folder(root)
+        return [
+            *MATRIX,
+            "--results-dir",
+            str(root / "results"),
+            "--run-id",
+            "mine",
+            *(["--fresh"] if fresh else []),
+        ], mine
+
+    return plant
+
+
+def _matrix_into_an_empty_folder(root: Path, synth: Path) -> tuple[list[str], Path]:
+    (root / "results" / "empty").mkdir(parents=True)
+    return [
+        *MATRIX,
+        "--reference",
+        "off",
+        "--results-dir",
+        str(root / "results"),
+        "--run-id",
+        "empty",
+    ], root / "x"
+
+
+NOT_A_RUN = "is not a cascade-repro run (no run.json) and holds cells.parquet, minimize and 3 more"
+# fmt: off
+NOT_RUNS = [
+    Case("matrix-run-id-on-a-users-folder", _matrix_into_users_folder(False), 2, NOT_A_RUN),
+    Case("matrix-fresh-on-a-users-folder", _matrix_into_users_folder(True), 2, NOT_A_RUN),
+    Case("matrix-run-id-on-an-empty-folder", _matrix_into_an_empty_folder, 4),  # 4: nothing exercised
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case", NOT_RUNS, ids=lambda c: c.id)
+def test_a_folder_that_is_not_a_run_is_refused(case: Case, synth: Path, tmp_path: Path):
+    argv, mine = case.plant(tmp_path, synth)
+    files = run_bytes(mine) if mine.exists() else {}
+    res = CliRunner().invoke(app, argv, env=WIDE)
+    assert "Traceback" not in res.output
+    assert res.exit_code == case.code, res.output
+    if case.says:
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        assert lines == [lines[0]] and lines[0].startswith("error: ") and case.says in lines[0], res.stderr
+        assert run_bytes(mine) == files and not (mine / runstore.LOCK).exists()
+
+
+# --- 11. run.json from a newer version: its unknown keys survive every rewrite, and one line says so --
+
+FUTURE = {"future": {"x": 1}, "prompt_set.future": 2, "plan.future": 3, "plan.cells[0].future": 4}
+NEWER = "note: this run was made by a newer cascade-repro (9.0.0, this is "
+
+
+def _plant_future_keys(run: Path) -> None:
+    data = json.loads((run / runstore.RUN_JSON).read_bytes())
+    data["tool_version"] = "9.0.0"
+    data["future"] = FUTURE["future"]
+    data["prompt_set"]["future"] = 2
+    data["plan"]["future"] = 3
+    data["plan"]["cells"][0]["future"] = 4
+    next(iter(data["engines"].values()))["future"] = 5
+    (run / runstore.RUN_JSON).write_text(json.dumps(data), encoding="utf-8")
+
+
+def _future_keys(run: Path) -> dict[str, object]:
+    data = json.loads((run / runstore.RUN_JSON).read_bytes())
+    engine = next(iter(data["engines"].values()))
+    return {"future": data.get("future"), "prompt_set.future": data["prompt_set"].get("future"),
+            "plan.future": data["plan"].get("future"), "plan.cells[0].future": data["plan"]["cells"][0].get("future"),
+            "engines.future": engine.get("future")}  # fmt: skip
+
+
+@pytest.mark.parametrize("command", ["matrix", "report", "report --rescore"])
+def test_a_newer_versions_keys_survive_and_are_noted(command: str, batch1_run: FinishedRun, tmp_path: Path):
+    argv, run = batch1_run.copy(tmp_path)
+    _plant_future_keys(run)
+    if command != "matrix":
+        argv = [*command.split(), str(run)]
+    res = CliRunner().invoke(app, argv, env=WIDE)
+    assert res.exit_code == 4, res.output  # batch 1: nothing exercised, as the run ended
+    assert _future_keys(run) == {**FUTURE, "engines.future": 5}
+    notes = [ln for ln in res.stderr.splitlines() if ln.startswith("note: this run")]
+    assert len(notes) == 1 and notes[0].startswith(NEWER), res.stderr
+    assert "kept as they are (future, prompt_set.future, plan.future and 2 more)" in notes[0], notes[0]
+
+
+# --- 12. nothing hangs, nothing runs out of memory: links, FIFOs and devices before any read ------------
+# Each row runs the command in a process of its own under a timeout: a hang fails the row (the
+# timeout kills it) instead of hanging the suite.
+
+HANG_TIMEOUT_S = 120
+
+
+def run_cli(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    import sys
+
+    try:
+        return subprocess.run([sys.executable, "-m", "cascade_repro", *argv], capture_output=True, text=True,
+                              cwd=cwd, env={**os.environ, **WIDE}, timeout=HANG_TIMEOUT_S)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"hung: {argv} did not end within {HANG_TIMEOUT_S} s")
+
+
+def _fifo(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+
+
+def _planted_resume(what: str, plant: Callable[[Path], None], dry_run: bool):
+    def argv(batch1: FinishedRun, root: Path) -> list[str]:
+        args, run = batch1.copy(root)
+        plant(samples_file(run) if what == "samples" else run / runstore.PROMPTS)
+        return [*args, "--dry-run"] if dry_run else args
+
+    return argv
+
+
+def _zero(path: Path) -> None:
+    link(path, Path("/dev/zero"))
+
+
+def _billion_laughs(root: Path) -> Path:
+    lines = ["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]" for i in range(8)]
+    path = root / "laughs.yaml"
+    path.write_text("hf_overrides:\n" + "".join(f"  {ln}\n" for ln in lines), encoding="utf-8")
+    return path
+
+
+def _config_fifo(name: str):
+    def argv(batch1: FinishedRun, root: Path) -> list[str]:
+        os.mkfifo(root / name)
+        return ["matrix", "--engine", "fake", "--dry-run", "--config", str(root / name)]
+
+    return argv
+
+
+@dataclass
+class Hang:
+    id: str
+    argv: Callable[[FinishedRun, Path], list[str]]
+    code: int
+    says: str = ""
+
+
+# fmt: off
+HANGS = [
+    Hang("dry-run-samples-linked-to-dev-zero", _planted_resume("samples", _zero, True), 2, "is a symbolic link"),
+    Hang("dry-run-prompts-fifo", _planted_resume("prompts", _fifo, True), 2, "prompts.jsonl is neither a file nor a folder"),
+    Hang("resume-samples-fifo", _planted_resume("samples", _fifo, False), 2, "is neither a file nor a folder"),
+    Hang("resume-prompts-linked-to-dev-zero", _planted_resume("prompts", _zero, False), 2,
+         f"prompts.jsonl {LINK}"),
+    Hang("config-yaml-billion-laughs", lambda b, r: ["matrix", "--engine", "vllm", "--dry-run", "--config",
+                                                     str(_billion_laughs(r))], 2,
+         "laughs.yaml line 3: YAML alias *a refused"),
+    Hang("config-dev-zero", lambda b, r: ["matrix", "--engine", "fake", "--dry-run", "--config", "/dev/zero"], 2,
+         "config file /dev/zero is not a regular file (a device, a pipe or a socket)"),
+    Hang("config-toml-fifo", _config_fifo("m.toml"), 2, "m.toml is not a regular file"),
+    Hang("config-yaml-fifo", _config_fifo("m.yaml"), 2, "m.yaml is not a regular file"),
+    Hang("dry-run-a-trillion-shards", lambda b, r: ["matrix", "--engine", "fake", "--limit", "2", "--dry-run",
+                                                    "--shard", "1/1000000000000"], 0),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case", HANGS, ids=lambda c: c.id)
+def test_nothing_hangs_or_runs_out_of_memory(case: Hang, batch1_run: FinishedRun, tmp_path: Path):
+    victims(tmp_path)
+    argv = case.argv(batch1_run, tmp_path)
+    before = snapshot(tmp_path)
+    res = run_cli(argv, tmp_path)
+    assert "Traceback" not in res.stderr, res.stderr
+    assert res.returncode == case.code, res.stderr
+    if case.says:
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        assert lines == [lines[0]] and lines[0].startswith("error: ") and case.says in lines[0], res.stderr
+        assert res.stdout == ""  # refused before the plan's table
+    assert snapshot(tmp_path) == before
+
+
+def test_a_merge_of_a_trillion_shards_walks_its_engine_keys_only(tmp_path: Path, synth: Path):
+    from cascade_repro.run.merge import check_shards
+
+    dirs = []
+    for i in (1, 2):
+        d = run_copy(synth, tmp_path / f"s{i}")
+        run = runstore.read_run_json(d)
+        run["shard"] = f"{i}/1000000000000"
+        runstore.write_json_atomic(d / runstore.RUN_JSON, run)
+        dirs.append(d)
+    _, warnings = check_shards(dirs)
+    assert warnings == [
+        "999,999,999,998 shards after 2/1000000000000 are missing: they hold no engine key (the matrix has 2), "
+        "so nothing is pending"
+    ]
+
+
+def test_a_large_dry_run_says_how_far_rendering_got(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from cascade_repro.cli import matrix_cmd
+
+    monkeypatch.setattr(matrix_cmd, "PROGRESS_EVERY_S", 0.0)  # every prompt, instead of every 10 s
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps({"key": f"k{i}", "prompt": f"p{i}"}) + "\n" for i in range(3)), encoding="utf-8")
+    res = CliRunner().invoke(app, ["matrix", "--engine", "fake", "--dry-run", "--prompts", str(path)], env=WIDE)
+    assert res.exit_code == 0, res.output
+    said = [ln for ln in res.stderr.splitlines() if ln.startswith("rendering")]
+    assert said == [f"rendering the prompts to plan: {i} of 3" for i in (1, 2, 3)], res.stderr
+
+
+def test_a_dry_run_measures_what_a_run_measures_one_prompt_at_a_time():
+    from cascade_repro.engines import get as engine_info
+    from cascade_repro.prompts.chat import measure_lengths, measure_prefix
+
+    tok = engine_info("fake").own_tokenizer()
+    prompts = ["a", "a longer prompt", "같은 접두사 뒤의 질문", ""]
+    for system in ("", "a shared system prompt " * 20):
+        whole, streamed = measure_prefix(tok, system, prompts), measure_lengths(tok, system, prompts)
+        assert streamed.lengths == [len(r) for r in whole.rendered] and streamed.tokens == whole.tokens
+
+
+# --- 13. what rich would hide or rewrite: COLUMNS=0, emoji codes in user text --------------------------
+# COLUMNS=0 once silenced every message, the exit codes staying 2, 1 or 69; rich turned ":smile:"
+# in a results path, ":thumbs_up:" in a prompt and "tp=A:B" in a message into emoji.
+
+
+def _emoji_prompts(root: Path) -> Path:
+    path = root / "emoji.jsonl"
+    path.write_text(json.dumps({"key": "a", "prompt": "I :thumbs_up: this"}) + "\n", encoding="utf-8")
+    return path
+
+
+@dataclass
+class Shown:
+    id: str
+    argv: Callable[[Path], list[str]]
+    env: dict[str, str]
+    code: int
+    says: str  # a text the command prints, on stdout or stderr
+
+
+ZERO = {"COLUMNS": "0"}
+# fmt: off
+SHOWN = [
+    Shown("columns-0-error", lambda r: ["matrix", "--bogus"], ZERO, 2, "error: no such option: --bogus"),
+    Shown("columns-0-usage-error", lambda r: ["prompts", "show", str(r / "none.jsonl")], ZERO, 2,
+          "error: prompt file not found"),
+    Shown("columns-0-dry-run-table", lambda r: ["matrix", "--engine", "fake", "--limit", "2", "--dry-run"], ZERO, 0,
+          "tp1-b8-cascade"),
+    Shown("columns-0-prompts-list", lambda r: ["prompts", "list"], ZERO, 0, "prompt sets"),
+    Shown("columns-0-env", lambda r: ["env"], ZERO, 0, "python"),
+    Shown("columns-0-headline", lambda r: [*MATRIX, "--reference", "off", "--results-dir", str(r / "res"),
+                                           "--run-id", "r"], ZERO, 4, "nothing exercised"),
+    Shown("emoji-code-in-results-dir", lambda r: [*MATRIX, "--reference", "off", "--results-dir",
+                                                  str(r / "runs" / ":smile:"), "--run-id", "r"], WIDE, 4,
+          "runs/:smile:/r/report.md"),
+    Shown("emoji-code-in-a-prompt", lambda r: ["prompts", "show", str(_emoji_prompts(r))], WIDE, 0,
+          "I :thumbs_up: this"),
+    Shown("emoji-code-in-a-message", lambda r: ["matrix", "--engine", "fake", "--twin", "tp=1:1", "--dry-run"], WIDE,
+          2, "--twin tp=A:B: A < B"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case", SHOWN, ids=lambda c: c.id)
+def test_rich_neither_hides_nor_rewrites_a_message(case: Shown, tmp_path: Path):
+    res = CliRunner().invoke(app, case.argv(tmp_path), env=case.env)
+    assert "Traceback" not in res.output
+    assert res.exit_code == case.code, res.output
+    assert case.says in res.output, res.output
+
+
+# --- 14. a Hub dataset the Hub cannot serve: one line, at once ------------------------------------------
+# datasets retried for ~24 s, eleven lines, then advised "set HF_HUB_OFFLINE=0", which nobody had set.
+
+
+def test_an_unreachable_hub_dataset_is_one_line_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on: the connection is refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    res = run_cli(["prompts", "show", "hf:someone/prompts"], tmp_path)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2, res.stderr
+    assert lines == [
+        "error: could not load Hub dataset someone/prompts: the Hub cannot be reached (127.0.0.1: Connection "
+        "refused); give a local .jsonl, .csv or .parquet file, or set HF_HUB_OFFLINE=1 to read the dataset from "
+        "the local cache"
+    ], res.stderr
+
+
+# --- 15. the machine refuses the lock file: one line naming it, exit 6 ---------------------------------
+
+
+def test_a_full_disk_at_the_lock_names_the_lock_file(synth: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import errno
+
+    run = run_copy(synth, tmp_path / "run")
+    real_write = os.write
+
+    def full(fd: int, data: bytes) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(runstore.LOCK):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full)
+    res = CliRunner().invoke(app, ["report", str(run)], env=WIDE)
+    monkeypatch.undo()
+    assert res.exit_code == 6, res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert lines == [f"error: {run / runstore.LOCK}: No space left on device"], res.stderr
+    assert not (run / runstore.LOCK).exists()  # released on the way out
+
+
+# --- 16. refusals that say what is wrong, where the tool went quietly on or said something else ---------
+
+
+def _dry(*args: str) -> list[str]:
+    return ["matrix", "--engine", "fake", "--limit", "1", "--dry-run", *args]
+
+
+def _file_as_cache(root: Path) -> list[str]:
+    (root / "afile").write_text("x\n", encoding="utf-8")
+    return _dry()
+
+
+def _duplicate_config_keys(suffix: str, text: str):
+    def argv(root: Path) -> list[str]:
+        (root / f"m.{suffix}").write_text(text, encoding="utf-8")
+        return _dry("--config", str(root / f"m.{suffix}"))
+
+    return argv
+
+
+def _pretty_json_array(root: Path) -> list[str]:
+    path = root / "pretty.jsonl"
+    path.write_text('[\n  {"key": "a", "prompt": "x"}\n]\n', encoding="utf-8")
+    return ["prompts", "show", str(path)]
+
+
+@dataclass
+class Refusal:
+    id: str
+    argv: Callable[[Path], list[str]]
+    says: str
+    env: Callable[[Path], dict[str, str]] = lambda root: {}
+
+
+# fmt: off
+REFUSALS = [
+    Refusal("run-id-300-characters", lambda r: _dry("--run-id", "a" * 300), "--run-id: at most 200 characters, got 300"),
+    Refusal("run-id-empty", lambda r: _dry("--run-id", ""), "--run-id '': use letters"),
+    Refusal("run-id-empty-on-a-run", lambda r: [*MATRIX, "--results-dir", str(r), "--run-id", ""], "--run-id '': use letters"),
+    Refusal("cache-variable-names-a-file", _file_as_cache, "CASCADE_REPRO_CACHE=", lambda r: {"CASCADE_REPRO_CACHE": str(r / "afile")}),
+    Refusal("toml-key-twice", _duplicate_config_keys("toml", "max-tokens = 4\nmax_tokens = 8\n"),
+            "m.toml: max-tokens and max_tokens set the same setting: give one"),
+    Refusal("yaml-key-twice", _duplicate_config_keys("yaml", "max-model-len: 4096\nmax_model_len: 2048\n"),
+            "m.yaml: max-model-len and max_model_len set the same setting: give one"),
+    Refusal("pretty-printed-json-array", _pretty_json_array,
+            "malformed JSON at column 1: Expecting value (this loader reads JSON Lines: one object per line)"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case", REFUSALS, ids=lambda c: c.id)
+def test_a_refusal_says_what_is_wrong(case: Refusal, tmp_path: Path):
+    res = CliRunner().invoke(app, case.argv(tmp_path), env={**WIDE, **case.env(tmp_path)})
+    assert "Traceback" not in res.output
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert lines == [lines[0]] and lines[0].startswith("error: ") and case.says in lines[0], res.stderr
+    assert res.stdout == ""  # before any table
+
+
+def test_report_of_run_json_names_the_folder_to_give(synth: Path, tmp_path: Path):
+    run = run_copy(synth, tmp_path / "run")
+    res = CliRunner().invoke(app, ["report", str(run / runstore.RUN_JSON)], env=WIDE)
+    assert res.exit_code == 2, res.output
+    assert res.stderr.strip() == f"error: {run / runstore.RUN_JSON} is a file: give the run directory ({run})"
+
+
+@pytest.mark.parametrize(("command", "instead"), [("report", ""), ("merge", " or choose another OUT_DIR"),
+                                                  ("matrix", " or choose another --results-dir")])  # fmt: skip
+def test_the_in_use_line_offers_what_the_command_has(command: str, instead: str, synth: Path, tmp_path: Path):
+    if command == "merge":
+        argv, run = _merge_into_a_locked_merge(tmp_path, synth)
+    elif command == "report":
+        run = run_copy(synth, tmp_path / "run")
+        argv = ["report", str(run)]
+    else:
+        argv, run = _matrix_fresh_into_a_locked_run(tmp_path, synth)
+    lock = runstore.RunLock(run)
+    lock.acquire()
+    try:
+        res = CliRunner().invoke(app, argv, env=WIDE)
+    finally:
+        lock.release()
+    assert res.exit_code == 2, res.output
+    assert res.stderr.rstrip().endswith(f"(pid {os.getpid()}); wait for it{instead}"), res.stderr
+
+
+def test_the_install_checkouts_commit_is_read_without_gits_lock(monkeypatch: pytest.MonkeyPatch):
+    """`git status` refreshes the index under .git/index.lock unless told not to: a run would take
+    that lock in the user's checkout, and a commit there at that moment would fail."""
+    from cascade_repro.run import envinfo
+
+    seen = []
+    real = subprocess.run
+
+    def record(args, **kw):
+        if args and args[0] == "git":
+            seen.append((args, (kw.get("env") or os.environ).get("GIT_OPTIONAL_LOCKS")))
+        return real(args, **kw)
+
+    monkeypatch.setattr(subprocess, "run", record)
+    envinfo.source_info()
+    if not seen:
+        pytest.skip("not run from a git checkout")
+    assert all(locks == "0" for _, locks in seen), seen

@@ -4,7 +4,7 @@ Every import statement of every module (function level included) is read; an imp
 into a LATER stage, or into one of the commands and tools at the top of the package, must be one
 of the few listed here with why. engines/ and vllm_surface/ stand beside the flow: any stage may use
 them; engines/ may use the stages up to run/ (what it builds from), vllm_surface/ nothing but the
-shared modules. twin.py, errors.py, exit_codes.py, atomic.py and section.py are shared by all. docs/architecture.md describes the same.
+shared modules. twin.py, errors.py, exit_codes.py, atomic.py, section.py, userpath.py and hub.py are shared by all. docs/architecture.md describes the same.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "cascade_repro"
 FLOW = ("prompts", "plan", "run", "judge", "report")
 BESIDE = {"engines": {"prompts", "plan", "run", "vllm_surface"}, "vllm_surface": set()}
-SHARED = {"twin", "errors", "exit_codes", "atomic", "section"}
+SHARED = {"twin", "errors", "exit_codes", "atomic", "section", "userpath", "hub"}
 # (importing module, imported stage or tool): why the flow runs backwards there.
 EXCEPTIONS = {
     ("prompts.promptsets", "judge"): "a record's IFEval kwargs are checked, where it enters, against the types its verifier takes",

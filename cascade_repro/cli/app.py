@@ -169,7 +169,7 @@ class Group(_PlainPlaceholders, TyperGroup):
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         """The one error path of every command. Click's own usage errors (an unknown flag, a value of
         the wrong type, a missing argument) as one line and exit code 2, like the tool's own: Typer
-        draws them as a five-line box. Ctrl-C and SIGTERM are 130; any other exception is a bug: one line and
+        draws them as a five-line box. Ctrl-C, SIGTERM and SIGHUP are 130; any other exception is a bug: one line and
         :data:`EXIT_INTERNAL` (never 1, which CI reads as a regression), the traceback with --debug."""
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
@@ -385,14 +385,24 @@ def command_line() -> str:
 PIPE_WIDTH = 200
 
 
+# COLUMNS=0 (or 00) is a width rich takes as given: every line it prints is then empty.
+FALLBACK_WIDTH = 80
+
+
 def out_console(stderr: bool = False):
     """The console a command prints through: messages never wrapped (soft_wrap, so a report path or
-    a cell id stays whole), tables at their natural width when output is not a terminal."""
+    a cell id stays whole), tables at their natural width when output is not a terminal, 80
+    columns where COLUMNS says 0. Emoji codes are off: ``:smile:`` in a path or a prompt, or
+    ``tp=1:1`` in a message, is text (markup is escaped where data enters a message: ``shown``)."""
     from rich.console import Console
 
-    console = Console(stderr=stderr, soft_wrap=True)
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(stderr=stderr, soft_wrap=True, width=PIPE_WIDTH)
+    settings: dict[str, Any] = {"stderr": stderr, "soft_wrap": True, "emoji": False}
+    columns = os.environ.get("COLUMNS")
+    if columns is not None and columns.strip().isdigit() and int(columns) < 1:
+        return Console(**settings, width=FALLBACK_WIDTH)
+    console = Console(**settings)
+    if not console.is_terminal and columns is None:
+        console = Console(**settings, width=PIPE_WIDTH)
     return console
 
 

@@ -70,6 +70,7 @@ from cascade_repro.cli.options import (
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import ARM_SWITCHES, FAIL_ON_DEFAULT
 from cascade_repro.run import runstore
+from cascade_repro.userpath import display
 from cascade_repro.vllm_surface.inject import DEFAULT_LADDER
 
 
@@ -365,7 +366,9 @@ def matrix(
     with user_errors():
         from cascade_repro.engines import get as engine_info
         from cascade_repro.plan.flags import spec_from_cli
+        from cascade_repro.plan.models import check_cache_root
 
+        check_cache_root()  # said now, not after the plan's table
         asked = spec_from_cli(given, config, extra=ctx.args, ours=_own_flags(ctx))
         spec = asked.spec
         for note in asked.foreign.notes:
@@ -458,7 +461,7 @@ def _check_rendered(spec: Any, system_text: str, records: list[Any]) -> str | No
     is returned as a warning. The prompts are rendered once for both."""
     from cascade_repro.engines import get as engine_info
     from cascade_repro.plan.models import check_model, embedded_converted, load_tokenizer, resolve_model
-    from cascade_repro.prompts.chat import check_context, measure_prefix
+    from cascade_repro.prompts.chat import check_lengths, measure_lengths
     from cascade_repro.run.runner import context_limit_of
 
     info = engine_info(spec.engine)
@@ -472,10 +475,31 @@ def _check_rendered(spec: Any, system_text: str, records: list[Any]) -> str | No
         path, name = resolve_model(spec.model)
         tok = load_tokenizer(path, spec.trust_remote_code)
         limit = context_limit_of(spec, path, name)
-    measured = measure_prefix(tok, system_text, records)
+    measured = measure_lengths(tok, system_text, records, _rendering_progress(len(records)))
     if limit is not None:
-        check_context(measured.rendered, [r.key for r in records], int(spec.max_tokens), *limit)
+        check_lengths(measured.lengths, [r.key for r in records], int(spec.max_tokens), *limit)
     return measured.warning()
+
+
+PROGRESS_EVERY_S = 10.0  # a dry run over a large prompt set says how far its tokenizer got
+
+
+def _rendering_progress(n: int) -> Any:
+    """A callback for ``measure_lengths``: a line on stderr every :data:`PROGRESS_EVERY_S` seconds
+    while the prompts are rendered (100,000 prompts through an hf tokenizer take minutes)."""
+    import time
+
+    last = time.monotonic()
+
+    def tick(done: int) -> None:
+        nonlocal last
+        if (now := time.monotonic()) - last >= PROGRESS_EVERY_S:
+            last = now
+            out_console(stderr=True).print(
+                f"rendering the prompts to plan: {done:,} of {n:,}", highlight=False, markup=False
+            )
+
+    return tick
 
 
 NARROW = 120  # columns below which the dry-run table heads each engine's cells with its key
@@ -489,6 +513,8 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, refer
     from cascade_repro.plan.matrix import plan
     from cascade_repro.prompts.promptsets import load_prompt_set, load_system_prompt
 
+    if run_dir is not None and run_dir.is_dir():  # the estimate reads it: a link or FIFO, before the table
+        runstore.refuse_run_links(run_dir)
     system_text = load_system_prompt(spec.system_prompt)  # a bad --system-prompt fails here, not hours later
     records = load_prompt_set(spec.prompts, spec.limit, spec.prompt_field, spec.key_field).records
     n = len(records)
@@ -597,7 +623,7 @@ def _print_outcome(outcome: Any, console: Any) -> None:
         console.print(f"run: {outcome.run_dir}", highlight=False, markup=False)
         return
     console.print(
-        f"report: {outcome.run_dir / runstore.REPORT_MD}  (html: {outcome.run_dir / runstore.REPORT_HTML})",
+        f"report: {display(outcome.run_dir / runstore.REPORT_MD)}  (html: {display(outcome.run_dir / runstore.REPORT_HTML)})",
         highlight=False,
         markup=False,
     )

@@ -19,6 +19,7 @@ from cascade_repro.cli.app import (
 )
 from cascade_repro.cli.options import FailOn, SummaryJson
 from cascade_repro.plan.matrix import FAIL_ON_DEFAULT
+from cascade_repro.userpath import display
 
 
 @app.command(panels=False, epilog=exit_codes.epilog("merge"))
@@ -59,7 +60,7 @@ def merge(
         console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
     print_outcome(console, outcome.headline, outcome.exit_code, outcome.reason)
     console.print(
-        f"report: {outcome.run_dir / 'report.md'}  (html: {outcome.run_dir / 'report.html'})",
+        f"report: {display(outcome.run_dir / 'report.md')}  (html: {display(outcome.run_dir / 'report.html')})",
         highlight=False,
         markup=False,
     )

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from cascade_repro import exit_codes
-from cascade_repro.cli.app import SPEC, Typer, app, shown, spec_default, user_errors
+from cascade_repro.cli.app import SPEC, Typer, app, out_console, shown, spec_default, user_errors
 from cascade_repro.cli.options import KeyField, PromptField, SystemPrompt, Tokenizer, variant
 
 SCHEMA_HELP = (
@@ -59,7 +59,6 @@ def list_sets(
 ) -> None:
     """List built-in prompt sets and system prompts with sizes and shared-prefix lengths in tokens."""
     with user_errors():
-        from rich.console import Console
         from rich.table import Table
 
         from cascade_repro.prompts.promptsets import BUILTIN_SYSTEM_PROMPTS, list_builtin_sets
@@ -71,7 +70,7 @@ def list_sets(
         for s in sets:
             langs = sorted({r.lang for r in s.records if r.lang})
             table.add_row(shown(s.name), str(len(s.records)), shown(",".join(langs)), shown(s.source))
-        Console().print(table)
+        out_console().print(table)
         sp = Table(title="system prompts (shared prefix with each set's prompts, in tokens)")
         sp.add_column("name")
         for s in sets:
@@ -81,7 +80,7 @@ def list_sets(
             for s in sets:
                 row.append(str(_prefix_tokens(name, [r.prompt for r in s.records], model)) if tokens else "-")
             sp.add_row(*row)
-        Console().print(sp)
+        out_console().print(sp)
 
 
 @prompts_app.command(
@@ -105,7 +104,6 @@ def show(
     with user_errors():
         from collections import Counter
 
-        from rich.console import Console
         from rich.table import Table
 
         from cascade_repro.judge.ifeval.score import unscorable
@@ -113,7 +111,7 @@ def show(
         from cascade_repro.prompts.promptsets import load_prompt_set
 
         ps = load_prompt_set(name, prompt_field=prompt_field, key_field=key_field)
-        console = Console()
+        console = out_console()
         shared = _prefix_tokens(
             system_prompt, [r.prompt for r in ps.records], model, [r.key for r in ps.records]
         )

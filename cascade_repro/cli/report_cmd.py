@@ -71,11 +71,13 @@ def report(
             force=force,
         )
     console = err_console()
+    if done.newer:
+        console.print(f"note: {done.newer}", highlight=False, markup=False)
     if done.note:
         console.print(f"note: {done.note}", highlight=False, markup=False)
     for p in done.paths.values():
         console.print(f"wrote {p}", highlight=False, markup=False)  # a path: "[x]" is no style tag
     print_outcome(console, done.outcome.headline, done.outcome.exit_code, done.outcome.reason)
     if json_out:
-        print_summary_json(run_dir, done.outcome.exit_code)
+        print_summary_json(done.run_dir or run_dir, done.outcome.exit_code)
     raise typer.Exit(done.outcome.exit_code)

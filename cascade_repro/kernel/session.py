@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from cascade_repro import userpath
 from cascade_repro.errors import UsageError
 from cascade_repro.kernel import grid, report, run, worker
 from cascade_repro.kernel.grid import KernelCase
@@ -99,8 +100,8 @@ def run_kernel(opts: KernelOptions, console: Any = None, stdout: Any = None) -> 
     """
     from rich.console import Console
 
-    console = console if console is not None else Console(stderr=True, soft_wrap=True)
-    stdout = stdout if stdout is not None else Console()
+    console = console if console is not None else Console(stderr=True, soft_wrap=True, emoji=False)
+    stdout = stdout if stdout is not None else Console(emoji=False)
     fa = grid.parse_fa_versions(opts.fa_version)
     dtypes = grid.parse_dtypes(opts.dtype)
     run.check_inject(opts.inject)
@@ -118,9 +119,11 @@ def run_kernel(opts: KernelOptions, console: Any = None, stdout: Any = None) -> 
 
     run.require_gpu_and_vllm()
     started = datetime.now(UTC)
-    out = opts.out
+    out = userpath.resolve(opts.out, "--out") if opts.out is not None else None
     if out is None:
-        root = Path(os.environ.get("CASCADE_REPRO_RESULTS_DIR") or "results")
+        root = userpath.resolve(
+            os.environ.get("CASCADE_REPRO_RESULTS_DIR") or "results", "CASCADE_REPRO_RESULTS_DIR"
+        )
         out = root / f"kernel-{started:%Y%m%d-%H%M%S}{'-' + opts.inject if opts.inject else ''}"
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from cascade_repro import userpath
 from cascade_repro.errors import UsageError
 from cascade_repro.minimize.search import CRITERIA, MIN_REQUESTS, MinimizeResult, Oracle, Trial, search
 from cascade_repro.plan.matrix import EnginePlan
@@ -55,7 +56,8 @@ def minimize_run(
     from cascade_repro.minimize.search import pick_pair, start_case
     from cascade_repro.prompts.chat import measure_prefix
 
-    run_dir = Path(run_dir)
+    run_dir = userpath.resolve(run_dir, "RUN_DIR")
+    out_dir = userpath.resolve(out_dir, "--out") if out_dir else None
     if criterion not in CRITERIA:
         raise UsageError(f"--criterion must be one of {', '.join(CRITERIA)}, not {criterion!r}")
     if max_tests < 1:
@@ -78,8 +80,8 @@ def minimize_run(
     if not start.prompt_indices:
         raise UsageError(f"pair {pair['pair_id']} has no samples to start from")
     prompts = _load_prompts(run_dir)
-    out_base = Path(out_dir) if out_dir else run_dir
-    out_dir = Path(out_dir) if out_dir else run_dir / runstore.MINIMIZE / safe_dirname(pair["pair_id"])
+    out_base = out_dir or run_dir
+    out_dir = out_dir or run_dir / runstore.MINIMIZE / safe_dirname(pair["pair_id"])
     # Before the engine starts: a link planted in the run directory (minimize/, its pair folder, an
     # output file) would take these writes outside it.
     runstore.refuse_links(out_base, [out_dir / name for name in OUTPUTS])

@@ -265,6 +265,9 @@ def for_plan(
     done: set[str] = set()
     waves: list[dict[str, Any]] = []
     if run_dir is not None and run_dir.is_dir():
+        # Read before any lock (a dry run, the estimate before a run starts): a planted link or
+        # FIFO must be refused here, as the lock refuses it, not followed or blocked on.
+        runstore.refuse_run_links(run_dir)
         keys = runstore.prompt_ids(run_dir)
         for key in engines:
             prog = runstore.read_progress(runstore.samples_path(run_dir, key), keys)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cascade_repro import userpath
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import (
     CONFIG_KEYS,
@@ -25,6 +26,7 @@ from cascade_repro.plan.matrix import (
     parse_hf_overrides,
     parse_int_list,
     parse_onoff_list,
+    read_config_bytes,
     run_settings,
     split_list,
 )
@@ -105,18 +107,24 @@ def load_config(path: Path) -> dict[str, Any]:
     mapping of engine arguments, dashed or not). A YAML key that is a matrix setting (``model``,
     ``dtype``, ``seed``, ``tensor-parallel-size`` as --tp, ...) sets it; every other key is an engine
     argument, checked as -E's are."""
+    path = userpath.resolve(path, "--config")
     if path.suffix.lower() not in YAML_SUFFIXES:
         return load_toml(path)
     import yaml
 
+    raw = read_config_bytes(path)
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise UsageError(f"config file not found: {path}") from None
-    except OSError as e:
-        raise UsageError(f"cannot read config file {path}: {e.strerror}") from None
-    try:
-        data = yaml.safe_load(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        # An alias (*name) repeats what its anchor holds: nested ones ("billion laughs") expand to
+        # more objects than memory holds once the values are walked. No engine argument needs one.
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.AliasEvent):
+                mark = event.start_mark
+                raise UsageError(
+                    f"{path} line {mark.line + 1}: YAML alias *{event.anchor} refused (aliases can expand "
+                    "without bound); write the value out"
+                )
+        data = yaml.safe_load(text)
     except UnicodeDecodeError as e:
         raise UsageError(f"{path}: not UTF-8 at byte {e.start}") from None
     except yaml.YAMLError as e:
@@ -129,8 +137,11 @@ def load_config(path: Path) -> dict[str, Any]:
         raise UsageError(f"{path}: a vLLM config is one mapping of engine arguments (key: value)")
     ours: dict[str, Any] = {}
     engine: dict[str, Any] = {}
+    given: dict[str, str] = {}  # each setting's key as the file spelt it
     for key, value in data.items():
         name = VLLM_CONFIG_KEYS.get(k := str(key).replace("-", "_"), k)
+        if (first := given.setdefault(name, str(key))) != str(key):
+            raise UsageError(f"{path}: {first} and {key} set the same setting: give one")
         if name == "engine_args" and isinstance(value, dict):
             engine.update({str(a).replace("-", "_"): v for a, v in value.items()})
         elif name in CONFIG_KEYS:

@@ -605,14 +605,30 @@ def waves(n_prompts: int, batch: int) -> list[list[tuple[int, bool]]]:
     return out
 
 
-def load_toml(path: Path) -> dict[str, Any]:
-    """Read a matrix TOML file (top-level keys or a [matrix] table) into MatrixSpec field values."""
+def read_config_bytes(path: Path) -> bytes:
+    """A ``--config`` file's bytes. A device (/dev/zero, read until memory runs out) or a FIFO
+    (which blocks until a writer comes) is refused before it is opened, as ``--prompts`` refuses it."""
+    import stat
+
     try:
-        raw = path.read_bytes()
+        mode = path.stat().st_mode
     except FileNotFoundError:
         raise UsageError(f"config file not found: {path}") from None
     except OSError as e:
         raise UsageError(f"cannot read config file {path}: {e.strerror}") from None
+    if stat.S_ISDIR(mode):
+        raise UsageError(f"config file {path} is a folder, not a file")
+    if not stat.S_ISREG(mode):
+        raise UsageError(f"config file {path} is not a regular file (a device, a pipe or a socket)")
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise UsageError(f"cannot read config file {path}: {e.strerror}") from None
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    """Read a matrix TOML file (top-level keys or a [matrix] table) into MatrixSpec field values."""
+    raw = read_config_bytes(path)
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -636,9 +652,12 @@ def load_toml(path: Path) -> dict[str, Any]:
 def config_values(data: dict[str, Any], path: Path) -> dict[str, Any]:
     """A config file's keys (TOML's, or a vLLM YAML file's once translated) as MatrixSpec field values."""
     out: dict[str, Any] = {}
-    for k, v in data.items():
-        k = k.replace("-", "_")
+    given: dict[str, str] = {}  # each setting's key as the file spelt it
+    for key, v in data.items():
+        k = key.replace("-", "_")
         k = TOML_ALIASES.get(k, k)
+        if (first := given.setdefault(k, key)) != key:
+            raise UsageError(f"{path}: {first} and {key} set the same setting: give one")
         if k in LIST_FIELDS and not isinstance(v, list):
             v = [v]
         if k == TWIN.spec_field:

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from cascade_repro import hub, userpath
 from cascade_repro.errors import UsageError
 
 EMBEDDED = "embedded"
@@ -36,9 +37,20 @@ def cache_root() -> Path:
     """Return the user cache dir (``CASCADE_REPRO_CACHE`` or ``$XDG_CACHE_HOME/cascade-repro``)."""
     env = os.environ.get("CASCADE_REPRO_CACHE")
     if env:
-        return Path(env)
+        return userpath.resolve(env, "CASCADE_REPRO_CACHE")
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "cascade-repro"
+
+
+def check_cache_root() -> None:
+    """Refuse a ``CASCADE_REPRO_CACHE`` that names a file (or lies below one), naming the variable:
+    the model conversion would otherwise fail on it with exit 6 and the path alone."""
+    if not (env := os.environ.get("CASCADE_REPRO_CACHE")):
+        return
+    path = cache_root()
+    for p in (*reversed(path.parents), path):
+        if p.exists() and not p.is_dir():
+            raise UsageError(f"CASCADE_REPRO_CACHE={env}: {p} is a file, not a folder")
 
 
 def embedded_gguf_path() -> Path:
@@ -290,7 +302,7 @@ def quiet_progress(enabled: bool = True) -> Iterator[None]:
                 os.environ[k] = v
 
 
-HUB_PROBE_TIMEOUT_S = 3.0
+HUB_PROBE_TIMEOUT_S = hub.PROBE_TIMEOUT_S
 
 
 def check_model(model: str) -> str:
@@ -313,7 +325,7 @@ def check_model(model: str) -> str:
         raise UsageError(f"model {model!r} is neither 'embedded', an existing folder nor a Hub id owner/name")
     if _hub_cached(model):
         return "hub-cached"
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+    if hub.offline():
         raise UsageError(f"model {model!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set")
     if (why := _hub_unreachable()) is not None:
         raise UsageError(
@@ -335,23 +347,8 @@ def _hub_cached(repo_id: str) -> bool:
 
 
 def _hub_unreachable() -> str | None:
-    """None when a TCP connection to the Hub's endpoint opens within a few seconds; else why not."""
-    import socket
-    from urllib.parse import urlsplit
-
-    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
-    parts = urlsplit(endpoint)
-    host = parts.hostname or "huggingface.co"
-    port = parts.port or (80 if parts.scheme == "http" else 443)
-    try:
-        with socket.create_connection((host, port), timeout=HUB_PROBE_TIMEOUT_S):
-            return None
-    except OSError as e:
-        return (
-            f"{host}: {e.strerror or type(e).__name__}"
-            if not isinstance(e, TimeoutError)
-            else f"{host}: timed out"
-        )
+    """``hub.unreachable``, by a name the tests replace."""
+    return hub.unreachable()
 
 
 def resolve_model(model: str) -> tuple[str, str]:

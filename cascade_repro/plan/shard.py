@@ -63,26 +63,38 @@ def _n_cells(plan: Any) -> int:
     return len(cells)
 
 
-def assign(engines: Mapping[str, Any], count: int) -> list[list[str]]:
-    """Return the engine keys of each shard (index 0 is shard 1), each list in plan order.
+def owners(engines: Mapping[str, Any], count: int) -> dict[str, int]:
+    """Each engine key's shard index (1-based) among ``count`` shards.
 
-    ``engines`` maps engine key to an ``EnginePlan`` or its run.json form (a dict with ``cells``).
+    Only the first ``min(count, number of keys)`` shards can get a key (a key goes to the shard with
+    the fewest cells, the lowest index on a tie, and every later shard is as empty as the first
+    empty one): the work is that of the keys, not of ``count``, so ``--shard 1/99999999`` costs what
+    ``--shard 1/4`` does on four keys. ``engines`` maps engine key to an ``EnginePlan`` or its
+    run.json form (a dict with ``cells``).
     """
     if count < 1:
         raise UsageError("--shard: n must be at least 1")
     weights = {k: _n_cells(ep) for k, ep in engines.items()}
-    loads = [0] * count
+    loads = [0] * min(count, max(len(weights), 1))
     owner: dict[str, int] = {}
     for key in sorted(weights, key=lambda k: (-weights[k], k)):
-        j = min(range(count), key=lambda s: (loads[s], s))
-        owner[key] = j
+        j = min(range(len(loads)), key=lambda s: (loads[s], s))
+        owner[key] = j + 1
         loads[j] += weights[key]
-    return [[k for k in engines if owner[k] == j] for j in range(count)]
+    return owner
+
+
+def assign(engines: Mapping[str, Any], count: int) -> list[list[str]]:
+    """Return the engine keys of each shard (index 0 is shard 1), each list in plan order: one list
+    per shard, so for a ``count`` the caller means to walk (``keys_for`` and ``owners`` do not)."""
+    owner = owners(engines, count)
+    return [[k for k in engines if owner[k] == j] for j in range(1, count + 1)]
 
 
 def keys_for(engines: Mapping[str, Any], shard: Shard) -> list[str]:
     """Return the engine keys that ``shard`` runs, in plan order (possibly none)."""
-    return assign(engines, shard.count)[shard.index - 1]
+    owner = owners(engines, shard.count)
+    return [k for k in engines if owner[k] == shard.index]
 
 
 def empty_warning(engines: Mapping[str, Any], shard: Shard) -> str | None:

@@ -34,6 +34,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from cascade_repro import hub, userpath
 from cascade_repro.errors import UsageError
 
 PACKAGE_DATA = "cascade_repro.prompts_data"
@@ -48,7 +49,6 @@ BUILTIN_SYSTEM_PROMPTS: dict[str, str] = {"ko": "system_ko.txt", "en": "system_e
 NO_SYSTEM_PROMPT = "none"
 HUB_PREFIX = "hf:"
 HUB_DEFAULT_SPLIT = "train"
-HUB_OFFLINE_HINT = "these machines may be offline, set HF_HUB_OFFLINE=0 and check network"
 
 _JSONL_SUFFIXES = (".jsonl", ".json")
 _CSV_SUFFIXES = (".csv",)
@@ -220,7 +220,7 @@ def load_system_prompt(spec: str) -> str:
     if spec in BUILTIN_SYSTEM_PROMPTS:
         file = _shipped(BUILTIN_SYSTEM_PROMPTS[spec])
         return _read_system_prompt(file, str(file))
-    path = Path(spec)
+    path = userpath.resolve(spec, "--system-prompt")
     if not path.is_file():
         if path.exists() or _looks_like_path(spec):
             raise _not_a_file(path, spec, "system prompt file")
@@ -259,7 +259,7 @@ def _resolve_set(spec: str) -> tuple[str, str, str, Iterator[tuple[_Where, Promp
         return spec, str(file), str(file), _file_records(file, str(file))
     if spec.startswith(HUB_PREFIX):
         return spec, spec, spec, _hub_records(spec)
-    path = Path(spec)
+    path = userpath.resolve(spec, "--prompts")
     if not path.exists() and not _looks_like_path(spec):
         raise UsageError(
             f"unknown prompt set {spec!r}; built-in sets: {', '.join(BUILTIN_SETS)}; "
@@ -369,7 +369,9 @@ def _parse_json_object(line: str, where: _Where) -> dict:
     try:
         value = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise UsageError(f"{where}: malformed JSON at column {exc.colno}: {exc.msg}") from None
+        # A JSON array or object spread over lines ("[" or "{" alone on the first) is not JSON Lines.
+        hint = " (this loader reads JSON Lines: one object per line)" if line.strip() in ("[", "{") else ""
+        raise UsageError(f"{where}: malformed JSON at column {exc.colno}: {exc.msg}{hint}") from None
     except (ValueError, RecursionError) as exc:
         raise UsageError(f"{where}: cannot parse JSON: {_one_line(exc)}") from None
     if not isinstance(value, dict):
@@ -484,13 +486,21 @@ def _hub_records(spec: str) -> Iterator[tuple[_Where, PromptRecord]]:
     The split is downloaded (not streamed) so that a second run can reuse the local cache offline.
     """
     name, split = _parse_hub_spec(spec)
+    offline = hub.offline()
+    if not offline and (why := hub.unreachable()) is not None:
+        # datasets would retry for ~25 s, a line per retry, before failing.
+        raise UsageError(
+            f"could not load Hub dataset {name}: the Hub cannot be reached ({why}); give a local "
+            ".jsonl, .csv or .parquet file, or set HF_HUB_OFFLINE=1 to read the dataset from the local cache"
+        )
     try:
         import datasets
 
         dataset = datasets.load_dataset(name, split=split)
     except Exception as exc:
         # Any network, auth, missing-dataset or import failure means the same thing to the user.
-        raise UsageError(f"could not load Hub dataset {name}: {_one_line(exc)}; {HUB_OFFLINE_HINT}") from None
+        where = "; HF_HUB_OFFLINE is set, so only the local cache was read" if offline else ""
+        raise UsageError(f"could not load Hub dataset {name}: {_one_line(exc)}{where}") from None
     prompt_col = _COLUMNS.get().prompt
     if prompt_col not in dataset.column_names:
         raise UsageError(

@@ -71,9 +71,15 @@ def source_info() -> dict[str, str]:
             break
     root = Path(__file__).resolve().parents[2]
 
+    # GIT_OPTIONAL_LOCKS=0: `git status` refreshes the index under .git/index.lock otherwise, in a
+    # checkout that is the user's, while they may be committing in it.
+    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
+
     def git(*args: str) -> str | None:
         try:
-            res = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=5)
+            res = subprocess.run(
+                ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=5, env=env
+            )
         except (OSError, subprocess.SubprocessError):
             return None
         return res.stdout.strip() if res.returncode == 0 else None

@@ -173,6 +173,21 @@ class Manifest(Section):
 # rescore writes empty tables) or crash the first reader that trusts it. ``manifest_problem`` checks
 # every field against its annotation, sections nested included, before anything is read from it.
 
+
+def newer_version_note(m: Manifest, ours: str | None) -> str | None:
+    """One line where run.json holds keys this version has no field for: the run was made by a
+    newer cascade-repro, and those keys are kept as they are (every writer carries them over)."""
+    unknown = m.unknown_keys()
+    if not unknown:
+        return None
+    was = f"{m.tool_version}, " if m.tool_version and m.tool_version != ours else ""
+    names = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
+    return (
+        f"this run was made by a newer cascade-repro ({was}this is {ours or 'unknown'}): "
+        f"run.json's keys this version does not know are kept as they are ({names})"
+    )
+
+
 SCORED = ("plan",)  # what scoring reads: without it there are no cells to score (an empty table)
 
 _WORDS = {str: "text", int: "a whole number", float: "a number", bool: "true or false"}

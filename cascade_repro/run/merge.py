@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cascade_repro import userpath
 from cascade_repro.errors import UsageError, naming
 from cascade_repro.plan.matrix import FAIL_ON_DEFAULT, check_fail_on
-from cascade_repro.plan.shard import Shard, assign
+from cascade_repro.plan.shard import Shard, owners
 from cascade_repro.run import runstore
 from cascade_repro.run.manifest import Invocation, Manifest, Timings
 
@@ -135,9 +136,13 @@ def check_shards(dirs: list[Path], allow_partial: bool = False) -> tuple[list[_S
     warnings: list[str] = []
     n = first.shard.count
     engines = first.run.plan.engines
-    per_shard = assign(engines, n)
+    owner = owners(engines, n)
+    # Shards past the number of engine keys hold nothing (shard.owners): not walked one by one.
+    width = min(n, max(len(engines), 1))
     missing = {
-        i: sum(len(engines[k].cells) for k in per_shard[i - 1]) for i in range(1, n + 1) if i not in seen
+        i: sum(len(ep.cells) for k, ep in engines.items() if owner[k] == i)
+        for i in range(1, width + 1)
+        if i not in seen
     }
     # A shard that would hold no cells (more shards than engine keys) loses nothing when missing.
     lost = [f"{i}/{n}" for i, n_cells in missing.items() if n_cells]
@@ -151,6 +156,16 @@ def check_shards(dirs: list[Path], allow_partial: bool = False) -> tuple[list[_S
         )
     for i, n_cells in missing.items():
         warnings.append(f"shard {i}/{n} is missing: its {n_cells} cells show as pending")
+    if (empty := n - width - sum(1 for i in seen if i > width)) == 1:
+        i = next(i for i in range(width + 1, n + 1) if i not in seen)  # at most len(seen) + 1 steps
+        warnings.append(
+            f"shard {i}/{n} is missing: it holds no engine key (the matrix has {len(engines)}), so nothing is pending"
+        )
+    elif empty:
+        warnings.append(
+            f"{empty:,} shards after {width}/{n} are missing: they hold no engine key (the matrix has "
+            f"{len(engines)}), so nothing is pending"
+        )
     for what in ("tool_version", "thresholds", "model_name"):
         values = {json.dumps(s.run.stored(what), sort_keys=True, default=str) for s in shards}
         if len(values) > 1:
@@ -190,17 +205,19 @@ def _gpu_line(run: Manifest) -> str:
     return ", ".join(f"{k}={env[k]}" for k in keys if env.get(k)) or "unknown"
 
 
-def _prepare_out(out_dir: Path, shards: list[_ShardDir]) -> None:
-    """Refuse an output directory that is a shard or holds something else; clear an earlier merge."""
+def _check_out(out_dir: Path, shards: list[_ShardDir]) -> None:
+    """Refuse an output directory that is a shard or not a directory (before its lock is taken)."""
     out = out_dir.resolve()
     for s in shards:
         if s.path.resolve() == out:
             raise UsageError(f"the output directory {out_dir} is one of the shards: choose a new directory")
-    if not out_dir.exists():
-        return
-    if not out_dir.is_dir():
+    if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"{out_dir} exists and is not a directory")
-    runstore.refuse_run_links(out_dir)  # before anything there is deleted or written
+
+
+def _prepare_out(out_dir: Path, shards: list[_ShardDir]) -> None:
+    """Refuse an output directory that holds something else; clear an earlier merge. Called under
+    the output's lock: another merge or a `report` writing there would lose its files to the clear."""
     merging = out_dir / runstore.MERGING
     if merging.is_file():  # a merge cut short (killed mid-copy): its files are redone
         if merging.read_text(encoding="utf-8", errors="replace").strip() != shards[0].run.spec_hash:
@@ -265,20 +282,25 @@ def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = FAIL_ON_DEFAULT,
     from cascade_repro.run.runner import finalize
 
     check_fail_on(fail_on)
-    out_dir = Path(out_dir)
-    shards, warnings = check_shards([Path(d) for d in shard_dirs], allow_partial=allow_partial)
+    out_dir = userpath.resolve(out_dir, "OUT_DIR")
+    shards, warnings = check_shards(
+        [userpath.resolve(d, "SHARD_DIR") for d in shard_dirs], allow_partial=allow_partial
+    )
     first = shards[0]
     engines_plan = first.run.plan.engines
-    per_shard = assign(engines_plan, first.shard.count)
-    _prepare_out(out_dir, shards)
-    with runstore.RunLock(out_dir):
+    owner = owners(engines_plan, first.shard.count)
+    _check_out(out_dir, shards)
+    with runstore.RunLock(
+        out_dir, instead="choose another OUT_DIR"
+    ):  # links refused there, before anything is deleted or written
+        _prepare_out(out_dir, shards)
         runstore.write_text_atomic(out_dir / runstore.MERGING, first.run.spec_hash + "\n")
         (out_dir / runstore.SAMPLES).mkdir(parents=True, exist_ok=True)
         _copy(runstore.prompts_path(first.path), runstore.prompts_path(out_dir), link=False)
         engines: dict[str, Any] = {}
         listed = []
         for s in shards:
-            keys = per_shard[s.shard.index - 1]
+            keys = [k for k in engines_plan if owner[k] == s.shard.index]
             for key in keys:
                 src = runstore.samples_path(s.path, key)
                 if src.is_file():
@@ -330,9 +352,10 @@ def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = FAIL_ON_DEFAULT,
             merge_command=command,
             shards=listed,
             shards_expected=first.shard.count,
+            # The shards that hold engine keys (shard.owners: the others hold nothing to miss).
             shards_missing=[
                 f"{i}/{first.shard.count}"
-                for i in range(1, first.shard.count + 1)
+                for i in sorted(set(owner.values()))
                 if i not in {s.shard.index for s in shards}
             ],  # fmt: skip
             engines=engines,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cascade_repro import userpath
 from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
 from cascade_repro.judge.verdicts import Thresholds
@@ -28,6 +29,7 @@ from cascade_repro.run.manifest import (
     Manifest,
     PromptSetFacts,
     Timings,
+    newer_version_note,
 )
 from cascade_repro.run.reference import ReferenceOptions
 
@@ -72,6 +74,9 @@ class RunOptions:
     reference: ReferenceOptions = field(default_factory=ReferenceOptions)  # what the judge compares with
     executor: Executor = field(default_factory=Executor)  # where the workers run
 
+    def __post_init__(self) -> None:
+        self.results_dir = userpath.resolve(self.results_dir, "--results-dir")
+
     @classmethod
     def from_settings(cls, settings: RunSettings, *, fresh: bool = False, command: str = "") -> RunOptions:
         """`matrix`'s run settings checked and typed; a refused one is one line naming the flag, or
@@ -89,12 +94,15 @@ class RunOptions:
             reference = ReferenceOptions(s.reference, s.reference_device)
             shard = Shard.parse(s.shard) if s.shard is not None else None
             executor = Executor(s.executor, s.ray_address, s.retries)
+            results_dir = userpath.resolve(s.results_dir, "--results-dir")
+            if s.run_id is not None:  # '' would name the default run: refused, not ignored
+                check_run_id(s.run_id)
         if executor.name == "ray":  # Ray missing: one line now, before a dry run or a prepare
             from cascade_repro.run.ray_executor import import_ray
 
             import_ray()
         return cls(
-            results_dir=s.results_dir,
+            results_dir=results_dir,
             run_id=s.run_id,
             fresh=fresh,
             fail_on=s.fail_on,
@@ -155,9 +163,21 @@ class PreparedRun:
     allow_mixed: bool = False
     # Each prompt's hash as the run's tokenizer renders it (chat.prompt_hash), for prompts.jsonl.
     hashes: list[str] | None = None
+    newer: str | None = None  # set by ``write`` where the run resumed was made by a newer version
 
     def write(self) -> None:
         run_dir = self.run_dir
+        if (
+            run_dir.is_dir()
+            and not (run_dir / runstore.RUN_JSON).exists()
+            and (theirs := sorted(p.name for p in run_dir.iterdir() if p.name != runstore.LOCK))
+        ):
+            # Not a run (run.json is the first file a run writes): the user's own folder, whose
+            # samples/, minimize/ and reports --fresh would delete and a run would overwrite.
+            raise UsageError(
+                f"{run_dir} is not a cascade-repro run (no {runstore.RUN_JSON}) and holds "
+                f"{_first_names(theirs)}: choose another --run-id or --results-dir"
+            )
         if self.fresh:
             # Whatever the folder holds, run.json or not: samples left beside a lost run.json would
             # otherwise be resumed by the run that was asked to start over.
@@ -173,10 +193,18 @@ class PreparedRun:
                 raise UsageError(f"{run_dir} holds {was} of this matrix, not {now}: one --run-id per shard")
             else:
                 self.run = resumed_run(old, self.run, self.allow_mixed)
+                self.newer = newer_version_note(old, self.run.tool_version)
+        # run.json first: a folder without one was never begun by this tool (see above).
+        runstore.write_manifest(run_dir, self.run)
         (run_dir / runstore.SAMPLES).mkdir(parents=True, exist_ok=True)
         # With the prompt source's extra columns, and each prompt's hash as this tokenizer renders it.
         runstore.write_prompts(run_dir, self.records, self.hashes)
-        runstore.write_manifest(run_dir, self.run)
+
+
+def _first_names(names: list[str]) -> str:
+    """``a, b and 3 more``: what a folder holds, in a few words."""
+    more = f" and {len(names) - 2} more" if len(names) > 2 else ""
+    return ", ".join(names[:2]) + more
 
 
 # What a comparison must not mix: two of these differing between invocations of one run means its
@@ -212,6 +240,9 @@ def resumed_run(old_m: Manifest, new_m: Manifest, allow_mixed: bool) -> Manifest
     if differ or old_m.mixed_stack:
         out.update(mixed_stack=sorted(set(differ) | set(old_m.mixed_stack or [])))
     out.update(timings=copy.deepcopy(old_m.timings))
+    if old_m.has("engines"):  # until scoring writes them anew (each record's unknown keys kept)
+        out.update(engines=copy.deepcopy(old_m.engines))
+    out.keep_unknown(old_m)  # a newer version's keys survive this version's rewrite
     return out
 
 
@@ -237,6 +268,11 @@ def check_run_id(run_id: str) -> None:
     """
     if not re.fullmatch(r"[A-Za-z0-9._-]+", run_id) or run_id.startswith("."):
         raise UsageError(f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-', not starting with '.'")
+    if len(run_id) > MAX_RUN_ID:  # a folder name: the filesystem refuses one past 255 bytes
+        raise UsageError(f"--run-id: at most {MAX_RUN_ID} characters, got {len(run_id):,}")
+
+
+MAX_RUN_ID = 200
 
 
 def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> PreparedRun:
@@ -438,7 +474,7 @@ def execute(
     if console is None:
         from rich.console import Console
 
-        console = Console(stderr=True, soft_wrap=True)
+        console = Console(stderr=True, soft_wrap=True, emoji=False)
     # Each key's samples file is written only by its own worker, so this one scan stays true for a
     # key until its worker runs.
     progs = _progress_by_key(run_dir, run)
@@ -733,6 +769,9 @@ def score(
             status="error" if errs else ("done" if prog.engine else "pending"),
             error=next(iter(errs.values()), ""),
         )
+    for key, record in engines.items():
+        if isinstance(old := (run.engines or {}).get(key), EngineRecord):
+            record.keep_unknown(old)
     run.update(engines=engines, thresholds=th.to_dict())
     return Scored(run, cells_df, pairs_df, comp_df, read)
 
@@ -791,6 +830,8 @@ class Rerendered:
     # The reports left as they were (a run without samples/ beside richer ones), and why, in one line.
     kept: list[Path] = field(default_factory=list)
     note: str = ""
+    run_dir: Path | None = None  # the run directory as resolved (``userpath``)
+    newer: str | None = None  # the run was made by a newer version (manifest.newer_version_note)
 
 
 def rerender(
@@ -821,11 +862,15 @@ def rerender(
 
     if fail_on is not None:  # before anything is scored or written
         check_fail_on(fail_on)
-    run_dir = Path(run_dir)
+    run_dir = userpath.resolve(run_dir, "RUN_DIR")
+    if run_dir.is_file():
+        raise UsageError(
+            f"{runstore.shown(run_dir)} is a file: give the run directory ({runstore.shown(run_dir.parent)})"
+        )
     is_run = (run_dir / runstore.RUN_JSON).is_file()
     if is_run:  # a damaged run.json: one line, before the lock file is made
         run = runstore.read_manifest(run_dir)
-    with runstore.RunLock(run_dir) if is_run else nullcontext():
+    with runstore.RunLock(run_dir, instead="") if is_run else nullcontext():
         unscored = (
             is_run
             and not all((run_dir / t).is_file() for t in runstore.TABLES)
@@ -861,7 +906,10 @@ def rerender(
                 # Rendered from what was loaded (or scored): the samples are read once.
                 paths = write_reports(run_dir, formats, fail_on=fail_on, data=data)
             outcome = outcome_of(data, fail_on if fail_on is not None else run_fail_on(data.manifest))
-    return Rerendered(paths, outcome, kept, note)
+    from cascade_repro.run.envinfo import _version
+
+    newer = newer_version_note(run, _version("cascade-repro")) if is_run else None
+    return Rerendered(paths, outcome, kept, note, run_dir, newer)
 
 
 def _report_name(fmt: Any) -> str:
@@ -957,6 +1005,8 @@ def run_matrix(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> RunOu
             console.print(f"[yellow]warning:[/] {_escape(warning)}", highlight=False)
     with runstore.RunLock(run_dir):
         prepared.write()
+        if console is not None and prepared.newer:
+            console.print(f"note: {_escape(prepared.newer)}", highlight=False)
         kept = cells_done(run_dir)
         errors = execute(
             run_dir, opts.progress, console, bar=opts.bar, fresh=opts.fresh, executor=opts.executor

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from cascade_repro import userpath
 from cascade_repro.atomic import write_atomic
 from cascade_repro.errors import EnvironmentFailure, RunLockedError, UsageError, name_oserror, naming
 from cascade_repro.run.manifest import Manifest, manifest_problem, type_problem
@@ -402,8 +403,9 @@ def _link_message(path: Path) -> str:
 
 
 def shown(path: Path | str) -> str:
-    """A path for a one-line message: a control character in a hostile name shows as ``?``."""
-    return re.sub(r"[\x00-\x1f\x7f]", "?", str(path))
+    """A path for a one-line message: relative to the current folder below it (as the user likely
+    typed it; ``userpath.display``), a control character in a hostile name shown as ``?``."""
+    return re.sub(r"[\x00-\x1f\x7f]", "?", userpath.display(path))
 
 
 def sweep_path(run_dir: Path) -> Path:
@@ -1084,8 +1086,9 @@ class RunLock:
     file first: it is opened with O_NOFOLLOW, as truncating it for the pid would empty a link's target.
     """
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, instead: str = "choose another --results-dir") -> None:
         self.path = run_dir / LOCK
+        self.instead = instead  # what the "in use" line offers besides waiting ("" for nothing)
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -1107,8 +1110,8 @@ class RunLock:
                 os.close(fd)
                 pid = _read_pid(self.path)
                 raise RunLockedError(
-                    f"{self.path.parent} is in use by another cascade-repro run (pid {pid or 'unknown'}); "
-                    "wait for it or choose another --results-dir"
+                    f"{shown(self.path.parent)} is in use by another cascade-repro run (pid {pid or 'unknown'}); "
+                    f"wait for it{' or ' + self.instead if self.instead else ''}"
                 ) from None
             # A holder releasing meanwhile unlinks the path: make sure we locked the file that is there.
             try:
@@ -1121,8 +1124,9 @@ class RunLock:
             self._fd = fd
             try:
                 refuse_run_links(self.path.parent)
-                os.ftruncate(fd, 0)
-                os.write(fd, str(os.getpid()).encode())
+                with naming(self.path):  # a full disk: the one line names the lock file
+                    os.ftruncate(fd, 0)
+                    os.write(fd, str(os.getpid()).encode())
             except BaseException:  # a refusal, or Ctrl-C / SIGTERM: ``with`` never reaches __exit__
                 self.release()
                 raise

@@ -179,7 +179,7 @@ def last_error_line(log_path: Path) -> str:
 
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """Let SIGTERM unwind like Ctrl-C (a KeyboardInterrupt) inside the block.
+    """Let SIGTERM and SIGHUP unwind like Ctrl-C (a KeyboardInterrupt) inside the block.
 
     `timeout`, a cancelled CI job or a container stop send SIGTERM, which by default ends Python
     without cleanup: exit 143 and no message, a run directory's ``.lock`` left behind, a model
@@ -202,7 +202,9 @@ def sigterm_as_interrupt() -> Iterator[None]:
         _sigterm["fired"] = True
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    # SIGHUP (the terminal or the ssh session closed) ends the command the same way: by default it
+    # too ends Python with no cleanup and no message (exit 129).
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     _sigterm["depth"] += 1
     try:
         yield
@@ -210,7 +212,8 @@ def sigterm_as_interrupt() -> Iterator[None]:
         _sigterm["depth"] -= 1
         if not _sigterm["depth"]:  # the outermost block: the next SIGTERM is a new interrupt
             _sigterm["fired"] = False
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 # Shared by nested blocks (the command's, the runner's inside it): the first SIGTERM fires in the

@@ -348,9 +348,11 @@ def test_a_closed_stdout_does_not_fail_a_command_that_prints_nothing_there(synth
 # --- --fresh starts over, and says so ----------------------------------------------------------------
 
 
-def test_fresh_clears_samples_left_without_a_run_json(tmp_path: Path):
-    """--fresh once cleared only a folder with a run.json: samples left beside a lost one were
-    resumed ("resuming ... (--fresh starts over)") by the run asked to start over."""
+def test_fresh_refuses_a_folder_without_a_run_json(tmp_path: Path):
+    """--fresh once cleared only a folder with a run.json, so samples left beside a lost one were
+    resumed; then it cleared any folder, the user's own samples/ and reports too. A folder without
+    run.json (the first file a run writes) is not a run: refused, nothing deleted, nothing resumed."""
+    from cascade_repro.errors import UsageError
     from cascade_repro.run.manifest import Manifest
     from cascade_repro.run.runner import PreparedRun
 
@@ -359,9 +361,12 @@ def test_fresh_clears_samples_left_without_a_run_json(tmp_path: Path):
     (run_dir / runstore.SAMPLES / "k.jsonl").write_text('{"type":"cell_done","cell_id":"a"}\n')
     (run_dir / runstore.REPORT_MD).write_text("old verdict\n")
     (run_dir / "notes.txt").write_text("mine\n")
-    PreparedRun(run_dir, Manifest.from_json({"run_id": "r", "spec_hash": "new"}), [], fresh=True).write()
-    assert not list((run_dir / runstore.SAMPLES).iterdir())
-    assert not (run_dir / runstore.REPORT_MD).exists() and (run_dir / "notes.txt").read_text() == "mine\n"
+    with pytest.raises(
+        UsageError,
+        match=r"is not a cascade-repro run \(no run.json\) and holds notes.txt, report.md and 1 more",
+    ):
+        PreparedRun(run_dir, Manifest.from_json({"run_id": "r", "spec_hash": "new"}), [], fresh=True).write()
+    assert (run_dir / runstore.SAMPLES / "k.jsonl").exists() and (run_dir / runstore.REPORT_MD).exists()
 
 
 def test_fresh_says_it_starts_over_and_never_that_it_resumes(tmp_path: Path):
@@ -369,7 +374,6 @@ def test_fresh_says_it_starts_over_and_never_that_it_resumes(tmp_path: Path):
             "--reference", "off", "--results-dir", str(tmp_path / "results"), "--run-id", "r"]  # fmt: skip
     assert CliRunner().invoke(app, argv, env=WIDE).exit_code == 4  # batch 1: nothing exercised
     run = tmp_path / "results" / "r"
-    (run / runstore.RUN_JSON).unlink()  # lost: the samples of both cells stay
     res = CliRunner().invoke(app, [*argv, "--fresh"], env=WIDE)
     assert res.exit_code == 4, res.output
     assert "starting r over (--fresh): 2 cells to run" in res.output

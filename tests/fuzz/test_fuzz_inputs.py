@@ -31,6 +31,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from support.cli import CliRunner
 
+from cascade_repro import hub
 from cascade_repro.cli import app
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import MatrixSpec
@@ -336,6 +337,7 @@ def test_hub_like_records_of_any_python_type_fail_by_row_and_field(rows):
     fake.load_dataset = lambda name, split: _FakeDataset(rows)
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(sys.modules, "datasets", fake)
+        mp.setattr(hub, "unreachable", lambda: None)  # the stand-in answers for the Hub
         msg = load_error("hf:someone/prompts")
         if msg is not None:
             assert msg.startswith(("hf:someone/prompts row ", "hf:someone/prompts: ", "no prompts in hf:")), msg

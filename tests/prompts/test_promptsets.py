@@ -485,6 +485,14 @@ def test_spec_errors(tmp_path):
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def hub_answers(monkeypatch):
+    """The Hub's endpoint answers (load_dataset is replaced where a test reaches it)."""
+    from cascade_repro import hub
+
+    monkeypatch.setattr(hub, "unreachable", lambda: None)
+
+
 @pytest.mark.parametrize(
     "spec", ["hf:", "hf:onlyname", "hf:/name", "hf:owner/", "hf:a/b/c", "hf:owner/name:"]
 )
@@ -500,8 +508,11 @@ def test_hub_failure_is_one_line_usage_error(monkeypatch):
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
     assert usage_error(load_prompt_set, "hf:google/IFEval") == (
-        "could not load Hub dataset google/IFEval: Couldn't reach 'google/IFEval' on the Hub; "
-        "these machines may be offline, set HF_HUB_OFFLINE=0 and check network"
+        "could not load Hub dataset google/IFEval: Couldn't reach 'google/IFEval' on the Hub"
+    )
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # said only where it is set
+    assert usage_error(load_prompt_set, "hf:google/IFEval").endswith(
+        "on the Hub; HF_HUB_OFFLINE is set, so only the local cache was read"
     )
 
 

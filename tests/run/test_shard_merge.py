@@ -256,7 +256,7 @@ def test_allow_partial_makes_missing_shards_a_warning(tmp_path):
     assert [str(s.shard) for s in shards] == ["1/3"]
     assert warnings == [
         "shard 2/3 is missing: its 6 cells show as pending",
-        "shard 3/3 is missing: its 0 cells show as pending",
+        "shard 3/3 is missing: it holds no engine key (the matrix has 2), so nothing is pending",
     ]
 
 
@@ -264,7 +264,7 @@ def test_a_missing_shard_without_cells_is_only_a_warning(tmp_path):
     """More shards than engine keys: the empty shard's directory loses nothing when it is missing."""
     a, b = fake_shard(tmp_path / "a", "1/3"), fake_shard(tmp_path / "b", "2/3")
     _, warnings = check_shards([a, b])
-    assert warnings == ["shard 3/3 is missing: its 0 cells show as pending"]
+    assert warnings == ["shard 3/3 is missing: it holds no engine key (the matrix has 2), so nothing is pending"]
 
 
 def test_merge_cli_refuses_a_missing_shard_before_writing_anything(tmp_path):

@@ -129,6 +129,8 @@ PHASES = {
     "report-writing": Phase("report-writing", _report),
 }
 ROWS = [pytest.param(PHASES[p], sig, id=f"{p}-{sig}") for p in PHASES for sig in ("SIGTERM", "SIGINT")]
+# SIGHUP (a closed terminal or ssh session) once ended the driver with exit 129 and no message.
+ROWS += [pytest.param(PHASES[p], "SIGHUP", id=f"{p}-SIGHUP") for p in ("mid-wave", "report-writing")]
 
 
 @pytest.fixture(scope="module")
