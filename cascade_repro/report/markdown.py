@@ -196,7 +196,7 @@ class MarkdownFormatter(ReportFormatter):
             out += _collapsed("Environment", fenced(env, "text"))
             collected = data.manifest.vllm_collect_env
             if isinstance(collected, str) and collected.strip():
-                out += _collapsed("vLLM's collect_env", fenced(collected, "text"))
+                out += _collapsed("vLLM's collect_env", fenced(clean(collected), "text"))
         out += ["### Reproduce", ""]
         lines = reproduce.reproduce_lines(data)
         if lines:

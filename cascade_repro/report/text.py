@@ -13,6 +13,9 @@ MISSING = "—"
 _BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
 _CONTROL = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_BIDI}]")
 _CONTROL_ALL = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI}]")
+# A terminal's escape sequences (CSI such as "\x1b[4m", OSC such as a hyperlink): collect_env's GPU
+# topology is underlined by nvidia-smi even into a pipe. Dropping the ESC byte alone would leave "[4m".
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 _XML_INVALID = re.compile("[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 _BACKTICKS = re.compile("`+")
 # Only what could open a tag, comment or entity; a bare "<1e-6" stays readable in the raw file.
@@ -121,13 +124,13 @@ def text_of(v: Any) -> str:
 
 
 def clean(s: str) -> str:
-    """Drop control and bidi characters but keep newlines and tabs."""
-    return _CONTROL.sub("", s.replace("\r\n", "\n").replace("\r", "\n"))
+    """Drop terminal escape sequences, control and bidi characters but keep newlines and tabs."""
+    return _CONTROL.sub("", _ANSI.sub("", s.replace("\r\n", "\n").replace("\r", "\n")))
 
 
 def one_line(s: str) -> str:
     """Collapse newlines and tabs into spaces and drop every other control character."""
-    s = re.sub(r"[\r\n\t]+", " ", s)
+    s = re.sub(r"[\r\n\t]+", " ", _ANSI.sub("", s))
     return _CONTROL_ALL.sub("", s)
 
 
