@@ -50,9 +50,15 @@ class _PlainPlaceholders:
 
 
 class Command(_PlainPlaceholders, TyperCommand):
-    """Every command of this app: Typer's, with the placeholders above."""
+    """Every command of this app: Typer's, with the placeholders above, and its help rendered by
+    Click's formatter, which wraps at any width and never cuts a word (Typer's four-column table cut
+    flag names, defaults and env vars to ``--tensor-pa…`` / ``CASCADE_REPRO_MOD…`` at 80 columns)."""
 
     panels = True  # the options' help panels (a shared option brings the one it is declared in)
+    short = False  # --help: each option's first sentence, :attr:`rare` left to --help-all
+    rare: frozenset[str] = frozenset()  # the parameters shown under --help-all only
+    # (panel title, the short text, the full text) after the options
+    more_help: Any = staticmethod(lambda: [])
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -60,19 +66,8 @@ class Command(_PlainPlaceholders, TyperCommand):
             for p in self.params:
                 p.rich_help_panel = None
 
-
-class ShortHelpCommand(Command):
-    """A command with many options (`matrix`): ``--help`` lists the common ones by panel, each with
-    its first sentence; ``--help-all`` every option with its whole text and :attr:`more_help`'s
-    panels in full. Rendered by Click's formatter, which wraps at any width and never cuts a word
-    (Typer's four-column table cut flag names to ``--tensor-pa…`` at 80 columns)."""
-
-    rare: frozenset[str] = frozenset()  # the parameters shown under --help-all only
-    # (panel title, the short text, the full text) after the options
-    more_help: Any = staticmethod(lambda: [])
-
     def format_help(self, ctx: Any, formatter: Any) -> None:
-        everything = bool(ctx.meta.get(HELP_ALL))
+        everything = not self.short or bool(ctx.meta.get(HELP_ALL))
         self.format_usage(ctx, formatter)
         self.format_help_text(ctx, formatter)
         panels: dict[str, list[tuple[str, str]]] = {}
@@ -87,13 +82,21 @@ class ShortHelpCommand(Command):
                 text = first_sentence(text)
             row = (name.replace("-", _HYPHEN), text.replace("-", _HYPHEN))
             panels.setdefault(getattr(p, "rich_help_panel", None) or "Options", []).append(row)
+        arguments = [
+            record
+            for p in self.get_params(ctx)
+            if getattr(p, "param_type_name", "") == "argument" and (record := p.get_help_record(ctx))
+        ]
+        if arguments:
+            with formatter.section("Arguments"):
+                formatter.write_dl([(n, t.replace("`", "").replace("-", _HYPHEN)) for n, t in arguments])
         for title, rows in panels.items():
             with formatter.section(title):
                 formatter.write_dl(rows)
         for title, short, full in self.more_help():
             with formatter.section(title):
                 formatter.write_text((full if everything else short).replace("-", _HYPHEN))
-        if not everything:
+        if self.short and not everything:
             formatter.write_paragraph()
             formatter.write_text(f"{len(self.rare)} more options, and every text in full: --help-all")
         self.format_epilog(ctx, formatter)
@@ -115,6 +118,14 @@ class ShortHelpCommand(Command):
 
     def get_help(self, ctx: Any) -> str:
         return super().get_help(ctx).replace(_HYPHEN, "-")
+
+
+class ShortHelpCommand(Command):
+    """A command with many options (`matrix`): ``--help`` lists the common ones by panel, each with
+    its first sentence; ``--help-all`` every option with its whole text and :attr:`more_help`'s
+    panels in full."""
+
+    short = True
 
 
 def _click_command() -> Any:

@@ -611,8 +611,22 @@ def test_the_matrix_options_explain_takes_are_declared_once(option):
 
 def test_a_command_with_few_options_lists_them_all_under_options():
     for words in ("report", "merge", "doctor", "minimize", "env", "prompts show"):
-        assert "╭─ Options ─" in invoke(*words.split(), "--help").stdout
+        out = invoke(*words.split(), "--help").stdout
+        assert "\nOptions:\n" in out and "\nMatrix:\n" not in out, words
         assert all(p.rich_help_panel is None for p in _command(words).params), words
+
+
+COMMANDS = ("matrix", "explain", "doctor", "merge", "report", "minimize", "kernel", "env", "prompts list",
+            "prompts show")  # fmt: skip
+
+
+@pytest.mark.parametrize("words", COMMANDS)
+def test_help_at_80_columns_cuts_no_word(words):
+    """Help wraps at any width and cuts nothing: Typer's four-column table once cut flags, defaults
+    and env vars to "--tensor-pa…" / "CASCADE_REPRO_MOD…" at 80 columns."""
+    out = CliRunner().invoke(app, [*words.split(), "--help"], env={"COLUMNS": "80"}).stdout
+    assert "…" not in out
+    assert max(len(line) for line in out.splitlines()) <= 80, words
 
 
 def test_every_matrix_option_shows_its_default_from_the_spec():
