@@ -42,6 +42,11 @@ class _PlainPlaceholders:
         super().__init__(*args, **kwargs)
         _plain_placeholders(self.params)  # type: ignore[attr-defined]
 
+    def get_params(self, ctx: Any) -> Any:
+        params = super().get_params(ctx)  # type: ignore[misc]
+        _plain_placeholders(params)  # also the shell-completion flags Typer appends after __init__
+        return params
+
     def get_help_option(self, ctx: Any) -> Any:
         option = super().get_help_option(ctx)  # type: ignore[misc]
         if option is not None:
@@ -287,7 +292,8 @@ app = Typer(
     no_args_is_help=True,
     rich_markup_mode="markdown",
     pretty_exceptions_enable=False,
-    add_completion=False,
+    # --install-completion / --show-completion (bash, zsh, fish, PowerShell), as every Typer app.
+    add_completion=True,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -310,7 +316,9 @@ def _print_version(value: bool) -> None:
 def _app_options(
     show_version: Annotated[
         bool,
-        typer.Option("--version", help="Print the version and exit.", is_eager=True, callback=_print_version),
+        typer.Option(
+            "--version", "-V", help="Print the version and exit.", is_eager=True, callback=_print_version
+        ),
     ] = False,
     debug: Annotated[
         bool,

@@ -866,8 +866,22 @@ def test_dry_run_warns_of_a_prefix_too_short_for_cascade(tmp_path):
 def test_version_prints_the_installed_version():
     from importlib.metadata import version
 
-    res = invoke("--version")
-    assert res.exit_code == 0 and res.stdout == f"cascade-repro {version('cascade-repro')}\n"
+    for flag in ("--version", "-V"):
+        res = invoke(flag)
+        assert res.exit_code == 0 and res.stdout == f"cascade-repro {version('cascade-repro')}\n"
+
+
+def test_shell_completion_completes_commands_and_flags():
+    """Typer's --install-completion / --show-completion; the script calls back with these variables."""
+    assert {"--install-completion", "--show-completion"} <= set(flat(invoke("--help").stdout).split())
+
+    def complete(line: str) -> list[str]:
+        words = line.split(" ")
+        env = {"_CASCADE_REPRO_COMPLETE": "complete_bash", "COMP_WORDS": line, "COMP_CWORD": str(len(words) - 1)}
+        return CliRunner().invoke(app, [], env=env, prog_name="cascade-repro").stdout.split()
+
+    assert complete("cascade-repro ma") == ["matrix"]
+    assert "--engine" in complete("cascade-repro matrix --eng")
 
 
 def test_dry_run_states_the_reference_and_refuses_one_that_does_not_fit(monkeypatch):
