@@ -93,7 +93,9 @@ def test_the_metadata_is_complete():
     assert not [c for c in PROJECT["classifiers"] if c.startswith("License ::")]
     # Only the Python versions the code needs (tomllib, datetime.UTC) and CI runs are claimed.
     assert PROJECT["requires-python"] == ">=3.11"
-    assert "Programming Language :: Python :: 3.11" in PROJECT["classifiers"]
+    claimed = {c.rsplit(" :: ", 1)[1] for c in PROJECT["classifiers"] if re.match(r"Programming Language :: Python :: 3\.\d+$", c)}
+    assert claimed == {"3.11", "3.12"}  # CI's CPU image and the GPU image vLLM's wheels run on
+    assert "Typing :: Typed" in PROJECT["classifiers"] and (ROOT / "cascade_repro" / "py.typed").is_file()
 
 
 def _imported_top_level_names() -> set[str]:
@@ -126,6 +128,41 @@ def _tracked_copy(dest: Path) -> None:
             shutil.copy2(src, dest / rel)
 
 
+def _git_files(*folders: str) -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", *folders],
+                         cwd=ROOT, capture_output=True, check=True).stdout  # fmt: skip
+    return sorted(f for f in out.decode().split("\0") if f and (ROOT / f).is_file())
+
+
+def test_the_sdist_carries_the_suite_and_its_tests_run_from_it(tmp_path):
+    """Every test file, conftest.py, tests/data and what the tests read (MANIFEST.in), and a test
+    module that reads tests/data runs from the unpacked sdist with its own conftest."""
+    import tarfile
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: the tracked files cannot be listed")
+    pytest.importorskip("setuptools")
+    src, dist = tmp_path / "src", tmp_path / "dist"
+    _tracked_copy(src)
+    build = "import sys; from setuptools import build_meta as b; print(b.build_sdist(sys.argv[1]))"
+    name = subprocess.run([sys.executable, "-c", build, str(dist)], cwd=src, check=True, capture_output=True,
+                          text=True, timeout=300).stdout.split()[-1]  # fmt: skip
+    with tarfile.open(dist / name) as tar:
+        tar.extractall(tmp_path / "unpacked", filter="data")
+    (top,) = (tmp_path / "unpacked").iterdir()
+    carried = sorted(str(p.relative_to(top)) for p in top.rglob("*") if p.is_file())
+    needed = [f for f in _git_files("tests", "benchmarks", "scripts", "examples", "docs", "prompts") if not f.endswith(".png")]
+    assert [f for f in needed if f not in carried] == []
+    assert {"tests/conftest.py", "tests/data/junit-10.xsd", "Makefile"} <= set(carried)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT")}
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
+                          "tests/vllm_surface/test_vllm_surface.py"],
+                         cwd=top, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stdout[-2000:]
+    assert f"{top}" in subprocess.run([sys.executable, "-c", "import cascade_repro; print(cascade_repro.__file__)"],
+                                      cwd=top, env=env, capture_output=True, text=True).stdout  # fmt: skip
+
+
 def test_the_wheel_installs_in_a_clean_venv_and_runs_the_readme_commands(tmp_path):
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("not a git checkout: the tracked files cannot be listed")
@@ -144,6 +181,7 @@ def test_the_wheel_installs_in_a_clean_venv_and_runs_the_readme_commands(tmp_pat
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert "cascade_repro/prompts_data/ko-ifeval-style.jsonl" in names
     assert "cascade_repro/report/summary.schema.json" in names  # summary.json's JSON Schema ships
+    assert "cascade_repro/py.typed" in names  # PEP 561
     assert "License-Expression: Apache-2.0" in meta
     assert "Requires-Dist: vllm<0.35.0,>=0.10.2; extra == \"vllm\"" in meta
 
