@@ -221,9 +221,14 @@ class HtmlFormatter(ReportFormatter):
         lines = reproduce.reproduce_lines(data)
         out += [
             "<h2>Reproduce</h2>",
-            f"<pre><code>{escape(chr(10).join(lines))}</code></pre>"
+            f"<p>{reproduce.reproduce_note(data, _code) or ''}</p><pre><code>{escape(chr(10).join(lines))}</code></pre>"
             if lines
             else '<p class="nodata">command not recorded in run.json</p>',
         ]
+        for pair, script in data.repro_scripts if lines else []:
+            out += [
+                f"<details><summary>repro.py ({escape(pair)}): python repro.py</summary>"
+                f"<pre><code>{escape(script)}</code></pre></details>"
+            ]
         out += ["</main></body>", "</html>"]
         return "\n".join(out) + "\n"

@@ -200,7 +200,15 @@ class MarkdownFormatter(ReportFormatter):
         out += ["### Reproduce", ""]
         lines = reproduce.reproduce_lines(data)
         if lines:
+            out += [reproduce.reproduce_note(data, md_code) or "", ""]
             out += fenced("\n".join(lines), "bash")
+            for pair, script in data.repro_scripts:
+                out += [
+                    "",
+                    *_collapsed(
+                        f"repro.py ({pair}): python repro.py", fenced(clean(script).rstrip("\n"), "python")
+                    ),
+                ]
         else:
             out.append("_command not recorded in run.json_")
         return "\n".join(out).rstrip("\n") + "\n"

@@ -194,7 +194,7 @@ def test_reproduce_block_installs_the_exact_version_that_ran():
     run |= {"tool_source": {"commit": "0123456789abcdef0123-dirty"}, "spec": {"engine": "hf", "model": "x/y"}}
     assert reproduce_lines(data_of(run)) == [
         "# cascade-repro 0.1.0, commit 0123456789ab",
-        "# no repository URL recorded: install commit 0123456789abcdef0123 of cascade-repro from its repository",
+        "# no install line: install commit 0123456789abcdef0123 of cascade-repro from a copy of its source (pip install .)",
         "# the run had uncommitted changes on top of that commit: they are not in this install",
         "cascade-repro matrix --engine vllm --batch 64",
     ]
@@ -208,7 +208,7 @@ def test_reproduce_block_installs_the_exact_version_that_ran():
         run |= {"tool_source": {"commit": "0123456789abcdef0123", "repository": local}}
         lines = reproduce_lines(data_of(run))
         assert lines[1] == (
-            "# no repository URL recorded: install commit 0123456789abcdef0123 of cascade-repro from its repository"
+            "# no install line: install commit 0123456789abcdef0123 of cascade-repro from a copy of its source (pip install .)"
         )
         assert not any("someone" in ln for ln in lines), lines
     run |= {
@@ -217,10 +217,16 @@ def test_reproduce_block_installs_the_exact_version_that_ran():
     assert reproduce_lines(data_of(run))[1] == (
         'pip install "cascade-repro @ git+ssh://git@github.com/o/cascade-repro.git@0123456789abcdef0123"'
     )
+    # An installed copy: where pip got it (PEP 610), or no line, since the index does not have it.
+    run |= {"tool_source": {"archive": "https://example.org/dl/cascade_repro-0.1.0-py3-none-any.whl"}}
+    assert reproduce_lines(data_of(run))[1] == (
+        'pip install "cascade-repro @ https://example.org/dl/cascade_repro-0.1.0-py3-none-any.whl"'
+    )
     run.pop("tool_source")
     assert reproduce_lines(data_of(run))[1] == (
-        "# no git commit recorded (an installed copy): install cascade-repro 0.1.0"
+        "# no install line: install version 0.1.0 of cascade-repro from a copy of its source (pip install .)"
     )
+    assert not any(ln.startswith("pip install cascade-repro") for ln in reproduce_lines(data_of(run)))
     assert reproduce_lines(data_of({})) is None
 
 
