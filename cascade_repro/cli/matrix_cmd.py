@@ -78,7 +78,7 @@ class MatrixCommand(ShortHelpCommand):
 
     rare = frozenset(
         {
-            "alpha", "rep_delta", "min_topk_violations", "drift_min", "inject", "engine_timeout",
+            "alpha", "rep_delta", "min_topk_violations", "drift_min", "engine_timeout",
             "graphs_for_batches", "load_format", "hf_overrides", "prompt_field", "key_field", "allow_mixed",
             "run_id", "reference_device", "topk", "arm_switch", "auto_controls", "rerun", "force_cascade",
             "ignore_eos", "device", "trust_remote_code", "engine_args", "seed", "system_prompt",

@@ -48,7 +48,7 @@ def reproduce_lines(data: RunData) -> list[str] | None:
 def install_line(data: RunData) -> str | None:
     """A pip line that installs the cascade-repro that ran, from an address recorded by the run (its
     repository and commit, or the archive pip installed it from); None where none was recorded: the
-    package is not on the index, so ``pip install cascade-repro==VERSION`` would not work."""
+    package is not on the index, so a version pin alone would install nothing."""
     src = data.manifest.tool_source or {}
     commit = _commit(data)
     repo = pip_vcs_url(one_line(str(src.get("repository") or ""))) or ""

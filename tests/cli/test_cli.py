@@ -61,9 +61,9 @@ def test_matrix_help_groups_options_in_panels():
     ):
         assert f"\n{panel}:\n" in res.stdout, panel
     assert "\nDebug:\n" in everything.stdout
-    for option in ("--batch", "--tp", "--cascade", "--dry-run", "--prompts", "--results-dir"):
+    for option in ("--batch", "--tp", "--cascade", "--dry-run", "--prompts", "--results-dir", "--inject"):
         assert option in res.stdout
-    for option in ("--arm-switch", "--alpha", "--inject"):  # the rare ones: --help-all
+    for option in ("--arm-switch", "--alpha"):  # the rare ones: --help-all
         assert f"\n  {option} " not in res.stdout and f"\n  {option} " in everything.stdout
     assert (
         "Exit codes: • 0 success • 1 regression (per --fail-on), or every cascade pair errored "
