@@ -112,7 +112,10 @@ def _foreign_help() -> list[tuple[str, str, str]]:
     lm_eval = (
         "lm-eval's spellings: --model_args k=v,... (as -E), --output_path/--output-path/-o DIR (as "
         "--results-dir), --log_samples (every sample is kept anyway), --gen_kwargs max_gen_toks=N "
-        "(as --max-tokens; the matrix decodes greedily)."
+        "(as --max-tokens; the matrix decodes greedily), --apply_chat_template (always applied). Refused with "
+        "the option they mean: --batch_size (--batch), --tasks (--prompts), --model vllm|hf (--engine). "
+        "-E gpu_memory_utilization / max_model_len are --gpu-memory-utilization / --max-model-len: given "
+        "both ways with different values, refused."
     )
     return [("vLLM engine flags", short, full), ("lm-eval spellings", lm_eval, lm_eval)]
 
