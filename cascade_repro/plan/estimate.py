@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cascade_repro.run import cuda_cache
+from cascade_repro.twin import CASCADE as TWIN
 
 if TYPE_CHECKING:
     from cascade_repro.plan.matrix import MatrixSpec
@@ -220,7 +221,7 @@ def eta_seconds(
 # The quick first run a long CPU run's warning offers: what `make run` runs (the Makefile's RUN_ARGS;
 # tests/run/test_progress.py holds the two together). Its time is estimated as any run's is.
 QUICK_RUN_ARGS = ("--limit", "8", "--batch", "8", "--cascade", "on,off", "--max-tokens", "32")
-QUICK_RUN = {"limit": 8, "batch": [8], "cascade": [True, False], "max_tokens": 32}
+QUICK_RUN = {"limit": 8, "batch": [8], TWIN.spec_field: [True, False], "max_tokens": 32}
 
 
 def warning_for(

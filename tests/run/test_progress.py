@@ -109,9 +109,9 @@ def test_the_quick_first_run_the_warning_offers_is_make_runs():
 
     assert list(estimate.QUICK_RUN_ARGS) == run_args()
     flags = dict(zip(estimate.QUICK_RUN_ARGS[::2], estimate.QUICK_RUN_ARGS[1::2], strict=True))
-    q = estimate.QUICK_RUN
+    q = {**estimate.QUICK_RUN, "on_off": estimate.QUICK_RUN[estimate.TWIN.spec_field]}
     assert flags == {"--limit": str(q["limit"]), "--batch": ",".join(map(str, q["batch"])),
-                     "--cascade": ",".join("on" if c else "off" for c in q["cascade"]),
+                     "--cascade": ",".join("on" if c else "off" for c in q["on_off"]),
                      "--max-tokens": str(q["max_tokens"])}  # fmt: skip
     # Estimated, not written down: the fake engine has no speed table, so nothing is said for it.
     assert quick_run_seconds(MatrixSpec(engine="fake"), RunOptions(), None, 112) is None
