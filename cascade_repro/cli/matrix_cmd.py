@@ -389,6 +389,24 @@ def matrix(
             version = vllm_surface.installed_version()
             tw = twins.of(spec)
             gpus = visible_gpu_count()
+            testable = vllm_surface.twin_problem(tw.family, version) is None
+            if not dry_run and (version is None or (gpus == 0 and testable)):
+                # What this box lacks for any vLLM run, named; not a twin's GPU count (no --twin was given).
+                install = f'pip install "{vllm_surface.VLLM_REQUIREMENT}"'
+                lacks = {
+                    (
+                        True,
+                        True,
+                    ): f"vLLM and an NVIDIA GPU, and this machine has neither ({install} on a GPU machine)",
+                    (True, False): f"vLLM, which is not installed here: {install}",
+                    (False, True): "an NVIDIA GPU, and this machine has none visible",
+                }[(version is None, gpus == 0)]
+                err_console().print(
+                    f"error: --engine vllm needs {lacks}; --engine hf runs on the CPU, and --dry-run plans anywhere",
+                    highlight=False,
+                    markup=False,
+                )
+                raise typer.Exit(exit_codes.USAGE)
             why = vllm_surface.twin_refusal(tw.family, tw.name, tw.gpus, version, gpus)
             unsupported = vllm_surface.twin_problem(tw.family, version) is not None
             if why and not dry_run:

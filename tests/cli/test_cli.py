@@ -941,3 +941,21 @@ def test_json_prints_the_outcome_on_stdout_for_matrix_report_and_merge(tmp_path)
     assert res.exit_code == 2 and res.stdout == "" and "--dry-run runs nothing" in res.stderr
     for command in ("matrix", "report", "merge"):
         assert "summary.schema.json" in flat(invoke(command, "--help").stdout), command
+
+
+def test_matrix_engine_vllm_on_a_box_without_vllm_or_a_gpu_names_what_is_missing(monkeypatch):
+    """Not "--twin cascade needs 1 GPUs" when no --twin was given: what the box lacks, and the way on."""
+    from cascade_repro import vllm_surface
+    from cascade_repro.run import envinfo
+
+    for version, gpus, said in (
+        (None, 0, 'needs vLLM and an NVIDIA GPU, and this machine has neither (pip install "vllm>='),
+        (None, 1, "needs vLLM, which is not installed here: pip install"),
+        ("0.26.0", 0, "needs an NVIDIA GPU, and this machine has none visible"),
+    ):
+        monkeypatch.setattr(vllm_surface, "installed_version", lambda v=version: v)
+        monkeypatch.setattr(envinfo, "visible_gpu_count", lambda g=gpus: g)
+        res = invoke("matrix", "--engine", "vllm", "--limit", "2")
+        assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.output
+        assert said in res.stderr and "--twin" not in res.stderr and "1 GPUs" not in res.stderr
+        assert "--engine hf runs on the CPU" in res.stderr
