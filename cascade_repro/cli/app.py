@@ -107,7 +107,13 @@ class Command(_PlainPlaceholders, TyperCommand):
         self.format_epilog(ctx, formatter)
 
     def format_help_text(self, ctx: Any, formatter: Any) -> None:
-        _click_command().format_help_text(self, ctx, formatter)
+        # Markdown's code backticks, as rich's help dropped them: plain help shows the words alone.
+        help_text = self.help
+        self.help = help_text.replace("`", "") if help_text else help_text
+        try:
+            _click_command().format_help_text(self, ctx, formatter)
+        finally:
+            self.help = help_text
 
     def format_epilog(self, ctx: Any, formatter: Any) -> None:
         """The epilog line by line (the exit-code table), each wrapped on its own."""

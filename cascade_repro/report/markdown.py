@@ -20,7 +20,7 @@ from cascade_repro.report import (
 from cascade_repro.report import reference as ref
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.load import Example, RunData
-from cascade_repro.report.text import clean, fence_for, md_inline, md_table_rows, one_line
+from cascade_repro.report.text import clean, fence_for, md_inline, md_table_rows, one_line, terminal_output
 from cascade_repro.run import runstore
 
 # GitHub rejects issue bodies over 65536 characters; keep each sample text well below that.
@@ -196,7 +196,7 @@ class MarkdownFormatter(ReportFormatter):
             out += _collapsed("Environment", fenced(env, "text"))
             collected = data.manifest.vllm_collect_env
             if isinstance(collected, str) and collected.strip():
-                out += _collapsed("vLLM's collect_env", fenced(clean(collected), "text"))
+                out += _collapsed("vLLM's collect_env", fenced(terminal_output(collected), "text"))
         out += ["### Reproduce", ""]
         lines = reproduce.reproduce_lines(data)
         if lines:

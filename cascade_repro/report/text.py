@@ -124,13 +124,20 @@ def text_of(v: Any) -> str:
 
 
 def clean(s: str) -> str:
-    """Drop terminal escape sequences, control and bidi characters but keep newlines and tabs."""
-    return _CONTROL.sub("", _ANSI.sub("", s.replace("\r\n", "\n").replace("\r", "\n")))
+    """Drop control and bidi characters but keep newlines and tabs."""
+    return _CONTROL.sub("", s.replace("\r\n", "\n").replace("\r", "\n"))
+
+
+def terminal_output(s: str) -> str:
+    """A program's terminal output as text (collect_env's): its escape sequences dropped whole, then
+    :func:`clean`. Only for output a tool wrote to a terminal; a name or a prompt keeps "[2J" visible
+    where its ESC byte goes, so it still names the file or shows what was there."""
+    return clean(_ANSI.sub("", s))
 
 
 def one_line(s: str) -> str:
     """Collapse newlines and tabs into spaces and drop every other control character."""
-    s = re.sub(r"[\r\n\t]+", " ", _ANSI.sub("", s))
+    s = re.sub(r"[\r\n\t]+", " ", s)
     return _CONTROL_ALL.sub("", s)
 
 
