@@ -4,16 +4,18 @@ Standard library only, and imports nothing of the package but ``errors`` (itself
 only): the vLLM probe, which runs inside vLLM's process, writes its counts and control files
 through it too.
 
-The temp file is made by ``tempfile.mkstemp`` (``O_CREAT | O_EXCL``, mode 0600) in the target's
+The temp file is made with ``O_CREAT | O_EXCL | O_NOFOLLOW`` under a random name in the target's
 folder: a link planted under any name there is never opened, let alone written through, and two
-writers of one file never share a temp file. A failed write removes its temp file and leaves the
-old file as it was.
+writers of one file never share a temp file. Its mode is 0666 less the process's umask, as any
+file ``open`` creates (``mkstemp``'s fixed 0600 made run directories unreadable to a teammate or a
+CI job re-rendering them as another user). A failed write removes its temp file and leaves the old
+file as it was.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,13 +33,13 @@ def write_atomic(
 
     ``content``: text (UTF-8, newlines as given), bytes, or a function that writes the file at the
     path it is given (for writers that take a path: ``DataFrame.to_parquet``, ``torch.save``).
-    ``mode``: the file's permissions (else the temp file's 0600); ``durable``: fsync before the
+    ``mode``: the file's permissions (else 0666 less the umask, as ``open`` gives); ``durable``: fsync before the
     rename, so a power loss cannot leave an empty file. The folder must exist. An OSError names
     ``path`` (``naming``), also one raised on the temp file.
     """
     path = Path(path)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(name)
+    fd, tmp = _create_temp(path)
+    name = str(tmp)
     try:
         with naming(path):
             if callable(content):
@@ -59,6 +61,19 @@ def write_atomic(
         if isinstance(e, OSError) and e.filename == name:
             e.filename = str(path)  # the temp file's random name would tell the user nothing
         raise
+
+
+def _create_temp(path: Path) -> tuple[int, Path]:
+    """A new, empty file beside ``path`` (``O_EXCL``: never an existing name or a link), mode 0666
+    less the umask."""
+    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temp file name beside {path}")
 
 
 def _fsync(path: Path) -> None:

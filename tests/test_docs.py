@@ -147,7 +147,7 @@ def test_the_worked_example_is_make_run():
 
 
 def _matrix_commands() -> list[list[str]]:
-    return [w for w in command_lines() if w[:1] == ["matrix"] and len(w) > 1 and "--help" not in w
+    return [w for w in command_lines() if w[:1] == ["matrix"] and len(w) > 1 and not {"--help", "--help-all"} & set(w)
             and not any("<" in x or x.isupper() for x in w)]  # fmt: skip
 
 
@@ -158,3 +158,14 @@ def test_every_readme_matrix_command_plans(words, tmp_path):
     res = CliRunner().invoke(app, [*args, "--dry-run", "--results-dir", str(tmp_path)], env={"COLUMNS": "250"})
     assert res.exit_code == 0, res.output
     assert " cells, " in res.stdout
+
+
+def test_the_usage_blocks_matrix_options_are_in_matrix_help():
+    """The README's first usage block is what a newcomer copies: each option it gives `matrix` is
+    explained by `matrix --help`, not only by --help-all (`--inject` once was not)."""
+    usage = README[README.index("## Usage") :]
+    block = usage[usage.index("```bash\n") + 8 : usage.index("\n```", usage.index("```bash\n"))]
+    used = {w for line in block.splitlines() if line.startswith("cascade-repro matrix ") for w in line.split()
+            if w.startswith("--")}  # fmt: skip
+    shown = CliRunner().invoke(app, ["matrix", "--help"], env={"COLUMNS": "250"}).stdout
+    assert used and {o for o in used if not re.search(rf"(^|[ ,]){re.escape(o)}[ ,\n]", shown)} == set()

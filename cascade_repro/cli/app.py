@@ -42,6 +42,11 @@ class _PlainPlaceholders:
         super().__init__(*args, **kwargs)
         _plain_placeholders(self.params)  # type: ignore[attr-defined]
 
+    def get_params(self, ctx: Any) -> Any:
+        params = super().get_params(ctx)  # type: ignore[misc]
+        _plain_placeholders(params)  # also the shell-completion flags Typer appends after __init__
+        return params
+
     def get_help_option(self, ctx: Any) -> Any:
         option = super().get_help_option(ctx)  # type: ignore[misc]
         if option is not None:
@@ -50,9 +55,15 @@ class _PlainPlaceholders:
 
 
 class Command(_PlainPlaceholders, TyperCommand):
-    """Every command of this app: Typer's, with the placeholders above."""
+    """Every command of this app: Typer's, with the placeholders above, and its help rendered by
+    Click's formatter, which wraps at any width and never cuts a word (Typer's four-column table cut
+    flag names, defaults and env vars to ``--tensor-pa…`` / ``CASCADE_REPRO_MOD…`` at 80 columns)."""
 
     panels = True  # the options' help panels (a shared option brings the one it is declared in)
+    short = False  # --help: each option's first sentence, :attr:`rare` left to --help-all
+    rare: frozenset[str] = frozenset()  # the parameters shown under --help-all only
+    # (panel title, the short text, the full text) after the options
+    more_help: Any = staticmethod(lambda: [])
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -60,19 +71,8 @@ class Command(_PlainPlaceholders, TyperCommand):
             for p in self.params:
                 p.rich_help_panel = None
 
-
-class ShortHelpCommand(Command):
-    """A command with many options (`matrix`): ``--help`` lists the common ones by panel, each with
-    its first sentence; ``--help-all`` every option with its whole text and :attr:`more_help`'s
-    panels in full. Rendered by Click's formatter, which wraps at any width and never cuts a word
-    (Typer's four-column table cut flag names to ``--tensor-pa…`` at 80 columns)."""
-
-    rare: frozenset[str] = frozenset()  # the parameters shown under --help-all only
-    # (panel title, the short text, the full text) after the options
-    more_help: Any = staticmethod(lambda: [])
-
     def format_help(self, ctx: Any, formatter: Any) -> None:
-        everything = bool(ctx.meta.get(HELP_ALL))
+        everything = not self.short or bool(ctx.meta.get(HELP_ALL))
         self.format_usage(ctx, formatter)
         self.format_help_text(ctx, formatter)
         panels: dict[str, list[tuple[str, str]]] = {}
@@ -87,19 +87,33 @@ class ShortHelpCommand(Command):
                 text = first_sentence(text)
             row = (name.replace("-", _HYPHEN), text.replace("-", _HYPHEN))
             panels.setdefault(getattr(p, "rich_help_panel", None) or "Options", []).append(row)
+        arguments = [
+            record
+            for p in self.get_params(ctx)
+            if getattr(p, "param_type_name", "") == "argument" and (record := p.get_help_record(ctx))
+        ]
+        if arguments:
+            with formatter.section("Arguments"):
+                formatter.write_dl([(n, t.replace("`", "").replace("-", _HYPHEN)) for n, t in arguments])
         for title, rows in panels.items():
             with formatter.section(title):
                 formatter.write_dl(rows)
         for title, short, full in self.more_help():
             with formatter.section(title):
                 formatter.write_text((full if everything else short).replace("-", _HYPHEN))
-        if not everything:
+        if self.short and not everything:
             formatter.write_paragraph()
             formatter.write_text(f"{len(self.rare)} more options, and every text in full: --help-all")
         self.format_epilog(ctx, formatter)
 
     def format_help_text(self, ctx: Any, formatter: Any) -> None:
-        _click_command().format_help_text(self, ctx, formatter)
+        # Markdown's code backticks, as rich's help dropped them: plain help shows the words alone.
+        help_text = self.help
+        self.help = help_text.replace("`", "") if help_text else help_text
+        try:
+            _click_command().format_help_text(self, ctx, formatter)
+        finally:
+            self.help = help_text
 
     def format_epilog(self, ctx: Any, formatter: Any) -> None:
         """The epilog line by line (the exit-code table), each wrapped on its own."""
@@ -115,6 +129,14 @@ class ShortHelpCommand(Command):
 
     def get_help(self, ctx: Any) -> str:
         return super().get_help(ctx).replace(_HYPHEN, "-")
+
+
+class ShortHelpCommand(Command):
+    """A command with many options (`matrix`): ``--help`` lists the common ones by panel, each with
+    its first sentence; ``--help-all`` every option with its whole text and :attr:`more_help`'s
+    panels in full."""
+
+    short = True
 
 
 def _click_command() -> Any:
@@ -276,7 +298,8 @@ app = Typer(
     no_args_is_help=True,
     rich_markup_mode="markdown",
     pretty_exceptions_enable=False,
-    add_completion=False,
+    # --install-completion / --show-completion (bash, zsh, fish, PowerShell), as every Typer app.
+    add_completion=True,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -299,7 +322,9 @@ def _print_version(value: bool) -> None:
 def _app_options(
     show_version: Annotated[
         bool,
-        typer.Option("--version", help="Print the version and exit.", is_eager=True, callback=_print_version),
+        typer.Option(
+            "--version", "-V", help="Print the version and exit.", is_eager=True, callback=_print_version
+        ),
     ] = False,
     debug: Annotated[
         bool,

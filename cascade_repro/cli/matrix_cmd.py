@@ -79,7 +79,7 @@ class MatrixCommand(ShortHelpCommand):
 
     rare = frozenset(
         {
-            "alpha", "rep_delta", "min_topk_violations", "drift_min", "inject", "engine_timeout",
+            "alpha", "rep_delta", "min_topk_violations", "drift_min", "engine_timeout",
             "graphs_for_batches", "load_format", "hf_overrides", "prompt_field", "key_field", "allow_mixed",
             "run_id", "reference_device", "topk", "arm_switch", "auto_controls", "rerun", "force_cascade",
             "ignore_eos", "device", "trust_remote_code", "engine_args", "seed", "system_prompt",
@@ -113,7 +113,10 @@ def _foreign_help() -> list[tuple[str, str, str]]:
     lm_eval = (
         "lm-eval's spellings: --model_args k=v,... (as -E), --output_path/--output-path/-o DIR (as "
         "--results-dir), --log_samples (every sample is kept anyway), --gen_kwargs max_gen_toks=N "
-        "(as --max-tokens; the matrix decodes greedily)."
+        "(as --max-tokens; the matrix decodes greedily), --apply_chat_template (always applied). Refused with "
+        "the option they mean: --batch_size (--batch), --tasks (--prompts), --model vllm|hf (--engine). "
+        "-E gpu_memory_utilization / max_model_len are --gpu-memory-utilization / --max-model-len: given "
+        "both ways with different values, refused."
     )
     return [("vLLM engine flags", short, full), ("lm-eval spellings", lm_eval, lm_eval)]
 
@@ -389,6 +392,24 @@ def matrix(
             version = vllm_surface.installed_version()
             tw = twins.of(spec)
             gpus = visible_gpu_count()
+            testable = vllm_surface.twin_problem(tw.family, version) is None
+            if not dry_run and (version is None or (gpus == 0 and testable)):
+                # What this box lacks for any vLLM run, named; not a twin's GPU count (no --twin was given).
+                install = f'pip install "{vllm_surface.VLLM_REQUIREMENT}"'
+                lacks = {
+                    (
+                        True,
+                        True,
+                    ): f"vLLM and an NVIDIA GPU, and this machine has neither ({install} on a GPU machine)",
+                    (True, False): f"vLLM, which is not installed here: {install}",
+                    (False, True): "an NVIDIA GPU, and this machine has none visible",
+                }[(version is None, gpus == 0)]
+                err_console().print(
+                    f"error: --engine vllm needs {lacks}; --engine hf runs on the CPU, and --dry-run plans anywhere",
+                    highlight=False,
+                    markup=False,
+                )
+                raise typer.Exit(exit_codes.USAGE)
             why = vllm_surface.twin_refusal(tw.family, tw.name, tw.gpus, version, gpus)
             unsupported = vllm_surface.twin_problem(tw.family, version) is not None
             if unsupported and given.get("twin") is None and config is None:

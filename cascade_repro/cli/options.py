@@ -326,7 +326,7 @@ Executor = Annotated[
     option(
         "Where the engine keys run: `local` (one worker process after another on this machine) or `ray` "
         "(each key a task on a Ray cluster asking for its tp GPUs, the run directory written here; "
-        "needs `pip install 'cascade-repro[ray]'`). [default: local]",
+        'needs Ray: `pip install "ray>=2.9"`). [default: local]',
         OUTPUT,
         "--executor",
         envvar="CASCADE_REPRO_EXECUTOR",

@@ -134,7 +134,9 @@ class VLLMEngine:
             import vllm
             from vllm import LLM
         except ImportError as e:
-            raise UsageError(f"the vllm engine needs vLLM: pip install 'cascade-repro[vllm]' ({e})") from None
+            raise UsageError(
+                f'the vllm engine needs vLLM: pip install "{vllm_surface.VLLM_REQUIREMENT}" ({e})'
+            ) from None
         self.vllm_version = getattr(vllm, "__version__", "unknown")
 
         backend = str(eplan.backend or "FLASH_ATTN")

@@ -684,8 +684,9 @@ def _ref_columns(
     import json
 
     def curve(errs: list[ArmError]) -> str:
+        # four significant digits, not six decimals: a per-step error of 5.7e-06 must not read as 6e-06 or 0
         vals = by_step_mean([e.by_step for e in errs])
-        return json.dumps([round(v, 6) if v == v else None for v in vals]) if vals else ""
+        return json.dumps([float(f"{v:.4g}") if v == v else None for v in vals]) if vals else ""
 
     return {
         "reference": reference if stats.measured else "",

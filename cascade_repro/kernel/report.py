@@ -333,7 +333,7 @@ def write_reports(data: dict, out_dir: Path) -> list[Path]:
     paths = []
     for fmt in FORMATTERS:
         path = out_dir / fmt.filename
-        runstore.write_text_atomic(path, fmt.render(data), mode=0o644, durable=True)
+        runstore.write_text_atomic(path, fmt.render(data), durable=True)
         paths.append(path)
     return paths
 

@@ -116,7 +116,7 @@ def missing_requirements() -> list[str]:
     except ImportError:
         missing.append("torch is not installed")
     if importlib.util.find_spec("vllm") is None:
-        missing.append("vLLM is not installed (pip install 'cascade-repro[vllm]')")
+        missing.append(f'vLLM is not installed (pip install "{vllm_surface.CASCADE_REQUIREMENT}")')
     return missing
 
 

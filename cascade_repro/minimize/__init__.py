@@ -171,7 +171,7 @@ def minimize_run(
             header=f"model {run.model_name or spec.model}; from run {run_id}, pair {pair['pair_id']} ({spec.engine} engine, "
             f"vLLM {run.env.get('vllm', 'unknown')})",
         )
-        runstore.write_text_atomic(out_dir / "repro.py", repro, mode=0o644)  # replaces, never follows, a link
+        runstore.write_text_atomic(out_dir / "repro.py", repro)  # replaces, never follows, a link
         files["repro"] = out_dir / "repro.py"
         issue = render_issue(
             result=data,
@@ -182,6 +182,6 @@ def minimize_run(
             inject=inject,
             engine_args=engine_args,
         )
-        runstore.write_text_atomic(out_dir / "issue.md", issue, mode=0o644)
+        runstore.write_text_atomic(out_dir / "issue.md", issue)
         files["issue"] = out_dir / "issue.md"
     return MinimizeOutput(result, out_dir, files)

@@ -139,9 +139,12 @@ def _env_text(env: dict[str, Any], effective: dict[str, Any]) -> str:
 
 def _collect_env_block(run: Manifest) -> list[str]:
     """vLLM's own collect_env output, collapsed, when the run recorded it."""
+    from cascade_repro.report.text import terminal_output
+
     text = run.vllm_collect_env
     if not isinstance(text, str) or not text.strip():
         return []
+    text = terminal_output(text)  # nvidia-smi's underlining reaches it as escape bytes
     fence = "````" if "```" in text else "```"
     return ["<details>", "<summary>vLLM's collect_env (recorded by the run)</summary>", "", f"{fence}text", text,
             fence, "", "</details>", ""]  # fmt: skip

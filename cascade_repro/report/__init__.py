@@ -79,7 +79,7 @@ def write_reports(
             formatter = formatter_for(fmt)
             path = run_dir / formatter.filename
             # A reader (or a crash) sees the old file or the new one, never half of one.
-            runstore.write_text_atomic(path, formatter.render(data), mode=0o644, durable=True)
+            runstore.write_text_atomic(path, formatter.render(data), durable=True)
             written[fmt] = path
     return written
 

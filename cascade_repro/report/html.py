@@ -135,10 +135,12 @@ def _figure(plot: str, caption: str) -> list[str]:
 
 
 def _plots(data: RunData) -> list[str]:
-    """The evidence the verdicts test, as plots: counts against their controls first (what decides
-    most regressions), then the drift ratios, the error against the reference where the run has
-    one, and where outputs split."""
-    out = [
+    """The evidence the verdicts test, as plots: the error ratios against the reference first where
+    the run has one (what decides there), then the counts against their controls, the drift ratios,
+    the error by decode step, and where outputs split."""
+    # Where the reference decided, its evidence leads: each pair's error ratio, CI and minimum effect.
+    out = _figure(svg.error_ratio_plot(data), svg.error_ratio_caption(data))
+    out += [
         *_figure(svg.divergence_plot(data), svg.counts_caption(data)),
         *_figure(svg.topk_plot(data), svg.counts_caption(data)),
         *_figure(svg.forest_plot(data), svg.forest_caption(data)),
@@ -221,9 +223,14 @@ class HtmlFormatter(ReportFormatter):
         lines = reproduce.reproduce_lines(data)
         out += [
             "<h2>Reproduce</h2>",
-            f"<pre><code>{escape(chr(10).join(lines))}</code></pre>"
+            f"<p>{reproduce.reproduce_note(data, _code) or ''}</p><pre><code>{escape(chr(10).join(lines))}</code></pre>"
             if lines
             else '<p class="nodata">command not recorded in run.json</p>',
         ]
+        for pair, script in data.repro_scripts if lines else []:
+            out += [
+                f"<details><summary>repro.py ({escape(pair)}): python repro.py</summary>"
+                f"<pre><code>{escape(script)}</code></pre></details>"
+            ]
         out += ["</main></body>", "</html>"]
         return "\n".join(out) + "\n"

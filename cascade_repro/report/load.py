@@ -63,6 +63,9 @@ class RunData:
     # Why the examples have no texts or top-k tables ("" when they have them, or there are none):
     # a run copied without samples/ (committed evidence, a CI artifact) still renders, and says so.
     samples_missing: str = ""
+    # repro.py as `minimize` wrote it under minimize/<pair>/ (pair id, script): the report shows it,
+    # so a reader can reproduce with vLLM alone from the pasted report.
+    repro_scripts: list[tuple[str, str]] = field(default_factory=list)
     _rows: dict[str, list[dict]] | None = field(default=None, init=False, repr=False, compare=False)
 
     def rows(self, table: str) -> list[dict]:
@@ -132,7 +135,25 @@ def load_run(
         examples,
         unscorable_prompts(run_dir),
         samples_missing=missing,
+        repro_scripts=repro_scripts(run_dir),
     )
+
+
+REPRO_MAX_CHARS = 60_000  # a script longer than this is not minimize's, or would not fit an issue
+
+
+def repro_scripts(run_dir: Path) -> list[tuple[str, str]]:
+    """The repro.py files ``minimize`` wrote in this run directory (pair folder name, text), in name
+    order; a file that is a link, too long or not UTF-8 is left out."""
+    found = []
+    for path in sorted((run_dir / runstore.MINIMIZE).glob("*/repro.py")):
+        try:
+            if path.is_symlink() or path.stat().st_size > REPRO_MAX_CHARS:
+                continue
+            found.append((path.parent.name, path.read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError):
+            continue
+    return found
 
 
 NO_SAMPLES = (

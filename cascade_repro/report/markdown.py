@@ -20,7 +20,7 @@ from cascade_repro.report import (
 from cascade_repro.report import reference as ref
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.load import Example, RunData
-from cascade_repro.report.text import clean, fence_for, md_inline, md_table_rows, one_line
+from cascade_repro.report.text import clean, fence_for, md_inline, md_table_rows, one_line, terminal_output
 from cascade_repro.run import runstore
 
 # GitHub rejects issue bodies over 65536 characters; keep each sample text well below that.
@@ -196,11 +196,19 @@ class MarkdownFormatter(ReportFormatter):
             out += _collapsed("Environment", fenced(env, "text"))
             collected = data.manifest.vllm_collect_env
             if isinstance(collected, str) and collected.strip():
-                out += _collapsed("vLLM's collect_env", fenced(collected, "text"))
+                out += _collapsed("vLLM's collect_env", fenced(terminal_output(collected), "text"))
         out += ["### Reproduce", ""]
         lines = reproduce.reproduce_lines(data)
         if lines:
+            out += [reproduce.reproduce_note(data, md_code) or "", ""]
             out += fenced("\n".join(lines), "bash")
+            for pair, script in data.repro_scripts:
+                out += [
+                    "",
+                    *_collapsed(
+                        f"repro.py ({pair}): python repro.py", fenced(clean(script).rstrip("\n"), "python")
+                    ),
+                ]
         else:
             out.append("_command not recorded in run.json_")
         return "\n".join(out).rstrip("\n") + "\n"

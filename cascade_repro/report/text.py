@@ -13,6 +13,9 @@ MISSING = "—"
 _BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
 _CONTROL = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_BIDI}]")
 _CONTROL_ALL = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI}]")
+# A terminal's escape sequences (CSI such as "\x1b[4m", OSC such as a hyperlink): collect_env's GPU
+# topology is underlined by nvidia-smi even into a pipe. Dropping the ESC byte alone would leave "[4m".
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 _XML_INVALID = re.compile("[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 _BACKTICKS = re.compile("`+")
 # Only what could open a tag, comment or entity; a bare "<1e-6" stays readable in the raw file.
@@ -123,6 +126,13 @@ def text_of(v: Any) -> str:
 def clean(s: str) -> str:
     """Drop control and bidi characters but keep newlines and tabs."""
     return _CONTROL.sub("", s.replace("\r\n", "\n").replace("\r", "\n"))
+
+
+def terminal_output(s: str) -> str:
+    """A program's terminal output as text (collect_env's): its escape sequences dropped whole, then
+    :func:`clean`. Only for output a tool wrote to a terminal; a name or a prompt keeps "[2J" visible
+    where its ESC byte goes, so it still names the file or shows what was there."""
+    return clean(_ANSI.sub("", s))
 
 
 def one_line(s: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
@@ -55,7 +56,9 @@ def source_info() -> dict[str, str]:
     """Where this cascade-repro came from, for a report's install line: ``commit`` (with ``-dirty``
     when tracked files differ from it) when the package runs from a git checkout, and
     ``repository``: the distribution's ``Project-URL: Repository``, else the checkout's ``origin``.
-    Credentials in a URL are redacted. Empty when neither is known (an installed wheel)."""
+    An installed copy (no checkout) gives what pip recorded of where it came from (PEP 610's
+    direct_url.json): a git URL and its commit, or the URL of the archive it was installed from.
+    Credentials in a URL are redacted. Empty when none is known (a wheel or a folder on a disk)."""
     import subprocess
     from pathlib import Path
 
@@ -84,6 +87,8 @@ def source_info() -> dict[str, str]:
             return None
         return res.stdout.strip() if res.returncode == 0 else None
 
+    if not (root / ".git").exists():
+        out.update(_installed_from())
     if (root / ".git").exists() and (commit := git("rev-parse", "HEAD")):
         dirty = git("status", "--porcelain", "--untracked-files=no")
         out["commit"] = commit + ("-dirty" if dirty else "")
@@ -92,6 +97,28 @@ def source_info() -> dict[str, str]:
         if "repository" not in out and origin and pip_vcs_url(origin) is not None:
             out["repository"] = redact_value("URL", origin)
     return out
+
+
+def _installed_from() -> dict[str, str]:
+    """Where pip installed this copy from, when that is an address another machine can install from
+    too: ``repository`` and ``commit`` for a VCS URL, ``archive`` for a wheel's or sdist's https URL
+    (PEP 610's direct_url.json). A local folder or file is nothing: a path of this machine."""
+    try:
+        recorded = metadata.distribution("cascade-repro").read_text("direct_url.json")
+        direct = json.loads(recorded) if recorded else {}
+    except (metadata.PackageNotFoundError, ValueError, OSError):
+        return {}
+    url = direct.get("url") if isinstance(direct, dict) else None
+    if not isinstance(url, str):
+        return {}
+    vcs = direct.get("vcs_info")
+    if isinstance(vcs, dict) and vcs.get("vcs") == "git" and isinstance(vcs.get("commit_id"), str):
+        if pip_vcs_url(url) is not None:
+            return {"repository": redact_value("URL", url), "commit": vcs["commit_id"]}
+        return {}
+    if "archive_info" in direct and re.match(r"https://\S+$", url):
+        return {"archive": redact_value("URL", url)}
+    return {}
 
 
 def pip_vcs_url(repository: str) -> str | None:

@@ -36,7 +36,10 @@ from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import EnginePlan, MatrixSpec
 from cascade_repro.run import cuda_cache, runstore, supervise
 
-RAY_MISSING = "--executor ray needs Ray: pip install 'cascade-repro[ray]'"
+# The `ray` extra's requirement (tests/test_packaging.py holds pyproject.toml to it). The line names
+# Ray itself: cascade-repro is not on the package index, so `cascade-repro[ray]` would not install.
+RAY_REQUIREMENT = "ray>=2.9"
+RAY_MISSING = f'--executor ray needs Ray: pip install "{RAY_REQUIREMENT}"'
 POLL_S = 0.5
 # How long after the task last said anything the driver gives up on it, beyond --engine-timeout
 # (which the task applies itself): only a task whose node went silent without Ray noticing.

@@ -283,6 +283,7 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
     from cascade_repro.plan.models import (
         EMBEDDED,
         embedded_converted,
+        embedded_gguf_path,
         load_tokenizer,
         quiet_progress,
         resolve_model,
@@ -314,21 +315,18 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
             raise UsageError(f"--device {spec.device}: {gpus} CUDA GPU{'s' if gpus != 1 else ''} visible")
     pset = load_prompt_set(spec.prompts, spec.limit, spec.prompt_field, spec.key_field)
     system_text = load_system_prompt(spec.system_prompt)
-    # The first conversion of the embedded model draws progress bars: on a terminal they show it
-    # working; in a log they are carriage-return noise, so there one line says what is happening.
+    # The first conversion of the embedded model takes tens of seconds: one line says what is
+    # happening, on a terminal too (its bars were few and late, so the terminal sat silent); in a log
+    # the bars themselves are carriage-return noise and stay off.
     plain = not getattr(console, "is_terminal", False) or not opts.bar
     info = engine_info(spec.engine)
-    if (
-        info.has_weights
-        and opts.progress
-        and plain
-        and console is not None
-        and spec.model in ("", EMBEDDED)
-        and not embedded_converted()
-    ):
-        console.print(
-            "converting the embedded model into the user cache (first run only, ~15 s)", highlight=False
-        )
+    if info.has_weights and spec.model in ("", EMBEDDED):
+        embedded_gguf_path()  # a missing model package: its one install line, before anything else is said
+        if opts.progress and console is not None and not embedded_converted():
+            console.print(
+                "converting the embedded model into the user cache (first run only; under a minute, then kept)",
+                highlight=False,
+            )
     if not info.has_weights:  # the fake: no model to resolve, its own tokenizer
         model_path, model_name, tokenizer = "", f"none ({spec.engine} engine)", info.own_tokenizer()
     else:
@@ -631,6 +629,29 @@ def planned_dtypes(spec: MatrixSpec, model_path: str | None = None) -> list[str]
     return [
         d if d != "auto" else ("float32" if cpu and not info.is_vllm else "bfloat16") for d in spec.dtypes
     ]
+
+
+def quick_run_seconds(
+    spec: MatrixSpec, opts: RunOptions, model_path: str | None, n_prompts: int
+) -> float | None:
+    """The estimate of the quick first run (``estimate.QUICK_RUN``) with this run's other settings
+    (model, prompts, device, reference): the matrix and its reference pass; None when unknown."""
+    import dataclasses
+
+    from cascade_repro.plan import estimate
+
+    quick = dataclasses.replace(spec, **estimate.QUICK_RUN)
+    planned = plan(quick)
+    n = min(n_prompts, int(estimate.QUICK_RUN["limit"]))
+    engines = {
+        k: {"cells": [{"cell_id": c.cell_id, "batch": c.batch} for c in planned.cells_of(k)], "fa_version": ep.fa_version}
+        for k, ep in planned.engines.items()
+    }  # fmt: skip
+    est = estimate.for_plan(quick, n, engines)
+    if est.seconds is None:
+        return None
+    cost = reference_cost(quick, opts.reference, n * len(planned.cells), model_path)
+    return est.seconds + (cost.est_s if cost is not None else 0.0)
 
 
 def reference_cost(
@@ -1001,8 +1022,11 @@ def run_matrix(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> RunOu
         device = estimate.run_device(spec.engine, spec.device)
         # Only a CPU run is warned about: a GPU run need not pay the estimate's scan of its samples.
         est = estimate.for_run(prepared.run, run_dir) if device == "cpu" else None
-        if est is not None and (warning := estimate.warning_for(est, device)) is not None:
-            console.print(f"[yellow]warning:[/] {_escape(warning)}", highlight=False)
+        ref_s = cost.est_s if cost is not None else None
+        if est is not None and estimate.warning_for(est, device, ref_s) is not None:
+            quick = quick_run_seconds(spec, opts, prepared.run.model_path, int(prepared.run.prompt_set.n))
+            warning = estimate.warning_for(est, device, ref_s, quick)
+            console.print(f"[yellow]warning:[/] {_escape(str(warning))}", highlight=False)
     with runstore.RunLock(run_dir):
         prepared.write()
         if console is not None and prepared.newer:

@@ -381,9 +381,10 @@ def refuse_run_links(run_dir: Path) -> None:
     refuse_links(run_dir, owned_paths(run_dir))
 
 
-def safe_open(path: Path, flags: int, mode: int = 0o644) -> int:
+def safe_open(path: Path, flags: int, mode: int = 0o666) -> int:
     """``os.open`` that never follows a symbolic link at ``path`` (O_NOFOLLOW): a planted link is a
-    UsageError naming it, not a write into the file it points at."""
+    UsageError naming it, not a write into the file it points at. A file it creates gets ``mode``
+    less the umask, as every file of a run directory does."""
     try:
         return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     except OSError as e:
@@ -415,8 +416,8 @@ def sweep_path(run_dir: Path) -> Path:
 def write_text_atomic(path: Path, text: str, *, mode: int | None = None, durable: bool = False) -> None:
     """Write text through a temp file and rename, so readers never see half a file.
 
-    ``mode``: the file's permissions (the temp file is created 0600; reports, meant to be shared,
-    pass 0o644); ``durable``: fsync before the rename, so a power loss cannot leave an empty file.
+    ``mode``: the file's permissions (else 0666 less the umask, as for every file of a run
+    directory); ``durable``: fsync before the rename, so a power loss cannot leave an empty file.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, text, mode=mode, durable=durable)

@@ -61,9 +61,9 @@ def test_matrix_help_groups_options_in_panels():
     ):
         assert f"\n{panel}:\n" in res.stdout, panel
     assert "\nDebug:\n" in everything.stdout
-    for option in ("--batch", "--tp", "--cascade", "--dry-run", "--prompts", "--results-dir"):
+    for option in ("--batch", "--tp", "--cascade", "--dry-run", "--prompts", "--results-dir", "--inject"):
         assert option in res.stdout
-    for option in ("--arm-switch", "--alpha", "--inject"):  # the rare ones: --help-all
+    for option in ("--arm-switch", "--alpha"):  # the rare ones: --help-all
         assert f"\n  {option} " not in res.stdout and f"\n  {option} " in everything.stdout
     assert (
         "Exit codes: • 0 success • 1 regression (per --fail-on), or every cascade pair errored "
@@ -611,8 +611,22 @@ def test_the_matrix_options_explain_takes_are_declared_once(option):
 
 def test_a_command_with_few_options_lists_them_all_under_options():
     for words in ("report", "merge", "doctor", "minimize", "env", "prompts show"):
-        assert "╭─ Options ─" in invoke(*words.split(), "--help").stdout
+        out = invoke(*words.split(), "--help").stdout
+        assert "\nOptions:\n" in out and "\nMatrix:\n" not in out, words
         assert all(p.rich_help_panel is None for p in _command(words).params), words
+
+
+COMMANDS = ("matrix", "explain", "doctor", "merge", "report", "minimize", "kernel", "env", "prompts list",
+            "prompts show")  # fmt: skip
+
+
+@pytest.mark.parametrize("words", COMMANDS)
+def test_help_at_80_columns_cuts_no_word(words):
+    """Help wraps at any width and cuts nothing: Typer's four-column table once cut flags, defaults
+    and env vars to "--tensor-pa…" / "CASCADE_REPRO_MOD…" at 80 columns."""
+    out = CliRunner().invoke(app, [*words.split(), "--help"], env={"COLUMNS": "80"}).stdout
+    assert "…" not in out
+    assert max(len(line) for line in out.splitlines()) <= 80, words
 
 
 def test_every_matrix_option_shows_its_default_from_the_spec():
@@ -852,8 +866,22 @@ def test_dry_run_warns_of_a_prefix_too_short_for_cascade(tmp_path):
 def test_version_prints_the_installed_version():
     from importlib.metadata import version
 
-    res = invoke("--version")
-    assert res.exit_code == 0 and res.stdout == f"cascade-repro {version('cascade-repro')}\n"
+    for flag in ("--version", "-V"):
+        res = invoke(flag)
+        assert res.exit_code == 0 and res.stdout == f"cascade-repro {version('cascade-repro')}\n"
+
+
+def test_shell_completion_completes_commands_and_flags():
+    """Typer's --install-completion / --show-completion; the script calls back with these variables."""
+    assert {"--install-completion", "--show-completion"} <= set(flat(invoke("--help").stdout).split())
+
+    def complete(line: str) -> list[str]:
+        words = line.split(" ")
+        env = {"_CASCADE_REPRO_COMPLETE": "complete_bash", "COMP_WORDS": line, "COMP_CWORD": str(len(words) - 1)}
+        return CliRunner().invoke(app, [], env=env, prog_name="cascade-repro").stdout.split()
+
+    assert complete("cascade-repro ma") == ["matrix"]
+    assert "--engine" in complete("cascade-repro matrix --eng")
 
 
 def test_dry_run_states_the_reference_and_refuses_one_that_does_not_fit(monkeypatch):
@@ -913,3 +941,21 @@ def test_json_prints_the_outcome_on_stdout_for_matrix_report_and_merge(tmp_path)
     assert res.exit_code == 2 and res.stdout == "" and "--dry-run runs nothing" in res.stderr
     for command in ("matrix", "report", "merge"):
         assert "summary.schema.json" in flat(invoke(command, "--help").stdout), command
+
+
+def test_matrix_engine_vllm_on_a_box_without_vllm_or_a_gpu_names_what_is_missing(monkeypatch):
+    """Not "--twin cascade needs 1 GPUs" when no --twin was given: what the box lacks, and the way on."""
+    from cascade_repro import vllm_surface
+    from cascade_repro.run import envinfo
+
+    for version, gpus, said in (
+        (None, 0, 'needs vLLM and an NVIDIA GPU, and this machine has neither (pip install "vllm>='),
+        (None, 1, "needs vLLM, which is not installed here: pip install"),
+        ("0.26.0", 0, "needs an NVIDIA GPU, and this machine has none visible"),
+    ):
+        monkeypatch.setattr(vllm_surface, "installed_version", lambda v=version: v)
+        monkeypatch.setattr(envinfo, "visible_gpu_count", lambda g=gpus: g)
+        res = invoke("matrix", "--engine", "vllm", "--limit", "2")
+        assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.output
+        assert said in res.stderr and "--twin" not in res.stderr and "1 GPUs" not in res.stderr
+        assert "--engine hf runs on the CPU" in res.stderr

@@ -188,3 +188,45 @@ def test_dry_run_and_explain_tables_fold_at_80_columns():
     assert res.exit_code == 0, res.output
     assert "…" not in res.output and "of none concurrent" not in res.output
     assert "no batch size here runs cascade decode steps through FA2's split-KV path" in res.output
+
+
+# lm-eval's and vLLM's spellings a user brings, and what each gets: the knob it means here, said in
+# one line (exit 2), or a note where it changes nothing. One row per spelling.
+SPELLINGS = [
+    (["--batch_size", "8"], 2, "no such option: --batch_size; lm-eval's batch size is the requests per step: here it is --batch SIZES"),
+    (["--batch-size", "8"], 2, "here it is --batch SIZES, the concurrent requests per wave"),
+    (["--model", "vllm"], 2, "--model vllm: lm-eval's model type; here --engine vllm picks the engine"),
+    (["--model", "hf"], 2, "--model hf: lm-eval's model type; here --engine hf picks the engine"),
+    (["--tasks", "ifeval"], 2, "no such option: --tasks; lm-eval's tasks are benchmarks: here the prompts are a prompt set, --prompts SET"),
+    (["--num_fewshot", "0"], 2, "no few-shot examples here"),
+    (["--apply_chat_template"], 0, "note: --apply_chat_template: every prompt is already rendered with the model's chat template"),
+    (["--log_samples"], 0, "note: --log_samples: every sample is kept anyway"),
+    (["--swap-space", "4"], 2, "--swap-space: 'swap_space' is not an engine argument of vLLM 0.26.0's EngineArgs as recorded"),
+    (["-E", "swap_space=4"], 2, "'swap_space' is not an engine argument of vLLM 0.26.0's EngineArgs as recorded"),
+    (["-E", "gpu_memory_utilization=0.4", "--gpu-memory-utilization", "0.3"], 2,
+     "engine argument gpu_memory_utilization=0.4 and --gpu-memory-utilization 0.3 set the same thing: give one"),
+    (["--model_args", "max_length=2048"], 2, "--model_args max_length=...: use --max-model-len"),
+    (["--ubatch-size", "8"], 0, "ubatch_size=8"),  # vLLM's own micro-batch: taken, as vLLM takes it
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "code", "said"), SPELLINGS, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_spellings_point_at_the_knob_they_mean(args, code, said):
+    res = invoke("matrix", "--engine", "vllm", "--batch", "8", "--limit", "2", "--dry-run", *args)
+    assert res.exit_code == code, res.output
+    assert said in " ".join(res.output.split()) and "Traceback" not in res.output
+    if code == 2:
+        assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_an_engine_argument_that_is_an_option_becomes_the_option():
+    """-E gpu_memory_utilization=0.4 alone (or lm-eval's model_args) is --gpu-memory-utilization 0.4:
+    one value, the one run.json records and the engine gets; the same value both ways is fine."""
+    from cascade_repro.plan.flags import spec_from_cli
+
+    for extra, given in ((["--model_args", "gpu_memory_utilization=0.4"], {}),
+                         ([], {"engine_arg": ["gpu_memory_utilization=0.4", "block_size=32"]}),
+                         ([], {"engine_arg": ["gpu_memory_utilization=0.4"], "gpu_memory_utilization": 0.4})):  # fmt: skip
+        spec = spec_from_cli({"engine": "vllm", **given}, extra=extra).spec
+        assert spec.gpu_memory_utilization == 0.4
+        assert "gpu_memory_utilization" not in spec.engine_args

@@ -888,7 +888,7 @@ def test_empty_and_old_run_renders(tmp_path: Path) -> None:
     data = load_run(tmp_path)
     for fmt in ReportFormat:
         assert formatter_for(fmt).render(data)
-    assert "no data" in HtmlFormatter().render(data)
+    assert "no data" not in HtmlFormatter().render(data)  # a plot with nothing to draw is left out
     assert (
         MarkdownFormatter().render(data).startswith("## cascade-repro: nothing exercised: no cascade pairs\n")
     )
@@ -1296,7 +1296,7 @@ def test_forest_plot_rows_and_threshold_ticks(run_dir: Path) -> None:
     data.pairs.loc[data.pairs["pair_id"] == "p02", "pair_id"] = SCRIPT
     assert "<script" not in svg.forest_plot(data) and "&lt;script&gt;" in svg.forest_plot(data)
     data.pairs["drift_ratio"] = NAN
-    assert svg.forest_plot(data) == '<p class="nodata">Drift ratio per pair (log scale): no data</p>'
+    assert svg.forest_plot(data) == ""  # nothing to draw: no plot, and no "no data" box either
 
 
 @pytest.mark.parametrize(
@@ -1374,7 +1374,7 @@ def test_old_run_without_drift_columns_renders(tmp_path: Path) -> None:
     decided = "outside top-k 2 vs 0: p<1e-6 < 0.01; Δseq-rep-4 CI low +0.051 > 0.02"
     assert f"| p02 | **regression** | {decided} | — |" in md
     assert "_drift ratio:" not in md and "Not calibrated" in md
-    assert "Drift ratio per pair (log scale): no data" in HtmlFormatter().render(data)
+    assert "Drift ratio per pair" not in HtmlFormatter().render(data)
     assert json.loads(JsonFormatter().render(data))["pairs"][1]["drift_ratio"] is None
     assert exit_status(data, "regression")[0] == 1
 
@@ -1588,3 +1588,25 @@ def test_report_without_samples_keeps_the_richer_reports_unless_forced(run_dir: 
     page = (run_dir / "report.html").read_text(encoding="utf-8")
     assert f'<p class="nodata">{html_escape(NO_SAMPLES)}</p>' in page
     assert "반복 반복" not in page and "반복 반복" not in (run_dir / "report.md").read_text(encoding="utf-8")
+
+
+def test_the_reproduce_block_says_which_way_reproduces_it(run_dir: Path) -> None:
+    """Followable from the pasted report alone: an install line that works, or (the package is not
+    on the index) a plain statement, and the standalone repro.py `minimize` wrote, shown whole."""
+    md = MarkdownFormatter().render(load_run(run_dir))
+    block = md.split("### Reproduce\n", 1)[1]
+    assert block.lstrip().startswith("No line can install the cascade-repro that ran")
+    assert "`cascade-repro minimize RUN_DIR` writes `repro.py`" in block
+    assert "pip install cascade-repro" not in md and "install cascade-repro 0.1.0" not in md
+    script = 'import vllm  # a standalone case\nprint("```")\n'
+    (run_dir / "minimize" / "p02").mkdir(parents=True)
+    (run_dir / "minimize" / "p02" / "repro.py").write_text(script, encoding="utf-8")
+    data = load_run(run_dir)
+    md = MarkdownFormatter().render(data)
+    block = md.split("### Reproduce\n", 1)[1]
+    assert "The standalone `repro.py` below (written by `cascade-repro minimize`) needs only vLLM." in block
+    assert "<details><summary>repro.py (p02): python repro.py</summary>" in block
+    assert f"````python\n{script}````" in block  # a fence the script's own ``` cannot close
+    page = HtmlFormatter().render(data)
+    assert "repro.py (p02): python repro.py</summary><pre><code>import vllm  # a standalone case" in page
+    assert "needs only vLLM" in page

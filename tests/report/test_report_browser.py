@@ -69,3 +69,28 @@ def test_the_regression_run_plots_each_configuration(pages) -> None:
     assert "calibration" not in page.split("<h2>Evidence</h2>")[1].split("Per-pair evidence")[0]
     calibrated, _ = pages["fa3-ko-cal"]
     assert "grey italic rows are calibration pairs" in calibrated
+
+
+# Backend twins (issue 45): the page is the run's twin's, not cascade's.
+TWIN_RUNS = {
+    "triton": EVIDENCE / "2026-12-03-h200-twins" / "triton",
+    "flashinfer": EVIDENCE / "2026-12-03-h200-twins" / "flashinfer",
+}
+
+
+@pytest.mark.parametrize("name", list(TWIN_RUNS))
+def test_a_backend_twins_page_is_its_own_and_every_label_is_whole(tmp_path: Path, name: str) -> None:
+    from cascade_repro import twin
+
+    data = load_run(TWIN_RUNS[name])
+    axis = twin.of(data.manifest.spec)
+    page = HtmlFormatter().render(data)
+    evidence = page.split("<h2>Evidence</h2>")[1].split("Per-pair evidence")[0]
+    # It leads with what decided: each pair's error ratio against the reference, its CI, the minimum effect.
+    assert evidence.index("Error against the reference, test over twin") < evidence.index("Prompts diverged")
+    assert 'class="threshold"' in evidence.split("</svg>")[0]
+    # Legends, titles and captions name the run's arms; nothing promises a control it does not draw.
+    assert f">{axis.test}</text>" in evidence and "cascade" not in evidence.lower()
+    assert "no data" not in page and "judged against the reference" in evidence
+    m = layout(page, 1280, tmp_path)
+    assert m["clipped"] == [] and m["overlaps"] == [], m

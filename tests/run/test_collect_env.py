@@ -32,9 +32,13 @@ def test_report_md_and_issue_md_carry_it_collapsed(tmp_path):
     from cascade_repro.report.markdown import MarkdownFormatter
     from cascade_repro.run.manifest import Manifest
 
-    run = {**tr.RUN, "vllm_collect_env": "vLLM Version : 0.26.0\nPyTorch version : 2.11.0"}
+    # nvidia-smi underlines its topology's header even into a pipe: the escapes go, the text stays.
+    topo = "\x1b[4mGPU0\tGPU1\tCPU Affinity\x1b[0m\nGPU0\t X \tNV18"
+    run = {**tr.RUN, "vllm_collect_env": f"vLLM Version : 0.26.0\nPyTorch version : 2.11.0\n{topo}"}
     md = MarkdownFormatter().render(load_run(tr.build_run(tmp_path / "run", run)))
     assert "<details><summary>vLLM's collect_env</summary>" in md and "PyTorch version : 2.11.0" in md
+    assert "GPU0\tGPU1\tCPU Affinity\n" in md and "\x1b" not in md and "[4m" not in md
     block = "\n".join(_collect_env_block(Manifest.from_json(run)))
+    assert "\x1b" not in block and "[0m" not in block and "GPU0\t X" in block
     assert block.startswith("<details>") and "vLLM Version : 0.26.0" in block and block.rstrip().endswith("</details>")
     assert _collect_env_block(Manifest.from_json({})) == []

@@ -154,3 +154,27 @@ def test_url_password_containing_an_at_sign_is_fully_redacted():
     out = redact_value("VLLM_MIRROR", "https://alice:p@ss-w0rd@mirror.example.com/simple")
     assert "ss-w0rd" not in out
     assert out == "https://<redacted>@mirror.example.com/simple"
+
+
+@pytest.mark.parametrize(
+    ("direct_url", "expected"),
+    [
+        ({"url": "https://example.org/o/cascade-repro.git", "vcs_info": {"vcs": "git", "commit_id": "ab12" * 10}},
+         {"repository": "https://example.org/o/cascade-repro.git", "commit": "ab12" * 10}),
+        ({"url": "https://example.org/dl/cascade_repro-0.1.0.tar.gz", "archive_info": {}},
+         {"archive": "https://example.org/dl/cascade_repro-0.1.0.tar.gz"}),
+        ({"url": "file:///home/someone/cascade_repro-0.1.0-py3-none-any.whl", "archive_info": {}}, {}),
+        ({"url": "file:///home/someone/src", "dir_info": {"editable": True}}, {}),
+        (None, {}),
+    ],
+)  # fmt: skip
+def test_an_installed_copy_records_where_pip_got_it(monkeypatch, direct_url, expected):
+    """PEP 610's direct_url.json: an address another machine can install from, never a local path."""
+
+    class Dist:
+        def read_text(self, name):
+            assert name == "direct_url.json"
+            return None if direct_url is None else json.dumps(direct_url)
+
+    monkeypatch.setattr(envinfo.metadata, "distribution", lambda name: Dist())
+    assert envinfo._installed_from() == expected

@@ -85,9 +85,36 @@ def test_durations_read_as_estimates(seconds, text):
 
 def test_a_long_cpu_run_is_warned_about_and_a_short_one_or_a_gpu_run_is_not():
     long = estimate.Estimate(estimate.CPU_WARN_S + 60, 266, 43008, 1, "x")
-    assert estimate.warning_for(long, "cpu").startswith("this run is about 16 min on this CPU (266 waves)")
+    assert estimate.warning_for(long, "cpu").startswith(
+        "this run takes about 16 min on this CPU (the matrix about 16 min over 266 waves); a quick first run, "
+        "`cascade-repro matrix --limit 8 --batch 8 --cascade on,off --max-tokens 32` (what `make run` runs); "
+    )
     assert estimate.warning_for(long, "cuda") is None
-    assert estimate.warning_for(estimate.Estimate(60.0, 6, 4096, 1, "x"), "cpu") is None
+    short = estimate.Estimate(60.0, 6, 4096, 1, "x")
+    assert estimate.warning_for(short, "cpu") is None
+    # The reference pass counts: a short matrix with a long reference is a long run, and says both.
+    assert estimate.warning_for(short, "cpu", reference_s=46 * 60, quick_s=130).startswith(
+        "this run takes about 47 min on this CPU (the matrix about 60 s over 6 waves, the reference pass "
+        "about 46 min); a quick first run, `cascade-repro matrix --limit 8 --batch 8 --cascade on,off "
+        "--max-tokens 32` (what `make run` runs), takes about 2 min; "
+    )
+
+
+def test_the_quick_first_run_the_warning_offers_is_make_runs():
+    """The warning's quick run is the Makefile's RUN_ARGS, and QUICK_RUN the same values as a spec's."""
+    from conftest import run_args
+
+    from cascade_repro.plan.matrix import MatrixSpec
+    from cascade_repro.run.runner import RunOptions, quick_run_seconds
+
+    assert list(estimate.QUICK_RUN_ARGS) == run_args()
+    flags = dict(zip(estimate.QUICK_RUN_ARGS[::2], estimate.QUICK_RUN_ARGS[1::2], strict=True))
+    q = {**estimate.QUICK_RUN, "on_off": estimate.QUICK_RUN[estimate.TWIN.spec_field]}
+    assert flags == {"--limit": str(q["limit"]), "--batch": ",".join(map(str, q["batch"])),
+                     "--cascade": ",".join("on" if c else "off" for c in q["on_off"]),
+                     "--max-tokens": str(q["max_tokens"])}  # fmt: skip
+    # Estimated, not written down: the fake engine has no speed table, so nothing is said for it.
+    assert quick_run_seconds(MatrixSpec(engine="fake"), RunOptions(), None, 112) is None
 
 
 def test_measured_wave_seconds_are_means_per_batch():
@@ -194,7 +221,7 @@ def test_reproduce_block_installs_the_exact_version_that_ran():
     run |= {"tool_source": {"commit": "0123456789abcdef0123-dirty"}, "spec": {"engine": "hf", "model": "x/y"}}
     assert reproduce_lines(data_of(run)) == [
         "# cascade-repro 0.1.0, commit 0123456789ab",
-        "# no repository URL recorded: install commit 0123456789abcdef0123 of cascade-repro from its repository",
+        "# no install line: install commit 0123456789abcdef0123 of cascade-repro from a copy of its source (pip install .)",
         "# the run had uncommitted changes on top of that commit: they are not in this install",
         "cascade-repro matrix --engine vllm --batch 64",
     ]
@@ -208,7 +235,7 @@ def test_reproduce_block_installs_the_exact_version_that_ran():
         run |= {"tool_source": {"commit": "0123456789abcdef0123", "repository": local}}
         lines = reproduce_lines(data_of(run))
         assert lines[1] == (
-            "# no repository URL recorded: install commit 0123456789abcdef0123 of cascade-repro from its repository"
+            "# no install line: install commit 0123456789abcdef0123 of cascade-repro from a copy of its source (pip install .)"
         )
         assert not any("someone" in ln for ln in lines), lines
     run |= {
@@ -217,10 +244,16 @@ def test_reproduce_block_installs_the_exact_version_that_ran():
     assert reproduce_lines(data_of(run))[1] == (
         'pip install "cascade-repro @ git+ssh://git@github.com/o/cascade-repro.git@0123456789abcdef0123"'
     )
+    # An installed copy: where pip got it (PEP 610), or no line, since the index does not have it.
+    run |= {"tool_source": {"archive": "https://example.org/dl/cascade_repro-0.1.0-py3-none-any.whl"}}
+    assert reproduce_lines(data_of(run))[1] == (
+        'pip install "cascade-repro @ https://example.org/dl/cascade_repro-0.1.0-py3-none-any.whl"'
+    )
     run.pop("tool_source")
     assert reproduce_lines(data_of(run))[1] == (
-        "# no git commit recorded (an installed copy): install cascade-repro 0.1.0"
+        "# no install line: install version 0.1.0 of cascade-repro from a copy of its source (pip install .)"
     )
+    assert not any(ln.startswith("pip install cascade-repro") for ln in reproduce_lines(data_of(run)))
     assert reproduce_lines(data_of({})) is None
 
 

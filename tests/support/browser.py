@@ -4,7 +4,8 @@ it out: offline, a throwaway profile, and no GPU.
 ``layout`` loads a copy of a page with a measuring script added (the report's own Content Security
 Policy forbids every script, so the copy's policy allows inline ones) and reads back what the script
 wrote into the DOM: the viewport and page widths, the summary table's box and, per pair row, the
-right edges of its verdict and deciding-evidence cells.
+right edges of its verdict and deciding-evidence cells; per plot, the texts its own edge cuts off
+(``clipped``) and the pairs of its texts drawn over each other (``overlaps``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,20 @@ MEASURE = """<script>
       pair: tr.cells[0].textContent, verdict: tr.cells[1].textContent,
       verdict_right: box(tr.cells[1]).right, evidence_right: box(tr.cells[2]).right,
     }));
+  }
+  // Every plot's text: cut off by its own svg's edge, or drawn over another text of the same plot.
+  m.clipped = []; m.overlaps = [];
+  for (const plot of document.querySelectorAll("svg")) {
+    const edge = box(plot), texts = [...plot.querySelectorAll("text")].map(t => [t.textContent, box(t)]);
+    for (const [t, b] of texts) {
+      if (b.left < edge.left - 0.5 || b.right > edge.right + 0.5 || b.top < edge.top - 0.5) m.clipped.push(t);
+    }
+    for (let i = 0; i < texts.length; i++) for (let j = i + 1; j < texts.length; j++) {
+      const [a, ab] = texts[i], [c, cb] = texts[j];
+      const w = Math.min(ab.right, cb.right) - Math.max(ab.left, cb.left);
+      const h = Math.min(ab.bottom, cb.bottom) - Math.max(ab.top, cb.top);
+      if (w > 1 && h > 1) m.overlaps.push([a, c]);
+    }
   }
   const out = document.createElement("pre");
   out.id = "layout";
