@@ -29,6 +29,7 @@ class GpuRun:
 
 
 _TWINS_0_26 = "docs/evidence/2026-12-03-h200-twins"
+_TWINS_0_34 = "docs/evidence/2026-12-03-h200-vllm0.34"
 
 GPU_RUNS: tuple[GpuRun, ...] = (
     GpuRun("0.10.2", CASCADE.name, "2026-12-01", "docs/evidence/2026-12-01-h200-vllm0.10.2/band"),
@@ -41,6 +42,14 @@ GPU_RUNS: tuple[GpuRun, ...] = (
     GpuRun("0.26.0", "attention-backend=FLASH_ATTN:TRITON_ATTN", "2026-12-03", f"{_TWINS_0_26}/triton"),
     GpuRun("0.26.0", "attention-backend=FLASH_ATTN:FLASHINFER", "2026-12-03", f"{_TWINS_0_26}/flashinfer"),
     GpuRun("0.26.0", "batch=1:64", "2026-12-03", f"{_TWINS_0_26}/batch"),
+    GpuRun("0.34.0", "prefix-caching", "2026-12-03", f"{_TWINS_0_34}/prefix"),
+    GpuRun("0.34.0", "chunked-prefill", "2026-12-03", f"{_TWINS_0_34}/chunked"),
+    GpuRun("0.34.0", "cuda-graphs", "2026-12-03", f"{_TWINS_0_34}/graphs"),
+    GpuRun("0.34.0", "async-scheduling", "2026-12-03", f"{_TWINS_0_34}/async"),
+    GpuRun("0.34.0", "kv-cache-dtype=fp8", "2026-12-03", f"{_TWINS_0_34}/fp8"),
+    GpuRun("0.34.0", "attention-backend=FLASH_ATTN:TRITON_ATTN", "2026-12-03", f"{_TWINS_0_34}/triton"),
+    GpuRun("0.34.0", "attention-backend=FLASH_ATTN:FLASHINFER", "2026-12-03", f"{_TWINS_0_34}/flashinfer"),
+    GpuRun("0.34.0", "batch=1:64", "2026-12-03", f"{_TWINS_0_34}/batch"),
 )
 
 

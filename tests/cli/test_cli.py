@@ -949,7 +949,7 @@ def test_matrix_engine_vllm_on_a_box_without_vllm_or_a_gpu_names_what_is_missing
     from cascade_repro.run import envinfo
 
     for version, gpus, said in (
-        (None, 0, 'needs vLLM and an NVIDIA GPU, and this machine has neither (pip install "vllm>='),
+        (None, 0, f'needs vLLM and an NVIDIA GPU, and this machine has neither (pip install "{vllm_surface.VLLM_REQUIREMENT}"'),
         (None, 1, "needs vLLM, which is not installed here: pip install"),
         ("0.26.0", 0, "needs an NVIDIA GPU, and this machine has none visible"),
     ):
