@@ -42,6 +42,7 @@ def rule_note(data: RunData) -> str:
     why = {
         "off": "the reference pass was turned off (--reference off)",
         "no weights": "the engine has no weights to teacher-force (the fake engine)",
+        "done": "the reference pass ran, but no pair was exercised for it to judge",
         "": "this run has no reference pass",
     }.get(status, f"the reference pass did not finish ({status})")
     return f"Verdicts decided by the arm-vs-arm rule (drift, bias, divergence counts): {why}."

@@ -712,7 +712,8 @@ def run_reference(
         stopped = supervise.watch(w, check, POLL_S)
     rc = w.returncode
     record["wall_s"] = round(time.time() - t0, 2)
-    record["sequences"] = refpass.count_records(run_dir) - before
+    on_disk = refpass.count_records(run_dir)
+    record["sequences"] = on_disk - before
     if stopped is not None or rc != 0:
         why = stopped or f"exited with code {rc}" + (
             f": {line}" if (line := supervise.last_error_line(log_path)) else ""
@@ -726,18 +727,21 @@ def run_reference(
             )
     else:
         record["status"] = "done"
+        # Scored over every pass (docs/summary-json.md): an earlier pass that was killed kept its
+        # records, and this one, finding them, may score none itself.
+        record["sequences"] = on_disk
     return record
 
 
 def merged_reference(old: Any, new: dict[str, Any]) -> dict[str, Any]:
-    """run.json's ``reference`` after another pass: a resumed run adds its sequences and seconds to the
-    earlier passes' (a resume that found everything scored must not erase what the first pass cost)."""
+    """run.json's ``reference`` after another pass: a resumed run adds its seconds to the earlier
+    passes' (a resume that found everything scored must not erase what the first pass cost); a done
+    pass's ``sequences`` already counts every pass's records."""
     same = isinstance(old, dict) and all(old.get(k) == new.get(k) for k in ("precision", "device"))
     if not same or old.get("status") != "done" or new.get("status") != "done":
         return new
     return {
         **new,
-        "sequences": int(old.get("sequences") or 0) + int(new.get("sequences") or 0),
         "wall_s": round(float(old.get("wall_s") or 0) + float(new.get("wall_s") or 0), 2),
         "passes": int(old.get("passes") or 1) + 1,
     }

@@ -170,3 +170,18 @@ def test_the_stack_line_names_no_local_path() -> None:
     data.manifest.model_name = "/home/alice/models/smol\nnext line " + "x" * 500
     model = dict(stack_facts(data))["model"]
     assert model.startswith("~/models/smol next line x") and "alice" not in model and len(model) <= 120
+
+
+def test_a_done_reference_pass_with_nothing_to_judge_is_not_called_unfinished():
+    """Issue 41 item 15: a pass that finished but judged no pair (none exercised) said "did not finish (done)"."""
+    import dataclasses
+
+    from cascade_repro.report.reference import rule_note
+
+    data = load_run(BAND)
+    pairs = data.pairs.copy()
+    pairs["rule"] = ""  # no pair judged by the reference
+    manifest = dataclasses.replace(data.manifest, reference={"status": "done", "precision": "fp32"})
+    note = rule_note(dataclasses.replace(data, pairs=pairs, manifest=manifest))
+    assert "did not finish" not in note
+    assert note.endswith("the reference pass ran, but no pair was exercised for it to judge.")

@@ -154,6 +154,8 @@ def test_a_cut_reference_pass_resumes_and_a_finished_one_is_never_recomputed(cal
     rec = run_reference(run_dir, ReferenceOptions(), 600.0)
     assert rec["status"] == "done"
     assert path.read_bytes() == before  # nothing recomputed, nothing appended
+    # Scored over every pass: the cut pass's records and the resumed pass's, none by this one.
+    assert rec["sequences"] == len(records)
 
 
 def test_memory_refusal_is_one_line_before_anything_runs(monkeypatch, tmp_path):
