@@ -169,10 +169,10 @@ def test_command_exit_codes(monkeypatch):
         ("0.10.2", OK, ["a release the probe was written against", "cascade default on", "split-KV LSE bug"]),
         ("0.11.0", WARN, ["between known releases, read as 0.10.2", "split-KV LSE bug"]),
         ("0.26.0", OK, ["cascade opt-in"]),
-        ("0.28.1", WARN, ["newer than the tested 0.26.0", "cascade opt-in"]),
+        ("0.28.1", WARN, ["between known releases, read as 0.26.0", "cascade opt-in"]),
         # No cascade, but every other twin runs: a warning, not a machine that cannot run.
-        ("0.32.0", WARN, ["removed in 0.32.0", "no twin has run on a GPU with it yet (last GPU runs on 0.26.0)"]),
-        ("0.34.0", WARN, ["removed in 0.32.0", "no twin has run on a GPU with it yet"]),
+        ("0.32.0", WARN, ["removed in 0.32.0", "no twin has run on a GPU with it yet (last GPU runs on 0.34.0)"]),
+        ("0.34.0", WARN, ["removed in 0.32.0", "8 twins ran on a GPU with it"]),
         ("0.9.2", WARN, ["older than every release the probe knows"]),
     ],
 )
@@ -234,11 +234,14 @@ def test_doctor_says_where_each_testable_twin_last_ran_on_a_gpu():
     twin_rows = [n for n in lines if n.startswith("twin ")]
     assert twin_rows == ["twin prefix-caching", "twin chunked-prefill", "twin cuda-graphs", "twin async-scheduling",
                          "twin kv-cache-dtype", "twin attention-backend", "twin tp", "twin batch"]  # fmt: skip
-    assert lines["twin prefix-caching"] == (OK, "ran on a GPU with vLLM 0.26.0 (2026-12-03); not yet with 0.34.0")
+    assert lines["twin prefix-caching"] == (OK, "ran on a GPU with vLLM 0.34.0 (2026-12-03), 0.26.0 (2026-12-03)")
     assert lines["twin attention-backend"][1] == (
-        "ran on a GPU with vLLM 0.26.0 FLASH_ATTN:TRITON_ATTN (2026-12-03), 0.26.0 FLASH_ATTN:FLASHINFER "
-        "(2026-12-03); not yet with 0.34.0"
+        "ran on a GPU with vLLM 0.34.0 FLASH_ATTN:TRITON_ATTN (2026-12-03), 0.34.0 FLASH_ATTN:FLASHINFER "
+        "(2026-12-03), 0.26.0 FLASH_ATTN:TRITON_ATTN (2026-12-03), 0.26.0 FLASH_ATTN:FLASHINFER (2026-12-03)"
     )
+    # A release between two with GPU runs is "not yet" with itself.
+    on_033 = {c.name: c.detail for c in doctor.run_checks(healthy(vllm_version="0.33.0"))}
+    assert on_033["twin batch"] == "ran on a GPU with vLLM 0.34.0 (2026-12-03), 0.26.0 (2026-12-03); not yet with 0.33.0"
     assert lines["twin tp"] == (OK, "never run on a GPU")
     on_026 = {c.name: c.detail for c in doctor.run_checks(healthy(vllm_version="0.26.0"))}
     assert on_026["twin cascade"] == "ran on a GPU with vLLM 0.26.0 (2026-12-03), 0.10.2 (2026-12-01)"
