@@ -185,3 +185,25 @@ def test_a_done_reference_pass_with_nothing_to_judge_is_not_called_unfinished():
     note = rule_note(dataclasses.replace(data, pairs=pairs, manifest=manifest))
     assert "did not finish" not in note
     assert note.endswith("the reference pass ran, but no pair was exercised for it to judge.")
+
+
+@pytest.mark.parametrize(
+    "run_dir",
+    [REFERENCE / "clean-fa3", EVIDENCE / "2026-12-03-h200-twins" / "triton", BAND],
+    ids=["reference", "twin-reference", "arm-vs-arm"],
+)
+def test_what_this_run_compares_describes_the_rule_that_decided(run_dir: Path) -> None:
+    """Issue 45 item 7: a run the reference decided was introduced with the arm-vs-arm rule."""
+    from cascade_repro.report.reference import has_reference
+
+    data = load_run(run_dir)
+    md = MarkdownFormatter().render(data)
+    intro = md.split("<summary>What this run compares</summary>", 1)[1].split("</details>", 1)[0]
+    page = HtmlFormatter().render(data)
+    about = page.split("About this report", 1)[1]
+    reference_rule, arm_rule = "judged against a reference", "the logprobs must not move"
+    if has_reference(data):
+        assert reference_rule in intro and arm_rule not in intro
+        assert reference_rule in about and arm_rule not in about
+    else:
+        assert arm_rule in intro and reference_rule not in intro
