@@ -972,3 +972,26 @@ def test_prompts_show_says_how_many_it_shows_and_how_to_see_all(tmp_path):
     assert "10 of 12 prompts shown; `--limit N` shows the first N, `--all` every one." in out
     res = invoke("prompts", "show", str(f), "--all")
     assert res.exit_code == 0 and "Question number 11?" in flat(res.stdout) and "prompts shown" not in res.stdout
+
+
+def test_a_dry_run_plans_with_third_party_progress_bars_off(monkeypatch):
+    """Issue 45 item 7: a dry run piped to a file showed the model conversion's bars in its plan."""
+    import os
+
+    from transformers.utils import logging as hf_logging
+
+    from cascade_repro.cli import matrix_cmd
+
+    seen = {}
+
+    def records(*_args, **_kw):
+        seen["bars"] = hf_logging.is_progress_bar_enabled()
+        seen["hub"] = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS")
+
+    monkeypatch.setattr(matrix_cmd, "_print_plan", records)
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    hf_logging.enable_progress_bar()
+    res = invoke("matrix", "--engine", "fake", "--dry-run")
+    assert res.exit_code == 0, res.output
+    assert seen == {"bars": False, "hub": "1"}
+    assert hf_logging.is_progress_bar_enabled()

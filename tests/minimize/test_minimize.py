@@ -471,3 +471,27 @@ def test_issue_shows_byte_fragments_by_id_and_bytes():
     assert len(rev) == 256 and rev["Ġ"] == 0x20
     assert [token_bytes(Bpe(), i) for i in (1, 2, 3, 4)] == [b"\xe2\x80", b"\xe2", b" the", b" word"]
     assert token_bytes(object(), 1) is None
+
+
+def test_the_engine_loads_with_third_party_progress_bars_off(tmp_path):
+    """Issue 45 item 7: transformers' "Loading weights: 0%|" bar cut through minimize's own lines."""
+    import os
+
+    from transformers.utils import logging as hf_logging
+
+    from cascade_repro.errors import UsageError
+    from cascade_repro.minimize import minimize_run
+
+    _fake_run(tmp_path)
+    seen = {}
+
+    def records(run, eplan):
+        seen["bars"] = hf_logging.is_progress_bar_enabled()
+        seen["hub"] = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS")
+        raise RuntimeError("stop here")
+
+    hf_logging.enable_progress_bar()
+    with pytest.raises(UsageError, match="stop here"):
+        minimize_run(tmp_path, engine_factory=records)
+    assert seen == {"bars": False, "hub": "1"}
+    assert hf_logging.is_progress_bar_enabled()  # given back afterwards
