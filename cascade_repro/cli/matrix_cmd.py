@@ -434,9 +434,13 @@ def matrix(
                 check_run_id(opts.run_id)
             if engine_info(spec.engine).has_weights:
                 check_model(spec.model)  # a typo in --model fails now, not after the plan looked fine
-            _print_plan(
-                spec, opts.shard, opts.results_dir / (opts.run_id or default_run_id(spec)), opts.reference
-            )
+            from cascade_repro.plan.models import quiet_progress
+
+            # The plan is the dry run's output: a tokenizer or model load's bars are noise in it.
+            with quiet_progress():
+                _print_plan(
+                    spec, opts.shard, opts.results_dir / (opts.run_id or default_run_id(spec)), opts.reference
+                )
             if opts.executor.name == "ray":
                 _print_ray_needs(spec, opts.shard, opts.executor.ray_address)
             return

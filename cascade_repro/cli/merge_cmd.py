@@ -25,7 +25,7 @@ from cascade_repro.userpath import display
 @app.command(panels=False, epilog=exit_codes.epilog("merge"))
 def merge(
     out_dir: Annotated[Path, typer.Argument(help="The merged run directory to write (new, or an earlier merge of the same matrix).", show_default=False, metavar="OUT_DIR")],
-    shard_dirs: Annotated[list[Path], typer.Argument(help="The shard run directories (`matrix --shard i/n`), in any order.", show_default=False, metavar="SHARD_DIR...")],
+    shard_dirs: Annotated[list[Path], typer.Argument(help="The shard run directories (`matrix --shard i/n`), in any order; a results directory holding one run stands for that run.", show_default=False, metavar="SHARD_DIR...")],
     fail_on: FailOn = FAIL_ON_DEFAULT,
     link: Annotated[bool, typer.Option("--link", help="Hard-link samples and logs instead of copying (same filesystem only).")] = False,
     allow_partial: Annotated[bool, typer.Option("--allow-partial", help="Merge even when a shard's directory is missing: its cells show as `pending` and its pairs as `error` (a warning, and the exit code per --fail-on). Without it a missing shard is a usage error (exit 2) and nothing is written.")] = False,
@@ -56,6 +56,8 @@ def merge(
             command=command_line(),
             allow_partial=allow_partial,
         )
+    for note in outcome.notes:
+        console.print(note, highlight=False, markup=False, soft_wrap=True)
     for w in outcome.warnings:
         console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
     print_outcome(console, outcome.headline, outcome.exit_code, outcome.reason)

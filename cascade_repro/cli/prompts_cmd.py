@@ -95,7 +95,10 @@ def show(
         str, typer.Argument(help="A built-in set, a file, or hf:owner/name[:split].", metavar="SET")
     ],
     system_prompt: MeasuredWith = SPEC.system_prompt,
-    limit: Annotated[int, typer.Option(help="Prompts to print.", metavar="N")] = 10,
+    limit: Annotated[int, typer.Option(help="Prompts to print (the first N).", metavar="N")] = 10,
+    all_prompts: Annotated[
+        bool, typer.Option("--all", help="Print every prompt of the set (overrides --limit).")
+    ] = False,
     model: Tokenizer = SPEC.model,
     prompt_field: PromptField = None,
     key_field: KeyField = None,
@@ -136,8 +139,13 @@ def show(
         table = Table()
         for col in ("key", "lang", "instructions", "prompt"):
             table.add_column(col)
-        for r in ps.records[:limit]:
+        listed = ps.records if all_prompts else ps.records[: max(0, limit)]
+        for r in listed:
             table.add_row(
                 shown(r.key), shown(r.lang), shown(", ".join(r.instruction_id_list)), shown(r.prompt)
             )
         console.print(table)
+        if len(listed) < len(ps.records):
+            console.print(
+                f"{len(listed)} of {len(ps.records)} prompts shown; `--limit N` shows the first N, `--all` every one."
+            )

@@ -97,8 +97,12 @@ def minimize_run(
         from cascade_repro.run.worker import build_engine
 
         engine_factory = build_engine
+    from cascade_repro.plan.models import quiet_progress
+
     try:
-        engine = engine_factory(run_for_engine, eplan)
+        # minimize prints its own lines; transformers' "Loading weights" bar would cut through them.
+        with quiet_progress():
+            engine = engine_factory(run_for_engine, eplan)
     except UsageError:
         raise
     except Exception as e:  # noqa: BLE001 - e.g. vLLM refusing to start: one line, not a traceback

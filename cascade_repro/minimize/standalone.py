@@ -153,20 +153,31 @@ def main(argv=None):
         print(f"error: model folder not found: {args.model} (pass --model PATH_OR_HUB_ID)", file=sys.stderr)
         return 2
     if args.arm:
+        try:
+            result = run_arm(args.arm, args.model)
+        except Exception as e:  # noqa: BLE001 - the parent says it in one line; a traceback buries it
+            lines = [x for x in str(e).splitlines() if x.strip()]
+            result = {"error": f"{type(e).__name__}: {lines[-1] if lines else ''}".rstrip(": ")}
+            if isinstance(e, ImportError) and (e.name or "").split(".")[0] == "vllm":
+                result["error"] = "vLLM is not installed here; repro.py needs vLLM on a GPU it supports"
         with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(run_arm(args.arm, args.model), f)
-        return 0
+            json.dump(result, f)
+        return 2 if "error" in result else 0
     res = {}
     with tempfile.TemporaryDirectory() as tmp:
         for arm in ("cascade", "flat"):
             out = os.path.join(tmp, arm + ".json")
             cmd = [sys.executable, os.path.abspath(__file__), "--arm", arm, "--out", out, "--model", str(args.model)]
             rc = subprocess.run(cmd).returncode
-            if rc != 0:  # not the bug: the case did not run (its error is printed above)
-                print(f"error: the {arm} arm failed (exit {rc}); nothing was compared", file=sys.stderr)
+            try:
+                with open(out, encoding="utf-8") as f:
+                    res[arm] = json.load(f)
+            except (OSError, ValueError):
+                res[arm] = {"error": f"exit {rc}"}  # died before it could say why (killed, crashed)
+            if rc != 0 or "error" in res[arm]:  # not the bug: the case did not run
+                why = res[arm].get("error") or f"exit {rc}"
+                print(f"error: the {arm} arm failed ({why}); nothing was compared", file=sys.stderr)
                 return 2
-            with open(out, encoding="utf-8") as f:
-                res[arm] = json.load(f)
     diffs = compare(res["cascade"], res["flat"])
     n = len(PROMPTS)
     print(f"{len(diffs)}/{n} outputs differ between cascade and flat "

@@ -13,6 +13,7 @@ from cascade_repro.prompts.chat import short_prefix_warning
 from cascade_repro.report.headline import pair_ids
 from cascade_repro.report.load import RunData
 from cascade_repro.report.power import detection_power
+from cascade_repro.report.reference import has_reference
 from cascade_repro.report.text import as_int, fmt_int, is_missing, one_line, text_of
 from cascade_repro.report.view import (
     calibration_pairs,
@@ -42,21 +43,36 @@ def intro(data: RunData, code: Callable[[str], str]) -> str:
             prompts += ")"
         prompts += "."
     tw = twins.of(data.manifest.spec)
+    pair = "pair" if tw is not twins.CASCADE else "cascade pair"
+    judged = f"Each {pair} is {_judging(data)}"
     if tw is not twins.CASCADE:
         # Another twin (--twin): its two arms in its own words; the judging is cascade's.
         return (
             f"This run generates the same prompts with {model}{engine} twice per configuration, --twin "
             f"{code(tw.name)}: {tw.summary}; arms {code(tw.test)} (test) and {code(tw.ref)} (reference), greedy "
-            "decoding otherwise equal. Each pair is judged as a cascade pair is, and the column "
-            f"{tw.effect_label} counts the proof that {tw.name} took effect: {tw.effect_doc}.{prompts}"
+            f"decoding otherwise equal. {judged} The column {tw.effect_label} counts the proof that {tw.name} "
+            f"took effect: {tw.effect_doc}.{prompts}"
         )
     return (
         f"This run generates the same prompts with {model}{engine} twice per configuration: with cascade "
         "attention enabled (test) and disabled (the flat twin, reference), greedy decoding otherwise equal. "
-        "Each cascade pair is compared prompt by prompt and judged against control pairs (flat vs flat across "
-        "batch sizes or engine starts): on the tokens both arms and the control generated alike, the logprobs "
-        "must not move in a consistent direction or by much more than the control's, and divergence, top-k "
-        f"violations and repetition must not exceed what the controls show.{prompts}"
+        f"{judged}{prompts}"
+    )
+
+
+def _judging(data: RunData) -> str:
+    """How a pair was judged, by the rule that decided this run's verdicts (``reference.rule_note``)."""
+    if has_reference(data):
+        return (
+            "judged against a reference: every token both arms generated is read again, teacher-forced, by the "
+            "same weights at more precision, and the test arm's mean error per token must not exceed its twin's "
+            "beyond chance and beyond the largest ratio this run's own flat-vs-flat controls show."
+        )
+    return (
+        "compared prompt by prompt and judged against control pairs (flat vs flat across batch sizes or engine "
+        "starts): on the tokens both arms and the control generated alike, the logprobs must not move in a "
+        "consistent direction or by much more than the control's, and divergence, top-k violations and "
+        "repetition must not exceed what the controls show."
     )
 
 

@@ -12,7 +12,7 @@ from html import escape
 
 from cascade_repro.report import view
 from cascade_repro.report.load import RunData
-from cascade_repro.report.text import fmt_int, fmt_p, fmt_x_ci, is_missing, text_of, truncate
+from cascade_repro.report.text import fmt_int, fmt_p, fmt_sig_pair, fmt_x_ci, is_missing, text_of, truncate
 
 W, H = 300, 150
 LEFT, RIGHT, TOP, BOTTOM = 46, 10, 24, 30
@@ -64,11 +64,11 @@ def reference_table(data: RunData) -> view.Table:
                 text_of(r.get("pair_id")),
                 "control" if control else text_of(r.get("verdict")),
                 fmt_x_ci(r.get("ref_ratio"), r.get("ref_ratio_lo"), r.get("ref_ratio_hi")),
-                f"{_num(r.get('ref_err_test'))} vs {_num(r.get('ref_err_twin'))}",
+                " vs ".join(fmt_sig_pair(r.get("ref_err_test"), r.get("ref_err_twin"))),
                 f"{fmt_int(r.get('ref_up'))}/{fmt_int(r.get('ref_down'))}",
                 f"{fmt_p(r.get('p_ref_sign'))} / {fmt_p(r.get('p_ref_wilcoxon'))}",
                 "—" if control else _num(r.get("ref_min_effect")),
-                f"{_num(r.get('ref_regret_test'))} vs {_num(r.get('ref_regret_twin'))}",
+                " vs ".join(fmt_sig_pair(r.get("ref_regret_test"), r.get("ref_regret_twin"))),
             ]
         )
     headers = [

@@ -101,6 +101,20 @@ def fmt_p(p: Any) -> str:
     return "<1e-6" if p < 1e-6 else f"{p:.3g}"
 
 
+def fmt_sig_pair(a: Any, b: Any, digits: int = 3) -> tuple[str, str]:
+    """Two values side by side in significant digits, more of them (up to 6) where ``digits`` would
+    print two different values alike: "1.0001e-04 vs 1.0002e-04", never "0.0001 vs 0.0001"."""
+    if is_missing(a) or is_missing(b):
+        return (MISSING if is_missing(a) else f"{float(a):.{digits}g}",
+                MISSING if is_missing(b) else f"{float(b):.{digits}g}")  # fmt: skip
+    x, y = float(a), float(b)
+    for d in range(digits, 7):
+        sa, sb = f"{x:.{d}g}", f"{y:.{d}g}"
+        if sa != sb or x == y:
+            return sa, sb
+    return sa, sb
+
+
 def fmt_ratio(k: Any, n: Any) -> str:
     """Format `k/n`, or the missing marker when either side is missing."""
     if is_missing(k) or is_missing(n):

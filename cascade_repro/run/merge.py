@@ -41,6 +41,7 @@ class MergeOutcome:
     data: Any = None
     headline: str = ""
     reason: str = ""
+    notes: list[str] = field(default_factory=list)  # which run a results dir given as a shard held
 
 
 @dataclass
@@ -49,6 +50,26 @@ class _ShardDir:
     run: Manifest
     shard: Shard
     prompts_sha: str
+
+
+def shard_run_dir(path: Path) -> tuple[Path, str | None]:
+    """The run directory ``path`` names: itself when it holds run.json, else the one run directory in
+    it (a shard's ``--results-dir`` as a CI artifact holds its run one level down), with a note
+    saying which it took. Several runs there is a UsageError naming them."""
+    path = Path(path)
+    if not path.is_dir() or (path / runstore.RUN_JSON).exists():
+        return path, None
+    runs = sorted(
+        p for p in path.iterdir() if p.is_dir() and not p.is_symlink() and (p / runstore.RUN_JSON).is_file()
+    )
+    if not runs:
+        return path, None  # reading it says "missing run.json"
+    if len(runs) > 1:
+        names = ", ".join(p.name for p in runs)
+        raise UsageError(
+            f"{path} holds {len(runs)} runs ({names}), not one shard: give the shard's run directory"
+        )
+    return runs[0], f"{path}: merging the one run it holds, {runs[0].name}"
 
 
 def _read_shard(path: Path) -> _ShardDir:
@@ -283,9 +304,9 @@ def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = FAIL_ON_DEFAULT,
 
     check_fail_on(fail_on)
     out_dir = userpath.resolve(out_dir, "OUT_DIR")
-    shards, warnings = check_shards(
-        [userpath.resolve(d, "SHARD_DIR") for d in shard_dirs], allow_partial=allow_partial
-    )
+    found = [shard_run_dir(userpath.resolve(d, "SHARD_DIR")) for d in shard_dirs]
+    notes = [note for _, note in found if note]
+    shards, warnings = check_shards([d for d, _ in found], allow_partial=allow_partial)
     first = shards[0]
     engines_plan = first.run.plan.engines
     owner = owners(engines_plan, first.shard.count)
@@ -373,4 +394,4 @@ def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = FAIL_ON_DEFAULT,
         _, data = finalize(out_dir)
         (out_dir / runstore.MERGING).unlink()
     o = outcome_of(data, fail_on)
-    return MergeOutcome(out_dir, o.exit_code, o.counts, warnings, data, o.headline, o.reason)
+    return MergeOutcome(out_dir, o.exit_code, o.counts, warnings, data, o.headline, o.reason, notes)

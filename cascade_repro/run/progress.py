@@ -5,14 +5,17 @@ live bar prints nothing until it ends, so a 30-minute run looked hung: there it 
 per engine start and finished cell, and one at least every ``HEARTBEAT_S`` (``tick``: also while a
 long wave or an engine start finishes nothing, so the log never looks hung).
 
-The time left is said only from this machine's own waves: until one has finished (in this run or
-the earlier invocation it resumes) it is ``ETA measuring``, since the speed table
-(``estimate.SPEEDS``) was measured on an idle box and a loaded one ran 20 times slower. Then it is
-the remaining waves per batch size times the run's own mean wave time at that batch, a batch not
-seen yet at the table's time scaled by how much slower than the table the seen waves ran, plus the
-engine starts still to come (as long as the ones seen took). The wave under way counts down with the
-clock; once it has run longer than its batch's mean, its time so far joins that mean (it will take
-at least that long), so a stalled wave raises the estimate line by line instead of repeating it.
+The time left follows this machine's own waves once one has finished (in this run or the earlier
+invocation it resumes): the remaining waves per batch size times the run's own mean wave time at
+that batch, a batch not seen yet at the table's time scaled by how much slower than the table the
+seen waves ran, plus the engine starts still to come (as long as the ones seen took). Before that it
+is the speed table's (``estimate.SPEEDS``) figure, labelled ``(speed table)``: the table was measured
+on an idle box and a loaded one ran 20 times slower, so once the first wave has run longer than the
+table says, its time so far stands in for the mean (``(first wave so far)``). Without a table it is
+``ETA measuring``. The wave under way counts down with the clock; once it has run longer than its
+batch's mean, its time so far joins that mean (it will take at least that long), so a stalled wave
+raises the estimate line by line instead of repeating it. ``tick`` redraws it on the bar too, whose
+text otherwise changes only when a wave ends.
 """
 
 from __future__ import annotations
@@ -154,9 +157,14 @@ class RunProgress:
             self._refresh(force=True)
 
     def tick(self) -> None:
-        """Called while the runner waits on a worker: in a log, a line once ``HEARTBEAT_S`` have
-        passed since the last one even though nothing finished (the bar redraws itself)."""
-        if self.show and self._bar is None and self.clock() - self._last_line >= HEARTBEAT_S:
+        """Called while the runner waits on a worker: the bar's time left moves with the clock, and a
+        log gets a line once ``HEARTBEAT_S`` have passed since the last one even though nothing
+        finished."""
+        if not self.show:
+            return
+        if self._bar is not None:
+            self._refresh()
+        elif self.clock() - self._last_line >= HEARTBEAT_S:
             self._refresh(force=True)
 
     def cells_failed(self, n: int) -> None:
@@ -173,9 +181,16 @@ class RunProgress:
         return self.tokens / self.gen_s if self.gen_s > 0 and self.tokens > 0 else None
 
     def eta_s(self) -> float | None:
-        """Seconds left, from this machine's own waves; None until one has finished ("measuring")."""
-        if not any(self.walls.values()):
-            return None
+        """Seconds left; None without a wave of this machine or a speed table ("measuring")."""
+        return self._eta()[0]
+
+    def _eta(self) -> tuple[float | None, str]:
+        """Seconds left and what they rest on: "" (this machine's finished waves), "speed table", or
+        "first wave so far" (no wave finished yet, the one under way already longer than the table says)."""
+        measured = any(self.walls.values())
+        if not measured and self.table is None:
+            return None, ""
+        basis = "" if measured else "speed table"
         walls = {b: list(v) for b, v in self.walls.items()}
         running = self._running if self._wave_t0 is not None else None
         elapsed = self.clock() - self._wave_t0 if self._wave_t0 is not None else 0.0
@@ -183,17 +198,18 @@ class RunProgress:
             expected = self._per_wave(running, walls)
             if expected is not None and elapsed > expected:
                 walls.setdefault(running, []).append(elapsed)  # overdue: it takes at least this long
+                basis = basis and "first wave so far"
         total = 0.0
         for batch, n in self.remaining.items():
             if not n:
                 continue
             per = self._per_wave(batch, walls)
             if per is None:
-                return None
+                return None, ""
             total += n * per
             if batch == running:
                 total -= min(elapsed, per)  # the wave under way: the part already spent
-        return total + self.starts_left * self._start_seconds()
+        return total + self.starts_left * self._start_seconds(), basis
 
     def _per_wave(self, batch: int, walls: Mapping[int, list[float]]) -> float | None:
         """One wave's seconds at ``batch``: its mean here, else the table's scaled by how much slower
@@ -233,8 +249,10 @@ class RunProgress:
     def _eta_text(self) -> str:
         if self.waves_done >= self.waves_total:
             return ""
-        eta = self.eta_s()
-        return f"ETA {estimate.fmt_duration(eta)}" if eta is not None else "ETA measuring"
+        eta, basis = self._eta()
+        if eta is None:
+            return "ETA measuring"
+        return f"ETA {estimate.fmt_duration(eta)}" + (f" ({basis})" if basis else "")
 
     # --- drawing --------------------------------------------------------------------------------
 

@@ -959,3 +959,39 @@ def test_matrix_engine_vllm_on_a_box_without_vllm_or_a_gpu_names_what_is_missing
         assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.output
         assert said in res.stderr and "--twin" not in res.stderr and "1 GPUs" not in res.stderr
         assert "--engine hf runs on the CPU" in res.stderr
+
+
+def test_prompts_show_says_how_many_it_shows_and_how_to_see_all(tmp_path):
+    """Issue 45 item 7: the table stopped at 10 of 112 prompts without a word."""
+    f = tmp_path / "twelve.jsonl"
+    f.write_text("".join(f'{{"key": "k{i}", "prompt": "Question number {i}?"}}\n' for i in range(12)))
+    res = invoke("prompts", "show", str(f))
+    assert res.exit_code == 0, res.output
+    out = flat(res.stdout)
+    assert "Question number 9?" in out and "Question number 10?" not in out
+    assert "10 of 12 prompts shown; `--limit N` shows the first N, `--all` every one." in out
+    res = invoke("prompts", "show", str(f), "--all")
+    assert res.exit_code == 0 and "Question number 11?" in flat(res.stdout) and "prompts shown" not in res.stdout
+
+
+def test_a_dry_run_plans_with_third_party_progress_bars_off(monkeypatch):
+    """Issue 45 item 7: a dry run piped to a file showed the model conversion's bars in its plan."""
+    import os
+
+    from transformers.utils import logging as hf_logging
+
+    from cascade_repro.cli import matrix_cmd
+
+    seen = {}
+
+    def records(*_args, **_kw):
+        seen["bars"] = hf_logging.is_progress_bar_enabled()
+        seen["hub"] = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS")
+
+    monkeypatch.setattr(matrix_cmd, "_print_plan", records)
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    hf_logging.enable_progress_bar()
+    res = invoke("matrix", "--engine", "fake", "--dry-run")
+    assert res.exit_code == 0, res.output
+    assert seen == {"bars": False, "hub": "1"}
+    assert hf_logging.is_progress_bar_enabled()

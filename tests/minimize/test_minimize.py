@@ -234,8 +234,12 @@ def test_repro_that_cannot_run_exits_2_not_1_which_means_the_bug(tmp_path):
     (tmp_path / "model").mkdir()
     res = subprocess.run([sys.executable, str(_repro_file(tmp_path, str(tmp_path / "model")))],
                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    # One line, no traceback (issue 45 item 7: a CPU-engine case printed the arm's traceback first).
     assert res.returncode == 2
-    assert res.stderr.rstrip().endswith("error: the cascade arm failed (exit 1); nothing was compared")
+    assert res.stderr == (
+        "error: the cascade arm failed (vLLM is not installed here; repro.py needs vLLM on a GPU it "
+        "supports); nothing was compared\n"
+    )
 
     res = subprocess.run([sys.executable, str(_repro_file(tmp_path, "/nonexistent/cache/model"))],
                          capture_output=True, text=True, timeout=120)  # fmt: skip
@@ -471,3 +475,42 @@ def test_issue_shows_byte_fragments_by_id_and_bytes():
     assert len(rev) == 256 and rev["Ġ"] == 0x20
     assert [token_bytes(Bpe(), i) for i in (1, 2, 3, 4)] == [b"\xe2\x80", b"\xe2", b" the", b" word"]
     assert token_bytes(object(), 1) is None
+
+
+def test_the_engine_loads_with_third_party_progress_bars_off(tmp_path):
+    """Issue 45 item 7: transformers' "Loading weights: 0%|" bar cut through minimize's own lines."""
+    import os
+
+    from transformers.utils import logging as hf_logging
+
+    from cascade_repro.errors import UsageError
+    from cascade_repro.minimize import minimize_run
+
+    _fake_run(tmp_path)
+    seen = {}
+
+    def records(run, eplan):
+        seen["bars"] = hf_logging.is_progress_bar_enabled()
+        seen["hub"] = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS")
+        raise RuntimeError("stop here")
+
+    hf_logging.enable_progress_bar()
+    with pytest.raises(UsageError, match="stop here"):
+        minimize_run(tmp_path, engine_factory=records)
+    assert seen == {"bars": False, "hub": "1"}
+    assert hf_logging.is_progress_bar_enabled()  # given back afterwards
+
+
+def test_an_arm_that_raises_reports_one_line_to_the_parent(tmp_path, capsys):
+    """The arm's exception goes to the parent's one error line (exit 2), not a traceback."""
+    ns: dict = {}
+    exec(compile(_repro_file(tmp_path, str(tmp_path)).read_text(), "repro.py", "exec"), ns)
+
+    def engine_refuses(arm, model):
+        raise RuntimeError("Engine core initialization failed.\nValueError: Free memory on device is low")
+
+    ns["run_arm"] = engine_refuses
+    out = tmp_path / "arm.json"
+    assert ns["main"](["--arm", "cascade", "--out", str(out), "--model", str(tmp_path)]) == 2
+    assert json.loads(out.read_text()) == {"error": "RuntimeError: ValueError: Free memory on device is low"}
+    assert capsys.readouterr().err == ""

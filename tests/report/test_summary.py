@@ -185,3 +185,44 @@ def test_a_done_reference_pass_with_nothing_to_judge_is_not_called_unfinished():
     note = rule_note(dataclasses.replace(data, pairs=pairs, manifest=manifest))
     assert "did not finish" not in note
     assert note.endswith("the reference pass ran, but no pair was exercised for it to judge.")
+
+
+@pytest.mark.parametrize(
+    "run_dir",
+    [REFERENCE / "clean-fa3", EVIDENCE / "2026-12-03-h200-twins" / "triton", BAND],
+    ids=["reference", "twin-reference", "arm-vs-arm"],
+)
+def test_what_this_run_compares_describes_the_rule_that_decided(run_dir: Path) -> None:
+    """Issue 45 item 7: a run the reference decided was introduced with the arm-vs-arm rule."""
+    from cascade_repro.report.reference import has_reference
+
+    data = load_run(run_dir)
+    md = MarkdownFormatter().render(data)
+    intro = md.split("<summary>What this run compares</summary>", 1)[1].split("</details>", 1)[0]
+    page = HtmlFormatter().render(data)
+    about = page.split("About this report", 1)[1]
+    reference_rule, arm_rule = "judged against a reference", "the logprobs must not move"
+    if has_reference(data):
+        assert reference_rule in intro and arm_rule not in intro
+        assert reference_rule in about and arm_rule not in about
+    else:
+        assert arm_rule in intro and reference_rule not in intro
+
+
+def test_small_errors_side_by_side_print_the_digits_that_tell_them_apart() -> None:
+    """Issue 45 item 7: "0.0001 vs 0.0001" for two different errors of a CPU run's reference."""
+    import dataclasses
+
+    from cascade_repro.report.reference import reference_table
+    from cascade_repro.report.text import fmt_sig_pair
+
+    assert fmt_sig_pair(1.00004e-4, 0.99996e-4) == ("0.0001", "9.9996e-05")
+    assert fmt_sig_pair(5.7e-06, 5.71e-06) == ("5.7e-06", "5.71e-06")
+    assert fmt_sig_pair(1.2e-05, 1.2e-05) == ("1.2e-05", "1.2e-05")  # equal: no digits added
+    assert fmt_sig_pair(None, 1e-4) == ("—", "0.0001")
+    data = load_run(REFERENCE / "clean-fa3")
+    pairs = data.pairs.copy()
+    pairs["ref_err_test"], pairs["ref_err_twin"] = 1.00004e-4, 0.99996e-4
+    table = reference_table(dataclasses.replace(data, pairs=pairs))
+    column = table.headers.index("error test vs twin (nats/token)")
+    assert {row[column] for row in table.rows} == {"0.0001 vs 9.9996e-05"}

@@ -141,14 +141,15 @@ def test_plain_lines_where_output_is_not_a_terminal():
         clock.t += 8  # within the heartbeat: no line for the second wave
         p.record({"type": "wave", "cell_id": "tp1-b8-cascade", "batch": 8, "wall_s": 8.0, "tokens": 512})
         p.record({"type": "cell_done", "cell_id": "tp1-b8-cascade"})
-    # 3 cells, 5 waves: 4 of b8 and 1 of b16. No wave of this machine yet: measuring. Then 2 b8 waves
+    # 3 cells, 5 waves: 4 of b8 and 1 of b16. No wave of this machine yet: the table's 4 x 8 x 64 / 71 s
+    # + 16 x 64 / 90 s, and its 5-s engine start until the engine is up. Then 2 b8 waves
     # left at the run's own 8.0 s, and the b16 wave at the table's 16 x 64 / 90 s scaled by how much
     # slower than the table's 8 x 64 / 71 s the b8 waves ran; the first wave's line falls within 30 s
     # of the last one and is not printed.
     b8, b16 = 8 * 64 / 71.0, 16 * 64 / 90.0
     assert out.lines == [
-        "[0:00:00] cells 0/3, waves 0/5 · engine hf-tp1-auto-s0: starting · ETA measuring",
-        "[0:00:05] cells 0/3, waves 0/5 · engine hf-tp1-auto-s0 up in 5 s · ETA measuring",
+        "[0:00:00] cells 0/3, waves 0/5 · engine hf-tp1-auto-s0: starting · ETA 45 s (speed table)",
+        "[0:00:05] cells 0/3, waves 0/5 · engine hf-tp1-auto-s0 up in 5 s · ETA 40 s (speed table)",
         f"[0:00:23] cells 1/3, waves 2/5 · tp1-b8-cascade · 64 tok/s · ETA {estimate.fmt_duration(2 * 8.0 + b16 * 8.0 / b8)}",
     ]
     assert out.lines[-1].endswith("ETA 29 s")
@@ -302,12 +303,14 @@ def _eta(line: str) -> str:
     return line.rsplit(" · ", 1)[-1]
 
 
-def test_the_eta_says_measuring_until_a_wave_ends_then_follows_a_slowed_machine():
+def test_the_eta_starts_from_the_table_then_follows_a_slowed_machine():
     """A loaded box: the table says 7.2 s per b8 wave, this one takes 60 s, then one wave stalls.
 
-    Driven by the runner's polls (``tick``) on an injected clock, one line per heartbeat: no ETA
-    from the idle box's table, then the run's own 60 s a wave, counting down while a wave runs, and
-    rising while a wave runs past its mean (the issue's log kept "52 s" for six minutes)."""
+    Driven by the runner's polls (``tick``) on an injected clock, one line per heartbeat: the idle
+    box's table labelled as such from the first line, then the first wave's time so far once it runs
+    past the table's, then the run's own 60 s a wave, counting down while a wave runs, and rising
+    while a wave runs past its mean (the issue's log kept "52 s" for six minutes, and a newcomer saw
+    "ETA measuring" for 93 s)."""
     out, clock, seconds = Lines(), Clock(), []
     cells = {f"tp1-b8-{i}": {"batch": 8} for i in range(3)}  # 32 prompts: 4 waves a cell, 12 in all
     p = RunProgress(out, show=True, cells=cells, n_prompts=32, max_tokens=64, table=HF_CPU,
@@ -328,10 +331,10 @@ def test_the_eta_says_measuring_until_a_wave_ends_then_follows_a_slowed_machine(
     wait(300)  # the second wave stalls: 300 s
     p.record({"type": "wave", "cell_id": "tp1-b8-0", "batch": 8, "wall_s": 300.0, "tokens": 512})
     assert [(ln.split(" ", 1)[0], _eta(ln)) for ln in out.lines] == [
-        ("[0:00:00]", "ETA measuring"),  # engine starting
-        ("[0:00:20]", "ETA measuring"),  # engine up
-        ("[0:00:50]", "ETA measuring"),  # heartbeat: the first wave has not ended
-        ("[0:01:20]", "ETA measuring"),  # the heartbeat just before it ends (its own line falls within 30 s)
+        ("[0:00:00]", "ETA 2 min (speed table)"),  # engine starting: 12 waves x 7.2 s + the 5-s start
+        ("[0:00:20]", "ETA 87 s (speed table)"),  # engine up
+        ("[0:00:50]", "ETA 6 min (first wave so far)"),  # 30 s into a 7.2-s wave: 12 x 30 s, 30 s spent
+        ("[0:01:20]", "ETA 11 min (first wave so far)"),  # the heartbeat just before it ends
         ("[0:01:50]", "ETA 10 min"),  # 11 waves x 60 s, 30 s of the running one spent
         ("[0:02:20]", "ETA 10 min"),
         ("[0:02:50]", "ETA 12 min"),  # 90 s in, past the 60-s mean: (60 + 90) / 2 a wave
@@ -344,9 +347,54 @@ def test_the_eta_says_measuring_until_a_wave_ends_then_follows_a_slowed_machine(
         ("[0:06:20]", "ETA 30 min"),
     ]
     assert "8.5 tok/s" in out.lines[-1]  # 512 tokens in 60 s, not "0 tok/s"
-    assert seconds[:3] == [None, None, None]
+    b8 = 8 * 64 / 71.0
+    assert seconds[:4] == pytest.approx([12 * b8 + 5.0, 12 * b8, 12 * 30 - 30, 12 * 60 - 60])
     assert seconds[4:] == pytest.approx([630, 600, 750, 900, 1050, 1200, 1350, 1500, 1650, 1800])
     assert p.eta_s() == pytest.approx(10 * (60 + 300) / 2)  # the stalled wave done: 10 left at its mean
+
+
+def test_without_a_speed_table_the_eta_says_measuring_until_a_wave_ends():
+    out, clock = Lines(), Clock()
+    p = RunProgress(out, show=True, cells={"a": {"batch": 8}}, n_prompts=16, max_tokens=64, table=None,
+                    clock=clock, plain=True)  # fmt: skip
+    p.engine_starting("k")
+    assert _eta(out.lines[-1]) == "ETA measuring"
+    p.engine_up("k", 1.0)
+    p.record({"type": "cell_start", "cell_id": "a"})
+    clock.t += 8
+    p.record({"type": "wave", "cell_id": "a", "batch": 8, "wall_s": 8.0, "tokens": 512})
+    assert p.eta_s() == pytest.approx(8.0)
+
+
+def test_the_bars_eta_moves_with_the_clock_while_a_wave_runs():
+    """On a terminal the bar's text changed only when a wave ended: "ETA 5 min" stood for a minute."""
+    import io
+
+    from rich.console import Console
+
+    clock = Clock()
+    term = Console(file=io.StringIO(), force_terminal=True, width=200)
+    cells = {f"tp1-b8-{i}": {"batch": 8} for i in range(3)}
+    p = RunProgress(term, show=True, cells=cells, n_prompts=32, max_tokens=64, table=HF_CPU,
+                    starts_left=0, clock=clock)  # fmt: skip
+    assert p._bar is not None
+
+    def info() -> str:
+        return _eta(p._bar.tasks[1].fields["info"])
+
+    with p:
+        p.engine_up("k", 5.0)
+        p.record({"type": "cell_start", "cell_id": "tp1-b8-0"})
+        clock.t += 60
+        p.record({"type": "wave", "cell_id": "tp1-b8-0", "batch": 8, "wall_s": 60.0, "tokens": 512})
+        assert info() == "ETA 11 min"  # 11 waves x 60 s
+        shown = [info()]
+        for _ in range(4):
+            clock.t += 30
+            p.tick()
+            shown.append(info())
+    # 30 s spent of the running wave, 60 s; then past the mean: 10 x (60 + 90) / 2, 10 x (60 + 120) / 2
+    assert shown == ["ETA 11 min", "ETA 10 min", "ETA 10 min", "ETA 12 min", "ETA 15 min"]
 
 
 def test_an_unseen_batch_is_the_table_scaled_by_how_slow_this_machine_ran():
@@ -381,4 +429,4 @@ def test_plain_lines_on_a_terminal_when_the_bar_is_off():
     p = _progress(out, clock, plain=True)
     assert p._bar is None
     p.engine_starting("k")
-    assert out.lines == ["[0:00:00] cells 0/3, waves 0/5 · engine k: starting · ETA measuring"]
+    assert out.lines == ["[0:00:00] cells 0/3, waves 0/5 · engine k: starting · ETA 45 s (speed table)"]

@@ -485,3 +485,25 @@ def test_rerunning_a_finished_shard_counts_its_cells_once(runs, shard):
     assert buf.getvalue().splitlines()[0] == (
         f"resuming {run_dir.name}: {n} of {n} cells already done, running the other 0 (--fresh starts over)"
     )
+
+
+def test_a_shards_results_dir_holding_one_run_stands_for_it(runs):
+    """Issue 45 item 7: `merge OUT shard-1/ shard-2/` (each a downloaded --results-dir) said "missing run.json"."""
+    m1, m2 = runs["root"] / "m1", runs["root"] / "m2"
+    res = invoke("merge", str(runs["root"] / "from-results"), str(m1), str(m2))
+    assert res.exit_code == 0, res.output
+    err = " ".join(res.stderr.split())
+    assert f"{m1}: merging the one run it holds, ci-1" in err and f"{m2}: merging the one run it holds, ci-1" in err
+    pd.testing.assert_frame_equal(_table(runs["root"] / "from-results", "pairs", "pair_id"),
+                                  _table(runs["whole"].run_dir, "pairs", "pair_id"))  # fmt: skip
+
+
+def test_a_results_dir_holding_several_runs_is_one_line_naming_them(tmp_path):
+    fake_shard(tmp_path / "res" / "run-a", "1/2")
+    fake_shard(tmp_path / "res" / "run-b", "2/2")
+    res = invoke("merge", str(tmp_path / "out"), str(tmp_path / "res"))
+    assert res.exit_code == 2
+    assert one_error_line(res) == (
+        f"error: {tmp_path / 'res'} holds 2 runs (run-a, run-b), not one shard: give the shard's run directory"
+    )
+    assert not (tmp_path / "out").exists()
