@@ -41,7 +41,7 @@ def intro(data: RunData, code: Callable[[str], str]) -> str:
                 prompts += f", shared prefix {fmt_int(prefix)} tokens"
             prompts += ")"
         prompts += "."
-    tw = twins.of(data.manifest.spec)
+    tw = data.twin
     if tw is not twins.CASCADE:
         # Another twin (--twin): its two arms in its own words; the judging is cascade's.
         return (

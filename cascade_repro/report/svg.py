@@ -189,7 +189,7 @@ def first_divergence_series(data: RunData) -> dict[str, Series]:
             or (not is_missing(r["exact"]) and bool(r["exact"]))
         ):
             continue
-        role = twins.of(data.manifest.spec).test if p.get("kind") in outcome.TWIN_KINDS else CONTROL
+        role = data.twin.test if p.get("kind") in outcome.TWIN_KINDS else CONTROL
         _add(out.setdefault(_series_name(role, config_label(p, axes)), {}), p.get("batch"), r["first_div"])
     return dict(sorted(out.items(), key=lambda kv: _series_order(kv[0])))
 
@@ -214,7 +214,7 @@ def first_divergence_caption(data: RunData) -> str:
         return ""
     n = {name: sum(len(v) for v in s.values()) for name, s in series.items()}
     counts = ", ".join(f"{name} {k}" for name, k in n.items() if k)
-    axis = twins.of(data.manifest.spec)
+    axis = data.twin
     text = f"Prompts that diverged ({counts}): dot = median first divergent token, whiskers = min–max, small dots = each prompt."
     if any(name.partition(" ")[0] == CONTROL for name in n):
         text += (
@@ -227,7 +227,7 @@ def first_divergence_caption(data: RunData) -> str:
 def seq_rep_series(data: RunData) -> dict[str, Series]:
     """seq-rep-4 of finished cells by batch: one series per arm and configuration."""
     axes = _plotted_axes(data)
-    arms = twins.of(data.manifest.spec).arms
+    arms = data.twin.arms
     out: dict[str, Series] = {}
     for r in view.cells(data):
         if r.get("status") != "done" or r.get("arm") not in arms or r.get("origin") == outcome.CALIBRATION:
@@ -253,7 +253,7 @@ def seq_rep_caption(data: RunData) -> str:
     series = seq_rep_series(data)
     if not any(any(s.values()) for s in series.values()):
         return ""
-    axis = twins.of(data.manifest.spec)
+    axis = data.twin
     return (
         f"One small dot per finished cell ({', '.join(series)}); a {axis.test} series above the {axis.ref} "
         "series of its configuration means more repeated 4-grams."
@@ -264,7 +264,7 @@ def counts_series(data: RunData, column: str, control_column: str, per_n: bool) 
     """A count of every cascade pair by batch (as a fraction of its prompts where ``per_n``) and the
     same count of the control it was judged against: one series each per configuration."""
     axes = _plotted_axes(data)
-    kind = twins.of(data.manifest.spec).test
+    kind = data.twin.test
     out: dict[str, Series] = {}
     for r in view.cascade_pairs(data):
         config = config_label(r, axes)
@@ -280,7 +280,7 @@ def divergence_plot(data: RunData) -> str:
     """The divergence counts the verdicts test: per batch, the share of prompts each cascade pair's
     outputs diverged on, beside its control's."""
     series = counts_series(data, "n_diverged", "noise_n_diverged", per_n=True)
-    axis = twins.of(data.manifest.spec)
+    axis = data.twin
     title = f"Prompts diverged, {axis.test} vs " + ("control" if _has_control(series) else axis.ref)
     return whisker_plot(title, "batch size", "share of prompts diverged", series, from_zero=True)
 
@@ -304,7 +304,7 @@ def counts_caption(data: RunData) -> str:
     if not series:
         return ""
     alpha = data.manifest.thresholds.get("alpha", 0.01)
-    axis = twins.of(data.manifest.spec)
+    axis = data.twin
     if not _has_control(series):
         judged = (
             "these pairs were judged against the reference (the error ratios above), not by counts"
@@ -411,7 +411,7 @@ def _reference_decided(data: RunData) -> bool:
 def forest_plot(data: RunData) -> str:
     """Draw one row per pair: drift ratio with its CI on a log axis, its threshold as a red tick;
     nothing where no pair has a ratio."""
-    axis = twins.of(data.manifest.spec)
+    axis = data.twin
     return _forest(
         forest_rows(data),
         "Drift ratio per pair (log scale)",
@@ -449,7 +449,7 @@ def error_ratio_rows(data: RunData) -> list[dict]:
 def error_ratio_plot(data: RunData) -> str:
     """The evidence the reference rule decides on, first: per pair, the test arm's error against the
     reference over its twin's, with its CI and the pair's minimum effect; nothing without a reference."""
-    axis = twins.of(data.manifest.spec)
+    axis = data.twin
     return _forest(
         error_ratio_rows(data),
         "Error against the reference, test over twin (log scale)",
@@ -463,7 +463,7 @@ def error_ratio_caption(data: RunData) -> str:
     rows = error_ratio_rows(data)
     if not rows:
         return ""
-    axis = twins.of(data.manifest.spec)
+    axis = data.twin
     alpha = data.manifest.thresholds.get("alpha", 0.01)
     text = (
         f"Dot = the pair's error ratio (the {axis.test} arm's mean |logprob - reference logprob| over the "
@@ -549,7 +549,7 @@ def forest_caption(data: RunData) -> str:
     if not rows:
         return ""
     drift_min = _positive(data.manifest.thresholds.get("drift_min"))
-    axis = twins.of(data.manifest.spec)
+    axis = data.twin
     text = (
         "Dot = drift ratio (red: the pair is a regression), bar = its bootstrap 95% CI, red tick = the row's "
         f"drift threshold, grey line = ratio 1 ({axis.test} as noisy as the control)"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from cascade_repro import twin as twins
 from cascade_repro.judge.outcome import REGRESSION
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import (
@@ -92,7 +91,7 @@ def verdict_table(data: RunData) -> Table:
         *axes,
         # The verdict sits next to the pair it judges: at the far right of a wide table it scrolled away.
         "verdict",
-        twins.of(data.manifest.spec).effect_label,
+        data.twin.effect_label,
         *(["predicted (prefill/decode)"] if preds else []),
         "depth",
         "drift ratio [95% CI]",
