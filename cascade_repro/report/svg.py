@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Collection
 from html import escape
 
-from cascade_repro import twin as twins
 from cascade_repro.judge import outcome
 from cascade_repro.report import view
 from cascade_repro.report.load import RunData
@@ -58,23 +58,35 @@ def y_range(values: list[float]) -> tuple[float, float, float]:
     return bottom, top, step
 
 
-def series_styles(names: list[str]) -> dict[str, tuple[str, bool]]:
+def series_styles(names: list[str], reference: Collection[str] = frozenset()) -> dict[str, tuple[str, bool]]:
     """Colour and hollowness per series named `role config`: one colour per configuration, the
     reference side (the control, the flat arm) hollow beside its configuration's solid test side."""
     configs = list(dict.fromkeys(n.partition(" ")[2] for n in names))
     return {
-        n: (COLORS[configs.index(n.partition(" ")[2]) % len(COLORS)], n.partition(" ")[0] in REFERENCE_ROLES)
+        n: (
+            COLORS[configs.index(n.partition(" ")[2]) % len(COLORS)],
+            n.partition(" ")[0] in {CONTROL, *reference},
+        )
         for n in names
     }
 
 
 CONTROL = "control"  # the legend's name for a noise-control series
-# The reference side of a series: the control, or any twin's reference arm (``flat``, ``prefix-off``...).
-REFERENCE_ROLES = frozenset({CONTROL, *(t.ref for t in twins.all_examples())})
+
+
+def reference_roles(data: RunData) -> frozenset[str]:
+    """The reference side of a run's series: the control, and its twin's reference arm (``flat``,
+    ``prefix-off``, ``tp2``...)."""
+    return frozenset({CONTROL, data.twin.ref})
 
 
 def whisker_plot(
-    title: str, xlabel: str, ylabel: str, series: dict[str, Series], from_zero: bool = False
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    series: dict[str, Series],
+    from_zero: bool = False,
+    reference: Collection[str] = frozenset(),
 ) -> str:
     """Draw median dots with min–max whiskers per x and series, plus every value as a faint dot;
     nothing (no "no data" box) where no series has a value.
@@ -117,7 +129,7 @@ def whisker_plot(
         f'<text transform="translate(16 {TOP + ph / 2:.1f}) rotate(-90)" text-anchor="middle">'
         f"{escape(ylabel)}</text>"
     )
-    styles = series_styles(list(series))
+    styles = series_styles(list(series), reference)
     for j, (name, s) in enumerate(series.items()):
         color, hollow = styles[name]
         fill = f'fill="#fff" stroke="{color}" stroke-width="2"' if hollow else f'fill="{color}"'
@@ -191,19 +203,23 @@ def first_divergence_series(data: RunData) -> dict[str, Series]:
             continue
         role = data.twin.test if p.get("kind") in outcome.TWIN_KINDS else CONTROL
         _add(out.setdefault(_series_name(role, config_label(p, axes)), {}), p.get("batch"), r["first_div"])
-    return dict(sorted(out.items(), key=lambda kv: _series_order(kv[0])))
+    return dict(sorted(out.items(), key=lambda kv: _series_order(kv[0], reference_roles(data))))
 
 
-def _series_order(name: str) -> tuple:
+def _series_order(name: str, reference: Collection[str]) -> tuple:
     # cascade series of a configuration next to its control, configurations in label order
     role, _, config = name.partition(" ")
-    return (config, role in REFERENCE_ROLES)
+    return (config, role in reference)
 
 
 def first_divergence_plot(data: RunData) -> str:
     """Plot first-divergence positions of non-identical prompts by batch, per configuration."""
     return whisker_plot(
-        "First divergence by batch size", "batch size", "first divergent token", first_divergence_series(data)
+        "First divergence by batch size",
+        "batch size",
+        "first divergent token",
+        first_divergence_series(data),
+        reference=reference_roles(data),
     )
 
 
@@ -234,7 +250,7 @@ def seq_rep_series(data: RunData) -> dict[str, Series]:
             continue
         name = _series_name(str(r["arm"]), config_label(r, axes))
         _add(out.setdefault(name, {}), r.get("batch"), r.get("seq_rep_4"))
-    return dict(sorted(out.items(), key=lambda kv: _series_order(kv[0])))
+    return dict(sorted(out.items(), key=lambda kv: _series_order(kv[0], reference_roles(data))))
 
 
 def seq_rep_plot(data: RunData) -> str:
@@ -245,6 +261,7 @@ def seq_rep_plot(data: RunData) -> str:
         "seq-rep-4 (mean per cell)",
         seq_rep_series(data),
         from_zero=True,
+        reference=reference_roles(data),
     )
 
 
@@ -273,7 +290,7 @@ def counts_series(data: RunData, column: str, control_column: str, per_n: bool) 
             if is_missing(k) or (per_n and not n):
                 continue
             _add(out.setdefault(_series_name(role, config), {}), r.get("batch"), float(k) / n if per_n else k)
-    return dict(sorted(out.items(), key=lambda kv: _series_order(kv[0])))
+    return dict(sorted(out.items(), key=lambda kv: _series_order(kv[0], reference_roles(data))))
 
 
 def divergence_plot(data: RunData) -> str:
@@ -282,7 +299,14 @@ def divergence_plot(data: RunData) -> str:
     series = counts_series(data, "n_diverged", "noise_n_diverged", per_n=True)
     axis = data.twin
     title = f"Prompts diverged, {axis.test} vs " + ("control" if _has_control(series) else axis.ref)
-    return whisker_plot(title, "batch size", "share of prompts diverged", series, from_zero=True)
+    return whisker_plot(
+        title,
+        "batch size",
+        "share of prompts diverged",
+        series,
+        from_zero=True,
+        reference=reference_roles(data),
+    )
 
 
 def _has_control(series: dict[str, Series]) -> bool:
@@ -295,7 +319,13 @@ def topk_plot(data: RunData) -> str:
     series = counts_series(data, "topk_violations", "noise_topk_violations", per_n=False)
     if not any(v for s in series.values() for vals in s.values() for v in vals):
         return ""
-    return whisker_plot("Divergences outside top-k", "batch size", "divergences outside top-k", series)
+    return whisker_plot(
+        "Divergences outside top-k",
+        "batch size",
+        "divergences outside top-k",
+        series,
+        reference=reference_roles(data),
+    )
 
 
 def counts_caption(data: RunData) -> str:

@@ -20,7 +20,7 @@ from cascade_repro.report.text import (
     text_of,
     text_or_missing,
 )
-from cascade_repro.report.view import Table, cascade_pairs, has_if, predictions, varying_axes
+from cascade_repro.report.view import Table, cascade_pairs, has_if, if_column, predictions, varying_axes
 
 
 def _vs(k: str, n_k: str, p) -> str:
@@ -101,7 +101,7 @@ def verdict_table(data: RunData) -> Table:
         "diverged vs noise",
         "top-k viol. vs noise",
         "Δseq-rep-4 [95% CI]",
-        *(["IF strict cascade vs flat"] if show_if else []),
+        *([if_column(data)] if show_if else []),
         "reasons",
     ]
     rows = []
