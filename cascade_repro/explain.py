@@ -151,12 +151,11 @@ def explain_spec(
         num_sms=num_sms, block_size=block_size, dcp_world_size=dcp_world_size, rule=rule, max_scan=max_scan,
         max_tokens=spec.max_tokens, default_fa=default_fa_for(gpu or source),
     )  # fmt: skip
-    from cascade_repro import twin as twins
     from cascade_repro.plan.twin_effect import predict_effects
 
-    tw = twins.of(spec)
+    tw = spec.twin_axis
     twin_cells = []
-    if tw is not twins.CASCADE:
+    if tw is not CASCADE:
         from cascade_repro.run.envinfo import visible_gpu_count
 
         captured = sorted({1, *spec.batch}) if spec.graphs_for_batches else None

@@ -10,17 +10,24 @@ spelling them.
 
 An entry says how its arms differ (the vLLM engine arguments or environment of each arm, or a
 toggle one engine serves through the plugin, or the cell axis ``tp``/``batch``), what proves the
-setting took effect (:attr:`TwinAxis.effect`, counted per wave by the engine), which vLLM releases
-have it (``vllm_surface.TWIN_RELEASES``), its labels, its pair kind, and whether a difference is
-expected (a lossy setting such as an FP8 KV cache: its error ratio is reported, and it fails the
-run only under ``--fail-on expected``).
+setting took effect (:attr:`TwinAxis.effect`, counted per wave by the engine: the entry's own reader
+of a wave's facts, :meth:`TwinAxis.wave_effect`), whether it will take effect in a planned cell (its
+own prediction, :meth:`TwinAxis.predict_effect`, for ``explain``), which vLLM releases lack it
+(``vllm_surface.TWIN_RELEASES``), its labels, its pair kind, and whether a difference is expected (a
+lossy setting such as an FP8 KV cache: its error ratio is reported, and it fails the run only under
+``--fail-on expected``). A new twin is one entry: :func:`register` adds it (from a module named in
+``CASCADE_REPRO_TWINS`` as ``module:NAME``, it is registered in every process of a run, workers
+included), and the planner, the engines and the reports ask the entry, never its name.
 
 Standard library only, and nothing from this package: every layer imports it.
 """
 
 from __future__ import annotations
 
+import importlib
+import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +45,47 @@ EFFECT_LABELS = {
     "graph_steps": "graph steps",
     "config": "steps with the setting",
 }
+
+
+# vLLM's default largest CUDA-graph capture size (CompilationConfig, 0.10.2 to 0.26.0).
+DEFAULT_MAX_CAPTURE = 512
+
+
+@dataclass(frozen=True)
+class WaveFacts:
+    """What an engine saw in one wave, for a twin's effect reader (:meth:`TwinAxis.wave_effect`)."""
+
+    # The arm the wave ran (the counts are of the test arm's setting: on the reference arm they say
+    # whether it leaked there, 0 expected).
+    arm: str
+    # What the engine says it runs with, read once per start (vLLM: its config, and from every
+    # worker the attention classes, KV cache dtypes and TP size; which probe hooks run).
+    readback: dict[str, Any]
+    # The probe's counters of the wave (scheduler steps, partial prefills, CUDA-graph steps, ...).
+    counters: dict[str, Any]
+    # Decode tokens the wave generated, and its requests.
+    tokens: int
+    batch: int
+    # Prompt tokens served from the prefix cache (RequestOutput.num_cached_tokens, summed).
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class CellFacts:
+    """What the planner knows of a test cell before running, for a twin's effect prediction."""
+
+    batch: int
+    shared_prefix: int | None
+    prompt_lens: list[int] | None
+    block_size: int
+    gpus: int | None
+    captured: list[int] | None = None
+
+
+# An entry's effect reader: the wave's proof of effect (an ``effect_record``) from its facts.
+EffectReader = Callable[["TwinAxis", WaveFacts], dict[str, Any]]
+# An entry's effect prediction: ``yes``, ``no`` or ``?`` (known once the engine starts), and why.
+EffectPredictor = Callable[["TwinAxis", CellFacts], tuple[str, str]]
 
 
 @dataclass(frozen=True)
@@ -84,6 +132,10 @@ class TwinAxis:
     gpus: int = 1
     # The MatrixSpec field holding which arms run (on: the test arm, off: the reference arm).
     spec_field: str = field(default="cascade")
+    # What proves the setting took effect in a wave, read from its facts (None: the engine cannot
+    # tell), and whether it will in a planned cell (None: known once the engine starts).
+    reader: EffectReader | None = field(default=None, compare=False, repr=False)
+    predictor: EffectPredictor | None = field(default=None, compare=False, repr=False)
 
     @property
     def pair_kind(self) -> str:
@@ -114,6 +166,193 @@ class TwinAxis:
     def axis_value(self, arm: str) -> int | str | None:
         """The arm's value on the cell axis the arms differ in (None: they share every axis)."""
         return self.test_value if arm == self.test else self.ref_value
+
+    def wave_effect(self, facts: WaveFacts) -> dict[str, Any]:
+        """A wave's proof that the setting took effect (``effect_record``), read from its facts."""
+        if self.reader is None:
+            return effect_record(self, 0, {}, "this engine cannot tell")
+        return self.reader(self, facts)
+
+    def predict_effect(self, cell: CellFacts) -> tuple[str, str]:
+        """Whether the setting takes effect in a test cell (``yes``, ``no`` or ``?``), and why."""
+        if self.predictor is None:
+            return "?", f"read back from the engine once it starts ({self.effect_doc})"
+        return self.predictor(self, cell)
+
+
+# --- what proves each setting took effect, and where it will -------------------------------------
+# Observed as vLLM ran: prefix-caching, the prompt tokens served from the cache
+# (RequestOutput.num_cached_tokens); chunked-prefill, the scheduler's partial prefills; cuda-graphs,
+# the steps the model runner ran through a CUDA graph; async-scheduling, the steps an AsyncScheduler
+# scheduled (the probe's hooks, vllm_surface). The others count the wave's decode tokens when what
+# the workers report holds: every attention layer built for an FP8 KV cache of 1-byte elements; the
+# backend's implementation class in every worker; the TP world size; the wave's requests in one
+# scheduler step (batch). Where a hook does not exist in the installed vLLM (0.10.2 has no graph
+# point), the read-back config stands in and the evidence says ``observed: False``. 0 comes with
+# what was read.
+
+
+def _count(d: dict[str, Any], key: str) -> int:
+    return int(d.get(key, 0) or 0)
+
+
+def _prefix_effect(tw: TwinAxis, f: WaveFacts) -> dict[str, Any]:
+    cached = f.cached_tokens
+    ev = {"num_cached_tokens": cached, "enable_prefix_caching": f.readback.get("enable_prefix_caching")}
+    return effect_record(tw, cached, ev, "" if cached else "no prompt token came from the prefix cache")
+
+
+def _prefix_prediction(tw: TwinAxis, c: CellFacts) -> tuple[str, str]:
+    prefix, block = c.shared_prefix, c.block_size
+    if prefix is None:
+        return "?", "shared prefix not measured"
+    if prefix >= block:
+        return (
+            "yes",
+            f"shared prefix {prefix} tokens >= one {block}-token block: {prefix // block * block} cached",
+        )
+    return "no", f"shared prefix {prefix} tokens < one {block}-token block: nothing to hit"
+
+
+def _chunk_effect(tw: TwinAxis, f: WaveFacts) -> dict[str, Any]:
+    rb, agg = f.readback, f.counters
+    chunks = _count(agg, "prefill_chunks")
+    ev = {"prefill_chunks": chunks, "sched_steps": _count(agg, "sched_steps"),
+          "max_num_batched_tokens": rb.get("max_num_batched_tokens")}  # fmt: skip
+    why = "" if chunks else (
+        f"every prompt fit the step budget (max_num_batched_tokens={rb.get('max_num_batched_tokens')})"
+        if ev["sched_steps"] else "the probe saw no scheduler step (its Scheduler hook did not run)"
+    )  # fmt: skip
+    return effect_record(tw, chunks, ev, why)
+
+
+def _chunk_prediction(tw: TwinAxis, c: CellFacts) -> tuple[str, str]:
+    if not c.prompt_lens:
+        return "?", "prompt lengths not measured"
+    wave = sum(sorted(c.prompt_lens, reverse=True)[: c.batch])
+    if wave > CHUNK_TOKENS:
+        return "yes", f"a wave's prompts hold up to {wave} tokens > the {CHUNK_TOKENS}-token step budget"
+    return "no", f"a wave's prompts hold {wave} tokens <= the {CHUNK_TOKENS}-token step budget"
+
+
+def _graphs_on(mode: Any, eager: Any) -> bool:
+    return eager is not True and str(mode or "").upper() not in ("NONE", "CUDAGRAPHMODE.NONE", "0", "")
+
+
+def _graphs_effect(tw: TwinAxis, f: WaveFacts) -> dict[str, Any]:
+    rb, agg, batch = f.readback, f.counters, f.batch
+    sizes = rb.get("cudagraph_capture_sizes") or []
+    top = max(sizes) if isinstance(sizes, list) and sizes else None
+    on_cfg = _graphs_on(rb.get("cudagraph_mode"), rb.get("enforce_eager"))
+    ev = {"cudagraph_mode": rb.get("cudagraph_mode"), "enforce_eager": rb.get("enforce_eager"),
+          "largest_captured_batch": top}  # fmt: skip
+    cfg_why = (
+        f"batch {batch} is above the largest captured size {top}: decode ran eager"
+        if top is not None and batch > top else "the engine runs eager (CUDA-graph mode off)"
+    )  # fmt: skip
+    if rb.get("graph_hook"):
+        # Observed: the steps the model runner ran through a CUDA graph (vllm_surface's graph points).
+        full, pw = _count(agg, "graph_full_steps"), _count(agg, "graph_piecewise_steps")
+        ev.update(
+            graph_full_steps=full,
+            graph_piecewise_steps=pw,
+            graph_eager_steps=_count(agg, "graph_eager_steps"),
+        )
+        why = "" if full + pw else (cfg_why if not on_cfg or (top is not None and batch > top)
+                                    else "no step of the wave ran through a CUDA graph")  # fmt: skip
+        return effect_record(tw, full + pw, ev, why)
+    # No graph point in this vLLM (0.10.2): the decode tokens under the read-back mode.
+    ok = on_cfg and (top is None or batch <= top)
+    ev["observed"] = False
+    return effect_record(tw, f.tokens if ok else 0, ev, "" if ok else cfg_why)
+
+
+def _graphs_prediction(tw: TwinAxis, c: CellFacts) -> tuple[str, str]:
+    top = max(c.captured) if c.captured else DEFAULT_MAX_CAPTURE
+    if c.batch <= top:
+        return "yes", f"batch {c.batch} <= the largest captured size {top}"
+    return "no", f"batch {c.batch} > the largest captured size {top}: decode runs eager"
+
+
+def _async_effect(tw: TwinAxis, f: WaveFacts) -> dict[str, Any]:
+    rb, agg = f.readback, f.counters
+    ev = {"async_scheduling": rb.get("async_scheduling")}
+    if rb.get("scheduler_hook") and _count(agg, "sched_steps"):
+        # Observed: steps scheduled by the AsyncScheduler (what async_scheduling=True installs).
+        n = _count(agg, "async_sched_steps")
+        ev.update(async_sched_steps=n, sched_steps=int(agg["sched_steps"]))
+        return effect_record(tw, n, ev, "" if n else "no step was scheduled by vLLM's AsyncScheduler")
+    ok = rb.get("async_scheduling") is True
+    ev["observed"] = False
+    return effect_record(tw, f.tokens if ok else 0, ev,
+                         "" if ok else "the engine's scheduler config has async_scheduling off")  # fmt: skip
+
+
+def _kv_fp8_effect(tw: TwinAxis, f: WaveFacts) -> dict[str, Any]:
+    rb, tokens = f.readback, f.tokens
+    ev = {"kv_cache_dtype": rb.get("kv_cache_dtype")}
+    layers, sizes = rb.get("layer_kv_cache_dtypes") or [], rb.get("kv_cache_element_bytes") or []
+    if layers:
+        # Observed in every worker: each attention layer built for fp8, its cache in 1-byte elements.
+        ev.update(layer_kv_cache_dtypes=layers, kv_cache_tensor_dtypes=rb.get("kv_cache_tensor_dtypes") or [],
+                  kv_cache_element_bytes=sizes)  # fmt: skip
+        ok = all(str(d).lower().startswith("fp8") for d in layers) and (not sizes or sizes == [1])
+        why = "" if ok else (f"the layers' KV cache is {', '.join(map(str, layers))} "
+                             f"({', '.join(map(str, sizes)) or '?'} bytes per element), not fp8")  # fmt: skip
+        return effect_record(tw, tokens if ok else 0, ev, why)
+    ok = str(rb.get("kv_cache_dtype") or "").lower().startswith("fp8")
+    ev["observed"] = False
+    return effect_record(tw, tokens if ok else 0, ev,
+                         "" if ok else f"the KV cache is {rb.get('kv_cache_dtype')}, not fp8")  # fmt: skip
+
+
+def backend_matches(backend: Any, classes: list[str]) -> bool:
+    """Whether an attention implementation class is the named backend's (FLASH_ATTN is
+    FlashAttentionImpl, FLASHINFER FlashInferImpl, TRITON_ATTN TritonAttentionImpl)."""
+    want = str(backend or "").lower().replace("_", "")
+    return bool(want) and any(c.lower().replace("attention", "attn").startswith(want) for c in classes)
+
+
+def _backend_effect(tw: TwinAxis, f: WaveFacts) -> dict[str, Any]:
+    classes = list(f.readback.get("attn_impl_classes") or [])
+    ok = backend_matches(tw.test_value, classes)
+    return effect_record(tw, f.tokens if ok else 0, {"attn_impl_classes": classes},
+                         "" if ok else f"the layers run {', '.join(classes) or 'an unknown class'}, "
+                         f"not {tw.test_value}'s")  # fmt: skip
+
+
+def _tp_effect(tw: TwinAxis, f: WaveFacts) -> dict[str, Any]:
+    size = f.readback.get("tp_world_size")
+    ok = size == tw.test_value
+    return effect_record(tw, f.tokens if ok and f.arm == tw.test else 0, {"tp_world_size": size},
+                         "" if ok else f"the workers joined a TP group of {size}")  # fmt: skip
+
+
+def _tp_prediction(tw: TwinAxis, c: CellFacts) -> tuple[str, str]:
+    if c.gpus is None:
+        return "?", f"needs {tw.gpus} GPUs; none counted here"
+    if c.gpus >= tw.gpus:
+        return "yes", f"{c.gpus} GPUs visible for TP {tw.test_value}"
+    return "no", f"TP {tw.test_value} needs {tw.gpus} GPUs, {c.gpus} visible (matrix refuses it)"
+
+
+def _batch_effect(tw: TwinAxis, f: WaveFacts) -> dict[str, Any]:
+    if f.readback.get("scheduler_hook") and _count(f.counters, "sched_steps"):
+        # Observed: the most requests vLLM's scheduler put in one step of the wave.
+        most = _count(f.counters, "max_sched_reqs")
+        ok = most == tw.test_value
+        why = (
+            ""
+            if ok or f.arm != tw.test
+            else f"at most {most} of the wave's {f.batch} requests ran in one step"
+        )
+        return effect_record(tw, f.tokens if ok else 0, {"batch": f.batch, "max_sched_reqs": most}, why)
+    ok = f.batch == tw.test_value
+    return effect_record(tw, f.tokens if ok else 0, {"batch": f.batch, "observed": False})
+
+
+def _batch_prediction(tw: TwinAxis, c: CellFacts) -> tuple[str, str]:
+    return "yes", f"every wave runs {c.batch} requests at once"
 
 
 # vLLM's cascade attention on (disable_cascade_attn=False, or the hf engine's reference cascade)
@@ -150,6 +389,8 @@ PREFIX_CACHING = TwinAxis(
     ref_args=(("enable_prefix_caching", False), ("disable_cascade_attn", True)),
     effect="prefix_hits",
     effect_doc="prompt tokens served from the prefix cache (RequestOutput.num_cached_tokens)",
+    reader=_prefix_effect,
+    predictor=_prefix_prediction,
 )
 
 CHUNKED_PREFILL = TwinAxis(
@@ -165,6 +406,8 @@ CHUNKED_PREFILL = TwinAxis(
     ref_args=(("disable_cascade_attn", True),),
     effect="prefill_chunks",
     effect_doc="prefill steps that ran part of a request's prompt (scheduled < prompt left)",
+    reader=_chunk_effect,
+    predictor=_chunk_prediction,
 )  # fmt: skip
 
 CUDA_GRAPHS = TwinAxis(
@@ -180,6 +423,8 @@ CUDA_GRAPHS = TwinAxis(
     effect="graph_steps",
     effect_doc="steps the model runner ran through a CUDA graph (a FULL replay or PIECEWISE graphs; the "
     "engine's config stands in where the vLLM has no such hook)",
+    reader=_graphs_effect,
+    predictor=_graphs_prediction,
 )
 
 ASYNC_SCHEDULING = TwinAxis(
@@ -194,6 +439,7 @@ ASYNC_SCHEDULING = TwinAxis(
     ref_args=(("async_scheduling", False), ("disable_cascade_attn", True)),
     effect="config",
     effect_doc="steps scheduled by vLLM's async scheduler (AsyncScheduler, what async_scheduling=True installs)",
+    reader=_async_effect,
 )
 
 KV_CACHE_FP8 = TwinAxis(
@@ -209,6 +455,7 @@ KV_CACHE_FP8 = TwinAxis(
     effect="config",
     effect_doc="decode tokens generated with every attention layer's KV cache fp8, stored in 1-byte elements "
     "(read from every worker)",
+    reader=_kv_fp8_effect,
     expected_change=True,
 )
 
@@ -237,6 +484,7 @@ def _backend_twin(a: str, b: str) -> TwinAxis:
         effect="config",
         effect_doc="decode tokens generated with the test backend's implementation class in the model's layers "
         "(read back from every worker through the plugin)",
+        reader=_backend_effect,
     )
 
 
@@ -256,6 +504,8 @@ def _tp_twin(a: int, b: int) -> TwinAxis:
         ref_value=a,
         effect="config",
         effect_doc="decode tokens generated in a TP group of the test arm's size (read back from every worker)",
+        reader=_tp_effect,
+        predictor=_tp_prediction,
         gpus=max(a, b),
     )
 
@@ -277,6 +527,8 @@ def _batch_twin(a: int, b: int) -> TwinAxis:
         ref_value=a,
         effect="config",
         effect_doc=f"decode tokens (the fake engine: steps) of waves whose scheduler ran {b} requests in one step",
+        reader=_batch_effect,
+        predictor=_batch_prediction,
         engines=("vllm", "hf", "fake"),
     )
 
@@ -284,18 +536,63 @@ def _batch_twin(a: int, b: int) -> TwinAxis:
 FIXED: dict[str, TwinAxis] = {
     t.name: t for t in (CASCADE, PREFIX_CACHING, CHUNKED_PREFILL, CUDA_GRAPHS, ASYNC_SCHEDULING, KV_CACHE_FP8)
 }
+_BUILT_IN = frozenset(FIXED)
 # The parameterised entries: how --help and errors spell them, and an example each.
 PARAMETERISED = {
     "attention-backend": ("attention-backend=A:B", "attention-backend=FLASH_ATTN:FLASHINFER"),
     "tp": ("tp=A:B", "tp=1:2"),
     "batch": ("batch=1:N", "batch=1:8"),
 }
-FAMILIES = (*(t.family for t in FIXED.values()), *PARAMETERISED)
-# Every pair kind a twin gives a test cell against its twin.
-PAIR_KINDS = frozenset(FAMILIES)
+# Every family, in the registry's order (a registered entry's appended); kept up to date in place.
+FAMILIES: list[str] = [*(t.family for t in FIXED.values()), *PARAMETERISED]
+# Every pair kind a twin gives a test cell against its twin (a live set: registering adds to it).
+PAIR_KINDS: set[str] = set(FAMILIES)
 # The names as --help lists them.
-SPELLINGS = (*FIXED, *(s for s, _ in PARAMETERISED.values()))
+SPELLINGS: list[str] = [*FIXED, *(s for s, _ in PARAMETERISED.values())]
 MAX_AXIS = 1 << 16
+# ``module:NAME[,module:NAME...]``: entries outside this package, registered in every process that
+# imports this module (a run's workers too, which inherit the environment).
+PLUGINS_ENV = "CASCADE_REPRO_TWINS"
+
+
+def _rebuild() -> None:
+    FAMILIES[:] = [*dict.fromkeys(t.family for t in FIXED.values()), *PARAMETERISED]
+    PAIR_KINDS.clear()
+    PAIR_KINDS.update(FAMILIES)
+    SPELLINGS[:] = [*FIXED, *(s for s, _ in PARAMETERISED.values())]
+
+
+def register(entry: TwinAxis) -> TwinAxis:
+    """Add a fixed entry to the registry (``--twin`` takes its name from then on); ValueError when
+    its name or arms are another entry's."""
+    taken = {n for t in FIXED.values() for n in (t.name, t.test, t.ref)} | set(PARAMETERISED)
+    if FIXED.get(entry.name) == entry:
+        return entry
+    if {entry.name, entry.test, entry.ref} & taken or entry.family in PARAMETERISED:
+        raise ValueError(f"twin {entry.name!r}: its name or an arm's is another entry's")
+    FIXED[entry.name] = entry
+    _rebuild()
+    return entry
+
+
+def unregister(name: str) -> None:
+    """Remove a registered entry (tests that register a throw-away one)."""
+    if name in _BUILT_IN:
+        raise ValueError(f"twin {name!r} is built in")
+    FIXED.pop(name, None)
+    _rebuild()
+
+
+def load_plugins(spec: str | None = None) -> None:
+    """Register the entries ``CASCADE_REPRO_TWINS`` names (``module:NAME``, comma-separated)."""
+    for item in filter(
+        None, (x.strip() for x in (spec if spec is not None else os.environ.get(PLUGINS_ENV, "")).split(","))
+    ):
+        module, _, attr = item.partition(":")
+        entry = getattr(importlib.import_module(module), attr, None)
+        if not isinstance(entry, TwinAxis):
+            raise ValueError(f"{PLUGINS_ENV}: {item} is not a twin entry (module:NAME of a TwinAxis)")
+        register(entry)
 
 
 def resolve(name: str | None) -> TwinAxis:
@@ -346,6 +643,12 @@ def of(spec: Any) -> TwinAxis:
     return resolve(name or CASCADE.name)
 
 
+def help_text() -> str:
+    """The names ``--twin`` takes, as its help lists them: `a`, `b` or `c`."""
+    names = [f"`{n}`" for n in SPELLINGS]
+    return f"{', '.join(names[:-1])} or {names[-1]}"
+
+
 def effect_record(twin: TwinAxis, count: int, evidence: dict[str, Any], why: str = "") -> dict[str, Any]:
     """A wave's proof of effect (the wave record's ``extra["effect"]``): the twin, how many steps (or
     for ``prefix_hits`` tokens) it took effect on, what the engine read to say so, and when the count
@@ -354,3 +657,6 @@ def effect_record(twin: TwinAxis, count: int, evidence: dict[str, Any], why: str
     if why:
         out["why"] = why
     return out
+
+
+load_plugins()

@@ -105,7 +105,7 @@ def test_the_report_never_calls_the_scorer():
 # worked example, docs, layout, packaging, hostile input); fuzz/ and benchmarks/ hold the fuzz targets and the benchmarks' tests.
 TESTS = Path(__file__).resolve().parent
 TOP_LEVEL_TESTS = {"test_docs", "test_doctor", "test_e2e", "test_explain", "test_hostile", "test_import_graph",
-                   "test_layout", "test_packaging", "test_sweep", "test_synth", "test_twin", "test_twin_axes",
+                   "test_layout", "test_packaging", "test_sweep", "test_synth", "test_twin", "test_twin_axes", "test_twin_registry",
                    "test_worked_example"}  # fmt: skip
 BESIDE_PACKAGE = {"fuzz", "benchmarks"}
 

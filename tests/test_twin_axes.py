@@ -170,7 +170,7 @@ def test_versions_decide_per_twin():
     assert why.startswith("--twin cascade cannot be tested on vLLM 0.32.0: cascade attention was removed")
     assert vllm_surface.testable_twins("0.34.0") == [f for f in twins.FAMILIES if f != "cascade"]
     assert vllm_surface.testable_twins("0.26.0") == list(twins.FAMILIES)
-    assert set(vllm_surface.TWIN_RELEASES) == set(twins.FAMILIES)
+    assert set(vllm_surface.TWIN_RELEASES) <= set(twins.FAMILIES)  # the rest: every release
     line = vllm_surface.twin_refusal("cascade", "cascade", 1, "0.34.0", 8)
     assert "this vLLM can test --twin prefix-caching, chunked-prefill" in line and "\n" not in line
     assert vllm_surface.twin_refusal("tp", "tp=1:2", 2, "0.26.0", 1) == (

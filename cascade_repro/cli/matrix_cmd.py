@@ -385,12 +385,12 @@ def matrix(
         opts = RunOptions.from_settings(settings, fresh=fresh, command=command_line())
 
         if engine_info(spec.engine).is_vllm:
-            from cascade_repro import twin as twins
             from cascade_repro import vllm_surface
             from cascade_repro.run.envinfo import visible_gpu_count
+            from cascade_repro.twin import CASCADE
 
             version = vllm_surface.installed_version()
-            tw = twins.of(spec)
+            tw = spec.twin_axis
             gpus = visible_gpu_count()
             testable = vllm_surface.twin_problem(tw.family, version) is None
             if not dry_run and (version is None or (gpus == 0 and testable)):
@@ -423,7 +423,7 @@ def matrix(
             # planning one-GPU work.
             if why and (unsupported or tw.gpus > 1):
                 err_console().print(f"warning: {why}", highlight=False, markup=False)
-            if tw.family == twins.CASCADE.family and (note := vllm_surface.cascade_note(version)):
+            if tw.family == CASCADE.family and (note := vllm_surface.cascade_note(version)):
                 err_console().print(f"note: {note}", highlight=False, markup=False)
         if dry_run:
             if json_out:

@@ -18,6 +18,7 @@ from typing import Annotated, Any, get_args
 
 import typer
 
+from cascade_repro import twin as twins
 from cascade_repro.cli.app import EXAMPLE_RUN_DIR, RESULTS_DIR, default, spec_default
 from cascade_repro.judge.verdicts import Thresholds
 from cascade_repro.plan.matrix import ENGINES, FAIL_ON, FAIL_ON_DEFAULT
@@ -190,9 +191,8 @@ Batch = Annotated[
 Twin = Annotated[
     str | None,
     option(
-        "The setting each test cell differs in from its twin: `cascade`, `prefix-caching`, `chunked-prefill`, "
-        "`cuda-graphs`, `async-scheduling`, `kv-cache-dtype=fp8`, `attention-backend=A:B`, `tp=A:B` or "
-        "`batch=1:N` (README: Which setting changed my outputs?)." + spec_default("twin"),
+        f"The setting each test cell differs in from its twin: {twins.help_text()} "
+        "(README: Which setting changed my outputs?)." + spec_default("twin"),
         MATRIX,
         "--twin",
         metavar="NAME",

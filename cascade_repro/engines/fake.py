@@ -294,4 +294,4 @@ def build(run: Manifest, eplan: EnginePlan, run_dir: Path | None) -> FakeEngine:
     """The registry's builder (engines.ENGINES): the engine of one engine plan of a run."""
     spec = run.spec
     return FakeEngine(topk=spec.topk, inject=spec.inject, ignore_eos=bool(spec.ignore_eos), dtype=eplan.dtype,
-                      twin=twins.of(spec))  # fmt: skip
+                      twin=spec.twin_axis)  # fmt: skip

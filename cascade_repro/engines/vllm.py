@@ -104,7 +104,7 @@ class VLLMEngine:
         self.run_dir = Path(run_dir).resolve()  # spawned vLLM processes share the cwd, but be safe
         self.key = str(eplan.key or "engine")
         self.engine_arm: str | None = eplan.arm
-        self.twin = twins.of(spec)
+        self.twin = spec.twin_axis
         self.topk = int(spec.topk)
         self.seed = int(eplan.seed)
         self.inject = spec.inject
@@ -631,17 +631,6 @@ class VLLMEngine:
             pass
 
 
-def _graphs_on(mode: Any, eager: Any) -> bool:
-    return eager is not True and str(mode or "").upper() not in ("NONE", "CUDAGRAPHMODE.NONE", "0", "")
-
-
-def _backend_matches(backend: Any, classes: list[str]) -> bool:
-    """Whether an attention implementation class is the named backend's (FLASH_ATTN is
-    FlashAttentionImpl, FLASHINFER FlashInferImpl, TRITON_ATTN TritonAttentionImpl)."""
-    want = str(backend or "").lower().replace("_", "")
-    return bool(want) and any(c.lower().replace("attention", "attn").startswith(want) for c in classes)
-
-
 def wave_effect(
     tw: twins.TwinAxis,
     arm: str,
@@ -650,108 +639,17 @@ def wave_effect(
     comps: list[Completion],
     agg: dict[str, Any],
 ) -> dict[str, Any]:
-    """A wave's proof of effect for twin ``tw`` on ``arm``, from the engine's read-back config ``rb``,
-    vLLM's outputs and the probe's counters of the wave. Counts are of the test arm's setting: on the
-    reference arm they say whether it leaked there (0 expected).
-
-    Observed as vLLM ran: prefix-caching, the prompt tokens served from the cache
-    (RequestOutput.num_cached_tokens); chunked-prefill, the scheduler's partial prefills; cuda-graphs,
-    the steps the model runner ran through a CUDA graph; async-scheduling, the steps an
-    AsyncScheduler scheduled (the probe's hooks, vllm_surface). The others count the wave's decode
-    tokens when what the workers report holds: every attention layer built for an FP8 KV cache of
-    1-byte elements; the backend's implementation class in every worker; the TP world size; the
-    wave's requests in one scheduler step (batch). Where a hook does not exist in the installed
-    vLLM (0.10.2 has no graph point), the read-back config stands in and the evidence says
-    ``observed: False``. 0 comes with what was read.
-    """
-    tokens = sum(len(c.token_ids) for c in comps)
-    batch = len(comps)
-    fam = tw.family
-    on = arm == tw.test
-    if fam == "prefix-caching":
-        cached = sum(int(getattr(o, "num_cached_tokens", 0) or 0) for o in outs)
-        ev = {"num_cached_tokens": cached, "enable_prefix_caching": rb.get("enable_prefix_caching")}
-        why = "" if cached else "no prompt token came from the prefix cache"
-        return twins.effect_record(tw, cached, ev, why)
-    if fam == "chunked-prefill":
-        chunks = int(agg.get("prefill_chunks", 0) or 0)
-        ev = {"prefill_chunks": chunks, "sched_steps": int(agg.get("sched_steps", 0) or 0),
-              "max_num_batched_tokens": rb.get("max_num_batched_tokens")}  # fmt: skip
-        why = "" if chunks else (
-            f"every prompt fit the step budget (max_num_batched_tokens={rb.get('max_num_batched_tokens')})"
-            if ev["sched_steps"] else "the probe saw no scheduler step (its Scheduler hook did not run)"
-        )  # fmt: skip
-        return twins.effect_record(tw, chunks, ev, why)
-    if fam == "cuda-graphs":
-        sizes = rb.get("cudagraph_capture_sizes") or []
-        top = max(sizes) if isinstance(sizes, list) and sizes else None
-        on_cfg = _graphs_on(rb.get("cudagraph_mode"), rb.get("enforce_eager"))
-        ev = {"cudagraph_mode": rb.get("cudagraph_mode"), "enforce_eager": rb.get("enforce_eager"),
-              "largest_captured_batch": top}  # fmt: skip
-        cfg_why = (
-            f"batch {batch} is above the largest captured size {top}: decode ran eager"
-            if top is not None and batch > top else "the engine runs eager (CUDA-graph mode off)"
-        )  # fmt: skip
-        if rb.get("graph_hook"):
-            # Observed: the steps the model runner ran through a CUDA graph (vllm_surface's graph points).
-            full, pw = int(agg.get("graph_full_steps", 0) or 0), int(agg.get("graph_piecewise_steps", 0) or 0)
-            ev.update(graph_full_steps=full, graph_piecewise_steps=pw,
-                      graph_eager_steps=int(agg.get("graph_eager_steps", 0) or 0))  # fmt: skip
-            why = "" if full + pw else (cfg_why if not on_cfg or (top is not None and batch > top)
-                                        else "no step of the wave ran through a CUDA graph")  # fmt: skip
-            return twins.effect_record(tw, full + pw, ev, why)
-        # No graph point in this vLLM (0.10.2): the decode tokens under the read-back mode.
-        ok = on_cfg and (top is None or batch <= top)
-        ev["observed"] = False
-        return twins.effect_record(tw, tokens if ok else 0, ev, "" if ok else cfg_why)
-    if fam == "async-scheduling":
-        ev = {"async_scheduling": rb.get("async_scheduling")}
-        if rb.get("scheduler_hook") and int(agg.get("sched_steps", 0) or 0):
-            # Observed: steps scheduled by the AsyncScheduler (what async_scheduling=True installs).
-            n = int(agg.get("async_sched_steps", 0) or 0)
-            ev.update(async_sched_steps=n, sched_steps=int(agg["sched_steps"]))
-            return twins.effect_record(
-                tw, n, ev, "" if n else "no step was scheduled by vLLM's AsyncScheduler"
-            )
-        ok = rb.get("async_scheduling") is True
-        ev["observed"] = False
-        return twins.effect_record(tw, tokens if ok else 0, ev,
-                                   "" if ok else "the engine's scheduler config has async_scheduling off")  # fmt: skip
-    if fam == "kv-cache-dtype":
-        ev = {"kv_cache_dtype": rb.get("kv_cache_dtype")}
-        layers, sizes = rb.get("layer_kv_cache_dtypes") or [], rb.get("kv_cache_element_bytes") or []
-        if layers:
-            # Observed in every worker: each attention layer built for fp8, its cache in 1-byte elements.
-            ev.update(layer_kv_cache_dtypes=layers, kv_cache_tensor_dtypes=rb.get("kv_cache_tensor_dtypes") or [],
-                      kv_cache_element_bytes=sizes)  # fmt: skip
-            ok = all(str(d).lower().startswith("fp8") for d in layers) and (not sizes or sizes == [1])
-            why = "" if ok else (f"the layers' KV cache is {', '.join(map(str, layers))} "
-                                 f"({', '.join(map(str, sizes)) or '?'} bytes per element), not fp8")  # fmt: skip
-            return twins.effect_record(tw, tokens if ok else 0, ev, why)
-        ok = str(rb.get("kv_cache_dtype") or "").lower().startswith("fp8")
-        ev["observed"] = False
-        return twins.effect_record(tw, tokens if ok else 0, ev,
-                                   "" if ok else f"the KV cache is {rb.get('kv_cache_dtype')}, not fp8")  # fmt: skip
-    if fam == "attention-backend":
-        classes = list(rb.get("attn_impl_classes") or [])
-        ok = _backend_matches(tw.test_value, classes)
-        return twins.effect_record(tw, tokens if ok else 0, {"attn_impl_classes": classes},
-                                   "" if ok else f"the layers run {', '.join(classes) or 'an unknown class'}, "
-                                   f"not {tw.test_value}'s")  # fmt: skip
-    if fam == "tp":
-        ok = rb.get("tp_world_size") == tw.test_value
-        return twins.effect_record(tw, tokens if ok and on else 0, {"tp_world_size": rb.get("tp_world_size")},
-                                   "" if ok else f"the workers joined a TP group of {rb.get('tp_world_size')}")  # fmt: skip
-    if fam == "batch":
-        if rb.get("scheduler_hook") and int(agg.get("sched_steps", 0) or 0):
-            # Observed: the most requests vLLM's scheduler put in one step of the wave.
-            most = int(agg.get("max_sched_reqs", 0) or 0)
-            ok = most == tw.test_value
-            why = "" if ok or not on else f"at most {most} of the wave's {batch} requests ran in one step"
-            return twins.effect_record(tw, tokens if ok else 0, {"batch": batch, "max_sched_reqs": most}, why)
-        ok = batch == tw.test_value
-        return twins.effect_record(tw, tokens if ok else 0, {"batch": batch, "observed": False})
-    return twins.effect_record(tw, 0, {}, "this engine cannot tell")
+    """A wave's proof of effect for twin ``tw`` on ``arm`` (the entry's own reader, twin.py), from the
+    engine's read-back config ``rb``, vLLM's outputs and the probe's counters of the wave."""
+    facts = twins.WaveFacts(
+        arm=arm,
+        readback=rb,
+        counters=agg,
+        tokens=sum(len(c.token_ids) for c in comps),
+        batch=len(comps),
+        cached_tokens=sum(int(getattr(o, "num_cached_tokens", 0) or 0) for o in outs),
+    )
+    return tw.wave_effect(facts)
 
 
 def vllm_text(c: Any, token_ids: list[int], finish: str) -> str:

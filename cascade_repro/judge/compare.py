@@ -43,7 +43,7 @@ from cascade_repro.judge.verdicts import (
     drift_ratio_stats,
     paired_bootstrap_ci,
 )
-from cascade_repro.plan.matrix import Cell, twin_of
+from cascade_repro.plan.matrix import Cell
 from cascade_repro.run import runstore
 from cascade_repro.run.manifest import Manifest
 from cascade_repro.twin import CASCADE as TWIN
@@ -488,7 +488,7 @@ def score_samples(
     """Read each samples file once and score the run: (what was read, cells, pairs, comparisons);
     ``warn`` is told of each sample line skipped as damaged (file and line)."""
     cells = m.plan.cells
-    twin = twin_of(m.spec)
+    twin = m.twin
     pair_specs = plan_pairs(cells, twin)
     candidates = control_candidates(pair_specs)
     wanted = {c.cell_id for c in cells}

@@ -19,7 +19,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cascade_repro import twin as twins
 from cascade_repro import vllm_surface
 from cascade_repro.errors import UsageError
 from cascade_repro.judge.metrics.divergence import divergence_metrics
@@ -130,7 +129,7 @@ def pick_pair(run_dir: Path, pair_id: str | None) -> dict[str, Any]:
         raise UsageError(
             f"{run_dir} has no {runstore.PAIRS}: is it a finished run? (`cascade-repro report --rescore` rebuilds it)"
         )
-    tw = twins.of(runstore.read_manifest(Path(run_dir)).spec)
+    tw = runstore.read_manifest(Path(run_dir)).twin
     if tw is not TWIN:
         raise UsageError(
             f"minimize shrinks a cascade pair (both arms served by one engine); {run_dir} compares --twin {tw.name}"

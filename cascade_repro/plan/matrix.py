@@ -102,6 +102,16 @@ class MatrixSpec:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @property
+    def twin_axis(self) -> twins.TwinAxis:
+        """The registry's entry ``twin`` names, resolved once (``twin`` stays the text run.json keeps;
+        a spec from before --twin: cascade). A ValueError for a name the registry does not know."""
+        text = self.twin or TWIN.name
+        hit = self.__dict__.get("_twin_axis")
+        if hit is None or hit[0] != text:
+            hit = self.__dict__["_twin_axis"] = (text, twins.resolve(text))
+        return hit[1]
+
     @classmethod
     def from_dict(
         cls, data: dict[str, Any], source: str = "config", flags: Collection[str] | None = None
@@ -153,7 +163,7 @@ class MatrixSpec:
         if not isinstance(self.twin, str):
             bad(f"{n('twin')} must be a name such as prefix-caching, got {show(self.twin)}", "twin")
         try:
-            tw = twins.resolve(self.twin)
+            tw = self.twin_axis
         except ValueError as e:
             bad(str(e).replace("--twin", n("twin"), 1), "twin")
         self.twin = tw.name
@@ -499,7 +509,7 @@ def plan(spec: MatrixSpec) -> Plan:
         "fa": len(spec.fa_versions) > 1,
         "backend": len(spec.backends) > 1,
     }
-    tw = twin_of(spec)
+    tw = spec.twin_axis
     # An arm with engine arguments of its own is an engine start of its own; so is every arm under
     # restart (the real disable_cascade_attn flag) and a twin's rerun control.
     restart = (engine_info(spec.engine).attention_axes and spec.arm_switch == "restart") or not tw.toggle
@@ -578,11 +588,6 @@ def plan(spec: MatrixSpec) -> Plan:
         elif not rerun_control and len(batches) == 1:
             add_arm(axes, control_batch(batches[0]), tw.ref, 0, None, "control")
     return Plan(engines=engines, cells=[cells[i] for ep in engines.values() for i in ep.cells])
-
-
-def twin_of(spec: MatrixSpec) -> twins.TwinAxis:
-    """The twin a spec compares its arms on (a run.json from before --twin: cascade)."""
-    return twins.of(spec)
 
 
 def waves(n_prompts: int, batch: int) -> list[list[tuple[int, bool]]]:

@@ -83,7 +83,7 @@ def _headline(data: RunData) -> str:
 def _named(data: RunData, text: str) -> str:
     """The headline of a twin other than cascade: the twin named where cascade would be, and a
     regression of a setting that changes results by design called expected."""
-    tw = twins.of(data.manifest.spec)
+    tw = data.twin
     if tw is twins.CASCADE:
         return text
     for old, new in (("no cascade pairs", f"no {tw.name} pairs"), ("cascade never fired", f"{tw.name} never took effect"),

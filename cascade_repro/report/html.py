@@ -22,7 +22,6 @@ from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.load import Example, RunData
 from cascade_repro.report.text import Strong, clean, one_line
 from cascade_repro.run import runstore
-from cascade_repro.twin import CASCADE as TWIN
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#1f2328;background:#fff}
@@ -98,8 +97,8 @@ def _example(ex: Example) -> str:
         f"<details>\n<summary>{escape(tables.example_title(ex))}</summary>\n"
         f"{html_table(tables.example_table(ex), 'no token data')}\n"
         '<div class="sbs">\n'
-        f"<div><h4>{escape(TWIN.test_label)} <code>{escape(ex.test_cell)}</code></h4>{_pre(ex.test_text)}</div>\n"
-        f"<div><h4>{escape(TWIN.ref_label)} <code>{escape(ex.ref_cell)}</code></h4>{_pre(ex.ref_text)}</div>\n"
+        f"<div><h4>{escape(ex.twin.test_label)} <code>{escape(ex.test_cell)}</code></h4>{_pre(ex.test_text)}</div>\n"
+        f"<div><h4>{escape(ex.twin.ref_label)} <code>{escape(ex.ref_cell)}</code></h4>{_pre(ex.ref_text)}</div>\n"
         "</div>\n</details>"
     )
 
@@ -184,12 +183,12 @@ class HtmlFormatter(ReportFormatter):
         out += [
             '<div class="summary">',
             "<h2>Verdicts</h2>",
-            html_table(summary.summary_table(data), "no cascade pairs", css="summary"),
+            html_table(summary.summary_table(data), f"no {data.twin.family} pairs", css="summary"),
             "</div>",
             "<h2>Evidence</h2>",
             *_plots(data),
         ]
-        evidence = [html_table(verdict_table.verdict_table(data), "no cascade pairs")]
+        evidence = [html_table(verdict_table.verdict_table(data), f"no {data.twin.family} pairs")]
         for note in (prose.drift_note(data), prose.if_note(data)):
             if note:
                 evidence.append(f'<p class="cap">{escape(note)}</p>')

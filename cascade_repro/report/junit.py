@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from cascade_repro import twin as twins
 from cascade_repro.judge import outcome
 from cascade_repro.report import power, verdict_table, view
 from cascade_repro.report.base import ReportFormatter
@@ -66,7 +65,7 @@ class JunitFormatter(ReportFormatter):
         # measured is one property.
         statements = [e["statement"] for e in power.detection_power(data)]
         doc.add_property("detection_power", " ".join(statements) or power.not_calibrated(data, str))
-        axis = twins.of(data.manifest.spec)
+        axis = data.twin
         for r in view.cascade_pairs(data):
             test_cell = cell_status.get(r.get("test_cell"), {})
             wall = test_cell.get("wall_s")

@@ -68,6 +68,11 @@ class RunData:
     repro_scripts: list[tuple[str, str]] = field(default_factory=list)
     _rows: dict[str, list[dict]] | None = field(default=None, init=False, repr=False, compare=False)
 
+    @property
+    def twin(self) -> TwinAxis:
+        """The run's twin (run.json's text, resolved once by the manifest)."""
+        return self.manifest.twin
+
     def rows(self, table: str) -> list[dict]:
         """``cells``, ``pairs`` or ``comparisons`` as one dict per row (copies: a caller may change
         them). Inside :meth:`settled` each table is converted once: a report reads each table dozens
@@ -119,9 +124,8 @@ def load_run(
         # Old runs had no kind column: only cascade pairs carry a real verdict.
         pairs["kind"] = ["noise" if v == "control" else TWIN.pair_kind for v in pairs["verdict"]]
     examples = pick_examples(pairs, comparisons, n_examples)
-    axis = twins.of(manifest.spec)
     for ex in examples:
-        ex.twin = axis
+        ex.twin = manifest.twin
     _attach_samples(run_dir, examples, samples)
     missing = ""
     if samples is None and examples and not runstore.samples_files(run_dir):

@@ -151,7 +151,7 @@ class MarkdownFormatter(ReportFormatter):
         verdicts = summary.summary_table(data)
         if "verdict rows" in drop:
             verdicts = _worst_rows(verdicts, MAX_VERDICT_ROWS)
-        out += [*md_table(verdicts, "no cascade pairs"), ""]
+        out += [*md_table(verdicts, f"no {data.twin.family} pairs"), ""]
         if warns := prose.warnings(data):
             out += [*(f"- **warning:** {md_text(w)}" for w in warns), ""]
         if drop:
@@ -241,7 +241,7 @@ def _evidence(data: RunData, worst_only: bool) -> list[str]:
     if worst_only:
         table = _worst_rows(table, MAX_VERDICT_ROWS)
     if not table.rows:
-        return ["_no cascade pairs_"]
+        return [f"_no {data.twin.family} pairs_"]
     out: list[str] = []
     reasons = table.headers.index("reasons")
     for row in table.rows:

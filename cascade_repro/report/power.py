@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from cascade_repro import twin as twins
 from cascade_repro.judge import calibration
 from cascade_repro.plan.matrix import calibration_fault
 from cascade_repro.report.load import RunData
@@ -19,7 +18,7 @@ def not_calibrated(data: RunData, code: Callable[[str], str]) -> str:
     """The one sentence shown when the run has no calibration pairs: what --calibrate would inject for
     this run's twin (the planner's choice), named as the ladder's statement names it; code() formats
     the flag."""
-    fault = calibration_fault(twins.of(data.manifest.spec))
+    fault = calibration_fault(data.twin)
     return NOT_CALIBRATED.format(flag=code("--calibrate"), fault=calibration.FAULT_WORDS[fault])
 
 

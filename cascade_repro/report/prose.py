@@ -20,6 +20,7 @@ from cascade_repro.report.view import (
     cascade_pairs,
     cells,
     has_if,
+    if_column,
     prompt_set,
     ran_vllm,
     spec_field,
@@ -42,7 +43,7 @@ def intro(data: RunData, code: Callable[[str], str]) -> str:
                 prompts += f", shared prefix {fmt_int(prefix)} tokens"
             prompts += ")"
         prompts += "."
-    tw = twins.of(data.manifest.spec)
+    tw = data.twin
     pair = "pair" if tw is not twins.CASCADE else "cascade pair"
     judged = f"Each {pair} is {_judging(data)}"
     if tw is not twins.CASCADE:
@@ -167,26 +168,27 @@ def drift_note(data: RunData) -> str | None:
         return None
     th = data.manifest.thresholds
     alpha, drift_min, n_perm = (_thresholds_text(th, k) for k in ("alpha", "drift_min", "bootstrap"))
+    test, ref = data.twin.arms
     return (
-        "Both drift measures use the positions where the cascade cell, its flat twin and the control (column "
-        "control: of the flat-vs-flat controls that contain the twin, the one that drifted most) all agree so far. "
-        "bias: per prompt, the signed mean of logprob(cascade) - logprob(twin) of the chosen token; rounding has no "
+        f"Both drift measures use the positions where the {test} cell, its {ref} twin and the control (column "
+        f"control: of the {ref}-vs-{ref} controls that contain the twin, the one that drifted most) all agree so far. "
+        f"bias: per prompt, the signed mean of logprob({test}) - logprob(twin) of the chosen token; rounding has no "
         "preferred direction, so under the null each prompt is a coin flip, whatever the rounding's size; flagged "
         f"by an exact two-sided sign test at p < alpha/2 (alpha = {alpha}); a prompt that moved by less than the "
-        "dtype's resolution is a tie. drift ratio: mean |Δ logprob|, cascade vs twin, over the same for the "
+        f"dtype's resolution is a tie. drift ratio: mean |Δ logprob|, {test} vs twin, over the same for the "
         "control, with a bootstrap 95% CI over prompts; means below the dtype's resolution are raised to it, so "
         f"tiny differences never look infinitely above noise. Flagged above drift_min = {drift_min} (cascade may "
         "round more than a batch change without any fault: clean FA2 drifted 1.2-1.5x its flat control on an "
         f"H200) and above the {_percentile(float(th.get('alpha', 0.01)) / 2 if isinstance(th.get('alpha'), int | float) else th.get('alpha'))} "
-        f"percentile of the ratio with cascade and control labels swapped at random within prompts ({n_perm} "
+        f"percentile of the ratio with {test} and control labels swapped at random within prompts ({n_perm} "
         "permutations); drift threshold is the larger of the two. depth: where cascade ran (decode, prefill only, "
         "none; ? when decode steps were not recorded); the field bug lived in decode."
     )
 
 
 IF_NOTE = (
-    "IF strict cascade vs flat: prompt-level instruction-following accuracy (Google IFEval strict rules, "
-    "Korean words = space-separated units) of the cascade cell vs its flat twin on the same prompts, "
+    "{column}: prompt-level instruction-following accuracy (Google IFEval strict rules, "
+    "Korean words = space-separated units) of the {test} cell vs its {ref} twin on the same prompts, "
     "with McNemar's exact test on the prompts only one side passes. It is informational: it does not "
     "change the verdict."
 )
@@ -194,7 +196,9 @@ IF_NOTE = (
 
 def if_note(data: RunData) -> str | None:
     """Return the note under the verdict table when IF accuracy is shown, else None."""
-    return IF_NOTE if has_if(cascade_pairs(data)) else None
+    if not has_if(cascade_pairs(data)):
+        return None
+    return IF_NOTE.format(column=if_column(data), test=data.twin.test, ref=data.twin.ref)
 
 
 def unscored_note(data: RunData) -> str | None:

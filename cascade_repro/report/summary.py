@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from cascade_repro import twin as twins
 from cascade_repro.judge.outcome import ERROR, IDENTICAL, INCONCLUSIVE, NOT_EXERCISED, REGRESSION
 from cascade_repro.judge.verdicts import Thresholds
 from cascade_repro.report.load import RunData
@@ -91,7 +90,7 @@ def stack_facts(data: RunData) -> list[tuple[str, str]]:
             out.append(("FA", ", ".join(fa)))
         if backends:
             out.append(("backend", ", ".join(backends)))
-    axis = twins.of(m.spec)
+    axis = m.twin
     switch = m.arm_switch if m.has("arm_switch") and m.arm_switch else spec_field(data, "arm_switch")
     twin = f"{axis.test} vs {axis.ref}" if axis is TWIN else f"{axis.name}: {axis.test} vs {axis.ref}"
     # One engine switching the arms (cascade's toggle) or an engine start per arm.

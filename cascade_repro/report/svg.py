@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Collection
 from html import escape
 
-from cascade_repro import twin as twins
 from cascade_repro.judge import outcome
 from cascade_repro.report import view
 from cascade_repro.report.load import RunData
@@ -58,23 +58,35 @@ def y_range(values: list[float]) -> tuple[float, float, float]:
     return bottom, top, step
 
 
-def series_styles(names: list[str]) -> dict[str, tuple[str, bool]]:
+def series_styles(names: list[str], reference: Collection[str] = frozenset()) -> dict[str, tuple[str, bool]]:
     """Colour and hollowness per series named `role config`: one colour per configuration, the
     reference side (the control, the flat arm) hollow beside its configuration's solid test side."""
     configs = list(dict.fromkeys(n.partition(" ")[2] for n in names))
     return {
-        n: (COLORS[configs.index(n.partition(" ")[2]) % len(COLORS)], n.partition(" ")[0] in REFERENCE_ROLES)
+        n: (
+            COLORS[configs.index(n.partition(" ")[2]) % len(COLORS)],
+            n.partition(" ")[0] in {CONTROL, *reference},
+        )
         for n in names
     }
 
 
 CONTROL = "control"  # the legend's name for a noise-control series
-# The reference side of a series: the control, or any twin's reference arm (``flat``, ``prefix-off``...).
-REFERENCE_ROLES = frozenset({CONTROL, *(t.ref for t in twins.all_examples())})
+
+
+def reference_roles(data: RunData) -> frozenset[str]:
+    """The reference side of a run's series: the control, and its twin's reference arm (``flat``,
+    ``prefix-off``, ``tp2``...)."""
+    return frozenset({CONTROL, data.twin.ref})
 
 
 def whisker_plot(
-    title: str, xlabel: str, ylabel: str, series: dict[str, Series], from_zero: bool = False
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    series: dict[str, Series],
+    from_zero: bool = False,
+    reference: Collection[str] = frozenset(),
 ) -> str:
     """Draw median dots with min–max whiskers per x and series, plus every value as a faint dot;
     nothing (no "no data" box) where no series has a value.
@@ -117,7 +129,7 @@ def whisker_plot(
         f'<text transform="translate(16 {TOP + ph / 2:.1f}) rotate(-90)" text-anchor="middle">'
         f"{escape(ylabel)}</text>"
     )
-    styles = series_styles(list(series))
+    styles = series_styles(list(series), reference)
     for j, (name, s) in enumerate(series.items()):
         color, hollow = styles[name]
         fill = f'fill="#fff" stroke="{color}" stroke-width="2"' if hollow else f'fill="{color}"'
@@ -189,21 +201,25 @@ def first_divergence_series(data: RunData) -> dict[str, Series]:
             or (not is_missing(r["exact"]) and bool(r["exact"]))
         ):
             continue
-        role = twins.of(data.manifest.spec).test if p.get("kind") in outcome.TWIN_KINDS else CONTROL
+        role = data.twin.test if p.get("kind") in outcome.TWIN_KINDS else CONTROL
         _add(out.setdefault(_series_name(role, config_label(p, axes)), {}), p.get("batch"), r["first_div"])
-    return dict(sorted(out.items(), key=lambda kv: _series_order(kv[0])))
+    return dict(sorted(out.items(), key=lambda kv: _series_order(kv[0], reference_roles(data))))
 
 
-def _series_order(name: str) -> tuple:
+def _series_order(name: str, reference: Collection[str]) -> tuple:
     # cascade series of a configuration next to its control, configurations in label order
     role, _, config = name.partition(" ")
-    return (config, role in REFERENCE_ROLES)
+    return (config, role in reference)
 
 
 def first_divergence_plot(data: RunData) -> str:
     """Plot first-divergence positions of non-identical prompts by batch, per configuration."""
     return whisker_plot(
-        "First divergence by batch size", "batch size", "first divergent token", first_divergence_series(data)
+        "First divergence by batch size",
+        "batch size",
+        "first divergent token",
+        first_divergence_series(data),
+        reference=reference_roles(data),
     )
 
 
@@ -214,7 +230,7 @@ def first_divergence_caption(data: RunData) -> str:
         return ""
     n = {name: sum(len(v) for v in s.values()) for name, s in series.items()}
     counts = ", ".join(f"{name} {k}" for name, k in n.items() if k)
-    axis = twins.of(data.manifest.spec)
+    axis = data.twin
     text = f"Prompts that diverged ({counts}): dot = median first divergent token, whiskers = min–max, small dots = each prompt."
     if any(name.partition(" ")[0] == CONTROL for name in n):
         text += (
@@ -227,14 +243,14 @@ def first_divergence_caption(data: RunData) -> str:
 def seq_rep_series(data: RunData) -> dict[str, Series]:
     """seq-rep-4 of finished cells by batch: one series per arm and configuration."""
     axes = _plotted_axes(data)
-    arms = twins.of(data.manifest.spec).arms
+    arms = data.twin.arms
     out: dict[str, Series] = {}
     for r in view.cells(data):
         if r.get("status") != "done" or r.get("arm") not in arms or r.get("origin") == outcome.CALIBRATION:
             continue
         name = _series_name(str(r["arm"]), config_label(r, axes))
         _add(out.setdefault(name, {}), r.get("batch"), r.get("seq_rep_4"))
-    return dict(sorted(out.items(), key=lambda kv: _series_order(kv[0])))
+    return dict(sorted(out.items(), key=lambda kv: _series_order(kv[0], reference_roles(data))))
 
 
 def seq_rep_plot(data: RunData) -> str:
@@ -245,6 +261,7 @@ def seq_rep_plot(data: RunData) -> str:
         "seq-rep-4 (mean per cell)",
         seq_rep_series(data),
         from_zero=True,
+        reference=reference_roles(data),
     )
 
 
@@ -253,7 +270,7 @@ def seq_rep_caption(data: RunData) -> str:
     series = seq_rep_series(data)
     if not any(any(s.values()) for s in series.values()):
         return ""
-    axis = twins.of(data.manifest.spec)
+    axis = data.twin
     return (
         f"One small dot per finished cell ({', '.join(series)}); a {axis.test} series above the {axis.ref} "
         "series of its configuration means more repeated 4-grams."
@@ -264,7 +281,7 @@ def counts_series(data: RunData, column: str, control_column: str, per_n: bool) 
     """A count of every cascade pair by batch (as a fraction of its prompts where ``per_n``) and the
     same count of the control it was judged against: one series each per configuration."""
     axes = _plotted_axes(data)
-    kind = twins.of(data.manifest.spec).test
+    kind = data.twin.test
     out: dict[str, Series] = {}
     for r in view.cascade_pairs(data):
         config = config_label(r, axes)
@@ -273,16 +290,23 @@ def counts_series(data: RunData, column: str, control_column: str, per_n: bool) 
             if is_missing(k) or (per_n and not n):
                 continue
             _add(out.setdefault(_series_name(role, config), {}), r.get("batch"), float(k) / n if per_n else k)
-    return dict(sorted(out.items(), key=lambda kv: _series_order(kv[0])))
+    return dict(sorted(out.items(), key=lambda kv: _series_order(kv[0], reference_roles(data))))
 
 
 def divergence_plot(data: RunData) -> str:
     """The divergence counts the verdicts test: per batch, the share of prompts each cascade pair's
     outputs diverged on, beside its control's."""
     series = counts_series(data, "n_diverged", "noise_n_diverged", per_n=True)
-    axis = twins.of(data.manifest.spec)
+    axis = data.twin
     title = f"Prompts diverged, {axis.test} vs " + ("control" if _has_control(series) else axis.ref)
-    return whisker_plot(title, "batch size", "share of prompts diverged", series, from_zero=True)
+    return whisker_plot(
+        title,
+        "batch size",
+        "share of prompts diverged",
+        series,
+        from_zero=True,
+        reference=reference_roles(data),
+    )
 
 
 def _has_control(series: dict[str, Series]) -> bool:
@@ -295,7 +319,13 @@ def topk_plot(data: RunData) -> str:
     series = counts_series(data, "topk_violations", "noise_topk_violations", per_n=False)
     if not any(v for s in series.values() for vals in s.values() for v in vals):
         return ""
-    return whisker_plot("Divergences outside top-k", "batch size", "divergences outside top-k", series)
+    return whisker_plot(
+        "Divergences outside top-k",
+        "batch size",
+        "divergences outside top-k",
+        series,
+        reference=reference_roles(data),
+    )
 
 
 def counts_caption(data: RunData) -> str:
@@ -304,7 +334,7 @@ def counts_caption(data: RunData) -> str:
     if not series:
         return ""
     alpha = data.manifest.thresholds.get("alpha", 0.01)
-    axis = twins.of(data.manifest.spec)
+    axis = data.twin
     if not _has_control(series):
         judged = (
             "these pairs were judged against the reference (the error ratios above), not by counts"
@@ -411,7 +441,7 @@ def _reference_decided(data: RunData) -> bool:
 def forest_plot(data: RunData) -> str:
     """Draw one row per pair: drift ratio with its CI on a log axis, its threshold as a red tick;
     nothing where no pair has a ratio."""
-    axis = twins.of(data.manifest.spec)
+    axis = data.twin
     return _forest(
         forest_rows(data),
         "Drift ratio per pair (log scale)",
@@ -449,7 +479,7 @@ def error_ratio_rows(data: RunData) -> list[dict]:
 def error_ratio_plot(data: RunData) -> str:
     """The evidence the reference rule decides on, first: per pair, the test arm's error against the
     reference over its twin's, with its CI and the pair's minimum effect; nothing without a reference."""
-    axis = twins.of(data.manifest.spec)
+    axis = data.twin
     return _forest(
         error_ratio_rows(data),
         "Error against the reference, test over twin (log scale)",
@@ -463,7 +493,7 @@ def error_ratio_caption(data: RunData) -> str:
     rows = error_ratio_rows(data)
     if not rows:
         return ""
-    axis = twins.of(data.manifest.spec)
+    axis = data.twin
     alpha = data.manifest.thresholds.get("alpha", 0.01)
     text = (
         f"Dot = the pair's error ratio (the {axis.test} arm's mean |logprob - reference logprob| over the "
@@ -549,7 +579,7 @@ def forest_caption(data: RunData) -> str:
     if not rows:
         return ""
     drift_min = _positive(data.manifest.thresholds.get("drift_min"))
-    axis = twins.of(data.manifest.spec)
+    axis = data.twin
     text = (
         "Dot = drift ratio (red: the pair is a regression), bar = its bootstrap 95% CI, red tick = the row's "
         f"drift threshold, grey line = ratio 1 ({axis.test} as noisy as the control)"

@@ -3,7 +3,6 @@ divergent examples."""
 
 from __future__ import annotations
 
-from cascade_repro import twin as twins
 from cascade_repro.judge.outcome import NOISE_RERUN
 from cascade_repro.report.load import Example, RunData
 from cascade_repro.report.text import (
@@ -95,7 +94,7 @@ def cell_table(data: RunData) -> Table:
         "batch",
         "arm",
         "status",
-        twins.of(data.manifest.spec).effect_label,
+        data.twin.effect_label,
         "tokens/s",
         "seq-rep-1",
         "seq-rep-2",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from cascade_repro import twin as twins
 from cascade_repro.judge.outcome import REGRESSION
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import (
@@ -21,7 +20,7 @@ from cascade_repro.report.text import (
     text_of,
     text_or_missing,
 )
-from cascade_repro.report.view import Table, cascade_pairs, has_if, predictions, varying_axes
+from cascade_repro.report.view import Table, cascade_pairs, has_if, if_column, predictions, varying_axes
 
 
 def _vs(k: str, n_k: str, p) -> str:
@@ -92,7 +91,7 @@ def verdict_table(data: RunData) -> Table:
         *axes,
         # The verdict sits next to the pair it judges: at the far right of a wide table it scrolled away.
         "verdict",
-        twins.of(data.manifest.spec).effect_label,
+        data.twin.effect_label,
         *(["predicted (prefill/decode)"] if preds else []),
         "depth",
         "drift ratio [95% CI]",
@@ -102,7 +101,7 @@ def verdict_table(data: RunData) -> Table:
         "diverged vs noise",
         "top-k viol. vs noise",
         "Δseq-rep-4 [95% CI]",
-        *(["IF strict cascade vs flat"] if show_if else []),
+        *([if_column(data)] if show_if else []),
         "reasons",
     ]
     rows = []

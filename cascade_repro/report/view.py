@@ -129,6 +129,11 @@ def varying_axes(pairs: list[dict]) -> list[str]:
     return [a for a in AXES if len({text_of(r.get(a)) for r in pairs} - {MISSING}) > 1]
 
 
+def if_column(data: RunData) -> str:
+    """The verdict table's heading of IFEval accuracy, in the run's arms."""
+    return f"IF strict {data.twin.test} vs {data.twin.ref}"
+
+
 def has_if(rows: list[dict], key: str = "if_n") -> bool:
     """Return True when any row carries instruction-following scores."""
     return any((as_int(r.get(key)) or 0) > 0 for r in rows)

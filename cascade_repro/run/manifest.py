@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 from cascade_repro.plan.matrix import MatrixSpec, Plan
 from cascade_repro.section import Section, section_list, section_map, section_one
+from cascade_repro.twin import TwinAxis
 
 
 @dataclass
@@ -146,6 +147,16 @@ class Manifest(Section):
     def spec(self) -> MatrixSpec:
         """The stored spec as a MatrixSpec (keys this version does not know are left out)."""
         return spec_of(self.spec_json)
+
+    @property
+    def twin(self) -> TwinAxis:
+        """The run's twin, resolved once from the text run.json keeps (a run from before --twin:
+        cascade); resolved again only if that text changes."""
+        text = self.spec_json.get("twin") if isinstance(self.spec_json, dict) else None
+        hit = self.__dict__.get("_twin")
+        if hit is None or hit[0] != text:
+            hit = self.__dict__["_twin"] = (text, self.spec.twin_axis)
+        return hit[1]
 
     def stored(self, name: str) -> Any:
         return super().stored("spec_json" if name == "spec" else name)  # run.json's name for it

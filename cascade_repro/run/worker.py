@@ -126,8 +126,8 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
                     spec.max_tokens,
                     prefix_len=shared,
                 )
-                if twins.of(spec) is not TWIN:
-                    stats.extra = {**(stats.extra or {}), "effect": wave_effect(twins.of(spec), cell, stats)}
+                if spec.twin_axis is not TWIN:
+                    stats.extra = {**(stats.extra or {}), "effect": wave_effect(spec.twin_axis, cell, stats)}
                 samples, wave_rec = typed_wave_records(cid, w, wave, comps, stats, prompts, hashes, rendered)
                 # A background writer starts on these at once.
                 for rec in samples:
@@ -159,7 +159,7 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
 def cell_inject(cell: Cell, spec: MatrixSpec) -> str | None:
     """The fault a cell's cascade arm runs with: the cell's own (calibration) or the spec's (a cell
     planned by a version without a per-cell ``inject``)."""
-    if cell.arm != twins.of(spec).test:
+    if cell.arm != spec.twin_axis.test:
         return None
     return cell.inject if cell.has("inject") else spec.inject
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cascade_repro.errors import UsageError  # standard library only, like this module
-from cascade_repro.twin import CASCADE  # standard library only too
+from cascade_repro.twin import CASCADE, FAMILIES  # standard library only too
 
 # The FlashAttention backend holds use_cascade_attention, cascade_attention and the
 # merge_attn_states it calls (same path and names in 0.10.2 and 0.26.0).
@@ -173,24 +173,24 @@ TWIN_RELEASES: dict[str, TwinRelease] = {
         (0, 10, 2), CASCADE_REMOVED_IN,
         "cascade attention was removed in vLLM 0.32.0 (disable_cascade_attn is kept and does nothing)",
     ),
-    "prefix-caching": TwinRelease((0, 10, 2)),
-    "chunked-prefill": TwinRelease((0, 10, 2)),
-    "cuda-graphs": TwinRelease((0, 10, 2)),
-    "async-scheduling": TwinRelease((0, 10, 2)),
-    "kv-cache-dtype": TwinRelease((0, 10, 2)),
-    # Chosen by attention_config from 0.26.0, by VLLM_ATTENTION_BACKEND before (Release.attention_via).
-    "attention-backend": TwinRelease((0, 10, 2)),
-    "tp": TwinRelease((0, 10, 2)),
-    "batch": TwinRelease((0, 10, 2)),
 }  # fmt: skip
+# Every other family (a registered entry's too) runs on every release the harness knows; the
+# attention backend is chosen by attention_config from 0.26.0, by VLLM_ATTENTION_BACKEND before
+# (Release.attention_via).
+EVERY_RELEASE = TwinRelease((0, 10, 2))
+
+
+def twin_release(family: str) -> TwinRelease:
+    """The releases that can test a twin family."""
+    return TWIN_RELEASES.get(family, EVERY_RELEASE)
 
 
 def twin_problem(family: str, version: str | None) -> str | None:
     """Why this vLLM cannot test a twin family, in one line; None when it can (or the version is
     unknown: the engine start will tell)."""
-    rel = TWIN_RELEASES.get(family)
+    rel = twin_release(family)
     vt = version_tuple(version)
-    if rel is None or vt is None:
+    if vt is None:
         return None
     if vt[:3] < rel.first:
         return (
@@ -203,7 +203,7 @@ def twin_problem(family: str, version: str | None) -> str | None:
 
 def testable_twins(version: str | None) -> list[str]:
     """The twin families this vLLM can test, in the registry's order."""
-    return [f for f in TWIN_RELEASES if twin_problem(f, version) is None]
+    return [f for f in FAMILIES if twin_problem(f, version) is None]
 
 
 def cascade_status(version: str | None) -> str:
