@@ -120,7 +120,7 @@ def test_graph_sees_the_imports_it_must():
     assert "cascade_repro.engines" in graph["cascade_repro.plan.matrix"]
     assert "cascade_repro.engines" in graph["cascade_repro.run.worker"]  # imported inside run_engine
     assert "cascade_repro.prompts.chat" in graph["cascade_repro.engines.vllm"]  # imported inside run_wave
-    assert "cascade_repro.run.manifest" in graph["cascade_repro.engines.hf"]  # under TYPE_CHECKING
+    assert "cascade_repro.rundir.manifest" in graph["cascade_repro.engines.hf"]  # under TYPE_CHECKING
     # A submodule imported from inside its package does not run the package again.
     assert "cascade_repro.engines" not in graph["cascade_repro.engines.hf"]
     assert "cascade_repro.report" not in graph["cascade_repro.report.html"]

@@ -41,8 +41,8 @@ from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.vllm_surface import inject as inj
 
 if TYPE_CHECKING:
-    from cascade_repro.plan.matrix import EnginePlan
-    from cascade_repro.run.manifest import Manifest
+    from cascade_repro.rundir.cells import EnginePlan
+    from cascade_repro.rundir.manifest import Manifest
 
 MODEL_NAME = "fake (a deterministic function of the prompt's tokens; no weights)"
 BLOCK_SIZE = 16  # the prefix is block-aligned before the cascade rule reads it, as the hf engine's is
@@ -292,6 +292,8 @@ def tokenizer() -> ByteTokenizer:
 
 def build(run: Manifest, eplan: EnginePlan, run_dir: Path | None) -> FakeEngine:
     """The registry's builder (engines.ENGINES): the engine of one engine plan of a run."""
-    spec = run.spec
+    from cascade_repro.plan.matrix import spec_of
+
+    spec = spec_of(run.spec_json)
     return FakeEngine(topk=spec.topk, inject=spec.inject, ignore_eos=bool(spec.ignore_eos), dtype=eplan.dtype,
                       twin=twins.of(spec))  # fmt: skip

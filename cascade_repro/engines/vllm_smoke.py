@@ -12,7 +12,7 @@ from typing import Any
 
 from cascade_repro.engines.base import Completion
 from cascade_repro.engines.vllm import VLLMEngine, _jsonable
-from cascade_repro.run import runstore
+from cascade_repro.rundir import layout
 
 
 def smoke(
@@ -29,11 +29,12 @@ def smoke(
     import tempfile
     import traceback
 
-    from cascade_repro.plan.matrix import EnginePlan, MatrixSpec
+    from cascade_repro.plan.matrix import MatrixSpec
     from cascade_repro.plan.models import resolve_model
     from cascade_repro.prompts.chat import measure_prefix
     from cascade_repro.prompts.promptsets import load_prompt_set, load_system_prompt
-    from cascade_repro.run.manifest import Manifest, PromptSetFacts
+    from cascade_repro.rundir.cells import EnginePlan
+    from cascade_repro.rundir.manifest import Manifest, PromptSetFacts
 
     found: dict[str, Any] = {"ok": False, "tp": tp, "batch": batch, "max_tokens": max_tokens, "eager": eager}
     t0 = time.time()
@@ -49,8 +50,8 @@ def smoke(
         records = load_prompt_set("ko-ifeval-style", batch).records
         # Only what the engine reads back from run.json: the system prompt.
         manifest = Manifest.of(prompt_set=PromptSetFacts.of(system_prompt_text=system))
-        runstore.write_manifest(run_dir, manifest)
-        runstore.write_prompts(run_dir, [{"prompt": r.prompt} for r in records])
+        manifest.write_manifest(run_dir, manifest)
+        layout.write_prompts(run_dir, [{"prompt": r.prompt} for r in records])
         spec = MatrixSpec(engine="vllm", batch=[batch], max_tokens=max_tokens, topk=5, enforce_eager=eager)
         eplan = EnginePlan(
             key=f"smoke-tp{tp}",

@@ -15,8 +15,8 @@ from typing import Any, Protocol
 from cascade_repro import exit_codes, vllm_surface
 from cascade_repro import twin as twins
 from cascade_repro.errors import UsageError
-from cascade_repro.plan.matrix import FAIL_ON
-from cascade_repro.run.manifest import Manifest
+from cascade_repro.plan.matrix import FAIL_ON, spec_of
+from cascade_repro.rundir.manifest import Manifest
 from cascade_repro.twin import CASCADE as TWIN
 
 # A pair's verdict (pairs.parquet's ``verdict``).
@@ -79,7 +79,7 @@ def unfinished_cells(run: ScoredRun) -> tuple[int, int]:
 
 def finish_hint(run: ScoredRun) -> str | None:
     """A merged run's way to finish its pending cells (None: rerun the command that made the run)."""
-    from cascade_repro.run.runstore import finish_hint as hint
+    from cascade_repro.rundir.sample_scan import finish_hint as hint
 
     keys = {str(r.get("engine_key")) for r in run.rows("cells") if r.get("status") == "pending"}
     return hint(run.manifest, keys)
@@ -97,7 +97,7 @@ def has_errors(run: ScoredRun) -> bool:
 def never_fired_because(run: ScoredRun) -> str:
     """Why cascade never fired, from what the run recorded; the generic answer when nothing explains it."""
     why = []
-    tw = twins.of(run.manifest.spec)
+    tw = twins.of(spec_of(run.manifest.spec_json))
     if tw is not TWIN:
         return f"{tw.effect_doc} stayed 0: see the pairs' reasons"
     batches = [_whole(r.get("batch")) for r in run.rows("cells") if r.get("arm") == TWIN.test]
@@ -137,7 +137,7 @@ def exit_status(run: ScoredRun, fail_on: str) -> tuple[int, str]:
         return exit_codes.OK, "fail_on=never: the run never fails"
     counts = verdict_counts(_verdict(r.get("verdict")) for r in twin_pairs(run))
     n_reg, total = counts[REGRESSION], sum(counts.values())
-    tw = twins.of(run.manifest.spec)
+    tw = twins.of(spec_of(run.manifest.spec_json))
     if n_reg and tw.expected_change and fail_on != "expected":
         # A lossy setting changes results by design: reported with its error ratio, not failed on.
         n_reg = 0
@@ -177,10 +177,12 @@ def exit_status(run: ScoredRun, fail_on: str) -> tuple[int, str]:
 def _nothing_exercised_reason(run: ScoredRun, counts: dict[str, int]) -> str:
     total, fired = sum(counts.values()), counts[NOT_EXERCISED]
     if total == 0:
-        has_arm = any(r.get("arm") == twins.of(run.manifest.spec).test for r in run.rows("cells"))
+        has_arm = any(
+            r.get("arm") == twins.of(spec_of(run.manifest.spec_json)).test for r in run.rows("cells")
+        )
         why = "no cascade cell has a finished flat twin" if has_arm else "the matrix has no cascade arm"
         return f"nothing exercised: the run has no cascade pairs ({why})"
-    tw = twins.of(run.manifest.spec)
+    tw = twins.of(spec_of(run.manifest.spec_json))
     never = "cascade never fired" if tw is TWIN else f"{tw.name} never took effect"
     if fired == total:
         where = "its only pair" if total == 1 else f"any of {total} pairs"
@@ -192,7 +194,7 @@ def _nothing_exercised_reason(run: ScoredRun, counts: dict[str, int]) -> str:
 
 
 def _inconclusive_reason(run: ScoredRun, n: int) -> str:
-    off = run.manifest.spec.auto_controls is False
+    off = spec_of(run.manifest.spec_json).auto_controls is False
     why = "planner controls turned off" if off else "no usable control pair"
     return f"{n} inconclusive: no noise control measured ({why})"
 

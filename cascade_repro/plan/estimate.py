@@ -25,12 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cascade_repro.plan.matrix import spec_of
 from cascade_repro.run import cuda_cache
 from cascade_repro.twin import CASCADE as TWIN
 
 if TYPE_CHECKING:
     from cascade_repro.plan.matrix import MatrixSpec
-    from cascade_repro.run.manifest import Manifest
+    from cascade_repro.rundir.manifest import Manifest
 
 
 @dataclass(frozen=True)
@@ -274,9 +275,8 @@ def for_plan(
     """The estimate of a planned matrix (``spec`` a MatrixSpec or its run.json form), refined by the
     run directory's samples when a run of the same id already has waves (a rerun resumes; finished
     cells are free)."""
-    from cascade_repro.plan.matrix import MatrixSpec
-    from cascade_repro.run import runstore
-    from cascade_repro.run.manifest import spec_of
+    from cascade_repro.plan.matrix import MatrixSpec, spec_of
+    from cascade_repro.rundir import layout, safety, sample_scan
 
     if not isinstance(spec, MatrixSpec):
         spec = spec_of(spec)
@@ -286,10 +286,10 @@ def for_plan(
     if run_dir is not None and run_dir.is_dir():
         # Read before any lock (a dry run, the estimate before a run starts): a planted link or
         # FIFO must be refused here, as the lock refuses it, not followed or blocked on.
-        runstore.refuse_run_links(run_dir)
-        keys = runstore.prompt_ids(run_dir)
+        safety.refuse_run_links(run_dir)
+        keys = sample_scan.prompt_ids(run_dir)
         for key in engines:
-            prog = runstore.read_progress(runstore.samples_path(run_dir, key), keys)
+            prog = sample_scan.read_progress(layout.samples_path(run_dir, key), keys)
             done |= prog.done
             waves += [w for ws in prog.waves.values() for w in ws]
     compiled = True
@@ -310,4 +310,4 @@ def for_run(m: Manifest, run_dir: Path | None = None) -> Estimate:
         for k, ep in m.plan.engines.items()
     }
     gpu = str(m.stack_env.get("gpu_name") or "")
-    return for_plan(m.spec, int(m.prompt_set.n), engines, run_dir, gpu)
+    return for_plan(spec_of(m.spec_json), int(m.prompt_set.n), engines, run_dir, gpu)

@@ -19,6 +19,7 @@ from cascade_repro.judge.outcome import (
     unfinished_cells,
 )
 from cascade_repro.judge.verdicts import PREFILL_ONLY
+from cascade_repro.plan.matrix import spec_of
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import plural, text_of
 from cascade_repro.report.view import cascade_pairs, verdict_counts
@@ -83,7 +84,7 @@ def _headline(data: RunData) -> str:
 def _named(data: RunData, text: str) -> str:
     """The headline of a twin other than cascade: the twin named where cascade would be, and a
     regression of a setting that changes results by design called expected."""
-    tw = twins.of(data.manifest.spec)
+    tw = twins.of(spec_of(data.manifest.spec_json))
     if tw is twins.CASCADE:
         return text
     for old, new in (("no cascade pairs", f"no {tw.name} pairs"), ("cascade never fired", f"{tw.name} never took effect"),

@@ -21,7 +21,7 @@ from cascade_repro.report import reference as ref
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.load import Example, RunData
 from cascade_repro.report.text import Strong, clean, one_line
-from cascade_repro.run import runstore
+from cascade_repro.rundir import layout
 from cascade_repro.twin import CASCADE as TWIN
 
 CSS = """
@@ -160,7 +160,7 @@ class HtmlFormatter(ReportFormatter):
     follow, and every wide table and long block sits collapsed below."""
 
     name = "html"
-    filename = runstore.REPORT_HTML
+    filename = layout.REPORT_HTML
 
     def render(self, data: RunData) -> str:
         """Return the HTML report."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from cascade_repro import twin as twins
 from cascade_repro.judge import outcome
+from cascade_repro.plan.matrix import spec_of
 from cascade_repro.report import power, verdict_table, view
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.junit_xml import JunitDocument, element
@@ -17,7 +18,7 @@ from cascade_repro.report.text import (
     text_of,
     text_or_missing,
 )
-from cascade_repro.run import runstore
+from cascade_repro.rundir import layout
 from cascade_repro.twin import CASCADE as TWIN
 
 SUITE = "cascade-repro"
@@ -45,7 +46,7 @@ class JunitFormatter(ReportFormatter):
     """Render junit.xml."""
 
     name = "junit"
-    filename = runstore.JUNIT_XML
+    filename = layout.JUNIT_XML
 
     def render(self, data: RunData) -> str:
         """Return the JUnit XML document."""
@@ -66,7 +67,7 @@ class JunitFormatter(ReportFormatter):
         # measured is one property.
         statements = [e["statement"] for e in power.detection_power(data)]
         doc.add_property("detection_power", " ".join(statements) or power.not_calibrated(data, str))
-        axis = twins.of(data.manifest.spec)
+        axis = twins.of(spec_of(data.manifest.spec_json))
         for r in view.cascade_pairs(data):
             test_cell = cell_status.get(r.get("test_cell"), {})
             wall = test_cell.get("wall_s")

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from cascade_repro import twin as twins
 from cascade_repro.judge import calibration
-from cascade_repro.plan.matrix import calibration_fault
+from cascade_repro.plan.matrix import calibration_fault, spec_of
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import fmt_int, fmt_ratio, fmt_x_ci, one_line, text_of
 from cascade_repro.report.verdict_table import fmt_bias, fmt_drift, fmt_drift_rule
@@ -19,7 +19,7 @@ def not_calibrated(data: RunData, code: Callable[[str], str]) -> str:
     """The one sentence shown when the run has no calibration pairs: what --calibrate would inject for
     this run's twin (the planner's choice), named as the ladder's statement names it; code() formats
     the flag."""
-    fault = calibration_fault(twins.of(data.manifest.spec))
+    fault = calibration_fault(twins.of(spec_of(data.manifest.spec_json)))
     return NOT_CALIBRATED.format(flag=code("--calibrate"), fault=calibration.FAULT_WORDS[fault])
 
 

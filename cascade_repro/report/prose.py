@@ -9,6 +9,7 @@ from cascade_repro import engines
 from cascade_repro import twin as twins
 from cascade_repro.judge.outcome import EXERCISED
 from cascade_repro.judge.verdicts import PREFILL_ONLY
+from cascade_repro.plan.matrix import spec_of
 from cascade_repro.prompts.chat import short_prefix_warning
 from cascade_repro.report.headline import pair_ids
 from cascade_repro.report.load import RunData
@@ -41,7 +42,7 @@ def intro(data: RunData, code: Callable[[str], str]) -> str:
                 prompts += f", shared prefix {fmt_int(prefix)} tokens"
             prompts += ")"
         prompts += "."
-    tw = twins.of(data.manifest.spec)
+    tw = twins.of(spec_of(data.manifest.spec_json))
     if tw is not twins.CASCADE:
         # Another twin (--twin): its two arms in its own words; the judging is cascade's.
         return (
@@ -74,7 +75,7 @@ FAKE_BANNER = (
 def warnings(data: RunData) -> list[str]:
     """Return the caveats a reader must see before trusting the verdicts."""
     out = []
-    spec = data.manifest.spec
+    spec = spec_of(data.manifest.spec_json)
     info = engines.ENGINES.get(str(spec.engine))
     if info is not None and not info.has_weights:
         out.append(FAKE_BANNER.format(name=info.name))

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from cascade_repro import twin as twins
 from cascade_repro.judge.outcome import ERROR, IDENTICAL, INCONCLUSIVE, NOT_EXERCISED, REGRESSION
 from cascade_repro.judge.verdicts import Thresholds
+from cascade_repro.plan.matrix import spec_of
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import (
     MISSING,
@@ -67,7 +68,7 @@ def stack_facts(data: RunData) -> list[tuple[str, str]]:
     dtypes = _values(e.get("dtype") for e in effective) or _values(spec_field(data, "dtypes") or [])
     if dtypes:
         out.append(("dtype", ", ".join(dtypes)))
-    spec = m.spec
+    spec = spec_of(m.spec_json)
     if ran_vllm(spec):
         vllm = _values([env.get("vllm")] + [e.get("vllm") for e in effective])
         out.append(("vLLM", ", ".join(vllm) or MISSING))
@@ -91,7 +92,7 @@ def stack_facts(data: RunData) -> list[tuple[str, str]]:
             out.append(("FA", ", ".join(fa)))
         if backends:
             out.append(("backend", ", ".join(backends)))
-    axis = twins.of(m.spec)
+    axis = twins.of(spec_of(m.spec_json))
     switch = m.arm_switch if m.has("arm_switch") and m.arm_switch else spec_field(data, "arm_switch")
     twin = f"{axis.test} vs {axis.ref}" if axis is TWIN else f"{axis.name}: {axis.test} vs {axis.ref}"
     # One engine switching the arms (cascade's toggle) or an engine start per arm.

@@ -8,6 +8,7 @@ from html import escape
 
 from cascade_repro import twin as twins
 from cascade_repro.judge import outcome
+from cascade_repro.plan.matrix import spec_of
 from cascade_repro.report import view
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import as_int, fmt_x, fmt_x_ci, is_missing, text_of, truncate
@@ -189,7 +190,11 @@ def first_divergence_series(data: RunData) -> dict[str, Series]:
             or (not is_missing(r["exact"]) and bool(r["exact"]))
         ):
             continue
-        role = twins.of(data.manifest.spec).test if p.get("kind") in outcome.TWIN_KINDS else CONTROL
+        role = (
+            twins.of(spec_of(data.manifest.spec_json)).test
+            if p.get("kind") in outcome.TWIN_KINDS
+            else CONTROL
+        )
         _add(out.setdefault(_series_name(role, config_label(p, axes)), {}), p.get("batch"), r["first_div"])
     return dict(sorted(out.items(), key=lambda kv: _series_order(kv[0])))
 
@@ -214,7 +219,7 @@ def first_divergence_caption(data: RunData) -> str:
         return ""
     n = {name: sum(len(v) for v in s.values()) for name, s in series.items()}
     counts = ", ".join(f"{name} {k}" for name, k in n.items() if k)
-    axis = twins.of(data.manifest.spec)
+    axis = twins.of(spec_of(data.manifest.spec_json))
     text = f"Prompts that diverged ({counts}): dot = median first divergent token, whiskers = min–max, small dots = each prompt."
     if any(name.partition(" ")[0] == CONTROL for name in n):
         text += (
@@ -227,7 +232,7 @@ def first_divergence_caption(data: RunData) -> str:
 def seq_rep_series(data: RunData) -> dict[str, Series]:
     """seq-rep-4 of finished cells by batch: one series per arm and configuration."""
     axes = _plotted_axes(data)
-    arms = twins.of(data.manifest.spec).arms
+    arms = twins.of(spec_of(data.manifest.spec_json)).arms
     out: dict[str, Series] = {}
     for r in view.cells(data):
         if r.get("status") != "done" or r.get("arm") not in arms or r.get("origin") == outcome.CALIBRATION:
@@ -253,7 +258,7 @@ def seq_rep_caption(data: RunData) -> str:
     series = seq_rep_series(data)
     if not any(any(s.values()) for s in series.values()):
         return ""
-    axis = twins.of(data.manifest.spec)
+    axis = twins.of(spec_of(data.manifest.spec_json))
     return (
         f"One small dot per finished cell ({', '.join(series)}); a {axis.test} series above the {axis.ref} "
         "series of its configuration means more repeated 4-grams."
@@ -264,7 +269,7 @@ def counts_series(data: RunData, column: str, control_column: str, per_n: bool) 
     """A count of every cascade pair by batch (as a fraction of its prompts where ``per_n``) and the
     same count of the control it was judged against: one series each per configuration."""
     axes = _plotted_axes(data)
-    kind = twins.of(data.manifest.spec).test
+    kind = twins.of(spec_of(data.manifest.spec_json)).test
     out: dict[str, Series] = {}
     for r in view.cascade_pairs(data):
         config = config_label(r, axes)
@@ -280,7 +285,7 @@ def divergence_plot(data: RunData) -> str:
     """The divergence counts the verdicts test: per batch, the share of prompts each cascade pair's
     outputs diverged on, beside its control's."""
     series = counts_series(data, "n_diverged", "noise_n_diverged", per_n=True)
-    axis = twins.of(data.manifest.spec)
+    axis = twins.of(spec_of(data.manifest.spec_json))
     title = f"Prompts diverged, {axis.test} vs " + ("control" if _has_control(series) else axis.ref)
     return whisker_plot(title, "batch size", "share of prompts diverged", series, from_zero=True)
 
@@ -304,7 +309,7 @@ def counts_caption(data: RunData) -> str:
     if not series:
         return ""
     alpha = data.manifest.thresholds.get("alpha", 0.01)
-    axis = twins.of(data.manifest.spec)
+    axis = twins.of(spec_of(data.manifest.spec_json))
     if not _has_control(series):
         judged = (
             "these pairs were judged against the reference (the error ratios above), not by counts"
@@ -411,7 +416,7 @@ def _reference_decided(data: RunData) -> bool:
 def forest_plot(data: RunData) -> str:
     """Draw one row per pair: drift ratio with its CI on a log axis, its threshold as a red tick;
     nothing where no pair has a ratio."""
-    axis = twins.of(data.manifest.spec)
+    axis = twins.of(spec_of(data.manifest.spec_json))
     return _forest(
         forest_rows(data),
         "Drift ratio per pair (log scale)",
@@ -449,7 +454,7 @@ def error_ratio_rows(data: RunData) -> list[dict]:
 def error_ratio_plot(data: RunData) -> str:
     """The evidence the reference rule decides on, first: per pair, the test arm's error against the
     reference over its twin's, with its CI and the pair's minimum effect; nothing without a reference."""
-    axis = twins.of(data.manifest.spec)
+    axis = twins.of(spec_of(data.manifest.spec_json))
     return _forest(
         error_ratio_rows(data),
         "Error against the reference, test over twin (log scale)",
@@ -463,7 +468,7 @@ def error_ratio_caption(data: RunData) -> str:
     rows = error_ratio_rows(data)
     if not rows:
         return ""
-    axis = twins.of(data.manifest.spec)
+    axis = twins.of(spec_of(data.manifest.spec_json))
     alpha = data.manifest.thresholds.get("alpha", 0.01)
     text = (
         f"Dot = the pair's error ratio (the {axis.test} arm's mean |logprob - reference logprob| over the "
@@ -549,7 +554,7 @@ def forest_caption(data: RunData) -> str:
     if not rows:
         return ""
     drift_min = _positive(data.manifest.thresholds.get("drift_min"))
-    axis = twins.of(data.manifest.spec)
+    axis = twins.of(spec_of(data.manifest.spec_json))
     text = (
         "Dot = drift ratio (red: the pair is a regression), bar = its bootstrap 95% CI, red tick = the row's "
         f"drift threshold, grey line = ratio 1 ({axis.test} as noisy as the control)"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from cascade_repro import twin as twins
 from cascade_repro.judge.outcome import NOISE_RERUN
+from cascade_repro.plan.matrix import spec_of
 from cascade_repro.report.load import Example, RunData
 from cascade_repro.report.text import (
     MISSING,
@@ -95,7 +96,7 @@ def cell_table(data: RunData) -> Table:
         "batch",
         "arm",
         "status",
-        twins.of(data.manifest.spec).effect_label,
+        twins.of(spec_of(data.manifest.spec_json)).effect_label,
         "tokens/s",
         "seq-rep-1",
         "seq-rep-2",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from cascade_repro import twin as twins
 from cascade_repro.judge.outcome import REGRESSION
+from cascade_repro.plan.matrix import spec_of
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import (
     MISSING,
@@ -92,7 +93,7 @@ def verdict_table(data: RunData) -> Table:
         *axes,
         # The verdict sits next to the pair it judges: at the far right of a wide table it scrolled away.
         "verdict",
-        twins.of(data.manifest.spec).effect_label,
+        twins.of(spec_of(data.manifest.spec_json)).effect_label,
         *(["predicted (prefill/decode)"] if preds else []),
         "depth",
         "drift ratio [95% CI]",

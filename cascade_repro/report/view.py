@@ -16,10 +16,10 @@ from typing import Any
 from cascade_repro import engines
 from cascade_repro.judge import calibration, outcome
 from cascade_repro.judge.outcome import CALIBRATION, TWIN_KINDS
-from cascade_repro.plan.matrix import MatrixSpec
+from cascade_repro.plan.matrix import MatrixSpec, spec_of
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import MISSING, as_int, text_of
-from cascade_repro.run.manifest import Invocation, PromptSetFacts
+from cascade_repro.rundir.manifest import Invocation, PromptSetFacts
 
 AXES = ("seed", "dtype", "fa_version", "backend")
 
@@ -55,7 +55,7 @@ def stored_spec(data: RunData) -> dict:
 
 def spec_field(data: RunData, name: str) -> Any:
     """A spec field where the stored spec holds it, else None (not MatrixSpec's default)."""
-    return getattr(data.manifest.spec, name) if name in stored_spec(data) else None
+    return getattr(spec_of(data.manifest.spec_json), name) if name in stored_spec(data) else None
 
 
 def predictions(data: RunData) -> dict[str, dict]:

@@ -12,7 +12,7 @@ import pytest
 from cascade_repro import exit_codes
 from cascade_repro.errors import UsageError
 from cascade_repro.judge import outcome
-from cascade_repro.run.manifest import Manifest
+from cascade_repro.rundir.manifest import Manifest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "cascade_repro"
 # Names only a verdict or a pair kind spells ("error" and "regression" are also a cell status,
