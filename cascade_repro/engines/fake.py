@@ -158,14 +158,10 @@ class FakeEngine:
         arm: str,
         max_tokens: int,
         prefix_len: int | None = None,
-        *,
-        before_generate: Any = None,
     ) -> tuple[list[Completion], WaveStats]:
         """Generate for every row of the wave; cascade decided per step from the live rows, as hf does."""
         from cascade_repro.prompts.chat import common_prefix_len
 
-        if before_generate is not None:
-            before_generate()
         p = common_prefix_len(prompts) if prefix_len is None else prefix_len
         p = min(p, min(len(x) for x in prompts) - 1)
         aligned = (p // BLOCK_SIZE) * BLOCK_SIZE

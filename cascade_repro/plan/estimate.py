@@ -204,21 +204,6 @@ def estimate(
     return Estimate(seconds if known else None, waves, tokens, starts, basis)
 
 
-def eta_seconds(
-    remaining: Mapping[int, int], measured: Mapping[int, float], table: SpeedTable | None, max_tokens: int
-) -> float | None:
-    """Seconds left for ``remaining`` waves per batch size, the run's own wave times first."""
-    total = 0.0
-    for batch, n in remaining.items():
-        per = wave_seconds(table, batch, max_tokens, measured)
-        if per is None:
-            if n:
-                return None
-            continue
-        total += n * per
-    return total
-
-
 # The quick first run a long CPU run's warning offers: what `make run` runs (the Makefile's RUN_ARGS;
 # tests/run/test_progress.py holds the two together). Its time is estimated as any run's is.
 QUICK_RUN_ARGS = ("--limit", "8", "--batch", "8", "--cascade", "on,off", "--max-tokens", "32")

@@ -535,6 +535,15 @@ def waves(n_prompts: int, batch: int) -> list[list[tuple[int, bool]]]:
     return out
 
 
+def read_config_text(path: Path) -> str:
+    """A ``--config`` file's text (TOML or YAML): the one place a config file is read."""
+    raw = read_config_bytes(path)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: not UTF-8 at byte {e.start}") from None
+
+
 def read_config_bytes(path: Path) -> bytes:
     """A ``--config`` file's bytes. A device (/dev/zero, read until memory runs out) or a FIFO
     (which blocks until a writer comes) is refused before it is opened, as ``--prompts`` refuses it."""
@@ -558,11 +567,9 @@ def read_config_bytes(path: Path) -> bytes:
 
 def load_toml(path: Path) -> dict[str, Any]:
     """Read a matrix TOML file (top-level keys or a [matrix] table) into MatrixSpec field values."""
-    raw = read_config_bytes(path)
+    text = read_config_text(path)
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise UsageError(f"{path}: not UTF-8 at byte {e.start}") from None
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"{path}: invalid TOML: {e}") from None
     except RecursionError:  # tomllib recurses once per nested array or inline table

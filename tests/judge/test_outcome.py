@@ -19,8 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "cascade_repro"
 # a --fail-on value and JUnit's failure types).
 OWN_NAMES = {"not exercised", "inconclusive", "within noise", "identical", "noise-batch", "noise-restart",
              "noise-rerun"}  # fmt: skip
-# engines/vllm_smoke.py: the GPU smoke test's own words for its outputs, not pair verdicts.
-KEEPS_ITS_OWN = {"judge/outcome.py", "engines/vllm_smoke.py"}
+KEEPS_ITS_OWN = {"judge/outcome.py"}
 
 
 def test_verdict_and_kind_names_are_spelled_only_in_outcome():
