@@ -130,7 +130,7 @@ def pick_pair(run_dir: Path, pair_id: str | None) -> dict[str, Any]:
         raise UsageError(
             f"{run_dir} has no {layout.PAIRS}: is it a finished run? (`cascade-repro report --rescore` rebuilds it)"
         )
-    tw = twins.of(manifest.read_manifest(Path(run_dir)).spec)
+    tw = twins.of(spec_of(manifest.read_manifest(Path(run_dir)).spec_json))
     if tw is not TWIN:
         raise UsageError(
             f"minimize shrinks a cascade pair (both arms served by one engine); {run_dir} compares --twin {tw.name}"

@@ -48,7 +48,7 @@ def prompt_set(data: RunData) -> PromptSetFacts:
 
 
 def stored_spec(data: RunData) -> dict:
-    """The spec as run.json stored it, every key it holds and no other (``Manifest.spec`` fills in
+    """The spec as run.json stored it, every key it holds and no other (``plan.matrix.spec_of`` fills in
     defaults)."""
     return data.manifest.spec_json
 

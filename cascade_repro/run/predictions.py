@@ -21,7 +21,7 @@ from cascade_repro.vllm_surface.cascade_rule import (
 
 def _spec_value(m: Manifest, name: str, default: Any) -> Any:
     """A spec field where run.json's spec holds it, else ``default``: the fallbacks here are not
-    MatrixSpec's defaults (which ``Manifest.spec`` fills in), e.g. an engine not named reads as vLLM."""
+    MatrixSpec's defaults (which ``plan.matrix.spec_of`` fills in), e.g. an engine not named reads as vLLM."""
     stored = m.spec_json if isinstance(m.spec_json, dict) else {}
     return getattr(spec_of(m.spec_json), name) if name in stored else default
 
