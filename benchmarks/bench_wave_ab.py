@@ -79,7 +79,7 @@ from typing import TYPE_CHECKING, Any
 from unittest import mock
 
 if TYPE_CHECKING:
-    from cascade_repro.run.manifest import Manifest
+    from cascade_repro.rundir.manifest import Manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -171,8 +171,8 @@ def prepare_run(args: argparse.Namespace, results: Path) -> tuple[Path, Manifest
     """A real run directory for the matrix (so the engine gets exactly a worker's settings)."""
     from cascade_repro.judge.verdicts import Thresholds
     from cascade_repro.plan.matrix import MatrixSpec
-    from cascade_repro.run import runstore
     from cascade_repro.run.runner import RunOptions, prepare
+    from cascade_repro.rundir import manifest
 
     values: dict[str, Any] = {
         "engine": "vllm",
@@ -194,7 +194,7 @@ def prepare_run(args: argparse.Namespace, results: Path) -> tuple[Path, Manifest
     )  # fmt: skip
     prepared = prepare(spec, opts)
     prepared.write()
-    return prepared.run_dir, runstore.read_manifest(prepared.run_dir)
+    return prepared.run_dir, manifest.read_manifest(prepared.run_dir)
 
 
 def arm_orders(arms: list[Any]) -> list[list[Any]]:
@@ -349,8 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     from cascade_repro.engines import vllm as vllm_engine
     from cascade_repro.plan.matrix import waves
     from cascade_repro.prompts.chat import measure_prefix
-    from cascade_repro.run import runstore
     from cascade_repro.run.worker import build_engine, wave_records
+    from cascade_repro.rundir import jsonl, layout
 
     results = Path(tempfile.mkdtemp(prefix="wave-ab-", dir=os.environ.get("TMPDIR")))
     run_dir, run = prepare_run(args, results)
@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         from cascade_repro.run.worker import freeze_heap
 
         print(f"gc.freeze() as the worker does it: {freeze_heap():,} objects frozen", flush=True)
-    prompts = runstore.read_prompts(run_dir)
+    prompts = layout.read_prompts(run_dir)
     measured = measure_prefix(engine.tokenizer(), run.prompt_set.system_prompt_text, prompts)
     rendered, shared, hashes = measured.rendered, measured.tokens, measured.hashes()
     llm = engine.llm
@@ -371,9 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     # replay writer takes each background arm's previous wave (its JSON overlaps this wave); the
     # foreground arms write to their own file (the same bytes, so the same cost).
     bg = engines.get("vllm").background_writes
-    writer = runstore.JsonlWriter(runstore.samples_path(run_dir, key), background=bg)
-    replay = runstore.JsonlWriter(run_dir / "ab-replay.jsonl", background=True)
-    fg_writer = runstore.JsonlWriter(run_dir / "ab-foreground.jsonl")
+    writer = jsonl.JsonlWriter(layout.samples_path(run_dir, key), background=bg)
+    replay = jsonl.JsonlWriter(run_dir / "ab-replay.jsonl", background=True)
+    fg_writer = jsonl.JsonlWriter(run_dir / "ab-foreground.jsonl")
     last_records: dict[str, list[Any]] = {}
     sp = engine._SamplingParams
     tp = engine._TokensPrompt

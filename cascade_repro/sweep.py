@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cascade_repro.judge import speed
+from cascade_repro.plan.matrix import spec_of
 from cascade_repro.report.text import as_int
-from cascade_repro.run.manifest import Manifest
+from cascade_repro.rundir.manifest import Manifest
 from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.vllm_surface import MIN_REQUESTS
 
@@ -204,7 +205,7 @@ def markdown(rows: list[SweepRow], facts: list[str]) -> str:
 def facts(m: Manifest) -> list[str]:
     """GPU, vLLM, model and the sweep's settings from run.json, for the pasted table."""
     env = m.stack_env
-    spec = m.spec
+    spec = spec_of(m.spec_json)
     # Each fact is said as "?" where run.json lacks it, not as its default.
     given = m.spec_json if isinstance(m.spec_json, dict) else {}
     ps = m.prompt_set
@@ -254,13 +255,13 @@ def measure(spec: Any, opts: Any, console: Any = None) -> tuple[Any, list[SweepR
     and return (the run's outcome, the rows, the Markdown)."""
     from cascade_repro.report.load import load_run
     from cascade_repro.report.view import predictions
-    from cascade_repro.run import runstore
     from cascade_repro.run.runner import run_matrix
+    from cascade_repro.rundir import layout
 
     require_vllm()
     outcome = run_matrix(spec, opts, console)
     data = load_run(outcome.run_dir)
     rows = sweep_rows(data.pairs.to_dict("records"), predictions(data))
     md = markdown(rows, facts(data.manifest))
-    runstore.write_text_atomic(runstore.sweep_path(outcome.run_dir), md)
+    layout.write_text_atomic(layout.sweep_path(outcome.run_dir), md)
     return outcome, rows, md

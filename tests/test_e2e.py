@@ -18,8 +18,8 @@ from conftest import SHORT_SYSTEM
 
 from cascade_repro.plan.matrix import MatrixSpec
 from cascade_repro.plan.models import embedded_available
-from cascade_repro.run import runstore
 from cascade_repro.run.runner import RunOptions, run_matrix
+from cascade_repro.rundir import layout, sample_scan
 
 pytest.importorskip("torch")
 
@@ -104,7 +104,7 @@ def test_worker_crash_is_isolated_and_resume_keeps_finished_cells(tmp_path, monk
     assert finished <= set(after)
     assert len(after) == 8 * 4
     key = next(iter(json.loads((second.run_dir / "run.json").read_text())["plan"]["engines"]))
-    prog = runstore.read_progress(runstore.samples_path(second.run_dir, key))
+    prog = sample_scan.read_progress(layout.samples_path(second.run_dir, key))
     assert prog.done == set(cells.index)
     assert second.exit_code == 0
 

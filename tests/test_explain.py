@@ -28,8 +28,8 @@ from cascade_repro.errors import UsageError
 from cascade_repro.explain import explain_spec, threshold_lines
 from cascade_repro.plan.matrix import MatrixSpec
 from cascade_repro.plan.predict import predict
-from cascade_repro.run.manifest import Manifest
 from cascade_repro.run.predictions import predict_cells, predictions_for
+from cascade_repro.rundir.manifest import Manifest
 from cascade_repro.vllm_surface import ModelAttention
 from cascade_repro.vllm_surface.cascade_rule import (
     GPU_SMS,

@@ -23,7 +23,7 @@ from support.cli import CliRunner
 from cascade_repro.cli import app
 from cascade_repro.plan.matrix import MatrixSpec
 from cascade_repro.plan.models import embedded_available
-from cascade_repro.run import runstore
+from cascade_repro.rundir import codec, jsonl, layout, manifest, runlock, safety, sample_scan
 
 WIDE = {"COLUMNS": "250"}
 PAIR = "tp1-b8-cascade~flat"  # a cascade pair of the synthetic run (minimize takes any with --pair)
@@ -82,7 +82,7 @@ def link(path: Path, target: Path) -> None:
 
 
 def samples_file(run: Path) -> Path:
-    return runstore.samples_files(run)[0]
+    return layout.samples_files(run)[0]
 
 
 def shards(root: Path, synth: Path) -> tuple[Path, Path]:
@@ -90,9 +90,9 @@ def shards(root: Path, synth: Path) -> tuple[Path, Path]:
     out = []
     for i in (1, 2):
         d = run_copy(synth, root / f"shard{i}")
-        run = runstore.read_run_json(d)
+        run = manifest.read_run_json(d)
         run["shard"] = f"{i}/2"
-        runstore.write_json_atomic(d / runstore.RUN_JSON, run)
+        layout.write_json_atomic(d / layout.RUN_JSON, run)
         out.append(d)
     return out[0], out[1]
 
@@ -102,7 +102,7 @@ def shards(root: Path, synth: Path) -> tuple[Path, Path]:
 
 def _report_lock(root: Path, synth: Path) -> list[str]:
     run = run_copy(synth, root / "run")
-    link(run / runstore.LOCK, victims(root)[0])
+    link(run / layout.LOCK, victims(root)[0])
     return ["report", str(run)]
 
 
@@ -115,7 +115,7 @@ def _report_samples(root: Path, synth: Path) -> list[str]:
 def _report_parquet_temp(root: Path, synth: Path) -> list[str]:
     """A link under a table's old temp name is never written through (temp files are new files): the report goes on."""
     run = run_copy(synth, root / "run")
-    link(run / f".{runstore.CELLS}.tmp", victims(root)[0])
+    link(run / f".{layout.CELLS}.tmp", victims(root)[0])
     return ["report", "--rescore", str(run)]
 
 
@@ -127,14 +127,14 @@ def _merge_shard_samples(root: Path, synth: Path) -> list[str]:
 
 def _merge_shard_prompts(root: Path, synth: Path) -> list[str]:
     s1, s2 = shards(root, synth)
-    link(s1 / runstore.PROMPTS, victims(root)[0])
+    link(s1 / layout.PROMPTS, victims(root)[0])
     return ["merge", str(root / "merged"), str(s1), str(s2)]
 
 
 def _merge_out_lock(root: Path, synth: Path) -> list[str]:
     s1, s2 = shards(root, synth)
     (root / "merged").mkdir()
-    link(root / "merged" / runstore.LOCK, victims(root)[0])
+    link(root / "merged" / layout.LOCK, victims(root)[0])
     return ["merge", str(root / "merged"), str(s1), str(s2)]
 
 
@@ -142,7 +142,7 @@ def _merge_out_samples(root: Path, synth: Path) -> list[str]:
     """An earlier merge whose samples/ is a link: merging again would empty the folder it points at."""
     s1, s2 = shards(root, synth)
     assert CliRunner().invoke(app, ["merge", str(root / "merged"), str(s1), str(s2)]).exit_code == 0
-    link(root / "merged" / runstore.SAMPLES, victims(root)[1])
+    link(root / "merged" / layout.SAMPLES, victims(root)[1])
     return ["merge", str(root / "merged"), str(s1), str(s2)]
 
 
@@ -160,33 +160,33 @@ MATRIX = ["matrix", "--engine", "fake", "--limit", "1", "--batch", "1", "--max-t
 def _matrix_lock(root: Path, synth: Path) -> list[str]:
     run = root / "results" / "r"
     run.mkdir(parents=True)
-    link(run / runstore.LOCK, victims(root)[0])
+    link(run / layout.LOCK, victims(root)[0])
     return [*MATRIX, "--results-dir", str(root / "results"), "--run-id", "r"]
 
 
 def _matrix_fresh_samples(root: Path, synth: Path) -> list[str]:
     """--fresh once left a linked samples/ in place (rmtree failing quietly) and resumed the old run."""
     run = run_copy(synth, root / "results" / "r")
-    link(run / runstore.SAMPLES, victims(root)[1])
+    link(run / layout.SAMPLES, victims(root)[1])
     return [*MATRIX, "--results-dir", str(root / "results"), "--run-id", "r", "--fresh"]
 
 
 def _minimize_dir(root: Path, synth: Path) -> list[str]:
     run = run_copy(synth, root / "run")
-    link(run / runstore.MINIMIZE, victims(root)[1])
+    link(run / layout.MINIMIZE, victims(root)[1])
     return ["minimize", str(run), "--pair", PAIR]
 
 
 def _minimize_prompts(root: Path, synth: Path) -> list[str]:
     """The prompts of the chosen wave are copied into repro.py and issue.md: never from a link."""
     run = run_copy(synth, root / "run")
-    link(run / runstore.PROMPTS, victims(root)[0])
+    link(run / layout.PROMPTS, victims(root)[0])
     return ["minimize", str(run), "--pair", PAIR]
 
 
 def _minimize_output(root: Path, synth: Path) -> list[str]:
     run = run_copy(synth, root / "run")
-    link(run / runstore.MINIMIZE / PAIR / "repro.py", victims(root)[0])
+    link(run / layout.MINIMIZE / PAIR / "repro.py", victims(root)[0])
     return ["minimize", str(run), "--pair", PAIR]
 
 
@@ -260,11 +260,11 @@ def test_refuse_links_names_a_linked_folder_on_the_way(tmp_path: Path):
     run.mkdir()
     (run / "minimize").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(UsageError, match=f"^{run}/minimize is a symbolic link \\(to {tmp_path}/elsewhere\\)"):
-        runstore.refuse_links(run, [run / "minimize" / "pair" / "repro.py"])
-    runstore.refuse_links(run, [run / "samples" / "k.jsonl"])  # not there yet: nothing to refuse
-    os.mkfifo(run / runstore.LOCK)
+        safety.refuse_links(run, [run / "minimize" / "pair" / "repro.py"])
+    safety.refuse_links(run, [run / "samples" / "k.jsonl"])  # not there yet: nothing to refuse
+    os.mkfifo(run / layout.LOCK)
     with pytest.raises(UsageError, match="is neither a file nor a folder"):
-        runstore.refuse_run_links(run)
+        safety.refuse_run_links(run)
 
 
 def test_a_run_directory_that_is_itself_a_link_is_the_users_choice(synth: Path, tmp_path: Path):
@@ -283,9 +283,9 @@ def test_writers_in_a_run_directory_do_not_follow_a_link(tmp_path: Path):
     planted = tmp_path / "k.jsonl"
     planted.symlink_to(victim)
     with pytest.raises(UsageError, match=LINK):
-        runstore.JsonlWriter(planted)
+        jsonl.JsonlWriter(planted)
     with pytest.raises(UsageError, match=LINK):
-        runstore.truncate_torn_tail(planted)
+        jsonl.truncate_torn_tail(planted)
     assert snapshot(tmp_path) == before and len(before) == 3  # the victim, its folder and the folder's file
 
 
@@ -332,11 +332,11 @@ def _rescore_unchecked_record(root: Path, synth: Path) -> list[str]:
     once crashed on it after every cell had run, on every rerun; now that prompt alone is unscored."""
     victims(root)
     run = run_copy(synth, root / "run")
-    rows = runstore.read_prompts(run)
+    rows = layout.read_prompts(run)
     rows[0].update(instruction_id_list=["startend:end_checker"], kwargs=[{"end_phrase": 7}])
     rows[1].update(instruction_id_list=["keywords:existence"], kwargs=[{"keywords": "notalist"}])
     rows[2].update(instruction_id_list=["punctuation:no_comma"], kwargs=[{}])
-    runstore.write_prompts(run, rows)
+    layout.write_prompts(run, rows)
     return ["report", "--rescore", str(run)]
 
 
@@ -384,7 +384,7 @@ def test_hostile_prompt_records(case: Case, synth: Path, tmp_path: Path):
         assert not (tmp_path / "results").exists()  # refused before anything was planned or written
     assert snapshot(tmp_path) == before
     if case.id == "rescore-unchecked-record":
-        report = (tmp_path / "run" / runstore.REPORT_MD).read_text(encoding="utf-8").replace("\\_", "_")
+        report = (tmp_path / "run" / layout.REPORT_MD).read_text(encoding="utf-8").replace("\\_", "_")
         report = " ".join(report.split())  # the note, as Markdown escapes and wraps it
         assert "IFEval: 2 of 8 prompts not scored" in report, report
         assert "end_phrase must be text, not 7" in report and "keywords must be a list of texts" in report
@@ -653,7 +653,7 @@ def damage_sample(run: Path, how: Callable[[bytes, dict], bytes]) -> tuple[Path,
     line number, the cell it belongs to)."""
     path = samples_file(run)
     lines = path.read_bytes().splitlines(keepends=True)
-    idx = [i for i, ln in enumerate(lines) if runstore.is_sample_line(ln)]
+    idx = [i for i, ln in enumerate(lines) if codec.is_sample_line(ln)]
     i = idx[len(idx) // 2]
     rec = json.loads(lines[i])
     lines[i] = how(lines[i], rec)
@@ -701,13 +701,13 @@ def test_a_damaged_sample_line_is_skipped_and_named(damage: Damage, synth: Path,
     assert len(warned) == 1 and warned[0].startswith(f"warning: {where}{damage.why}"), res.stderr
     assert warned[0].endswith("; skipped")
     # Nothing lost: every planned cell has its row; only the damaged one is an error, naming the line.
-    cells = pd.read_parquet(run / runstore.CELLS).set_index("cell_id")
-    planned = [c.cell_id for c in runstore.read_manifest(run).plan.cells]
+    cells = pd.read_parquet(run / layout.CELLS).set_index("cell_id")
+    planned = [c.cell_id for c in manifest.read_manifest(run).plan.cells]
     assert sorted(cells.index) == sorted(planned)
     assert cells.loc[cid, "status"] == "error"
     assert f"record in samples/{path.name} at line {line}" in cells.loc[cid, "error"]
     assert (cells.drop(cid)["status"] == "done").all()
-    assert f"samples/{path.name} at line {line}" in (run / runstore.REPORT_MD).read_text(encoding="utf-8")
+    assert f"samples/{path.name} at line {line}" in (run / layout.REPORT_MD).read_text(encoding="utf-8")
     # Re-rendering the scored run reads the samples again (the examples): no crash either.
     again = CliRunner().invoke(app, ["report", str(run)], env=WIDE)
     assert again.exit_code == 0 and "Traceback" not in again.output, again.output
@@ -768,8 +768,8 @@ def test_resume_reruns_the_cell_of_a_damaged_sample_line(
     assert f"record in samples/{path.name} at line {line}" in said[0] and "counts as unfinished" in said[0]
     assert "resuming r: 1 of 2 cells already done, running the other 1" in res.output
     # Every cell in the tables, all done; the damaged cell ran again, the other was kept as it was.
-    cells = pd.read_parquet(run / runstore.CELLS).set_index("cell_id")
-    assert sorted(cells.index) == sorted(c.cell_id for c in runstore.read_manifest(run).plan.cells)
+    cells = pd.read_parquet(run / layout.CELLS).set_index("cell_id")
+    assert sorted(cells.index) == sorted(c.cell_id for c in manifest.read_manifest(run).plan.cells)
     assert (cells["status"] == "done").all(), cells["status"]
     recs = []
     for ln in path.read_bytes().splitlines():
@@ -781,7 +781,7 @@ def test_resume_reruns_the_cell_of_a_damaged_sample_line(
     assert starts[cid] == 2 and all(n == 1 for c, n in starts.items() if c != cid), starts
     after = path.read_bytes().splitlines(keepends=True)
     assert all(ln in after for ln in before if b'"type":"engine"' not in ln)  # the other cell's lines kept
-    assert runstore.read_progress(path, runstore.prompt_ids(run)).done == set(cells.index)
+    assert sample_scan.read_progress(path, sample_scan.prompt_ids(run)).done == set(cells.index)
 
 
 # Control records with a wrong type (found by tests/fuzz/atheris_rundir.py: a wave's ``wall_s`` as text
@@ -820,7 +820,7 @@ def test_a_control_record_of_the_wrong_type_is_a_lost_record(
     # Resume: every cell that lost a record runs again and the run ends whole.
     again = CliRunner().invoke(app, argv, env=WIDE)
     assert again.exit_code == first.exit_code and "Traceback" not in again.output, again.output
-    cells = pd.read_parquet(run / runstore.CELLS)
+    cells = pd.read_parquet(run / layout.CELLS)
     assert (cells["status"] == "done").all(), cells[["cell_id", "status", "error"]]
 
 
@@ -833,24 +833,24 @@ BRACKETS = "a[/x] [bold red]b"
 
 def _report_brackets(root: Path, synth: Path) -> tuple[list[str], list[str]]:
     run = run_copy(synth, root / BRACKETS / "run")
-    return ["report", str(run)], [f"wrote {run / runstore.REPORT_MD}"]
+    return ["report", str(run)], [f"wrote {run / layout.REPORT_MD}"]
 
 
 def _rescore_brackets(root: Path, synth: Path) -> tuple[list[str], list[str]]:
     run = run_copy(synth, root / BRACKETS / "run")
-    return ["report", "--rescore", str(run)], [f"wrote {run / runstore.JUNIT_XML}"]
+    return ["report", "--rescore", str(run)], [f"wrote {run / layout.JUNIT_XML}"]
 
 
 def _merge_brackets(root: Path, synth: Path) -> tuple[list[str], list[str]]:
     s1, s2 = shards(root, synth)
     out = root / BRACKETS / "merged"
-    return ["merge", str(out), str(s1), str(s2)], [f"report: {out / runstore.REPORT_MD}"]
+    return ["merge", str(out), str(s1), str(s2)], [f"report: {out / layout.REPORT_MD}"]
 
 
 def _matrix_brackets(root: Path, synth: Path) -> tuple[list[str], list[str]]:
     results = root / BRACKETS
     argv = [*MATRIX, "--reference", "off", "--results-dir", str(results), "--run-id", "r"]
-    return argv, [f"report: {results / 'r' / runstore.REPORT_MD}"]
+    return argv, [f"report: {results / 'r' / layout.REPORT_MD}"]
 
 
 # fmt: off
@@ -969,9 +969,9 @@ def _run_json(content: bytes | None, command: str = "rescore"):
         victims(root)
         run = run_copy(synth, root / "run")
         if content is None:
-            (run / runstore.RUN_JSON).unlink()
+            (run / layout.RUN_JSON).unlink()
         else:
-            (run / runstore.RUN_JSON).write_bytes(content)
+            (run / layout.RUN_JSON).write_bytes(content)
         return ["report", "--rescore", str(run)] if command == "rescore" else ["report", str(run)]
 
     return plant
@@ -979,7 +979,7 @@ def _run_json(content: bytes | None, command: str = "rescore"):
 
 def _edited_run_json(edit: Callable[[dict], object], command: str = "rescore"):
     def plant(root: Path, synth: Path) -> list[str]:
-        data = json.loads((synth / runstore.RUN_JSON).read_bytes())
+        data = json.loads((synth / layout.RUN_JSON).read_bytes())
         data = edit(data)
         return _run_json(json.dumps(data).encode(), command)(root, synth)
 
@@ -1023,7 +1023,7 @@ def _prompts(how: Callable[[Path], None]):
     def plant(root: Path, synth: Path) -> list[str]:
         victims(root)
         run = run_copy(synth, root / "run")
-        how(runstore.prompts_path(run))
+        how(layout.prompts_path(run))
         return ["report", "--rescore", str(run)]
 
     return plant
@@ -1056,7 +1056,7 @@ def _other_run_samples(root: Path, synth: Path) -> list[str]:
     otherwise (another system prompt, another tokenizer), so every hash differs."""
 
     def other(raw: bytes) -> bytes:
-        if not runstore.is_sample_line(raw):
+        if not codec.is_sample_line(raw):
             return raw
         rec = json.loads(raw)
         rec["prompt_hash"] = "f" * 16
@@ -1144,7 +1144,7 @@ def test_rescore_validates_before_it_writes(case: Case, synth: Path, tmp_path: P
         # Nothing written: not run.json (no "rescore" invocation), not a table, not a report, no lock.
         assert run_bytes(run) == files
     else:
-        assert runstore.read_manifest(run).invocations[-1].kind == "rescore"
+        assert manifest.read_manifest(run).invocations[-1].kind == "rescore"
 
 
 def test_allow_loss_writes_what_the_samples_hold(synth: Path, tmp_path: Path):
@@ -1154,7 +1154,7 @@ def test_allow_loss_writes_what_the_samples_hold(synth: Path, tmp_path: Path):
     argv = _samples_missing(tmp_path, synth)
     res = CliRunner().invoke(app, [*argv[:2], "--allow-loss", argv[2]], env=WIDE)
     assert res.exit_code == 5, res.output  # not finished
-    cells = pd.read_parquet(tmp_path / "run" / runstore.CELLS)
+    cells = pd.read_parquet(tmp_path / "run" / layout.CELLS)
     gone = cells[cells["engine_key"] == samples_file(synth).stem]
     assert len(gone) and (gone["status"] == "pending").all()
     assert (cells.drop(gone.index)["status"] == "done").all()
@@ -1164,32 +1164,32 @@ def test_prompts_jsonl_holds_each_prompts_hash_and_the_loader_leaves_it_out(synt
     """A run's prompts.jsonl read back as a prompt file: the hash is the run's, not an extra column."""
     from cascade_repro.prompts.promptsets import RUN_FIELDS, iter_prompt_records
 
-    assert runstore.PROMPT_HASH in RUN_FIELDS
-    ids = runstore.prompt_ids(synth)
+    assert layout.PROMPT_HASH in RUN_FIELDS
+    ids = sample_scan.prompt_ids(synth)
     assert ids is not None and len(ids) == 8 and all(isinstance(h, str) and len(h) == 16 for h in ids.hashes)
-    records = list(iter_prompt_records(runstore.prompts_path(synth)))
+    records = list(iter_prompt_records(layout.prompts_path(synth)))
     assert [r.key for r in records] == ids.keys and all(r.extra == {} for r in records)
 
 
 def test_an_old_run_without_hashes_checks_keys_only(synth: Path, tmp_path: Path):
     run = run_copy(synth, tmp_path / "run")
-    rows = runstore.read_prompts(run)
-    runstore.write_prompts(run, [{k: v for k, v in r.items() if k != runstore.PROMPT_HASH} for r in rows])
-    ids = runstore.prompt_ids(run)
+    rows = layout.read_prompts(run)
+    layout.write_prompts(run, [{k: v for k, v in r.items() if k != layout.PROMPT_HASH} for r in rows])
+    ids = sample_scan.prompt_ids(run)
     assert ids is not None and ids.hashes == [None] * 8
     rec = {"cell_id": "c", "prompt_index": 1, "token_ids": [1], "prompt_key": ids.keys[1], "prompt_hash": "x"}
-    assert runstore.sample_problem(rec, ids) is None
-    assert "prompt_key 'y'" in runstore.sample_problem({**rec, "prompt_key": "y"}, ids)
-    with_hash = runstore.prompt_ids(synth)
-    assert "prompt_hash 'x' is not prompt 1's hash" in runstore.sample_problem(rec, with_hash)
-    assert "prompt_hash None" in runstore.sample_problem(
+    assert sample_scan.sample_problem(rec, ids) is None
+    assert "prompt_key 'y'" in sample_scan.sample_problem({**rec, "prompt_key": "y"}, ids)
+    with_hash = sample_scan.prompt_ids(synth)
+    assert "prompt_hash 'x' is not prompt 1's hash" in sample_scan.sample_problem(rec, with_hash)
+    assert "prompt_hash None" in sample_scan.sample_problem(
         {k: v for k, v in rec.items() if k != "prompt_hash"}, with_hash
     )
 
 
 def test_every_run_json_this_repository_holds_passes_the_check():
     """The check refuses damage, not a file some version of this tool wrote: the evidence runs pass."""
-    from cascade_repro.run.manifest import manifest_problem
+    from cascade_repro.rundir.manifest import manifest_problem
 
     root = Path(__file__).resolve().parents[1]
     found = sorted(root.glob("docs/evidence/**/run.json"))
@@ -1203,7 +1203,7 @@ def test_a_worker_whose_tokenizer_renders_otherwise_refuses_to_generate(synth: P
     from cascade_repro.errors import UsageError
     from cascade_repro.run.worker import check_hashes
 
-    ids = runstore.prompt_ids(synth)
+    ids = sample_scan.prompt_ids(synth)
     assert ids is not None
     check_hashes(synth, [h or "" for h in ids.hashes])
     with pytest.raises(UsageError, match=r"^prompt 3 renders as 0{16} under this engine's tokenizer"):
@@ -1285,8 +1285,8 @@ def test_a_leading_tilde_is_expanded_once_everywhere(
         lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
         assert lines == [lines[0]] and lines[0].startswith("error: ") and case.says in lines[0], res.stderr
         return
-    assert (written / runstore.RUN_JSON).is_file() and (written / runstore.CELLS).is_file()
-    assert (written / runstore.REPORT_MD).is_file()
+    assert (written / layout.RUN_JSON).is_file() and (written / layout.CELLS).is_file()
+    assert (written / layout.REPORT_MD).is_file()
 
 
 # --- 9. another writer holds the run's lock: nothing is deleted before the lock is ours -------------
@@ -1309,8 +1309,8 @@ def _merge_into_a_locked_merge(root: Path, synth: Path) -> tuple[list[str], Path
 def _merge_into_a_locked_cut_merge(root: Path, synth: Path) -> tuple[list[str], Path]:
     """A merge cut short (its .merging marker left) is redone by the next merge: not while one runs."""
     out = _merged_before(root, synth)
-    spec_hash = runstore.read_manifest(out).spec_hash
-    (out / runstore.MERGING).write_text(f"{spec_hash}\n", encoding="utf-8")
+    spec_hash = manifest.read_manifest(out).spec_hash
+    (out / layout.MERGING).write_text(f"{spec_hash}\n", encoding="utf-8")
     return ["merge", str(out), str(root / "shard1"), str(root / "shard2")], out
 
 
@@ -1334,11 +1334,11 @@ LOCKED = [
 def test_nothing_is_deleted_before_the_lock_is_taken(case: Case, synth: Path, tmp_path: Path):
     argv, run = case.plant(tmp_path, synth)
     files = run_bytes(run)
-    lock = runstore.RunLock(run)  # the other writer: a merge, a report, a matrix
+    lock = runlock.RunLock(run)  # the other writer: a merge, a report, a matrix
     lock.acquire()
     try:
         res = CliRunner().invoke(app, argv, env=WIDE)
-        assert run_bytes(run) == {**files, runstore.LOCK: (run / runstore.LOCK).read_bytes()}
+        assert run_bytes(run) == {**files, layout.LOCK: (run / layout.LOCK).read_bytes()}
     finally:
         lock.release()
     assert "Traceback" not in res.output
@@ -1408,7 +1408,7 @@ def test_a_folder_that_is_not_a_run_is_refused(case: Case, synth: Path, tmp_path
     if case.says:
         lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
         assert lines == [lines[0]] and lines[0].startswith("error: ") and case.says in lines[0], res.stderr
-        assert run_bytes(mine) == files and not (mine / runstore.LOCK).exists()
+        assert run_bytes(mine) == files and not (mine / layout.LOCK).exists()
 
 
 # --- 11. run.json from a newer version: its unknown keys survive every rewrite, and one line says so --
@@ -1418,18 +1418,18 @@ NEWER = "note: this run was made by a newer cascade-repro (9.0.0, this is "
 
 
 def _plant_future_keys(run: Path) -> None:
-    data = json.loads((run / runstore.RUN_JSON).read_bytes())
+    data = json.loads((run / layout.RUN_JSON).read_bytes())
     data["tool_version"] = "9.0.0"
     data["future"] = FUTURE["future"]
     data["prompt_set"]["future"] = 2
     data["plan"]["future"] = 3
     data["plan"]["cells"][0]["future"] = 4
     next(iter(data["engines"].values()))["future"] = 5
-    (run / runstore.RUN_JSON).write_text(json.dumps(data), encoding="utf-8")
+    (run / layout.RUN_JSON).write_text(json.dumps(data), encoding="utf-8")
 
 
 def _future_keys(run: Path) -> dict[str, object]:
-    data = json.loads((run / runstore.RUN_JSON).read_bytes())
+    data = json.loads((run / layout.RUN_JSON).read_bytes())
     engine = next(iter(data["engines"].values()))
     return {"future": data.get("future"), "prompt_set.future": data["prompt_set"].get("future"),
             "plan.future": data["plan"].get("future"), "plan.cells[0].future": data["plan"]["cells"][0].get("future"),
@@ -1475,7 +1475,7 @@ def _fifo(path: Path) -> None:
 def _planted_resume(what: str, plant: Callable[[Path], None], dry_run: bool):
     def argv(batch1: FinishedRun, root: Path) -> list[str]:
         args, run = batch1.copy(root)
-        plant(samples_file(run) if what == "samples" else run / runstore.PROMPTS)
+        plant(samples_file(run) if what == "samples" else run / layout.PROMPTS)
         return [*args, "--dry-run"] if dry_run else args
 
     return argv
@@ -1550,9 +1550,9 @@ def test_a_merge_of_a_trillion_shards_walks_its_engine_keys_only(tmp_path: Path,
     dirs = []
     for i in (1, 2):
         d = run_copy(synth, tmp_path / f"s{i}")
-        run = runstore.read_run_json(d)
+        run = manifest.read_run_json(d)
         run["shard"] = f"{i}/1000000000000"
-        runstore.write_json_atomic(d / runstore.RUN_JSON, run)
+        layout.write_json_atomic(d / layout.RUN_JSON, run)
         dirs.append(d)
     _, warnings = check_shards(dirs)
     assert warnings == [
@@ -1669,7 +1669,7 @@ def test_a_full_disk_at_the_lock_names_the_lock_file(synth: Path, tmp_path: Path
     real_write = os.write
 
     def full(fd: int, data: bytes) -> int:
-        if os.readlink(f"/proc/self/fd/{fd}").endswith(runstore.LOCK):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(layout.LOCK):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_write(fd, data)
 
@@ -1678,8 +1678,8 @@ def test_a_full_disk_at_the_lock_names_the_lock_file(synth: Path, tmp_path: Path
     monkeypatch.undo()
     assert res.exit_code == 6, res.output
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert lines == [f"error: {run / runstore.LOCK}: No space left on device"], res.stderr
-    assert not (run / runstore.LOCK).exists()  # released on the way out
+    assert lines == [f"error: {run / layout.LOCK}: No space left on device"], res.stderr
+    assert not (run / layout.LOCK).exists()  # released on the way out
 
 
 # --- 16. refusals that say what is wrong, where the tool went quietly on or said something else ---------
@@ -1744,9 +1744,9 @@ def test_a_refusal_says_what_is_wrong(case: Refusal, tmp_path: Path):
 
 def test_report_of_run_json_names_the_folder_to_give(synth: Path, tmp_path: Path):
     run = run_copy(synth, tmp_path / "run")
-    res = CliRunner().invoke(app, ["report", str(run / runstore.RUN_JSON)], env=WIDE)
+    res = CliRunner().invoke(app, ["report", str(run / layout.RUN_JSON)], env=WIDE)
     assert res.exit_code == 2, res.output
-    assert res.stderr.strip() == f"error: {run / runstore.RUN_JSON} is a file: give the run directory ({run})"
+    assert res.stderr.strip() == f"error: {run / layout.RUN_JSON} is a file: give the run directory ({run})"
 
 
 @pytest.mark.parametrize(("command", "instead"), [("report", ""), ("merge", " or choose another OUT_DIR"),
@@ -1759,7 +1759,7 @@ def test_the_in_use_line_offers_what_the_command_has(command: str, instead: str,
         argv = ["report", str(run)]
     else:
         argv, run = _matrix_fresh_into_a_locked_run(tmp_path, synth)
-    lock = runstore.RunLock(run)
+    lock = runlock.RunLock(run)
     lock.acquire()
     try:
         res = CliRunner().invoke(app, argv, env=WIDE)

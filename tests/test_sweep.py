@@ -83,10 +83,10 @@ def test_rows_from_a_finished_run(tmp_path):
     from cascade_repro.judge.verdicts import Thresholds
     from cascade_repro.report.load import load_run
     from cascade_repro.report.view import predictions
-    from cascade_repro.run import runstore
+    from cascade_repro.rundir import layout, manifest
 
-    cells, pairs, comps = compare.build_tables(runstore.read_manifest(run_dir), run_dir, Thresholds())
-    for name, df in ((runstore.CELLS, cells), (runstore.PAIRS, pairs), (runstore.COMPARISONS, comps)):
+    cells, pairs, comps = compare.build_tables(manifest.read_manifest(run_dir), run_dir, Thresholds())
+    for name, df in ((layout.CELLS, cells), (layout.PAIRS, pairs), (layout.COMPARISONS, comps)):
         df.to_parquet(run_dir / name)
     data = load_run(run_dir)
     rows = sweep.sweep_rows(data.pairs.to_dict("records"), predictions(data))

@@ -20,7 +20,6 @@ NAMES = ("cascade", "flat")
 EXEMPT = {
     "twin.py": "where the axis is defined",
     "minimize/standalone.py": "a script users run without the package installed: it imports nothing from it",
-    "engines/vllm_smoke.py": "the GPU smoke test's own wave names and checks, written out to be read at a glance",
 }
 EXEMPT_DIRS = {
     "kernel/": "the kernel benchmark's two FlashAttention paths (result fields cascade/flat), not matrix arms",

@@ -19,7 +19,8 @@ import pytest
 from conftest import run_args
 from support.readme import MASKED, markdown_table, masked, worked_example
 
-from cascade_repro.run import runstore
+from cascade_repro.plan.matrix import spec_of
+from cascade_repro.rundir import layout, manifest
 
 pytestmark = pytest.mark.slow
 
@@ -61,15 +62,15 @@ def test_report_rerenders_identically_offline(make_run, tmp_path):
 
 
 def test_the_manifest_round_trips_a_real_run_json_byte_for_byte(make_run, tmp_path):
-    raw = (make_run.run_dir / runstore.RUN_JSON).read_bytes()
-    m = runstore.read_manifest(make_run.run_dir)
+    raw = (make_run.run_dir / layout.RUN_JSON).read_bytes()
+    m = manifest.read_manifest(make_run.run_dir)
     assert m.to_json() == json.loads(raw) and list(m.to_json()) == list(json.loads(raw))
     args = run_args()
     assert m.invocations and m.plan.cells
-    assert m.spec.limit == int(args[args.index("--limit") + 1])
-    assert m.spec.max_tokens == int(args[args.index("--max-tokens") + 1])
-    runstore.write_manifest(tmp_path, m)
-    assert (tmp_path / runstore.RUN_JSON).read_bytes() == raw
+    assert spec_of(m.spec_json).limit == int(args[args.index("--limit") + 1])
+    assert spec_of(m.spec_json).max_tokens == int(args[args.index("--max-tokens") + 1])
+    manifest.write_manifest(tmp_path, m)
+    assert (tmp_path / layout.RUN_JSON).read_bytes() == raw
 
 
 def test_the_worked_examples_quoted_output_is_a_real_runs(make_run):
@@ -97,7 +98,7 @@ def test_the_worked_examples_quoted_output_is_a_real_runs(make_run):
     # The --dry-run estimate of this matrix exists and the run recorded its time. How close the two
     # are depends on the box's load, which no test can assert (benchmarks/ measure speed).
     from cascade_repro.plan import estimate
-    from cascade_repro.run.manifest import Manifest
+    from cascade_repro.rundir.manifest import Manifest
 
     est = estimate.for_run(Manifest.from_json(run)).seconds
     assert est is not None and est > 0 and run["timings"].get("total_s") is not None, est

@@ -449,9 +449,9 @@ def print_summary_json(run_dir: Path, exit_code: int) -> None:
     summary just written; null where the run scored nothing, as an empty shard)."""
     import json
 
-    from cascade_repro.run import runstore
+    from cascade_repro.rundir import layout
 
-    path = Path(run_dir) / runstore.SUMMARY_JSON
+    path = Path(run_dir) / layout.SUMMARY_JSON
     summary = None
     # The file this command just wrote; a link there would be no report of this run.
     if path.is_file() and not path.is_symlink():

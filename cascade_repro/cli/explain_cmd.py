@@ -245,8 +245,8 @@ def _measure(ex: Any, values: dict[str, Any], flags: dict[str, Any], config_keys
     from rich.markup import escape
 
     from cascade_repro.plan.matrix import MatrixSpec
-    from cascade_repro.run import runstore
     from cascade_repro.run.runner import RunOptions
+    from cascade_repro.rundir import layout
     from cascade_repro.sweep import as_dict, measure, summary_lines, sweep_values, table
 
     console = out_console(stderr=True)
@@ -281,7 +281,7 @@ def _measure(ex: Any, values: dict[str, Any], flags: dict[str, Any], config_keys
     for line in summary_lines(rows):
         out.print(escape(line), highlight=False)
     out.print(
-        f"wrote {escape(str(runstore.sweep_path(outcome.run_dir)))} (Markdown, ready to paste)",
+        f"wrote {escape(str(layout.sweep_path(outcome.run_dir)))} (Markdown, ready to paste)",
         highlight=False,
     )
 

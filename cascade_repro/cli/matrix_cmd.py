@@ -69,7 +69,7 @@ from cascade_repro.cli.options import (
 )
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import ARM_SWITCHES, FAIL_ON_DEFAULT
-from cascade_repro.run import runstore
+from cascade_repro.rundir import layout, safety
 from cascade_repro.userpath import display
 from cascade_repro.vllm_surface.inject import DEFAULT_LADDER
 
@@ -539,7 +539,7 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, refer
     from cascade_repro.prompts.promptsets import load_prompt_set, load_system_prompt
 
     if run_dir is not None and run_dir.is_dir():  # the estimate reads it: a link or FIFO, before the table
-        runstore.refuse_run_links(run_dir)
+        safety.refuse_run_links(run_dir)
     system_text = load_system_prompt(spec.system_prompt)  # a bad --system-prompt fails here, not hours later
     records = load_prompt_set(spec.prompts, spec.limit, spec.prompt_field, spec.key_field).records
     n = len(records)
@@ -644,11 +644,11 @@ def _print_outcome(outcome: Any, console: Any) -> None:
     for e in outcome.errors:
         console.print(f"[red]error[/] {escape(e)}", highlight=False)
     # Paths and cell errors are data: printed without markup ("[x]" in a path is no style tag).
-    if not (outcome.run_dir / runstore.REPORT_MD).exists():  # an empty shard scores nothing
+    if not (outcome.run_dir / layout.REPORT_MD).exists():  # an empty shard scores nothing
         console.print(f"run: {outcome.run_dir}", highlight=False, markup=False)
         return
     console.print(
-        f"report: {display(outcome.run_dir / runstore.REPORT_MD)}  (html: {display(outcome.run_dir / runstore.REPORT_HTML)})",
+        f"report: {display(outcome.run_dir / layout.REPORT_MD)}  (html: {display(outcome.run_dir / layout.REPORT_HTML)})",
         highlight=False,
         markup=False,
     )

@@ -41,8 +41,8 @@ from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.vllm_surface import inject as inj
 
 if TYPE_CHECKING:
-    from cascade_repro.plan.matrix import EnginePlan
-    from cascade_repro.run.manifest import Manifest
+    from cascade_repro.rundir.cells import EnginePlan
+    from cascade_repro.rundir.manifest import Manifest
 
 MODEL_NAME = "fake (a deterministic function of the prompt's tokens; no weights)"
 BLOCK_SIZE = 16  # the prefix is block-aligned before the cascade rule reads it, as the hf engine's is
@@ -158,14 +158,10 @@ class FakeEngine:
         arm: str,
         max_tokens: int,
         prefix_len: int | None = None,
-        *,
-        before_generate: Any = None,
     ) -> tuple[list[Completion], WaveStats]:
         """Generate for every row of the wave; cascade decided per step from the live rows, as hf does."""
         from cascade_repro.prompts.chat import common_prefix_len
 
-        if before_generate is not None:
-            before_generate()
         p = common_prefix_len(prompts) if prefix_len is None else prefix_len
         p = min(p, min(len(x) for x in prompts) - 1)
         aligned = (p // BLOCK_SIZE) * BLOCK_SIZE
@@ -292,6 +288,8 @@ def tokenizer() -> ByteTokenizer:
 
 def build(run: Manifest, eplan: EnginePlan, run_dir: Path | None) -> FakeEngine:
     """The registry's builder (engines.ENGINES): the engine of one engine plan of a run."""
-    spec = run.spec
+    from cascade_repro.plan.matrix import spec_of
+
+    spec = spec_of(run.spec_json)
     return FakeEngine(topk=spec.topk, inject=spec.inject, ignore_eos=bool(spec.ignore_eos), dtype=eplan.dtype,
                       twin=spec.twin_axis)  # fmt: skip

@@ -31,8 +31,8 @@ from cascade_repro.errors import UsageError
 from cascade_repro.twin import CASCADE as TWIN
 
 if TYPE_CHECKING:
-    from cascade_repro.plan.matrix import EnginePlan
-    from cascade_repro.run.manifest import Manifest
+    from cascade_repro.rundir.cells import EnginePlan
+    from cascade_repro.rundir.manifest import Manifest
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -326,7 +326,9 @@ def default_threads() -> None:
 
 def build(run: Manifest, eplan: EnginePlan, run_dir: Path | None) -> HFEngine:
     """The registry's builder (engines.ENGINES): the engine of one engine plan of a run."""
-    spec = run.spec
+    from cascade_repro.plan.matrix import spec_of
+
+    spec = spec_of(run.spec_json)
     default_threads()
     return HFEngine(
         run.model_path,

@@ -33,9 +33,10 @@ from cascade_repro import twin as twins
 from cascade_repro import vllm_surface
 from cascade_repro.engines.base import Completion, WaveStats, completion_text
 from cascade_repro.errors import UsageError
-from cascade_repro.plan.matrix import EnginePlan, MatrixSpec
-from cascade_repro.run import runstore
-from cascade_repro.run.manifest import Manifest, spec_of
+from cascade_repro.plan.matrix import MatrixSpec, spec_of
+from cascade_repro.rundir import layout, manifest
+from cascade_repro.rundir.cells import EnginePlan
+from cascade_repro.rundir.manifest import Manifest
 from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.vllm_surface import probe
 
@@ -80,7 +81,7 @@ def _prepare_probe_dir(path: Path) -> None:
 
 def build(run: Manifest, eplan: EnginePlan, run_dir: Path | None) -> VLLMEngine:
     """The registry's builder (engines.ENGINES): the engine of one engine plan of a run."""
-    return VLLMEngine(run.model_path, run.spec, eplan, run_dir=run_dir)
+    return VLLMEngine(run.model_path, spec_of(run.spec_json), eplan, run_dir=run_dir)
 
 
 class VLLMEngine:
@@ -117,7 +118,7 @@ class VLLMEngine:
         self.requested_env: dict[str, str] = {}
 
         # --- environment, before vLLM is imported (spawned engine/worker processes inherit it) ---
-        self.probe_dir = runstore.probe_dir(self.run_dir, self.key)
+        self.probe_dir = layout.probe_dir(self.run_dir, self.key)
         _prepare_probe_dir(self.probe_dir)
         self._set_model_runner_env(vllm_surface.installed_version())
         os.environ[probe.ENV_VAR] = str(self.probe_dir)
@@ -258,10 +259,10 @@ class VLLMEngine:
             from cascade_repro.plan.models import load_tokenizer
             from cascade_repro.prompts.chat import measure_prefix
 
-            run = runstore.read_manifest(self.run_dir)
+            run = manifest.read_manifest(self.run_dir)
             tok = load_tokenizer(self.model_path, bool(self.spec.trust_remote_code))
             rendered = measure_prefix(
-                tok, run.prompt_set.system_prompt_text, runstore.read_prompts(self.run_dir)
+                tok, run.prompt_set.system_prompt_text, layout.read_prompts(self.run_dir)
             ).rendered
             need = max(len(r) for r in rendered) + int(self.spec.max_tokens) + 1
             need = -(-need // 256) * 256

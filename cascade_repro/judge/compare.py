@@ -43,9 +43,10 @@ from cascade_repro.judge.verdicts import (
     drift_ratio_stats,
     paired_bootstrap_ci,
 )
-from cascade_repro.plan.matrix import Cell
-from cascade_repro.run import runstore
-from cascade_repro.run.manifest import Manifest
+from cascade_repro.plan.matrix import spec_of
+from cascade_repro.rundir import layout, sample_scan
+from cascade_repro.rundir.cells import Cell
+from cascade_repro.rundir.manifest import Manifest
 from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.twin import TwinAxis
 
@@ -73,11 +74,11 @@ class CellSamples:
 @dataclass
 class RunSamples:
     """What scoring read of a run's samples files, each read once (one
-    :class:`~cascade_repro.run.runstore.SampleScan` per engine key): the scored samples of every
+    :class:`~cascade_repro.rundir.sample_scan.SampleScan` per engine key): the scored samples of every
     finished cell by cell id, and each file's progress by engine key."""
 
     cells: dict[str, CellSamples]
-    progress: dict[str, runstore.CellProgress]
+    progress: dict[str, sample_scan.CellProgress]
 
     def records(self, wanted: set[tuple[str, int]]) -> dict[tuple[str, int], dict[str, Any]]:
         """The wanted (cell_id, prompt_index) samples in their record's form (the fields the report's
@@ -118,7 +119,7 @@ def load_prompts(run_dir: Path) -> list[Any]:
     from cascade_repro.errors import UsageError
     from cascade_repro.prompts.promptsets import iter_prompt_records
 
-    path = runstore.prompts_path(run_dir)
+    path = layout.prompts_path(run_dir)
     if not path.is_file():
         return []
     try:
@@ -143,14 +144,14 @@ def load_cell_samples(
     at the end of its file, so each attempt is scored apart until then (a cut attempt is a fraction of
     a cell). A damaged sample record, or one whose prompt_key is not its prompt's in prompts.jsonl (a
     sample of another run), is not scored: ``warn`` is told its file and line
-    (:meth:`~cascade_repro.run.runstore.SampleScan.warnings`)."""
+    (:meth:`~cascade_repro.rundir.sample_scan.SampleScan.warnings`)."""
     out: dict[str, CellSamples] = {}
-    progress: dict[str, runstore.CellProgress] = {}
+    progress: dict[str, sample_scan.CellProgress] = {}
     prompts = prompts or []
     reference = reference or {}
-    keys = runstore.prompt_ids(run_dir)
+    keys = sample_scan.prompt_ids(run_dir)
     for key in engine_keys:
-        scan = runstore.SampleScan(runstore.samples_path(run_dir, key), keys, cells=wanted)
+        scan = sample_scan.SampleScan(layout.samples_path(run_dir, key), keys, cells=wanted)
         attempts: dict[tuple[str, int], CellSamples] = {}
         for start, rec in scan:
             _add_sample(attempts.setdefault((rec["cell_id"], start), CellSamples()), rec, prompts, reference)
@@ -198,7 +199,7 @@ def _mean(values: list[float]) -> float:
 def cell_rows(m: Manifest, read: RunSamples) -> pd.DataFrame:
     """One row per planned cell: status, probe counters, throughput and repetition means."""
     rows = []
-    spec = m.spec
+    spec = spec_of(m.spec_json)
     model = m.model_name if m.has("model_name") else spec.model
     samples, progress = read.cells, read.progress
     for c in m.plan.cells:
@@ -209,10 +210,10 @@ def cell_rows(m: Manifest, read: RunSamples) -> pd.DataFrame:
         error = prog.errors.get(cid, "")
         if status != "done" and prog.corrupt.get(cid):
             # Never a silent "pending": say which record was lost and what to do.
-            finish = runstore.finish_hint(m, [c.engine_key])
+            finish = sample_scan.finish_hint(m, [c.engine_key])
             status, error = (
                 "error",
-                runstore.corrupt_reason(c.engine_key, prog.corrupt[cid], prog.why, finish),
+                sample_scan.corrupt_reason(c.engine_key, prog.corrupt[cid], prog.why, finish),
             )
         cs = samples.get(cid, CellSamples())
         reps = list(cs.rep.values())
@@ -647,7 +648,7 @@ def score_samples(
 
 
 def _speed_columns(
-    ps: PairSpec, progress: dict[str, runstore.CellProgress], predicted: dict[str, Any]
+    ps: PairSpec, progress: dict[str, sample_scan.CellProgress], predicted: dict[str, Any]
 ) -> dict[str, Any]:
     """Decode speed of the test cell against the ref cell, wave by wave (``speed.py``), and for a
     cascade pair the heuristic's predicted speedup and the flag when it chose cascade and lost."""

@@ -4,7 +4,7 @@ Each wave record of a run with a twin other than cascade carries ``extra["effect
 (``twin.effect_record``: the count of steps, or prefix-cache hit tokens, on which the setting took
 effect, what the engine read, and why the count is 0). A test cell whose count is 0 on every wave
 never had the setting: its pair is ``not exercised``, with the first reason a wave gave. Pure
-functions over the wave records (what ``runstore.SampleScan`` gives back).
+functions over the wave records (what ``sample_scan.SampleScan`` gives back).
 """
 
 from __future__ import annotations

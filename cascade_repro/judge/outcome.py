@@ -15,8 +15,8 @@ from typing import Any, Protocol
 from cascade_repro import exit_codes, vllm_surface
 from cascade_repro import twin as twins
 from cascade_repro.errors import UsageError
-from cascade_repro.plan.matrix import FAIL_ON
-from cascade_repro.run.manifest import Manifest
+from cascade_repro.plan.matrix import FAIL_ON, spec_of
+from cascade_repro.rundir.manifest import Manifest
 from cascade_repro.twin import CASCADE as TWIN
 
 # A pair's verdict (pairs.parquet's ``verdict``).
@@ -79,7 +79,7 @@ def unfinished_cells(run: ScoredRun) -> tuple[int, int]:
 
 def finish_hint(run: ScoredRun) -> str | None:
     """A merged run's way to finish its pending cells (None: rerun the command that made the run)."""
-    from cascade_repro.run.runstore import finish_hint as hint
+    from cascade_repro.rundir.sample_scan import finish_hint as hint
 
     keys = {str(r.get("engine_key")) for r in run.rows("cells") if r.get("status") == "pending"}
     return hint(run.manifest, keys)
@@ -192,7 +192,7 @@ def _nothing_exercised_reason(run: ScoredRun, counts: dict[str, int]) -> str:
 
 
 def _inconclusive_reason(run: ScoredRun, n: int) -> str:
-    off = run.manifest.spec.auto_controls is False
+    off = spec_of(run.manifest.spec_json).auto_controls is False
     why = "planner controls turned off" if off else "no usable control pair"
     return f"{n} inconclusive: no noise control measured ({why})"
 

@@ -27,7 +27,7 @@ from cascade_repro.report.text import (
     plural,
     text_of,
 )
-from cascade_repro.run import runstore
+from cascade_repro.rundir import layout
 
 SUITE = "cascade-repro-kernel"
 FILES = ("report.md", "summary.json", "junit.xml")
@@ -333,7 +333,7 @@ def write_reports(data: dict, out_dir: Path) -> list[Path]:
     paths = []
     for fmt in FORMATTERS:
         path = out_dir / fmt.filename
-        runstore.write_text_atomic(path, fmt.render(data), durable=True)
+        layout.write_text_atomic(path, fmt.render(data), durable=True)
         paths.append(path)
     return paths
 

@@ -11,9 +11,10 @@ from typing import Any
 from cascade_repro import userpath
 from cascade_repro.errors import UsageError
 from cascade_repro.minimize.search import CRITERIA, MIN_REQUESTS, MinimizeResult, Oracle, Trial, search
-from cascade_repro.plan.matrix import EnginePlan
-from cascade_repro.run import runstore
-from cascade_repro.run.manifest import Manifest
+from cascade_repro.plan.matrix import spec_of
+from cascade_repro.rundir import layout, manifest, safety
+from cascade_repro.rundir.cells import EnginePlan
+from cascade_repro.rundir.manifest import Manifest
 from cascade_repro.vllm_surface import inject as inj
 
 __all__ = ["CRITERIA", "MinimizeOutput", "minimize_run"]
@@ -29,8 +30,8 @@ class MinimizeOutput:
 
 
 def _load_prompts(run_dir: Path) -> list[dict[str, Any]]:
-    if not runstore.prompts_path(run_dir).is_file():
-        raise UsageError(f"{run_dir} has no {runstore.PROMPTS}")
+    if not layout.prompts_path(run_dir).is_file():
+        raise UsageError(f"{run_dir} has no {layout.PROMPTS}")
     from cascade_repro.run.worker import load_prompts
 
     return load_prompts(run_dir)
@@ -65,9 +66,9 @@ def minimize_run(
     if confirm < 1:
         raise UsageError("--confirm must be at least 1")
     # Its prompts end up in repro.py and issue.md, its minimize/ is written: nothing through a link.
-    runstore.refuse_run_links(run_dir)
-    run = runstore.read_manifest(run_dir)
-    spec = run.spec
+    safety.refuse_run_links(run_dir)
+    run = manifest.read_manifest(run_dir)
+    spec = spec_of(run.spec_json)
     if (fault := inj.try_parse(spec.inject)) is not None and fault.kind != inj.LSE_LAYOUT:
         # repro.py carries the lse-layout fault only; a graded shift is a calibration, not a bug to file.
         raise UsageError(f"minimize reproduces lse-layout injections only, not {fault.label}")
@@ -81,10 +82,10 @@ def minimize_run(
         raise UsageError(f"pair {pair['pair_id']} has no samples to start from")
     prompts = _load_prompts(run_dir)
     out_base = out_dir or run_dir
-    out_dir = out_dir or run_dir / runstore.MINIMIZE / safe_dirname(pair["pair_id"])
+    out_dir = out_dir or run_dir / layout.MINIMIZE / safe_dirname(pair["pair_id"])
     # Before the engine starts: a link planted in the run directory (minimize/, its pair folder, an
     # output file) would take these writes outside it.
-    runstore.refuse_links(out_base, [out_dir / name for name in OUTPUTS])
+    safety.refuse_links(out_base, [out_dir / name for name in OUTPUTS])
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -155,7 +156,7 @@ def minimize_run(
     files: dict[str, Path] = {}
     run_id = run.run_id if run.has("run_id") else None
     data = result.to_dict() | {"run_id": run_id, "engine_key": test_cell.engine_key}
-    runstore.write_json_atomic(out_dir / "minimized.json", data)
+    layout.write_json_atomic(out_dir / "minimized.json", data)
     files["json"] = out_dir / "minimized.json"
     if result.reproduced:
         assert final is not None
@@ -175,7 +176,7 @@ def minimize_run(
             header=f"model {run.model_name or spec.model}; from run {run_id}, pair {pair['pair_id']} ({spec.engine} engine, "
             f"vLLM {run.env.get('vllm', 'unknown')})",
         )
-        runstore.write_text_atomic(out_dir / "repro.py", repro)  # replaces, never follows, a link
+        layout.write_text_atomic(out_dir / "repro.py", repro)  # replaces, never follows, a link
         files["repro"] = out_dir / "repro.py"
         issue = render_issue(
             result=data,
@@ -186,6 +187,6 @@ def minimize_run(
             inject=inject,
             engine_args=engine_args,
         )
-        runstore.write_text_atomic(out_dir / "issue.md", issue)
+        layout.write_text_atomic(out_dir / "issue.md", issue)
         files["issue"] = out_dir / "issue.md"
     return MinimizeOutput(result, out_dir, files)

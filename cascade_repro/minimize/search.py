@@ -25,9 +25,9 @@ from cascade_repro.judge.metrics.divergence import divergence_metrics
 from cascade_repro.judge.outcome import REGRESSION
 from cascade_repro.minimize.ddmin import ddmin
 from cascade_repro.minimize.tokens import hex_bytes, token_bytes
-from cascade_repro.plan.matrix import waves
-from cascade_repro.run import runstore
-from cascade_repro.run.manifest import Manifest
+from cascade_repro.plan.matrix import spec_of, waves
+from cascade_repro.rundir import layout, sample_scan
+from cascade_repro.rundir.manifest import Manifest, read_manifest
 from cascade_repro.twin import CASCADE as TWIN
 
 CRITERIA = ("topk", "any")
@@ -124,12 +124,12 @@ def pick_pair(run_dir: Path, pair_id: str | None) -> dict[str, Any]:
     """Return the row of the pair to minimize: the named one, else the smallest-batch regression."""
     import pandas as pd
 
-    path = Path(run_dir) / runstore.PAIRS
+    path = Path(run_dir) / layout.PAIRS
     if not path.is_file():
         raise UsageError(
-            f"{run_dir} has no {runstore.PAIRS}: is it a finished run? (`cascade-repro report --rescore` rebuilds it)"
+            f"{run_dir} has no {layout.PAIRS}: is it a finished run? (`cascade-repro report --rescore` rebuilds it)"
         )
-    tw = runstore.read_manifest(Path(run_dir)).twin
+    tw = read_manifest(Path(run_dir)).twin
     if tw is not TWIN:
         raise UsageError(
             f"minimize shrinks a cascade pair (both arms served by one engine); {run_dir} compares --twin {tw.name}"
@@ -153,8 +153,8 @@ def pick_pair(run_dir: Path, pair_id: str | None) -> dict[str, Any]:
 
 
 def _cell_samples(run_dir: Path, engine_key: str, cell_id: str) -> dict[int, dict[str, Any]]:
-    path = runstore.samples_path(run_dir, engine_key)
-    return {r["prompt_index"]: r for r in runstore.iter_samples(path, {cell_id})}
+    path = layout.samples_path(run_dir, engine_key)
+    return {r["prompt_index"]: r for r in sample_scan.iter_samples(path, {cell_id})}
 
 
 def start_case(m: Manifest, run_dir: Path, pair: dict[str, Any], criterion: str) -> Case:
@@ -180,7 +180,7 @@ def start_case(m: Manifest, run_dir: Path, pair: dict[str, Any], criterion: str)
         if _fails(d, criterion):
             failing[i] = d["first_div"]
             waves_of[i] = int(ra.get("wave", 0))
-    max_tokens = int(m.spec.max_tokens)
+    max_tokens = int(spec_of(m.spec_json).max_tokens)
     n_prompts = int(m.prompt_set.n or (max(a) + 1 if a else 0))
     batch = int(test.batch)
     plan = waves(n_prompts, batch)

@@ -25,12 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cascade_repro.plan.matrix import spec_of
 from cascade_repro.run import cuda_cache
 from cascade_repro.twin import CASCADE as TWIN
 
 if TYPE_CHECKING:
     from cascade_repro.plan.matrix import MatrixSpec
-    from cascade_repro.run.manifest import Manifest
+    from cascade_repro.rundir.manifest import Manifest
 
 
 @dataclass(frozen=True)
@@ -203,21 +204,6 @@ def estimate(
     return Estimate(seconds if known else None, waves, tokens, starts, basis)
 
 
-def eta_seconds(
-    remaining: Mapping[int, int], measured: Mapping[int, float], table: SpeedTable | None, max_tokens: int
-) -> float | None:
-    """Seconds left for ``remaining`` waves per batch size, the run's own wave times first."""
-    total = 0.0
-    for batch, n in remaining.items():
-        per = wave_seconds(table, batch, max_tokens, measured)
-        if per is None:
-            if n:
-                return None
-            continue
-        total += n * per
-    return total
-
-
 # The quick first run a long CPU run's warning offers: what `make run` runs (the Makefile's RUN_ARGS;
 # tests/run/test_progress.py holds the two together). Its time is estimated as any run's is.
 QUICK_RUN_ARGS = ("--limit", "8", "--batch", "8", "--cascade", "on,off", "--max-tokens", "32")
@@ -274,9 +260,8 @@ def for_plan(
     """The estimate of a planned matrix (``spec`` a MatrixSpec or its run.json form), refined by the
     run directory's samples when a run of the same id already has waves (a rerun resumes; finished
     cells are free)."""
-    from cascade_repro.plan.matrix import MatrixSpec
-    from cascade_repro.run import runstore
-    from cascade_repro.run.manifest import spec_of
+    from cascade_repro.plan.matrix import MatrixSpec, spec_of
+    from cascade_repro.rundir import layout, safety, sample_scan
 
     if not isinstance(spec, MatrixSpec):
         spec = spec_of(spec)
@@ -286,10 +271,10 @@ def for_plan(
     if run_dir is not None and run_dir.is_dir():
         # Read before any lock (a dry run, the estimate before a run starts): a planted link or
         # FIFO must be refused here, as the lock refuses it, not followed or blocked on.
-        runstore.refuse_run_links(run_dir)
-        keys = runstore.prompt_ids(run_dir)
+        safety.refuse_run_links(run_dir)
+        keys = sample_scan.prompt_ids(run_dir)
         for key in engines:
-            prog = runstore.read_progress(runstore.samples_path(run_dir, key), keys)
+            prog = sample_scan.read_progress(layout.samples_path(run_dir, key), keys)
             done |= prog.done
             waves += [w for ws in prog.waves.values() for w in ws]
     compiled = True
@@ -310,4 +295,4 @@ def for_run(m: Manifest, run_dir: Path | None = None) -> Estimate:
         for k, ep in m.plan.engines.items()
     }
     gpu = str(m.stack_env.get("gpu_name") or "")
-    return for_plan(m.spec, int(m.prompt_set.n), engines, run_dir, gpu)
+    return for_plan(spec_of(m.spec_json), int(m.prompt_set.n), engines, run_dir, gpu)

@@ -26,7 +26,7 @@ from cascade_repro.plan.matrix import (
     parse_hf_overrides,
     parse_int_list,
     parse_onoff_list,
-    read_config_bytes,
+    read_config_text,
     run_settings,
     split_list,
 )
@@ -138,9 +138,8 @@ def load_config(path: Path) -> dict[str, Any]:
         return load_toml(path)
     import yaml
 
-    raw = read_config_bytes(path)
+    text = read_config_text(path)
     try:
-        text = raw.decode("utf-8")
         # An alias (*name) repeats what its anchor holds: nested ones ("billion laughs") expand to
         # more objects than memory holds once the values are walked. No engine argument needs one.
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
@@ -151,8 +150,6 @@ def load_config(path: Path) -> dict[str, Any]:
                     "without bound); write the value out"
                 )
         data = yaml.safe_load(text)
-    except UnicodeDecodeError as e:
-        raise UsageError(f"{path}: not UTF-8 at byte {e.start}") from None
     except yaml.YAMLError as e:
         raise UsageError(f"{path}: invalid YAML: {' '.join(str(e).split())}") from None
     except RecursionError:

@@ -12,14 +12,14 @@ import tomllib
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, NoReturn
+from typing import Any, NoReturn
 
 from cascade_repro import twin as twins
 from cascade_repro import vllm_surface
 from cascade_repro.engines import ENGINES as ENGINE_REGISTRY
 from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
-from cascade_repro.section import Section, section_list, section_map
+from cascade_repro.rundir.cells import Cell, EnginePlan, Plan
 from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.vllm_surface import inject as inj
 
@@ -390,76 +390,6 @@ def show(value: Any) -> str:
     return str(value)
 
 
-ORIGINS = ("matrix", "control", "calibration")
-
-
-@dataclass
-class Cell(Section):
-    """One (engine key, batch size, arm, rerun) combination: a set of samples over all prompts; one
-    entry of run.json's ``plan.cells``.
-
-    ``inject`` is the fault the cascade arm runs with (None: clean). ``origin`` says why the cell
-    exists: the user's matrix, a noise control the planner added, or a calibration step. The
-    defaults are what a run.json without the key is read as.
-    """
-
-    cell_id: str = ""
-    engine_key: str = ""
-    tp: int = 1
-    batch: int = 1
-    arm: str = ""  # TWIN.test | TWIN.ref
-    rerun: int = 0
-    seed: int = 0
-    dtype: str = "auto"
-    fa_version: int | None = None
-    backend: str = ""
-    inject: str | None = None
-    origin: str = "matrix"
-    extra: dict[str, Any] = field(default_factory=dict)
-    keys: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
-
-
-@dataclass
-class EnginePlan(Section):
-    """Everything one worker process needs: the engine to build and the ids of the cells it serves,
-    in run order; one entry of run.json's ``plan.engines``."""
-
-    key: str = ""
-    tp: int = 1
-    seed: int = 0
-    dtype: str = "auto"
-    fa_version: int | None = None
-    backend: str = ""
-    arm: str | None = None  # None: the engine serves both arms (toggled per cell)
-    cells: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
-    keys: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
-
-
-@dataclass
-class Plan(Section):
-    """What :func:`plan` makes of a spec and run.json stores as ``plan``: the engine keys (in run
-    order) and every cell (grouped by engine, in run order)."""
-
-    _nested: ClassVar[dict[str, tuple[Any, Any]]] = {
-        "engines": section_map(EnginePlan),
-        "cells": section_list(Cell),
-    }
-
-    engines: dict[str, EnginePlan] = field(default_factory=dict)
-    cells: list[Cell] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
-    keys: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
-
-    def cell_map(self) -> dict[str, Cell]:
-        return {c.cell_id: c for c in self.cells}
-
-    def cells_of(self, key: str) -> list[Cell]:
-        """The cells engine ``key`` serves, in its order (ids without a cell left out)."""
-        by_id = self.cell_map()
-        return [by_id[i] for i in self.engines[key].cells if i in by_id]
-
-
 def _engine_key(
     engine: str, tp: int, seed: int, dtype: str, fa: int | None, backend: str, arm: str | None
 ) -> str:
@@ -610,6 +540,15 @@ def waves(n_prompts: int, batch: int) -> list[list[tuple[int, bool]]]:
     return out
 
 
+def read_config_text(path: Path) -> str:
+    """A ``--config`` file's text (TOML or YAML): the one place a config file is read."""
+    raw = read_config_bytes(path)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: not UTF-8 at byte {e.start}") from None
+
+
 def read_config_bytes(path: Path) -> bytes:
     """A ``--config`` file's bytes. A device (/dev/zero, read until memory runs out) or a FIFO
     (which blocks until a writer comes) is refused before it is opened, as ``--prompts`` refuses it."""
@@ -633,11 +572,9 @@ def read_config_bytes(path: Path) -> bytes:
 
 def load_toml(path: Path) -> dict[str, Any]:
     """Read a matrix TOML file (top-level keys or a [matrix] table) into MatrixSpec field values."""
-    raw = read_config_bytes(path)
+    text = read_config_text(path)
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise UsageError(f"{path}: not UTF-8 at byte {e.start}") from None
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"{path}: invalid TOML: {e}") from None
     except RecursionError:  # tomllib recurses once per nested array or inline table
@@ -757,3 +694,10 @@ def spec_hash(spec: MatrixSpec) -> str:
     blob = json.dumps({k: v for k, v in spec.to_dict().items() if v != defaults.get(k, object())},
                       sort_keys=True, default=str)  # fmt: skip
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def spec_of(data: Any) -> MatrixSpec:
+    """A MatrixSpec from a stored spec dict, tolerant: unknown keys dropped, missing ones defaulted."""
+    data = data if isinstance(data, dict) else {}
+    names = {f.name for f in dataclasses.fields(MatrixSpec)}
+    return MatrixSpec(**{k: v for k, v in data.items() if k in names})

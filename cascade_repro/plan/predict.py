@@ -28,7 +28,7 @@ import numpy as np
 
 from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
-from cascade_repro.plan.matrix import Cell
+from cascade_repro.rundir.cells import Cell
 from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.vllm_surface import ModelAttention, splitkv
 from cascade_repro.vllm_surface.cascade_rule import (
@@ -98,7 +98,7 @@ def predict(
 ) -> tuple[list[CellPrediction], dict[int, dict[str, Any]]]:
     """Predict every cell (cell_id, tp, batch, arm, backend, fa_version) and the decode threshold per TP.
 
-    A cell is a :class:`~cascade_repro.run.manifest.Cell` or its run.json form (a dict).
+    A cell is a :class:`~cascade_repro.rundir.manifest.Cell` or its run.json form (a dict).
 
     ``suffix_lens`` are the prompt lengths after the block-aligned prefix, in prompt order (the
     first wave of a cell takes the first ``batch`` of them, cycling); by default every prompt is

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cascade_repro.errors import UsageError
-from cascade_repro.run.manifest import Manifest
+from cascade_repro.rundir.manifest import Manifest
 
 
 @dataclass(frozen=True)

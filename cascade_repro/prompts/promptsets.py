@@ -57,7 +57,7 @@ _FIELDS = ("key", "prompt", "instruction_id_list", "kwargs", "lang")
 EXTRA_FIELD = "extra"
 """The field of a run's ``prompts.jsonl`` (and of any JSON Lines file) that holds a record's other columns."""
 RUN_FIELDS = ("prompt_hash",)
-"""Fields a run's ``prompts.jsonl`` adds about that run (``runstore.PROMPT_HASH``: the prompt as its
+"""Fields a run's ``prompts.jsonl`` adds about that run (``layout.PROMPT_HASH``: the prompt as its
 tokenizer rendered it), not about the prompt: a run's prompts read back as a prompt file leave them out."""
 # Columns pandas adds for a DataFrame index when it writes parquet: not data about a prompt.
 _PANDAS_INDEX = re.compile(r"__index_level_\d+__")

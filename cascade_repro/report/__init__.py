@@ -15,7 +15,7 @@ from cascade_repro.report.json import JsonFormatter
 from cascade_repro.report.junit import JunitFormatter
 from cascade_repro.report.load import Example, RunData, load_run
 from cascade_repro.report.markdown import MarkdownFormatter
-from cascade_repro.run import runstore
+from cascade_repro.rundir import layout
 
 __all__ = [
     "Example",
@@ -79,7 +79,7 @@ def write_reports(
             formatter = formatter_for(fmt)
             path = run_dir / formatter.filename
             # A reader (or a crash) sees the old file or the new one, never half of one.
-            runstore.write_text_atomic(path, formatter.render(data), durable=True)
+            layout.write_text_atomic(path, formatter.render(data), durable=True)
             written[fmt] = path
     return written
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import PurePath, PureWindowsPath
 
+from cascade_repro.plan.matrix import spec_of
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import one_line, portable_paths, truncate
 from cascade_repro.report.view import prompt_set, ran_vllm, stored_spec
@@ -33,7 +34,7 @@ def env_lines(data: RunData) -> list[tuple[str, str]]:
             out.append((k, _flat(getattr(m, k))))
     # The spec and prompt_set as stored, every key (a newer version's too), nothing defaulted in.
     spec = stored_spec(data)
-    skip = _VLLM_ONLY if not ran_vllm(m.spec) else ()
+    skip = _VLLM_ONLY if not ran_vllm(spec_of(m.spec_json)) else ()
     for k in sorted(spec):
         if k not in skip:
             out.append((f"spec.{k}", _flat(spec[k])))

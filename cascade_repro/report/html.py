@@ -21,7 +21,7 @@ from cascade_repro.report import reference as ref
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.load import Example, RunData
 from cascade_repro.report.text import Strong, clean, one_line
-from cascade_repro.run import runstore
+from cascade_repro.rundir import layout
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#1f2328;background:#fff}
@@ -159,7 +159,7 @@ class HtmlFormatter(ReportFormatter):
     follow, and every wide table and long block sits collapsed below."""
 
     name = "html"
-    filename = runstore.REPORT_HTML
+    filename = layout.REPORT_HTML
 
     def render(self, data: RunData) -> str:
         """Return the HTML report."""

@@ -19,7 +19,7 @@ from cascade_repro.report import headline, power, prose, view
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import as_int, json_text, portable_json
-from cascade_repro.run import runstore
+from cascade_repro.rundir import layout
 
 PAIR_FIELDS = (
     "pair_id",
@@ -137,7 +137,7 @@ class JsonFormatter(ReportFormatter):
     """Render summary.json."""
 
     name = "json"
-    filename = runstore.SUMMARY_JSON
+    filename = layout.SUMMARY_JSON
 
     def render(self, data: RunData) -> str:
         """Return the summary as sorted, indented JSON."""

@@ -16,7 +16,7 @@ from cascade_repro.report.text import (
     text_of,
     text_or_missing,
 )
-from cascade_repro.run import runstore
+from cascade_repro.rundir import layout
 from cascade_repro.twin import CASCADE as TWIN
 
 SUITE = "cascade-repro"
@@ -44,7 +44,7 @@ class JunitFormatter(ReportFormatter):
     """Render junit.xml."""
 
     name = "junit"
-    filename = runstore.JUNIT_XML
+    filename = layout.JUNIT_XML
 
     def render(self, data: RunData) -> str:
         """Return the JUnit XML document."""

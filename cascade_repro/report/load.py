@@ -17,8 +17,8 @@ from cascade_repro.errors import UsageError
 from cascade_repro.judge.ifeval.score import Unscorable
 from cascade_repro.judge.tables import CELL_COLUMNS, COMPARISON_COLUMNS, PAIR_COLUMNS
 from cascade_repro.report.text import as_int, is_missing
-from cascade_repro.run import runstore
-from cascade_repro.run.manifest import Manifest
+from cascade_repro.rundir import layout, sample_scan
+from cascade_repro.rundir.manifest import Manifest, read_manifest
 from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.twin import TwinAxis
 
@@ -106,10 +106,10 @@ def load_run(
     ``samples``: where the examples' sample records come from, by (cell_id, prompt_index), for a
     caller that has just scored them (what scoring read); the samples files otherwise."""
     run_dir = Path(run_dir)
-    if not (run_dir / runstore.RUN_JSON).is_file():
-        raise UsageError(f"not a cascade-repro run directory: {run_dir} (missing {runstore.RUN_JSON})")
-    manifest = runstore.read_manifest(run_dir)  # checked where it enters: one line, exit 2
-    for name in runstore.TABLES:
+    if not (run_dir / layout.RUN_JSON).is_file():
+        raise UsageError(f"not a cascade-repro run directory: {run_dir} (missing {layout.RUN_JSON})")
+    manifest = read_manifest(run_dir)  # checked where it enters: one line, exit 2
+    for name in layout.TABLES:
         if not (run_dir / name).is_file():
             # A run.json without tables is a matrix that has not been scored yet (interrupted, or
             # still running): say what to do, not that the directory is foreign.
@@ -117,9 +117,9 @@ def load_run(
                 f"{run_dir} is not finished (no {name} yet): rerun the same `cascade-repro matrix` command "
                 "to resume it, or `cascade-repro report --rescore` to score the samples it has"
             )
-    cells = _read_table(run_dir / runstore.CELLS, CELL_COLUMNS)
-    pairs = _read_table(run_dir / runstore.PAIRS, PAIR_COLUMNS)
-    comparisons = _read_table(run_dir / runstore.COMPARISONS, COMPARISON_COLUMNS)
+    cells = _read_table(run_dir / layout.CELLS, CELL_COLUMNS)
+    pairs = _read_table(run_dir / layout.PAIRS, PAIR_COLUMNS)
+    comparisons = _read_table(run_dir / layout.COMPARISONS, COMPARISON_COLUMNS)
     if pairs["kind"].isna().all() and len(pairs):
         # Old runs had no kind column: only cascade pairs carry a real verdict.
         pairs["kind"] = ["noise" if v == "control" else TWIN.pair_kind for v in pairs["verdict"]]
@@ -128,7 +128,7 @@ def load_run(
         ex.twin = manifest.twin
     _attach_samples(run_dir, examples, samples)
     missing = ""
-    if samples is None and examples and not runstore.samples_files(run_dir):
+    if samples is None and examples and not layout.samples_files(run_dir):
         missing = NO_SAMPLES
     return RunData(
         run_dir,
@@ -150,7 +150,7 @@ def repro_scripts(run_dir: Path) -> list[tuple[str, str]]:
     """The repro.py files ``minimize`` wrote in this run directory (pair folder name, text), in name
     order; a file that is a link, too long or not UTF-8 is left out."""
     found = []
-    for path in sorted((run_dir / runstore.MINIMIZE).glob("*/repro.py")):
+    for path in sorted((run_dir / layout.MINIMIZE).glob("*/repro.py")):
         try:
             if path.is_symlink() or path.stat().st_size > REPRO_MAX_CHARS:
                 continue
@@ -161,7 +161,7 @@ def repro_scripts(run_dir: Path) -> list[tuple[str, str]]:
 
 
 NO_SAMPLES = (
-    f"no {runstore.SAMPLES}/ in this run directory: the divergent prompts' texts and the top-k tables at "
+    f"no {layout.SAMPLES}/ in this run directory: the divergent prompts' texts and the top-k tables at "
     "their first divergence cannot be shown"
 )
 
@@ -288,7 +288,7 @@ def _attach_samples(
     if samples is not None:
         records = samples(wanted)
     else:
-        records = read_samples(runstore.samples_files(run_dir), wanted, runstore.prompt_ids(run_dir))
+        records = read_samples(layout.samples_files(run_dir), wanted, sample_scan.prompt_ids(run_dir))
     for e in examples:
         t, r = records.get((e.test_cell, e.prompt_index)), records.get((e.ref_cell, e.prompt_index))
         if e.first_div is None and t and r:
@@ -303,10 +303,10 @@ def _attach_samples(
 
 
 def read_samples(
-    paths: Iterable[Path], wanted: set[tuple[str, int]], prompts: runstore.PromptIds | None = None
+    paths: Iterable[Path], wanted: set[tuple[str, int]], prompts: sample_scan.PromptIds | None = None
 ) -> dict[tuple[str, int], dict]:
     """The sample records of the wanted (cell_id, prompt_index) keys: each the record scoring read,
-    from the attempt that finished its cell (:class:`~cascade_repro.run.runstore.SampleScan`, checked
+    from the attempt that finished its cell (:class:`~cascade_repro.rundir.sample_scan.SampleScan`, checked
     against ``prompts`` as scoring checks it), a later record of a prompt replacing an earlier one.
 
     Cost: one pass over the bytes; a sample line in the worker's layout is judged by its head alone,
@@ -314,7 +314,7 @@ def read_samples(
     """
     out: dict[tuple[str, int], dict] = {}
     for path in paths:
-        scan = runstore.SampleScan(path, prompts, keys=set(wanted))
+        scan = sample_scan.SampleScan(path, prompts, keys=set(wanted))
         attempts: dict[tuple[str, int, int], dict] = {}
         for start, rec in scan:
             attempts[(rec["cell_id"], start, rec["prompt_index"])] = rec

@@ -21,7 +21,7 @@ from cascade_repro.report import reference as ref
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.load import Example, RunData
 from cascade_repro.report.text import clean, fence_for, md_inline, md_table_rows, one_line, terminal_output
-from cascade_repro.run import runstore
+from cascade_repro.rundir import layout
 
 # GitHub rejects issue bodies over 65536 characters; keep each sample text well below that.
 MAX_TEXT = 3000
@@ -39,7 +39,7 @@ def shortened_note(dropped: set[str]) -> str:
             "verdict rows": f"verdict rows beyond the {MAX_VERDICT_ROWS} that matter most"}  # fmt: skip
     return (
         f"Shortened to fit a GitHub issue (65,536 characters): left out {', '.join(what[p] for p in parts)}; "
-        f"{runstore.REPORT_HTML} and summary.json in the run directory have everything."
+        f"{layout.REPORT_HTML} and summary.json in the run directory have everything."
     )
 
 
@@ -55,7 +55,7 @@ def _worst_rows(table: view.Table, n: int) -> view.Table:
     if len(table.rows) > n:
         rows.append(
             [
-                f"… {len(table.rows) - n} more pairs in {runstore.REPORT_HTML}",
+                f"… {len(table.rows) - n} more pairs in {layout.REPORT_HTML}",
                 *[""] * (len(table.headers) - 1),
             ]
         )
@@ -64,7 +64,7 @@ def _worst_rows(table: view.Table, n: int) -> view.Table:
 
 def _cut(text: str) -> str:
     """Last resort: the first GITHUB_LIMIT characters, ending on a whole line, with a pointer."""
-    note = f"\n\n_… cut to fit a GitHub issue: {runstore.REPORT_HTML} has the whole report._\n"
+    note = f"\n\n_… cut to fit a GitHub issue: {layout.REPORT_HTML} has the whole report._\n"
     head = text[: GITHUB_LIMIT - len(note)]
     return head[: head.rfind("\n") if "\n" in head else len(head)] + note
 
@@ -132,7 +132,7 @@ class MarkdownFormatter(ReportFormatter):
     """Render report.md."""
 
     name = "markdown"
-    filename = runstore.REPORT_MD
+    filename = layout.REPORT_MD
 
     def render(self, data: RunData) -> str:
         """Return the markdown report, shortened step by step until it fits GitHub's limit."""

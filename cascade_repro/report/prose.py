@@ -9,6 +9,7 @@ from cascade_repro import engines
 from cascade_repro import twin as twins
 from cascade_repro.judge.outcome import EXERCISED
 from cascade_repro.judge.verdicts import PREFILL_ONLY
+from cascade_repro.plan.matrix import spec_of
 from cascade_repro.prompts.chat import short_prefix_warning
 from cascade_repro.report.headline import pair_ids
 from cascade_repro.report.load import RunData
@@ -91,7 +92,7 @@ FAKE_BANNER = (
 def warnings(data: RunData) -> list[str]:
     """Return the caveats a reader must see before trusting the verdicts."""
     out = []
-    spec = data.manifest.spec
+    spec = spec_of(data.manifest.spec_json)
     info = engines.ENGINES.get(str(spec.engine))
     if info is not None and not info.has_weights:
         out.append(FAKE_BANNER.format(name=info.name))

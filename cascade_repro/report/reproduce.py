@@ -7,6 +7,7 @@ import re
 import shlex
 from collections.abc import Callable
 
+from cascade_repro.plan.matrix import spec_of
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import one_line, portable_paths
 from cascade_repro.report.view import ran_vllm
@@ -36,7 +37,7 @@ def reproduce_lines(data: RunData) -> list[str] | None:
     if str((m.tool_source or {}).get("commit") or "").endswith("-dirty"):
         lines.append("# the run had uncommitted changes on top of that commit: they are not in this install")
     env = m.env or {}
-    spec = m.spec
+    spec = spec_of(m.spec_json)
     if ran_vllm(spec) and _is_version(env.get("vllm")):
         lines.append(f"pip install vllm=={env['vllm']}")
     # A spec without a model ran the default one: the embedded model.
@@ -85,7 +86,7 @@ def reproduce_note(data: RunData, code: Callable[[str], str]) -> str | None:
             text
             + f" The standalone {code('repro.py')} below (written by {code('cascade-repro minimize')}) needs only vLLM."
         )
-    if not install_line(data) or ran_vllm(data.manifest.spec):
+    if not install_line(data) or ran_vllm(spec_of(data.manifest.spec_json)):
         return text + (
             f" For a reproduction that needs only vLLM, {code('cascade-repro minimize RUN_DIR')} writes "
             f"{code('repro.py')} and {code('issue.md')} (vLLM's bug template, the script inside); "

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from cascade_repro.judge.outcome import ERROR, IDENTICAL, INCONCLUSIVE, NOT_EXERCISED, REGRESSION
 from cascade_repro.judge.verdicts import Thresholds
+from cascade_repro.plan.matrix import spec_of
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import (
     MISSING,
@@ -66,7 +67,7 @@ def stack_facts(data: RunData) -> list[tuple[str, str]]:
     dtypes = _values(e.get("dtype") for e in effective) or _values(spec_field(data, "dtypes") or [])
     if dtypes:
         out.append(("dtype", ", ".join(dtypes)))
-    spec = m.spec
+    spec = spec_of(m.spec_json)
     if ran_vllm(spec):
         vllm = _values([env.get("vllm")] + [e.get("vllm") for e in effective])
         out.append(("vLLM", ", ".join(vllm) or MISSING))

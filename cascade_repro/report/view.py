@@ -1,7 +1,7 @@
 """The run as every report reads it: run.json's stored sections, the tables' rows in display
 order, and the format-neutral `Table`.
 
-run.json's sections are of their declared types here (``runstore.read_manifest`` refuses a file
+run.json's sections are of their declared types here (``manifest.read_manifest`` refuses a file
 where one is not); what may still be absent is a section or field an older file lacks, read as
 missing (``Section.stored``: a default is not what the file said).
 """
@@ -16,10 +16,10 @@ from typing import Any
 from cascade_repro import engines
 from cascade_repro.judge import calibration, outcome
 from cascade_repro.judge.outcome import CALIBRATION, TWIN_KINDS
-from cascade_repro.plan.matrix import MatrixSpec
+from cascade_repro.plan.matrix import MatrixSpec, spec_of
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import MISSING, as_int, text_of
-from cascade_repro.run.manifest import Invocation, PromptSetFacts
+from cascade_repro.rundir.manifest import Invocation, PromptSetFacts
 
 AXES = ("seed", "dtype", "fa_version", "backend")
 
@@ -48,14 +48,14 @@ def prompt_set(data: RunData) -> PromptSetFacts:
 
 
 def stored_spec(data: RunData) -> dict:
-    """The spec as run.json stored it, every key it holds and no other (``Manifest.spec`` fills in
+    """The spec as run.json stored it, every key it holds and no other (``plan.matrix.spec_of`` fills in
     defaults)."""
     return data.manifest.spec_json
 
 
 def spec_field(data: RunData, name: str) -> Any:
     """A spec field where the stored spec holds it, else None (not MatrixSpec's default)."""
-    return getattr(data.manifest.spec, name) if name in stored_spec(data) else None
+    return getattr(spec_of(data.manifest.spec_json), name) if name in stored_spec(data) else None
 
 
 def predictions(data: RunData) -> dict[str, dict]:

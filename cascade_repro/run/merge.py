@@ -25,11 +25,11 @@ from cascade_repro import userpath
 from cascade_repro.errors import UsageError, naming
 from cascade_repro.plan.matrix import FAIL_ON_DEFAULT, check_fail_on
 from cascade_repro.plan.shard import Shard, owners
-from cascade_repro.run import runstore
-from cascade_repro.run.manifest import Invocation, Manifest, Timings
+from cascade_repro.rundir import layout, manifest, runlock, safety
+from cascade_repro.rundir.manifest import Invocation, Manifest, Timings
 
 # Outputs of an earlier merge into the same directory, replaced by this one.
-_OUTPUTS = (*runstore.TABLES, *runstore.REPORTS, runstore.PROMPTS)
+_OUTPUTS = (*layout.TABLES, *layout.REPORTS, layout.PROMPTS)
 
 
 @dataclass
@@ -57,10 +57,10 @@ def shard_run_dir(path: Path) -> tuple[Path, str | None]:
     it (a shard's ``--results-dir`` as a CI artifact holds its run one level down), with a note
     saying which it took. Several runs there is a UsageError naming them."""
     path = Path(path)
-    if not path.is_dir() or (path / runstore.RUN_JSON).exists():
+    if not path.is_dir() or (path / layout.RUN_JSON).exists():
         return path, None
     runs = sorted(
-        p for p in path.iterdir() if p.is_dir() and not p.is_symlink() and (p / runstore.RUN_JSON).is_file()
+        p for p in path.iterdir() if p.is_dir() and not p.is_symlink() and (p / layout.RUN_JSON).is_file()
     )
     if not runs:
         return path, None  # reading it says "missing run.json"
@@ -77,8 +77,8 @@ def _read_shard(path: Path) -> _ShardDir:
         raise UsageError(f"{path}: not a directory")
     # Its prompts, samples and logs are copied into the merged run: a link there would copy the
     # file it points at (a shard is a downloaded artifact).
-    runstore.refuse_run_links(path)
-    raw = runstore.read_run_json(path)
+    safety.refuse_run_links(path)
+    raw = manifest.read_run_json(path)
     run = Manifest.from_json(raw)
     text = run.shard
     if not text:
@@ -90,11 +90,11 @@ def _read_shard(path: Path) -> _ShardDir:
     # Checked on the file's JSON: the manifest reads a plan that is not an object as an empty one.
     if not isinstance(raw.get("plan"), dict) or not run.has("spec_hash"):
         raise UsageError(f"{path}: run.json has no plan or spec_hash")
-    prompts = runstore.prompts_path(path)
+    prompts = layout.prompts_path(path)
     try:
         sha = hashlib.sha256(prompts.read_bytes()).hexdigest()
     except OSError:
-        raise UsageError(f"{path}: missing {runstore.PROMPTS}") from None
+        raise UsageError(f"{path}: missing {layout.PROMPTS}") from None
     if _locked(path):
         raise UsageError(
             f"{path}: shard {shard} is still running (its lock is held); merge when it has finished"
@@ -107,7 +107,7 @@ def _locked(run_dir: Path) -> bool:
     import fcntl
 
     try:  # O_NONBLOCK: a FIFO planted as the lock file must not hang the merge
-        fd = os.open(run_dir / runstore.LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(run_dir / layout.LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return False
     try:
@@ -239,26 +239,26 @@ def _check_out(out_dir: Path, shards: list[_ShardDir]) -> None:
 def _prepare_out(out_dir: Path, shards: list[_ShardDir]) -> None:
     """Refuse an output directory that holds something else; clear an earlier merge. Called under
     the output's lock: another merge or a `report` writing there would lose its files to the clear."""
-    merging = out_dir / runstore.MERGING
+    merging = out_dir / layout.MERGING
     if merging.is_file():  # a merge cut short (killed mid-copy): its files are redone
         if merging.read_text(encoding="utf-8", errors="replace").strip() != shards[0].run.spec_hash:
             raise UsageError(f"{out_dir} holds a cut merge of another matrix: choose a new directory")
         _clear(out_dir)
-    elif (out_dir / runstore.RUN_JSON).exists():
-        old = runstore.read_manifest(out_dir)
+    elif (out_dir / layout.RUN_JSON).exists():
+        old = manifest.read_manifest(out_dir)
         if not old.has("shards") or old.stored("spec_hash") != shards[0].run.spec_hash:
             raise UsageError(
                 f"{out_dir} holds another run, not a merge of this matrix: choose a new directory"
             )
         _clear(out_dir)
-    elif any(p.name != runstore.LOCK for p in out_dir.iterdir()):
+    elif any(p.name != layout.LOCK for p in out_dir.iterdir()):
         raise UsageError(f"{out_dir} exists and is not empty: choose a new directory")
 
 
 def _clear(out_dir: Path) -> None:
     """Remove what an earlier (or cut) merge into ``out_dir`` wrote; links were refused before."""
-    runstore.remove_tree(out_dir, runstore.SAMPLES)
-    runstore.remove_tree(out_dir, runstore.REFERENCE)
+    safety.remove_tree(out_dir, layout.SAMPLES)
+    safety.remove_tree(out_dir, layout.REFERENCE)
     for p in out_dir.glob("worker-*.log"):
         p.unlink()
     for name in _OUTPUTS:
@@ -311,36 +311,36 @@ def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = FAIL_ON_DEFAULT,
     engines_plan = first.run.plan.engines
     owner = owners(engines_plan, first.shard.count)
     _check_out(out_dir, shards)
-    with runstore.RunLock(
+    with runlock.RunLock(
         out_dir, instead="choose another OUT_DIR"
     ):  # links refused there, before anything is deleted or written
         _prepare_out(out_dir, shards)
-        runstore.write_text_atomic(out_dir / runstore.MERGING, first.run.spec_hash + "\n")
-        (out_dir / runstore.SAMPLES).mkdir(parents=True, exist_ok=True)
-        _copy(runstore.prompts_path(first.path), runstore.prompts_path(out_dir), link=False)
+        layout.write_text_atomic(out_dir / layout.MERGING, first.run.spec_hash + "\n")
+        (out_dir / layout.SAMPLES).mkdir(parents=True, exist_ok=True)
+        _copy(layout.prompts_path(first.path), layout.prompts_path(out_dir), link=False)
         engines: dict[str, Any] = {}
         listed = []
         for s in shards:
             keys = [k for k in engines_plan if owner[k] == s.shard.index]
             for key in keys:
-                src = runstore.samples_path(s.path, key)
+                src = layout.samples_path(s.path, key)
                 if src.is_file():
-                    _copy(src, runstore.samples_path(out_dir, key), link)
+                    _copy(src, layout.samples_path(out_dir, key), link)
                 else:
                     warnings.append(
                         f"shard {s.shard} ({s.path}) has no samples for engine {key}: its cells show as pending"
                     )
-                log = runstore.worker_log(s.path, key)
+                log = layout.worker_log(s.path, key)
                 if log.is_file():
-                    _copy(log, runstore.worker_log(out_dir, key), link)
-                ref = runstore.reference_path(s.path, key)  # the shard's reference pass, if it ran
+                    _copy(log, layout.worker_log(out_dir, key), link)
+                ref = layout.reference_path(s.path, key)  # the shard's reference pass, if it ran
                 if ref.is_file() and not ref.is_symlink():
-                    runstore.reference_path(out_dir, key).parent.mkdir(parents=True, exist_ok=True)
-                    _copy(ref, runstore.reference_path(out_dir, key), link)
+                    layout.reference_path(out_dir, key).parent.mkdir(parents=True, exist_ok=True)
+                    _copy(ref, layout.reference_path(out_dir, key), link)
                 if isinstance(s.run.engines, dict) and key in s.run.engines:
                     engines[key] = s.run.engines[key]
             stray = sorted(
-                p.stem for p in (s.path / runstore.SAMPLES).glob("*.jsonl") if p.stem in engines_plan and p.stem not in keys
+                p.stem for p in (s.path / layout.SAMPLES).glob("*.jsonl") if p.stem in engines_plan and p.stem not in keys
             )  # fmt: skip
             if stray:
                 warnings.append(
@@ -390,8 +390,8 @@ def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = FAIL_ON_DEFAULT,
                 Invocation.of(started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), command=command, kind="merge"),
             ],
         )
-        runstore.write_manifest(out_dir, run)
+        manifest.write_manifest(out_dir, run)
         _, data = finalize(out_dir)
-        (out_dir / runstore.MERGING).unlink()
+        (out_dir / layout.MERGING).unlink()
     o = outcome_of(data, fail_on)
     return MergeOutcome(out_dir, o.exit_code, o.counts, warnings, data, o.headline, o.reason, notes)

@@ -7,8 +7,9 @@ from typing import Any
 
 from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
+from cascade_repro.plan.matrix import spec_of
 from cascade_repro.plan.predict import predict
-from cascade_repro.run.manifest import Manifest
+from cascade_repro.rundir.manifest import Manifest
 from cascade_repro.vllm_surface import ModelAttention
 from cascade_repro.vllm_surface.cascade_rule import (
     DEFAULT_BLOCK_SIZE,
@@ -20,9 +21,9 @@ from cascade_repro.vllm_surface.cascade_rule import (
 
 def _spec_value(m: Manifest, name: str, default: Any) -> Any:
     """A spec field where run.json's spec holds it, else ``default``: the fallbacks here are not
-    MatrixSpec's defaults (which ``Manifest.spec`` fills in), e.g. an engine not named reads as vLLM."""
+    MatrixSpec's defaults (which ``plan.matrix.spec_of`` fills in), e.g. an engine not named reads as vLLM."""
     stored = m.spec_json if isinstance(m.spec_json, dict) else {}
-    return getattr(m.spec, name) if name in stored else default
+    return getattr(spec_of(m.spec_json), name) if name in stored else default
 
 
 def _run_sms(m: Manifest) -> tuple[int | None, str]:
@@ -54,7 +55,7 @@ def predict_cells(
     """
     from cascade_repro.plan.models import load_config
 
-    spec = m.spec
+    spec = spec_of(m.spec_json)
     engine = str(_spec_value(m, "engine", "vllm"))
     if model_config is None:
         model = m.model_path or _spec_value(m, "model", _NO_MODEL)

@@ -126,15 +126,15 @@ class RunProgress:
 
     def record(self, rec: Mapping[str, Any]) -> None:
         """A control record the worker appended (cell_start, wave, cell_done, cell_error)."""
-        from cascade_repro.run import runstore
+        from cascade_repro.rundir import codec
 
         t = rec.get("type")
-        if t == runstore.CELL_START:
+        if t == codec.CELL_START:
             self.current = str(rec.get("cell_id", ""))
             self._running = self.batch_of.get(self.current)
             if rec.get("kept_waves"):
                 self.copies[self.current] = int(rec["kept_waves"])
-        elif t == runstore.WAVE:
+        elif t == codec.WAVE:
             cid = str(rec.get("cell_id", ""))
             self.current, self.status = cid, ""
             b = int(rec.get("batch") or self.batch_of.get(cid, 0))
@@ -150,7 +150,7 @@ class RunProgress:
             self._wave_t0, self._running = self.clock(), b
             self._advance(waves=1)
             self._refresh()
-        elif t in (runstore.CELL_DONE, runstore.CELL_ERROR):
+        elif t in (codec.CELL_DONE, codec.CELL_ERROR):
             self._running = None
             self.cells_done += 1
             self._advance(cells=1)

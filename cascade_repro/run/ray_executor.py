@@ -8,7 +8,7 @@ prompts.jsonl and the key's samples so far as bytes, runs the same worker proces
 executor (``python -m cascade_repro.run.worker``) in a private temporary run directory under the
 same watch (``supervise.Worker``, ``--engine-timeout`` as inactivity), and yields the samples
 file's new whole lines and the worker log's new bytes as they appear. The driver appends them to
-the run directory with the samples writer the local path uses (``runstore.JsonlWriter``), so
+the run directory with the samples writer the local path uses (``jsonl.JsonlWriter``), so
 resume, scoring and every report read what a local run would have written.
 
 A task that died (its Ray worker or node lost, a cancelled task, the worker process killed by a
@@ -33,8 +33,10 @@ from typing import Any
 
 from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
-from cascade_repro.plan.matrix import EnginePlan, MatrixSpec
-from cascade_repro.run import cuda_cache, runstore, supervise
+from cascade_repro.plan.matrix import MatrixSpec, spec_of
+from cascade_repro.run import cuda_cache, supervise
+from cascade_repro.rundir import codec, jsonl, layout, manifest
+from cascade_repro.rundir.cells import EnginePlan
 
 # The `ray` extra's requirement (tests/test_packaging.py holds pyproject.toml to it). The line names
 # Ray itself: cascade-repro is not on the package index, so `cascade-repro[ray]` would not install.
@@ -178,7 +180,7 @@ class _Attempt:
     pg: Any
     started: bool = False
     last_seen: float = field(default_factory=time.monotonic)
-    writer: runstore.JsonlWriter | None = None
+    writer: jsonl.JsonlWriter | None = None
     result: tuple[int, str, bool] | None = None  # the worker's end: rc, reason, worth a retry
 
 
@@ -213,8 +215,8 @@ class Session:
         ``on_done(key, rc, reason)`` once a key is finished for good (rc 0 or 3: the worker's own
         end; otherwise ``reason`` says why its unfinished cells failed)."""
         ray = self.ray
-        run = runstore.read_manifest(run_dir)
-        asks = {n.key: n for n in needs(run.spec, run.plan.engines, keys)}
+        run = manifest.read_manifest(run_dir)
+        asks = {n.key: n for n in needs(spec_of(run.spec_json), run.plan.engines, keys)}
         nodes = node_resources(ray)
         for n in asks.values():  # fail fast: a bundle no node can hold would wait forever
             if (why := unplaceable(n, nodes)) is not None:
@@ -298,15 +300,15 @@ class Session:
         kind = item[0]
         if kind == "start":
             a.started = True
-            _append_log(runstore.worker_log(run_dir, a.key), b"")  # there, as a local run's is
+            _append_log(layout.worker_log(run_dir, a.key), b"")  # there, as a local run's is
             return None
         if kind == "data":
             _, lines, log = item
             if log:
-                _append_log(runstore.worker_log(run_dir, a.key), log)
+                _append_log(layout.worker_log(run_dir, a.key), log)
             if lines:
                 if a.writer is None:
-                    a.writer = runstore.JsonlWriter(runstore.samples_path(run_dir, a.key))
+                    a.writer = jsonl.JsonlWriter(layout.samples_path(run_dir, a.key))
                 for raw in lines.splitlines(keepends=True):
                     a.writer.write_line(raw)
                 a.writer.sync()  # the worker synced its cell_done; resume trusts this copy now
@@ -341,13 +343,13 @@ def _say(progress: Any, line: str) -> None:
 def _feed(progress: Any, key: str, lines: bytes) -> None:
     """The control records among ``lines`` to the progress display, as the local runner's tail does."""
     for line in lines.splitlines():
-        if runstore.is_sample_line(line):
+        if codec.is_sample_line(line):
             continue
         try:
             r = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if r.get("type") == runstore.ENGINE:
+        if r.get("type") == codec.ENGINE:
             progress.engine_up(key, float(r.get("start_s") or 0.0))
         else:
             progress.record(r)
@@ -379,10 +381,10 @@ def _shipped(run_dir: Path, key: str) -> dict[str, bytes]:
     """What a task needs of the run directory, by its path inside it: run.json, prompts.jsonl and
     the key's samples so far (whole lines: a torn last line is the driver's to cut)."""
     files = {
-        runstore.RUN_JSON: (run_dir / runstore.RUN_JSON).read_bytes(),
-        runstore.PROMPTS: runstore.prompts_path(run_dir).read_bytes(),
+        layout.RUN_JSON: (run_dir / layout.RUN_JSON).read_bytes(),
+        layout.PROMPTS: layout.prompts_path(run_dir).read_bytes(),
     }
-    samples = runstore.samples_path(run_dir, key)
+    samples = layout.samples_path(run_dir, key)
     if samples.is_file():
         files[str(samples.relative_to(run_dir))] = _whole_lines(samples.read_bytes())
     return files
@@ -401,14 +403,14 @@ def _key_task(
             path = run_dir / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
-        (run_dir / runstore.SAMPLES).mkdir(exist_ok=True)
+        (run_dir / layout.SAMPLES).mkdir(exist_ok=True)
         host, mine = socket.gethostname(), _tool_version()
         yield ("start", host)
         if mine != version:  # records of another release would be scored as this one's
             yield ("exit", None, f"node {host} runs cascade-repro {mine}, the driver {version}", "")
             return
-        samples = runstore.samples_path(run_dir, key)
-        log_path = runstore.worker_log(run_dir, key)
+        samples = layout.samples_path(run_dir, key)
+        log_path = layout.worker_log(run_dir, key)
         sent = samples.stat().st_size if samples.exists() else 0
         log_sent = 0
 

@@ -39,7 +39,8 @@ from typing import Any
 
 from cascade_repro.atomic import write_atomic
 from cascade_repro.errors import UsageError
-from cascade_repro.run import runstore
+from cascade_repro.plan.matrix import spec_of
+from cascade_repro.rundir import jsonl, layout, manifest, sample_scan
 
 CHOICES = ("auto", "fp32", "fp64", "off")
 DEVICES = ("auto", "cpu", "cuda", "balanced")  # balanced: layers spread over GPUs and CPU (accelerate)
@@ -159,10 +160,10 @@ def read_reference(run_dir: Path) -> tuple[dict[str, RefRow], dict[str, Any]]:
     """
     rows: dict[str, RefRow] = {}
     start: dict[str, Any] = {}
-    for path in runstore.reference_files(run_dir):
+    for path in layout.reference_files(run_dir):
         if path.is_symlink():  # a run directory travels: never read through a link out of it
             continue
-        for rec in runstore.iter_records(path):
+        for rec in jsonl.iter_records(path):
             if not isinstance(rec, dict):
                 continue
             if rec.get("type") == START:
@@ -177,7 +178,7 @@ def read_reference(run_dir: Path) -> tuple[dict[str, RefRow], dict[str, Any]]:
 def count_records(run_dir: Path) -> int:
     """How many reference records a run's files hold (a line count: no record is parsed)."""
     n = 0
-    for path in runstore.reference_files(run_dir):
+    for path in layout.reference_files(run_dir):
         if not path.is_symlink():
             with open(path, "rb") as f:
                 n += sum(1 for line in f if line.startswith(b'{"type":"reference"'))
@@ -200,7 +201,7 @@ def needed(run_dir: Path, engine_keys: list[str], have: set[str]) -> dict[str, l
     out: dict[str, list[Todo]] = {}
     for key in engine_keys:
         todo = out.setdefault(key, [])
-        for rec in runstore.iter_samples(runstore.samples_path(run_dir, key)):
+        for rec in sample_scan.iter_samples(layout.samples_path(run_dir, key)):
             toks, idx, ph = rec.get("token_ids"), rec.get("prompt_index"), rec.get("prompt_hash")
             if not (isinstance(toks, list) and toks and isinstance(idx, int) and isinstance(ph, str)):
                 continue
@@ -610,7 +611,7 @@ def run_pass(run_dir: Path, precision: str, device: str, log: Callable[[str], No
     from cascade_repro.plan.models import load_tokenizer
     from cascade_repro.prompts.chat import measure_prefix
 
-    run = runstore.read_manifest(run_dir)
+    run = manifest.read_manifest(run_dir)
     keys = list(run.plan.engines)
     have, _ = read_reference(run_dir)
     todo = needed(run_dir, keys, set(have))
@@ -618,8 +619,8 @@ def run_pass(run_dir: Path, precision: str, device: str, log: Callable[[str], No
     if not total:
         return 0
     device = pick_device(device)
-    spec = run.spec
-    prompts = runstore.read_prompts(run_dir)
+    spec = spec_of(run.spec_json)
+    prompts = layout.read_prompts(run_dir)
     tok = load_tokenizer(run.model_path, spec.trust_remote_code)
     measured = measure_prefix(tok, run.prompt_set.system_prompt_text, prompts)
     rendered, shared, hashes = measured.rendered, measured.tokens, measured.hashes()
@@ -634,7 +635,7 @@ def run_pass(run_dir: Path, precision: str, device: str, log: Callable[[str], No
     for key, items in todo.items():
         if not items:
             continue
-        writer = runstore.JsonlWriter(runstore.reference_path(run_dir, key))
+        writer = jsonl.JsonlWriter(layout.reference_path(run_dir, key))
         writer.write(
             {
                 "type": START,

@@ -19,10 +19,12 @@ from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
 from cascade_repro.judge.verdicts import Thresholds
 from cascade_repro.plan.flags import RunSettings
-from cascade_repro.plan.matrix import MatrixSpec, check_fail_on, plan, spec_hash
+from cascade_repro.plan.matrix import MatrixSpec, check_fail_on, plan, spec_hash, spec_of
 from cascade_repro.plan.shard import Shard, empty_warning, restrict
-from cascade_repro.run import cuda_cache, runstore, supervise
-from cascade_repro.run.manifest import (
+from cascade_repro.run import cuda_cache, supervise
+from cascade_repro.run.reference import ReferenceOptions
+from cascade_repro.rundir import codec, jsonl, layout, manifest, runlock, safety, sample_scan
+from cascade_repro.rundir.manifest import (
     SCORED,
     EngineRecord,
     Invocation,
@@ -31,7 +33,6 @@ from cascade_repro.run.manifest import (
     Timings,
     newer_version_note,
 )
-from cascade_repro.run.reference import ReferenceOptions
 
 POLL_S = 0.5
 FA2_JIT_NOTE = "compiling FlashAttention 2 kernels for this GPU, first run only: about 3 min"
@@ -169,21 +170,21 @@ class PreparedRun:
         run_dir = self.run_dir
         if (
             run_dir.is_dir()
-            and not (run_dir / runstore.RUN_JSON).exists()
-            and (theirs := sorted(p.name for p in run_dir.iterdir() if p.name != runstore.LOCK))
+            and not (run_dir / layout.RUN_JSON).exists()
+            and (theirs := sorted(p.name for p in run_dir.iterdir() if p.name != layout.LOCK))
         ):
             # Not a run (run.json is the first file a run writes): the user's own folder, whose
             # samples/, minimize/ and reports --fresh would delete and a run would overwrite.
             raise UsageError(
-                f"{run_dir} is not a cascade-repro run (no {runstore.RUN_JSON}) and holds "
+                f"{run_dir} is not a cascade-repro run (no {layout.RUN_JSON}) and holds "
                 f"{_first_names(theirs)}: choose another --run-id or --results-dir"
             )
         if self.fresh:
             # Whatever the folder holds, run.json or not: samples left beside a lost run.json would
             # otherwise be resumed by the run that was asked to start over.
-            runstore.clear_derived(run_dir)
-        elif (run_dir / runstore.RUN_JSON).exists():
-            old = runstore.read_manifest(run_dir)
+            safety.clear_derived(run_dir)
+        elif (run_dir / layout.RUN_JSON).exists():
+            old = manifest.read_manifest(run_dir)
             if old.stored("spec_hash") != self.run.spec_hash:
                 raise UsageError(
                     f"{run_dir} holds a different matrix; pass --fresh to start it over or choose another --run-id"
@@ -195,10 +196,10 @@ class PreparedRun:
                 self.run = resumed_run(old, self.run, self.allow_mixed)
                 self.newer = newer_version_note(old, self.run.tool_version)
         # run.json first: a folder without one was never begun by this tool (see above).
-        runstore.write_manifest(run_dir, self.run)
-        (run_dir / runstore.SAMPLES).mkdir(parents=True, exist_ok=True)
+        manifest.write_manifest(run_dir, self.run)
+        (run_dir / layout.SAMPLES).mkdir(parents=True, exist_ok=True)
         # With the prompt source's extra columns, and each prompt's hash as this tokenizer renders it.
-        runstore.write_prompts(run_dir, self.records, self.hashes)
+        layout.write_prompts(run_dir, self.records, self.hashes)
 
 
 def _first_names(names: list[str]) -> str:
@@ -297,7 +298,7 @@ def prepare(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> Prepared
     if opts.shard and not opts.run_id:
         run_id += f"-shard{opts.shard.index}of{opts.shard.count}"
     check_run_id(run_id)
-    if (file := runstore.not_a_folder(opts.results_dir / run_id)) is not None:
+    if (file := runlock.not_a_folder(opts.results_dir / run_id)) is not None:
         raise UsageError(f"--results-dir {opts.results_dir}: {file} is a file, not a folder")
     # A Ray cluster's GPUs are counted where its tasks are placed (ray_executor), not on the driver.
     if engine_info(spec.engine).tensor_parallel and opts.executor.name == "local":
@@ -418,7 +419,7 @@ class _Tail:
         *lines, self._buf = self._buf.split(b"\n")
         out = []
         for line in lines:
-            if runstore.is_sample_line(line):
+            if codec.is_sample_line(line):
                 continue
             try:
                 out.append(json.loads(line))
@@ -427,21 +428,21 @@ class _Tail:
         return out
 
 
-def _progress_by_key(run_dir: Path, run: Manifest) -> dict[str, runstore.CellProgress]:
+def _progress_by_key(run_dir: Path, run: Manifest) -> dict[str, sample_scan.CellProgress]:
     """Each engine key's samples file, scanned once."""
-    keys = runstore.prompt_ids(run_dir)
+    keys = sample_scan.prompt_ids(run_dir)
     return {
-        key: runstore.read_progress(runstore.samples_path(run_dir, key), keys) for key in run.plan.engines
+        key: sample_scan.read_progress(layout.samples_path(run_dir, key), keys) for key in run.plan.engines
     }
 
 
 def cells_done(
     run_dir: Path,
     run: Manifest | None = None,
-    progs: dict[str, runstore.CellProgress] | None = None,
+    progs: dict[str, sample_scan.CellProgress] | None = None,
 ) -> int:
     """Cells of the run (its shard, if it is one) with a ``cell_done`` record."""
-    m = restrict(run if run is not None else runstore.read_manifest(run_dir))
+    m = restrict(run if run is not None else manifest.read_manifest(run_dir))
     progs = progs if progs is not None else _progress_by_key(run_dir, m)
     return sum(len([c for c in ep.cells if c in progs[key].done]) for key, ep in m.plan.engines.items())
 
@@ -464,9 +465,9 @@ def execute(
     from cascade_repro.plan import estimate
     from cascade_repro.run.progress import RunProgress
 
-    whole = runstore.read_manifest(run_dir)
+    whole = manifest.read_manifest(run_dir)
     run = restrict(whole)  # a shard runs only its own engine keys
-    spec = run.spec
+    spec = spec_of(run.spec_json)
     cells = run.plan.cell_map()
     errors: list[str] = []
     if console is None:
@@ -480,14 +481,14 @@ def execute(
     # keys as if they were the whole matrix (shard 2/2 of two keys would count none).
     done_before = cells_done(run_dir, whole, progs)
     notes = [
-        f"warning: {runstore.shown(cid) or 'before any cell'}: {runstore.corrupt_reason(key, lines, prog.why)}"
+        f"warning: {layout.shown(cid) or 'before any cell'}: {sample_scan.corrupt_reason(key, lines, prog.why)}"
         for key, prog in progs.items()
         for cid, lines in prog.corrupt.items()
     ]
     kept = 0
     if engine_info(spec.engine).exact_wave_resume:
         kept = sum(
-            runstore.kept_wave_count(progs[k], c) for k, ep in run.plan.engines.items() for c in ep.cells
+            sample_scan.kept_wave_count(progs[k], c) for k, ep in run.plan.engines.items() for c in ep.cells
         )
     if fresh:
         notes.append(f"starting {run_dir.name} over (--fresh): {len(cells)} cells to run")
@@ -517,16 +518,16 @@ def execute(
 
     def ended(key: str, rc: int, reason: str) -> list[str]:
         """A key's worker is done for good: its unfinished cells are errors with ``reason``."""
-        path = runstore.samples_path(run_dir, key)
-        prog = runstore.read_progress(path, runstore.prompt_ids(run_dir))
+        path = layout.samples_path(run_dir, key)
+        prog = sample_scan.read_progress(path, sample_scan.prompt_ids(run_dir))
         unfinished = [c for c in run.plan.engines[key].cells if c not in prog.done and c not in prog.errors]
         if unfinished:
-            writer = runstore.JsonlWriter(path)
+            writer = jsonl.JsonlWriter(path)
             for cid in unfinished:
-                writer.write(runstore.CellError(cid, reason or f"worker exited {rc}"))
+                writer.write(codec.CellError(cid, reason or f"worker exited {rc}"))
             writer.close()
             progress.cells_failed(len(unfinished))
-        return [f"{cid}: {why}" for cid, why in runstore.read_progress(path, samples=False).errors.items()]
+        return [f"{cid}: {why}" for cid, why in sample_scan.read_progress(path, samples=False).errors.items()]
 
     with progress, supervise.sigterm_as_interrupt():
         todo = []
@@ -558,7 +559,7 @@ def execute(
             # A silent first FA2 start on a fresh Hopper machine lasts minutes: say why.
             progress.engine_starting(key, FA2_JIT_NOTE if jit else "")
             rc, reason = _run_worker(run_dir, key, float(spec.engine_timeout), progress, env=env)
-            if jit and runstore.read_progress(runstore.samples_path(run_dir, key), samples=False).engine:
+            if jit and sample_scan.read_progress(layout.samples_path(run_dir, key), samples=False).engine:
                 cuda_cache.mark_fa2_compiled(env, gpu)
             errors += ended(key, rc, reason)
     return errors
@@ -577,8 +578,8 @@ def _run_worker(
     slow engine start (logging as it goes) is not killed but a silent hang is. Every control record
     the worker appends goes to ``progress`` (a :class:`~cascade_repro.run.progress.RunProgress`).
     """
-    log_path = runstore.worker_log(run_dir, key)
-    tail = _Tail(runstore.samples_path(run_dir, key))
+    log_path = layout.worker_log(run_dir, key)
+    tail = _Tail(layout.samples_path(run_dir, key))
     if env is None:
         env = cuda_cache.apply(dict(os.environ, PYTHONUNBUFFERED="1"))
 
@@ -587,7 +588,7 @@ def _run_worker(
         if recs:
             w.mark_active()
         for r in recs:
-            if r.get("type") == runstore.ENGINE:
+            if r.get("type") == codec.ENGINE:
                 progress.engine_up(key, float(r.get("start_s") or 0.0))
             else:
                 progress.record(r)
@@ -613,7 +614,9 @@ def arm_dtypes(run_dir: Path, run: Manifest) -> list[str]:
     out = []
     for key, ep in run.plan.engines.items():
         eff = (
-            runstore.read_progress(runstore.samples_path(run_dir, key), samples=False).engine.get("effective")
+            sample_scan.read_progress(layout.samples_path(run_dir, key), samples=False).engine.get(
+                "effective"
+            )
             or {}
         )
         out.append(str(eff.get("dtype") or ep.dtype).replace("torch.", ""))
@@ -677,15 +680,17 @@ def run_reference(
     """
     from cascade_repro.run import reference as refpass
 
-    run = restrict(runstore.read_manifest(run_dir))
+    run = restrict(manifest.read_manifest(run_dir))
     precision = ref.resolve(arm_dtypes(run_dir, run))
     if precision is None:
         return {"precision": "off", "status": "off"}
-    if not engine_info(run.spec.engine).has_weights:  # nothing to teacher-force: the arm-vs-arm rule
+    if not engine_info(
+        spec_of(run.spec_json).engine
+    ).has_weights:  # nothing to teacher-force: the arm-vs-arm rule
         return {"precision": "off", "status": "no weights"}
     device = refpass.pick_device(ref.device)
     record: dict[str, Any] = {"precision": precision, "device": device}
-    log_path = run_dir / runstore.REFERENCE_LOG
+    log_path = run_dir / layout.REFERENCE_LOG
     before = refpass.count_records(run_dir)
     t0 = time.time()
     seen = log_path.stat().st_size if log_path.exists() else 0
@@ -778,7 +783,7 @@ def score(
     line skipped."""
     from cascade_repro.judge.compare import score_samples
 
-    run = runstore.read_manifest(run_dir, SCORED)
+    run = manifest.read_manifest(run_dir, SCORED)
     th = thresholds or Thresholds.from_record(run.thresholds)
     scored = restrict(run)  # a shard scores its own cells; merge scores them all
     read, cells_df, pairs_df, comp_df = score_samples(scored, run_dir, th, warn=warn)
@@ -807,13 +812,13 @@ def commit(run_dir: Path, scored: Scored) -> tuple[Path, Any]:
     from cascade_repro.report.load import load_run
 
     tables = (
-        (runstore.CELLS, scored.cells),
-        (runstore.PAIRS, scored.pairs),
-        (runstore.COMPARISONS, scored.comparisons),
+        (layout.CELLS, scored.cells),
+        (layout.PAIRS, scored.pairs),
+        (layout.COMPARISONS, scored.comparisons),
     )
     for name, df in tables:
-        runstore.write_parquet_atomic(df, run_dir / name)
-    runstore.write_manifest(run_dir, scored.run)
+        layout.write_parquet_atomic(df, run_dir / name)
+    manifest.write_manifest(run_dir, scored.run)
     data = load_run(run_dir, samples=scored.samples.records)
     write_reports(run_dir, data=data)
     return run_dir, data
@@ -831,13 +836,13 @@ def rescore(run_dir: Path, command: str, allow_loss: bool = False) -> tuple[Path
     (:func:`rescore_loss`): such a rescore is a one-line UsageError, the old tables, reports and
     run.json left as they were, unless ``allow_loss``."""
     run_dir = Path(run_dir)
-    runstore.read_manifest(run_dir, SCORED)  # a damaged run.json: one line, before anything is read
+    manifest.read_manifest(run_dir, SCORED)  # a damaged run.json: one line, before anything is read
     old = _old_cells(run_dir)
     warnings: list[str] = []  # said once the new tables are written; a refusal is its one line
     scored = score(run_dir, warn=warnings.append)
     if not allow_loss and (loss := rescore_loss(run_dir, old, scored.cells)) is not None:
         raise UsageError(
-            f"not rescoring {runstore.shown(run_dir)}: {loss}; the old tables and reports are kept "
+            f"not rescoring {layout.shown(run_dir)}: {loss}; the old tables and reports are kept "
             "(--allow-loss writes the new ones)"
         )
     for line in warnings:
@@ -890,15 +895,15 @@ def rerender(
     run_dir = userpath.resolve(run_dir, "RUN_DIR")
     if run_dir.is_file():
         raise UsageError(
-            f"{runstore.shown(run_dir)} is a file: give the run directory ({runstore.shown(run_dir.parent)})"
+            f"{layout.shown(run_dir)} is a file: give the run directory ({layout.shown(run_dir.parent)})"
         )
-    is_run = (run_dir / runstore.RUN_JSON).is_file()
+    is_run = (run_dir / layout.RUN_JSON).is_file()
     if is_run:  # a damaged run.json: one line, before the lock file is made
-        run = runstore.read_manifest(run_dir)
-    with runstore.RunLock(run_dir, instead="") if is_run else nullcontext():
+        run = manifest.read_manifest(run_dir)
+    with runlock.RunLock(run_dir, instead="") if is_run else nullcontext():
         unscored = (
             is_run
-            and not all((run_dir / t).is_file() for t in runstore.TABLES)
+            and not all((run_dir / t).is_file() for t in layout.TABLES)
             # samples/ may not exist yet (cut during the first engine start): all cells pending
             and run.has("plan")
         )
@@ -948,7 +953,7 @@ def _old_cells(run_dir: Path) -> Any:
     damaged table holds nothing to keep)."""
     import pandas as pd
 
-    path = run_dir / runstore.CELLS
+    path = run_dir / layout.CELLS
     if not path.is_file():
         return None
     try:
@@ -963,7 +968,7 @@ def _prompt_records_problem(run_dir: Path) -> str | None:
     from cascade_repro.prompts.promptsets import iter_prompt_records
 
     try:
-        for _ in iter_prompt_records(runstore.prompts_path(run_dir), check_kwarg_types=False):
+        for _ in iter_prompt_records(layout.prompts_path(run_dir), check_kwarg_types=False):
             pass
     except UsageError as e:
         return str(e)
@@ -980,7 +985,7 @@ def rescore_loss(run_dir: Path, old: Any, new: Any) -> str | None:
     named). Not a loss: a prompt whose instructions cannot be scored (the report's IFEval note says
     which), a cell the old table had not finished either.
     """
-    if (why := runstore.prompts_problem(run_dir)) is not None:
+    if (why := sample_scan.prompts_problem(run_dir)) is not None:
         return f"{why}, so every IFEval score and each sample's check against its prompt would be dropped"
     if (why := _prompt_records_problem(run_dir)) is not None:
         return f"{why}; so every IFEval score would be dropped"
@@ -994,18 +999,18 @@ def rescore_loss(run_dir: Path, old: Any, new: Any) -> str | None:
         return None
     lost = f"{len(gone)} cell(s) finished in the old tables would not be"
     keys = {c: str(after.at[c, "engine_key"]) for c in gone if c in after.index}
-    if missing := next((k for k in keys.values() if not runstore.samples_path(run_dir, k).is_file()), None):
-        return f"{lost}: {runstore.SAMPLES}/{runstore.shown(missing)}.jsonl is missing"
-    ids = runstore.prompt_ids(run_dir)
+    if missing := next((k for k in keys.values() if not layout.samples_path(run_dir, k).is_file()), None):
+        return f"{lost}: {layout.SAMPLES}/{layout.shown(missing)}.jsonl is missing"
+    ids = sample_scan.prompt_ids(run_dir)
     for cid, key in keys.items():
-        path = runstore.samples_path(run_dir, key)
-        prog = runstore.read_progress(path, ids)
+        path = layout.samples_path(run_dir, key)
+        prog = sample_scan.read_progress(path, ids)
         if lines := prog.corrupt.get(cid):
             why = prog.why.get(lines[0], "not JSON")
-            return f"{lost} ({runstore.shown(cid)} first): {runstore.SAMPLES}/{runstore.shown(path.name)} line {lines[0]}: {why}"
+            return f"{lost} ({layout.shown(cid)} first): {layout.SAMPLES}/{layout.shown(path.name)} line {lines[0]}: {why}"
         if cid in prog.errors:
-            return f"{lost} ({runstore.shown(cid)} first): its samples now end in an error record"
-    return f"{lost} ({runstore.shown(gone[0])} first): the records that finished it are gone from {runstore.SAMPLES}/"
+            return f"{lost} ({layout.shown(cid)} first): its samples now end in an error record"
+    return f"{lost} ({layout.shown(gone[0])} first): the records that finished it are gone from {layout.SAMPLES}/"
 
 
 def run_matrix(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> RunOutcome:
@@ -1031,7 +1036,7 @@ def run_matrix(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> RunOu
             quick = quick_run_seconds(spec, opts, prepared.run.model_path, int(prepared.run.prompt_set.n))
             warning = estimate.warning_for(est, device, ref_s, quick)
             console.print(f"[yellow]warning:[/] {_escape(str(warning))}", highlight=False)
-    with runstore.RunLock(run_dir):
+    with runlock.RunLock(run_dir):
         prepared.write()
         if console is not None and prepared.newer:
             console.print(f"note: {_escape(prepared.newer)}", highlight=False)
@@ -1040,7 +1045,7 @@ def run_matrix(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> RunOu
             run_dir, opts.progress, console, bar=opts.bar, fresh=opts.fresh, executor=opts.executor
         )
         # The reference pass writes only reference/: run.json read once serves before and after it.
-        run = runstore.read_manifest(run_dir)
+        run = manifest.read_manifest(run_dir)
         if restrict(run).plan.cells:
             reference = run_reference(run_dir, opts.reference, float(spec.engine_timeout), console)
             run.update(reference=merged_reference(run.reference, reference))
@@ -1051,7 +1056,7 @@ def run_matrix(spec: MatrixSpec, opts: RunOptions, console: Any = None) -> RunOu
         inv.update(cells_kept=kept, cells_run=len(restrict(run).plan.cells) - kept, total_s=took)
         # The run's total is every invocation's, not the last one's.
         run.update(timings=Timings.of(total_s=round(sum(float(i.total_s or 0) for i in run.invocations), 2)))
-        runstore.write_manifest(run_dir, run)
+        manifest.write_manifest(run_dir, run)
         if not restrict(run).plan.cells:  # an empty shard: nothing to score
             return RunOutcome(run_dir, 0, {}, errors)
         _, data = finalize(run_dir, opts.thresholds)

@@ -17,9 +17,10 @@ from typing import Any
 
 from cascade_repro import twin as twins
 from cascade_repro.errors import UsageError
-from cascade_repro.plan.matrix import Cell, EnginePlan, MatrixSpec, waves
-from cascade_repro.run import runstore
-from cascade_repro.run.manifest import Manifest
+from cascade_repro.plan.matrix import MatrixSpec, spec_of, waves
+from cascade_repro.rundir import codec, jsonl, layout, manifest, sample_scan
+from cascade_repro.rundir.cells import Cell, EnginePlan
+from cascade_repro.rundir.manifest import Manifest
 from cascade_repro.twin import CASCADE as TWIN
 
 # Exit codes the runner understands.
@@ -31,7 +32,7 @@ FATAL_MARKERS = ("CUDA out of memory", "CUDA error", "NCCL", "OutOfMemoryError",
 
 
 def load_prompts(run_dir: Path) -> list[dict[str, Any]]:
-    return runstore.read_prompts(run_dir)
+    return layout.read_prompts(run_dir)
 
 
 def build_engine(m: Manifest, eplan: EnginePlan | dict[str, Any], run_dir: Path | None = None):
@@ -45,7 +46,7 @@ def build_engine(m: Manifest, eplan: EnginePlan | dict[str, Any], run_dir: Path 
     ep = eplan if isinstance(eplan, EnginePlan) else EnginePlan.from_json(eplan)
     if run_dir is None and m.extra.get("run_dir"):
         run_dir = Path(m.extra["run_dir"])
-    return engine_info(m.spec.engine).load_builder()(m, ep, run_dir)
+    return engine_info(spec_of(m.spec_json).engine).load_builder()(m, ep, run_dir)
 
 
 def freeze_heap() -> int:
@@ -63,12 +64,12 @@ def freeze_heap() -> int:
 
 def run_engine(run_dir: Path, engine_key: str) -> int:
     """Run every unfinished cell of ``engine_key``; return the process exit code."""
-    run = runstore.read_manifest(run_dir)
+    run = manifest.read_manifest(run_dir)
     eplan = run.plan.engines[engine_key]
     cells = run.plan.cell_map()
-    spec = run.spec
-    out_path = runstore.samples_path(run_dir, engine_key)
-    prog = runstore.read_progress(out_path, runstore.prompt_ids(run_dir))
+    spec = spec_of(run.spec_json)
+    out_path = layout.samples_path(run_dir, engine_key)
+    prog = sample_scan.read_progress(out_path, sample_scan.prompt_ids(run_dir))
     todo = [cells[cid] for cid in eplan.cells if cid not in prog.done]
     if not todo:
         return EXIT_OK
@@ -77,11 +78,11 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
     info = engine_info(spec.engine)
     keep: dict[str, int] = {}
     if info.exact_wave_resume:
-        keep = {c.cell_id: k for c in todo if (k := runstore.kept_wave_count(prog, c.cell_id))}
-    kept_lines = runstore.kept_wave_lines(out_path, keep)
+        keep = {c.cell_id: k for c in todo if (k := sample_scan.kept_wave_count(prog, c.cell_id))}
+    kept_lines = sample_scan.kept_wave_lines(out_path, keep)
 
     prompts = load_prompts(run_dir)
-    writer = runstore.JsonlWriter(out_path, background=info.background_writes)
+    writer = jsonl.JsonlWriter(out_path, background=info.background_writes)
     t0 = time.time()
     engine = build_engine(run, eplan, run_dir)
     from cascade_repro.prompts.chat import measure_prefix
@@ -89,7 +90,7 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
     measured = measure_prefix(engine.tokenizer(), run.prompt_set.system_prompt_text, prompts)
     rendered, shared = measured.rendered, measured.tokens
     writer.write(
-        runstore.EngineStart(
+        codec.EngineStart(
             engine_key=engine_key,
             effective=engine.effective(),
             shared_prefix_tokens=shared,
@@ -107,12 +108,12 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
         kept = keep.get(cid, 0)
         # A resumed attempt copies the finished waves of the cut one right after its cell_start, so
         # every reader sees one whole attempt between cell_start and cell_done.
-        writer.write(runstore.CellStart(cid, kept_waves=kept))
+        writer.write(codec.CellStart(cid, kept_waves=kept))
         for raw in kept_lines.get(cid, []):
             writer.write_line(raw)
         writer.flush()
         c0 = time.time()
-        n = sum(1 for raw in kept_lines.get(cid, []) if runstore.is_sample_line(raw))
+        n = sum(1 for raw in kept_lines.get(cid, []) if codec.is_sample_line(raw))
         engine.inject = cell_inject(cell, spec)
         try:
             for w, wave in enumerate(waves(len(prompts), cell.batch)):
@@ -141,7 +142,7 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
         except Exception as e:  # noqa: BLE001 - recorded for the report, then decide whether to go on
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]
             traceback.print_exc(file=sys.stderr)
-            writer.write(runstore.CellError(cid, reason))
+            writer.write(codec.CellError(cid, reason))
             writer.sync()
             status = EXIT_CELL_ERRORS
             if any(m in reason for m in FATAL_MARKERS):
@@ -149,7 +150,7 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
                 writer.close()
                 return EXIT_FATAL
             continue
-        writer.write(runstore.CellDone(cid, n_samples=n, wall_s=round(time.time() - c0, 3)))
+        writer.write(codec.CellDone(cid, n_samples=n, wall_s=round(time.time() - c0, 3)))
         writer.sync()  # resume trusts cell_done, so it (and the samples before it) must reach the disk
     writer.close()
     engine.close()
@@ -185,13 +186,13 @@ def typed_wave_records(
     prompts: list[dict[str, Any]],
     hashes: list[str],
     rendered: list[list[int]],
-) -> tuple[list[runstore.SampleRecord], runstore.WaveRecord]:
+) -> tuple[list[codec.SampleRecord], codec.WaveRecord]:
     """The sample records of a wave's real requests (fillers are not recorded) and its wave record.
 
     The wave record's ``wall_s`` is left for the caller to set once the samples are written.
     """
     samples = [
-        runstore.SampleRecord(
+        codec.SampleRecord(
             cell_id=cid,
             wave=w,
             prompt_index=i,
@@ -207,7 +208,7 @@ def typed_wave_records(
         for (i, real), c in zip(wave, comps, strict=True)
         if real
     ]
-    wave_rec = runstore.WaveRecord(
+    wave_rec = codec.WaveRecord(
         cell_id=cid,
         wave=w,
         batch=len(wave),
@@ -227,21 +228,21 @@ def typed_wave_records(
 def wave_records(*args: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """:func:`typed_wave_records` as JSON objects (the benchmarks time and write these)."""
     samples, wave_rec = typed_wave_records(*args)
-    return [runstore.record_json(r) for r in samples], runstore.record_json(wave_rec)
+    return [codec.record_json(r) for r in samples], codec.record_json(wave_rec)
 
 
 def check_hashes(run_dir: Path, hashes: list[str]) -> None:
     """Refuse to generate when this engine's tokenizer renders a prompt otherwise than the one that
     prepared the run (prompts.jsonl's hashes): every sample would then fail the check against
     prompts.jsonl and its cell would rerun on every resume, never finishing."""
-    recorded = runstore.prompt_ids(run_dir)
+    recorded = sample_scan.prompt_ids(run_dir)
     if recorded is None:
         return
     for i, (mine, theirs) in enumerate(zip(hashes, recorded.hashes, strict=False)):
         if theirs is not None and mine != theirs:
             raise UsageError(
                 f"prompt {i} renders as {mine} under this engine's tokenizer, but as {theirs} in "
-                f"{runstore.PROMPTS} (when the run was prepared): the tokenizers differ"
+                f"{layout.PROMPTS} (when the run was prepared): the tokenizers differ"
             )
 
 
@@ -262,7 +263,7 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _maybe_fault(cell_id: str, wave: int, writer: runstore.JsonlWriter | None = None) -> None:
+def _maybe_fault(cell_id: str, wave: int, writer: jsonl.JsonlWriter | None = None) -> None:
     """Test hook: CASCADE_REPRO_FAULT="KIND:CELL_ID[:WAVE]" makes the worker fail on purpose.
 
     KIND is ``exit`` (exit 9), ``hang`` (sleep forever), ``oom`` (raise a CUDA-OOM-like error),

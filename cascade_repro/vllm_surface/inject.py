@@ -128,8 +128,3 @@ def parse_ladder(text: str) -> list[float]:
     if len(set(out)) != len(out):
         raise ValueError(f"--calibrate: duplicate shifts in {text!r}")
     return sorted(out)
-
-
-def ladder_rung(kind: str, amount: float) -> Injection:
-    """One calibration rung: ``lse-shift=X`` for cascade, ``out-scale=E`` for every other twin."""
-    return Injection(kind, amount)

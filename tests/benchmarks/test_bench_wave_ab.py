@@ -119,9 +119,9 @@ def test_from_json_pools_the_counted_waves_of_several_runs(bench, tmp_path, caps
 
 
 def runstore_lines(run_dir: Path) -> list[str]:
-    from cascade_repro.run import runstore
+    from cascade_repro.rundir import layout
 
-    (path,) = runstore.samples_files(run_dir)
+    (path,) = layout.samples_files(run_dir)
     return path.read_text().splitlines()
 
 

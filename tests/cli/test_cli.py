@@ -290,10 +290,10 @@ def test_run_ids_that_leave_the_results_dir_are_refused_before_anything_runs(run
 
 
 def test_report_refuses_a_run_that_a_matrix_is_writing(tmp_path):
-    from cascade_repro.run import runstore
+    from cascade_repro.rundir import runlock
 
     (tmp_path / "run.json").write_text("{}", encoding="utf-8")
-    with runstore.RunLock(tmp_path):  # what a running matrix holds
+    with runlock.RunLock(tmp_path):  # what a running matrix holds
         res = invoke("report", "--rescore", str(tmp_path))
         assert_user_error(res, f"{tmp_path} is in use by another cascade-repro run (pid ")
         assert_user_error(
@@ -308,7 +308,7 @@ def test_an_unwritable_results_dir_is_one_line_not_a_traceback(tmp_path, monkeyp
     import errno
 
     from cascade_repro.errors import EnvironmentFailure, UsageError
-    from cascade_repro.run import runstore
+    from cascade_repro.rundir import runlock
 
     # A file where the results dir belongs is the command line's mistake: a usage error (exit 2),
     # said before the model loads, not "the machine refused" (6).
@@ -316,7 +316,7 @@ def test_an_unwritable_results_dir_is_one_line_not_a_traceback(tmp_path, monkeyp
     with pytest.raises(
         UsageError, match=f"^{tmp_path}/f is a file, not a folder: it cannot hold {tmp_path}/f/run$"
     ):
-        runstore.RunLock(tmp_path / "f" / "run").acquire()
+        runlock.RunLock(tmp_path / "f" / "run").acquire()
     res = invoke(
         "matrix", "--engine", "fake", "--limit", "1", "--results-dir", str(tmp_path / "f"), "--run-id", "run"
     )
@@ -327,9 +327,9 @@ def test_an_unwritable_results_dir_is_one_line_not_a_traceback(tmp_path, monkeyp
     def refused(path, *args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied", str(path))
 
-    monkeypatch.setattr(runstore, "safe_open", refused)
+    monkeypatch.setattr(runlock, "safe_open", refused)
     with pytest.raises(EnvironmentFailure, match=f"cannot write in {tmp_path}/d/run: Permission denied"):
-        runstore.RunLock(tmp_path / "d" / "run").acquire()
+        runlock.RunLock(tmp_path / "d" / "run").acquire()
 
 
 def test_a_full_disk_while_scoring_is_one_line_naming_the_path_and_leaves_no_temp_file(tmp_path, monkeypatch):
@@ -340,7 +340,7 @@ def test_a_full_disk_while_scoring_is_one_line_naming_the_path_and_leaves_no_tem
     # A synthetic run, scored with --rescore while the disk is full.
     from conftest import synthetic_run
 
-    from cascade_repro.run import runstore
+    from cascade_repro.rundir import layout
 
     run_dir = synthetic_run(tmp_path / "synth", prompts=8, batch="1,8")
 
@@ -348,14 +348,14 @@ def test_a_full_disk_while_scoring_is_one_line_naming_the_path_and_leaves_no_tem
         Path(path).write_bytes(b"PAR1")  # a partial file, as a write that ran out of space leaves
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    before = (run_dir / runstore.CELLS).read_bytes()  # the synthetic run's own tables
+    before = (run_dir / layout.CELLS).read_bytes()  # the synthetic run's own tables
     monkeypatch.setattr(pd.DataFrame, "to_parquet", full)
     res = invoke("report", str(run_dir), "--rescore")
     assert res.exit_code == 6, res.output
-    assert flat(res.stderr) == f"error: {run_dir}/{runstore.CELLS}: No space left on device"
+    assert flat(res.stderr) == f"error: {run_dir}/{layout.CELLS}: No space left on device"
     assert "Traceback" not in res.output
     # No temp file left, and what was written before is still there and whole.
-    assert not list(run_dir.glob(".*.tmp")) and (run_dir / runstore.CELLS).read_bytes() == before
+    assert not list(run_dir.glob(".*.tmp")) and (run_dir / layout.CELLS).read_bytes() == before
 
 
 def test_dry_run_refuses_a_run_id_outside_the_results_dir():

@@ -20,7 +20,7 @@ from support.cli import CliRunner
 from test_hostile import WIDE, damage_sample, run_copy, samples_file, shards
 
 from cascade_repro.cli import app
-from cascade_repro.run import runstore
+from cascade_repro.rundir import jsonl, layout, manifest
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +73,9 @@ def _merge_into_file(root: Path, synth: Path) -> list[str]:
 def _merge_edited_spec(root: Path, synth: Path) -> list[str]:
     """The spec edited by hand keeps its old hash: two equal hashes would say nothing."""
     s1, s2 = shards(root, synth)
-    run = runstore.read_run_json(s2)
+    run = manifest.read_run_json(s2)
     run["spec"]["max_tokens"] = 32
-    runstore.write_json_atomic(s2 / runstore.RUN_JSON, run)
+    layout.write_json_atomic(s2 / layout.RUN_JSON, run)
     return ["merge", str(root / "merged"), str(s1), str(s2)]
 
 
@@ -99,16 +99,16 @@ def _merge_cut_before(root: Path, synth: Path) -> list[str]:
     """A merge killed mid-copy: half a samples file and the marker, no run.json."""
     s1, s2 = shards(root, synth)
     out = root / "merged"
-    (out / runstore.SAMPLES).mkdir(parents=True)
+    (out / layout.SAMPLES).mkdir(parents=True)
     src = samples_file(s1)
-    (out / runstore.SAMPLES / src.name).write_bytes(src.read_bytes()[:1000])
-    (out / runstore.MERGING).write_text(runstore.read_manifest(s1).spec_hash + "\n", encoding="utf-8")
+    (out / layout.SAMPLES / src.name).write_bytes(src.read_bytes()[:1000])
+    (out / layout.MERGING).write_text(manifest.read_manifest(s1).spec_hash + "\n", encoding="utf-8")
     return ["merge", str(out), str(s1), str(s2)]
 
 
 def _merge_cut_other_matrix(root: Path, synth: Path) -> list[str]:
     argv = _merge_cut_before(root, synth)
-    (root / "merged" / runstore.MERGING).write_text("0123456789ab\n", encoding="utf-8")
+    (root / "merged" / layout.MERGING).write_text("0123456789ab\n", encoding="utf-8")
     return argv
 
 
@@ -203,9 +203,9 @@ def test_messages_are_true_and_whole(case: Case, synth: Path, tmp_path: Path):
         assert lines[0].startswith("error: ") and case.says in lines[0], lines[0]
     merged = tmp_path / "merged"
     report = ""
-    if case.code != 2 and (merged / runstore.REPORT_MD).is_file():
-        report = (merged / runstore.REPORT_MD).read_text(encoding="utf-8")
-        assert not (merged / runstore.MERGING).exists()  # a finished merge leaves no marker
+    if case.code != 2 and (merged / layout.REPORT_MD).is_file():
+        report = (merged / layout.REPORT_MD).read_text(encoding="utf-8")
+        assert not (merged / layout.MERGING).exists()  # a finished merge leaves no marker
     # What is said: on the terminal, or in the report it wrote (as Markdown escapes and wraps it).
     said = " ".join(res.output.split()) + " " + " ".join(report.replace("\\_", "_").split())
     for text in case.shows:
@@ -219,7 +219,7 @@ def test_messages_are_true_and_whole(case: Case, synth: Path, tmp_path: Path):
 def _clean_merge_cells(root: Path, synth: Path) -> pd.DataFrame:
     s1, s2 = shards(root / "clean", synth)
     assert CliRunner().invoke(app, ["merge", str(root / "clean" / "merged"), str(s1), str(s2)]).exit_code == 0
-    return pd.read_parquet(root / "clean" / "merged" / runstore.CELLS)
+    return pd.read_parquet(root / "clean" / "merged" / layout.CELLS)
 
 
 def test_a_merge_killed_mid_copy_is_redone_by_the_same_command(
@@ -241,12 +241,12 @@ def test_a_merge_killed_mid_copy_is_redone_by_the_same_command(
     monkeypatch.setattr(merge_mod, "_copy", cut)
     res = CliRunner().invoke(app, argv, env=WIDE)
     assert res.exit_code == 130, res.output
-    assert (out / runstore.MERGING).is_file() and not (out / runstore.RUN_JSON).exists()
+    assert (out / layout.MERGING).is_file() and not (out / layout.RUN_JSON).exists()
     monkeypatch.setattr(merge_mod, "_copy", real)
     again = CliRunner().invoke(app, argv, env=WIDE)
     assert again.exit_code == 0, again.output
-    assert not (out / runstore.MERGING).exists()
-    pd.testing.assert_frame_equal(pd.read_parquet(out / runstore.CELLS), _clean_merge_cells(tmp_path, synth))
+    assert not (out / layout.MERGING).exists()
+    pd.testing.assert_frame_equal(pd.read_parquet(out / layout.CELLS), _clean_merge_cells(tmp_path, synth))
 
 
 # --- a full disk names the file it could not write --------------------------------------------------
@@ -267,7 +267,7 @@ def test_a_full_disk_names_the_report_it_could_not_write(
     assert len(lines) == 1 and lines[0].startswith(f"error: {run}/"), res.stderr
     assert lines[0].endswith(f": {os.strerror(errno.ENOSPC)}")
     named = Path(lines[0].removeprefix("error: ").rsplit(": ", 1)[0])
-    assert named.name in runstore.REPORTS and named.parent == run
+    assert named.name in layout.REPORTS and named.parent == run
     assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]  # no temp file left behind
 
 
@@ -278,7 +278,7 @@ def test_a_full_disk_names_the_table_it_could_not_write(
     monkeypatch.setattr(pd.DataFrame, "to_parquet", _enospc)
     res = CliRunner().invoke(app, ["report", "--rescore", str(run)], env=WIDE)
     assert res.exit_code == 6, res.output
-    assert res.stderr.strip() == f"error: {run / runstore.CELLS}: {os.strerror(errno.ENOSPC)}", res.stderr
+    assert res.stderr.strip() == f"error: {run / layout.CELLS}: {os.strerror(errno.ENOSPC)}", res.stderr
 
 
 def test_a_full_disk_names_the_copy_a_merge_could_not_write(
@@ -310,7 +310,7 @@ def test_a_full_disk_names_the_samples_file(tmp_path: Path, background: bool):
         flush = fileno = close = write
 
     path = tmp_path / "samples" / "k.jsonl"
-    writer = runstore.JsonlWriter(path, background=background)
+    writer = jsonl.JsonlWriter(path, background=background)
     real, writer._f = writer._f, Full()
     with pytest.raises(OSError) as exc:
         writer.write({"type": "cell_start", "cell_id": "a"})
@@ -353,20 +353,20 @@ def test_fresh_refuses_a_folder_without_a_run_json(tmp_path: Path):
     resumed; then it cleared any folder, the user's own samples/ and reports too. A folder without
     run.json (the first file a run writes) is not a run: refused, nothing deleted, nothing resumed."""
     from cascade_repro.errors import UsageError
-    from cascade_repro.run.manifest import Manifest
     from cascade_repro.run.runner import PreparedRun
+    from cascade_repro.rundir.manifest import Manifest
 
     run_dir = tmp_path / "r"
-    (run_dir / runstore.SAMPLES).mkdir(parents=True)
-    (run_dir / runstore.SAMPLES / "k.jsonl").write_text('{"type":"cell_done","cell_id":"a"}\n')
-    (run_dir / runstore.REPORT_MD).write_text("old verdict\n")
+    (run_dir / layout.SAMPLES).mkdir(parents=True)
+    (run_dir / layout.SAMPLES / "k.jsonl").write_text('{"type":"cell_done","cell_id":"a"}\n')
+    (run_dir / layout.REPORT_MD).write_text("old verdict\n")
     (run_dir / "notes.txt").write_text("mine\n")
     with pytest.raises(
         UsageError,
         match=r"is not a cascade-repro run \(no run.json\) and holds notes.txt, report.md and 1 more",
     ):
         PreparedRun(run_dir, Manifest.from_json({"run_id": "r", "spec_hash": "new"}), [], fresh=True).write()
-    assert (run_dir / runstore.SAMPLES / "k.jsonl").exists() and (run_dir / runstore.REPORT_MD).exists()
+    assert (run_dir / layout.SAMPLES / "k.jsonl").exists() and (run_dir / layout.REPORT_MD).exists()
 
 
 def test_fresh_says_it_starts_over_and_never_that_it_resumes(tmp_path: Path):

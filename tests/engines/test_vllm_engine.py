@@ -193,7 +193,8 @@ def test_the_worker_queues_each_waves_records_at_once(fake_vllm, cut_model, tmp_
     the next wave's generate, their JSON slowed the b64 generate on the H200, RESULTS.md 1i)."""
     from cascade_repro.judge.verdicts import Thresholds
     from cascade_repro.plan.matrix import MatrixSpec
-    from cascade_repro.run import runner, runstore, worker
+    from cascade_repro.run import runner, worker
+    from cascade_repro.rundir import jsonl, layout, manifest
 
     monkeypatch.setattr(runner, "visible_gpus", lambda: 1)
     # The fake vLLM generates with the model's transformers weights: conftest's two-layer cut will do.
@@ -205,7 +206,7 @@ def test_the_worker_queues_each_waves_records_at_once(fake_vllm, cut_model, tmp_
     prepared.write()
     log: list[tuple[str, object]] = []
 
-    class Spy(runstore.JsonlWriter):
+    class Spy(jsonl.JsonlWriter):
         def hold(self):
             log.append(("hold", None))
             super().hold()
@@ -222,14 +223,14 @@ def test_the_worker_queues_each_waves_records_at_once(fake_vllm, cut_model, tmp_
             log.append(("sync", None))
             super().sync()
 
-    monkeypatch.setattr(runstore, "JsonlWriter", Spy)
-    key = next(iter(runstore.read_manifest(prepared.run_dir).plan.engines))
+    monkeypatch.setattr(jsonl, "JsonlWriter", Spy)
+    key = next(iter(manifest.read_manifest(prepared.run_dir).plan.engines))
     assert worker.run_engine(prepared.run_dir, key) == 0
     seq = [(op, what) for op, what in log if what not in ("SampleRecord",)]
     # Two waves of 8, their records queued as they come, never held.
     assert seq == [("write", "EngineStart"), ("write", "CellStart"), ("write", "WaveRecord"),
                    ("write", "WaveRecord"), ("write", "CellDone"), ("sync", None), ("sync", None)]  # fmt: skip
-    samples = [ln for ln in runstore.samples_path(prepared.run_dir, key).read_text().splitlines() if '"type":"sample"' in ln]
+    samples = [ln for ln in layout.samples_path(prepared.run_dir, key).read_text().splitlines() if '"type":"sample"' in ln]
     assert len(samples) == 16
 
 

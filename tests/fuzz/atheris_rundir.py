@@ -36,7 +36,7 @@ with atheris.instrument_imports(include=["cascade_repro"]):
     from support.cli import CliRunner
 
     from cascade_repro.cli import app
-    from cascade_repro.run import runstore
+    from cascade_repro.rundir import layout
 
 ROOT = Path(tempfile.mkdtemp(prefix="cascade-repro-fuzz-rundir-"))
 PRISTINE = ROOT / "pristine"
@@ -49,7 +49,7 @@ RUNNER = CliRunner()
 
 def targets(run: Path) -> list[Path]:
     """The files a fuzz input can damage, in a fixed order (the first byte indexes it)."""
-    files = [run / runstore.RUN_JSON, run / "prompts.jsonl", *(run / t for t in sorted(runstore.TABLES))]
+    files = [run / layout.RUN_JSON, run / "prompts.jsonl", *(run / t for t in sorted(layout.TABLES))]
     return files + sorted(p for p in run.rglob("*.jsonl") if p not in files)
 
 

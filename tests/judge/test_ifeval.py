@@ -32,7 +32,7 @@ from cascade_repro.judge.ifeval import (
 )
 from cascade_repro.judge.ifeval.verifiers import is_english, loose_variants, script_of, split_sentences
 from cascade_repro.prompts.promptsets import load_prompt_set
-from cascade_repro.run import runstore
+from cascade_repro.rundir import layout, manifest
 
 # (instruction id, kwargs, response, strict expectation)
 CASES: list[tuple[str, dict, str, bool]] = [
@@ -532,13 +532,13 @@ def test_markdown_report_carries_the_unscored_note(tmp_path: Path) -> None:
     from cascade_repro.judge.verdicts import Thresholds
     from cascade_repro.report.load import load_run
     from cascade_repro.report.markdown import MarkdownFormatter
-    from cascade_repro.run import runstore
+    from cascade_repro.rundir import manifest
 
     root = _write_run(tmp_path / "r", GOOD)
     prompts = [*PROMPTS[:3], {**PROMPTS[3], "instruction_id_list": ["x:unknown"], "kwargs": [{}]}]
     (root / "prompts.jsonl").write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in prompts), "utf-8")
-    run = runstore.read_manifest(root)
-    for df, name in zip(build_tables(run, root, Thresholds()), (runstore.CELLS, runstore.PAIRS, runstore.COMPARISONS),
+    run = manifest.read_manifest(root)
+    for df, name in zip(build_tables(run, root, Thresholds()), (layout.CELLS, layout.PAIRS, layout.COMPARISONS),
                         strict=True):  # fmt: skip
         df.to_parquet(root / name, index=False)
     text = MarkdownFormatter().render(load_run(root))
@@ -589,7 +589,7 @@ BAD = ["하나, 둘, 셋", "제목 없음", "Done. All set.", "hello"]
 
 
 def _write_run(root: Path, cascade_texts: list[str]) -> Path:
-    from cascade_repro.run.runstore import JsonlWriter
+    from cascade_repro.rundir.jsonl import JsonlWriter
 
     root.mkdir(parents=True)
     cells = [
@@ -624,7 +624,7 @@ def test_compare_adds_if_columns_without_touching_verdicts(tmp_path: Path) -> No
     out = {}
     for name, texts in (("same", GOOD), ("worse", BAD)):
         root = _write_run(tmp_path / name, texts)
-        run = runstore.read_manifest(root)
+        run = manifest.read_manifest(root)
         cells, pairs, _ = build_tables(run, root, Thresholds())
         out[name] = (cells.set_index("cell_id"), pairs.set_index("pair_id"))
     cells, pairs = out["worse"]
@@ -647,7 +647,7 @@ def test_compare_without_prompts_file_has_no_if(tmp_path: Path) -> None:
 
     root = _write_run(tmp_path / "r", BAD)
     (root / "prompts.jsonl").unlink()
-    run = runstore.read_manifest(root)
+    run = manifest.read_manifest(root)
     cells, pairs, _ = build_tables(run, root, Thresholds())
     assert (cells["if_n"] == 0).all() and cells["if_strict"].isna().all()
     assert pairs["p_if"].isna().all()

@@ -12,15 +12,14 @@ import pytest
 from cascade_repro import exit_codes
 from cascade_repro.errors import UsageError
 from cascade_repro.judge import outcome
-from cascade_repro.run.manifest import Manifest
+from cascade_repro.rundir.manifest import Manifest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "cascade_repro"
 # Names only a verdict or a pair kind spells ("error" and "regression" are also a cell status,
 # a --fail-on value and JUnit's failure types).
 OWN_NAMES = {"not exercised", "inconclusive", "within noise", "identical", "noise-batch", "noise-restart",
              "noise-rerun"}  # fmt: skip
-# engines/vllm_smoke.py: the GPU smoke test's own words for its outputs, not pair verdicts.
-KEEPS_ITS_OWN = {"judge/outcome.py", "engines/vllm_smoke.py"}
+KEEPS_ITS_OWN = {"judge/outcome.py"}
 
 
 def test_verdict_and_kind_names_are_spelled_only_in_outcome():

@@ -5,14 +5,14 @@ from __future__ import annotations
 from conftest import synthetic_run
 
 from cascade_repro.judge import compare, tables
-from cascade_repro.run import runstore
+from cascade_repro.rundir import manifest
 
 
 def test_compare_writes_the_schema(tmp_path):
     run_dir = synthetic_run(tmp_path / "synth", prompts=8, batch="1,8", max_tokens=12)
     from cascade_repro.judge.verdicts import Thresholds
 
-    cells, pairs, comparisons = compare.build_tables(runstore.read_manifest(run_dir), run_dir, Thresholds())
+    cells, pairs, comparisons = compare.build_tables(manifest.read_manifest(run_dir), run_dir, Thresholds())
     assert list(pairs.columns) == tables.PAIR_COLUMNS
     assert set(tables.CELL_COLUMNS) <= set(cells.columns), set(tables.CELL_COLUMNS) - set(cells.columns)
     assert set(tables.COMPARISON_COLUMNS) <= set(comparisons.columns), (
@@ -26,7 +26,7 @@ def test_speed_columns_on_a_synthetic_run(tmp_path):
     run_dir = synthetic_run(tmp_path / "synth", prompts=16, batch="1,8")
     from cascade_repro.judge.verdicts import Thresholds
 
-    cells, pairs, _ = compare.build_tables(runstore.read_manifest(run_dir), run_dir, Thresholds())
+    cells, pairs, _ = compare.build_tables(manifest.read_manifest(run_dir), run_dir, Thresholds())
     casc = pairs[(pairs["kind"] == "cascade") & (pairs["batch"] == 8)].iloc[0]
     assert casc["speed_waves"] == 2
     assert abs(casc["speed_ratio"] - 1.2) < 1e-3 and casc["speed_ratio_lo"] > 1.19
@@ -47,7 +47,7 @@ def test_a_cell_with_an_unreadable_record_is_an_error_naming_the_line(tmp_path):
     k = next(i for i, ln in enumerate(lines) if b'"type":"cell_done","cell_id":"tp1-b8-cascade"' in ln)
     lines[k] = b'{"type":"cell_do\xff\xfe'  # the cell_done record of tp1-b8-cascade, garbled
     path.write_bytes(b"\n".join(lines))
-    cells, pairs, _ = compare.build_tables(runstore.read_manifest(run_dir), run_dir, Thresholds())
+    cells, pairs, _ = compare.build_tables(manifest.read_manifest(run_dir), run_dir, Thresholds())
     row = cells.set_index("cell_id").loc["tp1-b8-cascade"]
     assert row["status"] == "error" and f"at line {k + 1}:" in row["error"] and "rerun the same command" in row["error"]
     assert pairs.set_index("pair_id").loc["tp1-b8-cascade~flat", "verdict"] == "error"

@@ -339,7 +339,7 @@ def _fake_run(tmp_path):
     """A finished run dir with one regression pair: b4, 8 prompts, two waves; wave 1 fails more."""
     import pandas as pd
 
-    from cascade_repro.run import runstore
+    from cascade_repro.rundir import jsonl, layout, manifest
 
     cells = [
         {"cell_id": f"tp1-b4-{arm}", "engine_key": "hf-k", "batch": 4, "arm": arm, "tp": 1, "rerun": 0}
@@ -355,7 +355,7 @@ def _fake_run(tmp_path):
     (tmp_path / "prompts.jsonl").write_text(
         "".join(json.dumps({"key": f"p{i}", "prompt": f"q{i}"}) + "\n" for i in range(8))
     )
-    w = runstore.JsonlWriter(runstore.samples_path(tmp_path, "hf-k"))
+    w = jsonl.JsonlWriter(layout.samples_path(tmp_path, "hf-k"))
     bad = {5: 3, 6: 7, 1: 9}  # prompt -> first bad step (outside the other arm's top-k)
     for arm in ("cascade", "flat"):
         cid = f"tp1-b4-{arm}"
@@ -392,7 +392,7 @@ def _fake_run(tmp_path):
             }
         ]
     ).to_parquet(tmp_path / "pairs.parquet")
-    return runstore.read_manifest(tmp_path)
+    return manifest.read_manifest(tmp_path)
 
 
 def test_start_case_takes_the_wave_with_most_failures_cut_to_the_first_bad_token(tmp_path):

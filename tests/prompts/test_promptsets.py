@@ -725,7 +725,7 @@ def test_extra_values_that_are_not_json_become_text(tmp_path):
 
 
 def test_a_runs_prompts_jsonl_reads_back_as_the_same_records(tmp_path):
-    from cascade_repro.run import runstore
+    from cascade_repro.rundir import layout
 
     sheet = write_csv(
         tmp_path / "s.csv",
@@ -742,12 +742,12 @@ def test_a_runs_prompts_jsonl_reads_back_as_the_same_records(tmp_path):
     assert "extra" not in PromptRecord("k", "p").to_json()  # no extra columns: no field
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    runstore.write_prompts(run_dir, list(records))
-    assert runstore.read_prompts(run_dir) == [r.to_json() for r in records]
-    assert tuple(iter_prompt_records(runstore.prompts_path(run_dir))) == records
+    layout.write_prompts(run_dir, list(records))
+    assert layout.read_prompts(run_dir) == [r.to_json() for r in records]
+    assert tuple(iter_prompt_records(layout.prompts_path(run_dir))) == records
     # Plain dicts (what older runners wrote) are still accepted.
-    runstore.write_prompts(run_dir, [{"key": "k", "prompt": "p"}])
-    assert runstore.read_prompts(run_dir) == [{"key": "k", "prompt": "p"}]
+    layout.write_prompts(run_dir, [{"key": "k", "prompt": "p"}])
+    assert layout.read_prompts(run_dir) == [{"key": "k", "prompt": "p"}]
 
 
 # --------------------------------------------------------------------------------------------

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from cascade_repro.errors import UsageError
-from cascade_repro.run.manifest import Manifest
 from cascade_repro.run.runner import resumed_run
+from cascade_repro.rundir.manifest import Manifest
 
 ENV1 = {"vllm": "0.26.0", "torch": "2.11.0+cu130", "transformers": "5.17.0", "gpu_name": "NVIDIA H200",
         "driver": "580.159.04", "VLLM_USE_V2_MODEL_RUNNER": "0"}  # fmt: skip

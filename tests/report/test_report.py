@@ -720,15 +720,15 @@ def test_summary_json_is_valid_against_its_schema(run_dir: Path, tmp_path: Path)
     from cascade_repro.judge import compare
     from cascade_repro.judge.verdicts import Thresholds
     from cascade_repro.report.json import SCHEMA_VERSION, summary_schema
-    from cascade_repro.run import runstore
+    from cascade_repro.rundir import layout, manifest
 
     assert summary_schema()["properties"]["schema_version"] == {"const": SCHEMA_VERSION}
     text = JsonFormatter().render(load_run(run_dir))
     assert_summary_valid(text)
     synth = synthetic_run(tmp_path / "synth", prompts=4, batch="1,8")
-    run = runstore.read_manifest(synth)
+    run = manifest.read_manifest(synth)
     cells, pairs, comps = compare.build_tables(run, synth, Thresholds())
-    for name, df in ((runstore.CELLS, cells), (runstore.PAIRS, pairs), (runstore.COMPARISONS, comps)):
+    for name, df in ((layout.CELLS, cells), (layout.PAIRS, pairs), (layout.COMPARISONS, comps)):
         df.to_parquet(synth / name, index=False)
     assert_summary_valid(JsonFormatter().render(load_run(synth)))
     # A pair field the schema does not know (a new column without a new schema) fails it.
@@ -979,7 +979,7 @@ def test_read_samples_reads_what_scoring_read(tmp_path: Path) -> None:
     of a prompt replacing an earlier one, nothing of a cell without cell_done, nothing that does not
     match prompts.jsonl (the report once showed such records: an unfinished retry's text, or a sample
     of another run, beside tables that never scored it)."""
-    from cascade_repro.run.runstore import PromptIds
+    from cascade_repro.rundir.sample_scan import PromptIds
 
     def sample(cell: str, text: str, key: str = "k0") -> dict:
         return {"type": "sample", "cell_id": cell, "prompt_index": 0, "prompt_key": key, "token_ids": [1], "text": text}
@@ -1414,14 +1414,14 @@ def test_report_md_of_a_200_cell_run_fits_a_github_issue(tmp_path: Path) -> None
     from cascade_repro.judge import compare
     from cascade_repro.judge.verdicts import Thresholds
     from cascade_repro.report.markdown import GITHUB_LIMIT, MarkdownFormatter
-    from cascade_repro.run import runstore
+    from cascade_repro.rundir import layout, manifest
 
     batches = "1,2,3,4,6,8,12,16,24,32,48,64,96,128,192,256,384"
     run_dir = synthetic_run(tmp_path / "big", prompts=4, batch=batches, tp="1,2,4,8")
-    run = runstore.read_manifest(run_dir)
+    run = manifest.read_manifest(run_dir)
     assert len(run.plan.cells) >= 200
     cells, pairs, comps = compare.build_tables(run, run_dir, Thresholds())
-    for name, df in ((runstore.CELLS, cells), (runstore.PAIRS, pairs), (runstore.COMPARISONS, comps)):
+    for name, df in ((layout.CELLS, cells), (layout.PAIRS, pairs), (layout.COMPARISONS, comps)):
         df.to_parquet(run_dir / name, index=False)
     data = load_run(run_dir)
     md = MarkdownFormatter().render(data)
@@ -1452,17 +1452,17 @@ def test_report_of_a_cut_run_scores_what_finished_and_says_it_is_not_finished(sy
     from support.cli import CliRunner
 
     from cascade_repro.cli import app
-    from cascade_repro.run import runstore
+    from cascade_repro.rundir import layout, manifest
 
     run_dir = cut_copy(synth16, tmp_path)
     # Cut it as an interrupt would: the last cell's cell_done never written, nothing scored yet.
-    (path,) = runstore.samples_files(run_dir)
+    (path,) = layout.samples_files(run_dir)
     lines = path.read_bytes().splitlines(keepends=True)
     last_done = max(i for i, ln in enumerate(lines) if ln.startswith(b'{"type":"cell_done"'))
     path.write_bytes(b"".join(lines[:last_done]))
-    for name in (*runstore.TABLES, *runstore.REPORTS):
+    for name in (*layout.TABLES, *layout.REPORTS):
         (run_dir / name).unlink(missing_ok=True)
-    n_cells = len(runstore.read_run_json(run_dir)["plan"]["cells"])
+    n_cells = len(manifest.read_run_json(run_dir)["plan"]["cells"])
 
     res = CliRunner().invoke(app, ["report", str(run_dir)])
     assert res.exit_code == 5, res.output
@@ -1473,7 +1473,7 @@ def test_report_of_a_cut_run_scores_what_finished_and_says_it_is_not_finished(sy
     )
     report = (run_dir / "report.md").read_text()
     assert report.startswith(f"## {head}")
-    assert all((run_dir / t).is_file() for t in runstore.TABLES)  # the finished pairs are scored
+    assert all((run_dir / t).is_file() for t in layout.TABLES)  # the finished pairs are scored
 
 
 def test_report_of_a_run_cut_after_its_first_cell_is_not_finished_not_all_errored(synth16, tmp_path):
@@ -1481,16 +1481,16 @@ def test_report_of_a_run_cut_after_its_first_cell_is_not_finished_not_all_errore
     from support.cli import CliRunner
 
     from cascade_repro.cli import app
-    from cascade_repro.run import runstore
+    from cascade_repro.rundir import layout, manifest
 
     run_dir = cut_copy(synth16, tmp_path)
-    (path,) = runstore.samples_files(run_dir)
+    (path,) = layout.samples_files(run_dir)
     lines = path.read_bytes().splitlines(keepends=True)
     first_done = min(i for i, ln in enumerate(lines) if ln.startswith(b'{"type":"cell_done"'))
     path.write_bytes(b"".join(lines[: first_done + 1]))
-    for name in (*runstore.TABLES, *runstore.REPORTS):
+    for name in (*layout.TABLES, *layout.REPORTS):
         (run_dir / name).unlink(missing_ok=True)
-    n_cells = len(runstore.read_run_json(run_dir)["plan"]["cells"])
+    n_cells = len(manifest.read_run_json(run_dir)["plan"]["cells"])
 
     res = CliRunner().invoke(app, ["report", str(run_dir)])
     assert res.exit_code == 5, res.output
@@ -1508,28 +1508,28 @@ def test_report_judges_by_the_runs_own_fail_on_unless_told_and_summary_json_agre
     from support.cli import CliRunner
 
     from cascade_repro.cli import app
-    from cascade_repro.run import runstore
+    from cascade_repro.rundir import layout, manifest
 
     run_dir = cut_copy(synth16, tmp_path)
-    (path,) = runstore.samples_files(run_dir)  # cut: a not-finished run exits 5 under regression
+    (path,) = layout.samples_files(run_dir)  # cut: a not-finished run exits 5 under regression
     lines = path.read_bytes().splitlines(keepends=True)
     path.write_bytes(
         b"".join(lines[: max(i for i, ln in enumerate(lines) if ln.startswith(b'{"type":"cell_done"'))])
     )
-    for name in runstore.TABLES:
+    for name in layout.TABLES:
         (run_dir / name).unlink()
 
     def report(*args: str) -> tuple[int, str, int]:
         res = CliRunner().invoke(app, ["report", str(run_dir), *args])
-        summary = json.loads((run_dir / runstore.SUMMARY_JSON).read_text())
+        summary = json.loads((run_dir / layout.SUMMARY_JSON).read_text())
         return res.exit_code, summary["fail_on"], summary["exit_code"]
 
     assert report() == (5, "regression", 5)
     assert report("--fail-on", "never") == (0, "never", 0)
     assert report() == (5, "regression", 5)  # the override judged one rendering; run.json kept its own
-    run = runstore.read_run_json(run_dir)
+    run = manifest.read_run_json(run_dir)
     run["fail_on"] = "never"  # as `matrix --fail-on never` records it
-    runstore.write_run_json(run_dir, run)
+    layout.write_run_json(run_dir, run)
     assert report() == (0, "never", 0)
     assert report("--fail-on", "regression") == (5, "regression", 5)
 
@@ -1545,13 +1545,13 @@ def test_report_of_a_run_cut_before_any_sample_scores_it_as_not_finished(synth16
     from support.cli import CliRunner
 
     from cascade_repro.cli import app
-    from cascade_repro.run import runstore
+    from cascade_repro.rundir import layout, manifest
 
     run_dir = cut_copy(synth16, tmp_path)
-    shutil.rmtree(run_dir / runstore.SAMPLES)
-    for name in (*runstore.TABLES, *runstore.REPORTS):
+    shutil.rmtree(run_dir / layout.SAMPLES)
+    for name in (*layout.TABLES, *layout.REPORTS):
         (run_dir / name).unlink(missing_ok=True)
-    n_cells = len(runstore.read_run_json(run_dir)["plan"]["cells"])
+    n_cells = len(manifest.read_run_json(run_dir)["plan"]["cells"])
 
     res = CliRunner().invoke(app, ["report", str(run_dir)])
     assert res.exit_code == 5, res.output

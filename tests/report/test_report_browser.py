@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from support.browser import CHROMIUM, layout
 
+from cascade_repro.plan.matrix import spec_of
 from cascade_repro.report import load_run
 from cascade_repro.report.html import HtmlFormatter
 from cascade_repro.report.view import cascade_pairs
@@ -83,7 +84,7 @@ def test_a_backend_twins_page_is_its_own_and_every_label_is_whole(tmp_path: Path
     from cascade_repro import twin
 
     data = load_run(TWIN_RUNS[name])
-    axis = twin.of(data.manifest.spec)
+    axis = twin.of(spec_of(data.manifest.spec_json))
     page = HtmlFormatter().render(data)
     evidence = page.split("<h2>Evidence</h2>")[1].split("Per-pair evidence")[0]
     # It leads with what decided: each pair's error ratio against the reference, its CI, the minimum effect.

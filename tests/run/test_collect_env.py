@@ -30,7 +30,7 @@ def test_report_md_and_issue_md_carry_it_collapsed(tmp_path):
     from cascade_repro.minimize.render import _collect_env_block
     from cascade_repro.report.load import load_run
     from cascade_repro.report.markdown import MarkdownFormatter
-    from cascade_repro.run.manifest import Manifest
+    from cascade_repro.rundir.manifest import Manifest
 
     # nvidia-smi underlines its topology's header even into a pipe: the escapes go, the text stays.
     topo = "\x1b[4mGPU0\tGPU1\tCPU Affinity\x1b[0m\nGPU0\t X \tNV18"

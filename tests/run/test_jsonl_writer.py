@@ -1,4 +1,4 @@
-"""runstore.JsonlWriter with background=True writes the same bytes, in the same order, as in the
+"""jsonl.JsonlWriter with background=True writes the same bytes, in the same order, as in the
 foreground; wait/sync/close drain it; a failed write is raised by the next call."""
 
 from __future__ import annotations
@@ -7,22 +7,22 @@ from pathlib import Path
 
 import pytest
 
-from cascade_repro.run import runstore
+from cascade_repro.rundir import codec, jsonl
 
 
 def records(n: int) -> list:
     out: list = []
     for w in range(n):
         for i in range(4):
-            out.append(runstore.SampleRecord(cell_id="c", wave=w, prompt_index=i, token_ids=[w, i],
+            out.append(codec.SampleRecord(cell_id="c", wave=w, prompt_index=i, token_ids=[w, i],
                                              logprobs=[-0.5 * i], topk=[[[1, -0.5]]]))  # fmt: skip
-        out.append(runstore.WaveRecord(cell_id="c", wave=w, batch=4, n_real=4, tokens=8))
+        out.append(codec.WaveRecord(cell_id="c", wave=w, batch=4, n_real=4, tokens=8))
     return out
 
 
 def write_all(path: Path, background: bool) -> None:
-    wr = runstore.JsonlWriter(path, background=background)
-    wr.write(runstore.CellStart("c"))
+    wr = jsonl.JsonlWriter(path, background=background)
+    wr.write(codec.CellStart("c"))
     wr.write_line(b'{"type":"kept","raw":true}\n')
     for j, rec in enumerate(records(50)):
         wr.write(rec)
@@ -42,13 +42,13 @@ def test_background_writes_the_foreground_bytes(tmp_path: Path):
 
 def test_wait_and_sync_leave_everything_queued_on_disk(tmp_path: Path):
     path = tmp_path / "s.jsonl"
-    wr = runstore.JsonlWriter(path, background=True)
+    wr = jsonl.JsonlWriter(path, background=True)
     for rec in records(20):
         wr.write(rec)
     wr.flush()
     wr.wait()
     assert path.read_bytes().count(b"\n") == 100
-    wr.write(runstore.CellDone("c", n_samples=80))
+    wr.write(codec.CellDone("c", n_samples=80))
     wr.sync()
     assert path.read_bytes().endswith(b'"n_samples":80,"wall_s":0.0}\n')
     wr.close()
@@ -57,13 +57,13 @@ def test_wait_and_sync_leave_everything_queued_on_disk(tmp_path: Path):
 
 def test_a_failed_background_write_is_raised_by_the_next_call(tmp_path: Path):
     path = tmp_path / "e.jsonl"
-    wr = runstore.JsonlWriter(path, background=True)
-    wr.write(runstore.CellStart("c"))
+    wr = jsonl.JsonlWriter(path, background=True)
+    wr.write(codec.CellStart("c"))
     wr.write({"type": "bad", "value": object()})  # not JSON: fails on the thread
     with pytest.raises(TypeError, match="not JSON serializable"):
         # Raised by this write if the thread already failed, else by wait; either way the record
         # after the failure is not written.
-        wr.write(runstore.CellStart("after"))
+        wr.write(codec.CellStart("after"))
         wr.wait()
     wr.close()
     assert path.read_text().splitlines() == ['{"type":"cell_start","cell_id":"c"}']

@@ -204,7 +204,7 @@ def test_reproduce_block_installs_the_exact_version_that_ran():
     from types import SimpleNamespace
 
     from cascade_repro.report.reproduce import reproduce_lines
-    from cascade_repro.run.manifest import Manifest
+    from cascade_repro.rundir.manifest import Manifest
 
     def data_of(run):  # what reproduce_lines reads of a RunData
         return SimpleNamespace(manifest=Manifest.from_json(run))

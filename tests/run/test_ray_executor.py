@@ -16,9 +16,9 @@ from conftest import synthetic_run
 
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import MatrixSpec, plan
-from cascade_repro.run import runstore
 from cascade_repro.run.reference import ReferenceOptions
 from cascade_repro.run.runner import Executor, RunOptions, run_matrix
+from cascade_repro.rundir import codec, layout, manifest
 
 pytestmark = pytest.mark.ray
 
@@ -48,7 +48,7 @@ def matrix(root: Path, run_id: str, executor: Executor | None = None):
 
 def samples(run_dir: Path, key: str) -> list[dict]:
     """A samples file's records, timing left out."""
-    lines = runstore.samples_path(run_dir, key).read_text(encoding="utf-8").splitlines()
+    lines = layout.samples_path(run_dir, key).read_text(encoding="utf-8").splitlines()
     return [{k: v for k, v in json.loads(line).items() if k not in TIMING} for line in lines]
 
 
@@ -56,10 +56,10 @@ def finished(run_dir: Path, key: str) -> list[dict]:
     """What the readers take of a samples file: each cell's finishing attempt (cell_start to cell_done)."""
     out, attempt = [], []
     for rec in samples(run_dir, key):
-        if rec["type"] == runstore.CELL_START:
+        if rec["type"] == codec.CELL_START:
             attempt = []
         attempt.append(rec)
-        if rec["type"] == runstore.CELL_DONE:
+        if rec["type"] == codec.CELL_DONE:
             out += attempt
     return out
 
@@ -68,7 +68,7 @@ def tables(run_dir: Path) -> dict[str, list[dict]]:
     import pandas as pd
 
     out = {}
-    for name in runstore.TABLES:
+    for name in layout.TABLES:
         df = pd.read_parquet(run_dir / name)
         out[name] = df.drop(columns=[c for c in df.columns if c in TIMING]).to_dict("records")
     return out
@@ -91,13 +91,13 @@ def test_a_ray_run_writes_the_run_directory_a_local_run_writes(tmp_path, local):
     assert (out.exit_code, out.counts, out.errors) == (local.exit_code, local.counts, local.errors)
     for key in KEYS:
         assert samples(out.run_dir, key) == samples(local.run_dir, key)
-        assert runstore.worker_log(out.run_dir, key).is_file()
+        assert layout.worker_log(out.run_dir, key).is_file()
     assert same(tables(out.run_dir), tables(local.run_dir))
     # A second invocation finds every cell done: nothing is submitted, nothing appended.
-    before = {k: runstore.samples_path(out.run_dir, k).read_bytes() for k in KEYS}
+    before = {k: layout.samples_path(out.run_dir, k).read_bytes() for k in KEYS}
     again = matrix(tmp_path, "ray", Executor("ray"))
     assert again.exit_code == out.exit_code
-    assert {k: runstore.samples_path(out.run_dir, k).read_bytes() for k in KEYS} == before
+    assert {k: layout.samples_path(out.run_dir, k).read_bytes() for k in KEYS} == before
 
 
 def test_a_task_killed_mid_run_is_retried_and_the_result_is_the_same(tmp_path, local, monkeypatch):
@@ -121,7 +121,7 @@ def test_with_no_retries_a_killed_tasks_unfinished_cells_are_errors_with_the_rea
     out = matrix(tmp_path, "ray", Executor("ray", retries=0))
     import pandas as pd
 
-    cells = pd.read_parquet(out.run_dir / runstore.CELLS).set_index("cell_id")
+    cells = pd.read_parquet(out.run_dir / layout.CELLS).set_index("cell_id")
     bad = cells[cells["status"] == "error"]
     # The killed key's cells from the cut one on are errors (and any earlier cell whose lines the
     # task had not streamed yet when it died: up to half a second's); the other key finished.
@@ -154,7 +154,7 @@ def test_the_hf_engine_through_ray_gives_the_local_tables(tmp_path, cut_model):
         runs[name] = run_matrix(spec, opts)
     local, out = runs["local"], runs["ray"]
     assert (out.exit_code, out.counts, out.errors) == (local.exit_code, local.counts, local.errors)
-    for key in runstore.read_manifest(out.run_dir).plan.engines:
+    for key in manifest.read_manifest(out.run_dir).plan.engines:
         assert samples(out.run_dir, key) == samples(local.run_dir, key)
     assert same(tables(out.run_dir), tables(local.run_dir))
 
@@ -168,12 +168,12 @@ def test_a_hung_worker_is_killed_after_the_engine_timeout_and_not_retried(tmp_pa
     out = run_matrix(spec, opts)
     import pandas as pd
 
-    cells = pd.read_parquet(out.run_dir / runstore.CELLS).set_index("cell_id")
+    cells = pd.read_parquet(out.run_dir / layout.CELLS).set_index("cell_id")
     bad = cells[cells["status"] == "error"]
     assert CUT in bad.index and set(bad["engine_key"]) == {KEYS[1]}
     # The local executor's words, once: a hang would hang again, so no second attempt.
     assert set(bad["error"]) == {"timeout: no progress for 2s (--engine-timeout); worker killed"}
-    starts = [r for r in samples(out.run_dir, KEYS[1]) if r["type"] == runstore.ENGINE]
+    starts = [r for r in samples(out.run_dir, KEYS[1]) if r["type"] == codec.ENGINE]
     assert len(starts) == 1
 
 
@@ -207,7 +207,7 @@ def test_a_tp2_key_holds_two_gpus_of_one_node_and_a_tp4_key_fails_fast(tmp_path)
     assert sorted(asks.values()) == [(1, 1), (2, 1)]  # tp GPUs each, one CPU
 
     run_dir = synthetic_run(tmp_path / "tp2", 4, "8", tp="2")  # finished: its worker exits at once
-    key = next(iter(runstore.read_manifest(run_dir).plan.engines))
+    key = next(iter(manifest.read_manifest(run_dir).plan.engines))
     need = ray_executor.KeyNeed(key, 2, 1)
     session = ray_executor.Session()
     a = session._submit(run_dir, key, need, 60.0)
@@ -226,7 +226,7 @@ def test_a_tp2_key_holds_two_gpus_of_one_node_and_a_tp4_key_fails_fast(tmp_path)
 
     # Two GPUs on the one node: a tp=4 key could never be placed, and says so before anything runs.
     run4 = synthetic_run(tmp_path / "tp4", 4, "8", tp="4")
-    keys = list(runstore.read_manifest(run4).plan.engines)
+    keys = list(manifest.read_manifest(run4).plan.engines)
     with pytest.raises(
         UsageError, match=r"asks for 4 GPUs, 1 CPU on one node; the cluster's largest node has 2 GPUs"
     ):

@@ -16,9 +16,10 @@ from cascade_repro.errors import UsageError
 from cascade_repro.judge import calibration
 from cascade_repro.plan.matrix import MatrixSpec
 from cascade_repro.plan.models import embedded_available
-from cascade_repro.run import reference, runstore
+from cascade_repro.run import reference
 from cascade_repro.run.reference import ReferenceOptions
 from cascade_repro.run.runner import RunOptions, run_matrix, run_reference
+from cascade_repro.rundir import layout, manifest
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow
@@ -38,7 +39,7 @@ def CUT(model: Path) -> dict:
 
 
 def _pairs(run_dir: Path) -> pd.DataFrame:
-    return pd.read_parquet(run_dir / runstore.PAIRS).set_index("pair_id")
+    return pd.read_parquet(run_dir / layout.PAIRS).set_index("pair_id")
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +72,7 @@ def test_clean_pair_is_judged_by_the_reference_and_is_not_a_regression(calibrate
     # fp32 arms against float64: both within the dtype floor, so neither is worse
     assert clean["ref_ratio"] == pytest.approx(1.0)
     assert calibrated.exit_code == 0
-    run = runstore.read_manifest(calibrated.run_dir)
+    run = manifest.read_manifest(calibrated.run_dir)
     assert run.reference["status"] == "done" and run.reference["precision"] == "fp64"
 
 
@@ -84,7 +85,7 @@ def test_the_ladder_is_judged_by_the_reference(calibrated):
     assert ladder[-1]["verdict"] == "regression" and ladder[-1]["ref_ratio"] > 10
     assert entries[0]["flags_from"] is not None and entries[0]["flags_from"] <= 0.1
     assert "reference rule" in calibration.statement(entries[0], 16)
-    report = (calibrated.run_dir / runstore.REPORT_MD).read_text()
+    report = (calibrated.run_dir / layout.REPORT_MD).read_text()
     assert "<details><summary>Against the reference</summary>" in report and "float64 reference" in report
 
 
@@ -137,7 +138,7 @@ def test_without_controls_the_reference_alone_judges(onset):
 def test_a_cut_reference_pass_resumes_and_a_finished_one_is_never_recomputed(calibrated, tmp_path):
     run_dir = tmp_path / "copy"
     shutil.copytree(calibrated.run_dir, run_dir)
-    (path,) = runstore.reference_files(run_dir)
+    (path,) = layout.reference_files(run_dir)
     lines = path.read_bytes().splitlines(keepends=True)
     records = [ln for ln in lines if b'"type":"reference"' in ln]
     assert len(records) >= 8

@@ -36,7 +36,7 @@ from support.cli import CliRunner
 
 from cascade_repro.errors import RunLockedError
 from cascade_repro.plan.models import embedded_available
-from cascade_repro.run import runstore
+from cascade_repro.rundir import layout, runlock, sample_scan
 
 ENGINE = "fake"
 
@@ -165,7 +165,7 @@ def _gone(pid: int) -> bool:
 def _tokens(run_dir: Path, engine: str = ENGINE) -> dict[tuple[str, int], list[int]]:
     """token ids per (cell, prompt) of the finished attempts (what scoring reads)."""
     out: dict[tuple[str, int], list[int]] = {}
-    for rec in runstore.iter_samples(runstore.samples_path(run_dir, engine_key(engine))):
+    for rec in sample_scan.iter_samples(layout.samples_path(run_dir, engine_key(engine))):
         key = (rec["cell_id"], rec["prompt_index"])
         assert key not in out, f"duplicate finished sample {key}"
         out[key] = rec["token_ids"]
@@ -240,7 +240,7 @@ def _reference_run(tmp_path_factory, prompts_file: Path, engine: str) -> dict:
     def locked() -> bool:
         # The lock holds the pid, and run.json (written last by the locked setup) is in place.
         locks = list((cwd / "results").glob("*/.lock"))
-        if locks and locks[0].read_text().strip() and (locks[0].parent / runstore.RUN_JSON).exists():
+        if locks and locks[0].read_text().strip() and (locks[0].parent / layout.RUN_JSON).exists():
             lock_seen["path"] = locks[0]
             return True
         return False
@@ -249,7 +249,7 @@ def _reference_run(tmp_path_factory, prompts_file: Path, engine: str) -> dict:
     run_dir = lock_seen["path"].parent
     os.kill(first.pid, signal.SIGSTOP)
     try:
-        run_json_before = (run_dir / runstore.RUN_JSON).read_bytes()
+        run_json_before = (run_dir / layout.RUN_JSON).read_bytes()
         t0 = time.monotonic()
         second = subprocess.run(
             [sys.executable, "-c",
@@ -260,7 +260,7 @@ def _reference_run(tmp_path_factory, prompts_file: Path, engine: str) -> dict:
         )  # fmt: skip
         second_s = time.monotonic() - t0
         lock_after_second = lock_seen["path"].read_text()
-        run_json_after_second = (run_dir / runstore.RUN_JSON).read_bytes()
+        run_json_after_second = (run_dir / layout.RUN_JSON).read_bytes()
     finally:
         os.kill(first.pid, signal.SIGCONT)
     t0 = time.monotonic()
@@ -297,11 +297,11 @@ def test_the_locked_out_run_leaves_the_first_run_unharmed(reference):
     assert reference["run_json_after_second"] == reference["run_json_before"]
     # The first run then finished normally: exit 0, every cell done, lock released.
     assert reference["rc"] == 0, reference["stderr"]
-    assert not (run_dir / runstore.LOCK).exists()
+    assert not (run_dir / layout.LOCK).exists()
     cells = pd.read_parquet(run_dir / "cells.parquet").set_index("cell_id")
     assert sorted(cells.index) == sorted(CELLS) and (cells["status"] == "done").all()
     # Never interleaved: one worker start, one attempt per cell, whole lines only.
-    recs = _records(runstore.samples_path(run_dir, engine_key()))
+    recs = _records(layout.samples_path(run_dir, engine_key()))
     kinds = Counter(r["type"] for r in recs)
     assert kinds["engine"] == 1
     assert Counter(r["cell_id"] for r in recs if r["type"] == "cell_start") == dict.fromkeys(CELLS, 1)
@@ -327,12 +327,12 @@ def test_two_takeovers_of_a_stale_lock_have_one_winner(tmp_path, monkeypatch):
     on what it saw. A takeover by unlink-then-create hands the lock to both; a lock the kernel
     drops with its holder (flock) never consults a pid and is not affected by the hook.
     """
-    (tmp_path / runstore.LOCK).write_text(str(_StalePid().pid))
+    (tmp_path / layout.LOCK).write_text(str(_StalePid().pid))
     both_saw_it = threading.Barrier(2)
     first_acquired = threading.Event()
     calls: list[int] = []
     guard = threading.Lock()
-    real_alive = getattr(runstore, "_alive", lambda pid: False)
+    real_alive = getattr(runlock, "_alive", lambda pid: False)
 
     def interleaved_alive(pid: int) -> bool:
         try:
@@ -346,12 +346,12 @@ def test_two_takeovers_of_a_stale_lock_have_one_winner(tmp_path, monkeypatch):
             first_acquired.wait(timeout=2)
         return real_alive(pid)
 
-    monkeypatch.setattr(runstore, "_alive", interleaved_alive, raising=False)
+    monkeypatch.setattr(runlock, "_alive", interleaved_alive, raising=False)
     results: list[str] = []
-    held: list[runstore.RunLock] = []
+    held: list[runlock.RunLock] = []
 
     def contender() -> None:
-        lock = runstore.RunLock(tmp_path)
+        lock = runlock.RunLock(tmp_path)
         try:
             lock.acquire()
         except RunLockedError:
@@ -408,8 +408,8 @@ def test_kill_9_of_the_parent_then_rerun_resumes_to_the_same_report(tmp_path, pr
 
     path = samples[0]
     run_dir = path.parent.parent
-    assert runstore.read_progress(path).done == {"tp1-b4-cascade"}
-    assert (run_dir / runstore.LOCK).read_text() == str(proc.pid)  # stale: its owner is dead
+    assert sample_scan.read_progress(path).done == {"tp1-b4-cascade"}
+    assert (run_dir / layout.LOCK).read_text() == str(proc.pid)  # stale: its owner is dead
     finished_before = [ln for ln in _lines(path) if b'"cell_id":"tp1-b4-cascade"' in ln]
     # A kill -9 can land in the middle of a write; leave the torn line such a kill would leave.
     with open(path, "ab") as f:
@@ -417,7 +417,7 @@ def test_kill_9_of_the_parent_then_rerun_resumes_to_the_same_report(tmp_path, pr
 
     rc, out, err = _finish(_start(cwd, prompts_file, engine=engine, model=model))
     assert rc == 0, err
-    assert not (run_dir / runstore.LOCK).exists()
+    assert not (run_dir / layout.LOCK).exists()
     # It says it resumed, and that the cut cell's finished first wave is kept.
     assert "1 of 4 cells already done, 1 finished wave of cut cells kept, running the other 3" in err
 
@@ -498,7 +498,7 @@ def test_crash_soak_kill_9_at_random_moments_then_resume_gives_the_same_tables(t
     ref_pairs = pd.read_parquet(ref_dir / "pairs.parquet")
     ref_comp = pd.read_parquet(ref_dir / "comparisons.parquet")
     ref_cells = pd.read_parquet(ref_dir / "cells.parquet").drop(columns=volatile)
-    ref_lines = len(_lines(runstore.samples_path(ref_dir, engine_key())))
+    ref_lines = len(_lines(layout.samples_path(ref_dir, engine_key())))
     killed_at = []
     for k in range(SOAK_KILLS):
         cwd = tmp_path / f"soak{k}"
@@ -532,13 +532,13 @@ def test_crash_soak_kill_9_at_random_moments_then_resume_gives_the_same_tables(t
         rc, out, err = _finish(_start(cwd, prompts_file))
         assert rc == 0, (k, target, err[-3000:])
         run_dir = _run_dir(cwd)
-        assert run_dir.name == ref_dir.name and not (run_dir / runstore.LOCK).exists()
+        assert run_dir.name == ref_dir.name and not (run_dir / layout.LOCK).exists()
         # Whatever the moment of the kill: the same verdicts, comparisons and cells as the run that
         # was never interrupted.
         pd.testing.assert_frame_equal(pd.read_parquet(run_dir / "pairs.parquet"), ref_pairs)
         pd.testing.assert_frame_equal(pd.read_parquet(run_dir / "comparisons.parquet"), ref_comp)
         pd.testing.assert_frame_equal(pd.read_parquet(run_dir / "cells.parquet").drop(columns=volatile), ref_cells)
-        assert all(json.loads(ln) for ln in _lines(runstore.samples_path(run_dir, engine_key())))  # every line whole
+        assert all(json.loads(ln) for ln in _lines(layout.samples_path(run_dir, engine_key())))  # every line whole
     assert sum(t is not None for t in killed_at) >= SOAK_KILLS // 2, killed_at  # most kills landed mid-run
 
 

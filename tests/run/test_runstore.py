@@ -19,18 +19,13 @@ from pathlib import Path
 import pytest
 
 from cascade_repro.errors import RunLockedError, UsageError
-from cascade_repro.run import runstore
-from cascade_repro.run.runstore import (
-    JsonlWriter,
-    RunLock,
-    finished_spans,
-    iter_records,
-    iter_samples,
-    read_progress,
-    read_run_json,
-    truncate_torn_tail,
-    write_json_atomic,
-)
+from cascade_repro.plan.matrix import spec_of
+from cascade_repro.rundir import codec, jsonl, layout, manifest, sample_scan
+from cascade_repro.rundir.jsonl import JsonlWriter, iter_records, truncate_torn_tail
+from cascade_repro.rundir.layout import write_json_atomic
+from cascade_repro.rundir.manifest import read_run_json
+from cascade_repro.rundir.runlock import RunLock
+from cascade_repro.rundir.sample_scan import finished_spans, iter_samples, read_progress
 
 
 def write_records(path: Path, records: list[dict]) -> None:
@@ -336,8 +331,8 @@ def test_read_run_json_errors_are_usage_errors(tmp_path):
 
 
 def test_paths_follow_the_documented_layout(tmp_path):
-    assert runstore.samples_path(tmp_path, "hf-tp1-auto-s0") == tmp_path / "samples" / "hf-tp1-auto-s0.jsonl"
-    assert runstore.worker_log(tmp_path, "hf-tp1-auto-s0") == tmp_path / "worker-hf-tp1-auto-s0.log"
+    assert layout.samples_path(tmp_path, "hf-tp1-auto-s0") == tmp_path / "samples" / "hf-tp1-auto-s0.jsonl"
+    assert layout.worker_log(tmp_path, "hf-tp1-auto-s0") == tmp_path / "worker-hf-tp1-auto-s0.log"
 
 
 # --- RunLock ---------------------------------------------------------------------------------------
@@ -395,23 +390,23 @@ def test_an_unreadable_lock_file_is_treated_as_stale(tmp_path, content):
 
 
 def test_sample_line_layout_is_the_one_readers_expect(tmp_path):
-    from cascade_repro.run import runstore
+    from cascade_repro.rundir import codec
 
     path = tmp_path / "s.jsonl"
-    w = runstore.JsonlWriter(path)
-    w.write(runstore.sample_record('c"é', 3, 17, {"token_ids": [1, 2], "text": "x"}))
-    w.write({"type": runstore.CELL_DONE, "cell_id": 'c"é'})
+    w = jsonl.JsonlWriter(path)
+    w.write(codec.sample_record('c"é', 3, 17, {"token_ids": [1, 2], "text": "x"}))
+    w.write({"type": codec.CELL_DONE, "cell_id": 'c"é'})
     w.close()
     sample, done = path.read_bytes().splitlines(keepends=True)
-    assert runstore.is_sample_line(sample) and not runstore.is_sample_line(done)
-    m = runstore.SAMPLE_HEAD.match(sample)
+    assert codec.is_sample_line(sample) and not codec.is_sample_line(done)
+    m = codec.SAMPLE_HEAD.match(sample)
     assert m and m.group(2) == b"17" and json.loads(b'"' + m.group(1) + b'"') == 'c"é'
 
 
 def test_a_corrupt_record_in_the_middle_names_its_line_and_unfinishes_its_cell(tmp_path):
     import json as _json
 
-    from cascade_repro.run import runstore as rs
+    from cascade_repro.rundir import sample_scan
 
     p = tmp_path / "k.jsonl"
     lines = [
@@ -426,32 +421,32 @@ def test_a_corrupt_record_in_the_middle_names_its_line_and_unfinishes_its_cell(t
     text = [_json.dumps(x) for x in lines]
     text[5] = '{"type": "wave", "cell_id": "b", "wa\x00 garbage'  # a disk error in the middle of b
     p.write_text("\n".join(text) + "\n")
-    prog = rs.read_progress(p)
+    prog = sample_scan.read_progress(p)
     assert prog.done == {"a"} and prog.corrupt == {"b": [6]}
-    assert rs.corrupt_reason("k", [6]) == (
+    assert sample_scan.corrupt_reason("k", [6]) == (
         "unreadable record in samples/k.jsonl at line 6: the cell counts as unfinished; rerun the same command to redo it"
     )
     # A new attempt at b (the resume) rewrites it: done again, nothing corrupt left to report.
     with open(p, "a") as f:
         f.write("\n".join(_json.dumps(x) for x in lines[4:]) + "\n")
-    prog = rs.read_progress(p)
+    prog = sample_scan.read_progress(p)
     assert prog.done == {"a", "b"} and prog.corrupt == {}
 
 
 def test_a_torn_last_line_is_not_corruption(tmp_path):
-    from cascade_repro.run import runstore as rs
+    from cascade_repro.rundir import sample_scan
 
     p = tmp_path / "k.jsonl"
     p.write_bytes(b'{"type": "cell_start", "cell_id": "a"}\n{"type": "cell_do')
-    assert rs.read_progress(p).corrupt == {}
+    assert sample_scan.read_progress(p).corrupt == {}
 
 
 def test_fresh_deletes_only_what_a_run_wrote(tmp_path):
     import json as _json
 
-    from cascade_repro.run import runstore as rs
-    from cascade_repro.run.manifest import Manifest
     from cascade_repro.run.runner import PreparedRun
+    from cascade_repro.rundir import layout, manifest
+    from cascade_repro.rundir.manifest import Manifest
 
     run_dir = tmp_path / "results" / "r1"
     (run_dir / "samples").mkdir(parents=True)
@@ -461,13 +456,13 @@ def test_fresh_deletes_only_what_a_run_wrote(tmp_path):
     (run_dir / "mine").mkdir()
     (run_dir / "mine" / "x.csv").write_text("1,2")
     old = {"run_id": "r1", "created_at": "2026-12-01T10:00:00+0000", "spec_hash": "old", "env": {}}
-    (run_dir / rs.RUN_JSON).write_text(_json.dumps(old))
+    (run_dir / layout.RUN_JSON).write_text(_json.dumps(old))
     new = {"run_id": "r1", "created_at": "2026-12-01T11:00:00+0000", "spec_hash": "new", "env": {}}
     new["invocations"] = [Manifest.from_json(new).own_invocation().to_json()]
     PreparedRun(run_dir, Manifest.from_json(new), [], fresh=True).write()
     assert not (run_dir / "samples" / "k.jsonl").exists() and not (run_dir / "worker-k.log").exists()
     assert (run_dir / "notes.txt").read_text() == "mine" and (run_dir / "mine" / "x.csv").read_text() == "1,2"
-    assert rs.read_run_json(run_dir)["spec_hash"] == "new"
+    assert manifest.read_run_json(run_dir)["spec_hash"] == "new"
     # Without --fresh, another matrix in the same directory is refused, nothing deleted.
     (run_dir / "worker-k.log").write_text("log")
     with pytest.raises(Exception, match="holds a different matrix"):
@@ -493,17 +488,17 @@ def _same_order(a, b, where="run.json"):
 def test_manifest_round_trips_a_synthetic_run_byte_for_byte(tmp_path):
     from conftest import synthetic_run
 
-    from cascade_repro.run.manifest import Manifest
+    from cascade_repro.rundir.manifest import Manifest
 
     run_dir = tmp_path / "synth"
     synthetic_run(run_dir, prompts=4, batch="1,8")
-    raw = (run_dir / runstore.RUN_JSON).read_bytes()
-    m = runstore.read_manifest(run_dir)
+    raw = (run_dir / layout.RUN_JSON).read_bytes()
+    m = manifest.read_manifest(run_dir)
     _same_order(m.to_json(), json.loads(raw))
-    assert m.prompt_set.n == 4 and m.spec.batch == [1, 8] and m.spec.engine == "vllm"
+    assert m.prompt_set.n == 4 and spec_of(m.spec_json).batch == [1, 8] and spec_of(m.spec_json).engine == "vllm"
     assert [c.cell_id for c in m.plan.cells] == [c for ep in m.plan.engines.values() for c in ep.cells]
-    runstore.write_manifest(run_dir, m)
-    assert (run_dir / runstore.RUN_JSON).read_bytes() == raw
+    manifest.write_manifest(run_dir, m)
+    assert (run_dir / layout.RUN_JSON).read_bytes() == raw
     assert Manifest.from_json(m.to_json()).to_json() == m.to_json()
 
 
@@ -525,10 +520,10 @@ OLD_RUN_JSON = {  # an early run.json: no invocations, predictions, tool_source 
 
 
 def test_manifest_of_an_old_run_json_defaults_missing_keys_and_keeps_unknown_ones(tmp_path):
-    from cascade_repro.run.manifest import Manifest
+    from cascade_repro.rundir.manifest import Manifest
 
     m = Manifest.from_json(OLD_RUN_JSON)
-    assert m.spec.engine == "hf" and m.spec.topk == 5 and m.spec.batch == [1, 8]  # retired key dropped
+    assert spec_of(m.spec_json).engine == "hf" and spec_of(m.spec_json).topk == 5 and spec_of(m.spec_json).batch == [1, 8]  # retired key dropped
     assert m.prompt_set.system_prompt_text == "sys" and m.prompt_set.prompt_tokens_max == 0
     assert m.prompt_set.extra == {"some_new_fact": [1]} and m.extra == {"a_key_from_the_future": {"kept": True}}
     cell = m.plan.cells[0]
@@ -542,12 +537,12 @@ def test_manifest_of_an_old_run_json_defaults_missing_keys_and_keeps_unknown_one
     assert {k: v for k, v in out.items() if k != "fail_on" and k != "timings"} == {
         k: v for k, v in OLD_RUN_JSON.items() if k != "timings"
     }
-    (tmp_path / runstore.RUN_JSON).write_text(json.dumps(OLD_RUN_JSON))
-    assert runstore.read_manifest(tmp_path).run_id == "old"
+    (tmp_path / layout.RUN_JSON).write_text(json.dumps(OLD_RUN_JSON))
+    assert manifest.read_manifest(tmp_path).run_id == "old"
 
 
 def test_a_manifest_built_in_code_writes_its_fields_and_leaves_unset_optional_ones_out():
-    from cascade_repro.run.manifest import Manifest
+    from cascade_repro.rundir.manifest import Manifest
 
     out = Manifest(run_id="r").to_json()
     assert out["run_id"] == "r" and out["engines"] == {} and out["timings"] == {} and "spec" in out
@@ -556,7 +551,7 @@ def test_a_manifest_built_in_code_writes_its_fields_and_leaves_unset_optional_on
 
 def test_manifest_edits_write_what_the_same_dict_edits_wrote():
     from cascade_repro.plan.matrix import MatrixSpec, plan
-    from cascade_repro.run.manifest import EngineRecord, Invocation, Manifest
+    from cascade_repro.rundir.manifest import EngineRecord, Invocation, Manifest
 
     # of: exactly the fields given, a None among them (a pending engine's start_s).
     assert EngineRecord.of(effective={}, start_s=None, status="pending", error="").to_json() == {
@@ -609,22 +604,22 @@ def test_each_record_encodes_as_the_dict_writer_did_and_decodes_back():
     ]  # fmt: skip
     for d in old:
         line = json.dumps(d, ensure_ascii=False, separators=(",", ":"))
-        rec = runstore.decode(line.encode())
-        assert runstore.encode(rec) == line
-        assert runstore.decode(d) == rec
-    sample = runstore.decode(json.dumps(old[3]))
-    assert isinstance(sample, runstore.SampleRecord) and sample.token_ids == [1, 2]
-    raw = runstore.encode(sample).encode()
-    assert runstore.is_sample_line(raw) and runstore.SAMPLE_HEAD.match(raw).groups() == (b"c", b"3")
-    assert runstore.decode(b'{"type":"unknown"}') is None
+        rec = codec.decode(line.encode())
+        assert codec.encode(rec) == line
+        assert codec.decode(d) == rec
+    sample = codec.decode(json.dumps(old[3]))
+    assert isinstance(sample, codec.SampleRecord) and sample.token_ids == [1, 2]
+    raw = codec.encode(sample).encode()
+    assert codec.is_sample_line(raw) and codec.SAMPLE_HEAD.match(raw).groups() == (b"c", b"3")
+    assert codec.decode(b'{"type":"unknown"}') is None
 
 
 def test_the_writer_takes_typed_records(tmp_path):
     p = tmp_path / "s.jsonl"
     w = JsonlWriter(p)
-    w.write(runstore.CellStart("c"))
-    w.write(runstore.WaveRecord(cell_id="c", wave=0, batch=1, n_real=1, wall_s=0.1, tokens=2))
-    w.write(runstore.CellDone("c", n_samples=1, wall_s=0.2))
+    w.write(codec.CellStart("c"))
+    w.write(codec.WaveRecord(cell_id="c", wave=0, batch=1, n_real=1, wall_s=0.1, tokens=2))
+    w.write(codec.CellDone("c", n_samples=1, wall_s=0.2))
     w.close()
     prog = read_progress(p)
     assert prog.done == {"c"} and prog.waves["c"][0]["tokens"] == 2
@@ -640,19 +635,19 @@ def test_fresh_clears_everything_the_old_run_derived_from_its_samples(tmp_path):
 
     run_dir = synthetic_run(tmp_path / "run", prompts=16, batch="8,16", max_tokens=64)
     write_reports(run_dir)
-    (run_dir / runstore.MINIMIZE).mkdir()
-    (run_dir / runstore.MINIMIZE / "repro.py").write_text("print()\n")
-    (run_dir / runstore.SWEEP_MD).write_text("| b |\n")
-    runstore.probe_dir(run_dir, "k").mkdir(parents=True)
-    runstore.worker_log(run_dir, "k").write_text("log\n")
-    assert all((run_dir / name).exists() for name in (*runstore.TABLES, *runstore.REPORTS))
+    (run_dir / layout.MINIMIZE).mkdir()
+    (run_dir / layout.MINIMIZE / "repro.py").write_text("print()\n")
+    (run_dir / layout.SWEEP_MD).write_text("| b |\n")
+    layout.probe_dir(run_dir, "k").mkdir(parents=True)
+    layout.worker_log(run_dir, "k").write_text("log\n")
+    assert all((run_dir / name).exists() for name in (*layout.TABLES, *layout.REPORTS))
 
-    run = runstore.read_manifest(run_dir)
-    PreparedRun(run_dir, run, runstore.read_prompts(run_dir), fresh=True).write()
+    run = manifest.read_manifest(run_dir)
+    PreparedRun(run_dir, run, layout.read_prompts(run_dir), fresh=True).write()
     assert sorted(p.name for p in run_dir.iterdir()) == sorted(
-        [runstore.RUN_JSON, runstore.PROMPTS, runstore.SAMPLES]
+        [layout.RUN_JSON, layout.PROMPTS, layout.SAMPLES]
     )
-    assert not list((run_dir / runstore.SAMPLES).iterdir())
+    assert not list((run_dir / layout.SAMPLES).iterdir())
 
 
 # --- SampleScan: one pass -------------------------------------------------------------------------
@@ -684,7 +679,7 @@ def test_one_scan_gives_what_progress_and_the_two_pass_reader_give(tmp_path):
     )
     append_raw(path, b'{"type":"sample","cell_id":"b","wave":0,"prompt_index":0,"token_ids":"x"}\n')
     append_raw(path, b'{"type":"cell_done","cell_id":"c"}\n')
-    scan = runstore.SampleScan(path)
+    scan = sample_scan.SampleScan(path)
     got = list(scan)  # which attempt finished a cell is known once the pass is over
     kept = [(s, r["cell_id"], r["prompt_index"], r["token_ids"][0]) for s, r in got if scan.finished(s, r["cell_id"])]
     want = [("a", 0, 2), ("b", 0, 2), ("a", 1, 3), ("b", 1, 2), ("c", 0, 1)]
@@ -714,11 +709,11 @@ def test_finalize_reads_each_samples_file_once(tmp_path, monkeypatch):
     real_open = builtins.open
 
     def counting_open(file, *args, **kwargs):
-        if str(file).endswith(".jsonl") and Path(file).parent.name == runstore.SAMPLES:
+        if str(file).endswith(".jsonl") and Path(file).parent.name == layout.SAMPLES:
             opened[Path(file).name] += 1
         return real_open(file, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "open", counting_open)
     _, data = finalize(run_dir)
     assert data.examples and data.examples[0].test_text  # the examples came from what was read
-    assert opened == {p.name: 1 for p in runstore.samples_files(run_dir)}
+    assert opened == {p.name: 1 for p in layout.samples_files(run_dir)}

@@ -136,12 +136,13 @@ CHILD = textwrap.dedent(
 
     import pandas, pyarrow.parquet  # imported before the baseline: their code is not sample memory
     from cascade_repro.judge import compare
-    from cascade_repro.run import runner, runstore
+    from cascade_repro.run import runner
+    from cascade_repro.rundir import manifest
     from cascade_repro.report import write_reports
     from cascade_repro.report.load import load_run
 
     run_dir, mode = Path(sys.argv[1]), sys.argv[2]
-    run = runstore.read_run_json(run_dir)
+    run = manifest.read_run_json(run_dir)
     gc.collect()
     base = rss()
     t0 = time.monotonic()

@@ -18,8 +18,8 @@ from cascade_repro.cli import app
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import MatrixSpec, plan, spec_hash
 from cascade_repro.plan.shard import Shard, assign, empty_warning, keys_for, restrict
-from cascade_repro.run import runstore
 from cascade_repro.run.merge import check_shards, merge
+from cascade_repro.rundir import layout, manifest
 
 WIDE = {"COLUMNS": "250"}
 
@@ -122,7 +122,7 @@ def test_more_shards_than_keys_leaves_empty_shards_with_a_warning():
 
 
 def test_restrict_keeps_only_the_shards_cells():
-    from cascade_repro.run.manifest import Manifest
+    from cascade_repro.rundir.manifest import Manifest
 
     spec = MatrixSpec(seeds=[0, 1])
     run = {"plan": plan(spec).to_json()}
@@ -179,7 +179,7 @@ def fake_shard(
     if shard:
         run["shard"] = shard
     path.mkdir(parents=True)
-    runstore.write_json_atomic(path / runstore.RUN_JSON, run)
+    layout.write_json_atomic(path / layout.RUN_JSON, run)
     (path / "prompts.jsonl").write_text(prompts, encoding="utf-8")
     return path
 
@@ -222,9 +222,9 @@ def test_merge_rejects_different_prompts(tmp_path):
 def test_merge_rejects_different_plans(tmp_path):
     a = fake_shard(tmp_path / "a", "1/2")
     b = fake_shard(tmp_path / "b", "2/2")
-    run = runstore.read_run_json(b)
+    run = manifest.read_run_json(b)
     run["plan"]["cells"] = run["plan"]["cells"][:-1]
-    runstore.write_json_atomic(b / runstore.RUN_JSON, run)
+    layout.write_json_atomic(b / layout.RUN_JSON, run)
     with pytest.raises(UsageError, match="different plans"):
         check_shards([a, b])
 
@@ -281,9 +281,9 @@ def test_merge_cli_refuses_a_missing_shard_before_writing_anything(tmp_path):
 def test_merge_warnings_show_no_python_repr(tmp_path):
     a, b = fake_shard(tmp_path / "a", "1/2"), fake_shard(tmp_path / "b", "2/2")
     for path, alpha in ((a, 0.01), (b, 0.05)):
-        run = runstore.read_run_json(path)
+        run = manifest.read_run_json(path)
         run["thresholds"] = {"alpha": alpha, "drift_min": 2.0}
-        runstore.write_json_atomic(path / runstore.RUN_JSON, run)
+        layout.write_json_atomic(path / layout.RUN_JSON, run)
     _, warnings = check_shards([a, b])
     assert warnings == [
         'shards differ in thresholds: {"alpha": 0.01, "drift_min": 2.0}, {"alpha": 0.05, "drift_min": 2.0}'
@@ -385,8 +385,8 @@ def test_merged_comparisons_and_verdicts_equal_the_unsharded_run(runs):
 
 
 def test_shards_share_the_matrix_and_hold_only_their_engine_keys(runs):
-    s1, s2 = (runstore.read_run_json(runs[f"shard{i}"].run_dir) for i in (1, 2))
-    whole = runstore.read_run_json(runs["whole"].run_dir)
+    s1, s2 = (manifest.read_run_json(runs[f"shard{i}"].run_dir) for i in (1, 2))
+    whole = manifest.read_run_json(runs["whole"].run_dir)
     assert s1["shard"] == "1/2" and s2["shard"] == "2/2" and "shard" not in whole
     assert s1["spec_hash"] == s2["spec_hash"] == whole["spec_hash"]
     assert s1["plan"] == s2["plan"] == whole["plan"]
@@ -399,7 +399,7 @@ def test_shards_share_the_matrix_and_hold_only_their_engine_keys(runs):
 
 
 def test_merged_run_json_lists_every_shard(runs):
-    merged = runstore.read_run_json(runs["merged"])
+    merged = manifest.read_run_json(runs["merged"])
     assert "shard" not in merged
     assert [s["shard"] for s in merged["shards"]] == ["1/2", "2/2"]
     assert [s["engine_keys"] for s in merged["shards"]] == [["fake-tp1-auto-s0"], ["fake-tp1-auto-s1"]]
@@ -438,7 +438,7 @@ def test_merge_with_a_missing_shard_fails_unless_partial_is_allowed(runs):
     assert (cells.loc[cells["seed"] == 0, "status"] == "done").all()
     pairs = pd.read_parquet(out / "pairs.parquet").set_index("pair_id")
     assert pairs.loc["tp1-b8-cascade-s1~flat", "verdict"] == "error"
-    assert runstore.read_run_json(out)["shards_missing"] == ["2/2"]
+    assert manifest.read_run_json(out)["shards_missing"] == ["2/2"]
     res = invoke("merge", str(runs["root"] / "partial2"), str(runs["shard1"].run_dir), "--fail-on", "error",
                  "--allow-partial")  # fmt: skip
     assert res.exit_code == 1
@@ -463,7 +463,7 @@ def test_empty_shard_runs_nothing_and_merges(runs, tmp_path):
         spec, RunOptions(results_dir=tmp_path, run_id="e", progress=False, shard=Shard(3, 3))
     )
     assert outcome.exit_code == 0
-    assert runstore.read_run_json(outcome.run_dir)["shard"] == "3/3"
+    assert manifest.read_run_json(outcome.run_dir)["shard"] == "3/3"
     assert not list((outcome.run_dir / "samples").iterdir())
 
 
@@ -479,7 +479,7 @@ def test_rerunning_a_finished_shard_counts_its_cells_once(runs, shard):
     from cascade_repro.run.runner import execute
 
     run_dir = runs[shard].run_dir
-    n = len(restrict(runstore.read_manifest(run_dir)).plan.cells)
+    n = len(restrict(manifest.read_manifest(run_dir)).plan.cells)
     buf = io.StringIO()
     assert execute(run_dir, show_progress=False, console=Console(file=buf, width=300)) == []
     assert buf.getvalue().splitlines()[0] == (

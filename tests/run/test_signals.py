@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from cascade_repro.plan import models
-from cascade_repro.run import runstore
+from cascade_repro.rundir import layout, sample_scan
 
 HINT = "interrupted: finished cells are kept; rerun the same command to resume"
 
@@ -165,7 +165,7 @@ def test_a_signal_in_any_phase_ends_as_ctrl_c(
     assert "Traceback" not in res.stderr
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert lines and lines[-1] == HINT and sum("interrupted" in ln for ln in lines) == 1, res.stderr
-    assert not list(tmp_path.rglob(runstore.LOCK))  # no stale lock, wherever the run directory is
+    assert not list(tmp_path.rglob(layout.LOCK))  # no stale lock, wherever the run directory is
     assert not list(tmp_path.rglob(f"{models.CONVERT_PREFIX}*"))  # the cut conversion's folder is gone
     note = tmp_path / "note"
     if phase.id == "convert":
@@ -174,7 +174,7 @@ def test_a_signal_in_any_phase_ends_as_ctrl_c(
     if phase.id in ("engine-start", "mid-wave"):
         assert not _alive(int(note.read_text()))  # the worker's process group was killed
     if phase.id == "mid-wave":
-        prog = runstore.read_progress(runstore.samples_files(tmp_path / "results" / "r")[0])
+        prog = sample_scan.read_progress(layout.samples_files(tmp_path / "results" / "r")[0])
         assert prog.waves and not prog.done  # cut inside the first cell, after a wave: that wave is kept
 
 

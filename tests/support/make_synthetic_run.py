@@ -45,7 +45,7 @@ import synth  # noqa: E402
 from cascade_repro.judge.metrics import divergence_metrics, repetition_metrics  # noqa: E402
 from cascade_repro.judge.verdicts import Evidence, Thresholds, decide, paired_bootstrap_ci  # noqa: E402
 from cascade_repro.plan.matrix import MatrixSpec, plan, waves  # noqa: E402
-from cascade_repro.run import runstore  # noqa: E402
+from cascade_repro.rundir import layout  # noqa: E402
 
 LAYERS = 30  # SmolLM2-135M: cascade_calls = steps x layers
 from cascade_repro.judge.compare import TWIN_AXES  # noqa: E402 - the pairing axes, defined once
@@ -152,7 +152,7 @@ def write_engine_key(args: tuple) -> dict[str, Any]:
         f.close()
     # Assemble the samples file in the worker's order, with its control records.
     waves_out: dict[str, list[dict[str, Any]]] = {}
-    with open(runstore.samples_path(run_dir, key), "w", encoding="utf-8") as out:
+    with open(layout.samples_path(run_dir, key), "w", encoding="utf-8") as out:
         out.write(dumps({"type": "engine", "engine_key": key, "effective": {"engine": "vllm", "tp": cells[0]["tp"]},
                          "shared_prefix_tokens": 412, "start_s": 41.3,
                          "started_at": "2026-01-02T03:04:05+0000"}) + "\n")  # fmt: skip
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                     for k in engines.engines},
         "timings": {"total_s": 5400.0},
     }  # fmt: skip
-    runstore.write_json_atomic(run_dir / "run.json", run)
+    layout.write_json_atomic(run_dir / "run.json", run)
     with open(run_dir / "prompts.jsonl", "w", encoding="utf-8") as f:
         for i in range(n):
             f.write(json.dumps({"key": f"ko-{i:05d}", "prompt": f"synthetic prompt {i}", "instruction_id_list": [],
@@ -334,9 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     pairs_df = pd.DataFrame(aggs)
     comp_df = pd.DataFrame(comps)
     comp_df["topk_ok"] = comp_df["topk_ok"].astype("object")
-    cells_df.to_parquet(run_dir / runstore.CELLS, index=False)
-    pairs_df.to_parquet(run_dir / runstore.PAIRS, index=False)
-    comp_df.to_parquet(run_dir / runstore.COMPARISONS, index=False)
+    cells_df.to_parquet(run_dir / layout.CELLS, index=False)
+    pairs_df.to_parquet(run_dir / layout.PAIRS, index=False)
+    comp_df.to_parquet(run_dir / layout.COMPARISONS, index=False)
 
     size = sum(p.stat().st_size for p in (run_dir / "samples").glob("*.jsonl"))
     n_samples = sum(len(r) for r in reps.values())

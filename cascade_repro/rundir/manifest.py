@@ -4,22 +4,26 @@ Every section is a :class:`~cascade_repro.section.Section`: ``Manifest.from_json
 version of the harness wrote (missing keys: defaults; unknown keys kept in ``extra`` and written
 back), and ``Manifest.to_json`` gives back the dict that was read, key for key (order included), so
 the bytes of run.json survive a round trip. The plan is the planner's own type
-(:class:`~cascade_repro.plan.matrix.Plan` of ``EnginePlan``s and ``Cell``s). ``runstore.read_manifest``
-/ ``runstore.write_manifest`` are the file's reader and writer; the spec is a
-:class:`~cascade_repro.plan.matrix.MatrixSpec` built without validation (a stored spec was valid
-where it was made; ``--engine-args`` checks depend on the installed vLLM).
+(:class:`~cascade_repro.rundir.cells.Plan` of ``EnginePlan``s and ``Cell``s). ``read_manifest``
+/ ``write_manifest`` are the file's reader and writer. The spec is kept as stored (``spec_json``):
+the planner reads it as its ``MatrixSpec`` (``plan.matrix.spec_of``), so this room never imports
+the planner.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
+import json
 import types
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
-from cascade_repro.plan.matrix import MatrixSpec, Plan
+from cascade_repro import twin as twins
+from cascade_repro.errors import EnvironmentFailure, UsageError
+from cascade_repro.rundir.cells import Plan
+from cascade_repro.rundir.layout import RUN_JSON, shown, write_run_json
 from cascade_repro.section import Section, section_list, section_map, section_one
 from cascade_repro.twin import TwinAxis
 
@@ -82,7 +86,7 @@ class Timings(Section):
 
 @dataclass
 class Manifest(Section):
-    """run.json. ``spec_json`` is the spec as stored; ``spec`` its :class:`MatrixSpec`."""
+    """run.json. ``spec_json`` is the spec as stored (``plan.matrix.spec_of`` reads it as a ``MatrixSpec``)."""
 
     _nested: ClassVar[dict[str, tuple[Any, Any]]] = {
         "prompt_set": section_one(PromptSetFacts),
@@ -144,25 +148,17 @@ class Manifest(Section):
         return {("spec" if k == "spec_json" else k): v for k, v in out.items()}
 
     @property
-    def spec(self) -> MatrixSpec:
-        """The stored spec as a MatrixSpec (keys this version does not know are left out)."""
-        return spec_of(self.spec_json)
-
-    @property
     def twin(self) -> TwinAxis:
         """The run's twin, resolved once from the text run.json keeps (a run from before --twin:
         cascade); resolved again only if that text changes."""
         text = self.spec_json.get("twin") if isinstance(self.spec_json, dict) else None
         hit = self.__dict__.get("_twin")
         if hit is None or hit[0] != text:
-            hit = self.__dict__["_twin"] = (text, self.spec.twin_axis)
+            hit = self.__dict__["_twin"] = (text, twins.resolve(text or None))
         return hit[1]
 
     def stored(self, name: str) -> Any:
         return super().stored("spec_json" if name == "spec" else name)  # run.json's name for it
-
-    def set_spec(self, spec: MatrixSpec) -> None:
-        self.spec_json = spec.to_dict()
 
     @property
     def stack_env(self) -> dict[str, Any]:
@@ -249,7 +245,7 @@ def _kind(value: Any) -> str:
 
 def type_problem(value: Any, hint: Any, where: str) -> str | None:
     """Why ``value`` at ``where`` (a dotted path) does not hold the JSON type of annotation ``hint``,
-    or None: run.json's sections here, the samples files' control records in ``runstore``."""
+    or None: run.json's sections here, the samples files' control records in ``rundir``."""
     if hint is Any:
         return None
     origin = typing.get_origin(hint)
@@ -296,8 +292,37 @@ def type_problem(value: Any, hint: Any, where: str) -> str | None:
     return f"{where!r} is {_kind(value)}, not {_WORDS[hint]}"
 
 
-def spec_of(data: Any) -> MatrixSpec:
-    """A MatrixSpec from a stored spec dict, tolerant: unknown keys dropped, missing ones defaulted."""
-    data = data if isinstance(data, dict) else {}
-    names = {f.name for f in dataclasses.fields(MatrixSpec)}
-    return MatrixSpec(**{k: v for k, v in data.items() if k in names})
+# --- run.json's reader and writer ---------------------------------------------------------------
+
+
+def read_manifest(run_dir: Path, require: tuple[str, ...] = ()) -> Manifest:
+    """run.json as a :class:`~cascade_repro.rundir.manifest.Manifest` (any version's file), checked
+    (:func:`read_run_json`); ``require``: sections it must hold (``manifest.SCORED`` to score it)."""
+    return Manifest.from_json(read_run_json(run_dir, require))
+
+
+def write_manifest(run_dir: Path, manifest: Manifest) -> None:
+    write_run_json(run_dir, manifest.to_json())
+
+
+def read_run_json(run_dir: Path, require: tuple[str, ...] = ()) -> dict[str, Any]:
+    """run.json's JSON object, checked where it enters (:func:`~cascade_repro.rundir.manifest.manifest_problem`):
+    a file that is not JSON, not an object, lacks a section in ``require`` or holds a section of the
+    wrong type is a one-line UsageError naming the file and the section, before any caller reads or
+    writes a thing."""
+    p = Path(run_dir) / RUN_JSON
+    try:
+        data = json.loads(p.read_bytes())
+    except FileNotFoundError:
+        raise UsageError(f"not a cascade-repro run directory: {shown(run_dir)} (missing run.json)") from None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{shown(p)}: corrupt JSON at line {e.lineno}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{shown(p)}: corrupt JSON (not UTF-8 text)") from None
+    except IsADirectoryError:
+        raise UsageError(f"{shown(p)} is a folder, not a file") from None
+    except OSError as e:
+        raise EnvironmentFailure.from_oserror(e, "cannot read run.json") from None
+    if (why := manifest_problem(data, require)) is not None:
+        raise UsageError(f"{shown(p)}: {why}; not a run.json this tool wrote (damaged or edited)")
+    return data
