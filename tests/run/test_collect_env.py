@@ -21,12 +21,17 @@ def test_no_vllm_no_collect_env(monkeypatch):
 
 
 def test_report_md_and_issue_md_carry_it_collapsed(tmp_path):
-    import importlib
+    import importlib.util
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).parents[1]))
-    tr = importlib.import_module("test_report")
+    # test_report.py's run builder, by its file: the folder holding it is not on the path when this
+    # module runs on a worker that collected no report test.
+    spec = importlib.util.spec_from_file_location("test_report", Path(__file__).parents[1] / "report" / "test_report.py")
+    tr = sys.modules.get("test_report") or importlib.util.module_from_spec(spec)
+    if "test_report" not in sys.modules:
+        sys.modules["test_report"] = tr
+        spec.loader.exec_module(tr)
     from cascade_repro.minimize.render import _collect_env_block
     from cascade_repro.report.load import load_run
     from cascade_repro.report.markdown import MarkdownFormatter
