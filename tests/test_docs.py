@@ -169,3 +169,19 @@ def test_the_usage_blocks_matrix_options_are_in_matrix_help():
             if w.startswith("--")}  # fmt: skip
     shown = CliRunner().invoke(app, ["matrix", "--help"], env={"COLUMNS": "250"}).stdout
     assert used and {o for o in used if not re.search(rf"(^|[ ,]){re.escape(o)}[ ,\n]", shown)} == set()
+
+
+ARCHITECTURE = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+
+
+def test_architecture_answers_where_to_add_each_thing_with_files_that_exist():
+    """docs/architecture.md's "Where do I add ..." names, for a twin, a statistic, a report section and
+    a vLLM flag spelling, files of the package as they are."""
+    where = ARCHITECTURE.split("## Where do I add ...", 1)[1].split("\n## ", 1)[0]
+    answers = dict(re.findall(r"^\*\*(A [^*]+)\*\*(.*?)(?=^\*\*A |\Z)", where, re.S | re.M))
+    assert set(answers) == {"A twin", "A statistic", "A report section", "A vLLM flag spelling"}
+    for question, answer in answers.items():
+        files = re.findall(r"`([\w/]+\.(?:py|json|md))`", answer)
+        assert files, f"{question}: names no file"
+        for name in files:
+            assert (ROOT / "cascade_repro" / name).exists() or (ROOT / name).exists(), f"{question}: no {name}"

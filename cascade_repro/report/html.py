@@ -3,20 +3,9 @@
 from __future__ import annotations
 
 from html import escape
+from typing import assert_never
 
-from cascade_repro.report import (
-    environment,
-    headline,
-    power,
-    prose,
-    reproduce,
-    speed_table,
-    summary,
-    svg,
-    tables,
-    verdict_table,
-    view,
-)
+from cascade_repro.report import headline, prose, reproduce, sections, summary, svg, tables, view
 from cascade_repro.report import reference as ref
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.load import Example, RunData
@@ -74,16 +63,6 @@ def html_table(table: view.Table, empty: str, css: str = "") -> str:
     )
     cls = f' class="{css}"' if css else ""
     return f'<div class="scroll"><table{cls}>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody>\n</table></div>'
-
-
-def _detection_power(data: RunData) -> list[str]:
-    entries = power.detection_power(data)
-    if not entries:
-        return [f"<p>{power.not_calibrated(data, _code)}</p>"]
-    out = []
-    for e in entries:
-        out += [f"<p>{escape(e['statement'])}</p>", html_table(power.ladder_table(data, e), "no shifts")]
-    return out
 
 
 def _pre(text: str | None) -> str:
@@ -184,41 +163,15 @@ class HtmlFormatter(ReportFormatter):
             '<div class="summary">',
             "<h2>Verdicts</h2>",
             html_table(summary.summary_table(data), f"no {data.twin.family} pairs", css="summary"),
+            f'<p class="cap">{escape(ref.rule_note(data))}</p>',
             "</div>",
             "<h2>Evidence</h2>",
             *_plots(data),
         ]
-        evidence = [html_table(verdict_table.verdict_table(data), f"no {data.twin.family} pairs")]
-        for note in (prose.drift_note(data), prose.if_note(data)):
-            if note:
-                evidence.append(f'<p class="cap">{escape(note)}</p>')
-        out += _section("Per-pair evidence", evidence)
-        reference = [f"<p>{escape(ref.rule_note(data))}</p>"]
-        if ref.has_reference(data):
-            reference += [
-                html_table(ref.reference_table(data), "no pair scored"),
-                f'<p class="cap">{escape(ref.REFERENCE_NOTE)}</p>',
-            ]
-        out += _section("Against the reference", reference)
-        if speed_table.has_speed(data):
+        for section in sections.sections(data):
             out += _section(
-                "Decode speed",
-                [
-                    html_table(speed_table.speed_table(data), "no timed pairs"),
-                    f'<p class="cap">{escape(speed_table.SPEED_NOTE)}</p>',
-                ],
+                section.title, [line for block in section.content(data) for line in _block(block)]
             )
-        out += _section("Detection power", _detection_power(data))
-        out += _section("Noise floor", [html_table(tables.noise_table(data), "no control pairs")])
-        out += _section("Cells", [html_table(tables.cell_table(data), "no cells")])
-        if data.examples:
-            note = [f'<p class="nodata">{escape(data.samples_missing)}</p>'] if data.samples_missing else []
-            out += _section("Most divergent prompts", [*note, *(_example(ex) for ex in data.examples)])
-        if (inv := tables.invocations_table(data)) is not None:
-            out += _section("Invocations", [html_table(inv, "one invocation")])
-        env = "\n".join(f"{k}: {v}" for k, v in environment.env_lines(data))
-        out += _section("Environment", [f"<pre>{escape(env)}</pre>"])
-        out += _section("About this report", [f"<p>{prose.intro(data, _code)}</p>"])
         lines = reproduce.reproduce_lines(data)
         out += [
             "<h2>Reproduce</h2>",
@@ -233,3 +186,25 @@ class HtmlFormatter(ReportFormatter):
             ]
         out += ["</main></body>", "</html>"]
         return "\n".join(out) + "\n"
+
+
+def _block(block: sections.Block) -> list[str]:
+    """One content block as HTML lines."""
+    match block:
+        case sections.TableBlock(table, empty) | sections.PairsBlock(table, empty):
+            return [html_table(table, empty)]
+        case sections.Note(text):
+            return [f'<p class="cap">{escape(text)}</p>']
+        case sections.Para(text):
+            return [f"<p>{escape(text)}</p>"]
+        case sections.CodedPara(make):
+            return [f"<p>{make(_code)}</p>"]
+        case sections.Bullets(lead, items):
+            return [f"<p>{escape(lead)}</p>", "<ul>", *(f"<li>{escape(x)}</li>" for x in items), "</ul>"]
+        case sections.Preformatted(text):
+            return [f"<pre>{escape(text)}</pre>"]
+        case sections.Examples(examples, missing):
+            note = [f'<p class="nodata">{escape(missing)}</p>'] if missing else []
+            return [*note, *(_example(ex) for ex in examples)]
+        case _:
+            assert_never(block)

@@ -3,24 +3,14 @@
 from __future__ import annotations
 
 import html
+from typing import assert_never
 
 from cascade_repro.judge import outcome
-from cascade_repro.report import (
-    environment,
-    headline,
-    power,
-    prose,
-    reproduce,
-    speed_table,
-    summary,
-    tables,
-    verdict_table,
-    view,
-)
+from cascade_repro.report import headline, prose, reproduce, sections, summary, tables, view
 from cascade_repro.report import reference as ref
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.load import Example, RunData
-from cascade_repro.report.text import clean, fence_for, md_inline, md_table_rows, one_line, terminal_output
+from cascade_repro.report.text import clean, fence_for, md_inline, md_table_rows, one_line
 from cascade_repro.rundir import layout
 
 # GitHub rejects issue bodies over 65536 characters; keep each sample text well below that.
@@ -30,6 +20,16 @@ GITHUB_LIMIT = 60_000
 # What a report too long for an issue leaves out, in this order (all of it stays in report.html).
 SHORTENINGS = ("examples", "cells", "environment", "noise", "speed", "verdict rows")
 MAX_VERDICT_ROWS = 40
+# The sections each shortening leaves out.
+DROPS = {"examples": {"examples"}, "cells": {"cells"}, "environment": {"environment", "collect_env"},
+         "noise": {"noise"}, "speed": {"speed"}}  # fmt: skip
+# Sections shown under a heading, not folded: each divergent prompt is folded on its own.
+UNFOLDED = {"examples"}
+
+
+def dropped_sections(drop: set[str]) -> set[str]:
+    """The ids of the sections a shortening to ``drop`` leaves out."""
+    return {sid for d in drop for sid in DROPS.get(d, ())}
 
 
 def shortened_note(dropped: set[str]) -> str:
@@ -118,16 +118,6 @@ def _example(ex: Example) -> list[str]:
     ]
 
 
-def _detection_power(data: RunData) -> list[str]:
-    entries = power.detection_power(data)
-    if not entries:
-        return [power.not_calibrated(data, md_code), ""]
-    out = []
-    for e in entries:
-        out += [md_text(e["statement"]), "", *md_table(power.ladder_table(data, e), "no shifts"), ""]
-    return out
-
-
 class MarkdownFormatter(ReportFormatter):
     """Render report.md."""
 
@@ -157,46 +147,14 @@ class MarkdownFormatter(ReportFormatter):
         if drop:
             out += [f"_{md_text(shortened_note(drop))}_", ""]
         out += [f"_{md_text(ref.rule_note(data))}_", ""]
-        out += _collapsed("What this run compares", [prose.intro(data, md_code)])
-        out += _collapsed("Evidence per pair", _evidence(data, "verdict rows" in drop))
-        if ref.has_reference(data):
-            body = [
-                *md_table(ref.reference_table(data), "no pair scored"),
-                "",
-                f"_{md_text(ref.REFERENCE_NOTE)}_",
-            ]
-            if lines := ref.by_step_lines(data):
-                body += [
-                    "",
-                    "Error against the reference by decode step:",
-                    "",
-                    *(f"- {md_text(x)}" for x in lines),
-                ]
-            out += _collapsed("Against the reference", body)
-        if speed_table.has_speed(data) and "speed" not in drop:
-            body = [
-                *md_table(speed_table.speed_table(data), "no timed pairs"),
-                "",
-                f"_{md_text(speed_table.SPEED_NOTE)}_",
-            ]
-            out += _collapsed("Decode speed", body)
-        out += _collapsed("Detection power", _detection_power(data))
-        if "noise" not in drop:
-            out += _collapsed("Noise floor", md_table(tables.noise_table(data), "no control pairs"))
-        if "cells" not in drop:
-            out += _collapsed("Cells", md_table(tables.cell_table(data), "no cells"))
-        if data.examples and "examples" not in drop:
-            out += ["### Most divergent prompts", ""]
-            for ex in data.examples:
-                out += _example(ex)
-        if (inv := tables.invocations_table(data)) is not None:
-            out += _collapsed("Invocations", md_table(inv, "one invocation"))
-        env = "\n".join(f"{k}: {v}" for k, v in environment.env_lines(data))
-        if "environment" not in drop:
-            out += _collapsed("Environment", fenced(env, "text"))
-            collected = data.manifest.vllm_collect_env
-            if isinstance(collected, str) and collected.strip():
-                out += _collapsed("vLLM's collect_env", fenced(terminal_output(collected), "text"))
+        for section in sections.sections(data):
+            if section.id in dropped_sections(drop):
+                continue
+            body = [line for block in section.content(data) for line in _block(block, drop)]
+            if section.id in UNFOLDED:
+                out += [f"### {section.title}", "", *body]
+            else:
+                out += _collapsed(section.title, body)
         out += ["### Reproduce", ""]
         lines = reproduce.reproduce_lines(data)
         if lines:
@@ -234,14 +192,37 @@ def _collapsed(summary: str, body: list[str]) -> list[str]:
     ]
 
 
-def _evidence(data: RunData, worst_only: bool) -> list[str]:
-    """Each cascade pair's evidence as a two-column table (every number the verdict weighed) and
-    its reasons in words; the notes that explain the columns below them."""
-    table = verdict_table.verdict_table(data)
+def _block(block: sections.Block, drop: set[str]) -> list[str]:
+    """One content block as markdown lines, a blank line after it."""
+    match block:
+        case sections.TableBlock(table, empty):
+            return [*md_table(table, empty), ""]
+        case sections.PairsBlock(table, empty):
+            return _pairs(table, empty, "verdict rows" in drop)
+        case sections.Note(text):
+            return [f"_{md_text(text)}_", ""]
+        case sections.Para(text):
+            return [md_text(text), ""]
+        case sections.CodedPara(make):
+            return [make(md_code), ""]
+        case sections.Bullets(lead, items):
+            return [md_text(lead), "", *(f"- {md_text(x)}" for x in items), ""]
+        case sections.Preformatted(text):
+            return [*fenced(text, "text"), ""]
+        case sections.Examples(examples, missing):
+            note = [f"_{md_text(missing)}_", ""] if missing else []
+            return [*note, *(line for ex in examples for line in _example(ex))]
+        case _:
+            assert_never(block)
+
+
+def _pairs(table: view.Table, empty: str, worst_only: bool) -> list[str]:
+    """Each pair's evidence as a two-column table (every number the verdict weighed), then its
+    reasons in words."""
     if worst_only:
         table = _worst_rows(table, MAX_VERDICT_ROWS)
     if not table.rows:
-        return [f"_no {data.twin.family} pairs_"]
+        return [f"_{empty}_", ""]
     out: list[str] = []
     reasons = table.headers.index("reasons")
     for row in table.rows:
@@ -251,7 +232,4 @@ def _evidence(data: RunData, worst_only: bool) -> list[str]:
         fields = [[h, v] for h, v in zip(table.headers[1:], row[1:], strict=True) if h != "reasons"]
         out += [f"#### {md_text(str(row[0]))}", "", *md_table_rows(["evidence", "value"], fields), ""]
         out += [md_text(str(row[reasons])), ""]
-    for note in (prose.drift_note(data), prose.if_note(data), prose.unscored_note(data)):
-        if note:
-            out += [f"_{md_text(note)}_", ""]
-    return out[:-1]
+    return out

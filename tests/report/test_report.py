@@ -10,6 +10,7 @@ and review the diff before committing.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -29,6 +30,8 @@ from cascade_repro.report import (
     ReportFormatter,
     formatter_for,
     load_run,
+    prose,
+    sections,
     write_reports,
 )
 from cascade_repro.report.headline import headline
@@ -57,6 +60,7 @@ def assert_summary_valid(text: str) -> None:
     from cascade_repro.report.json import summary_schema
 
     jsonschema.Draft202012Validator(summary_schema()).validate(json.loads(text))
+
 
 GOLDEN = Path(__file__).parents[1] / "golden"
 NAN = float("nan")
@@ -139,8 +143,12 @@ RUN = {
         "sms_source": "run.json env.sm_count",
         "cells": {
             "tp1-b1-s0-cascade": {"prefill": False, "decode": False, "decode_from_batch": 45},
-            "tp1-b8-s0-cascade": {"prefill": True, "decode": False, "decode_from_batch": 45,
-                                  "decode_cost": {"cascade": 13, "flash_decoding": 19}},
+            "tp1-b8-s0-cascade": {
+                "prefill": True,
+                "decode": False,
+                "decode_from_batch": 45,
+                "decode_cost": {"cascade": 13, "flash_decoding": 19},
+            },
             "tp1-b8-s1-cascade": {"prefill": True, "decode": None, "decode_from_batch": None},
             "tp1-b8-s0-flat": {"prefill": False, "decode": False, "decode_from_batch": 45},
         },
@@ -646,6 +654,31 @@ def test_golden(run_dir: Path, formatter: ReportFormatter, golden: str) -> None:
     _golden(golden, formatter.render(load_run(run_dir)))
 
 
+def section_titles(text: str) -> list[str]:
+    """The titles of a report's sections, in order: report.md's folded ones and headings, report.html's."""
+    titles = re.findall(r"^(?:<details><summary>|### |<summary><h2>)([^<\n]+)", text, re.M)
+    # Left out: the Reproduce block and its repro.py, and each divergent prompt's own fold ("p02 · prompt 2 · ...").
+    return [
+        html.unescape(t) for t in titles if not t.startswith(("repro.py", "Reproduce")) and " · " not in t
+    ]
+
+
+def test_markdown_and_html_render_one_section_list(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both formats show every section that applies, with the same titles in the same order and the same notes
+    (the HTML once titled a section its own way and left out the unscored-prompt note)."""
+    note = "IFEval: 1 prompt unscored (no verifier for x:y)"
+    monkeypatch.setattr(prose, "unscored_note", lambda data: note)
+    data = load_run(run_dir)
+    data.manifest.vllm_collect_env = "PyTorch version: 2.9.0"
+    titles = [s.title for s in sections.sections(data)]
+    assert "vLLM's collect_env" in titles and "Evidence per pair" in titles
+    md, page = MarkdownFormatter().render(data), HtmlFormatter().render(data)
+    assert section_titles(md) == titles
+    assert section_titles(page) == titles
+    assert md.count(note) == page.count(note) == 1
+    assert md.count("PyTorch version: 2.9.0") == page.count("PyTorch version: 2.9.0") == 1
+
+
 def assert_reads_on_github(markdown: str, expected_headline: str, *, fits: bool = True) -> gfm.Rendered:
     """report.md through cmark-gfm: nothing struck through, the headline as written, and (fits)
     every table shown open within the issue column's budget."""
@@ -982,7 +1015,14 @@ def test_read_samples_reads_what_scoring_read(tmp_path: Path) -> None:
     from cascade_repro.rundir.sample_scan import PromptIds
 
     def sample(cell: str, text: str, key: str = "k0") -> dict:
-        return {"type": "sample", "cell_id": cell, "prompt_index": 0, "prompt_key": key, "token_ids": [1], "text": text}
+        return {
+            "type": "sample",
+            "cell_id": cell,
+            "prompt_index": 0,
+            "prompt_key": key,
+            "token_ids": [1],
+            "text": text,
+        }
 
     path = tmp_path / "k.jsonl"
     lines = [
@@ -1405,7 +1445,9 @@ def test_junit_has_the_attributes_the_ant_schema_requires(run_dir: Path) -> None
     assert suite.get("hostname") == "localhost" and suite.get("time") == "123.400"
     cases = suite.findall("testcase")
     assert cases and all(re.fullmatch(r"\d+\.\d{3}", tc.get("time")) for tc in cases)
-    assert all(tc.find("system-out") is not None and "decided by" in tc.find("system-out").text for tc in cases)
+    assert all(
+        tc.find("system-out") is not None and "decided by" in tc.find("system-out").text for tc in cases
+    )
 
 
 def test_report_md_of_a_200_cell_run_fits_a_github_issue(tmp_path: Path) -> None:
@@ -1555,7 +1597,9 @@ def test_report_of_a_run_cut_before_any_sample_scores_it_as_not_finished(synth16
 
     res = CliRunner().invoke(app, ["report", str(run_dir)])
     assert res.exit_code == 5, res.output
-    assert res.stderr.endswith(f"exit 5: not finished: {n_cells} of {n_cells} cells never ran; rerun the same command\n")
+    assert res.stderr.endswith(
+        f"exit 5: not finished: {n_cells} of {n_cells} cells never ran; rerun the same command\n"
+    )
 
 
 # --- re-rendering a run without samples/ (issue 31, part 4) --------------------------------------

@@ -67,7 +67,7 @@ def test_the_regression_run_plots_each_configuration(pages) -> None:
     for legend in ("cascade FA2", "control FA2", "cascade FA3", "control FA3"):
         assert f">{legend}</text>" in page, legend
     assert "Prompts diverged, cascade vs control" in page and "Divergences outside top-k" in page
-    assert "calibration" not in page.split("<h2>Evidence</h2>")[1].split("Per-pair evidence")[0]
+    assert "calibration" not in page.split("<h2>Evidence</h2>")[1].split("<h2>What this run compares</h2>")[0]
     calibrated, _ = pages["fa3-ko-cal"]
     assert "grey italic rows are calibration pairs" in calibrated
 
@@ -86,7 +86,7 @@ def test_a_backend_twins_page_is_its_own_and_every_label_is_whole(tmp_path: Path
     data = load_run(TWIN_RUNS[name])
     axis = twin.of(spec_of(data.manifest.spec_json))
     page = HtmlFormatter().render(data)
-    evidence = page.split("<h2>Evidence</h2>")[1].split("Per-pair evidence")[0]
+    evidence = page.split("<h2>Evidence</h2>")[1].split("<h2>What this run compares</h2>")[0]
     # It leads with what decided: each pair's error ratio against the reference, its CI, the minimum effect.
     assert evidence.index("Error against the reference, test over twin") < evidence.index("Prompts diverged")
     assert 'class="threshold"' in evidence.split("</svg>")[0]

@@ -200,7 +200,7 @@ def test_what_this_run_compares_describes_the_rule_that_decided(run_dir: Path) -
     md = MarkdownFormatter().render(data)
     intro = md.split("<summary>What this run compares</summary>", 1)[1].split("</details>", 1)[0]
     page = HtmlFormatter().render(data)
-    about = page.split("About this report", 1)[1]
+    about = page.split("<h2>What this run compares</h2>", 1)[1].split("</details>", 1)[0]
     reference_rule, arm_rule = "judged against a reference", "the logprobs must not move"
     if has_reference(data):
         assert reference_rule in intro and arm_rule not in intro
