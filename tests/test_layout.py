@@ -4,7 +4,10 @@ Every import statement of every module (function level included) is read; an imp
 into a LATER stage, or into one of the commands and tools at the top of the package, must be one
 of the few listed here with why. engines/ and vllm_surface/ stand beside the flow: any stage may use
 them; engines/ may use the stages up to run/ (what it builds from), vllm_surface/ nothing but the
-shared modules. twin.py, errors.py, exit_codes.py, atomic.py, section.py, userpath.py and hub.py are shared by all. docs/architecture.md describes the same.
+shared modules; rundir/, the run directory's room, stands below every stage and imports only the
+shared modules. twin.py, errors.py, exit_codes.py, atomic.py, section.py, userpath.py and hub.py are
+shared by all. docs/architecture.md describes the same. The exceptions left: the runner and a merge
+scoring and reporting once the workers finish, and the prompt loader checking IFEval kwargs types.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ BELOW = {"rundir"}
 # (importing module, imported stage or tool): why the flow runs backwards there.
 EXCEPTIONS = {
     ("prompts.promptsets", "judge"): "a record's IFEval kwargs are checked, where it enters, against the types its verifier takes",
-    ("plan.estimate", "run"): "the estimate counts FA2's first-start JIT only where its cache is cold (run/cuda_cache)",
     ("run.runner", "judge"): "the runner scores the run once its workers finish",
     ("run.runner", "report"): "and writes its reports",
     ("run.merge", "report"): "a merge ends in the merged run's outcome and reports",

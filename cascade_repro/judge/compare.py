@@ -164,7 +164,7 @@ def load_cell_samples(
 
 def _add_sample(cs: CellSamples, rec: dict[str, Any], prompts: list[Any], reference: dict[str, Any]) -> None:
     """Score one sample record into its cell's samples (a later record of a prompt replaces an earlier one)."""
-    from cascade_repro.run.reference import fingerprint
+    from cascade_repro.rundir.reference import fingerprint
 
     i = rec["prompt_index"]
     cs.tokens[i] = rec["token_ids"]
@@ -493,7 +493,7 @@ def score_samples(
     pair_specs = plan_pairs(cells, twin)
     candidates = control_candidates(pair_specs)
     wanted = {c.cell_id for c in cells}
-    from cascade_repro.run.reference import read_reference
+    from cascade_repro.rundir.reference import read_reference
 
     ref_rows, ref_start = read_reference(run_dir)
     reference = str(ref_start.get("dtype") or "") if ref_rows else ""

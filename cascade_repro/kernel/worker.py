@@ -45,7 +45,8 @@ from cascade_repro.kernel.run import (
     load_vllm,
     run_one,
 )
-from cascade_repro.run import cuda_cache, supervise
+from cascade_repro.plan import cuda_cache
+from cascade_repro.run import supervise
 
 EXIT_OK = 0
 EXIT_FATAL = 2

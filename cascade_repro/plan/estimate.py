@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cascade_repro.plan import cuda_cache
 from cascade_repro.plan.matrix import spec_of
-from cascade_repro.run import cuda_cache
 from cascade_repro.twin import CASCADE as TWIN
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from cascade_repro.plan.matrix import spec_of
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import one_line, portable_paths
 from cascade_repro.report.view import ran_vllm
-from cascade_repro.run.envinfo import pip_vcs_url
+from cascade_repro.rundir.manifest import pip_vcs_url
 
 
 def reproduce_lines(data: RunData) -> list[str] | None:

@@ -11,6 +11,8 @@ import sys
 from importlib import metadata
 from typing import Any
 
+from cascade_repro.rundir.manifest import pip_vcs_url
+
 REDACTED = "<redacted>"
 # Names whose values are secrets whatever they hold.
 _SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|CREDENTIAL|PRIVATE_KEY|AUTH)", re.I)
@@ -119,20 +121,6 @@ def _installed_from() -> dict[str, str]:
     if "archive_info" in direct and re.match(r"https://\S+$", url):
         return {"archive": redact_value("URL", url)}
     return {}
-
-
-def pip_vcs_url(repository: str) -> str | None:
-    """``repository`` as the URL of a pip VCS requirement (``git+URL@commit``), or None where pip
-    takes none: a local folder or a ``file://`` URL (a path of the machine that ran, which pip
-    rejects after ``git+`` and which names someone's disk). A scp-style address
-    (``git@github.com:owner/repo.git``) becomes the ``ssh://`` URL pip needs."""
-    r = repository.strip().removeprefix("git+")
-    if re.match(r"(https?|ssh|git)://[^/\s]+/\S+$", r):
-        return r
-    if m := re.fullmatch(r"([\w.-]+)@([\w.-]+):([^\s]+)", r):
-        user, host, path = m.groups()
-        return f"ssh://{user}@{host}/{path.lstrip('/')}"
-    return None
 
 
 def _nvidia_smi() -> dict[str, str]:

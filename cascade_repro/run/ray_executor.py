@@ -33,8 +33,9 @@ from typing import Any
 
 from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
+from cascade_repro.plan import cuda_cache
 from cascade_repro.plan.matrix import MatrixSpec, spec_of
-from cascade_repro.run import cuda_cache, supervise
+from cascade_repro.run import supervise
 from cascade_repro.rundir import codec, jsonl, layout, manifest
 from cascade_repro.rundir.cells import EnginePlan
 

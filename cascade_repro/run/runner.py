@@ -18,10 +18,11 @@ from cascade_repro import userpath
 from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
 from cascade_repro.judge.verdicts import Thresholds
+from cascade_repro.plan import cuda_cache
 from cascade_repro.plan.flags import RunSettings
 from cascade_repro.plan.matrix import MatrixSpec, check_fail_on, plan, spec_hash, spec_of
 from cascade_repro.plan.shard import Shard, empty_warning, restrict
-from cascade_repro.run import cuda_cache, supervise
+from cascade_repro.run import supervise
 from cascade_repro.run.reference import ReferenceOptions
 from cascade_repro.rundir import codec, jsonl, layout, manifest, runlock, safety, sample_scan
 from cascade_repro.rundir.manifest import (
@@ -679,6 +680,7 @@ def run_reference(
     A failed pass is not fatal: the verdicts fall back to the arm-vs-arm rule, and the report says so.
     """
     from cascade_repro.run import reference as refpass
+    from cascade_repro.rundir.reference import count_records
 
     run = restrict(manifest.read_manifest(run_dir))
     precision = ref.resolve(arm_dtypes(run_dir, run))
@@ -691,7 +693,7 @@ def run_reference(
     device = refpass.pick_device(ref.device)
     record: dict[str, Any] = {"precision": precision, "device": device}
     log_path = run_dir / layout.REFERENCE_LOG
-    before = refpass.count_records(run_dir)
+    before = count_records(run_dir)
     t0 = time.time()
     seen = log_path.stat().st_size if log_path.exists() else 0
 
@@ -717,7 +719,7 @@ def run_reference(
         stopped = supervise.watch(w, check, POLL_S)
     rc = w.returncode
     record["wall_s"] = round(time.time() - t0, 2)
-    on_disk = refpass.count_records(run_dir)
+    on_disk = count_records(run_dir)
     record["sequences"] = on_disk - before
     if stopped is not None or rc != 0:
         why = stopped or f"exited with code {rc}" + (

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -193,6 +194,23 @@ def newer_version_note(m: Manifest, ours: str | None) -> str | None:
         f"this run was made by a newer cascade-repro ({was}this is {ours or 'unknown'}): "
         f"run.json's keys this version does not know are kept as they are ({names})"
     )
+
+
+def pip_vcs_url(repository: str) -> str | None:
+    """``repository`` as the URL of a pip VCS requirement (``git+URL@commit``), or None where pip
+    takes none: a local folder or a ``file://`` URL (a path of the machine that ran, which pip
+    rejects after ``git+`` and which names someone's disk). A scp-style address
+    (``git@github.com:owner/repo.git``) becomes the ``ssh://`` URL pip needs.
+
+    ``tool_source.repository`` is only ever such an address: the environment capture writes it,
+    the report's Reproduce block reads it."""
+    r = repository.strip().removeprefix("git+")
+    if re.match(r"(https?|ssh|git)://[^/\s]+/\S+$", r):
+        return r
+    if m := re.fullmatch(r"([\w.-]+)@([\w.-]+):([^\s]+)", r):
+        user, host, path = m.groups()
+        return f"ssh://{user}@{host}/{path.lstrip('/')}"
+    return None
 
 
 SCORED = ("plan",)  # what scoring reads: without it there are no cells to score (an empty table)

@@ -20,6 +20,7 @@ from cascade_repro.run import reference
 from cascade_repro.run.reference import ReferenceOptions
 from cascade_repro.run.runner import RunOptions, run_matrix, run_reference
 from cascade_repro.rundir import layout, manifest
+from cascade_repro.rundir.reference import read_reference
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow
@@ -145,11 +146,11 @@ def test_a_cut_reference_pass_resumes_and_a_finished_one_is_never_recomputed(cal
     kept = lines[: len(lines) // 2]
     cut = lines[len(lines) // 2][:40]  # a line torn mid-write
     path.write_bytes(b"".join(kept) + cut)
-    have, _ = reference.read_reference(run_dir)
+    have, _ = read_reference(run_dir)
     missing = len(records) - len(have)
     assert missing > 0
     assert reference.run_pass(run_dir, "fp64", "cpu", log=lambda s: None) == missing
-    again, _ = reference.read_reference(run_dir)
+    again, _ = read_reference(run_dir)
     assert len(again) == len(records)
     before = path.read_bytes()
     rec = run_reference(run_dir, ReferenceOptions(), 600.0)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cascade_repro.run import cuda_cache
+from cascade_repro.plan import cuda_cache
 
 
 def test_workers_get_the_tools_cache_with_4_gib(tmp_path, monkeypatch):
