@@ -121,6 +121,211 @@ def _foreign_help() -> list[tuple[str, str, str]]:
     return [("vLLM engine flags", short, full), ("lm-eval spellings", lm_eval, lm_eval)]
 
 
+# matrix's own options (the shared ones are cli/options.py's), each as an alias so the command reads
+# as the list of what it takes.
+HelpAll = Annotated[
+    bool,
+    typer.Option(
+        "--help-all",
+        help="Show every option, each text in full, and every vLLM engine flag.",
+        is_eager=True,
+        callback=show_all_help,
+    ),
+]
+
+Seed = Annotated[
+    str | None,
+    option(
+        "Seeds, comma-separated (an axis; greedy decoding makes them matter only for engine state)."
+        + spec_default("seeds"),
+        MATRIX,
+        metavar="SEEDS",
+    ),
+]
+
+Dtype = Annotated[
+    str | None,
+    option(
+        "Dtypes, comma-separated: auto, float32, float16, bfloat16, or vLLM's names half, float, bf16 (auto: float32 on CPU, bfloat16 on GPU / the model's for vLLM)."
+        + spec_default("dtypes"),
+        MATRIX,
+        metavar="DTYPES",
+    ),
+]
+
+Rerun = Annotated[
+    bool | None,
+    option(
+        "Also run every flat cell a second time. Inside one engine a rerun is bitwise identical, so it is shown but never used as a noise floor; under `--arm-switch restart` it runs in an engine start of its own and is one."
+        + spec_default("rerun"),
+        MATRIX,
+    ),
+]
+
+AutoControls = Annotated[
+    bool | None,
+    option(
+        "Add the noise controls a pair needs when the matrix lacks them: a flat cell a factor 8 away (B/8, or 8B below batch 8) when only one batch size is given; under `--arm-switch restart`, a flat rerun in a third engine start. `--no-auto-controls` leaves such pairs `inconclusive` (exit 5)."
+        + spec_default("auto_controls"),
+        MATRIX,
+    ),
+]
+
+DryRun = Annotated[
+    bool,
+    option("Print the cell table and the number of engine starts, run nothing.", MATRIX, "--dry-run"),
+]
+
+IgnoreEos = Annotated[
+    bool | None,
+    option(
+        "Generate --max-tokens for every request even past its end-of-sequence token, so every decode step of a wave keeps its batch size (FA2's split-KV band needs full batches and long own parts; see `explain`)."
+        + spec_default("ignore_eos"),
+        PROMPTS,
+    ),
+]
+
+ForceCascade = Annotated[
+    bool | None,
+    option(
+        "vLLM: the cascade arm takes cascade on every decode step vLLM's hard conditions allow (prefix >= 256 tokens, >= 8 requests), overriding its cost model, to measure what cascade costs where the heuristic declines it."
+        + spec_default("force_cascade"),
+        PROMPTS,
+    ),
+]
+
+Topk = Annotated[
+    int | None,
+    option(
+        "Top-k logprobs kept per step, for vLLM's check_logprobs_close rule (1 to 20)."
+        + spec_default("topk"),
+        PROMPTS,
+        metavar="K",
+    ),
+]
+
+ArmSwitch = Annotated[
+    str | None,
+    option(
+        "vLLM: `toggle` serves both arms from one engine by forcing the cascade decision off for the flat arm (halves engine starts); `restart` starts one engine per arm with disable_cascade_attn. The hf engine always serves both arms from one model: its run.json and report say `shared`."
+        + spec_default("arm_switch"),
+        ENGINE,
+        metavar="|".join(ARM_SWITCHES),
+    ),
+]
+
+EnforceEager = Annotated[
+    bool | None,
+    option("vLLM: disable CUDA graphs (slower, simpler)." + spec_default("enforce_eager"), ENGINE),
+]
+
+GraphsForBatches = Annotated[
+    bool | None,
+    option(
+        "vLLM: capture CUDA graphs only for the matrix's batch sizes (a cold engine starts minutes sooner; vLLM's default captures ~50 sizes)."
+        + spec_default("graphs_for_batches"),
+        ENGINE,
+    ),
+]
+
+LoadFormat = Annotated[
+    str | None,
+    option(
+        "vLLM load format; `dummy` runs random weights (with --hf-overrides, to reshape heads for TP tests)."
+        + spec_default("load_format"),
+        ENGINE,
+        metavar="FORMAT",
+    ),
+]
+
+EngineArgs = Annotated[
+    str | None,
+    option(
+        'Any other vLLM engine arguments as a JSON object, the same for both arms, e.g. \'{"block_size": 32, "kv_cache_dtype": "fp8"}\'. Checked against the installed vLLM\'s EngineArgs; the ones the harness owns (tensor_parallel_size, seed, dtype, attention_config, disable_cascade_attn) or that break the experiment (enable_prefix_caching=false, max_num_seqs below the largest batch) are refused with the option to use. [default: none]',
+        ENGINE,
+        metavar="JSON",
+    ),
+]
+
+EngineArg = Annotated[
+    list[str] | None,
+    option(
+        "One vLLM engine argument as key=value (repeatable; values read as JSON when they can be), e.g. -E block_size=32 -E enable_chunked_prefill=false. Wins over --engine-args.",
+        ENGINE,
+        "-E",
+        "--engine-arg",
+        metavar="KEY=VALUE",
+    ),
+]
+
+MaxModelLen = Annotated[
+    int | None,
+    option("vLLM max_model_len. [default: prompt + max tokens, rounded up]", ENGINE, metavar="N"),
+]
+
+GpuMemoryUtilization = Annotated[
+    float | None,
+    option(
+        f"vLLM gpu_memory_utilization, in (0, 1]. [default: {as_typed(SPEC.gpu_memory_utilization)}, not vLLM's 0.9: a small model's waves need little, and the GPU stays usable for others]",
+        ENGINE,
+        metavar="FRACTION",
+    ),
+]
+
+EngineTimeout = Annotated[
+    float | None,
+    option(
+        "Seconds a worker may go without progress before it is killed and its unfinished cells marked error."
+        + spec_default("engine_timeout"),
+        ENGINE,
+        metavar="SECONDS",
+    ),
+]
+
+Device = Annotated[
+    str | None,
+    option("hf engine device: auto, cpu, cuda." + spec_default("device"), ENGINE, metavar="auto|cpu|cuda"),
+]
+
+AllowMixed = Annotated[
+    bool,
+    option(
+        "Resume a run that began under another vLLM, torch, transformers, GPU model or driver (refused otherwise: its cells would come from two stacks); the report's headline then says so.",
+        OUTPUT,
+        "--allow-mixed",
+    ),
+]
+
+Shard = Annotated[
+    str | None,
+    option(
+        "Run only shard I of N (1-based, e.g. `1/2`): whole engine keys, split deterministically so every machine given the same matrix picks a disjoint part. Combine the shard directories with `cascade-repro merge`. [default: the whole matrix]",
+        OUTPUT,
+        metavar="I/N",
+    ),
+]
+
+Calibrate = Annotated[
+    str | None,
+    option(
+        "Measure detection power: beside every clean cascade cell, run cascade cells with the prefix LSE shifted by each X of this ladder (nats, comma-separated, or `default` = "
+        + as_typed(DEFAULT_LADDER)
+        + "). The report states the smallest X this setup flags; calibration pairs never change the exit code. [default: not calibrated]",
+        VERDICTS,
+        metavar="NATS",
+    ),
+]
+
+Inject = Annotated[
+    str | None,
+    option(
+        "Fault injection in the cascade arm: `lse-layout` reads the suffix LSE transposed (the FA2 split-KV bug class); `lse-shift=X` adds X nats to the prefix LSE in the merge (graded). A positive control: the harness must flag it. [default: none]",
+        DEBUG,
+        metavar="FAULT",
+    ),
+]
+
+
 @app.command(
     cls=MatrixCommand,
     epilog=exit_codes.epilog("matrix"),
@@ -129,192 +334,50 @@ def _foreign_help() -> list[tuple[str, str, str]]:
 )
 def matrix(
     ctx: typer.Context,
-    help_all: Annotated[
-        bool,
-        typer.Option(
-            "--help-all",
-            help="Show every option, each text in full, and every vLLM engine flag.",
-            is_eager=True,
-            callback=show_all_help,
-        ),
-    ] = False,
+    help_all: HelpAll = False,
     engine: Engine = None,
     model: Model = None,
     tp: Tp = None,
     batch: Batch = None,
     twin: Twin = None,
     cascade: Cascade = None,
-    seed: Annotated[
-        str | None,
-        option(
-            "Seeds, comma-separated (an axis; greedy decoding makes them matter only for engine state)."
-            + spec_default("seeds"),
-            MATRIX,
-            metavar="SEEDS",
-        ),
-    ] = None,
-    dtype: Annotated[
-        str | None,
-        option(
-            "Dtypes, comma-separated: auto, float32, float16, bfloat16, or vLLM's names half, float, bf16 (auto: float32 on CPU, bfloat16 on GPU / the model's for vLLM)."
-            + spec_default("dtypes"),
-            MATRIX,
-            metavar="DTYPES",
-        ),
-    ] = None,
+    seed: Seed = None,
+    dtype: Dtype = None,
     fa_version: FaVersion = None,
     backend: Backend = None,
-    rerun: Annotated[
-        bool | None,
-        option(
-            "Also run every flat cell a second time. Inside one engine a rerun is bitwise identical, so it is shown but never used as a noise floor; under `--arm-switch restart` it runs in an engine start of its own and is one."
-            + spec_default("rerun"),
-            MATRIX,
-        ),
-    ] = None,
-    auto_controls: Annotated[
-        bool | None,
-        option(
-            "Add the noise controls a pair needs when the matrix lacks them: a flat cell a factor 8 away (B/8, or 8B below batch 8) when only one batch size is given; under `--arm-switch restart`, a flat rerun in a third engine start. `--no-auto-controls` leaves such pairs `inconclusive` (exit 5)."
-            + spec_default("auto_controls"),
-            MATRIX,
-        ),
-    ] = None,
+    rerun: Rerun = None,
+    auto_controls: AutoControls = None,
     config: Config = None,
-    dry_run: Annotated[
-        bool,
-        option("Print the cell table and the number of engine starts, run nothing.", MATRIX, "--dry-run"),
-    ] = False,
+    dry_run: DryRun = False,
     prompts: Prompts = None,
     system_prompt: SystemPrompt = None,
     limit: Limit = None,
     prompt_field: PromptField = None,
     key_field: KeyField = None,
     max_tokens: MaxTokens = None,
-    ignore_eos: Annotated[
-        bool | None,
-        option(
-            "Generate --max-tokens for every request even past its end-of-sequence token, so every decode step of a wave keeps its batch size (FA2's split-KV band needs full batches and long own parts; see `explain`)."
-            + spec_default("ignore_eos"),
-            PROMPTS,
-        ),
-    ] = None,
-    force_cascade: Annotated[
-        bool | None,
-        option(
-            "vLLM: the cascade arm takes cascade on every decode step vLLM's hard conditions allow (prefix >= 256 tokens, >= 8 requests), overriding its cost model, to measure what cascade costs where the heuristic declines it."
-            + spec_default("force_cascade"),
-            PROMPTS,
-        ),
-    ] = None,
-    topk: Annotated[
-        int | None,
-        option(
-            "Top-k logprobs kept per step, for vLLM's check_logprobs_close rule (1 to 20)."
-            + spec_default("topk"),
-            PROMPTS,
-            metavar="K",
-        ),
-    ] = None,
-    arm_switch: Annotated[
-        str | None,
-        option(
-            "vLLM: `toggle` serves both arms from one engine by forcing the cascade decision off for the flat arm (halves engine starts); `restart` starts one engine per arm with disable_cascade_attn. The hf engine always serves both arms from one model: its run.json and report say `shared`."
-            + spec_default("arm_switch"),
-            ENGINE,
-            metavar="|".join(ARM_SWITCHES),
-        ),
-    ] = None,
-    enforce_eager: Annotated[
-        bool | None,
-        option("vLLM: disable CUDA graphs (slower, simpler)." + spec_default("enforce_eager"), ENGINE),
-    ] = None,
-    graphs_for_batches: Annotated[
-        bool | None,
-        option(
-            "vLLM: capture CUDA graphs only for the matrix's batch sizes (a cold engine starts minutes sooner; vLLM's default captures ~50 sizes)."
-            + spec_default("graphs_for_batches"),
-            ENGINE,
-        ),
-    ] = None,
-    load_format: Annotated[
-        str | None,
-        option(
-            "vLLM load format; `dummy` runs random weights (with --hf-overrides, to reshape heads for TP tests)."
-            + spec_default("load_format"),
-            ENGINE,
-            metavar="FORMAT",
-        ),
-    ] = None,
+    ignore_eos: IgnoreEos = None,
+    force_cascade: ForceCascade = None,
+    topk: Topk = None,
+    arm_switch: ArmSwitch = None,
+    enforce_eager: EnforceEager = None,
+    graphs_for_batches: GraphsForBatches = None,
+    load_format: LoadFormat = None,
     hf_overrides: HfOverrides = None,
-    engine_args: Annotated[
-        str | None,
-        option(
-            'Any other vLLM engine arguments as a JSON object, the same for both arms, e.g. \'{"block_size": 32, "kv_cache_dtype": "fp8"}\'. Checked against the installed vLLM\'s EngineArgs; the ones the harness owns (tensor_parallel_size, seed, dtype, attention_config, disable_cascade_attn) or that break the experiment (enable_prefix_caching=false, max_num_seqs below the largest batch) are refused with the option to use. [default: none]',
-            ENGINE,
-            metavar="JSON",
-        ),
-    ] = None,
-    engine_arg: Annotated[
-        list[str] | None,
-        option(
-            "One vLLM engine argument as key=value (repeatable; values read as JSON when they can be), e.g. -E block_size=32 -E enable_chunked_prefill=false. Wins over --engine-args.",
-            ENGINE,
-            "-E",
-            "--engine-arg",
-            metavar="KEY=VALUE",
-        ),
-    ] = None,
-    max_model_len: Annotated[
-        int | None,
-        option("vLLM max_model_len. [default: prompt + max tokens, rounded up]", ENGINE, metavar="N"),
-    ] = None,
-    gpu_memory_utilization: Annotated[
-        float | None,
-        option(
-            f"vLLM gpu_memory_utilization, in (0, 1]. [default: {as_typed(SPEC.gpu_memory_utilization)}, not vLLM's 0.9: a small model's waves need little, and the GPU stays usable for others]",
-            ENGINE,
-            metavar="FRACTION",
-        ),
-    ] = None,
+    engine_args: EngineArgs = None,
+    engine_arg: EngineArg = None,
+    max_model_len: MaxModelLen = None,
+    gpu_memory_utilization: GpuMemoryUtilization = None,
     trust_remote_code: TrustRemoteCode = None,
-    engine_timeout: Annotated[
-        float | None,
-        option(
-            "Seconds a worker may go without progress before it is killed and its unfinished cells marked error."
-            + spec_default("engine_timeout"),
-            ENGINE,
-            metavar="SECONDS",
-        ),
-    ] = None,
-    device: Annotated[
-        str | None,
-        option(
-            "hf engine device: auto, cpu, cuda." + spec_default("device"), ENGINE, metavar="auto|cpu|cuda"
-        ),
-    ] = None,
+    engine_timeout: EngineTimeout = None,
+    device: Device = None,
     results_dir: ResultsDir = RESULTS_DIR,
     run_id: RunId = None,
     fresh: Fresh = False,
-    allow_mixed: Annotated[
-        bool,
-        option(
-            "Resume a run that began under another vLLM, torch, transformers, GPU model or driver (refused otherwise: its cells would come from two stacks); the report's headline then says so.",
-            OUTPUT,
-            "--allow-mixed",
-        ),
-    ] = False,
+    allow_mixed: AllowMixed = False,
     fail_on: FailOn = FAIL_ON_DEFAULT,
     quiet: Quiet = False,
     json_out: SummaryJson = False,
-    shard: Annotated[
-        str | None,
-        option(
-            "Run only shard I of N (1-based, e.g. `1/2`): whole engine keys, split deterministically so every machine given the same matrix picks a disjoint part. Combine the shard directories with `cascade-repro merge`. [default: the whole matrix]",
-            OUTPUT,
-            metavar="I/N",
-        ),
-    ] = None,
+    shard: Shard = None,
     executor: Executor = EXECUTOR_DEFAULT,
     ray_address: RayAddress = None,
     retries: Retries = RETRIES_DEFAULT,
@@ -324,24 +387,8 @@ def matrix(
     drift_min: DriftMin = THRESHOLDS.drift_min,
     reference: Reference = "auto",
     reference_device: ReferenceDevice = "auto",
-    calibrate: Annotated[
-        str | None,
-        option(
-            "Measure detection power: beside every clean cascade cell, run cascade cells with the prefix LSE shifted by each X of this ladder (nats, comma-separated, or `default` = "
-            + as_typed(DEFAULT_LADDER)
-            + "). The report states the smallest X this setup flags; calibration pairs never change the exit code. [default: not calibrated]",
-            VERDICTS,
-            metavar="NATS",
-        ),
-    ] = None,
-    inject: Annotated[
-        str | None,
-        option(
-            "Fault injection in the cascade arm: `lse-layout` reads the suffix LSE transposed (the FA2 split-KV bug class); `lse-shift=X` adds X nats to the prefix LSE in the merge (graded). A positive control: the harness must flag it. [default: none]",
-            DEBUG,
-            metavar="FAULT",
-        ),
-    ] = None,
+    calibrate: Calibrate = None,
+    inject: Inject = None,
 ) -> None:
     """Run prompts through tp x batch x cascade on/off (and more axes) and judge every cascade cell.
 
@@ -367,89 +414,79 @@ def matrix(
     """
     given = {k: v for k, v in locals().items() if k != "ctx"}
     with user_errors():
-        from cascade_repro.engines import get as engine_info
-        from cascade_repro.plan.flags import spec_from_cli
+        from cascade_repro.plan.flags import MatrixOptions
         from cascade_repro.plan.models import check_cache_root
 
         check_cache_root()  # said now, not after the plan's table
-        asked = spec_from_cli(given, config, extra=ctx.args, ours=_own_flags(ctx))
-        spec = asked.spec
-        for note in asked.foreign.notes:
-            err_console().print(f"note: {note}", highlight=False, markup=False)
-        from cascade_repro.run.runner import RunOptions, check_run_id, default_run_id, run_matrix
-
-        typed = getattr(ctx.get_parameter_source("results_dir"), "name", "") == "COMMANDLINE"
-        settings = asked.run_settings(
-            {**given, "results_dir_typed": typed}, lambda name: _defaulted(ctx, name)
+        request = MatrixOptions.from_cli(
+            given,
+            defaulted=lambda name: _defaulted(ctx, name),
+            extra=ctx.args,
+            ours=_own_flags(ctx),
+            results_dir_typed=getattr(ctx.get_parameter_source("results_dir"), "name", "") == "COMMANDLINE",
+            on_note=lambda note: _say("note", note),
         )
-        opts = RunOptions.from_settings(settings, fresh=fresh, command=command_line())
+        from cascade_repro.run.runner import RunOptions, run_matrix
 
-        if engine_info(spec.engine).is_vllm:
-            from cascade_repro import vllm_surface
-            from cascade_repro.run.envinfo import visible_gpu_count
-            from cascade_repro.twin import CASCADE
-
-            version = vllm_surface.installed_version()
-            tw = spec.twin_axis
-            gpus = visible_gpu_count()
-            testable = vllm_surface.twin_problem(tw.family, version) is None
-            if not dry_run and (version is None or (gpus == 0 and testable)):
-                # What this box lacks for any vLLM run, named; not a twin's GPU count (no --twin was given).
-                install = f'pip install "{vllm_surface.VLLM_REQUIREMENT}"'
-                lacks = {
-                    (
-                        True,
-                        True,
-                    ): f"vLLM and an NVIDIA GPU, and this machine has neither ({install} on a GPU machine)",
-                    (True, False): f"vLLM, which is not installed here: {install}",
-                    (False, True): "an NVIDIA GPU, and this machine has none visible",
-                }[(version is None, gpus == 0)]
-                err_console().print(
-                    f"error: --engine vllm needs {lacks}; --engine hf runs on the CPU, and --dry-run plans anywhere",
-                    highlight=False,
-                    markup=False,
-                )
-                raise typer.Exit(exit_codes.USAGE)
-            why = vllm_surface.twin_refusal(tw.family, tw.name, tw.gpus, version, gpus)
-            unsupported = vllm_surface.twin_problem(tw.family, version) is not None
-            if unsupported and given.get("twin") is None and config is None:
-                # The default twin (cascade) on a vLLM without it: the exact command to type instead.
-                why = vllm_surface.default_twin_refusal(version, command_line()) or why
-            if why and not dry_run:
-                err_console().print(f"error: {why}", highlight=False, markup=False)
-                # A vLLM without the setting exercises nothing (exit 4); too few GPUs is the command's.
-                raise typer.Exit(exit_codes.NOTHING_EXERCISED if unsupported else exit_codes.USAGE)
-            # A plan for another machine is fine: say what this one would refuse, bar a GPU-less box
-            # planning one-GPU work.
-            if why and (unsupported or tw.gpus > 1):
-                err_console().print(f"warning: {why}", highlight=False, markup=False)
-            if tw.family == CASCADE.family and (note := vllm_surface.cascade_note(version)):
-                err_console().print(f"note: {note}", highlight=False, markup=False)
-        if dry_run:
-            if json_out:
-                raise UsageError("--json prints a run's summary; --dry-run runs nothing (drop one of them)")
-            from cascade_repro.plan.models import check_model
-
-            if opts.run_id is not None:
-                check_run_id(opts.run_id)
-            if engine_info(spec.engine).has_weights:
-                check_model(spec.model)  # a typo in --model fails now, not after the plan looked fine
-            from cascade_repro.plan.models import quiet_progress
-
-            # The plan is the dry run's output: a tokenizer or model load's bars are noise in it.
-            with quiet_progress():
-                _print_plan(
-                    spec, opts.shard, opts.results_dir / (opts.run_id or default_run_id(spec)), opts.reference
-                )
-            if opts.executor.name == "ray":
-                _print_ray_needs(spec, opts.shard, opts.executor.ray_address)
+        opts = RunOptions.from_settings(request.settings, fresh=request.fresh, command=command_line())
+        _check_box(request)
+        if request.dry_run:
+            _dry_run(request, opts)
             return
         console = err_console()
-        outcome = run_matrix(spec, opts, console)
+        outcome = run_matrix(request.spec, opts, console)
     _print_outcome(outcome, console)
-    if json_out:
+    if request.json_out:
         print_summary_json(outcome.run_dir, outcome.exit_code)
     raise typer.Exit(outcome.exit_code)
+
+
+def _say(kind: str, line: str) -> None:
+    """A line on stderr as ``kind: line``, printed as is (no markup, no highlighting)."""
+    err_console().print(f"{kind}: {line}", highlight=False, markup=False)
+
+
+def _check_box(request: Any) -> None:
+    """A vLLM matrix: what this box refuses (exit code by ``judge.outcome.refusal_status``), or warns
+    and notes of it."""
+    from cascade_repro.engines import get as engine_info
+
+    if not engine_info(request.spec.engine).is_vllm:
+        return
+    from cascade_repro import vllm_surface
+    from cascade_repro.judge.outcome import refusal_status
+    from cascade_repro.run.envinfo import visible_gpu_count
+
+    check = request.check_vllm(vllm_surface.installed_version(), visible_gpu_count(), command_line())
+    if check.refusal is not None:
+        _say("error", check.refusal)
+        raise typer.Exit(refusal_status(check))
+    for line in check.warnings:
+        _say("warning", line)
+    for line in check.notes:
+        _say("note", line)
+
+
+def _dry_run(request: Any, opts: Any) -> None:
+    """--dry-run: the model and run id checked, then the plan's table, estimate and (under Ray) needs."""
+    from cascade_repro.engines import get as engine_info
+    from cascade_repro.plan.models import check_model, quiet_progress
+    from cascade_repro.run.runner import check_run_id, default_run_id
+
+    if request.json_out:
+        raise UsageError("--json prints a run's summary; --dry-run runs nothing (drop one of them)")
+    spec = request.spec
+    if opts.run_id is not None:
+        check_run_id(opts.run_id)
+    if engine_info(spec.engine).has_weights:
+        check_model(spec.model)  # a typo in --model fails now, not after the plan looked fine
+    # The plan is the dry run's output: a tokenizer or model load's bars are noise in it.
+    with quiet_progress():
+        _print_plan(
+            spec, opts.shard, opts.results_dir / (opts.run_id or default_run_id(spec)), opts.reference
+        )
+    if opts.executor.name == "ray":
+        _print_ray_needs(spec, opts.shard, opts.executor.ray_address)
 
 
 def _print_ray_needs(spec: Any, shard: Any, address: str | None) -> None:

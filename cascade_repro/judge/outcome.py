@@ -2,15 +2,15 @@
 
 Each is declared here once. The scorer writes these names into pairs.parquet (``verdict``,
 ``kind``); the reports read them back; :func:`exit_status` is the one place a scored run's exit
-code is decided (``matrix``, ``merge`` and ``report`` all exit with it), from the codes in
-:mod:`cascade_repro.exit_codes`.
+code is decided (``matrix``, ``merge`` and ``report`` all exit with it), and :func:`refusal_status`
+that of a matrix refused before it planned, from the codes in :mod:`cascade_repro.exit_codes`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cascade_repro import exit_codes, vllm_surface
 from cascade_repro import twin as twins
@@ -18,6 +18,9 @@ from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import FAIL_ON, spec_of
 from cascade_repro.rundir.manifest import Manifest
 from cascade_repro.twin import CASCADE as TWIN
+
+if TYPE_CHECKING:
+    from cascade_repro.plan.flags import VllmCheck
 
 # A pair's verdict (pairs.parquet's ``verdict``).
 REGRESSION = "regression"
@@ -172,6 +175,13 @@ def exit_status(run: ScoredRun, fail_on: str) -> tuple[int, str]:
     return exit_codes.OK, "no regression" + (
         " or error" if fail_on == "error" else ""
     ) + f" (fail_on={fail_on})"
+
+
+def refusal_status(check: VllmCheck) -> int:
+    """Return the exit code of a matrix refused before it planned: 4 when this vLLM lacks the twin's
+    setting (no pair could be exercised, as in a run where it never fired); 2 when the box lacks what
+    the command asked for (vLLM, a GPU, enough GPUs): the command's to change."""
+    return exit_codes.NOTHING_EXERCISED if check.setting_missing else exit_codes.USAGE
 
 
 def _nothing_exercised_reason(run: ScoredRun, counts: dict[str, int]) -> str:

@@ -461,3 +461,98 @@ def spec_from_cli(
         flags["engine"] = engine
     spec = MatrixSpec.from_dict(values, source=str(config) if config else "options", flags=flags)
     return CliSpec(spec, values, file_keys, settings, config, foreign)
+
+
+@dataclass(frozen=True)
+class VllmCheck:
+    """What this box says of a vLLM matrix before it is planned (:meth:`MatrixOptions.check_vllm`).
+    ``judge.outcome.refusal_status`` turns a refusal into the exit code."""
+
+    refusal: str | None = None  # the one line the command refuses with (after "error: ")
+    setting_missing: bool = False  # this vLLM lacks the twin's setting: no pair could be exercised
+    warnings: tuple[str, ...] = ()  # what a plan for another machine should know of this one
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class MatrixOptions:
+    """`matrix`'s command line, typed (lm-evaluation-harness's ``EvaluatorConfig.from_cli``): the
+    validated spec with the flags of vLLM's and lm-eval's spelling (``asked``), the run settings
+    (``run.runner.RunOptions.from_settings`` checks them), and what this call does."""
+
+    asked: CliSpec
+    settings: RunSettings
+    dry_run: bool = False  # plan and print, run nothing
+    json_out: bool = False  # print the run's summary.json
+    fresh: bool = False  # start the run over
+    twin_named: bool = False  # --twin or --config chose the twin (not the default, cascade)
+
+    @property
+    def spec(self) -> MatrixSpec:
+        return self.asked.spec
+
+    @classmethod
+    def from_cli(
+        cls,
+        given: Mapping[str, Any],
+        *,
+        defaulted: Callable[[str], bool],
+        extra: Sequence[str] = (),
+        ours: Collection[str] = (),
+        results_dir_typed: bool = False,
+        on_note: Callable[[str], None] | None = None,
+    ) -> MatrixOptions:
+        """The options ``given`` asks for (the command's parameters by name, ``config`` among them):
+        the spec by :func:`spec_from_cli`, the run settings by :meth:`CliSpec.run_settings`
+        (``defaulted(name)``: the command line and the option's environment variable left it, so the
+        file's value counts; ``results_dir_typed``: --results-dir was typed). ``on_note`` hears each
+        note on a flag that changes nothing here as soon as the flags are read, before a refused
+        setting."""
+        config = given.get("config")
+        asked = spec_from_cli(given, config, extra=extra, ours=ours)
+        for note in asked.foreign.notes:
+            if on_note is not None:
+                on_note(note)
+        settings = asked.run_settings({**given, "results_dir_typed": results_dir_typed}, defaulted)
+        return cls(
+            asked,
+            settings,
+            dry_run=bool(given.get("dry_run")),
+            json_out=bool(given.get("json_out")),
+            fresh=bool(given.get("fresh")),
+            twin_named=given.get("twin") is not None or config is not None,
+        )
+
+    def check_vllm(self, version: str | None, gpus: int, command: str) -> VllmCheck:
+        """What this box says of a vLLM matrix: ``version``, the installed vLLM's (None: none);
+        ``gpus``, the GPUs visible; ``command``, the command line as typed (the default twin's
+        refusal names the one to type instead). A dry run is refused nothing: a plan for another
+        machine is fine, with a warning of what this one would refuse (bar a GPU-less box planning
+        one-GPU work)."""
+        from cascade_repro import vllm_surface
+
+        tw = self.spec.twin_axis
+        unsupported = vllm_surface.twin_problem(tw.family, version) is not None
+        if not self.dry_run and (version is None or (gpus == 0 and not unsupported)):
+            # What this box lacks for any vLLM run, named; not a twin's GPU count (no --twin was given).
+            install = f'pip install "{vllm_surface.VLLM_REQUIREMENT}"'
+            lacks = {
+                (
+                    True,
+                    True,
+                ): f"vLLM and an NVIDIA GPU, and this machine has neither ({install} on a GPU machine)",
+                (True, False): f"vLLM, which is not installed here: {install}",
+                (False, True): "an NVIDIA GPU, and this machine has none visible",
+            }[(version is None, gpus == 0)]
+            return VllmCheck(
+                f"--engine vllm needs {lacks}; --engine hf runs on the CPU, and --dry-run plans anywhere"
+            )
+        why = vllm_surface.twin_refusal(tw.family, tw.name, tw.gpus, version, gpus)
+        if unsupported and not self.twin_named:
+            # The default twin (cascade) on a vLLM without it: the exact command to type instead.
+            why = vllm_surface.default_twin_refusal(version, command) or why
+        if why and not self.dry_run:
+            return VllmCheck(why, setting_missing=unsupported)
+        warnings = (why,) if why and (unsupported or tw.gpus > 1) else ()
+        note = vllm_surface.cascade_note(version) if tw.family == TWIN.family else None
+        return VllmCheck(warnings=warnings, notes=(note,) if note else ())

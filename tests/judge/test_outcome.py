@@ -112,3 +112,12 @@ def test_fail_on():
     assert outcome.run_fail_on(Manifest.from_json({})) == "regression"
     with pytest.raises(UsageError, match="unknown fail_on 'always'"):
         outcome.exit_status(_run([]), "always")
+
+
+def test_a_refused_matrix_exits_4_only_when_this_vllm_lacks_the_setting():
+    # A vLLM without the twin's setting can exercise nothing (4, as a run that never fired); a box
+    # without vLLM, a GPU or enough GPUs is the command's to change (2).
+    from cascade_repro.plan.flags import VllmCheck
+
+    assert outcome.refusal_status(VllmCheck("this vLLM has no cascade", setting_missing=True)) == 4
+    assert outcome.refusal_status(VllmCheck("--engine vllm needs an NVIDIA GPU")) == exit_codes.USAGE

@@ -9,7 +9,7 @@ import pytest
 
 from cascade_repro.errors import UsageError
 from cascade_repro.judge.verdicts import Thresholds
-from cascade_repro.plan.flags import RunSettings, spec_from_cli, spec_values
+from cascade_repro.plan.flags import MatrixOptions, RunSettings, VllmCheck, spec_from_cli, spec_values
 from cascade_repro.plan.matrix import RUN_KEYS
 from cascade_repro.run.runner import Executor, RunOptions
 
@@ -122,3 +122,35 @@ def test_a_command_reads_only_its_fields_of_the_file_and_names_its_own_default_e
     assert spec_from_cli({"engine": "hf"}, engine="vllm").spec.engine == "hf"
     with pytest.raises(UsageError, match="^--engine"):  # the command's default is named as its flag
         spec_from_cli({}, engine="nonesuch")
+
+
+def test_matrix_options_from_cli_are_the_spec_the_settings_and_the_call():
+    notes: list[str] = []
+    given = {**RUN_DEFAULTS, "engine": "vllm", "batch": "8", "dry_run": True, "config": None, "twin": None}
+    request = MatrixOptions.from_cli(
+        given, defaulted=lambda name: True, extra=["--log_samples"], on_note=notes.append
+    )
+    assert (request.spec.engine, request.spec.batch, request.dry_run, request.json_out) == (
+        "vllm",
+        [8],
+        True,
+        False,
+    )
+    assert request.settings.fail_on == RUN_DEFAULTS["fail_on"] and not request.twin_named
+    assert notes == ["--log_samples: every sample is kept anyway (samples/ in the run directory)"]
+
+
+def test_what_this_box_refuses_of_a_vllm_matrix_is_decided_without_a_console():
+    given = {**RUN_DEFAULTS, "engine": "vllm", "config": None, "twin": None}
+    request = MatrixOptions.from_cli(given, defaulted=lambda name: True)
+    check = request.check_vllm(None, 1, "cascade-repro matrix --engine vllm")
+    assert check.refusal is not None and check.refusal.startswith(
+        "--engine vllm needs vLLM, which is not installed"
+    )
+    assert not check.setting_missing
+    assert request.check_vllm("0.10.2", 0, "c").refusal.endswith("--dry-run plans anywhere")
+    assert request.check_vllm("0.10.2", 1, "c") == VllmCheck()  # nothing to say
+    gone = request.check_vllm("0.34.0", 1, "cascade-repro matrix --engine vllm")
+    assert gone.refusal is not None and gone.setting_missing  # no cascade in this vLLM: exit 4
+    planned = dataclasses.replace(request, dry_run=True).check_vllm("0.34.0", 0, "c")
+    assert planned.refusal is None and planned.warnings and planned.notes  # a plan for another machine
