@@ -7,7 +7,7 @@ them; engines/ may use the stages up to run/ (what it builds from), vllm_surface
 shared modules; rundir/, the run directory's room, stands below every stage and imports only the
 shared modules. twin.py, errors.py, exit_codes.py, atomic.py, section.py, userpath.py and hub.py are
 shared by all. docs/architecture.md describes the same. The exceptions left: the runner and a merge
-scoring and reporting once the workers finish, and the prompt loader checking IFEval kwargs types.
+scoring and reporting once the workers finish.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ SHARED = {"twin", "errors", "exit_codes", "atomic", "section", "userpath", "hub"
 BELOW = {"rundir"}
 # (importing module, imported stage or tool): why the flow runs backwards there.
 EXCEPTIONS = {
-    ("prompts.promptsets", "judge"): "a record's IFEval kwargs are checked, where it enters, against the types its verifier takes",
     ("run.runner", "judge"): "the runner scores the run once its workers finish",
     ("run.runner", "report"): "and writes its reports",
     ("run.merge", "report"): "a merge ends in the merged run's outcome and reports",

@@ -36,6 +36,7 @@ from typing import Any, BinaryIO
 
 from cascade_repro import hub, userpath
 from cascade_repro.errors import UsageError
+from cascade_repro.prompts.ifeval_kwargs import kwargs_type_problem
 
 PACKAGE_DATA = "cascade_repro.prompts_data"
 """The package that ships ``prompts/`` (pyproject maps the folder to it)."""
@@ -681,8 +682,6 @@ def _check_kwarg_types(ids: tuple[str, ...], kwargs: tuple[dict, ...], where: _W
     number, a list of texts): found here, it costs nothing; found by scoring, it came after every
     cell had run. Values of the right type that no verifier can use (a language a script test cannot
     decide) are not refused: the prompt is then not scored, and `prompts show` says so."""
-    from cascade_repro.judge.ifeval.verifiers import kwargs_type_problem
-
     for position, (iid, kw) in enumerate(zip(ids, kwargs, strict=False)):
         if (problem := kwargs_type_problem(iid, kw)) is not None:
             raise UsageError(f"{where}: field 'kwargs' item {position} ({iid}): {problem}")

@@ -19,9 +19,10 @@ them is reported as not scored (:func:`kwargs_problem`) rather than scored by a 
 
 Each kwarg's type is the one its verifier's parameter declares: text (``str``), a whole number
 (``int``: a JSON number, or text of one, as IFEval files sometimes have), a list of texts
-(``list[str]``). :func:`kwargs_type_problem` checks only that, and the prompt loaders refuse a record
-it objects to (``end_phrase: 7`` would crash the verifier; ``keywords: "tea"`` would be read letter by
-letter); a record that reaches scoring all the same is not scored, like any other unusable kwargs.
+(``list[str]``). ``prompts/ifeval_kwargs.py`` writes the types down (``KWARG_TYPES``, checked
+against these signatures by a test) for the prompt loaders: its :func:`kwargs_type_problem` checks
+only that, and they refuse a record it objects to (``end_phrase: 7`` would crash the verifier;
+``keywords: "tea"`` would be read letter by letter); a record that reaches scoring all the same is not scored, like any other unusable kwargs.
 
 Counting rules, stated once:
 
@@ -47,10 +48,18 @@ import functools
 import inspect
 import json
 import re
-import reprlib
 import unicodedata
 from collections.abc import Callable
 from typing import Any
+
+# ALIASES and kwargs_type_problem live with the kwarg types the prompt loaders check; named here too.
+from cascade_repro.prompts.ifeval_kwargs import (  # noqa: F401
+    ALIASES,
+    SHORT,
+    canonical_id,
+    check_type,
+    kwargs_type_problem,
+)
 
 Verifier = Callable[..., bool]
 
@@ -163,39 +172,6 @@ def _one_letter(letter: str) -> str:
     if len(value) != 1:
         raise ValueError(f"letter must be one character, not {letter!r}")
     return value
-
-
-# A kwarg's value in a message: a hostile file's 10 MB string or deep list stays one short line.
-_SHORT = reprlib.Repr()
-_SHORT.maxstring = _SHORT.maxother = 60
-
-
-def _whole_number(name: str, value: Any) -> int:
-    """``int(value)`` for a count kwarg: a whole number, or text of one (not a bool, not 2.5)."""
-    try:
-        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-            raise ValueError
-        if isinstance(value, str | float | int):  # int() of a list or an object is a TypeError anyway
-            return int(value)
-        raise TypeError
-    except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"{name} must be a whole number, not {_SHORT.repr(value)}") from None
-
-
-def _of_type(name: str, annotation: Any, value: Any) -> None:
-    """Raise ValueError when a kwarg is not of the type its verifier's parameter declares.
-
-    The annotations are strings (``from __future__ import annotations``): ``str`` takes text, ``int``
-    a whole number (:func:`_whole_number`), ``list[str]`` a list of texts.
-    """
-    if annotation in ("str", str) and not isinstance(value, str):
-        raise ValueError(f"{name} must be text, not {_SHORT.repr(value)}")
-    if annotation in ("int", int):
-        _whole_number(name, value)
-    if annotation in ("list[str]", list[str]) and (
-        not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value)
-    ):
-        raise ValueError(f"{name} must be a list of texts, not {_SHORT.repr(value)}")
 
 
 def _paragraph_number(nth_paragraph: int) -> int:
@@ -558,15 +534,6 @@ GOOGLE_IFEVAL_IDS: tuple[str, ...] = (
 )
 """The 25 instruction ids of Google IFEval, in the order of its ``instructions_registry.INSTRUCTION_DICT``."""
 
-ALIASES: dict[str, str] = {"detectable_format:numbered_list": "cascade_repro:numbered_list"}
-"""Old spelling → id: prompt files and runs written before the id moved to this project's namespace."""
-
-
-def canonical_id(instruction_id: str) -> str:
-    """The id a verifier is registered under: :data:`ALIASES` resolved, any other id unchanged."""
-    return ALIASES.get(instruction_id, instruction_id)
-
-
 # Checks of kwargs that do not need the response, per verifier (beyond the generic ones in _prepare).
 _KWARG_CHECKS: dict[Verifier, Callable[[dict[str, Any]], object]] = {
     response_language: lambda kw: _language_code(kw["language"]),
@@ -585,7 +552,7 @@ def check(instruction_id: str, response: str, kwargs: dict[str, Any] | None = No
     """
     fn, kw, problem = _prepare(instruction_id, kwargs)
     if problem is not None:
-        raise ValueError(f"{instruction_id}: bad kwargs {_SHORT.repr(kw)}: {problem}")
+        raise ValueError(f"{instruction_id}: bad kwargs {SHORT.repr(kw)}: {problem}")
     if not response.strip():
         return False
     try:
@@ -593,7 +560,7 @@ def check(instruction_id: str, response: str, kwargs: dict[str, Any] | None = No
     except (TypeError, ValueError, AttributeError) as e:
         # Kwargs _prepare let through but the verifier cannot use: the prompt is not scored, and the
         # run goes on (one bad record once failed every cell's scoring, after every cell had run).
-        raise ValueError(f"{instruction_id}: bad kwargs {_SHORT.repr(kw)}: {e}") from None
+        raise ValueError(f"{instruction_id}: bad kwargs {SHORT.repr(kw)}: {e}") from None
 
 
 def kwargs_problem(instruction_id: str, kwargs: dict[str, Any] | None = None) -> str | None:
@@ -607,26 +574,6 @@ def kwargs_problem(instruction_id: str, kwargs: dict[str, Any] | None = None) ->
     return _prepare(instruction_id, kwargs)[2]
 
 
-def kwargs_type_problem(instruction_id: str, kwargs: Any) -> str | None:
-    """What is wrong with the first kwarg of a known instruction whose value is not of the type its
-    verifier declares (module docstring), naming it; None when every one is, or the id is unknown.
-
-    Only types: a missing kwarg, a relation or language no verifier takes, a ``letter`` of two
-    characters are :func:`kwargs_problem`'s, and leave the prompt unscored with a note.
-    """
-    fn = VERIFIERS.get(canonical_id(instruction_id)) if isinstance(instruction_id, str) else None
-    if fn is None or not isinstance(kwargs, dict):
-        return None
-    params = dict(list(_signature(fn).parameters.items())[1:])
-    for name, value in kwargs.items():
-        if name in params and value is not None:
-            try:
-                _of_type(name, params[name].annotation, value)
-            except ValueError as e:
-                return str(e)
-    return None
-
-
 def _prepare(
     instruction_id: str, kwargs: dict[str, Any] | None
 ) -> tuple[Verifier, dict[str, Any], str | None]:
@@ -638,7 +585,7 @@ def _prepare(
     try:
         sig.bind("", **kw)
         for name, value in kw.items():
-            _of_type(name, params[name].annotation, value)
+            check_type(name, params[name].annotation, value)
             if name.endswith("relation"):
                 _relation(value)
         if (extra_check := _KWARG_CHECKS.get(fn)) is not None:
