@@ -14,6 +14,7 @@ from cascade_repro import vllm_surface
 from cascade_repro.errors import UsageError
 from cascade_repro.judge.compare import plan_pairs
 from cascade_repro.judge.effect import cell_effect
+from cascade_repro.plan import models as plan_models
 from cascade_repro.plan.matrix import MatrixSpec, plan
 
 DATA = Path(__file__).parent / "data"
@@ -231,7 +232,7 @@ def _fake_vllm_wave(tmp_path: Path, twin: str, arm: str, batch: int = 8, prompt_
     spec = MatrixSpec(engine="vllm", twin=tw.name, batch=[batch], max_tokens=3, topk=2)
     plan_ = plan(spec)
     ep = next(e for e in plan_.engines.values() if e.arm == arm)
-    eng = VLLMEngine("/models/m", spec, ep, run_dir=tmp_path / arm)
+    eng = VLLMEngine("/models/m", spec, ep, run_dir=tmp_path / arm, models=plan_models)
     prompts = [[1] * (prompt_len - 1) + [i] for i in range(batch)]
     _, st = eng.run_wave(prompts, arm, 3, prefix_len=prompt_len - 1)
     eng.effective_seen = eng.effective()

@@ -3,8 +3,9 @@
 Every other module asks :func:`get` what an engine can do instead of comparing its name, so a new
 engine is one entry here and one module beside this one. The table is data: an engine's builder is
 named by a ``module:function`` path (as an entry point names it) and imported only when an engine
-is built: the planner reads this table, so nothing here may import the planner or the manifest
-(which imports the planner), as the engines do; ``worker.build_engine`` builds from a run.
+is built: the planner reads this table, so nothing here may import the planner, and neither do the
+engines: ``worker.build_engine`` builds from a run, handing the builder the run's spec and
+``plan/models`` (how to read the model's tokenizer and config).
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ class EngineInfo:
     # a core from torch on a small CPU box: it writes in the foreground.
     background_writes: bool
     # ``module:function`` of the builder, called as ``builder(run: Manifest, eplan: EnginePlan,
-    # run_dir: Path | None)``; a path, not the function, so that reading the table imports no engine.
+    # run_dir: Path | None, spec: MatrixSpec, models: base.ModelLoader)`` (the worker hands over the
+    # spec and plan/models, so that no engine imports the planner); a path, not the function, so
+    # that reading the table imports no engine.
     builder: str
     # ``module:function`` of the tokenizer of an engine that loads no weights (the fake), called with
     # no arguments. Such an engine's run resolves no model and has no reference pass (there is nothing

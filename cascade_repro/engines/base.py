@@ -39,6 +39,17 @@ class WaveStats:
     cascade_decode_steps: int | None = None
 
 
+class ModelLoader(Protocol):
+    """How an engine reads a model folder's tokenizer and config.json: ``plan/models``, handed over by
+    ``run/worker.build_engine`` (engines/ builds from a run and never imports the planner)."""
+
+    def load_tokenizer(self, model_path: str, trust_remote_code: bool = False) -> Any:
+        """The model folder's HF tokenizer."""
+
+    def load_config(self, path_or_id: str) -> dict:
+        """The model's config.json as a dict."""
+
+
 class Engine(Protocol):
     """One loaded model. Arms may share it (toggled per wave) or be fixed at start."""
 

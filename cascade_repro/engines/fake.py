@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from cascade_repro import twin as twins
 from cascade_repro import vllm_surface
-from cascade_repro.engines.base import Completion, WaveStats, completion_text
+from cascade_repro.engines.base import Completion, ModelLoader, WaveStats, completion_text
 from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.vllm_surface import inject as inj
 
@@ -286,10 +286,10 @@ def tokenizer() -> ByteTokenizer:
     return ByteTokenizer()
 
 
-def build(run: Manifest, eplan: EnginePlan, run_dir: Path | None) -> FakeEngine:
-    """The registry's builder (engines.ENGINES): the engine of one engine plan of a run."""
-    from cascade_repro.plan.matrix import spec_of
-
-    spec = spec_of(run.spec_json)
+def build(
+    run: Manifest, eplan: EnginePlan, run_dir: Path | None, spec: Any, models: ModelLoader
+) -> FakeEngine:
+    """The registry's builder (engines.ENGINES): the engine of one engine plan of a run, ``spec`` its
+    ``plan.matrix.MatrixSpec``."""
     return FakeEngine(topk=spec.topk, inject=spec.inject, ignore_eos=bool(spec.ignore_eos), dtype=eplan.dtype,
                       twin=spec.twin_axis)  # fmt: skip

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from cascade_repro.engines import cascade_attention as ca
-from cascade_repro.engines.base import Completion, WaveStats, completion_text
+from cascade_repro.engines.base import Completion, ModelLoader, WaveStats, completion_text
 from cascade_repro.errors import UsageError
 from cascade_repro.twin import CASCADE as TWIN
 
@@ -324,11 +324,9 @@ def default_threads() -> None:
         torch.set_num_threads(os.cpu_count() or 1)
 
 
-def build(run: Manifest, eplan: EnginePlan, run_dir: Path | None) -> HFEngine:
-    """The registry's builder (engines.ENGINES): the engine of one engine plan of a run."""
-    from cascade_repro.plan.matrix import spec_of
-
-    spec = spec_of(run.spec_json)
+def build(run: Manifest, eplan: EnginePlan, run_dir: Path | None, spec: Any, models: ModelLoader) -> HFEngine:
+    """The registry's builder (engines.ENGINES): the engine of one engine plan of a run, ``spec`` its
+    ``plan.matrix.MatrixSpec``."""
     default_threads()
     return HFEngine(
         run.model_path,

@@ -31,9 +31,8 @@ from typing import Any
 
 from cascade_repro import twin as twins
 from cascade_repro import vllm_surface
-from cascade_repro.engines.base import Completion, WaveStats, completion_text
+from cascade_repro.engines.base import Completion, ModelLoader, WaveStats, completion_text
 from cascade_repro.errors import UsageError
-from cascade_repro.plan.matrix import MatrixSpec, spec_of
 from cascade_repro.rundir import layout, manifest
 from cascade_repro.rundir.cells import EnginePlan
 from cascade_repro.rundir.manifest import Manifest
@@ -79,9 +78,12 @@ def _prepare_probe_dir(path: Path) -> None:
     path.mkdir(parents=True, exist_ok=True)
 
 
-def build(run: Manifest, eplan: EnginePlan, run_dir: Path | None) -> VLLMEngine:
-    """The registry's builder (engines.ENGINES): the engine of one engine plan of a run."""
-    return VLLMEngine(run.model_path, spec_of(run.spec_json), eplan, run_dir=run_dir)
+def build(
+    run: Manifest, eplan: EnginePlan, run_dir: Path | None, spec: Any, models: ModelLoader
+) -> VLLMEngine:
+    """The registry's builder (engines.ENGINES): the engine of one engine plan of a run, ``spec`` its
+    ``plan.matrix.MatrixSpec``."""
+    return VLLMEngine(run.model_path, spec, eplan, run_dir=run_dir, models=models)
 
 
 class VLLMEngine:
@@ -92,15 +94,19 @@ class VLLMEngine:
     def __init__(
         self,
         model_path: str,
-        spec: MatrixSpec | dict[str, Any],
+        spec: Any,
         eplan: EnginePlan | dict[str, Any],
         run_dir: Path | str,
+        *,
+        models: ModelLoader,
     ) -> None:
-        # run.json's forms of the spec and the engine plan are converted here (tests, benchmarks).
-        spec = spec if isinstance(spec, MatrixSpec) else spec_of(spec)
+        # ``spec`` is the run's plan.matrix.MatrixSpec and ``models`` plan/models (the worker hands
+        # both over: engines/ never imports the planner); run.json's form of the engine plan is
+        # converted here (tests, benchmarks).
         eplan = eplan if isinstance(eplan, EnginePlan) else EnginePlan.from_json(eplan)
         self.model_path = model_path
         self.spec = spec
+        self.models = models
         self.eplan = eplan
         self.run_dir = Path(run_dir).resolve()  # spawned vLLM processes share the cwd, but be safe
         self.key = str(eplan.key or "engine")
@@ -256,11 +262,10 @@ class VLLMEngine:
     def _auto_max_model_len(self) -> int | None:
         """Longest rendered prompt + max_tokens + 1, rounded up to 256 (None: vLLM's default)."""
         try:
-            from cascade_repro.plan.models import load_tokenizer
             from cascade_repro.prompts.chat import measure_prefix
 
             run = manifest.read_manifest(self.run_dir)
-            tok = load_tokenizer(self.model_path, bool(self.spec.trust_remote_code))
+            tok = self.models.load_tokenizer(self.model_path, bool(self.spec.trust_remote_code))
             rendered = measure_prefix(
                 tok, run.prompt_set.system_prompt_text, layout.read_prompts(self.run_dir)
             ).rendered
@@ -268,9 +273,7 @@ class VLLMEngine:
             need = -(-need // 256) * 256
             limit = None
             try:
-                from cascade_repro.plan.models import load_config
-
-                cfg = load_config(self.model_path)
+                cfg = self.models.load_config(self.model_path)
                 cfg.update(self.spec.hf_overrides or {})
                 limit = cfg.get("max_position_embeddings")
             except Exception:  # noqa: BLE001 - the limit is only a cap
@@ -391,9 +394,7 @@ class VLLMEngine:
         try:
             return self.llm.get_tokenizer()
         except Exception:  # noqa: BLE001 - e.g. skip_tokenizer_init; render with transformers instead
-            from cascade_repro.plan.models import load_tokenizer
-
-            return load_tokenizer(self.model_path, bool(self.spec.trust_remote_code))
+            return self.models.load_tokenizer(self.model_path, bool(self.spec.trust_remote_code))
 
     def effective(self) -> dict[str, Any]:
         cfg = self.llm.llm_engine.vllm_config

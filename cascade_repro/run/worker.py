@@ -39,14 +39,18 @@ def build_engine(m: Manifest, eplan: EnginePlan | dict[str, Any], run_dir: Path 
     """Construct the engine named by the run's spec for one engine plan (the registry in engines/).
 
     ``eplan`` may come as its run.json form (converted here); ``run_dir`` defaults to a ``run_dir``
-    key the run carries.
+    key the run carries. The builder is handed the run's spec and ``plan/models`` (how to read the
+    model's tokenizer and config), so engines/ never imports the planner.
     """
     from cascade_repro.engines import get as engine_info
 
     ep = eplan if isinstance(eplan, EnginePlan) else EnginePlan.from_json(eplan)
     if run_dir is None and m.extra.get("run_dir"):
         run_dir = Path(m.extra["run_dir"])
-    return engine_info(spec_of(m.spec_json).engine).load_builder()(m, ep, run_dir)
+    from cascade_repro.plan import models
+
+    spec = spec_of(m.spec_json)
+    return engine_info(spec.engine).load_builder()(m, ep, run_dir, spec, models)
 
 
 def freeze_heap() -> int:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from cascade_repro.engines.vllm import _prepare_probe_dir, topk_entries
+from cascade_repro.plan import models as plan_models
 
 
 @dataclass
@@ -64,11 +65,11 @@ def test_real_wave_both_arms(tmp_path: Path):
     from cascade_repro.prompts.promptsets import load_prompt_set, load_system_prompt
 
     k = 5
-    spec = MatrixSpec(engine="vllm", batch=[8], max_tokens=8, topk=k).to_dict()
+    spec = MatrixSpec(engine="vllm", batch=[8], max_tokens=8, topk=k)
     eplan = {"key": "vllm-test", "tp": 1, "seed": 0, "dtype": "auto", "fa_version": None,
              "backend": "FLASH_ATTN", "arm": None, "cells": []}  # fmt: skip
     model_path, _ = resolve_model("embedded")
-    engine = VLLMEngine(model_path, spec, eplan, run_dir=tmp_path)
+    engine = VLLMEngine(model_path, spec, eplan, run_dir=tmp_path, models=plan_models)
     try:
         eff = engine.effective()
         assert eff["model_runner"] == "V1" and eff["disable_cascade_attn"] is False
@@ -111,7 +112,7 @@ def test_engine_flow_with_fake_vllm(fake_vllm, tmp_path: Path, inject):
     from cascade_repro.plan.matrix import MatrixSpec
     from cascade_repro.vllm_surface import probe
 
-    spec = MatrixSpec(engine="vllm", batch=[1, 8], max_tokens=4, topk=2, inject=inject).to_dict()
+    spec = MatrixSpec(engine="vllm", batch=[1, 8], max_tokens=4, topk=2, inject=inject)
     eplan = {
         "key": "k",
         "tp": 1,
@@ -122,7 +123,7 @@ def test_engine_flow_with_fake_vllm(fake_vllm, tmp_path: Path, inject):
         "arm": None,
     }
     run_dir = tmp_path / "run"
-    eng = VLLMEngine("/models/m", spec, eplan, run_dir=run_dir)
+    eng = VLLMEngine("/models/m", spec, eplan, run_dir=run_dir, models=plan_models)
     assert os.environ[probe.ENV_VAR] == str(run_dir / "probe" / "k")
     # The fake has no package version: read as the newest release, which has one model runner.
     assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ
@@ -175,10 +176,10 @@ def test_engine_args_reach_vllm_llm_unchanged(fake_vllm, tmp_path: Path):
     from cascade_repro.engines.vllm import VLLMEngine
     from cascade_repro.plan.matrix import MatrixSpec
 
-    spec = MatrixSpec(engine="vllm", batch=[8], max_tokens=2).to_dict()
-    spec["engine_args"] = {"block_size": 32, "kv_cache_dtype": "fp8", "gpu_memory_utilization": 0.8}
+    spec = MatrixSpec(engine="vllm", batch=[8], max_tokens=2,
+                      engine_args={"block_size": 32, "kv_cache_dtype": "fp8", "gpu_memory_utilization": 0.8})  # fmt: skip
     eplan = {"key": "k", "tp": 1, "seed": 0, "dtype": "auto", "fa_version": None, "backend": "FLASH_ATTN", "arm": None}
-    eng = VLLMEngine("/models/m", spec, eplan, run_dir=tmp_path / "run")
+    eng = VLLMEngine("/models/m", spec, eplan, run_dir=tmp_path / "run", models=plan_models)
     kw = eng.llm.kwargs
     assert kw["block_size"] == 32 and kw["kv_cache_dtype"] == "fp8"
     assert kw["gpu_memory_utilization"] == 0.8  # the user's value wins over the harness's default
@@ -270,10 +271,10 @@ def test_a_vllm_without_cascade_is_not_handed_disable_cascade_attn(fake_vllm, tm
 
     monkeypatch.setattr(vllm, "__version__", "0.34.0")
     tw = twins.PREFIX_CACHING
-    spec = MatrixSpec(engine="vllm", twin=tw.name, batch=[8], max_tokens=2, topk=2).to_dict()
+    spec = MatrixSpec(engine="vllm", twin=tw.name, batch=[8], max_tokens=2, topk=2)
     eplan = {"key": "k", "tp": 1, "seed": 0, "dtype": "auto", "fa_version": None, "backend": "FLASH_ATTN",
              "arm": tw.test}  # fmt: skip
-    eng = VLLMEngine("/models/m", spec, eplan, run_dir=tmp_path / "run")
+    eng = VLLMEngine("/models/m", spec, eplan, run_dir=tmp_path / "run", models=plan_models)
     try:
         assert "disable_cascade_attn" not in eng.llm.kwargs and eng.llm.kwargs["enable_prefix_caching"] is True
         notes = eng.effective()["notes"]
