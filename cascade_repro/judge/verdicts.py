@@ -38,6 +38,13 @@ from cascade_repro.judge.outcome import (
     REGRESSION,
     WITHIN_NOISE,
 )
+from cascade_repro.judge.result import (
+    bias_piece,
+    divergence_piece,
+    drift_piece,
+    repetition_piece,
+    topk_piece,
+)
 
 PREFILL_ONLY = "prefill only"  # a pair's depth: cascade ran on prefill steps and no decode step
 EXACT_PERMUTATION_MAX_N = 10  # up to 2**10 sign patterns are enumerated; more are sampled
@@ -423,7 +430,7 @@ def decide(ev: Evidence, th: Thresholds, has_noise: bool) -> Decision:
     drift_ok = d is not None and d.measured
     bias_ok = b is not None and b.measured
     at_floor = d is not None and d.n > 0 and d.test <= d.floor
-    bias_fired = bias_ok and b.p < th.alpha / 2
+    bias_fired = bias_ok and bias_piece(b.p, th.alpha).fired
     if ev.n_diverged == 0 and (at_floor or not drift_ok) and not bias_fired:
         why = f"all {ev.n} outputs token-identical"
         if at_floor:
@@ -441,16 +448,16 @@ def decide(ev: Evidence, th: Thresholds, has_noise: bool) -> Decision:
     fired: list[tuple[str, str]] = []
     if bias_fired:
         fired.append(("bias", _bias_text(b, th)))
-    if drift_ok and d.ratio > d.threshold:
+    if drift_ok and drift_piece(d.ratio, d.threshold).fired:
         fired.append(("drift", _drift_text(d)))
-    if has_noise and p_div < th.alpha:
+    if has_noise and divergence_piece(p_div, th.alpha).fired:
         fired.append(
             (
                 "divergence",
                 f"diverged {ev.n_diverged}/{ev.n} vs {noise_txt}, Fisher p={p_div:.3g} < {th.alpha}",
             )
         )
-    if has_noise and ev.topk_violations >= th.min_topk_violations and p_topk < th.alpha:
+    if has_noise and topk_piece(p_topk, ev.topk_violations, th.alpha, th.min_topk_violations).fired:
         fired.append(
             (
                 "top-k",
@@ -458,7 +465,7 @@ def decide(ev: Evidence, th: Thresholds, has_noise: bool) -> Decision:
                 f"Fisher p={p_topk:.3g}",
             )
         )
-    if ev.d_rep_lo > th.rep_delta:
+    if repetition_piece(ev.d_rep_lo, th.rep_delta).fired:
         fired.append(
             (
                 "repetition",
