@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from cascade_repro.judge.outcome import ERROR, IDENTICAL, INCONCLUSIVE, NOT_EXERCISED, REGRESSION
+from cascade_repro.judge.result import PairResult
 from cascade_repro.judge.verdicts import Thresholds
 from cascade_repro.plan.matrix import spec_of
 from cascade_repro.report.load import RunData
@@ -124,8 +125,8 @@ def _p_vs(p, bar: float) -> str:
 
 
 # Each piece of arm-vs-arm evidence a regression can rest on (``verdicts.decide``'s order) as its
-# numbers against its bar, and whether its numbers cleared the bar (for runs that did not record
-# ``decided_by``). ``th``: the run's thresholds with the defaults filled in.
+# numbers against its bar; whether it fired, the judge's evidence piece says
+# (``judge/result.PairResult``). ``th``: the run's thresholds with the defaults filled in.
 _EVIDENCE: dict[str, Callable[[dict, dict], str]] = {
     "bias": lambda r, th: (
         f"bias {fmt_int(r.get('bias_up'))}↑ {fmt_int(r.get('bias_down'))}↓: {_p_vs(r.get('p_bias'), th['alpha'] / 2)}"
@@ -145,15 +146,6 @@ _EVIDENCE: dict[str, Callable[[dict, dict], str]] = {
         f"Δseq-rep-4 CI low {fmt_float(r.get('d_seq_rep_4_lo'), '+.3f')}"
         + ("" if is_missing(r.get("d_seq_rep_4_lo")) else f" > {th['rep_delta']:g}")
     ),
-}
-_FIRES: dict[str, Callable[[dict, dict], bool]] = {
-    "bias": lambda r, th: _num(r.get("p_bias")) < th["alpha"] / 2,
-    "drift": lambda r, th: _num(r.get("drift_ratio")) > _num(r.get("drift_threshold")),
-    "divergence": lambda r, th: _num(r.get("p_divergence")) < th["alpha"],
-    "top-k": lambda r, th: (
-        _num(r.get("p_topk")) < th["alpha"] and _num(r.get("topk_violations")) >= th["min_topk_violations"]
-    ),
-    "repetition": lambda r, th: _num(r.get("d_seq_rep_4_lo")) > th["rep_delta"],
 }
 
 
@@ -219,9 +211,8 @@ def deciding_evidence(
         ratio = f"error vs reference {fmt_x(r.get('ref_ratio'))}x{_over(r.get('ref_ratio'), r.get('ref_min_effect'))}"
         full = f"{ratio}, {_p_vs(r.get('p_ref'), th['alpha'])}"
         return full if width is None or len(full) <= width else ratio
-    fired = [k for k in text_of(r.get("decided_by")).split(",") if k in _EVIDENCE]
     if verdict == REGRESSION:
-        fired = fired or [k for k, fires in _FIRES.items() if fires(r, th)]
+        fired = PairResult.from_row(r, th["alpha"], th["rep_delta"], th["min_topk_violations"]).fired()
         if fired:
             return _pack([(k, _EVIDENCE[k](r, th)) for k in fired], width, name_rest=True)
     nearest = [
