@@ -31,6 +31,7 @@ from cascade_repro.judge.outcome import (
     TWIN_KIND,
     TWIN_KINDS,
 )
+from cascade_repro.judge.result import EvidencePiece, PairResult
 from cascade_repro.judge.tables import PAIR_COLUMNS
 from cascade_repro.judge.verdicts import (
     BiasStats,
@@ -559,6 +560,7 @@ def score_samples(
         if ps.kind in FLOOR_KINDS:
             ref_controls.setdefault(twin_key(ps.test), []).append((ps.pair_id, ref_stats[ps.pair_id]))
 
+    evidence: dict[str, tuple[EvidencePiece, ...]] = {}
     for score, ps in zip(scores, pair_specs, strict=True):
         agg, agreeing = score.row, score.agreeing
         mean, lo, hi = paired_bootstrap_ci(score.deltas, thresholds.bootstrap, thresholds.ci, thresholds.seed)
@@ -649,8 +651,22 @@ def score_samples(
             decided_by=dec.decided_by, rule=dec.rule, ref_min_effect=floor_of if dec.rule == refv.RULE_REFERENCE else float("nan"),
             ref_min_effect_pair=floor_id if dec.rule == refv.RULE_REFERENCE else "",
         )  # fmt: skip
+        evidence[ps.pair_id] = dec.evidence
 
-    pairs_df = pd.DataFrame(aggs, columns=PAIR_COLUMNS)
+    # The pairs table is written from the typed results (a control weighs no evidence).
+    results = [
+        PairResult(
+            pair_id=row["pair_id"],
+            kind=row["kind"],
+            verdict=row["verdict"],
+            rule=row["rule"],
+            decided_by=tuple(k for k in row["decided_by"].split(",") if k),
+            evidence=evidence.get(row["pair_id"], ()),
+            row=row,
+        )
+        for row in aggs
+    ]
+    pairs_df = pd.DataFrame([r.to_row() for r in results], columns=PAIR_COLUMNS)
     comp_df = pd.DataFrame(comp_rows)
     if not comp_df.empty:
         for col in ("topk_ok",):

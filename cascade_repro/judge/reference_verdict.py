@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cascade_repro.judge.metrics.reference import ArmError
+from cascade_repro.judge.result import ARM_VS_ARM, REFERENCE, reference_piece
 from cascade_repro.judge.verdicts import (
     IDENTICAL,
     INCONCLUSIVE,
@@ -39,7 +40,7 @@ from cascade_repro.judge.verdicts import (
     wilcoxon_greater,
 )
 
-RULE_REFERENCE, RULE_ARMS = "reference", "arm-vs-arm"
+RULE_REFERENCE, RULE_ARMS = REFERENCE, ARM_VS_ARM
 
 
 @dataclass
@@ -157,7 +158,7 @@ def decide(
             IDENTICAL,
             f"all {r.n} outputs token-identical and equally far from the reference; {text}",
         )
-    elif r.p < th.alpha and r.ratio > floor_of:
+    elif reference_piece(r.ratio, floor_of, r.p, th.alpha).fired:
         verdict, why = REGRESSION, text
         if arms.verdict != REGRESSION:
             why += (
@@ -181,4 +182,5 @@ def decide(
         arms.p_topk,
         RULE_REFERENCE if verdict == REGRESSION else "",
         rule=RULE_REFERENCE,
+        evidence=(*arms.evidence, reference_piece(r.ratio, floor_of, r.p, th.alpha)),
     )

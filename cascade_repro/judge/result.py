@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 ARM_VS_ARM = "arm-vs-arm"
+REFERENCE = "reference"
 # The evidence a regression can rest on, in the order ``verdicts.decide`` weighs it.
 EVIDENCE_NAMES = ("bias", "drift", "divergence", "top-k", "repetition")
 
@@ -69,16 +70,29 @@ def repetition_piece(d_rep_lo: Any, rep_delta: float) -> EvidencePiece:
     return EvidencePiece("repetition", lo, rep_delta, lo > rep_delta)
 
 
+def reference_piece(ratio: Any, min_effect: Any, p_ref: Any, alpha: float) -> EvidencePiece:
+    """The error ratio against the reference over the run's minimum effect, given its test's p below alpha."""
+    r, floor = number(ratio), number(min_effect)
+    return EvidencePiece("reference", r, floor, number(p_ref) < alpha and r > floor, rule=REFERENCE)
+
+
 def evidence_of(
     row: Mapping[str, Any], alpha: float, rep_delta: float, min_topk: float
 ) -> tuple[EvidencePiece, ...]:
-    """A pair's arm-vs-arm evidence pieces from its pairs.parquet columns, in ``decide``'s order."""
+    """A pair's evidence pieces from its pairs.parquet columns: the arm-vs-arm ones in ``decide``'s
+    order, then the reference's where it decided."""
+    reference = (
+        (reference_piece(row.get("ref_ratio"), row.get("ref_min_effect"), row.get("p_ref"), alpha),)
+        if row.get("rule") == REFERENCE
+        else ()
+    )
     return (
         bias_piece(row.get("p_bias"), alpha),
         drift_piece(row.get("drift_ratio"), row.get("drift_threshold")),
         divergence_piece(row.get("p_divergence"), alpha),
         topk_piece(row.get("p_topk"), row.get("topk_violations"), alpha, min_topk),
         repetition_piece(row.get("d_seq_rep_4_lo"), rep_delta),
+        *reference,
     )
 
 
@@ -119,4 +133,13 @@ class PairResult:
     def fired(self) -> list[str]:
         """What fired: ``decided_by`` as recorded, else (a run that did not record it) each piece that fired."""
         recorded = [k for k in self.decided_by if k in EVIDENCE_NAMES]
-        return recorded or [p.name for p in self.evidence if p.fired]
+        return recorded or [p.name for p in self.evidence if p.fired and p.rule == ARM_VS_ARM]
+
+    def to_row(self) -> dict[str, Any]:
+        """The pairs.parquet row: its columns, with the verdict and what decided it from this result."""
+        return {
+            **self.row,
+            "verdict": self.verdict,
+            "rule": self.rule,
+            "decided_by": ",".join(self.decided_by),
+        }

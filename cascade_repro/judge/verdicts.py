@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 import numpy as np
 
@@ -39,6 +39,7 @@ from cascade_repro.judge.outcome import (
     WITHIN_NOISE,
 )
 from cascade_repro.judge.result import (
+    EvidencePiece,
     bias_piece,
     divergence_piece,
     drift_piece,
@@ -376,6 +377,8 @@ class Decision:
     p_topk: float
     decided_by: str = ""  # comma list of the evidence that fired: bias, drift, divergence, top-k, repetition
     rule: str = "arm-vs-arm"  # which rule decided: "reference" (reference_verdict.py) or "arm-vs-arm"
+    # Every piece of evidence weighed, fired or not (``judge/result.py``), in ``decide``'s order.
+    evidence: tuple[EvidencePiece, ...] = ()
 
 
 def depth(cascade_steps: int, cascade_decode_steps: int | None) -> str:
@@ -412,6 +415,39 @@ def decide(ev: Evidence, th: Thresholds, has_noise: bool) -> Decision:
     p_topk = fisher_greater(
         ev.topk_violations, ev.n, ev.noise_topk_violations, ev.noise_n if has_noise else ev.n
     )
+    pieces = arm_evidence(ev, th, has_noise, p_div, p_topk)
+    dec = _arm_verdict(ev, th, has_noise, p_div, p_topk, {p.name: p.fired for p in pieces})
+    dec.evidence = pieces
+    return dec
+
+
+def arm_evidence(
+    ev: Evidence, th: Thresholds, has_noise: bool, p_div: float, p_topk: float
+) -> tuple[EvidencePiece, ...]:
+    """The pair's arm-vs-arm evidence pieces, each fired only where it was measured (a drift or bias
+    statistic with no agreeing prompts, a count test with no noise control, never fires)."""
+    d, b = ev.drift, ev.bias
+    pieces = (
+        bias_piece(b.p if b is not None else math.nan, th.alpha),
+        drift_piece(d.ratio, d.threshold) if d is not None else drift_piece(math.nan, math.nan),
+        divergence_piece(p_div, th.alpha),
+        topk_piece(p_topk, ev.topk_violations, th.alpha, th.min_topk_violations),
+        repetition_piece(ev.d_rep_lo, th.rep_delta),
+    )
+    measured = {
+        "bias": b is not None and b.measured,
+        "drift": d is not None and d.measured,
+        "divergence": has_noise,
+        "top-k": has_noise,
+        "repetition": True,
+    }
+    return tuple(replace(p, fired=p.fired and measured[p.name]) for p in pieces)
+
+
+def _arm_verdict(
+    ev: Evidence, th: Thresholds, has_noise: bool, p_div: float, p_topk: float, fires: dict[str, bool]
+) -> Decision:
+    """The arm-vs-arm verdict, given what each piece of evidence says (``fires``, by name)."""
     if not ev.status_ok:
         return Decision(ERROR, "a cell of this pair did not finish", p_div, p_topk)
     if ev.cascade_steps == 0 and ev.twin:
@@ -430,7 +466,7 @@ def decide(ev: Evidence, th: Thresholds, has_noise: bool) -> Decision:
     drift_ok = d is not None and d.measured
     bias_ok = b is not None and b.measured
     at_floor = d is not None and d.n > 0 and d.test <= d.floor
-    bias_fired = bias_ok and bias_piece(b.p, th.alpha).fired
+    bias_fired = fires["bias"]
     if ev.n_diverged == 0 and (at_floor or not drift_ok) and not bias_fired:
         why = f"all {ev.n} outputs token-identical"
         if at_floor:
@@ -448,16 +484,16 @@ def decide(ev: Evidence, th: Thresholds, has_noise: bool) -> Decision:
     fired: list[tuple[str, str]] = []
     if bias_fired:
         fired.append(("bias", _bias_text(b, th)))
-    if drift_ok and drift_piece(d.ratio, d.threshold).fired:
+    if fires["drift"]:
         fired.append(("drift", _drift_text(d)))
-    if has_noise and divergence_piece(p_div, th.alpha).fired:
+    if fires["divergence"]:
         fired.append(
             (
                 "divergence",
                 f"diverged {ev.n_diverged}/{ev.n} vs {noise_txt}, Fisher p={p_div:.3g} < {th.alpha}",
             )
         )
-    if has_noise and topk_piece(p_topk, ev.topk_violations, th.alpha, th.min_topk_violations).fired:
+    if fires["top-k"]:
         fired.append(
             (
                 "top-k",
@@ -465,7 +501,7 @@ def decide(ev: Evidence, th: Thresholds, has_noise: bool) -> Decision:
                 f"Fisher p={p_topk:.3g}",
             )
         )
-    if repetition_piece(ev.d_rep_lo, th.rep_delta).fired:
+    if fires["repetition"]:
         fired.append(
             (
                 "repetition",

@@ -49,3 +49,13 @@ def test_a_row_rebuilt_from_decides_numbers_fires_what_decide_recorded():
     row = {"verdict": dec.verdict, "p_divergence": dec.p_divergence, "p_topk": dec.p_topk,
            "topk_violations": ev.topk_violations, "d_seq_rep_4_lo": ev.d_rep_lo}  # fmt: skip
     assert _from_row(row).fired() == dec.decided_by.split(",") == ["divergence", "top-k", "repetition"]
+
+
+def test_decide_returns_its_pieces_and_decided_by_names_those_that_fired():
+    ev = Evidence(n=64, n_diverged=40, topk_violations=0, noise_n=64, noise_n_diverged=2,
+                  noise_topk_violations=0, d_rep_mean=0.0, d_rep_lo=-0.01, d_rep_hi=0.01, cascade_steps=100)  # fmt: skip
+    dec = decide(ev, TH, has_noise=True)
+    assert tuple(p.name for p in dec.evidence) == EVIDENCE_NAMES
+    assert [p.name for p in dec.evidence if p.fired] == dec.decided_by.split(",") == ["divergence"]
+    # Without a noise control the count tests weigh nothing, whatever their p-values.
+    assert not any(p.fired for p in decide(ev, TH, has_noise=False).evidence)
