@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from cascade_repro.judge.outcome import ERROR, IDENTICAL, INCONCLUSIVE, NOT_EXERCISED, REGRESSION
-from cascade_repro.judge.result import PairResult
+from cascade_repro.judge.result import REFERENCE, EvidencePiece, PairResult
 from cascade_repro.judge.verdicts import Thresholds
 from cascade_repro.plan.matrix import spec_of
 from cascade_repro.report.load import RunData
@@ -125,28 +125,31 @@ def _p_vs(p, bar: float) -> str:
 
 
 # Each piece of arm-vs-arm evidence a regression can rest on (``verdicts.decide``'s order) as its
-# numbers against its bar; whether it fired, the judge's evidence piece says
-# (``judge/result.PairResult``). ``th``: the run's thresholds with the defaults filled in.
-_EVIDENCE: dict[str, Callable[[dict, dict], str]] = {
-    "bias": lambda r, th: (
-        f"bias {fmt_int(r.get('bias_up'))}↑ {fmt_int(r.get('bias_down'))}↓: {_p_vs(r.get('p_bias'), th['alpha'] / 2)}"
+# numbers against its bar: the value, threshold and whether it fired are the judge's evidence
+# piece's (``judge/result.PairResult``); the counts beside them are the pair's columns.
+_EVIDENCE: dict[str, Callable[[PairResult, EvidencePiece], str]] = {
+    "bias": lambda res, e: (
+        f"bias {fmt_int(res.row.get('bias_up'))}↑ {fmt_int(res.row.get('bias_down'))}↓: {_p_vs(e.value, e.threshold)}"
     ),
-    "drift": lambda r, th: (
-        f"drift {fmt_x(r.get('drift_ratio'))}x{_over(r.get('drift_ratio'), r.get('drift_threshold'))}"
+    "drift": lambda res, e: f"drift {fmt_x(e.value)}x{_over(e.value, e.threshold)}",
+    "divergence": lambda res, e: (
+        f"diverged {fmt_ratio(res.row.get('n_diverged'), res.row.get('n'))} vs "
+        f"{fmt_ratio(res.row.get('noise_n_diverged'), res.row.get('noise_n'))}: {_p_vs(e.value, e.threshold)}"
     ),
-    "divergence": lambda r, th: (
-        f"diverged {fmt_ratio(r.get('n_diverged'), r.get('n'))} vs "
-        f"{fmt_ratio(r.get('noise_n_diverged'), r.get('noise_n'))}: {_p_vs(r.get('p_divergence'), th['alpha'])}"
+    "top-k": lambda res, e: (
+        f"outside top-k {fmt_int(res.row.get('topk_violations'))} vs "
+        f"{fmt_int(res.row.get('noise_topk_violations'))}: {_p_vs(e.value, e.threshold)}"
     ),
-    "top-k": lambda r, th: (
-        f"outside top-k {fmt_int(r.get('topk_violations'))} vs {fmt_int(r.get('noise_topk_violations'))}: "
-        f"{_p_vs(r.get('p_topk'), th['alpha'])}"
-    ),
-    "repetition": lambda r, th: (
-        f"Δseq-rep-4 CI low {fmt_float(r.get('d_seq_rep_4_lo'), '+.3f')}"
-        + ("" if is_missing(r.get("d_seq_rep_4_lo")) else f" > {th['rep_delta']:g}")
+    "repetition": lambda res, e: (
+        f"Δseq-rep-4 CI low {fmt_float(e.value, '+.3f')}"
+        + ("" if is_missing(e.value) else f" > {e.threshold:g}")
     ),
 }
+
+
+def _texts(res: PairResult, names: list[str]) -> list[tuple[str, str]]:
+    """Each named evidence piece of the pair as (name, its numbers against its bar)."""
+    return [(k, _EVIDENCE[k](res, res.piece(k))) for k in names]
 
 
 def _pack(pieces: list[tuple[str, str]], width: int | None, *, name_rest: bool) -> str:
@@ -197,7 +200,8 @@ def deciding_evidence(
     (divergence against its control, then drift). ``status``: each cell's status, to name a cell
     that did not finish.
     """
-    verdict = text_of(r.get("verdict"))
+    res = PairResult.from_row(r, th["alpha"], th["rep_delta"], th["min_topk_violations"])
+    verdict = res.verdict
     diverged = f"diverged {fmt_ratio(r.get('n_diverged'), r.get('n'))}"
     if verdict == NOT_EXERCISED:
         return f"cascade never fired ({fmt_ratio(r.get('cascade_steps'), r.get('total_steps'))} steps)"
@@ -207,18 +211,16 @@ def deciding_evidence(
         return diverged
     if verdict == INCONCLUSIVE:
         return _pack([("", "no noise control measured"), ("", diverged)], width, name_rest=False)
-    if text_of(r.get("rule")) == "reference" and not is_missing(r.get("ref_ratio")):
-        ratio = f"error vs reference {fmt_x(r.get('ref_ratio'))}x{_over(r.get('ref_ratio'), r.get('ref_min_effect'))}"
+    if res.rule == REFERENCE and not is_missing((ref := res.piece(REFERENCE)).value):
+        ratio = f"error vs reference {fmt_x(ref.value)}x{_over(ref.value, ref.threshold)}"
         full = f"{ratio}, {_p_vs(r.get('p_ref'), th['alpha'])}"
         return full if width is None or len(full) <= width else ratio
-    if verdict == REGRESSION:
-        fired = PairResult.from_row(r, th["alpha"], th["rep_delta"], th["min_topk_violations"]).fired()
-        if fired:
-            return _pack([(k, _EVIDENCE[k](r, th)) for k in fired], width, name_rest=True)
+    if verdict == REGRESSION and (fired := res.fired()):
+        return _pack(_texts(res, fired), width, name_rest=True)
     nearest = [
         k for k, col in (("divergence", "noise_n"), ("drift", "drift_ratio")) if not is_missing(r.get(col))
     ]
-    return _pack([(k, _EVIDENCE[k](r, th)) for k in nearest or ["divergence"]], width, name_rest=False)
+    return _pack(_texts(res, nearest or ["divergence"]), width, name_rest=False)
 
 
 def summary_table(data: RunData, width: int | None = ISSUE_COLUMN_CHARS) -> Table:
