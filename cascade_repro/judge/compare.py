@@ -31,7 +31,7 @@ from cascade_repro.judge.outcome import (
     TWIN_KIND,
     TWIN_KINDS,
 )
-from cascade_repro.judge.result import EvidencePiece, PairResult
+from cascade_repro.judge.result import Counts, EvidencePiece, PairResult
 from cascade_repro.judge.tables import PAIR_COLUMNS
 from cascade_repro.judge.verdicts import (
     BiasStats,
@@ -663,6 +663,7 @@ def score_samples(
             decided_by=tuple(k for k in row["decided_by"].split(",") if k),
             evidence=evidence.get(row["pair_id"], ()),
             row=row,
+            counts=Counts.from_row(row),
         )
         for row in aggs
     ]

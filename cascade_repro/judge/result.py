@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 ARM_VS_ARM = "arm-vs-arm"
@@ -97,6 +97,25 @@ def evidence_of(
 
 
 @dataclass(frozen=True)
+class Counts:
+    """The counts a pair's verdict is read beside: prompts and divergences, the noise control's,
+    and the steps its twin took effect on (NaN where the row lacks one)."""
+
+    n: float = math.nan
+    n_diverged: float = math.nan
+    noise_n: float = math.nan
+    noise_n_diverged: float = math.nan
+    topk_violations: float = math.nan
+    noise_topk_violations: float = math.nan
+    cascade_steps: float = math.nan
+    total_steps: float = math.nan
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Counts:
+        return cls(**{f.name: number(row.get(f.name)) for f in fields(cls)})
+
+
+@dataclass(frozen=True)
 class PairResult:
     """One pair's verdict with its named evidence; ``row``: its pairs.parquet columns as written."""
 
@@ -107,6 +126,7 @@ class PairResult:
     decided_by: tuple[str, ...]
     evidence: tuple[EvidencePiece, ...]
     row: Mapping[str, Any]
+    counts: Counts = Counts()
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any], alpha: float, rep_delta: float, min_topk: float) -> PairResult:
@@ -124,6 +144,7 @@ class PairResult:
             decided_by=tuple(k for k in text("decided_by").split(",") if k),
             evidence=evidence_of(row, alpha, rep_delta, min_topk),
             row=row,
+            counts=Counts.from_row(row),
         )
 
     def piece(self, name: str) -> EvidencePiece:

@@ -9,7 +9,6 @@ from collections.abc import Callable
 
 from cascade_repro.judge.outcome import ERROR, IDENTICAL, INCONCLUSIVE, NOT_EXERCISED, REGRESSION
 from cascade_repro.judge.result import REFERENCE, EvidencePiece, PairResult
-from cascade_repro.judge.verdicts import Thresholds
 from cascade_repro.plan.matrix import spec_of
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import (
@@ -28,7 +27,8 @@ from cascade_repro.report.text import (
     text_or_missing,
     truncate,
 )
-from cascade_repro.report.view import Table, cascade_pairs, cells, ran_vllm, spec_field
+from cascade_repro.report.view import DEFAULTS as DEFAULTS
+from cascade_repro.report.view import Table, cascade_pairs, cells, ran_vllm, result_of, spec_field, thresholds
 from cascade_repro.twin import CASCADE as TWIN
 
 # The widest summary row, in characters of cell text: GitHub's issue column is about 830 px at
@@ -39,9 +39,6 @@ ISSUE_COLUMN_CHARS = 100
 SUMMARY_HEADERS = ("pair", "verdict", "decided by (vs threshold)", "depth")
 # A fact is a version or a name; a longer value is a damaged or hostile run.json.
 FACT_MAX = 120
-# The thresholds the summary compares against, at the verdict's defaults (for a run.json that
-# recorded none).
-DEFAULTS = {k: float(getattr(Thresholds(), k)) for k in ("alpha", "rep_delta", "min_topk_violations")}
 
 
 def _values(items) -> list[str]:
@@ -133,12 +130,12 @@ _EVIDENCE: dict[str, Callable[[PairResult, EvidencePiece], str]] = {
     ),
     "drift": lambda res, e: f"drift {fmt_x(e.value)}x{_over(e.value, e.threshold)}",
     "divergence": lambda res, e: (
-        f"diverged {fmt_ratio(res.row.get('n_diverged'), res.row.get('n'))} vs "
-        f"{fmt_ratio(res.row.get('noise_n_diverged'), res.row.get('noise_n'))}: {_p_vs(e.value, e.threshold)}"
+        f"diverged {fmt_ratio(res.counts.n_diverged, res.counts.n)} vs "
+        f"{fmt_ratio(res.counts.noise_n_diverged, res.counts.noise_n)}: {_p_vs(e.value, e.threshold)}"
     ),
     "top-k": lambda res, e: (
-        f"outside top-k {fmt_int(res.row.get('topk_violations'))} vs "
-        f"{fmt_int(res.row.get('noise_topk_violations'))}: {_p_vs(e.value, e.threshold)}"
+        f"outside top-k {fmt_int(res.counts.topk_violations)} vs "
+        f"{fmt_int(res.counts.noise_topk_violations)}: {_p_vs(e.value, e.threshold)}"
     ),
     "repetition": lambda res, e: (
         f"Δseq-rep-4 CI low {fmt_float(e.value, '+.3f')}"
@@ -178,16 +175,6 @@ def _unfinished(r: dict, status: dict[str, str]) -> str:
     return "a cell did not finish"
 
 
-def thresholds(data: RunData) -> dict:
-    """The run's thresholds (run.json), the verdict's defaults where a number is missing."""
-    th = data.manifest.thresholds or {}
-    out = {}
-    for k, default in DEFAULTS.items():
-        v = _num(th.get(k))
-        out[k] = default if v != v else v
-    return out
-
-
 def deciding_evidence(
     r: dict, th: dict, width: int | None = None, status: dict[str, str] | None = None
 ) -> str:
@@ -200,11 +187,11 @@ def deciding_evidence(
     (divergence against its control, then drift). ``status``: each cell's status, to name a cell
     that did not finish.
     """
-    res = PairResult.from_row(r, th["alpha"], th["rep_delta"], th["min_topk_violations"])
-    verdict = res.verdict
-    diverged = f"diverged {fmt_ratio(r.get('n_diverged'), r.get('n'))}"
+    res = result_of(r, th)
+    verdict, c = res.verdict, res.counts
+    diverged = f"diverged {fmt_ratio(c.n_diverged, c.n)}"
     if verdict == NOT_EXERCISED:
-        return f"cascade never fired ({fmt_ratio(r.get('cascade_steps'), r.get('total_steps'))} steps)"
+        return f"cascade never fired ({fmt_ratio(c.cascade_steps, c.total_steps)} steps)"
     if verdict == ERROR:
         return _unfinished(r, status or {})
     if verdict == IDENTICAL:
@@ -218,7 +205,7 @@ def deciding_evidence(
     if verdict == REGRESSION and (fired := res.fired()):
         return _pack(_texts(res, fired), width, name_rest=True)
     nearest = [
-        k for k, col in (("divergence", "noise_n"), ("drift", "drift_ratio")) if not is_missing(r.get(col))
+        k for k, v in (("divergence", c.noise_n), ("drift", res.piece("drift").value)) if not is_missing(v)
     ]
     return _pack(_texts(res, nearest or ["divergence"]), width, name_rest=False)
 
