@@ -31,12 +31,13 @@ from cascade_repro.judge.outcome import (
     TWIN_KIND,
     TWIN_KINDS,
 )
-from cascade_repro.judge.result import Counts, EvidencePiece, PairResult
+from cascade_repro.judge.result import Counts, PairResult
 from cascade_repro.judge.tables import PAIR_COLUMNS
 from cascade_repro.judge.verdicts import (
     BiasStats,
     DriftStats,
     Evidence,
+    EvidencePiece,
     Thresholds,
     bias_stats,
     decide,

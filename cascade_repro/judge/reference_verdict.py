@@ -27,15 +27,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from cascade_repro.judge.metrics.reference import ArmError
-from cascade_repro.judge.result import ARM_VS_ARM, REFERENCE, reference_piece
 from cascade_repro.judge.verdicts import (
+    ARM_VS_ARM,
     IDENTICAL,
     INCONCLUSIVE,
+    REFERENCE,
     REGRESSION,
     WITHIN_NOISE,
     Decision,
     Thresholds,
     drift_ratio_stats,
+    reference_piece,
     sign_test_greater,
     wilcoxon_greater,
 )

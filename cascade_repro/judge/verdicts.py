@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
 
 import numpy as np
 
@@ -38,14 +39,92 @@ from cascade_repro.judge.outcome import (
     REGRESSION,
     WITHIN_NOISE,
 )
-from cascade_repro.judge.result import (
-    EvidencePiece,
-    bias_piece,
-    divergence_piece,
-    drift_piece,
-    repetition_piece,
-    topk_piece,
-)
+
+# --- evidence pieces: each statistic's value against its bar, and the one rule for whether it fired;
+# ``decide`` asks them, and so does a report through ``judge/result.PairResult``.
+
+ARM_VS_ARM = "arm-vs-arm"
+REFERENCE = "reference"
+# The evidence a regression can rest on, in the order ``verdicts.decide`` weighs it.
+EVIDENCE_NAMES = ("bias", "drift", "divergence", "top-k", "repetition")
+
+
+def number(v: Any) -> float:
+    """v as a float, NaN where missing or not a number (a pairs.parquet cell may be None or NA)."""
+    if v is None:
+        return math.nan
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+@dataclass(frozen=True)
+class EvidencePiece:
+    """One named piece of a pair's evidence: its value against its threshold, and whether it fired."""
+
+    name: str  # one of EVIDENCE_NAMES
+    value: float
+    threshold: float
+    fired: bool
+    rule: str = ARM_VS_ARM
+
+
+def bias_piece(p_bias: Any, alpha: float) -> EvidencePiece:
+    """The sign test of the chosen token's logprob, at ``alpha / 2`` (it shares alpha with drift)."""
+    p = number(p_bias)
+    return EvidencePiece("bias", p, alpha / 2, p < alpha / 2)
+
+
+def drift_piece(ratio: Any, threshold: Any) -> EvidencePiece:
+    """The drift ratio against its threshold (``max(null_q, drift_min)``)."""
+    r, t = number(ratio), number(threshold)
+    return EvidencePiece("drift", r, t, r > t)
+
+
+def divergence_piece(p_divergence: Any, alpha: float) -> EvidencePiece:
+    """Fisher's test of diverged-prompt counts against the noise control."""
+    p = number(p_divergence)
+    return EvidencePiece("divergence", p, alpha, p < alpha)
+
+
+def topk_piece(p_topk: Any, violations: Any, alpha: float, min_violations: float) -> EvidencePiece:
+    """Fisher's test of outside-top-k divergences, given at least ``min_violations`` of them."""
+    p = number(p_topk)
+    return EvidencePiece("top-k", p, alpha, number(violations) >= min_violations and p < alpha)
+
+
+def repetition_piece(d_rep_lo: Any, rep_delta: float) -> EvidencePiece:
+    """The seq-rep-4 delta's CI low end against the minimum effect."""
+    lo = number(d_rep_lo)
+    return EvidencePiece("repetition", lo, rep_delta, lo > rep_delta)
+
+
+def reference_piece(ratio: Any, min_effect: Any, p_ref: Any, alpha: float) -> EvidencePiece:
+    """The error ratio against the reference over the run's minimum effect, given its test's p below alpha."""
+    r, floor = number(ratio), number(min_effect)
+    return EvidencePiece("reference", r, floor, number(p_ref) < alpha and r > floor, rule=REFERENCE)
+
+
+def evidence_of(
+    row: Mapping[str, Any], alpha: float, rep_delta: float, min_topk: float
+) -> tuple[EvidencePiece, ...]:
+    """A pair's evidence pieces from its pairs.parquet columns: the arm-vs-arm ones in ``decide``'s
+    order, then the reference's where it decided."""
+    reference = (
+        (reference_piece(row.get("ref_ratio"), row.get("ref_min_effect"), row.get("p_ref"), alpha),)
+        if row.get("rule") == REFERENCE
+        else ()
+    )
+    return (
+        bias_piece(row.get("p_bias"), alpha),
+        drift_piece(row.get("drift_ratio"), row.get("drift_threshold")),
+        divergence_piece(row.get("p_divergence"), alpha),
+        topk_piece(row.get("p_topk"), row.get("topk_violations"), alpha, min_topk),
+        repetition_piece(row.get("d_seq_rep_4_lo"), rep_delta),
+        *reference,
+    )
+
 
 PREFILL_ONLY = "prefill only"  # a pair's depth: cascade ran on prefill steps and no decode step
 EXACT_PERMUTATION_MAX_N = 10  # up to 2**10 sign patterns are enumerated; more are sampled

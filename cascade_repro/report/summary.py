@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from cascade_repro.judge.outcome import ERROR, IDENTICAL, INCONCLUSIVE, NOT_EXERCISED, REGRESSION
-from cascade_repro.judge.result import REFERENCE, EvidencePiece, PairResult
+from cascade_repro.judge.result import PairResult
+from cascade_repro.judge.verdicts import REFERENCE, EvidencePiece
 from cascade_repro.plan.matrix import spec_of
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import (

@@ -1,11 +1,12 @@
-"""A pair's typed result: the evidence pieces decide() weighs are the ones a report rebuilds from a row."""
+"""A pair's typed result: the evidence pieces decide() weighs are the ones a report rebuilds from a row
+(the pieces live in judge/verdicts.py, the result in judge/result.py)."""
 
 from __future__ import annotations
 
 import math
 
-from cascade_repro.judge.result import EVIDENCE_NAMES, PairResult, evidence_of, topk_piece
-from cascade_repro.judge.verdicts import Evidence, Thresholds, decide
+from cascade_repro.judge.result import PairResult
+from cascade_repro.judge.verdicts import EVIDENCE_NAMES, Evidence, Thresholds, decide, evidence_of, topk_piece
 
 TH = Thresholds()
 
