@@ -665,6 +665,7 @@ def score_samples(
             evidence=evidence.get(row["pair_id"], ()),
             row=row,
             counts=Counts.from_row(row),
+            depth=row["depth"],
         )
         for row in aggs
     ]

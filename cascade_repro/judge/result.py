@@ -53,6 +53,7 @@ class PairResult:
     evidence: tuple[EvidencePiece, ...]
     row: Mapping[str, Any]
     counts: Counts = Counts()
+    depth: str = ""  # where the twin ran: decode, prefill only, none, ? ("" for a control)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any], alpha: float, rep_delta: float, min_topk: float) -> PairResult:
@@ -60,7 +61,11 @@ class PairResult:
 
         def text(k: str) -> str:
             v = row.get(k)
-            return "" if v is None or (isinstance(v, float) and v != v) else str(v)
+            try:
+                missing = v is None or bool(v != v)  # NaN and pandas NA are not equal to themselves
+            except (TypeError, ValueError):
+                missing = False
+            return "" if missing else str(v)
 
         return cls(
             pair_id=text("pair_id"),
@@ -71,6 +76,7 @@ class PairResult:
             evidence=evidence_of(row, alpha, rep_delta, min_topk),
             row=row,
             counts=Counts.from_row(row),
+            depth=text("depth"),
         )
 
     def piece(self, name: str) -> EvidencePiece:
