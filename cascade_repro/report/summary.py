@@ -5,7 +5,8 @@ evidence of every pair stays in the verdict table."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from cascade_repro.judge.outcome import ERROR, IDENTICAL, INCONCLUSIVE, NOT_EXERCISED, REGRESSION
 from cascade_repro.judge.result import PairResult
@@ -25,11 +26,18 @@ from cascade_repro.report.text import (
     one_line,
     portable_paths,
     text_of,
-    text_or_missing,
     truncate,
 )
 from cascade_repro.report.view import DEFAULTS as DEFAULTS
-from cascade_repro.report.view import Table, cascade_pairs, cells, ran_vllm, result_of, spec_field, thresholds
+from cascade_repro.report.view import (
+    Table,
+    cascade_results,
+    cells,
+    ran_vllm,
+    result_of,
+    spec_field,
+    thresholds,
+)
 from cascade_repro.twin import CASCADE as TWIN
 
 # The widest summary row, in characters of cell text: GitHub's issue column is about 830 px at
@@ -177,7 +185,10 @@ def _unfinished(r: dict, status: dict[str, str]) -> str:
 
 
 def deciding_evidence(
-    r: dict, th: dict, width: int | None = None, status: dict[str, str] | None = None
+    r: Mapping[str, Any] | PairResult,
+    th: dict,
+    width: int | None = None,
+    status: dict[str, str] | None = None,
 ) -> str:
     """The evidence that decided a cascade pair's verdict, each number against its threshold, in
     at most ``width`` characters where it can (the first piece is shown whatever its length).
@@ -188,7 +199,8 @@ def deciding_evidence(
     (divergence against its control, then drift). ``status``: each cell's status, to name a cell
     that did not finish.
     """
-    res = result_of(r, th)
+    res = r if isinstance(r, PairResult) else result_of(r, th)
+    r = res.row
     verdict, c = res.verdict, res.counts
     diverged = f"diverged {fmt_ratio(c.n_diverged, c.n)}"
     if verdict == NOT_EXERCISED:
@@ -217,18 +229,15 @@ def summary_table(data: RunData, width: int | None = ISSUE_COLUMN_CHARS) -> Tabl
     th = thresholds(data)
     status = {text_of(c.get("cell_id")): text_of(c.get("status")) for c in cells(data)}
     rows = []
-    for r in cascade_pairs(data):
-        pair, verdict, depth = (
-            text_of(r.get("pair_id")),
-            text_of(r.get("verdict")),
-            text_or_missing(r.get("depth")),
-        )
+    for res in cascade_results(data):
+        r = res.row
+        pair, verdict, depth = text_of(r.get("pair_id")), text_of(r.get("verdict")), res.depth or MISSING
         room = None if width is None else width - len(pair) - len(verdict) - len(depth)
         rows.append(
             [
                 pair,
                 Strong(verdict) if verdict == REGRESSION else verdict,
-                deciding_evidence(r, th, room, status),
+                deciding_evidence(res, th, room, status),
                 depth,
             ]
         )

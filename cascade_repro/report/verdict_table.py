@@ -128,7 +128,7 @@ def verdict_table(data: RunData) -> Table:
                 Strong(verdict) if verdict == REGRESSION else verdict,
                 fmt_ratio(c.cascade_steps, c.total_steps),
                 *([fmt_prediction(preds.get(text_of(r.get("test_cell"))))] if preds else []),
-                text_or_missing(r.get("depth")),
+                res.depth or MISSING,
                 fmt_drift(r),
                 fmt_drift_rule(r),
                 fmt_bias(r),
