@@ -31,11 +31,13 @@ from cascade_repro.judge.outcome import (
     TWIN_KIND,
     TWIN_KINDS,
 )
+from cascade_repro.judge.result import Counts, PairResult
 from cascade_repro.judge.tables import PAIR_COLUMNS
 from cascade_repro.judge.verdicts import (
     BiasStats,
     DriftStats,
     Evidence,
+    EvidencePiece,
     Thresholds,
     bias_stats,
     decide,
@@ -364,14 +366,31 @@ DRIFT_KEYS = (
 _NO_DRIFT = dict.fromkeys(DRIFT_KEYS, float("nan"))
 
 
+@dataclass
+class PairScore:
+    """One pair as scored, before its verdict: its pairs.parquet columns so far (``row``) and what
+    the verdict's statistics are computed from, which no table keeps."""
+
+    row: dict[str, Any]
+    # Per-prompt seq-rep-4 deltas (test - ref), for the paired bootstrap.
+    deltas: list[float]
+    # The chosen control's other cell id (None: no candidate control had samples).
+    control_other: str | None
+    # The chosen control's triples with at least one agreeing position: what the drift and bias
+    # statistics are computed from.
+    agreeing: list[dict[str, Any]]
+    # Both arms' errors against the reference, prompt by prompt (where it scored both).
+    ref: list[tuple[ArmError, ArmError]]
+
+
 def compare_pair(
     ps: PairSpec, samples: dict[str, CellSamples], others: Iterable[str] = ()
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Return the pair's aggregate row (without verdict) and its per-prompt rows.
+) -> tuple[PairScore, list[dict[str, Any]]]:
+    """Return the pair's score (its aggregate row without verdict) and its per-prompt rows.
 
     ``others``: cell ids of the candidate controls' other sides. Every prompt gets the drift of
     test and control against the twin (``metrics/drift.py``) on agreeing positions, for the
-    candidate with the largest mean control drift; its id is ``agg["_control_other"]``.
+    candidate with the largest mean control drift; its id is ``PairScore.control_other``.
     """
     a = samples.get(ps.test.cell_id, CellSamples())
     b = samples.get(ps.ref.cell_id, CellSamples())
@@ -424,7 +443,7 @@ def compare_pair(
     deltas = [r["seq_rep_4_test"] - r["seq_rep_4_ref"] for r in rows]
     strict = paired_if({i: v[0] for i, v in a.ifs.items()}, {i: v[0] for i, v in b.ifs.items()})
     loose = paired_if({i: v[1] for i, v in a.ifs.items()}, {i: v[1] for i, v in b.ifs.items()})
-    agg = {
+    row = {
         "pair_id": ps.pair_id,
         "kind": ps.kind,
         "inject": ps.test.inject or "",
@@ -457,16 +476,10 @@ def compare_pair(
         "if_gained": strict["if_gained"],
         "if_lost": strict["if_lost"],
         "p_if": strict["p"],
-        "_deltas": deltas,
-        "_control_other": chosen,
-        # The chosen control's triples with at least one agreeing position: what the drift and
-        # bias statistics are computed from.
-        "_agreeing": agreeing,
         "drift_tokens": int(sum(t["drift_positions"] for t in agreeing)),
-        # Both arms' errors against the reference, prompt by prompt (where it scored both).
-        "_ref": [(a.ref[i], b.ref[i]) for i in common if i in a.ref and i in b.ref],
     }
-    return agg, rows
+    both = [(a.ref[i], b.ref[i]) for i in common if i in a.ref and i in b.ref]
+    return PairScore(row, deltas, chosen, agreeing, both), rows
 
 
 def build_tables(
@@ -504,15 +517,17 @@ def score_samples(
     preds = m.predictions if isinstance(m.predictions, dict) else {}
     predicted = preds.get("cells") if isinstance(preds.get("cells"), dict) else {}
 
-    aggs, comp_rows = [], []
+    scores: list[PairScore] = []
+    comp_rows = []
     matched: dict[str, PairSpec] = {}
     for ps in pair_specs:
         cands = candidates.get(ps.pair_id, [])
-        agg, rows = compare_pair(ps, samples, [other for _, other in cands])
-        if (other := agg.pop("_control_other")) is not None:
+        score, rows = compare_pair(ps, samples, [other for _, other in cands])
+        if (other := score.control_other) is not None:
             matched[ps.pair_id] = next(c for c, o in cands if o == other)
-        aggs.append(agg)
+        scores.append(score)
         comp_rows.extend(rows)
+    aggs = [score.row for score in scores]
 
     # The count floor of a cascade pair: the worst flat-vs-flat control of the same engine config,
     # whatever its batch size. A control measures how often a numerically equivalent recomputation
@@ -535,8 +550,8 @@ def score_samples(
     # Every pair's errors against the reference, controls included: the controls' ratios are this
     # run's measured null, the minimum effect a test pair must exceed (reference_verdict.py).
     ref_stats: dict[str, refv.RefStats] = {}
-    for agg, ps in zip(aggs, pair_specs, strict=True):
-        both = agg.pop("_ref")
+    for score, ps in zip(scores, pair_specs, strict=True):
+        agg, both = score.row, score.ref
         floor = drift_floor(by_id.get(ps.test.cell_id, {}).get("dtype_effective"))
         stats = refv.reference_stats([x for x, _ in both], [y for _, y in both], floor, thresholds)
         ref_stats[ps.pair_id] = stats
@@ -546,11 +561,10 @@ def score_samples(
         if ps.kind in FLOOR_KINDS:
             ref_controls.setdefault(twin_key(ps.test), []).append((ps.pair_id, ref_stats[ps.pair_id]))
 
-    for agg, ps in zip(aggs, pair_specs, strict=True):
-        mean, lo, hi = paired_bootstrap_ci(
-            agg.pop("_deltas"), thresholds.bootstrap, thresholds.ci, thresholds.seed
-        )
-        agreeing = agg.pop("_agreeing")
+    evidence: dict[str, tuple[EvidencePiece, ...]] = {}
+    for score, ps in zip(scores, pair_specs, strict=True):
+        agg, agreeing = score.row, score.agreeing
+        mean, lo, hi = paired_bootstrap_ci(score.deltas, thresholds.bootstrap, thresholds.ci, thresholds.seed)
         test_cell = by_id.get(ps.test.cell_id, {})
         agg.update(d_seq_rep_4_mean=mean, d_seq_rep_4_lo=lo, d_seq_rep_4_hi=hi)
         agg.update(_speed_columns(ps, progress, predicted))
@@ -638,8 +652,24 @@ def score_samples(
             decided_by=dec.decided_by, rule=dec.rule, ref_min_effect=floor_of if dec.rule == refv.RULE_REFERENCE else float("nan"),
             ref_min_effect_pair=floor_id if dec.rule == refv.RULE_REFERENCE else "",
         )  # fmt: skip
+        evidence[ps.pair_id] = dec.evidence
 
-    pairs_df = pd.DataFrame(aggs, columns=PAIR_COLUMNS)
+    # The pairs table is written from the typed results (a control weighs no evidence).
+    results = [
+        PairResult(
+            pair_id=row["pair_id"],
+            kind=row["kind"],
+            verdict=row["verdict"],
+            rule=row["rule"],
+            decided_by=tuple(k for k in row["decided_by"].split(",") if k),
+            evidence=evidence.get(row["pair_id"], ()),
+            row=row,
+            counts=Counts.from_row(row),
+            depth=row["depth"],
+        )
+        for row in aggs
+    ]
+    pairs_df = pd.DataFrame([r.to_row() for r in results], columns=PAIR_COLUMNS)
     comp_df = pd.DataFrame(comp_rows)
     if not comp_df.empty:
         for col in ("topk_ok",):

@@ -28,18 +28,21 @@ import numpy as np
 
 from cascade_repro.judge.metrics.reference import ArmError
 from cascade_repro.judge.verdicts import (
+    ARM_VS_ARM,
     IDENTICAL,
     INCONCLUSIVE,
+    REFERENCE,
     REGRESSION,
     WITHIN_NOISE,
     Decision,
     Thresholds,
     drift_ratio_stats,
+    reference_piece,
     sign_test_greater,
     wilcoxon_greater,
 )
 
-RULE_REFERENCE, RULE_ARMS = "reference", "arm-vs-arm"
+RULE_REFERENCE, RULE_ARMS = REFERENCE, ARM_VS_ARM
 
 
 @dataclass
@@ -157,7 +160,7 @@ def decide(
             IDENTICAL,
             f"all {r.n} outputs token-identical and equally far from the reference; {text}",
         )
-    elif r.p < th.alpha and r.ratio > floor_of:
+    elif reference_piece(r.ratio, floor_of, r.p, th.alpha).fired:
         verdict, why = REGRESSION, text
         if arms.verdict != REGRESSION:
             why += (
@@ -181,4 +184,5 @@ def decide(
         arms.p_topk,
         RULE_REFERENCE if verdict == REGRESSION else "",
         rule=RULE_REFERENCE,
+        evidence=(*arms.evidence, reference_piece(r.ratio, floor_of, r.p, th.alpha)),
     )

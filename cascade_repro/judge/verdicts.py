@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
 
 import numpy as np
 
@@ -38,6 +39,92 @@ from cascade_repro.judge.outcome import (
     REGRESSION,
     WITHIN_NOISE,
 )
+
+# --- evidence pieces: each statistic's value against its bar, and the one rule for whether it fired;
+# ``decide`` asks them, and so does a report through ``judge/result.PairResult``.
+
+ARM_VS_ARM = "arm-vs-arm"
+REFERENCE = "reference"
+# The evidence a regression can rest on, in the order ``verdicts.decide`` weighs it.
+EVIDENCE_NAMES = ("bias", "drift", "divergence", "top-k", "repetition")
+
+
+def number(v: Any) -> float:
+    """v as a float, NaN where missing or not a number (a pairs.parquet cell may be None or NA)."""
+    if v is None:
+        return math.nan
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+@dataclass(frozen=True)
+class EvidencePiece:
+    """One named piece of a pair's evidence: its value against its threshold, and whether it fired."""
+
+    name: str  # one of EVIDENCE_NAMES
+    value: float
+    threshold: float
+    fired: bool
+    rule: str = ARM_VS_ARM
+
+
+def bias_piece(p_bias: Any, alpha: float) -> EvidencePiece:
+    """The sign test of the chosen token's logprob, at ``alpha / 2`` (it shares alpha with drift)."""
+    p = number(p_bias)
+    return EvidencePiece("bias", p, alpha / 2, p < alpha / 2)
+
+
+def drift_piece(ratio: Any, threshold: Any) -> EvidencePiece:
+    """The drift ratio against its threshold (``max(null_q, drift_min)``)."""
+    r, t = number(ratio), number(threshold)
+    return EvidencePiece("drift", r, t, r > t)
+
+
+def divergence_piece(p_divergence: Any, alpha: float) -> EvidencePiece:
+    """Fisher's test of diverged-prompt counts against the noise control."""
+    p = number(p_divergence)
+    return EvidencePiece("divergence", p, alpha, p < alpha)
+
+
+def topk_piece(p_topk: Any, violations: Any, alpha: float, min_violations: float) -> EvidencePiece:
+    """Fisher's test of outside-top-k divergences, given at least ``min_violations`` of them."""
+    p = number(p_topk)
+    return EvidencePiece("top-k", p, alpha, number(violations) >= min_violations and p < alpha)
+
+
+def repetition_piece(d_rep_lo: Any, rep_delta: float) -> EvidencePiece:
+    """The seq-rep-4 delta's CI low end against the minimum effect."""
+    lo = number(d_rep_lo)
+    return EvidencePiece("repetition", lo, rep_delta, lo > rep_delta)
+
+
+def reference_piece(ratio: Any, min_effect: Any, p_ref: Any, alpha: float) -> EvidencePiece:
+    """The error ratio against the reference over the run's minimum effect, given its test's p below alpha."""
+    r, floor = number(ratio), number(min_effect)
+    return EvidencePiece("reference", r, floor, number(p_ref) < alpha and r > floor, rule=REFERENCE)
+
+
+def evidence_of(
+    row: Mapping[str, Any], alpha: float, rep_delta: float, min_topk: float
+) -> tuple[EvidencePiece, ...]:
+    """A pair's evidence pieces from its pairs.parquet columns: the arm-vs-arm ones in ``decide``'s
+    order, then the reference's where it decided."""
+    reference = (
+        (reference_piece(row.get("ref_ratio"), row.get("ref_min_effect"), row.get("p_ref"), alpha),)
+        if row.get("rule") == REFERENCE
+        else ()
+    )
+    return (
+        bias_piece(row.get("p_bias"), alpha),
+        drift_piece(row.get("drift_ratio"), row.get("drift_threshold")),
+        divergence_piece(row.get("p_divergence"), alpha),
+        topk_piece(row.get("p_topk"), row.get("topk_violations"), alpha, min_topk),
+        repetition_piece(row.get("d_seq_rep_4_lo"), rep_delta),
+        *reference,
+    )
+
 
 PREFILL_ONLY = "prefill only"  # a pair's depth: cascade ran on prefill steps and no decode step
 EXACT_PERMUTATION_MAX_N = 10  # up to 2**10 sign patterns are enumerated; more are sampled
@@ -369,6 +456,8 @@ class Decision:
     p_topk: float
     decided_by: str = ""  # comma list of the evidence that fired: bias, drift, divergence, top-k, repetition
     rule: str = "arm-vs-arm"  # which rule decided: "reference" (reference_verdict.py) or "arm-vs-arm"
+    # Every piece of evidence weighed, fired or not (``judge/result.py``), in ``decide``'s order.
+    evidence: tuple[EvidencePiece, ...] = ()
 
 
 def depth(cascade_steps: int, cascade_decode_steps: int | None) -> str:
@@ -405,6 +494,39 @@ def decide(ev: Evidence, th: Thresholds, has_noise: bool) -> Decision:
     p_topk = fisher_greater(
         ev.topk_violations, ev.n, ev.noise_topk_violations, ev.noise_n if has_noise else ev.n
     )
+    pieces = arm_evidence(ev, th, has_noise, p_div, p_topk)
+    dec = _arm_verdict(ev, th, has_noise, p_div, p_topk, {p.name: p.fired for p in pieces})
+    dec.evidence = pieces
+    return dec
+
+
+def arm_evidence(
+    ev: Evidence, th: Thresholds, has_noise: bool, p_div: float, p_topk: float
+) -> tuple[EvidencePiece, ...]:
+    """The pair's arm-vs-arm evidence pieces, each fired only where it was measured (a drift or bias
+    statistic with no agreeing prompts, a count test with no noise control, never fires)."""
+    d, b = ev.drift, ev.bias
+    pieces = (
+        bias_piece(b.p if b is not None else math.nan, th.alpha),
+        drift_piece(d.ratio, d.threshold) if d is not None else drift_piece(math.nan, math.nan),
+        divergence_piece(p_div, th.alpha),
+        topk_piece(p_topk, ev.topk_violations, th.alpha, th.min_topk_violations),
+        repetition_piece(ev.d_rep_lo, th.rep_delta),
+    )
+    measured = {
+        "bias": b is not None and b.measured,
+        "drift": d is not None and d.measured,
+        "divergence": has_noise,
+        "top-k": has_noise,
+        "repetition": True,
+    }
+    return tuple(replace(p, fired=p.fired and measured[p.name]) for p in pieces)
+
+
+def _arm_verdict(
+    ev: Evidence, th: Thresholds, has_noise: bool, p_div: float, p_topk: float, fires: dict[str, bool]
+) -> Decision:
+    """The arm-vs-arm verdict, given what each piece of evidence says (``fires``, by name)."""
     if not ev.status_ok:
         return Decision(ERROR, "a cell of this pair did not finish", p_div, p_topk)
     if ev.cascade_steps == 0 and ev.twin:
@@ -423,7 +545,7 @@ def decide(ev: Evidence, th: Thresholds, has_noise: bool) -> Decision:
     drift_ok = d is not None and d.measured
     bias_ok = b is not None and b.measured
     at_floor = d is not None and d.n > 0 and d.test <= d.floor
-    bias_fired = bias_ok and b.p < th.alpha / 2
+    bias_fired = fires["bias"]
     if ev.n_diverged == 0 and (at_floor or not drift_ok) and not bias_fired:
         why = f"all {ev.n} outputs token-identical"
         if at_floor:
@@ -441,16 +563,16 @@ def decide(ev: Evidence, th: Thresholds, has_noise: bool) -> Decision:
     fired: list[tuple[str, str]] = []
     if bias_fired:
         fired.append(("bias", _bias_text(b, th)))
-    if drift_ok and d.ratio > d.threshold:
+    if fires["drift"]:
         fired.append(("drift", _drift_text(d)))
-    if has_noise and p_div < th.alpha:
+    if fires["divergence"]:
         fired.append(
             (
                 "divergence",
                 f"diverged {ev.n_diverged}/{ev.n} vs {noise_txt}, Fisher p={p_div:.3g} < {th.alpha}",
             )
         )
-    if has_noise and ev.topk_violations >= th.min_topk_violations and p_topk < th.alpha:
+    if fires["top-k"]:
         fired.append(
             (
                 "top-k",
@@ -458,7 +580,7 @@ def decide(ev: Evidence, th: Thresholds, has_noise: bool) -> Decision:
                 f"Fisher p={p_topk:.3g}",
             )
         )
-    if ev.d_rep_lo > th.rep_delta:
+    if fires["repetition"]:
         fired.append(
             (
                 "repetition",

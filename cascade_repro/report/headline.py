@@ -21,7 +21,7 @@ from cascade_repro.judge.outcome import (
 from cascade_repro.judge.verdicts import PREFILL_ONLY
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import plural, text_of
-from cascade_repro.report.view import cascade_pairs, verdict_counts
+from cascade_repro.report.view import cascade_pairs, cascade_results, verdict_counts
 
 HEADLINE_IDS = 3
 
@@ -58,7 +58,8 @@ def _headline(data: RunData) -> str:
     total = len(pairs)
     if total == 0:
         return "cascade-repro: nothing exercised: no cascade pairs"
-    regressions = [r for r in pairs if r.get("verdict") == REGRESSION]
+    results = cascade_results(data)
+    regressions = [res.row for res in results if res.verdict == REGRESSION]
     if regressions:
         return f"cascade-repro: regression in {len(regressions)} of {plural(total, 'pair')}: {pair_ids(regressions)}"
     if n_exercised(counts) == 0:
@@ -72,7 +73,7 @@ def _headline(data: RunData) -> str:
         return head + _extras(counts, skip=(INCONCLUSIVE,))
     detail = ", ".join(f"{counts[k]} {k}" for k in (IDENTICAL, WITHIN_NOISE) if counts[k])
     # The field bug lived in decode: a clean pair that never ran cascade on a decode step proves less.
-    prefill = sum(1 for r in pairs if r.get("verdict") in EXERCISED and r.get("depth") == PREFILL_ONLY)
+    prefill = sum(1 for res in results if res.verdict in EXERCISED and res.depth == PREFILL_ONLY)
     if prefill:
         detail += f"; {prefill} on prefill only"
     return f"cascade-repro: no cascade effect beyond noise in {plural(clean, 'pair')} ({detail})" + _extras(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from cascade_repro.judge import outcome
+from cascade_repro.judge.result import PairResult
 from cascade_repro.report import power, verdict_table, view
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.junit_xml import JunitDocument, element
@@ -22,17 +23,18 @@ from cascade_repro.twin import CASCADE as TWIN
 SUITE = "cascade-repro"
 
 
-def _details(r: dict, effect: str = TWIN.effect_label) -> str:
+def _details(res: PairResult, effect: str = TWIN.effect_label) -> str:
+    r, c = res.row, res.counts
     return "\n".join(
         [
             f"drift ratio {verdict_table.fmt_drift(r)} vs threshold {verdict_table.fmt_drift_rule(r)} "
             f"(control {text_or_missing(r.get('control_pair_id'))})",
-            f"diverged {fmt_ratio(r.get('n_diverged'), r.get('n'))} vs noise "
-            f"{fmt_ratio(r.get('noise_n_diverged'), r.get('noise_n'))} ({fmt_p_eq(r.get('p_divergence'))})",
-            f"top-k violations {fmt_int(r.get('topk_violations'))} vs noise "
-            f"{fmt_int(r.get('noise_topk_violations'))} ({fmt_p_eq(r.get('p_topk'))})",
+            f"diverged {fmt_ratio(c.n_diverged, c.n)} vs noise "
+            f"{fmt_ratio(c.noise_n_diverged, c.noise_n)} ({fmt_p_eq(res.piece('divergence').value)})",
+            f"top-k violations {fmt_int(c.topk_violations)} vs noise "
+            f"{fmt_int(c.noise_topk_violations)} ({fmt_p_eq(res.piece('top-k').value)})",
             f"delta seq-rep-4 {fmt_ci(r.get('d_seq_rep_4_mean'), r.get('d_seq_rep_4_lo'), r.get('d_seq_rep_4_hi'))}",
-            f"{effect} {fmt_ratio(r.get('cascade_steps'), r.get('total_steps'))}, "
+            f"{effect} {fmt_ratio(c.cascade_steps, c.total_steps)}, "
             f"decode steps {fmt_int(r.get('cascade_decode_steps'))}, depth {text_or_missing(r.get('depth'))}",
             f"decided by {text_or_missing(r.get('decided_by'))}",
             f"test cell {text_of(r.get('test_cell'))}, ref cell {text_of(r.get('ref_cell'))}",
@@ -66,7 +68,8 @@ class JunitFormatter(ReportFormatter):
         statements = [e["statement"] for e in power.detection_power(data)]
         doc.add_property("detection_power", " ".join(statements) or power.not_calibrated(data, str))
         axis = data.twin
-        for r in view.cascade_pairs(data):
+        for res in view.cascade_results(data):
+            r = res.row
             test_cell = cell_status.get(r.get("test_cell"), {})
             wall = test_cell.get("wall_s")
             case = doc.testcase(
@@ -87,7 +90,7 @@ class JunitFormatter(ReportFormatter):
                 doc.outcome(
                     case,
                     "error",
-                    _details(r, axis.effect_label),
+                    _details(res, axis.effect_label),
                     message=one_line(msg or text_of(r.get("reasons"))),
                     type="error",
                 )
@@ -95,7 +98,7 @@ class JunitFormatter(ReportFormatter):
                 doc.outcome(
                     case,
                     "failure",
-                    _details(r, axis.effect_label),
+                    _details(res, axis.effect_label),
                     message=one_line(text_of(r.get("reasons"))),
                     type="regression",
                 )
@@ -108,7 +111,7 @@ class JunitFormatter(ReportFormatter):
             elif verdict == outcome.INCONCLUSIVE:
                 doc.outcome(case, "skipped", message=one_line(f"inconclusive: {text_of(r.get('reasons'))}"))
             # Every pair's evidence, passing ones too: a CI page shows why a pair passed.
-            element(case, "system-out", f"verdict {verdict}\n{_details(r, axis.effect_label)}")
+            element(case, "system-out", f"verdict {verdict}\n{_details(res, axis.effect_label)}")
         return doc.render(suite_seconds(data))
 
 

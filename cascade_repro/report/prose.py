@@ -19,6 +19,7 @@ from cascade_repro.report.text import as_int, fmt_int, is_missing, one_line, tex
 from cascade_repro.report.view import (
     calibration_pairs,
     cascade_pairs,
+    cascade_results,
     cells,
     has_if,
     if_column,
@@ -129,8 +130,8 @@ def warnings(data: RunData) -> list[str]:
 
 
 def _depth_warnings(data: RunData) -> list[str]:
-    exercised = [r for r in cascade_pairs(data) if r.get("verdict") in EXERCISED]
-    prefill = [r for r in exercised if r.get("depth") == PREFILL_ONLY]
+    exercised = [res for res in cascade_results(data) if res.verdict in EXERCISED]
+    prefill = [res.row for res in exercised if res.depth == PREFILL_ONLY]
     if not prefill:
         return []
     return [

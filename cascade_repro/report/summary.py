@@ -5,10 +5,12 @@ evidence of every pair stays in the verdict table."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from cascade_repro.judge.outcome import ERROR, IDENTICAL, INCONCLUSIVE, NOT_EXERCISED, REGRESSION
-from cascade_repro.judge.verdicts import Thresholds
+from cascade_repro.judge.result import PairResult
+from cascade_repro.judge.verdicts import REFERENCE, EvidencePiece
 from cascade_repro.plan.matrix import spec_of
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import (
@@ -24,10 +26,18 @@ from cascade_repro.report.text import (
     one_line,
     portable_paths,
     text_of,
-    text_or_missing,
     truncate,
 )
-from cascade_repro.report.view import Table, cascade_pairs, cells, ran_vllm, spec_field
+from cascade_repro.report.view import DEFAULTS as DEFAULTS
+from cascade_repro.report.view import (
+    Table,
+    cascade_results,
+    cells,
+    ran_vllm,
+    result_of,
+    spec_field,
+    thresholds,
+)
 from cascade_repro.twin import CASCADE as TWIN
 
 # The widest summary row, in characters of cell text: GitHub's issue column is about 830 px at
@@ -38,9 +48,6 @@ ISSUE_COLUMN_CHARS = 100
 SUMMARY_HEADERS = ("pair", "verdict", "decided by (vs threshold)", "depth")
 # A fact is a version or a name; a longer value is a damaged or hostile run.json.
 FACT_MAX = 120
-# The thresholds the summary compares against, at the verdict's defaults (for a run.json that
-# recorded none).
-DEFAULTS = {k: float(getattr(Thresholds(), k)) for k in ("alpha", "rep_delta", "min_topk_violations")}
 
 
 def _values(items) -> list[str]:
@@ -124,37 +131,31 @@ def _p_vs(p, bar: float) -> str:
 
 
 # Each piece of arm-vs-arm evidence a regression can rest on (``verdicts.decide``'s order) as its
-# numbers against its bar, and whether its numbers cleared the bar (for runs that did not record
-# ``decided_by``). ``th``: the run's thresholds with the defaults filled in.
-_EVIDENCE: dict[str, Callable[[dict, dict], str]] = {
-    "bias": lambda r, th: (
-        f"bias {fmt_int(r.get('bias_up'))}↑ {fmt_int(r.get('bias_down'))}↓: {_p_vs(r.get('p_bias'), th['alpha'] / 2)}"
+# numbers against its bar: the value, threshold and whether it fired are the judge's evidence
+# piece's (``judge/result.PairResult``); the counts beside them are the pair's columns.
+_EVIDENCE: dict[str, Callable[[PairResult, EvidencePiece], str]] = {
+    "bias": lambda res, e: (
+        f"bias {fmt_int(res.row.get('bias_up'))}↑ {fmt_int(res.row.get('bias_down'))}↓: {_p_vs(e.value, e.threshold)}"
     ),
-    "drift": lambda r, th: (
-        f"drift {fmt_x(r.get('drift_ratio'))}x{_over(r.get('drift_ratio'), r.get('drift_threshold'))}"
+    "drift": lambda res, e: f"drift {fmt_x(e.value)}x{_over(e.value, e.threshold)}",
+    "divergence": lambda res, e: (
+        f"diverged {fmt_ratio(res.counts.n_diverged, res.counts.n)} vs "
+        f"{fmt_ratio(res.counts.noise_n_diverged, res.counts.noise_n)}: {_p_vs(e.value, e.threshold)}"
     ),
-    "divergence": lambda r, th: (
-        f"diverged {fmt_ratio(r.get('n_diverged'), r.get('n'))} vs "
-        f"{fmt_ratio(r.get('noise_n_diverged'), r.get('noise_n'))}: {_p_vs(r.get('p_divergence'), th['alpha'])}"
+    "top-k": lambda res, e: (
+        f"outside top-k {fmt_int(res.counts.topk_violations)} vs "
+        f"{fmt_int(res.counts.noise_topk_violations)}: {_p_vs(e.value, e.threshold)}"
     ),
-    "top-k": lambda r, th: (
-        f"outside top-k {fmt_int(r.get('topk_violations'))} vs {fmt_int(r.get('noise_topk_violations'))}: "
-        f"{_p_vs(r.get('p_topk'), th['alpha'])}"
-    ),
-    "repetition": lambda r, th: (
-        f"Δseq-rep-4 CI low {fmt_float(r.get('d_seq_rep_4_lo'), '+.3f')}"
-        + ("" if is_missing(r.get("d_seq_rep_4_lo")) else f" > {th['rep_delta']:g}")
+    "repetition": lambda res, e: (
+        f"Δseq-rep-4 CI low {fmt_float(e.value, '+.3f')}"
+        + ("" if is_missing(e.value) else f" > {e.threshold:g}")
     ),
 }
-_FIRES: dict[str, Callable[[dict, dict], bool]] = {
-    "bias": lambda r, th: _num(r.get("p_bias")) < th["alpha"] / 2,
-    "drift": lambda r, th: _num(r.get("drift_ratio")) > _num(r.get("drift_threshold")),
-    "divergence": lambda r, th: _num(r.get("p_divergence")) < th["alpha"],
-    "top-k": lambda r, th: (
-        _num(r.get("p_topk")) < th["alpha"] and _num(r.get("topk_violations")) >= th["min_topk_violations"]
-    ),
-    "repetition": lambda r, th: _num(r.get("d_seq_rep_4_lo")) > th["rep_delta"],
-}
+
+
+def _texts(res: PairResult, names: list[str]) -> list[tuple[str, str]]:
+    """Each named evidence piece of the pair as (name, its numbers against its bar)."""
+    return [(k, _EVIDENCE[k](res, res.piece(k))) for k in names]
 
 
 def _pack(pieces: list[tuple[str, str]], width: int | None, *, name_rest: bool) -> str:
@@ -183,18 +184,11 @@ def _unfinished(r: dict, status: dict[str, str]) -> str:
     return "a cell did not finish"
 
 
-def thresholds(data: RunData) -> dict:
-    """The run's thresholds (run.json), the verdict's defaults where a number is missing."""
-    th = data.manifest.thresholds or {}
-    out = {}
-    for k, default in DEFAULTS.items():
-        v = _num(th.get(k))
-        out[k] = default if v != v else v
-    return out
-
-
 def deciding_evidence(
-    r: dict, th: dict, width: int | None = None, status: dict[str, str] | None = None
+    r: Mapping[str, Any] | PairResult,
+    th: dict,
+    width: int | None = None,
+    status: dict[str, str] | None = None,
 ) -> str:
     """The evidence that decided a cascade pair's verdict, each number against its threshold, in
     at most ``width`` characters where it can (the first piece is shown whatever its length).
@@ -205,29 +199,28 @@ def deciding_evidence(
     (divergence against its control, then drift). ``status``: each cell's status, to name a cell
     that did not finish.
     """
-    verdict = text_of(r.get("verdict"))
-    diverged = f"diverged {fmt_ratio(r.get('n_diverged'), r.get('n'))}"
+    res = r if isinstance(r, PairResult) else result_of(r, th)
+    r = res.row
+    verdict, c = res.verdict, res.counts
+    diverged = f"diverged {fmt_ratio(c.n_diverged, c.n)}"
     if verdict == NOT_EXERCISED:
-        return f"cascade never fired ({fmt_ratio(r.get('cascade_steps'), r.get('total_steps'))} steps)"
+        return f"cascade never fired ({fmt_ratio(c.cascade_steps, c.total_steps)} steps)"
     if verdict == ERROR:
         return _unfinished(r, status or {})
     if verdict == IDENTICAL:
         return diverged
     if verdict == INCONCLUSIVE:
         return _pack([("", "no noise control measured"), ("", diverged)], width, name_rest=False)
-    if text_of(r.get("rule")) == "reference" and not is_missing(r.get("ref_ratio")):
-        ratio = f"error vs reference {fmt_x(r.get('ref_ratio'))}x{_over(r.get('ref_ratio'), r.get('ref_min_effect'))}"
+    if res.rule == REFERENCE and not is_missing((ref := res.piece(REFERENCE)).value):
+        ratio = f"error vs reference {fmt_x(ref.value)}x{_over(ref.value, ref.threshold)}"
         full = f"{ratio}, {_p_vs(r.get('p_ref'), th['alpha'])}"
         return full if width is None or len(full) <= width else ratio
-    fired = [k for k in text_of(r.get("decided_by")).split(",") if k in _EVIDENCE]
-    if verdict == REGRESSION:
-        fired = fired or [k for k, fires in _FIRES.items() if fires(r, th)]
-        if fired:
-            return _pack([(k, _EVIDENCE[k](r, th)) for k in fired], width, name_rest=True)
+    if verdict == REGRESSION and (fired := res.fired()):
+        return _pack(_texts(res, fired), width, name_rest=True)
     nearest = [
-        k for k, col in (("divergence", "noise_n"), ("drift", "drift_ratio")) if not is_missing(r.get(col))
+        k for k, v in (("divergence", c.noise_n), ("drift", res.piece("drift").value)) if not is_missing(v)
     ]
-    return _pack([(k, _EVIDENCE[k](r, th)) for k in nearest or ["divergence"]], width, name_rest=False)
+    return _pack(_texts(res, nearest or ["divergence"]), width, name_rest=False)
 
 
 def summary_table(data: RunData, width: int | None = ISSUE_COLUMN_CHARS) -> Table:
@@ -236,18 +229,15 @@ def summary_table(data: RunData, width: int | None = ISSUE_COLUMN_CHARS) -> Tabl
     th = thresholds(data)
     status = {text_of(c.get("cell_id")): text_of(c.get("status")) for c in cells(data)}
     rows = []
-    for r in cascade_pairs(data):
-        pair, verdict, depth = (
-            text_of(r.get("pair_id")),
-            text_of(r.get("verdict")),
-            text_or_missing(r.get("depth")),
-        )
+    for res in cascade_results(data):
+        r = res.row
+        pair, verdict, depth = text_of(r.get("pair_id")), text_of(r.get("verdict")), res.depth or MISSING
         room = None if width is None else width - len(pair) - len(verdict) - len(depth)
         rows.append(
             [
                 pair,
                 Strong(verdict) if verdict == REGRESSION else verdict,
-                deciding_evidence(r, th, room, status),
+                deciding_evidence(res, th, room, status),
                 depth,
             ]
         )

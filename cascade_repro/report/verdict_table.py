@@ -20,7 +20,16 @@ from cascade_repro.report.text import (
     text_of,
     text_or_missing,
 )
-from cascade_repro.report.view import Table, cascade_pairs, has_if, if_column, predictions, varying_axes
+from cascade_repro.report.view import (
+    Table,
+    cascade_pairs,
+    has_if,
+    if_column,
+    predictions,
+    result_of,
+    thresholds,
+    varying_axes,
+)
 
 
 def _vs(k: str, n_k: str, p) -> str:
@@ -105,7 +114,10 @@ def verdict_table(data: RunData) -> Table:
         "reasons",
     ]
     rows = []
+    th = thresholds(data)
     for r in pairs:
+        res = result_of(r, th)
+        c = res.counts
         verdict = text_of(r.get("verdict"))
         rows.append(
             [
@@ -114,23 +126,19 @@ def verdict_table(data: RunData) -> Table:
                 fmt_int(r.get("batch")),
                 *(text_of(r.get(a)) for a in axes),
                 Strong(verdict) if verdict == REGRESSION else verdict,
-                fmt_ratio(r.get("cascade_steps"), r.get("total_steps")),
+                fmt_ratio(c.cascade_steps, c.total_steps),
                 *([fmt_prediction(preds.get(text_of(r.get("test_cell"))))] if preds else []),
-                text_or_missing(r.get("depth")),
+                res.depth or MISSING,
                 fmt_drift(r),
                 fmt_drift_rule(r),
                 fmt_bias(r),
                 text_or_missing(r.get("control_pair_id")),
                 _vs(
-                    fmt_ratio(r.get("n_diverged"), r.get("n")),
-                    fmt_ratio(r.get("noise_n_diverged"), r.get("noise_n")),
-                    r.get("p_divergence"),
+                    fmt_ratio(c.n_diverged, c.n),
+                    fmt_ratio(c.noise_n_diverged, c.noise_n),
+                    res.piece("divergence").value,
                 ),
-                _vs(
-                    fmt_int(r.get("topk_violations")),
-                    fmt_int(r.get("noise_topk_violations")),
-                    r.get("p_topk"),
-                ),
+                _vs(fmt_int(c.topk_violations), fmt_int(c.noise_topk_violations), res.piece("top-k").value),
                 fmt_ci(r.get("d_seq_rep_4_mean"), r.get("d_seq_rep_4_lo"), r.get("d_seq_rep_4_hi")),
                 *([fmt_if_pair(r)] if show_if else []),
                 text_of(r.get("reasons")),

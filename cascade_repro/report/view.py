@@ -16,12 +16,17 @@ from typing import Any
 from cascade_repro import engines
 from cascade_repro.judge import calibration, outcome
 from cascade_repro.judge.outcome import CALIBRATION, TWIN_KINDS
+from cascade_repro.judge.result import PairResult
+from cascade_repro.judge.verdicts import Thresholds
 from cascade_repro.plan.matrix import MatrixSpec, spec_of
 from cascade_repro.report.load import RunData
-from cascade_repro.report.text import MISSING, as_int, text_of
+from cascade_repro.report.text import MISSING, as_int, is_missing, text_of
 from cascade_repro.rundir.manifest import Invocation, PromptSetFacts
 
 AXES = ("seed", "dtype", "fa_version", "backend")
+# The thresholds a report compares against, at the verdict's defaults (for a run.json that
+# recorded none).
+DEFAULTS = {k: float(getattr(Thresholds(), k)) for k in ("alpha", "rep_delta", "min_topk_violations")}
 
 
 @dataclass
@@ -137,3 +142,32 @@ def if_column(data: RunData) -> str:
 def has_if(rows: list[dict], key: str = "if_n") -> bool:
     """Return True when any row carries instruction-following scores."""
     return any((as_int(r.get(key)) or 0) > 0 for r in rows)
+
+
+def _num(v) -> float:
+    """v as a float, NaN where missing or not a number."""
+    try:
+        return float("nan") if is_missing(v) else float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def thresholds(data: RunData) -> dict:
+    """The run's thresholds (run.json), the verdict's defaults where a number is missing."""
+    th = data.manifest.thresholds or {}
+    out = {}
+    for k, default in DEFAULTS.items():
+        v = _num(th.get(k))
+        out[k] = default if v != v else v
+    return out
+
+
+def result_of(row: dict, th: dict) -> PairResult:
+    """A pair's typed result rebuilt from its pairs.parquet row: the one place a report does so."""
+    return PairResult.from_row(row, th["alpha"], th["rep_delta"], th["min_topk_violations"])
+
+
+def cascade_results(data: RunData) -> list[PairResult]:
+    """The typed results of the cascade pairs, in ``cascade_pairs``' order."""
+    th = thresholds(data)
+    return [result_of(r, th) for r in cascade_pairs(data)]
