@@ -24,7 +24,7 @@ does. So a pair is only called a
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
@@ -45,8 +45,6 @@ from cascade_repro.judge.outcome import (
 
 ARM_VS_ARM = "arm-vs-arm"
 REFERENCE = "reference"
-# The evidence a regression can rest on, in the order ``verdicts.decide`` weighs it.
-EVIDENCE_NAMES = ("bias", "drift", "divergence", "top-k", "repetition")
 
 
 def number(v: Any) -> float:
@@ -106,6 +104,71 @@ def reference_piece(ratio: Any, min_effect: Any, p_ref: Any, alpha: float) -> Ev
     return EvidencePiece("reference", r, floor, number(p_ref) < alpha and r > floor, rule=REFERENCE)
 
 
+@dataclass(frozen=True)
+class Statistic:
+    """One statistic a pair's verdict weighs: its evidence piece's name, its pairs.parquet columns
+    (in table order, placed right after the column ``after``: ``judge/tables.PAIR_COLUMNS`` is built
+    from these) and how its piece is read back from a row, given (alpha, rep_delta, min_topk)."""
+
+    name: str
+    columns: tuple[str, ...]
+    after: str
+    read: Callable[[Mapping[str, Any], float, float, float], EvidencePiece]
+
+
+# The evidence a regression can rest on, in the order ``decide`` weighs it.
+STATISTICS = (
+    Statistic(
+        "bias",
+        ("bias_n", "bias_up", "bias_down", "bias_mean", "p_bias", "p_bias_control"),
+        "drift_up",
+        lambda row, alpha, rep_delta, min_topk: bias_piece(row.get("p_bias"), alpha),
+    ),
+    Statistic(
+        "drift",
+        (
+            "drift_n",
+            "drift_tokens",
+            "drift_test",
+            "drift_control",
+            "drift_floor",
+            "drift_ratio",
+            "drift_ratio_lo",
+            "drift_ratio_hi",
+            "drift_threshold",
+            "drift_null_q",
+            "p_drift",
+            "drift_up",
+        ),  # fmt: skip
+        "control_pair_id",
+        lambda row, alpha, rep_delta, min_topk: drift_piece(
+            row.get("drift_ratio"), row.get("drift_threshold")
+        ),
+    ),
+    Statistic(
+        "divergence",
+        ("p_divergence",),
+        "noise_topk_violations",
+        lambda row, alpha, rep_delta, min_topk: divergence_piece(row.get("p_divergence"), alpha),
+    ),
+    Statistic(
+        "top-k",
+        ("p_topk",),
+        "p_divergence",
+        lambda row, alpha, rep_delta, min_topk: topk_piece(
+            row.get("p_topk"), row.get("topk_violations"), alpha, min_topk
+        ),
+    ),
+    Statistic(
+        "repetition",
+        ("d_seq_rep_4_mean", "d_seq_rep_4_lo", "d_seq_rep_4_hi"),
+        "dlogprob_max",
+        lambda row, alpha, rep_delta, min_topk: repetition_piece(row.get("d_seq_rep_4_lo"), rep_delta),
+    ),
+)
+EVIDENCE_NAMES = tuple(s.name for s in STATISTICS)
+
+
 def evidence_of(
     row: Mapping[str, Any], alpha: float, rep_delta: float, min_topk: float
 ) -> tuple[EvidencePiece, ...]:
@@ -116,14 +179,7 @@ def evidence_of(
         if row.get("rule") == REFERENCE
         else ()
     )
-    return (
-        bias_piece(row.get("p_bias"), alpha),
-        drift_piece(row.get("drift_ratio"), row.get("drift_threshold")),
-        divergence_piece(row.get("p_divergence"), alpha),
-        topk_piece(row.get("p_topk"), row.get("topk_violations"), alpha, min_topk),
-        repetition_piece(row.get("d_seq_rep_4_lo"), rep_delta),
-        *reference,
-    )
+    return (*(s.read(row, alpha, rep_delta, min_topk) for s in STATISTICS), *reference)
 
 
 PREFILL_ONLY = "prefill only"  # a pair's depth: cascade ran on prefill steps and no decode step

@@ -41,6 +41,13 @@ FIRED = {
 }  # fmt: skip
 
 
+def test_every_statistic_the_judge_weighs_has_its_evidence_text() -> None:
+    from cascade_repro.judge.verdicts import EVIDENCE_NAMES
+    from cascade_repro.report import summary
+
+    assert tuple(summary._EVIDENCE) == EVIDENCE_NAMES
+
+
 def test_a_regression_shows_what_fired_with_numbers_while_it_fits() -> None:
     drift, topk, rep = (
         "drift 2.90x > 2.00x",
