@@ -170,8 +170,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def prepare_run(args: argparse.Namespace, results: Path) -> tuple[Path, Manifest]:
     """A real run directory for the matrix (so the engine gets exactly a worker's settings)."""
     from cascade_repro.judge.verdicts import Thresholds
+    from cascade_repro.pipeline import RunOptions
     from cascade_repro.plan.matrix import MatrixSpec
-    from cascade_repro.run.runner import RunOptions, prepare
+    from cascade_repro.run.runner import prepare
     from cascade_repro.rundir import manifest
 
     values: dict[str, Any] = {

@@ -20,9 +20,9 @@ def __getattr__(name: str) -> Any:
 
         return MatrixSpec
     if name in ("RunOptions", "run_matrix"):
-        from cascade_repro.run import runner
+        from cascade_repro import pipeline
 
-        return getattr(runner, name)
+        return getattr(pipeline, name)
     if name == "write_reports":
         from cascade_repro.report import write_reports
 

@@ -8,7 +8,7 @@ is measured also where the heuristic declines it, every request generating ``max
 wave keeps its batch size) and reads the answer out of the finished run: per batch size, the cost
 model's two numbers and each FA version's measured decode speed of cascade against flat.
 
-The measuring itself is an ordinary matrix run (``runner.run_matrix``); this module only shapes
+The measuring itself is an ordinary matrix run (``pipeline.run_matrix``); this module only shapes
 its spec and reads its tables.
 """
 
@@ -253,9 +253,9 @@ def require_vllm() -> None:
 def measure(spec: Any, opts: Any, console: Any = None) -> tuple[Any, list[SweepRow], str]:
     """Run the sweep's matrix (resumable like any matrix), write ``sweep.md`` beside its reports,
     and return (the run's outcome, the rows, the Markdown)."""
+    from cascade_repro.pipeline import run_matrix
     from cascade_repro.report.load import load_run
     from cascade_repro.report.view import predictions
-    from cascade_repro.run.runner import run_matrix
     from cascade_repro.rundir import layout
 
     require_vllm()

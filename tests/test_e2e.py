@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 from conftest import SHORT_SYSTEM
 
+from cascade_repro.pipeline import RunOptions, run_matrix
 from cascade_repro.plan.matrix import MatrixSpec
 from cascade_repro.plan.models import embedded_available
-from cascade_repro.run.runner import RunOptions, run_matrix
 from cascade_repro.rundir import layout, sample_scan
 
 pytest.importorskip("torch")

@@ -6,8 +6,8 @@ of the few listed here with why. engines/ and vllm_surface/ stand beside the flo
 them; engines/ may use the stages up to run/ (what it builds from), vllm_surface/ nothing but the
 shared modules; rundir/, the run directory's room, stands below every stage and imports only the
 shared modules. twin.py, errors.py, exit_codes.py, atomic.py, section.py, userpath.py and hub.py are
-shared by all. docs/architecture.md describes the same. The exceptions left: the runner and a merge
-scoring and reporting once the workers finish.
+shared by all. docs/architecture.md describes the same. No exception is left: scoring and reporting
+a run once its workers finish (a matrix, a rescore, a merge) is pipeline.py's, at the top.
 """
 
 from __future__ import annotations
@@ -23,11 +23,7 @@ SHARED = {"twin", "errors", "exit_codes", "atomic", "section", "userpath", "hub"
 # nothing of the package but the shared modules.
 BELOW = {"rundir"}
 # (importing module, imported stage or tool): why the flow runs backwards there.
-EXCEPTIONS = {
-    ("run.runner", "judge"): "the runner scores the run once its workers finish",
-    ("run.runner", "report"): "and writes its reports",
-    ("run.merge", "report"): "a merge ends in the merged run's outcome and reports",
-}
+EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 def stage_of(module: str) -> str | None:

@@ -244,8 +244,8 @@ def _measure(ex: Any, values: dict[str, Any], flags: dict[str, Any], config_keys
 
     from rich.markup import escape
 
+    from cascade_repro.pipeline import RunOptions
     from cascade_repro.plan.matrix import MatrixSpec
-    from cascade_repro.run.runner import RunOptions
     from cascade_repro.rundir import layout
     from cascade_repro.sweep import as_dict, measure, summary_lines, sweep_values, table
 

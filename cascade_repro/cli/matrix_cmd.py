@@ -426,7 +426,7 @@ def matrix(
             results_dir_typed=getattr(ctx.get_parameter_source("results_dir"), "name", "") == "COMMANDLINE",
             on_note=lambda note: _say("note", note),
         )
-        from cascade_repro.run.runner import RunOptions, run_matrix
+        from cascade_repro.pipeline import RunOptions, run_matrix
 
         opts = RunOptions.from_settings(request.settings, fresh=request.fresh, command=command_line())
         _check_box(request)

@@ -46,7 +46,7 @@ def merge(
     """
     console = err_console()
     with user_errors():
-        from cascade_repro.run.merge import merge as merge_shards
+        from cascade_repro.pipeline import merge as merge_shards
 
         outcome = merge_shards(
             out_dir,

@@ -60,7 +60,7 @@ def report(
     unless one is given.
     """
     with user_errors():
-        from cascade_repro.run.runner import rerender
+        from cascade_repro.pipeline import rerender
 
         done = rerender(
             run_dir,

@@ -364,7 +364,7 @@ def _unknown(token: str, ours: Collection[str], vllm_names: Collection[str]) -> 
 class RunSettings:
     """`matrix`'s options that are not the matrix (``plan.matrix.RUN_KEYS``, which a --config file
     sets too), each the flag's value or, where the flag was left at its default, the file's.
-    ``run.runner.RunOptions.from_settings`` checks them and builds the run's options."""
+    ``pipeline.RunOptions.from_settings`` checks them and builds the run's options."""
 
     fail_on: str
     alpha: float
@@ -478,7 +478,7 @@ class VllmCheck:
 class MatrixOptions:
     """`matrix`'s command line, typed (lm-evaluation-harness's ``EvaluatorConfig.from_cli``): the
     validated spec with the flags of vLLM's and lm-eval's spelling (``asked``), the run settings
-    (``run.runner.RunOptions.from_settings`` checks them), and what this call does."""
+    (``pipeline.RunOptions.from_settings`` checks them), and what this call does."""
 
     asked: CliSpec
     settings: RunSettings

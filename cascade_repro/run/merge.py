@@ -1,9 +1,9 @@
-"""Merge the run directories of ``--shard i/n`` runs into one run, then score and report it.
+"""Merge the run directories of ``--shard i/n`` runs into one run (``pipeline.merge`` scores and reports it).
 
 Every shard of a matrix holds the same plan (``run.json``) and samples for its own engine keys
 only (see shard.py). Merging checks that the shards belong together, copies each shard's samples
 and worker logs for its engine keys into the output directory, writes a merged ``run.json`` and
-runs ``runner.finalize`` on it, so the merged run is scored exactly like an unsharded one.
+``pipeline.merge`` runs ``pipeline.finalize`` on it, so the merged run is scored exactly like an unsharded one.
 """
 
 from __future__ import annotations
@@ -17,31 +17,18 @@ import re
 import shlex
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cascade_repro import userpath
 from cascade_repro.errors import UsageError, naming
-from cascade_repro.plan.matrix import FAIL_ON_DEFAULT, check_fail_on
 from cascade_repro.plan.shard import Shard, owners
-from cascade_repro.rundir import layout, manifest, runlock, safety
+from cascade_repro.rundir import layout, manifest, safety
 from cascade_repro.rundir.manifest import Invocation, Manifest, Timings
 
 # Outputs of an earlier merge into the same directory, replaced by this one.
 _OUTPUTS = (*layout.TABLES, *layout.REPORTS, layout.PROMPTS)
-
-
-@dataclass
-class MergeOutcome:
-    run_dir: Path
-    exit_code: int
-    counts: dict[str, int]
-    warnings: list[str] = field(default_factory=list)
-    data: Any = None
-    headline: str = ""
-    reason: str = ""
-    notes: list[str] = field(default_factory=list)  # which run a results dir given as a shard held
 
 
 @dataclass
@@ -292,106 +279,109 @@ def _with_shard(inv: Invocation, shard: str) -> Invocation:
     return out
 
 
-def merge(out_dir: Path, shard_dirs: list[Path], fail_on: str = FAIL_ON_DEFAULT, link: bool = False,
-          command: str = "", allow_partial: bool = False) -> MergeOutcome:  # fmt: skip
-    """Merge shard run directories into ``out_dir``, score it and write every report.
+@dataclass
+class Gathered:
+    """Shards read and checked, before the output directory is locked: what ``assemble`` merges."""
 
-    A missing shard is a UsageError (exit 2), before anything is written, unless ``allow_partial``.
-    Exit code as for ``cascade-repro report``: 1 when ``fail_on`` says the verdicts fail.
-    """
-    from cascade_repro.report.outcome import outcome_of
-    from cascade_repro.run.runner import finalize
+    out_dir: Path
+    shards: list[_ShardDir]
+    warnings: list[str]
+    notes: list[str]  # which run a results dir given as a shard held
 
-    check_fail_on(fail_on)
+
+def gather(out_dir: Path, shard_dirs: list[Path], allow_partial: bool = False) -> Gathered:
+    """Read and cross-check the shards (``check_shards``) and refuse an output that is one of them."""
     out_dir = userpath.resolve(out_dir, "OUT_DIR")
     found = [shard_run_dir(userpath.resolve(d, "SHARD_DIR")) for d in shard_dirs]
     notes = [note for _, note in found if note]
     shards, warnings = check_shards([d for d, _ in found], allow_partial=allow_partial)
+    _check_out(out_dir, shards)
+    return Gathered(out_dir, shards, warnings, notes)
+
+
+def assemble(found: Gathered, fail_on: str, link: bool = False, command: str = "") -> list[str]:
+    """Copy the shards' files into the output directory and write its merged run.json, marked as a
+    merge under way (``layout.MERGING``, removed once it is scored); return the warnings. Called
+    holding the output's lock (``pipeline.merge`` scores under the same lock)."""
+    out_dir, shards, warnings = found.out_dir, found.shards, list(found.warnings)
     first = shards[0]
     engines_plan = first.run.plan.engines
     owner = owners(engines_plan, first.shard.count)
-    _check_out(out_dir, shards)
-    with runlock.RunLock(
-        out_dir, instead="choose another OUT_DIR"
-    ):  # links refused there, before anything is deleted or written
-        _prepare_out(out_dir, shards)
-        layout.write_text_atomic(out_dir / layout.MERGING, first.run.spec_hash + "\n")
-        (out_dir / layout.SAMPLES).mkdir(parents=True, exist_ok=True)
-        _copy(layout.prompts_path(first.path), layout.prompts_path(out_dir), link=False)
-        engines: dict[str, Any] = {}
-        listed = []
-        for s in shards:
-            keys = [k for k in engines_plan if owner[k] == s.shard.index]
-            for key in keys:
-                src = layout.samples_path(s.path, key)
-                if src.is_file():
-                    _copy(src, layout.samples_path(out_dir, key), link)
-                else:
-                    warnings.append(
-                        f"shard {s.shard} ({s.path}) has no samples for engine {key}: its cells show as pending"
-                    )
-                log = layout.worker_log(s.path, key)
-                if log.is_file():
-                    _copy(log, layout.worker_log(out_dir, key), link)
-                ref = layout.reference_path(s.path, key)  # the shard's reference pass, if it ran
-                if ref.is_file() and not ref.is_symlink():
-                    layout.reference_path(out_dir, key).parent.mkdir(parents=True, exist_ok=True)
-                    _copy(ref, layout.reference_path(out_dir, key), link)
-                if isinstance(s.run.engines, dict) and key in s.run.engines:
-                    engines[key] = s.run.engines[key]
-            stray = sorted(
-                p.stem for p in (s.path / layout.SAMPLES).glob("*.jsonl") if p.stem in engines_plan and p.stem not in keys
-            )  # fmt: skip
-            if stray:
+    _prepare_out(out_dir, shards)
+    layout.write_text_atomic(out_dir / layout.MERGING, first.run.spec_hash + "\n")
+    (out_dir / layout.SAMPLES).mkdir(parents=True, exist_ok=True)
+    _copy(layout.prompts_path(first.path), layout.prompts_path(out_dir), link=False)
+    engines: dict[str, Any] = {}
+    listed = []
+    for s in shards:
+        keys = [k for k in engines_plan if owner[k] == s.shard.index]
+        for key in keys:
+            src = layout.samples_path(s.path, key)
+            if src.is_file():
+                _copy(src, layout.samples_path(out_dir, key), link)
+            else:
                 warnings.append(
-                    f"{s.path}: ignored samples of engine(s) outside shard {s.shard}: {', '.join(stray)}"
+                    f"shard {s.shard} ({s.path}) has no samples for engine {key}: its cells show as pending"
                 )
-            # The shard's own fields as its run.json holds them (null where it has none).
-            stored = s.run.stored
-            listed.append(
-                {
-                    "shard": str(s.shard),
-                    "source": str(s.path),
-                    "run_id": stored("run_id"),
-                    "created_at": stored("created_at"),
-                    "command": stored("command"),
-                    "tool_version": stored("tool_version"),
-                    "engine_keys": keys,
-                    "env": stored("env"),
-                    "timings": stored("timings"),
-                }
+            log = layout.worker_log(s.path, key)
+            if log.is_file():
+                _copy(log, layout.worker_log(out_dir, key), link)
+            ref = layout.reference_path(s.path, key)  # the shard's reference pass, if it ran
+            if ref.is_file() and not ref.is_symlink():
+                layout.reference_path(out_dir, key).parent.mkdir(parents=True, exist_ok=True)
+                _copy(ref, layout.reference_path(out_dir, key), link)
+            if isinstance(s.run.engines, dict) and key in s.run.engines:
+                engines[key] = s.run.engines[key]
+        stray = sorted(
+            p.stem for p in (s.path / layout.SAMPLES).glob("*.jsonl") if p.stem in engines_plan and p.stem not in keys
+        )  # fmt: skip
+        if stray:
+            warnings.append(
+                f"{s.path}: ignored samples of engine(s) outside shard {s.shard}: {', '.join(stray)}"
             )
-        run = copy.deepcopy(first.run)
-        run.drop("shard")
-        totals = [t for s in shards if isinstance(t := s.run.timings.total_s, int | float)]
-        # ``update``, as the dict's: each field written, even one that equals its default.
-        run.update(
-            run_id=out_dir.resolve().name,
-            created_at=min((str(s.run.created_at or "") for s in shards), default=""),
-            merged_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            command=_unsharded_command(first.run.command),
-            merge_command=command,
-            shards=listed,
-            shards_expected=first.shard.count,
-            # The shards that hold engine keys (shard.owners: the others hold nothing to miss).
-            shards_missing=[
-                f"{i}/{first.shard.count}"
-                for i in sorted(set(owner.values()))
-                if i not in {s.shard.index for s in shards}
-            ],  # fmt: skip
-            engines=engines,
-            fail_on=fail_on,
-            # Wall time of the parallel run (the slowest shard), and the machine time it took in all.
-            timings=Timings(total_s=max(totals, default=0.0), shards_sum_s=round(sum(totals), 2)),
-            merge_warnings=warnings,
-            # Every shard's invocations, then the merge itself (which has no env of its own).
-            invocations=[
-                *(_with_shard(i, str(s.shard)) for s in shards for i in (s.run.invocations or [])),
-                Invocation.of(started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), command=command, kind="merge"),
-            ],
+        # The shard's own fields as its run.json holds them (null where it has none).
+        stored = s.run.stored
+        listed.append(
+            {
+                "shard": str(s.shard),
+                "source": str(s.path),
+                "run_id": stored("run_id"),
+                "created_at": stored("created_at"),
+                "command": stored("command"),
+                "tool_version": stored("tool_version"),
+                "engine_keys": keys,
+                "env": stored("env"),
+                "timings": stored("timings"),
+            }
         )
-        manifest.write_manifest(out_dir, run)
-        _, data = finalize(out_dir)
-        (out_dir / layout.MERGING).unlink()
-    o = outcome_of(data, fail_on)
-    return MergeOutcome(out_dir, o.exit_code, o.counts, warnings, data, o.headline, o.reason, notes)
+    run = copy.deepcopy(first.run)
+    run.drop("shard")
+    totals = [t for s in shards if isinstance(t := s.run.timings.total_s, int | float)]
+    # ``update``, as the dict's: each field written, even one that equals its default.
+    run.update(
+        run_id=out_dir.resolve().name,
+        created_at=min((str(s.run.created_at or "") for s in shards), default=""),
+        merged_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        command=_unsharded_command(first.run.command),
+        merge_command=command,
+        shards=listed,
+        shards_expected=first.shard.count,
+        # The shards that hold engine keys (shard.owners: the others hold nothing to miss).
+        shards_missing=[
+            f"{i}/{first.shard.count}"
+            for i in sorted(set(owner.values()))
+            if i not in {s.shard.index for s in shards}
+        ],  # fmt: skip
+        engines=engines,
+        fail_on=fail_on,
+        # Wall time of the parallel run (the slowest shard), and the machine time it took in all.
+        timings=Timings(total_s=max(totals, default=0.0), shards_sum_s=round(sum(totals), 2)),
+        merge_warnings=warnings,
+        # Every shard's invocations, then the merge itself (which has no env of its own).
+        invocations=[
+            *(_with_shard(i, str(s.shard)) for s in shards for i in (s.run.invocations or [])),
+            Invocation.of(started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), command=command, kind="merge"),
+        ],
+    )
+    manifest.write_manifest(out_dir, run)
+    return warnings

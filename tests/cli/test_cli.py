@@ -695,7 +695,7 @@ def test_quiet_has_a_short_form():
 @pytest.mark.parametrize(("args", "bar"), [([], True), (["--quiet"], False), (["-q"], False)])
 def test_quiet_hides_the_bar_and_keeps_the_progress_lines(monkeypatch, args, bar):
     """A 180-minute CI shard ran with --quiet and printed nothing: the lines stay, only the bar goes."""
-    from cascade_repro.run import runner
+    from cascade_repro import pipeline
 
     seen = []
 
@@ -703,7 +703,7 @@ def test_quiet_hides_the_bar_and_keeps_the_progress_lines(monkeypatch, args, bar
         seen.append(opts)
         raise KeyboardInterrupt  # ends the command before anything runs (exit 130)
 
-    monkeypatch.setattr(runner, "run_matrix", fake_run)
+    monkeypatch.setattr(pipeline, "run_matrix", fake_run)
     assert invoke("matrix", "--limit", "2", "--batch", "8", *args).exit_code == 130
     assert seen[0].progress and seen[0].bar is bar
 

@@ -192,6 +192,7 @@ def test_engine_args_reach_vllm_llm_unchanged(fake_vllm, tmp_path: Path):
 def test_the_worker_queues_each_waves_records_at_once(fake_vllm, cut_model, tmp_path: Path, monkeypatch):
     """The vLLM worker's background writer starts on a wave's records at once: no hold() (held until
     the next wave's generate, their JSON slowed the b64 generate on the H200, RESULTS.md 1i)."""
+    from cascade_repro import pipeline
     from cascade_repro.judge.verdicts import Thresholds
     from cascade_repro.plan.matrix import MatrixSpec
     from cascade_repro.run import runner, worker
@@ -201,7 +202,7 @@ def test_the_worker_queues_each_waves_records_at_once(fake_vllm, cut_model, tmp_
     # The fake vLLM generates with the model's transformers weights: conftest's two-layer cut will do.
     spec = MatrixSpec.from_dict({"engine": "vllm", "model": str(cut_model), "limit": 16, "batch": [8], "cascade": [True],
                                  "max_tokens": 3, "auto_controls": False}, source="test")  # fmt: skip
-    opts = runner.RunOptions(results_dir=tmp_path, run_id="hold", fresh=True, fail_on="regression",
+    opts = pipeline.RunOptions(results_dir=tmp_path, run_id="hold", fresh=True, fail_on="regression",
                              thresholds=Thresholds(), command="test", progress=False)  # fmt: skip
     prepared = runner.prepare(spec, opts)
     prepared.write()

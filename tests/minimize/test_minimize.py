@@ -277,8 +277,8 @@ def test_minimize_injected_fake_run(tmp_path):
     The fake's fault reorders each step's candidates without replacing them, so a flipped token stays
     in the other arm's top-k: the search runs with ``--criterion any``. The top-k criterion's search is
     held by the scripted engine's tests above."""
+    from cascade_repro.pipeline import RunOptions, run_matrix
     from cascade_repro.plan.matrix import MatrixSpec
-    from cascade_repro.run.runner import RunOptions, run_matrix
 
     # A ~330-word system prompt clears cascade's 256-token minimum (the fake's tokens are bytes).
     sp = tmp_path / "system.txt"

@@ -9,9 +9,10 @@ import pytest
 
 from cascade_repro.errors import UsageError
 from cascade_repro.judge.verdicts import Thresholds
+from cascade_repro.pipeline import RunOptions
 from cascade_repro.plan.flags import MatrixOptions, RunSettings, VllmCheck, spec_from_cli, spec_values
 from cascade_repro.plan.matrix import RUN_KEYS
-from cascade_repro.run.runner import Executor, RunOptions
+from cascade_repro.run.runner import Executor
 
 # matrix's run options as the command line leaves them when none is given
 TH = Thresholds()

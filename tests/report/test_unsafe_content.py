@@ -4,7 +4,7 @@ A run directory is written by hand (run.json, prompts.jsonl, samples JSONL, like
 with HTML/JS, Markdown table and fence breakers, control characters, a right-to-left override
 and a 100,000-character line in the places run-supplied text reaches a report: model outputs,
 prompts and their keys, a worker error, an environment variable, the model name and the command
-line. `runner.finalize` then scores it and writes every report through the real pipeline.
+line. `pipeline.finalize` then scores it and writes every report through the real pipeline.
 
 Checked: report.md keeps every table row at its header's column count, the model text stays
 inside its fence, no raw tag from the run escapes a fence; report.html carries no element or
@@ -25,8 +25,8 @@ import pytest
 from support.browser import CHROMIUM, chromium
 
 from cascade_repro.judge.verdicts import Thresholds
+from cascade_repro.pipeline import finalize
 from cascade_repro.plan.matrix import MatrixSpec, plan
-from cascade_repro.run.runner import finalize
 
 SCRIPT = "<script>document.title='PWNED'</script>"
 IMG = "<img src=x onerror=\"document.title='PWNED-IMG'\">"

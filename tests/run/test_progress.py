@@ -104,8 +104,9 @@ def test_the_quick_first_run_the_warning_offers_is_make_runs():
     """The warning's quick run is the Makefile's RUN_ARGS, and QUICK_RUN the same values as a spec's."""
     from conftest import run_args
 
+    from cascade_repro.pipeline import RunOptions
     from cascade_repro.plan.matrix import MatrixSpec
-    from cascade_repro.run.runner import RunOptions, quick_run_seconds
+    from cascade_repro.run.runner import quick_run_seconds
 
     assert list(estimate.QUICK_RUN_ARGS) == run_args()
     flags = dict(zip(estimate.QUICK_RUN_ARGS[::2], estimate.QUICK_RUN_ARGS[1::2], strict=True))

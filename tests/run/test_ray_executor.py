@@ -15,9 +15,10 @@ import pytest
 from conftest import synthetic_run
 
 from cascade_repro.errors import UsageError
+from cascade_repro.pipeline import RunOptions, run_matrix
 from cascade_repro.plan.matrix import MatrixSpec, plan
 from cascade_repro.run.reference import ReferenceOptions
-from cascade_repro.run.runner import Executor, RunOptions, run_matrix
+from cascade_repro.run.runner import Executor
 from cascade_repro.rundir import codec, layout, manifest
 
 pytestmark = pytest.mark.ray

@@ -14,11 +14,12 @@ from conftest import SHORT_SYSTEM, made_once
 
 from cascade_repro.errors import UsageError
 from cascade_repro.judge import calibration
+from cascade_repro.pipeline import RunOptions, run_matrix
 from cascade_repro.plan.matrix import MatrixSpec
 from cascade_repro.plan.models import embedded_available
 from cascade_repro.run import reference
 from cascade_repro.run.reference import ReferenceOptions
-from cascade_repro.run.runner import RunOptions, run_matrix, run_reference
+from cascade_repro.run.runner import run_reference
 from cascade_repro.rundir import layout, manifest
 from cascade_repro.rundir.reference import read_reference
 

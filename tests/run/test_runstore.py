@@ -702,7 +702,7 @@ def test_finalize_reads_each_samples_file_once(tmp_path, monkeypatch):
 
     from conftest import synthetic_run
 
-    from cascade_repro.run.runner import finalize
+    from cascade_repro.pipeline import finalize
 
     run_dir = synthetic_run(tmp_path / "r", prompts=40, batch="4,8")
     opened: collections.Counter[str] = collections.Counter()

@@ -2,7 +2,7 @@
 
 The run directory is synthetic (no model): 10,000 prompts, a cascade cell and its flat twin at
 batch 8, 32 generated tokens per sample with their logprobs and top-5 alternatives, written as a
-worker writes them (about 110 MB of JSONL). `runner.finalize` scores it and writes every report
+worker writes them (about 110 MB of JSONL). `pipeline.finalize` scores it and writes every report
 in a child process, so its peak RSS (``VmHWM``) is its own.
 
 What "holding the samples once" means is measured, not guessed: the child first loads what
@@ -136,7 +136,7 @@ CHILD = textwrap.dedent(
 
     import pandas, pyarrow.parquet  # imported before the baseline: their code is not sample memory
     from cascade_repro.judge import compare
-    from cascade_repro.run import runner
+    from cascade_repro import pipeline
     from cascade_repro.rundir import manifest
     from cascade_repro.report import write_reports
     from cascade_repro.report.load import load_run
@@ -151,7 +151,7 @@ CHILD = textwrap.dedent(
         gc.collect()
         used = rss() - base
     else:
-        runner.finalize(run_dir)
+        pipeline.finalize(run_dir)
         used = hwm() - base
     print(json.dumps({"bytes": used, "s": time.monotonic() - t0}))
     """

@@ -16,9 +16,10 @@ from support.cli import CliRunner
 import cascade_repro.cli.merge_cmd  # noqa: F401 - registers `merge` (cli/__init__.py may not import it yet)
 from cascade_repro.cli import app
 from cascade_repro.errors import UsageError
+from cascade_repro.pipeline import merge
 from cascade_repro.plan.matrix import MatrixSpec, plan, spec_hash
 from cascade_repro.plan.shard import Shard, assign, empty_warning, keys_for, restrict
-from cascade_repro.run.merge import check_shards, merge
+from cascade_repro.run.merge import check_shards
 from cascade_repro.rundir import layout, manifest
 
 WIDE = {"COLUMNS": "250"}
@@ -337,7 +338,7 @@ TINY = dict(engine="fake", limit=8, batch=[1, 8], max_tokens=6, seeds=[0, 1])
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from cascade_repro.run.runner import RunOptions, run_matrix
+    from cascade_repro.pipeline import RunOptions, run_matrix
 
     root = tmp_path_factory.mktemp("shards")
     out = {"whole": run_matrix(MatrixSpec(**TINY), RunOptions(results_dir=root / "whole", progress=False))}
@@ -445,7 +446,7 @@ def test_merge_with_a_missing_shard_fails_unless_partial_is_allowed(runs):
 
 
 def test_a_shard_dir_cannot_be_reused_for_another_shard(runs):
-    from cascade_repro.run.runner import RunOptions, run_matrix
+    from cascade_repro.pipeline import RunOptions, run_matrix
 
     shard1 = runs["shard1"].run_dir
     opts = RunOptions(results_dir=shard1.parent, run_id=shard1.name, progress=False, shard=Shard(2, 2))
@@ -456,7 +457,7 @@ def test_a_shard_dir_cannot_be_reused_for_another_shard(runs):
 
 
 def test_empty_shard_runs_nothing_and_merges(runs, tmp_path):
-    from cascade_repro.run.runner import RunOptions, run_matrix
+    from cascade_repro.pipeline import RunOptions, run_matrix
 
     spec = MatrixSpec(**TINY)
     outcome = run_matrix(
