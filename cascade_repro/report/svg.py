@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from html import escape
 
 from cascade_repro.judge import outcome
@@ -408,30 +408,42 @@ def log_ticks(lo: float, hi: float) -> list[float]:
     return decades[::k]
 
 
-def forest_rows(data: RunData) -> list[dict]:
-    """Rows of the forest plot: cascade pairs, then calibration pairs by shift; no ratio, no row."""
+def _ratio_rows(data: RunData, ratio: str, threshold: str, tip: Callable[[dict, str], str]) -> list[dict]:
+    """One row per twin pair, then calibration pair by shift, that has a positive ``ratio`` column:
+    the ratio with its ``_lo``/``_hi`` CI, ``threshold``'s column as the red tick, and its tooltip
+    (``tip(row, ci)``)."""
     out = []
     for r in [*view.cascade_pairs(data), *view.calibration_pairs(data)]:
-        ratio = _positive(r.get("drift_ratio"))
-        if ratio is None:
+        value = _positive(r.get(ratio))
+        if value is None:
             continue
+        ci = fmt_x_ci(r.get(ratio), r.get(f"{ratio}_lo"), r.get(f"{ratio}_hi"))
         out.append(
             {
                 "label": text_of(r.get("pair_id")),
                 "calibration": r.get("kind") == outcome.CALIBRATION,
-                "ratio": ratio,
-                "lo": _positive(r.get("drift_ratio_lo")),
-                "hi": _positive(r.get("drift_ratio_hi")),
-                "threshold": _positive(r.get("drift_threshold")),
+                "ratio": value,
+                "lo": _positive(r.get(f"{ratio}_lo")),
+                "hi": _positive(r.get(f"{ratio}_hi")),
+                "threshold": _positive(r.get(threshold)),
                 "verdict": text_of(r.get("verdict")),
-                "tip": (
-                    f"{text_of(r.get('pair_id'))}: drift ratio "
-                    f"{fmt_x_ci(r.get('drift_ratio'), r.get('drift_ratio_lo'), r.get('drift_ratio_hi'))}, "
-                    f"threshold {fmt_x(r.get('drift_threshold'))}, {text_of(r.get('verdict'))}"
-                ),
+                "tip": tip(r, ci),
             }
         )
     return out
+
+
+def forest_rows(data: RunData) -> list[dict]:
+    """Rows of the forest plot: cascade pairs, then calibration pairs by shift; no ratio, no row."""
+    return _ratio_rows(
+        data,
+        "drift_ratio",
+        "drift_threshold",
+        lambda r, ci: (
+            f"{text_of(r.get('pair_id'))}: drift ratio {ci}, "
+            f"threshold {fmt_x(r.get('drift_threshold'))}, {text_of(r.get('verdict'))}"
+        ),
+    )
 
 
 def _reference_decided(data: RunData) -> bool:
@@ -454,26 +466,15 @@ def forest_plot(data: RunData) -> str:
 def error_ratio_rows(data: RunData) -> list[dict]:
     """Rows of the error-ratio plot: each pair the reference scored (twin pairs, then calibration),
     its error ratio with the 95% CI and its minimum effect as the threshold."""
-    out = []
-    for r in [*view.cascade_pairs(data), *view.calibration_pairs(data)]:
-        ratio = _positive(r.get("ref_ratio"))
-        if ratio is None:
-            continue
-        ci = fmt_x_ci(r.get("ref_ratio"), r.get("ref_ratio_lo"), r.get("ref_ratio_hi"))
-        out.append(
-            {
-                "label": text_of(r.get("pair_id")),
-                "calibration": r.get("kind") == outcome.CALIBRATION,
-                "ratio": ratio,
-                "lo": _positive(r.get("ref_ratio_lo")),
-                "hi": _positive(r.get("ref_ratio_hi")),
-                "threshold": _positive(r.get("ref_min_effect")),
-                "verdict": text_of(r.get("verdict")),
-                "tip": f"{text_of(r.get('pair_id'))}: error ratio {ci}, minimum effect "
-                f"{fmt_x(r.get('ref_min_effect'))}, {text_of(r.get('verdict'))}",
-            }
-        )
-    return out
+    return _ratio_rows(
+        data,
+        "ref_ratio",
+        "ref_min_effect",
+        lambda r, ci: (
+            f"{text_of(r.get('pair_id'))}: error ratio {ci}, minimum effect "
+            f"{fmt_x(r.get('ref_min_effect'))}, {text_of(r.get('verdict'))}"
+        ),
+    )
 
 
 def error_ratio_plot(data: RunData) -> str:

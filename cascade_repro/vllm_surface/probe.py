@@ -688,14 +688,18 @@ def patch_worker_base(module: ModuleType, state: ProbeState) -> list[str]:
 FACTS_METHOD = "cascade_repro_probe_facts"
 
 
-def _impl_classes(worker: Any) -> list[type]:
+def _attention_layers(worker: Any) -> list[Any]:
     runner = getattr(getattr(worker, "worker", worker), "model_runner", None)
     get = getattr(runner, "get_model", None)
     model = get() if callable(get) else getattr(runner, "model", None)
     modules = getattr(model, "modules", None)
     if not callable(modules):
         return []
-    return list({type(m.impl) for m in modules() if getattr(m, "impl", None) is not None})
+    return [m for m in modules() if getattr(m, "impl", None) is not None]
+
+
+def _impl_classes(worker: Any) -> list[type]:
+    return list({type(m.impl) for m in _attention_layers(worker)})
 
 
 # AttentionImpl.forward(self, layer, query, key, value, kv_cache, attn_metadata, output, ...): the
@@ -737,16 +741,6 @@ def wrap_impl_forward(cls: type, state: ProbeState) -> bool:
     cls.forward = forward
     state.patched.append(f"{cls.__module__}.{cls.__name__}.forward")
     return True
-
-
-def _attention_layers(worker: Any) -> list[Any]:
-    runner = getattr(getattr(worker, "worker", worker), "model_runner", None)
-    get = getattr(runner, "get_model", None)
-    model = get() if callable(get) else getattr(runner, "model", None)
-    modules = getattr(model, "modules", None)
-    if not callable(modules):
-        return []
-    return [m for m in modules() if getattr(m, "impl", None) is not None]
 
 
 def kv_cache_facts(layers: list[Any]) -> dict[str, Any]:
