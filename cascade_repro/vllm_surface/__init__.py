@@ -146,8 +146,15 @@ KNOWN_REQUIREMENT = f"vllm>={RELEASES[0].version},<{NEWEST_KNOWN[0]}.{NEWEST_KNO
 # doctor's fix line say the same (tests/test_packaging.py).
 VLLM_PIN = "0.26.0"
 VLLM_REQUIREMENT = f"vllm=={VLLM_PIN}"
-# Releases pip cannot install as published, and why: the pin skips them even once they have run.
-UNINSTALLABLE = {"0.34.0": "it pins flashinfer-python==0.7.3, which the package index does not have"}
+# Releases pip cannot install as published: why, and the pin that stands in for the missing one (what
+# ran here, scripts/vllm-0.34/overrides.txt; uv installs it with --override). The extra's pin skips
+# them even once they have run; a report's Reproduce block gives the uv line instead of pip's.
+UNINSTALLABLE = {
+    "0.34.0": (
+        "it pins flashinfer-python==0.7.3, which the package index does not have",
+        "flashinfer-python==0.7.4",
+    ),
+}
 # The `cascade` extra: the newest vLLM that has cascade attention (0.31.0; removed in 0.32.0, no
 # 0.31 patch release). Its probe targets are checked against its source; it has not run on a GPU.
 CASCADE_PIN = "0.31.0"

@@ -1654,3 +1654,16 @@ def test_the_reproduce_block_says_which_way_reproduces_it(run_dir: Path) -> None
     page = HtmlFormatter().render(data)
     assert "repro.py (p02): python repro.py</summary><pre><code>import vllm  # a standalone case" in page
     assert "needs only vLLM" in page
+
+
+def test_the_reproduce_block_installs_a_vllm_pip_cannot_the_way_that_ran() -> None:
+    """vLLM 0.34.0 pins a flashinfer-python the index does not have: `pip install vllm==0.34.0` fails,
+    so the block gives uv's line with the stand-in pin that ran, and says why."""
+    from cascade_repro.report.reproduce import vllm_install_lines
+
+    assert vllm_install_lines("0.26.0") == ["pip install vllm==0.26.0"]
+    why, install = vllm_install_lines("0.34.0")
+    assert why.startswith("# pip cannot install vllm 0.34.0 as published: it pins flashinfer-python==0.7.3")
+    assert install == "uv pip install vllm==0.34.0 --override <(echo flashinfer-python==0.7.4)"
+    overrides = Path(__file__).resolve().parents[2] / "scripts" / "vllm-0.34" / "overrides.txt"
+    assert "flashinfer-python==0.7.4" in overrides.read_text().splitlines()  # the pin that ran
