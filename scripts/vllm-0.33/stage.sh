@@ -22,10 +22,8 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
 "$py" -m pip install -q --no-deps --no-index --no-compile --target "$work/tree" "$work"/wheels/*.whl 2>&1 \
   | grep -v '^WARNING' || true
 rm -rf "$work/tree/bin"
-tree_mib=$(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print int(s / 1048576) + 1}')
-room=$((62 - tree_mib)); [ "$room" -gt 56 ] && room=56
 tar -C "$work/tree" -cf - . | xz "-${XZ_LEVEL:-1}" -T0 > "$work/payload.tar.xz"
-split -b "${PART_SIZE:-${room}M}" -d -a 2 "$work/payload.tar.xz" "$out/part-"
+split -b "${PART_SIZE:-$(bash "$here/../old-vllm/part_size.sh")}" -d -a 2 "$work/payload.tar.xz" "$out/part-"
 (cd "$out" && sha256sum part-* > manifest.txt)
 echo "staged $(ls "$out"/part-* | wc -l) parts in $out ($(du -sh "$out" | cut -f1)); after the 0.34 stack is installed,"
 echo "one call per part: carry [\"$out/part-NN\", \"$out/manifest.txt\"], command: bash scripts/vllm-0.33/device.sh"
