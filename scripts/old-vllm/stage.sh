@@ -13,7 +13,7 @@ git rev-parse --git-dir >/dev/null 2>&1 || { echo "run this from the project roo
 py=${PY312:-python3.12}
 "$py" -c 'import sys; assert sys.version_info[:2] == (3, 12), sys.version' \
   || { echo "need CPython 3.12 for the GPU machine's wheels (set PY312)" >&2; exit 2; }
-part_size=${PART_SIZE:-59M}   # a call to the GPU machine carries 64 MiB in all, the working tree included
+part_size=${PART_SIZE:-$(bash "$here/part_size.sh")}   # what a call leaves beside the working tree
 work=.$stack_name-build; out=.$stack_name-stage
 exclude="$(git rev-parse --git-dir)/info/exclude"
 for d in "$work" "$out"; do grep -qx "/$d/" "$exclude" 2>/dev/null || echo "/$d/" >> "$exclude"; done

@@ -4,4 +4,4 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # xz -1: the 5.0 GB tree packs in minutes rather than the hour or more -6 takes (old-vllm/stage.sh).
-XZ_LEVEL=${XZ_LEVEL:-1} PART_SIZE=${PART_SIZE:-$(bash "$here/../old-vllm/part_size.sh")} STACK=$here exec bash "$here/../old-vllm/stage.sh" "$@"
+XZ_LEVEL=${XZ_LEVEL:-1} STACK=$here exec bash "$here/../old-vllm/stage.sh" "$@"
