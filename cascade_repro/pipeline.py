@@ -60,6 +60,8 @@ class RunOptions(RunSetup):
             results_dir = userpath.resolve(s.results_dir, "--results-dir")
             if s.run_id is not None:  # '' would name the default run: refused, not ignored
                 check_run_id(s.run_id)
+            if s.max_engines_per_gpu is not None and s.max_engines_per_gpu < 1:
+                raise UsageError(f"--max-engines-per-gpu {s.max_engines_per_gpu}: must be 1 or more")
         if executor.name == "ray":  # Ray missing: one line now, before a dry run or a prepare
             from cascade_repro.run.ray_executor import import_ray
 
@@ -76,6 +78,7 @@ class RunOptions(RunSetup):
             allow_mixed=s.allow_mixed,
             reference=reference,
             executor=executor,
+            max_engines_per_gpu=s.max_engines_per_gpu,
         )
 
 

@@ -334,6 +334,26 @@ Executor = Annotated[
     ),
 ]
 
+# default: None (as many as fit: plan/packing.py)
+MaxEnginesPerGpu = Annotated[
+    int | None,
+    option(
+        "Engine keys side by side: at most N engines at once on one GPU (vLLM: each key pinned to its "
+        "GPUs with CUDA_VISIBLE_DEVICES, a TP group kept whole, and given a KV budget and its share of "
+        "the GPU from the GPU's memory and the model's size, never more than fits; -E "
+        "kv_cache_memory_bytes or --gpu-memory-utilization of yours win over the computed ones). "
+        "1: one engine per GPU, so one after another on a one-GPU machine, as before (no budget "
+        "passed). The hf and fake engines are not placed on GPUs: N of them run at once (the hf "
+        "engine on a CPU uses every core, so 1 by default). `--dry-run` shows where and when each "
+        "key runs. [default: vLLM: as many as fit, at most 8 per GPU and one per two CPU cores; "
+        "hf, fake: 1]",
+        OUTPUT,
+        "--max-engines-per-gpu",
+        envvar="CASCADE_REPRO_MAX_ENGINES_PER_GPU",
+        metavar="N",
+    ),
+]
+
 # default: None
 RayAddress = Annotated[
     str | None,

@@ -94,6 +94,13 @@ ENGINES: dict[str, EngineInfo] = {
 }  # fmt: skip
 
 
+# What the runner hands a vLLM worker whose engine shares a GPU (plan/packing.py computes both):
+# its KV cache in bytes (vLLM's kv_cache_memory_bytes, which also skips vLLM's free-memory profiling)
+# and its share of the GPU (gpu_memory_utilization). Set only where engines run side by side.
+KV_BUDGET_ENV = "CASCADE_REPRO_KV_CACHE_BYTES"
+GPU_SHARE_ENV = "CASCADE_REPRO_GPU_MEMORY_UTILIZATION"
+
+
 def get(name: str) -> EngineInfo:
     """The registry entry of ``name``; a one-line UsageError naming the known engines otherwise."""
     try:

@@ -203,8 +203,10 @@ class VLLMEngine:
             kwargs["compilation_config"] = {"cudagraph_capture_sizes": sizes}
         if kwargs["hf_overrides"] is None:
             kwargs.pop("hf_overrides")
+        self._apply_gpu_share(kwargs, names)
         # The user's engine arguments, the same for both arms (matrix validated them: none of them
-        # is one the harness sets per arm or per axis).
+        # is one the harness sets per arm or per axis); a kv_cache_memory_bytes among them wins
+        # over the runner's budget.
         kwargs.update(dict(spec.engine_args or {}))
         self.requested = dict(kwargs)
 
@@ -234,6 +236,20 @@ class VLLMEngine:
         self.readback = self._read_back()
 
     # --------------------------------------------------------------------------------------
+    def _apply_gpu_share(self, kwargs: dict[str, Any], names: Any) -> None:
+        """Engines side by side on one GPU: the budget the runner computed for this one
+        (plan/packing.py), its KV cache in bytes and its share of the GPU. Absent in a run of one
+        engine per GPU, and where the user set --gpu-memory-utilization (theirs is kept)."""
+        from cascade_repro.engines import GPU_SHARE_ENV, KV_BUDGET_ENV
+
+        if share := os.environ.get(GPU_SHARE_ENV):
+            kwargs["gpu_memory_utilization"] = float(share)
+        if kv := os.environ.get(KV_BUDGET_ENV):
+            if "kv_cache_memory_bytes" in names:
+                kwargs["kv_cache_memory_bytes"] = int(kv)
+            else:
+                self._env_notes["kv_cache_memory_bytes"] = "not an EngineArgs field in this vLLM: the GPU share alone bounds it"
+
     def _set_model_runner_env(self, version: str | None) -> None:
         """Pin the V1 model runner where VLLM_USE_V2_MODEL_RUNNER picks one (the V2 runner has no
         cascade path; the twins' 0.26.0 evidence ran V1), and leave it unset where vLLM has a single

@@ -342,6 +342,7 @@ RUN_KEYS: dict[str, type] = {
     "fail_on": str, "alpha": float, "rep_delta": float, "min_topk_violations": int, "drift_min": float,
     "reference": str, "reference_device": str, "results_dir": str, "run_id": str, "shard": str,
     "allow_mixed": bool, "quiet": bool, "executor": str, "ray_address": str, "retries": int,
+    "max_engines_per_gpu": int,
 }  # fmt: skip
 ONE_OFF_KEYS = ("config", "dry_run", "fresh")
 CONFIG_KEYS = tuple(sorted((*TOML_KEYS, *RUN_KEYS)))

@@ -45,6 +45,7 @@ class RunProgress:
         starts_left: int = 0,
         clock: Callable[[], float] = time.monotonic,
         plain: bool | None = None,
+        parallel: int = 1,
     ) -> None:
         self.console = console
         self.show = show
@@ -52,6 +53,10 @@ class RunProgress:
         self.t0 = clock()
         self.n_prompts, self.max_tokens, self.table = n_prompts, max_tokens, table
         self.batch_of = {cid: int(c["batch"]) for cid, c in cells.items()}
+        self.key_of = {cid: str(c.get("engine_key") or "") for cid, c in cells.items()}
+        # Engines side by side (plan/packing.py): about this many at once, each one's state shown.
+        self.parallel = max(1, int(parallel))
+        self.engines: dict[str, str] = {}
         self.cells_total = len(cells)
         self.waves_total = sum(estimate.wave_count(n_prompts, b) for b in self.batch_of.values())
         self.cells_done = self.waves_done = 0
@@ -112,7 +117,8 @@ class RunProgress:
             self._advance(cells=1, waves=n)
 
     def engine_starting(self, key: str, note: str = "") -> None:
-        self.status = f"engine {key}: starting" + (f" ({note})" if note else "")
+        self.engines[key] = "starting" + (f" ({note})" if note else "")
+        self.status = self._engines_text() or f"engine {key}: starting" + (f" ({note})" if note else "")
         self._wave_t0 = None  # an engine start is not a wave: its time is the starts' share
         self._refresh(force=True)
 
@@ -120,15 +126,35 @@ class RunProgress:
         self.starts_left = max(0, self.starts_left - 1)
         if start_s > 0:
             self._starts_seen.append(float(start_s))
-        self.status = f"engine {key} up in {start_s:.0f} s"
+        self.engines[key] = f"up in {start_s:.0f} s"
+        self.status = self._engines_text() or f"engine {key} up in {start_s:.0f} s"
         self._wave_t0 = self.clock()
         self._refresh(force=True)
+
+    def engine_done(self, key: str) -> None:
+        """A key's worker has ended (finished, failed or killed): no longer shown as running."""
+        self.engines.pop(key, None)
+        if len(self.engines) > 1 or self.status.startswith("engines "):
+            self.status = self._engines_text()
+
+    def _engines_text(self) -> str:
+        """Every running engine's state, when more than one runs: ``engines k1: starting; k2: b8-cell``."""
+        if len(self.engines) < 2:
+            return ""
+        return "engines " + "; ".join(f"{k}: {v}" for k, v in self.engines.items())
+
+    def _engine_at(self, cid: str) -> None:
+        """A record of cell ``cid`` came in: its engine's state is that cell."""
+        if (key := self.key_of.get(cid)) and key in self.engines:
+            self.engines[key] = cid
 
     def record(self, rec: Mapping[str, Any]) -> None:
         """A control record the worker appended (cell_start, wave, cell_done, cell_error)."""
         from cascade_repro.rundir import codec
 
         t = rec.get("type")
+        if t in (codec.CELL_START, codec.WAVE):
+            self._engine_at(str(rec.get("cell_id", "")))
         if t == codec.CELL_START:
             self.current = str(rec.get("cell_id", ""))
             self._running = self.batch_of.get(self.current)
@@ -136,7 +162,7 @@ class RunProgress:
                 self.copies[self.current] = int(rec["kept_waves"])
         elif t == codec.WAVE:
             cid = str(rec.get("cell_id", ""))
-            self.current, self.status = cid, ""
+            self.current, self.status = cid, self._engines_text()
             b = int(rec.get("batch") or self.batch_of.get(cid, 0))
             self.waves_done += 1
             if b in self.remaining:
@@ -209,7 +235,8 @@ class RunProgress:
             total += n * per
             if batch == running:
                 total -= min(elapsed, per)  # the wave under way: the part already spent
-        return total + self.starts_left * self._start_seconds(), basis
+        # Engines side by side share the work: the waves and starts left, over how many run at once.
+        return (total + self.starts_left * self._start_seconds()) / self.parallel, basis
 
     def _per_wave(self, batch: int, walls: Mapping[int, list[float]]) -> float | None:
         """One wave's seconds at ``batch``: its mean here, else the table's scaled by how much slower

@@ -22,7 +22,9 @@ from cascade_repro.errors import UsageError
 from cascade_repro.plan import cuda_cache
 from cascade_repro.plan.matrix import MatrixSpec, plan, spec_hash, spec_of
 from cascade_repro.plan.shard import Shard, empty_warning, restrict
-from cascade_repro.run import supervise
+from cascade_repro.plan import gpus as gpu_inventory
+from cascade_repro.plan import packing as packings
+from cascade_repro.run import pool, supervise
 from cascade_repro.run.reference import ReferenceOptions
 from cascade_repro.rundir import codec, jsonl, layout, manifest, runlock, safety, sample_scan
 from cascade_repro.rundir.manifest import (
@@ -33,7 +35,7 @@ from cascade_repro.rundir.manifest import (
     newer_version_note,
 )
 
-POLL_S = 0.5
+POLL_S = pool.POLL_S
 FA2_JIT_NOTE = "compiling FlashAttention 2 kernels for this GPU, first run only: about 3 min"
 
 
@@ -73,6 +75,9 @@ class RunSetup:
     allow_mixed: bool = False  # resume under another vLLM/torch/transformers/GPU than the run began with
     reference: ReferenceOptions = field(default_factory=ReferenceOptions)  # what the judge compares with
     executor: Executor = field(default_factory=Executor)  # where the workers run
+    # Engines at once per GPU (None: as many as fit, see plan/packing.py; 1: one after another on a
+    # one-GPU machine, as before engines ran side by side)
+    max_engines_per_gpu: int | None = None
 
     def __post_init__(self) -> None:
         self.results_dir = userpath.resolve(self.results_dir, "--results-dir")
@@ -329,6 +334,9 @@ def prepare(spec: MatrixSpec, opts: RunSetup, console: Any = None) -> PreparedRu
     if console is not None and (warning := measured.warning()) is not None:
         console.print(f"[yellow]warning:[/] {warning}")
     run.invocations = [run.own_invocation()]
+    if opts.executor.name == "local":
+        # Said before anything runs: a TP group or an engine that cannot fit this machine's GPUs.
+        packing_of(run, opts.max_engines_per_gpu)
     hashes = measured.hashes()
     return PreparedRun(run_dir, run, list(pset.records), opts.fresh, opts.allow_mixed, hashes)
 
@@ -343,32 +351,7 @@ def context_limit_of(spec: MatrixSpec, model_path: str, model_name: str) -> tupl
     return context_limit(model_path, model_name)
 
 
-class _Tail:
-    """Read records appended to a JSONL file since the last call (whole lines only)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = path.stat().st_size if path.exists() else 0
-        self._buf = b""
-
-    def poll(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            data = f.read()
-        self.offset += len(data)
-        self._buf += data
-        *lines, self._buf = self._buf.split(b"\n")
-        out = []
-        for line in lines:
-            if codec.is_sample_line(line):
-                continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        return out
+_Tail = pool.Tail  # the one reader of a worker's new records (tests wrap its poll)
 
 
 def _progress_by_key(run_dir: Path, run: Manifest) -> dict[str, sample_scan.CellProgress]:
@@ -397,13 +380,17 @@ def execute(
     bar: bool = True,
     fresh: bool = False,
     executor: Executor | None = None,
+    max_engines_per_gpu: int | None = 1,
+    inventory: gpu_inventory.Inventory | None = None,
 ) -> list[str]:
     """Run one worker per engine key with unfinished cells; return error lines for the summary.
 
     ``bar=False``: plain progress lines even on a terminal. ``fresh``: the run directory was just
     cleared (``--fresh``), said as starting over, never as a resume. ``executor``: where the
-    workers run (default: here, one after the other; ``ray``: each key a task on a Ray cluster,
-    ``run/ray_executor.py``)."""
+    workers run (default: here; ``ray``: each key a task on a Ray cluster, ``run/ray_executor.py``).
+    Here the keys run side by side as ``plan/packing.py`` places them on ``inventory`` (default:
+    this machine's GPUs), at most ``max_engines_per_gpu`` per GPU (None: as many as fit; 1 on a
+    one-GPU machine, or for an engine without GPU placement: one after another)."""
     executor = executor or Executor()
     from cascade_repro.plan import estimate
     from cascade_repro.run.progress import RunProgress
@@ -445,6 +432,10 @@ def execute(
     for line in notes:
         console.print(line, highlight=False, markup=False)
     device = estimate.run_device(spec.engine, spec.device)
+    packing = packing_of(run, max_engines_per_gpu, inventory) if executor.name == "local" else None
+    if packing is not None and packing.concurrent:
+        for line in packings.describe(packing):
+            console.print(line, highlight=False, markup=False)
     progress = RunProgress(
         console,
         show=show_progress,
@@ -457,6 +448,7 @@ def execute(
         starts_left=sum(
             1 for k, ep in run.plan.engines.items() if any(c not in progs[k].done for c in ep.cells)
         ),
+        parallel=packings.parallel(packing, [ep.tp for ep in run.plan.engines.values()]) if packing else 1,
     )
 
     def ended(key: str, rc: int, reason: str) -> list[str]:
@@ -479,10 +471,10 @@ def execute(
             progress.already_done(done)
             if len(done) < len(ep.cells):
                 todo.append(key)
+        ended_by: dict[str, list[str]] = {}  # each key's error lines, listed in plan order at the end
         if executor.name == "ray":
             from cascade_repro.run import ray_executor
 
-            ended_by: dict[str, list[str]] = {}
             with ray_executor.Session(executor.ray_address, executor.retries) as session:
                 session.run_keys(
                     run_dir,
@@ -494,17 +486,39 @@ def execute(
             for key in todo:  # in plan order, as the local executor lists them
                 errors += ended_by.get(key, [])
             return errors
-        for key in todo:
+        gpu = str(run.stack_env.get("gpu_name") or "")
+        jits: dict[str, bool] = {}
+
+        def env_of(key: str, placed: dict[str, str]) -> dict[str, str]:
+            return cuda_cache.apply(dict(os.environ, PYTHONUNBUFFERED="1", **placed))
+
+        def starting(key: str, env: dict[str, str]) -> None:
             ep = run.plan.engines[key]
-            env = cuda_cache.apply(dict(os.environ, PYTHONUNBUFFERED="1"))
-            gpu = str(run.stack_env.get("gpu_name") or "")
-            jit = cuda_cache.needs_fa2_jit(ep.fa_version, gpu) and not cuda_cache.fa2_compiled(env, gpu)
+            jits[key] = cuda_cache.needs_fa2_jit(ep.fa_version, gpu) and not cuda_cache.fa2_compiled(env, gpu)
             # A silent first FA2 start on a fresh Hopper machine lasts minutes: say why.
-            progress.engine_starting(key, FA2_JIT_NOTE if jit else "")
-            rc, reason = _run_worker(run_dir, key, float(spec.engine_timeout), progress, env=env)
-            if jit and sample_scan.read_progress(layout.samples_path(run_dir, key), samples=False).engine:
+            progress.engine_starting(key, FA2_JIT_NOTE if jits[key] else "")
+
+        def finished(key: str, rc: int, reason: str, env: dict[str, str]) -> None:
+            if jits.get(key) and sample_scan.read_progress(layout.samples_path(run_dir, key), samples=False).engine:
                 cuda_cache.mark_fa2_compiled(env, gpu)
-            errors += ended(key, rc, reason)
+            progress.engine_done(key)
+            ended_by[key] = ended(key, rc, reason)
+
+        if packing is not None and packing.concurrent:
+            base = env_of("", {})
+            pool.run_side_by_side(
+                run_dir, [(k, run.plan.engines[k].tp) for k in todo], packing, float(spec.engine_timeout),
+                progress, env_of, lambda key: starting(key, base),
+                lambda key, rc, reason: finished(key, rc, reason, base),
+            )  # fmt: skip
+        else:  # one after another, as before engines ran side by side
+            for key in todo:
+                env = env_of(key, {})
+                starting(key, env)
+                rc, reason = _run_worker(run_dir, key, float(spec.engine_timeout), progress, env=env)
+                finished(key, rc, reason, env)
+        for key in todo:  # in plan order, whichever ended first
+            errors += ended_by.get(key, [])
     return errors
 
 
@@ -522,34 +536,43 @@ def _run_worker(
     the worker appends goes to ``progress`` (a :class:`~cascade_repro.run.progress.RunProgress`).
     """
     log_path = layout.worker_log(run_dir, key)
-    tail = _Tail(layout.samples_path(run_dir, key))
     if env is None:
         env = cuda_cache.apply(dict(os.environ, PYTHONUNBUFFERED="1"))
+    watch = pool.KeyWatch(run_dir, key, timeout, progress)
+    with supervise.Worker(pool.worker_argv(run_dir, key), env=env, log_path=log_path) as w:
+        # its last check reads what the worker wrote last
+        stopped = supervise.watch(w, lambda: watch.check(w), POLL_S)
+    return pool.outcome(w, stopped, log_path)
 
-    def check() -> str | None:
-        recs = tail.poll()
-        if recs:
-            w.mark_active()
-        for r in recs:
-            if r.get("type") == codec.ENGINE:
-                progress.engine_up(key, float(r.get("start_s") or 0.0))
-            else:
-                progress.record(r)
-        progress.tick()
-        if w.idle_s() > timeout:
-            return f"timeout: no progress for {timeout:.0f}s (--engine-timeout); worker killed"
-        return None
 
-    argv = [sys.executable, "-m", "cascade_repro.run.worker", str(run_dir), key]
-    with supervise.Worker(argv, env=env, log_path=log_path) as w:
-        stopped = supervise.watch(w, check, POLL_S)  # its last check reads what the worker wrote last
-    if stopped is not None:
-        return -9, stopped
-    rc = w.returncode
-    if rc in (0, 3):
-        return rc, ""
-    line = supervise.last_error_line(log_path)
-    return rc, f"worker exited with code {rc}" + (f": {line}" if line else "")
+def machine_gpus() -> gpu_inventory.Inventory:
+    """The GPUs engines are placed on: nvidia-smi's query (or ``CASCADE_REPRO_GPUS``), else a bare
+    count (``visible_gpus``) with their memory unknown."""
+    inv = gpu_inventory.detect()
+    if not inv.gpus and (n := visible_gpus()) > 0:
+        inv = gpu_inventory.counted(n, "counted, memory unknown")
+    return inv
+
+
+def packing_of(
+    run: Manifest, max_per_gpu: int | None, inventory: gpu_inventory.Inventory | None = None
+) -> packings.Packing:
+    """How a prepared run's engine keys share this machine (``plan/packing.py``); refused in one
+    line (UsageError) where a TP group or one engine cannot fit."""
+    spec = spec_of(run.spec_json)
+    cells = run.plan.cells
+    prompt_max = run.prompt_set.prompt_tokens_max if run.prompt_set is not None else None
+    return packings.for_spec(
+        spec,
+        [ep.tp for ep in run.plan.engines.values()],
+        max([c.batch for c in cells] or [1]),
+        int(prompt_max) if prompt_max is not None else None,
+        run.model_path or "",
+        max_per_gpu,
+        inventory if inventory is not None
+        else machine_gpus() if engine_info(spec.engine).is_vllm
+        else gpu_inventory.Inventory((), "not placed on GPUs"),
+    )  # fmt: skip
 
 
 def arm_dtypes(run_dir: Path, run: Manifest) -> list[str]:
@@ -738,7 +761,10 @@ def run_workers(
     if console is not None and prepared.newer:
         console.print(f"note: {_escape(prepared.newer)}", highlight=False)
     kept = cells_done(run_dir)
-    errors = execute(run_dir, opts.progress, console, bar=opts.bar, fresh=opts.fresh, executor=opts.executor)
+    errors = execute(
+        run_dir, opts.progress, console, bar=opts.bar, fresh=opts.fresh, executor=opts.executor,
+        max_engines_per_gpu=opts.max_engines_per_gpu,
+    )  # fmt: skip
     # The reference pass writes only reference/: run.json read once serves before and after it.
     run = manifest.read_manifest(run_dir)
     if restrict(run).plan.cells:
