@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -17,7 +16,6 @@ from cascade_repro.cli.app import (
     as_typed,
     command_line,
     err_console,
-    out_console,
     print_summary_json,
     show_all_help,
     spec_default,
@@ -68,9 +66,8 @@ from cascade_repro.cli.options import (
     Twin,
     option,
 )
-from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import ARM_SWITCHES, FAIL_ON_DEFAULT
-from cascade_repro.rundir import layout, safety
+from cascade_repro.rundir import layout
 from cascade_repro.userpath import display
 from cascade_repro.vllm_surface.inject import DEFAULT_LADDER
 
@@ -433,7 +430,9 @@ def matrix(
         opts = RunOptions.from_settings(request.settings, fresh=request.fresh, command=command_line())
         _check_box(request)
         if request.dry_run:
-            _dry_run(request, opts)
+            from cascade_repro.cli.matrix_plan import dry_run
+
+            dry_run(request, opts)
             return
         console = err_console()
         outcome = run_matrix(request.spec, opts, console)
@@ -469,43 +468,6 @@ def _check_box(request: Any) -> None:
         _say("note", line)
 
 
-def _dry_run(request: Any, opts: Any) -> None:
-    """--dry-run: the model and run id checked, then the plan's table, estimate and (under Ray) needs."""
-    from cascade_repro.engines import get as engine_info
-    from cascade_repro.plan.models import check_model, quiet_progress
-    from cascade_repro.run.runner import check_run_id, default_run_id
-
-    if request.json_out:
-        raise UsageError("--json prints a run's summary; --dry-run runs nothing (drop one of them)")
-    spec = request.spec
-    if opts.run_id is not None:
-        check_run_id(opts.run_id)
-    if engine_info(spec.engine).has_weights:
-        check_model(spec.model)  # a typo in --model fails now, not after the plan looked fine
-    # The plan is the dry run's output: a tokenizer or model load's bars are noise in it.
-    with quiet_progress():
-        _print_plan(
-            spec, opts.shard, opts.results_dir / (opts.run_id or default_run_id(spec)), opts.reference
-        )
-    if opts.executor.name == "ray":
-        _print_ray_needs(spec, opts.shard, opts.executor.ray_address)
-
-
-def _print_ray_needs(spec: Any, shard: Any, address: str | None) -> None:
-    """`--dry-run --executor ray`: what each engine key's task asks of the cluster, and whether the
-    cluster (joined only where --ray-address or RAY_ADDRESS names one) can place it."""
-    from cascade_repro.plan.matrix import plan
-    from cascade_repro.plan.shard import keys_for
-    from cascade_repro.run.ray_executor import dry_run_lines
-
-    engines = plan(spec).engines
-    if shard is not None:
-        keep = set(keys_for(engines, shard))
-        engines = {k: ep for k, ep in engines.items() if k in keep}
-    for line in dry_run_lines(spec, engines, address):
-        out_console().print(line, highlight=False, markup=False)
-
-
 def _own_flags(ctx: Any) -> list[str]:
     """Every flag the command declares (its suggestions for a mistyped one)."""
     return [o for p in ctx.command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-")]
@@ -515,161 +477,6 @@ def _defaulted(ctx: Any, name: str) -> bool:
     """True when option ``name`` was given neither on the command line nor by its environment variable."""
     source = ctx.get_parameter_source(name)
     return source is None or source.name in ("DEFAULT", "DEFAULT_MAP")
-
-
-def _check_rendered(spec: Any, system_text: str, records: list[Any]) -> str | None:
-    """What the run's own checks of the rendered prompts say, said by the dry run where the model's
-    tokenizer is on disk already (a local folder, the embedded model once converted): a Hub id is
-    not fetched and the embedded model not converted just to plan. A prompt that with --max-tokens
-    does not fit the model's context is refused (UsageError); a shared prefix too short for cascade
-    is returned as a warning. The prompts are rendered once for both."""
-    from cascade_repro.engines import get as engine_info
-    from cascade_repro.plan.models import check_model, embedded_converted, load_tokenizer, resolve_model
-    from cascade_repro.prompts.chat import check_lengths, measure_lengths
-    from cascade_repro.run.runner import context_limit_of
-
-    info = engine_info(spec.engine)
-    limit = None
-    if not info.has_weights:  # the fake: its own tokenizer, no model and so no context to check
-        tok = info.own_tokenizer()
-    else:
-        kind = check_model(spec.model)
-        if not (kind == "local" or (kind == "embedded" and embedded_converted())):
-            return None
-        path, name = resolve_model(spec.model)
-        tok = load_tokenizer(path, spec.trust_remote_code)
-        limit = context_limit_of(spec, path, name)
-    measured = measure_lengths(tok, system_text, records, _rendering_progress(len(records)))
-    if limit is not None:
-        check_lengths(measured.lengths, [r.key for r in records], int(spec.max_tokens), *limit)
-    return measured.warning()
-
-
-PROGRESS_EVERY_S = 10.0  # a dry run over a large prompt set says how far its tokenizer got
-
-
-def _rendering_progress(n: int) -> Any:
-    """A callback for ``measure_lengths``: a line on stderr every :data:`PROGRESS_EVERY_S` seconds
-    while the prompts are rendered (100,000 prompts through an hf tokenizer take minutes)."""
-    import time
-
-    last = time.monotonic()
-
-    def tick(done: int) -> None:
-        nonlocal last
-        if (now := time.monotonic()) - last >= PROGRESS_EVERY_S:
-            last = now
-            out_console(stderr=True).print(
-                f"rendering the prompts to plan: {done:,} of {n:,}", highlight=False, markup=False
-            )
-
-    return tick
-
-
-NARROW = 120  # columns below which the dry-run table heads each engine's cells with its key
-
-
-def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, reference: Any = None) -> None:
-    """Print every cell (of the shard, if given), its engine and wave count; then the engine-start
-    count and the time estimate (refined by ``run_dir``'s waves when that run already has some)."""
-    from rich.table import Table
-
-    from cascade_repro.plan.matrix import plan
-    from cascade_repro.prompts.promptsets import load_prompt_set, load_system_prompt
-
-    if run_dir is not None and run_dir.is_dir():  # the estimate reads it: a link or FIFO, before the table
-        safety.refuse_run_links(run_dir)
-    system_text = load_system_prompt(spec.system_prompt)  # a bad --system-prompt fails here, not hours later
-    records = load_prompt_set(spec.prompts, spec.limit, spec.prompt_field, spec.key_field).records
-    n = len(records)
-    matrix_plan = plan(spec)
-    engines = matrix_plan.engines
-    warning = _check_rendered(spec, system_text, records)  # a refusal comes before the table
-    title = f"{spec.engine} matrix over {n} prompts"
-    if shard is not None:
-        from cascade_repro.plan.shard import empty_warning, keys_for
-
-        if warning := empty_warning(engines, shard):
-            out_console(stderr=True).print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
-        keep = set(keys_for(engines, shard))
-        engines = {k: ep for k, ep in engines.items() if k in keep}
-        title += f", shard {shard}"
-    table = Table(title=title)
-    console = out_console()
-    # The cell id stays whole (it is what a user copies); the rest fold, never "…". Under 120
-    # columns each engine key heads its cells instead of filling a column (tp and batch are in the id).
-    narrow = console.width < NARROW
-    cols = (
-        ("cell", "arm", "waves", "why")
-        if narrow
-        else ("cell", "engine key", "tp", "batch", "arm", "waves", "why")
-    )
-    for col in cols:
-        table.add_column(col, no_wrap=col == "cell", overflow="fold")
-    why = {"matrix": "", "control": "noise control (added)", "calibration": "calibration"}
-    cells_of = {key: matrix_plan.cells_of(key) for key in engines}
-    for key, cells in cells_of.items():
-        if narrow:
-            table.add_row(f"[bold]{escape(key)}[/]")
-        for c in cells:
-            role = why.get(c.origin, c.origin)
-            if c.inject and c.origin != "calibration":
-                role = f"inject {c.inject}"
-            elif c.origin == "calibration":
-                role = f"calibration ({c.inject})"
-            waves = str(-(-n // c.batch))
-            if narrow:
-                table.add_row(escape(c.cell_id), c.arm, waves, role)
-            else:
-                table.add_row(escape(c.cell_id), escape(key), str(c.tp), str(c.batch), c.arm, waves, role)
-        if narrow:
-            table.add_section()
-    console.print(table)
-    if warning is not None:
-        out_console(stderr=True).print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
-    cells = sum(len(ep.cells) for ep in engines.values())
-    added = sum(1 for cs in cells_of.values() for c in cs if c.origin == "control")
-    line = f"{cells} cells, {len(engines)} engine start{'s' if len(engines) != 1 else ''}"
-    if added:
-        line += f"; {added} noise-control cell{'s' if added != 1 else ''} added by the planner (--no-auto-controls to drop)"
-    console.print(line, highlight=False, markup=False)
-    from cascade_repro.engines import get as engine_info
-    from cascade_repro.plan import estimate
-
-    gpu = ""
-    if engine_info(spec.engine).is_vllm:
-        from cascade_repro.run.envinfo import gpu_info
-
-        gpu = gpu_info().get("gpu_name", "")
-    planned = {
-        k: {
-            "cells": [{"cell_id": c.cell_id, "batch": c.batch} for c in cells_of[k]],
-            "fa_version": ep.fa_version,
-        }
-        for k, ep in engines.items()
-    }
-    console.print(
-        estimate.for_plan(spec.to_dict(), n, planned, run_dir, gpu).line(), highlight=False, markup=False
-    )
-    if reference is not None:
-        from cascade_repro.run.runner import reference_cost
-
-        if (cost := reference_cost(spec, reference, n * cells)) is not None:
-            console.print(cost.line(), highlight=False, markup=False)
-            if not cost.fits:
-                from cascade_repro.errors import UsageError
-
-                raise UsageError(cost.refusal(spec.model))
-    if spec.engine_args:
-        from cascade_repro.plan.engine_args import known_fields
-
-        shown = ", ".join(
-            f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in spec.engine_args.items()
-        )
-        console.print(
-            f"vLLM engine arguments, both arms: {escape(shown)} (checked against {escape(known_fields().where)})",
-            highlight=False,
-        )
 
 
 def _print_outcome(outcome: Any, console: Any) -> None:

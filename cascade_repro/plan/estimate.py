@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from cascade_repro.plan import cuda_cache
 from cascade_repro.plan.matrix import spec_of
+from cascade_repro.plan.packing import Packing, Slot, schedule
 from cascade_repro.twin import CASCADE as TWIN
 
 if TYPE_CHECKING:
@@ -90,13 +91,20 @@ class Estimate:
     tokens: int  # generated tokens at most (fillers included)
     starts: int
     basis: str
+    # Engines side by side (plan/packing.py): the same work one after another, and each key's
+    # place and time (packing.Slot); None and () for a sequential run.
+    sequential_s: float | None = None
+    slots: tuple[Slot, ...] = ()
 
     def line(self) -> str:
         """One line for --dry-run and the warning before a long run."""
         work = f"{self.waves} waves, at most {self.tokens:,} generated tokens, {plural(self.starts, 'engine start')}"
         if self.seconds is None:
             return f"estimate: none ({self.basis}); {work}"
-        return f"estimate: about {fmt_duration(self.seconds)} ({work}; {self.basis})"
+        side = ""
+        if self.sequential_s is not None:
+            side = f", engines side by side; one after another: about {fmt_duration(self.sequential_s)}"
+        return f"estimate: about {fmt_duration(self.seconds)} ({work}{side}; {self.basis})"
 
 
 def plural(n: int, word: str) -> str:
@@ -161,27 +169,30 @@ def estimate(
     measured: Mapping[int, float] | None = None,
     gpu_name: str = "",
     fa2_compiled: bool = True,
+    packing: Packing | None = None,
 ) -> Estimate:
     """Expected wall time of a matrix's unfinished cells.
 
-    ``engines`` maps an engine key to ``{"cells": [{"cell_id", "batch"}...], "fa_version"}`` (a
-    run.json plan entry with its cells resolved, or the planner's); ``done`` are finished cells,
-    which cost nothing; ``measured`` the run's own mean wave seconds per batch.
+    ``engines`` maps an engine key to ``{"cells": [{"cell_id", "batch"}...], "fa_version", "tp"}``
+    (a run.json plan entry with its cells resolved, or the planner's); ``done`` are finished cells,
+    which cost nothing; ``measured`` the run's own mean wave seconds per batch. With a ``packing``
+    that runs engines side by side, the time is its schedule's (``packing.schedule``: engines
+    sharing a GPU slow each other), the one-after-another time beside it.
     """
     table = SPEEDS.get((engine, device))
     finished = set(done)
-    seconds = 0.0
-    waves = tokens = starts = 0
+    waves = tokens = 0
     known = table is not None
-    for ep in engines.values():
+    per_key: dict[str, tuple[float, float]] = {}  # key -> (engine start, waves) seconds, alone
+    for key, ep in engines.items():
         todo = [c for c in ep["cells"] if c["cell_id"] not in finished]
         if not todo:
             continue
-        starts += 1
+        start = work = 0.0
         if table is not None:
-            seconds += table.start_s
+            start += table.start_s
             if cuda_cache.needs_fa2_jit(ep.get("fa_version"), gpu_name) and not fa2_compiled:
-                seconds += FA2_JIT_S
+                start += FA2_JIT_S
         for c in todo:
             n = wave_count(n_prompts, int(c["batch"]))
             waves += n
@@ -190,9 +201,16 @@ def estimate(
             if per is None:
                 known = False
             else:
-                seconds += n * per
-    if table is not None:
-        seconds += table.overhead_s
+                work += n * per
+        per_key[key] = (start, work)
+    overhead = table.overhead_s if table is not None else 0.0
+    seconds = sum(a + b for a, b in per_key.values()) + overhead
+    sequential_s: float | None = None
+    slots: tuple[Slot, ...] = ()
+    if packing is not None and packing.concurrent and per_key:
+        keys = [(k, int(engines[k].get("tp") or 1)) for k in per_key]
+        slots = tuple(schedule(packing, keys, per_key))
+        sequential_s, seconds = seconds, max(s.end_s for s in slots) + overhead
     if table is None and measured:
         basis = "from this run's own waves"
     elif table is None:
@@ -201,7 +219,10 @@ def estimate(
         basis = f"speeds measured on {table.where}" + (
             ", refined by this run's own waves" if measured else ""
         )
-    return Estimate(seconds if known else None, waves, tokens, starts, basis)
+    return Estimate(
+        seconds if known else None, waves, tokens, len(per_key), basis,
+        sequential_s if known else None, slots,
+    )  # fmt: skip
 
 
 # The quick first run a long CPU run's warning offers: what `make run` runs (the Makefile's RUN_ARGS;
@@ -256,6 +277,7 @@ def for_plan(
     engines: Mapping[str, Mapping[str, Any]],
     run_dir: Path | None = None,
     gpu_name: str = "",
+    packing: Packing | None = None,
 ) -> Estimate:
     """The estimate of a planned matrix (``spec`` a MatrixSpec or its run.json form), refined by the
     run directory's samples when a run of the same id already has waves (a rerun resumes; finished
@@ -283,7 +305,7 @@ def for_plan(
         compiled = cuda_cache.fa2_compiled(cuda_cache.apply(dict(os.environ)), gpu_name)
     return estimate(
         spec.engine, run_device(spec.engine, spec.device), n_prompts, int(spec.max_tokens),
-        engines, done, measured_wave_seconds(waves), gpu_name, compiled,
+        engines, done, measured_wave_seconds(waves), gpu_name, compiled, packing,
     )  # fmt: skip
 
 

@@ -74,7 +74,7 @@ def parse(text: str) -> Inventory:
         for _ in range(int(m.group(1) or 1)):
             i = len(gpus)
             gb = float(m.group(2))
-            gpus.append(Gpu(i, str(i), f"GPU {gb:g} GB", int(gb * GB)))
+            gpus.append(Gpu(i, str(i), "GPU", int(gb * GB)))
     return Inventory(tuple(gpus), source)
 
 
