@@ -161,7 +161,9 @@ def _print_plan(
     n = len(records)
     matrix_plan = plan(spec)
     engines = matrix_plan.engines
-    warning, prompt_max, model_path = _check_rendered(spec, system_text, records)  # a refusal before the table
+    warning, prompt_max, model_path = _check_rendered(
+        spec, system_text, records
+    )  # a refusal before the table
     err = out_console(stderr=True)
     title = f"{spec.engine} matrix over {n} prompts"
     if shard is not None:
@@ -201,7 +203,9 @@ def _print_plan(
                 if narrow:
                     table.add_row(escape(c.cell_id), c.arm, waves, role(c))
                 else:
-                    table.add_row(escape(c.cell_id), escape(key), str(c.tp), str(c.batch), c.arm, waves, role(c))
+                    table.add_row(
+                        escape(c.cell_id), escape(key), str(c.tp), str(c.batch), c.arm, waves, role(c)
+                    )
             if narrow:
                 table.add_section()
         console.print(table)
@@ -322,17 +326,30 @@ def _as_json(spec: Any, n: int, cells_of: dict[str, list[Any]], role: Any, packi
         "engine": spec.engine,
         "prompts": n,
         "cells": [
-            {"cell_id": c.cell_id, "engine_key": key, "tp": c.tp, "batch": c.batch, "arm": c.arm,
-             "waves": -(-n // c.batch), "why": role(c)}
-            for key, cells in cells_of.items() for c in cells
+            {
+                "cell_id": c.cell_id,
+                "engine_key": key,
+                "tp": c.tp,
+                "batch": c.batch,
+                "arm": c.arm,
+                "waves": -(-n // c.batch),
+                "why": role(c),
+            }
+            for key, cells in cells_of.items()
+            for c in cells
         ],  # fmt: skip
         "engines": engines,
-        "packing": None if packing is None else {
+        "packing": None
+        if packing is None
+        else {
             "mode": packing.mode,
             "max_engines_per_gpu": packing.cap,
             "side_by_side": packing.concurrent,
             "kv_budget_passed": packing.budget,
-            "gpus": [{"index": g.index, "name": g.name, "memory_bytes": g.memory_bytes} for g in packing.inventory.gpus],
+            "gpus": [
+                {"index": g.index, "name": g.name, "memory_bytes": g.memory_bytes}
+                for g in packing.inventory.gpus
+            ],
             "gpus_from": packing.inventory.source,
             "notes": list(packing.notes),
         },  # fmt: skip

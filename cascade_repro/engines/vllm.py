@@ -248,7 +248,9 @@ class VLLMEngine:
             if "kv_cache_memory_bytes" in names:
                 kwargs["kv_cache_memory_bytes"] = int(kv)
             else:
-                self._env_notes["kv_cache_memory_bytes"] = "not an EngineArgs field in this vLLM: the GPU share alone bounds it"
+                self._env_notes["kv_cache_memory_bytes"] = (
+                    "not an EngineArgs field in this vLLM: the GPU share alone bounds it"
+                )
 
     def _set_model_runner_env(self, version: str | None) -> None:
         """Pin the V1 model runner where VLLM_USE_V2_MODEL_RUNNER picks one (the V2 runner has no

@@ -70,7 +70,9 @@ def parse(text: str) -> Inventory:
     for part in text.split(","):
         m = re.fullmatch(r"\s*(?:(\d+)\s*x\s*)?(\d+(?:\.\d+)?)\s*(?:gb)?\s*", part)
         if m is None or float(m.group(2)) <= 0 or (m.group(1) is not None and int(m.group(1)) < 1):
-            raise UsageError(f"{ENV}={text!r}: give `none` or GPUs as [N x]GB, comma-separated (8x141, 24,80)")
+            raise UsageError(
+                f"{ENV}={text!r}: give `none` or GPUs as [N x]GB, comma-separated (8x141, 24,80)"
+            )
         for _ in range(int(m.group(1) or 1)):
             i = len(gpus)
             gb = float(m.group(2))
@@ -116,7 +118,9 @@ def from_query(out: str, visible: str | None) -> Inventory:
         for want in (v.strip() for v in visible.split(",")):
             if not want or want == "-1":
                 break  # CUDA stops at the first invalid entry
-            match = [r for r in rows if want in (r[0], r[1]) or (want.startswith("GPU-") and r[1].startswith(want))]
+            match = [
+                r for r in rows if want in (r[0], r[1]) or (want.startswith("GPU-") and r[1].startswith(want))
+            ]
             if not match:
                 break
             picked.append(match[0])

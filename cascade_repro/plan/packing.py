@@ -215,7 +215,9 @@ def engine_memory(
         kv = int(kv_given)
     else:
         kv = -(-int(min_kv * KV_HEADROOM) // KV_ROUND) * KV_ROUND
-    return EngineMemory(weights, kv, OVERHEAD_BYTES + int(OVERHEAD_SHARE * weights), min_kv, kv_given is not None)
+    return EngineMemory(
+        weights, kv, OVERHEAD_BYTES + int(OVERHEAD_SHARE * weights), min_kv, kv_given is not None
+    )
 
 
 def fit_kv(mem: EngineMemory, gpu_bytes: int) -> EngineMemory:
@@ -285,7 +287,9 @@ def pack(
                     f"fit{'s' if fits == 1 else ''} on a {gb(smallest)} GPU ({gb(mem.total)} each)"
                 )
     else:
-        notes.append("the model's size is unknown until it is downloaded: engines counted, memory not checked")
+        notes.append(
+            "the model's size is unknown until it is downloaded: engines counted, memory not checked"
+        )
     # One engine per GPU needs no budget: it has the GPU to itself, as in a sequential run.
     budget = model is not None and cap > 1 and util_given is None
     if kv_given is not None and cap > 1:
@@ -416,7 +420,9 @@ def model_memory(model_path: str, dtypes: Sequence[str]) -> ModelMemory | None:
     except (KeyError, TypeError, ValueError):
         return None
     on_disk = sum(
-        p.stat().st_size for p in folder.iterdir() if p.suffix in (".safetensors", ".bin", ".pt") and p.is_file()
+        p.stat().st_size
+        for p in folder.iterdir()
+        if p.suffix in (".safetensors", ".bin", ".pt") and p.is_file()
     )
     stored = 4 if str(cfg.get("torch_dtype") or cfg.get("dtype") or "") == "float32" else 2
     run = 4 if any(d in ("float32", "float") for d in dtypes) else 2
@@ -452,7 +458,11 @@ def describe(packing: Packing) -> list[str]:
     lines = [f"GPUs: {packing.inventory.describe()} ({packing.inventory.source}); at most {packing.cap} engine"
              f"{'s' if packing.cap != 1 else ''} per GPU"]  # fmt: skip
     for tp, mem in sorted(packing.memory.items()):
-        kv = "yours" if mem.kv_given else ("passed to vLLM" if packing.budget else "vLLM's own, from free memory")
+        kv = (
+            "yours"
+            if mem.kv_given
+            else ("passed to vLLM" if packing.budget else "vLLM's own, from free memory")
+        )
         lines.append(
             f"memory per engine at tp {tp}, per GPU: {gb(mem.total)} = {gb(mem.weights)} weights + "
             f"{gb(mem.kv)} KV ({kv}; a wave needs {gb(mem.min_kv)}) + {gb(mem.overhead)} overhead"

@@ -123,7 +123,9 @@ def run_side_by_side(
                 starting(key)
                 env = env_of(key, packing.env_for(tp, gpus))
                 w = stack.enter_context(
-                    supervise.Worker(worker_argv(run_dir, key), env=env, log_path=layout.worker_log(run_dir, key))
+                    supervise.Worker(
+                        worker_argv(run_dir, key), env=env, log_path=layout.worker_log(run_dir, key)
+                    )
                 )
                 running[key] = (w, KeyWatch(run_dir, key, timeout, progress))
             if not running and pending:  # the packing refuses what can never fit: never wait forever

@@ -6,7 +6,6 @@ Scoring and reporting sit above the stages, in ``pipeline``: it holds the run's 
 from __future__ import annotations
 
 import copy
-import json
 import os
 import re
 import subprocess
@@ -20,10 +19,10 @@ from cascade_repro import userpath
 from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
 from cascade_repro.plan import cuda_cache
-from cascade_repro.plan.matrix import MatrixSpec, plan, spec_hash, spec_of
-from cascade_repro.plan.shard import Shard, empty_warning, restrict
 from cascade_repro.plan import gpus as gpu_inventory
 from cascade_repro.plan import packing as packings
+from cascade_repro.plan.matrix import MatrixSpec, plan, spec_hash, spec_of
+from cascade_repro.plan.shard import Shard, empty_warning, restrict
 from cascade_repro.run import pool, supervise
 from cascade_repro.run.reference import ReferenceOptions
 from cascade_repro.rundir import codec, jsonl, layout, manifest, runlock, safety, sample_scan
@@ -499,7 +498,10 @@ def execute(
             progress.engine_starting(key, FA2_JIT_NOTE if jits[key] else "")
 
         def finished(key: str, rc: int, reason: str, env: dict[str, str]) -> None:
-            if jits.get(key) and sample_scan.read_progress(layout.samples_path(run_dir, key), samples=False).engine:
+            if (
+                jits.get(key)
+                and sample_scan.read_progress(layout.samples_path(run_dir, key), samples=False).engine
+            ):
                 cuda_cache.mark_fa2_compiled(env, gpu)
             progress.engine_done(key)
             ended_by[key] = ended(key, rc, reason)
