@@ -432,7 +432,7 @@ def execute(
         console.print(line, highlight=False, markup=False)
     device = estimate.run_device(spec.engine, spec.device)
     packing = packing_of(run, max_engines_per_gpu, inventory) if executor.name == "local" else None
-    if packing is not None and packing.concurrent:
+    if packing is not None and packing.concurrent and show_progress:
         for line in packings.describe(packing):
             console.print(line, highlight=False, markup=False)
     progress = RunProgress(
