@@ -416,7 +416,7 @@ class CliSpec:
         ``defaulted(name)`` says the command line and the option's environment variable left it."""
         from_file = {k: v for k, v in self.settings.items() if defaulted(k)}
         names = [f for f in RunSettings.__dataclass_fields__ if f not in ("config", "from_file")]
-        values = {k: from_file.get(k, given[k]) for k in names if k in given or k in from_file}
+        values = {k: from_file.get(k, given[k]) for k in names}
         if self.foreign.results_dir is not None:  # a flag, over the file's and the environment's
             if given.get("results_dir_typed"):
                 raise UsageError("--results-dir and lm-eval's --output_path name the same folder: give one")

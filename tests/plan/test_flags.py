@@ -20,6 +20,7 @@ RUN_DEFAULTS = {
     "fail_on": "regression", "alpha": TH.alpha, "rep_delta": TH.rep_delta,
     "min_topk_violations": TH.min_topk_violations, "drift_min": TH.drift_min, "reference": "auto", "reference_device": "auto", "results_dir": Path("results"), "run_id": None, "shard": None,
     "allow_mixed": False, "quiet": False, "executor": "local", "ray_address": None, "retries": 1,
+    "max_engines_per_gpu": None,
 }  # fmt: skip
 
 
