@@ -43,6 +43,7 @@ from cascade_repro.cli.options import (
     FaVersion,
     Fresh,
     HfOverrides,
+    Json,
     KeyField,
     Limit,
     MaxEnginesPerGpu,
@@ -59,12 +60,12 @@ from cascade_repro.cli.options import (
     ResultsDir,
     Retries,
     RunId,
-    SummaryJson,
     SystemPrompt,
     Tp,
     TrustRemoteCode,
     Twin,
     option,
+    variant,
 )
 from cascade_repro.plan.matrix import ARM_SWITCHES, FAIL_ON_DEFAULT
 from cascade_repro.rundir import layout
@@ -171,8 +172,23 @@ AutoControls = Annotated[
 
 DryRun = Annotated[
     bool,
-    option("Print the cell table and the number of engine starts, run nothing.", MATRIX, "--dry-run"),
+    option(
+        "Print the cell table and the number of engine starts, run nothing. Also where and when each "
+        "engine key would run side by side (its GPUs, its turn, the memory it gets: see "
+        "--max-engines-per-gpu) and the expected wall time; with --json, all of it as one JSON object "
+        "on stdout.",
+        MATRIX,
+        "--dry-run",
+    ),
 ]
+
+MatrixJson = variant(
+    Json,
+    help='Print the outcome on stdout as one JSON object: {"run_dir", "exit_code", "summary"}, where '
+    "summary is the summary.json written (its JSON Schema ships in the package as "
+    "cascade_repro/report/summary.schema.json; null where nothing was scored). Messages stay on stderr. "
+    "With --dry-run: the plan instead (cells, engine keys with their GPUs and turns, packing, estimate).",
+)
 
 IgnoreEos = Annotated[
     bool | None,
@@ -374,7 +390,7 @@ def matrix(
     allow_mixed: AllowMixed = False,
     fail_on: FailOn = FAIL_ON_DEFAULT,
     quiet: Quiet = False,
-    json_out: SummaryJson = False,
+    json_out: MatrixJson = False,
     shard: Shard = None,
     executor: Executor = EXECUTOR_DEFAULT,
     max_engines_per_gpu: MaxEnginesPerGpu = None,

@@ -432,8 +432,9 @@ def test_a_vllm_without_cascade_is_said_in_one_line_and_exits_nothing_exercised(
     monkeypatch.setattr(vllm_surface, "installed_version", lambda: "0.33.0")
     res = invoke("matrix", "--engine", "vllm", "--twin", "cascade", "--limit", "2")
     assert res.exit_code == 4, res.output
-    assert "--twin cascade cannot be tested on vLLM 0.33.0: cascade attention was removed in vLLM 0.32.0" in flat(
-        res.output
+    assert (
+        "--twin cascade cannot be tested on vLLM 0.33.0: cascade attention was removed in vLLM 0.32.0"
+        in flat(res.output)
     )
     assert "this vLLM can test --twin prefix-caching, chunked-prefill" in flat(res.output)
     res = invoke("explain", "--gpu", "H200", "--prefix-tokens", "1597")
@@ -550,7 +551,7 @@ def _option_row(text: str, option: str) -> str:
         ("matrix", "--shard", "--shard I/N Run only shard I of N"),
         ("matrix", "--run-id", "--run-id RUN_ID Name of the run directory. [default: ENGINE-MODEL-HASH, e.g. hf-embedded-44136fa355b3,"),
         ("matrix", "--quiet", "-q, --quiet No progress bar: the plain progress lines instead"),
-        ("matrix", "--dry-run", "--dry-run Print the cell table and the number of engine starts, run nothing."),
+        ("matrix", "--dry-run", "--dry-run Print the cell table and the number of engine starts, run nothing. Also where and when each engine key would run side by side"),
         ("report", "--fail-on", "--fail-on regression|error|never|expected Exit 1 on regression, error (regression or error cells), expected (also where the twin changes results by design) or never; summary.json follows. [default: the run's own --fail-on]"),
         ("merge", "--allow-partial", "--allow-partial Merge even when a shard's directory is missing:"),
         ("explain", "--engine", "--engine hf|vllm|fake Engine whose decision to predict:"),
@@ -877,7 +878,11 @@ def test_shell_completion_completes_commands_and_flags():
 
     def complete(line: str) -> list[str]:
         words = line.split(" ")
-        env = {"_CASCADE_REPRO_COMPLETE": "complete_bash", "COMP_WORDS": line, "COMP_CWORD": str(len(words) - 1)}
+        env = {
+            "_CASCADE_REPRO_COMPLETE": "complete_bash",
+            "COMP_WORDS": line,
+            "COMP_CWORD": str(len(words) - 1),
+        }
         return CliRunner().invoke(app, [], env=env, prog_name="cascade-repro").stdout.split()
 
     assert complete("cascade-repro ma") == ["matrix"]
@@ -936,9 +941,17 @@ def test_json_prints_the_outcome_on_stdout_for_matrix_report_and_merge(tmp_path)
     res = invoke("merge", str(tmp_path / "merged"), str(runs / "s1"), str(runs / "s2"), "--json")
     assert res.exit_code == 0, res.stderr
     outcome(res, tmp_path / "merged")
-    # --json with --dry-run: there is no summary to print.
+    # --json with --dry-run: the plan as one object (no summary: nothing ran).
     res = invoke("matrix", *common, "--dry-run", "--json")
-    assert res.exit_code == 2 and res.stdout == "" and "--dry-run runs nothing" in res.stderr
+    assert res.exit_code == 0, res.stderr
+    planned = json.loads(res.stdout)
+    assert [c["cell_id"] for c in planned["cells"]] == [
+        "tp1-b1-cascade",
+        "tp1-b1-flat",
+        "tp1-b8-cascade",
+        "tp1-b8-flat",
+    ]
+    assert planned["engines"]["fake-tp1-auto-s0"]["turn"] == 0 and planned["packing"]["side_by_side"] is False
     for command in ("matrix", "report", "merge"):
         assert "summary.schema.json" in flat(invoke(command, "--help").stdout), command
 
@@ -949,7 +962,11 @@ def test_matrix_engine_vllm_on_a_box_without_vllm_or_a_gpu_names_what_is_missing
     from cascade_repro.run import envinfo
 
     for version, gpus, said in (
-        (None, 0, f'needs vLLM and an NVIDIA GPU, and this machine has neither (pip install "{vllm_surface.VLLM_REQUIREMENT}"'),
+        (
+            None,
+            0,
+            f'needs vLLM and an NVIDIA GPU, and this machine has neither (pip install "{vllm_surface.VLLM_REQUIREMENT}"',
+        ),
         (None, 1, "needs vLLM, which is not installed here: pip install"),
         ("0.26.0", 0, "needs an NVIDIA GPU, and this machine has none visible"),
     ):
@@ -971,7 +988,9 @@ def test_prompts_show_says_how_many_it_shows_and_how_to_see_all(tmp_path):
     assert "Question number 9?" in out and "Question number 10?" not in out
     assert "10 of 12 prompts shown; `--limit N` shows the first N, `--all` every one." in out
     res = invoke("prompts", "show", str(f), "--all")
-    assert res.exit_code == 0 and "Question number 11?" in flat(res.stdout) and "prompts shown" not in res.stdout
+    assert (
+        res.exit_code == 0 and "Question number 11?" in flat(res.stdout) and "prompts shown" not in res.stdout
+    )
 
 
 def test_a_dry_run_plans_with_third_party_progress_bars_off(monkeypatch):
@@ -980,7 +999,7 @@ def test_a_dry_run_plans_with_third_party_progress_bars_off(monkeypatch):
 
     from transformers.utils import logging as hf_logging
 
-    from cascade_repro.cli import matrix_cmd
+    from cascade_repro.cli import matrix_plan
 
     seen = {}
 
@@ -988,7 +1007,7 @@ def test_a_dry_run_plans_with_third_party_progress_bars_off(monkeypatch):
         seen["bars"] = hf_logging.is_progress_bar_enabled()
         seen["hub"] = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS")
 
-    monkeypatch.setattr(matrix_cmd, "_print_plan", records)
+    monkeypatch.setattr(matrix_plan, "_print_plan", records)
     monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
     hf_logging.enable_progress_bar()
     res = invoke("matrix", "--engine", "fake", "--dry-run")
