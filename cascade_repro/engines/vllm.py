@@ -463,6 +463,8 @@ class VLLMEngine:
             "max_model_len": getattr(mc, "max_model_len", None),
             "seed": getattr(mc, "seed", None),
             "gpu_memory_utilization": getattr(cc, "gpu_memory_utilization", None),
+            # A fixed KV budget (engines side by side, or the user's -E): shown only where one was set.
+            **({"kv_cache_memory_bytes": kv} if (kv := getattr(cc, "kv_cache_memory_bytes", None)) else {}),
             "arm_switch": "toggle" if self.engine_arm is None else "restart",
             "engine_arm": self.engine_arm or "both",
             "inject": self.inject or "none",

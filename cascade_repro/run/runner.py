@@ -249,7 +249,7 @@ def prepare(spec: MatrixSpec, opts: RunSetup, console: Any = None) -> PreparedRu
         raise UsageError(f"--results-dir {opts.results_dir}: {file} is a file, not a folder")
     # A Ray cluster's GPUs are counted where its tasks are placed (ray_executor), not on the driver.
     if engine_info(spec.engine).tensor_parallel and opts.executor.name == "local":
-        gpus = visible_gpus()
+        gpus = len(machine_gpus())  # said before the model loads; the packing checks memory later
         if max(spec.tp) > gpus:
             raise UsageError(f"--tp {max(spec.tp)} needs {max(spec.tp)} GPUs, {gpus} visible")
     elif spec.device.startswith("cuda") and opts.executor.name == "local":

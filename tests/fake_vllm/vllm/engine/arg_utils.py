@@ -15,3 +15,6 @@ class EngineArgs:
     enforce_eager: bool = False
     async_scheduling: bool | None = None
     kv_cache_dtype: str = "auto"
+    # The memory the runner hands an engine that shares a GPU (plan/packing.py).
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory_bytes: int | None = None
