@@ -64,7 +64,10 @@ TABLE: tuple[ExitCode, ...] = (
         "usage error: a bad flag, file or record, in one line (a damaged `run.json` too, naming its "
         "section); for `merge` also a missing shard (`--allow-partial` merges without it); for "
         "`report --rescore` also new tables that would lose what the old ones hold (nothing written; "
-        "`--allow-loss` writes them); for `kernel` also no CUDA GPU or no vLLM",
+        "`--allow-loss` writes them); for `kernel` also no CUDA GPU or no vLLM; for `matrix` also what "
+        "this machine's GPUs cannot hold, said before anything runs: a `--tp` larger than the GPUs "
+        "visible, or a model whose weights, the KV cache a whole wave needs and an engine's overhead do "
+        "not fit one GPU",
         "usage error, in one line",
     ),
     ExitCode(

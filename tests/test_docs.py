@@ -7,6 +7,7 @@ RUN_ARGS in tests/test_worked_example.py.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -157,7 +158,10 @@ def test_every_readme_matrix_command_plans(words, tmp_path):
     args = [w for w in words if w != "--dry-run"]
     res = CliRunner().invoke(app, [*args, "--dry-run", "--results-dir", str(tmp_path)], env={"COLUMNS": "250"})
     assert res.exit_code == 0, res.output
-    assert " cells, " in res.stdout
+    if "--json" in words:  # the plan as one JSON object
+        assert json.loads(res.stdout)["cells"]
+    else:
+        assert " cells, " in res.stdout
 
 
 def test_the_usage_blocks_matrix_options_are_in_matrix_help():
