@@ -5,7 +5,7 @@ and a worker silent past ``--engine-timeout`` is killed with its whole process g
 side (``run_side_by_side``), each key is placed by the packing (``plan/packing.py``: its GPUs, its
 memory), started in plan order as room frees, and ends on its own: a crash or a hang of one kills
 only that one, whose unfinished cells the runner marks as errors while the others go on. Ctrl-C or
-SIGTERM kills every running group (each ``supervise.Worker`` leaves its ``with`` block).
+SIGTERM kills every running group.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +111,7 @@ def run_side_by_side(
     packer = packing.packer()
     pending = list(keys)
     running: dict[str, tuple[supervise.Worker, KeyWatch]] = {}
-    with ExitStack() as stack:  # leaving it (an interrupt too) kills every group still running
+    try:
         while pending or running:
             while pending:
                 key, tp = pending[0]
@@ -122,10 +121,8 @@ def run_side_by_side(
                 pending.pop(0)
                 starting(key)
                 env = env_of(key, packing.env_for(tp, gpus))
-                w = stack.enter_context(
-                    supervise.Worker(
-                        worker_argv(run_dir, key), env=env, log_path=layout.worker_log(run_dir, key)
-                    )
+                w = supervise.Worker(
+                    worker_argv(run_dir, key), env=env, log_path=layout.worker_log(run_dir, key)
                 )
                 running[key] = (w, KeyWatch(run_dir, key, timeout, progress))
             if not running and pending:  # the packing refuses what can never fit: never wait forever
@@ -135,11 +132,14 @@ def run_side_by_side(
                 reason = watch.check(w)  # after an exit: what the worker wrote last
                 if not exited and reason is None:
                     continue
-                if not exited:
-                    w.kill()
+                # As a sequential run's `with` does when its worker ends: the whole group killed
+                # (what the worker left running: vLLM's engine core), at once, before its pid is reused.
+                w.__exit__(None, None, None)
                 del running[key]
                 packer.release(key)
-                w.close()
                 ended(key, *outcome(w, None if exited else reason, layout.worker_log(run_dir, key)))
             if running:
                 time.sleep(poll_s)
+    finally:  # an interrupt (Ctrl-C, SIGTERM) or a bug: every group still running is killed
+        for w, _ in running.values():
+            w.__exit__(None, None, None)
