@@ -1562,9 +1562,9 @@ def test_a_merge_of_a_trillion_shards_walks_its_engine_keys_only(tmp_path: Path,
 
 
 def test_a_large_dry_run_says_how_far_rendering_got(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from cascade_repro.cli import matrix_cmd
+    from cascade_repro.cli import matrix_plan
 
-    monkeypatch.setattr(matrix_cmd, "PROGRESS_EVERY_S", 0.0)  # every prompt, instead of every 10 s
+    monkeypatch.setattr(matrix_plan, "PROGRESS_EVERY_S", 0.0)  # every prompt, instead of every 10 s
     path = tmp_path / "p.jsonl"
     path.write_text("".join(json.dumps({"key": f"k{i}", "prompt": f"p{i}"}) + "\n" for i in range(3)), encoding="utf-8")
     res = CliRunner().invoke(app, ["matrix", "--engine", "fake", "--dry-run", "--prompts", str(path)], env=WIDE)
