@@ -62,6 +62,10 @@ class RunOptions(RunSetup):
                 check_run_id(s.run_id)
             if s.max_engines_per_gpu is not None and s.max_engines_per_gpu < 1:
                 raise UsageError(f"--max-engines-per-gpu {s.max_engines_per_gpu}: must be 1 or more")
+            if s.max_engines_per_gpu is not None and s.executor == "ray":
+                raise UsageError(
+                    "--max-engines-per-gpu packs this machine's GPUs; --executor ray places each key's task itself"
+                )
         if executor.name == "ray":  # Ray missing: one line now, before a dry run or a prepare
             from cascade_repro.run.ray_executor import import_ray
 

@@ -431,3 +431,30 @@ def test_plain_lines_on_a_terminal_when_the_bar_is_off():
     assert p._bar is None
     p.engine_starting("k")
     assert out.lines == ["[0:00:00] cells 0/3, waves 0/5 · engine k: starting · ETA 45 s (speed table)"]
+
+
+def test_engines_side_by_side_are_each_shown_and_share_the_time_left():
+    cells = {"a-b8": {"batch": 8, "engine_key": "ka"}, "b-b8": {"batch": 8, "engine_key": "kb"}}
+
+    def progress(out, parallel):
+        return RunProgress(out, show=True, cells=cells, n_prompts=16, max_tokens=64, table=HF_CPU,
+                           starts_left=2, clock=Clock(), parallel=parallel)  # fmt: skip
+
+    one, two = progress(Lines(), 1), progress(Lines(), 2)
+    # 4 waves of b8 and 2 engine starts: over two engines at once, half the time.
+    assert one.eta_s() == pytest.approx(4 * 8 * 64 / 71.0 + 2 * HF_CPU.start_s)
+    assert two.eta_s() == pytest.approx(one.eta_s() / 2)
+    out = Lines()
+    with progress(out, 2) as p:
+        p.engine_starting("ka")
+        p.engine_starting("kb")
+        p.engine_up("ka", 3.0)
+        p.record({"type": "cell_start", "cell_id": "a-b8"})
+        p.record({"type": "wave", "cell_id": "a-b8", "batch": 8, "wall_s": 8.0, "tokens": 512})
+        assert "engines ka: a-b8; kb: starting" in p.line()  # a wave's line (printed on the heartbeat)
+        p.engine_done("ka")
+        p.engine_up("kb", 4.0)
+    assert "engines ka: starting; kb: starting" in out.lines[1]
+    assert "engines ka: up in 3 s; kb: starting" in out.lines[2]
+    # One engine left: the line is a single engine's again.
+    assert "engine kb up in 4 s" in out.lines[-1] and "engines " not in out.lines[-1]
