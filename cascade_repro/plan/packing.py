@@ -44,6 +44,7 @@ from cascade_repro.plan.gpus import GB, Inventory
 
 if TYPE_CHECKING:
     from cascade_repro.plan.matrix import MatrixSpec
+    from cascade_repro.rundir.manifest import Manifest
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -397,6 +398,23 @@ def for_spec(
         max_per_gpu=max_per_gpu, kv_given=int(kv) if isinstance(kv, int | float) and kv else None,
         util_given=None if util == Spec.gpu_memory_utilization else float(util),
     )  # fmt: skip
+
+
+def for_run(run: Manifest, max_per_gpu: int | None, inventory: Inventory) -> Packing:
+    """:func:`for_spec` for a prepared run: its plan's keys and batches, its longest rendered prompt,
+    its model folder."""
+    from cascade_repro.plan.matrix import spec_of
+
+    prompt_max = run.prompt_set.prompt_tokens_max if run.prompt_set is not None else None
+    return for_spec(
+        spec_of(run.spec_json),
+        [ep.tp for ep in run.plan.engines.values()],
+        max([c.batch for c in run.plan.cells] or [1]),
+        int(prompt_max) if prompt_max is not None else None,
+        run.model_path or "",
+        max_per_gpu,
+        inventory,
+    )
 
 
 def model_memory(model_path: str, dtypes: Sequence[str]) -> ModelMemory | None:

@@ -559,22 +559,13 @@ def machine_gpus() -> gpu_inventory.Inventory:
 def packing_of(
     run: Manifest, max_per_gpu: int | None, inventory: gpu_inventory.Inventory | None = None
 ) -> packings.Packing:
-    """How a prepared run's engine keys share this machine (``plan/packing.py``); refused in one
-    line (UsageError) where a TP group or one engine cannot fit."""
-    spec = spec_of(run.spec_json)
-    cells = run.plan.cells
-    prompt_max = run.prompt_set.prompt_tokens_max if run.prompt_set is not None else None
-    return packings.for_spec(
-        spec,
-        [ep.tp for ep in run.plan.engines.values()],
-        max([c.batch for c in cells] or [1]),
-        int(prompt_max) if prompt_max is not None else None,
-        run.model_path or "",
-        max_per_gpu,
-        inventory if inventory is not None
-        else machine_gpus() if engine_info(spec.engine).is_vllm
-        else gpu_inventory.Inventory((), "not placed on GPUs"),
-    )  # fmt: skip
+    """How a prepared run's engine keys share this machine (vLLM's: its GPUs, ``machine_gpus``);
+    refused in one line (UsageError) where a TP group or one engine cannot fit."""
+    placed = engine_info(spec_of(run.spec_json).engine).is_vllm
+    none = gpu_inventory.Inventory((), "not placed on GPUs")
+    if inventory is None:
+        inventory = machine_gpus() if placed else none
+    return packings.for_run(run, max_per_gpu, inventory)
 
 
 def arm_dtypes(run_dir: Path, run: Manifest) -> list[str]:
