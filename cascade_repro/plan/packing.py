@@ -288,9 +288,15 @@ def pack(
                     f"fit{'s' if fits == 1 else ''} on a {gb(smallest)} GPU ({gb(mem.total)} each)"
                 )
     else:
-        notes.append(
-            "the model's size is unknown until it is downloaded: engines counted, memory not checked"
+        # Nothing to size a budget by: vLLM profiles free memory at each start, which engines
+        # starting side by side on one GPU would disturb. One per GPU unless asked for more.
+        cap = max_per_gpu or 1
+        why = (
+            "the GPUs' memory is unknown"
+            if smallest <= 0
+            else "the model's size is unknown (not on disk yet)"
         )
+        notes.append(f"{why}: memory not checked, {cap} engine{'s' if cap != 1 else ''} per GPU")
     # One engine per GPU needs no budget: it has the GPU to itself, as in a sequential run.
     budget = model is not None and cap > 1 and util_given is None
     if kv_given is not None and cap > 1:

@@ -214,7 +214,13 @@ def test_a_budget_too_big_for_a_small_gpu_is_cut_to_what_fits():
 def test_memory_unknown_counts_engines():
     p = packing.pack([1, 1], gpus.counted(1, "counted"), gpu_engine=True, model=SMOL, tokens_per_seq=SEQ,
                      max_batch=64, max_per_gpu=None)  # fmt: skip
-    assert p.memory == {} and not p.budget and p.cap == packing.AUTO_MAX_PER_GPU
+    assert p.memory == {} and not p.budget and p.cap == 1  # no budget to give: one per GPU
+    assert p.notes == ("the GPUs' memory is unknown: memory not checked, 1 engine per GPU",)
+    unknown = pack("1x141", model=None, cap=3)
+    assert unknown.cap == 3 and not unknown.budget
+    assert unknown.notes == (
+        "the model's size is unknown (not on disk yet): memory not checked, 3 engines per GPU",
+    )
 
 
 def test_engines_without_gpu_placement_run_n_at_once():
