@@ -29,7 +29,7 @@ import struct
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,8 @@ from cascade_repro.rundir.reference import RECORD, START, RefRow, fingerprint, r
 CHOICES = ("auto", "fp32", "fp64", "off")
 DEVICES = ("auto", "cpu", "cuda", "balanced")  # balanced: layers spread over GPUs and CPU (accelerate)
 TORCH_DTYPES = {"fp32": "float32", "fp64": "float64"}
+# Per row, per generated step: the token ids whose reference logprob the record keeps (``arm_ids``).
+Want = list[list[set[int]]]
 ATTN_NAME = "cascade_repro_reference"
 PREFIX_CACHE, PREFIX_CACHE_KEEP = "reference-prefix", 4  # KV files kept in the user cache
 # Logprobs are stored to 1e-9 nats: far below what separates any two arms (fp32 arms differ from
@@ -112,17 +114,42 @@ def _is_cuda_index(device: str) -> bool:
 
 @dataclass
 class Todo:
-    """One sequence the reference has not scored yet."""
+    """One sequence the reference has not scored yet (or scored without every id an arm listed)."""
 
     fp: str
     prompt_index: int
     prompt_hash: str
     token_ids: list[int]
+    # Per generated step, the token ids the arms returning this sequence listed in their top-k: the
+    # reference's logprob of each is stored with the record (the top-k distribution statistic).
+    want: list[set[int]] = field(default_factory=list)
 
 
-def needed(run_dir: Path, engine_keys: list[str], have: set[str]) -> dict[str, list[Todo]]:
-    """Per engine key, the finished cells' sequences not yet in ``have`` (each content once)."""
-    seen = set(have)
+def _topk_ids(topk: object, n: int) -> list[set[int]]:
+    """The token ids of a sample's top-k lists, per step (empty sets where a step's list is unusable)."""
+    out: list[set[int]] = [set() for _ in range(n)]
+    if not isinstance(topk, list):
+        return out
+    for i, step in enumerate(topk[:n]):
+        if isinstance(step, list):
+            out[i] = {
+                e[0]
+                for e in step
+                if isinstance(e, list | tuple)
+                and e
+                and isinstance(e[0], int)
+                and not isinstance(e[0], bool)
+                and e[0] >= 0
+            }
+    return out
+
+
+def needed(run_dir: Path, engine_keys: list[str], have: dict[str, RefRow]) -> dict[str, list[Todo]]:
+    """Per engine key, the finished cells' sequences the reference must score: each content once,
+    wanting the union of the top-k ids of every sample with that content; a stored record that covers
+    them all is not scored again, one that lacks some (an older record, or one written before another
+    arm listed other ids) is."""
+    by_fp: dict[str, Todo] = {}
     out: dict[str, list[Todo]] = {}
     for key in engine_keys:
         todo = out.setdefault(key, [])
@@ -133,9 +160,15 @@ def needed(run_dir: Path, engine_keys: list[str], have: set[str]) -> dict[str, l
             if not all(isinstance(t, int) and not isinstance(t, bool) for t in toks):
                 continue
             fp = fingerprint(ph, toks)
-            if fp not in seen:
-                seen.add(fp)
-                todo.append(Todo(fp, idx, ph, toks))
+            ids = _topk_ids(rec.get("topk"), len(toks))
+            if (t := by_fp.get(fp)) is None:
+                by_fp[fp] = t = Todo(fp, idx, ph, toks, ids)
+                todo.append(t)
+            else:
+                for mine, theirs in zip(t.want, ids, strict=True):
+                    mine |= theirs
+    for key, todo in out.items():
+        out[key] = [t for t in todo if not (t.fp in have and have[t.fp].covers(t.want))]
     return out
 
 
@@ -392,14 +425,19 @@ class ReferenceModel:
         except (OSError, AttributeError):
             pass  # no cache is a slower run, not a failed one
 
-    def score(self, prefix: list[int], rows: list[tuple[list[int], list[int]]]) -> list[RefRow]:
+    def score(
+        self, prefix: list[int], rows: list[tuple[list[int], list[int]]], want: Want | None = None
+    ) -> list[RefRow]:
         """Score each row's generated tokens given its own prompt tokens after ``prefix``.
 
         Rows are right-padded; a row's queries see the prefix and its own earlier tokens only.
+        ``want[r][t]``: the token ids whose logprob row ``r`` stores at step ``t`` (``arm_ids``).
         """
-        return self._score(self._prefix_cache(prefix), len(prefix), rows)
+        return self._score(self._prefix_cache(prefix), len(prefix), rows, want)
 
-    def score_prompt(self, prefix: list[int], own: list[int], gens: list[list[int]]) -> list[RefRow]:
+    def score_prompt(
+        self, prefix: list[int], own: list[int], gens: list[list[int]], want: Want | None = None
+    ) -> list[RefRow]:
         """Score several generations of one prompt (its arms, reruns, calibration rungs), reading the
         prompt's own tokens once instead of once per generation.
 
@@ -410,13 +448,13 @@ class ReferenceModel:
         import copy
 
         if not own:  # the prefix's last token predicts the first generated one
-            return self.score_prompt(prefix[:-1], prefix[-1:], gens)
+            return self.score_prompt(prefix[:-1], prefix[-1:], gens, want)
         base, head = self._prefix_cache(prefix), own[:-1]
         if not head:
-            return self._score(base, len(prefix), [(own, g) for g in gens])
+            return self._score(base, len(prefix), [(own, g) for g in gens], want)
         cache = copy.deepcopy(base)
         self._extend(cache, len(prefix), head)
-        return self._score(cache, len(prefix) + len(head), [(own[-1:], g) for g in gens])
+        return self._score(cache, len(prefix) + len(head), [(own[-1:], g) for g in gens], want)
 
     def _extend(self, cache: Any, start: int, tokens: list[int]) -> None:
         """Append ``tokens``' KV to a batch-1 ``cache`` that holds ``start`` positions: each token sees
@@ -443,7 +481,9 @@ class ReferenceModel:
                     **{self._cache_kw: cache},
                 )
 
-    def _score(self, base: Any, p: int, rows: list[tuple[list[int], list[int]]]) -> list[RefRow]:
+    def _score(
+        self, base: Any, p: int, rows: list[tuple[list[int], list[int]]], want: Want | None = None
+    ) -> list[RefRow]:
         """Score rows after ``p`` positions whose KV is ``base`` (a batch-1 cache)."""
         import torch
 
@@ -483,19 +523,56 @@ class ReferenceModel:
             )
             tv, ti = lps.topk(self.topk, dim=-1)
             chosen_l, tv_l, ti_l = chosen[:, 0].tolist(), tv.tolist(), ti.tolist()
+            arm_ids, arm_lp = _gather(lps, rows, want)
             out, k = [], 0
-            for _, gen in rows:
+            for j, (_, gen) in enumerate(rows):
                 n = len(gen)
                 out.append(
                     RefRow(
                         [round(v, DIGITS) for v in chosen_l[k : k + n]],
                         ti_l[k : k + n],
                         [[round(v, DIGITS) for v in r] for r in tv_l[k : k + n]],
+                        None if want is None else arm_ids[j],
+                        None if want is None else arm_lp[j],
                     )
                 )
                 k += n
         del cache, logits, lps
         return out
+
+
+def _gather(
+    lps: Any, rows: list[tuple[list[int], list[int]]], want: Want | None
+) -> tuple[list[list[list[int]]], list[list[list[float]]]]:
+    """Per row and step, the wanted ids (sorted) and the reference's logprob of each, read from the
+    full log-softmax ``lps`` (one row per generated token, rows in order): one gather for the batch."""
+    if want is None:
+        return [], []
+    import torch
+
+    ids = [
+        [sorted(step) for step in (want[r] + [set()] * len(gen))[: len(gen)]]
+        for r, (_, gen) in enumerate(rows)
+    ]
+    flat_pos, flat_id, k = [], [], 0
+    for r, (_, gen) in enumerate(rows):
+        for t in range(len(gen)):
+            flat_pos += [k + t] * len(ids[r][t])
+            flat_id += ids[r][t]
+        k += len(gen)
+    got = (
+        lps[torch.tensor(flat_pos, device=lps.device), torch.tensor(flat_id, device=lps.device)].tolist()
+        if flat_pos
+        else []
+    )
+    vals, at = [], 0
+    for r in range(len(rows)):
+        row = []
+        for step in ids[r]:
+            row.append([round(v, DIGITS) for v in got[at : at + len(step)]])
+            at += len(step)
+        vals.append(row)
+    return ids, vals
 
 
 def _batches(todo: list[Todo], own_len: Callable[[Todo], int], budget: int) -> Iterator[list[Todo]]:
@@ -524,11 +601,17 @@ def _scored(
         for t in todo:
             by_prompt.setdefault(t.prompt_index, []).append(t)
         for i, group in sorted(by_prompt.items()):
-            yield group, model.score_prompt(prefix, rendered[i][shared:], [t.token_ids for t in group])
+            yield (
+                group,
+                model.score_prompt(
+                    prefix, rendered[i][shared:], [t.token_ids for t in group], [t.want for t in group]
+                ),
+            )
         return
     # A GPU is bound by launches: rows of many prompts in one wide batch.
     for batch in _batches(todo, lambda t: len(rendered[t.prompt_index]) - shared, budget):
-        yield batch, model.score(prefix, [(rendered[t.prompt_index][shared:], t.token_ids) for t in batch])
+        rows = [(rendered[t.prompt_index][shared:], t.token_ids) for t in batch]
+        yield batch, model.score(prefix, rows, [t.want for t in batch])
 
 
 def run_pass(run_dir: Path, precision: str, device: str, log: Callable[[str], None] = print) -> int:
@@ -539,7 +622,7 @@ def run_pass(run_dir: Path, precision: str, device: str, log: Callable[[str], No
     run = manifest.read_manifest(run_dir)
     keys = list(run.plan.engines)
     have, _ = read_reference(run_dir)
-    todo = needed(run_dir, keys, set(have))
+    todo = needed(run_dir, keys, have)
     total = sum(len(v) for v in todo.values())
     if not total:
         return 0
@@ -595,6 +678,8 @@ def run_pass(run_dir: Path, precision: str, device: str, log: Callable[[str], No
                         "lp": row.lp,
                         "top_ids": row.top_ids,
                         "top_lp": row.top_lp,
+                        "arm_ids": row.arm_ids or [[] for _ in row.lp],
+                        "arm_lp": row.arm_lp or [[] for _ in row.lp],
                     }  # fmt: skip
                 )
             writer.flush()  # a cut pass keeps every batch it finished
