@@ -13,13 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from cascade_repro.judge.verdicts import (
-    ARM_VS_ARM,
-    EVIDENCE_NAMES,
-    EvidencePiece,
-    evidence_of,
-    number,
-)
+from cascade_repro.judge.statistics import EVIDENCE_NAMES, evidence_of
+from cascade_repro.judge.verdicts import ARM_VS_ARM, EvidencePiece, number
 
 
 @dataclass(frozen=True)
