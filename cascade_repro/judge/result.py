@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from cascade_repro.judge.statistics import EVIDENCE_NAMES, evidence_of
+from cascade_repro.judge.statistics import ARM_NAMES, evidence_of
 from cascade_repro.judge.verdicts import ARM_VS_ARM, EvidencePiece, number
 
 
@@ -79,8 +79,9 @@ class PairResult:
         return next(p for p in self.evidence if p.name == name)
 
     def fired(self) -> list[str]:
-        """What fired: ``decided_by`` as recorded, else (a run that did not record it) each piece that fired."""
-        recorded = [k for k in self.decided_by if k in EVIDENCE_NAMES]
+        """What fired under the arm-vs-arm rule: ``decided_by`` as recorded, else (a run that did not
+        record it) each arm-vs-arm piece that fired."""
+        recorded = [k for k in self.decided_by if k in ARM_NAMES]
         return recorded or [p.name for p in self.evidence if p.fired and p.rule == ARM_VS_ARM]
 
     def to_row(self) -> dict[str, Any]:

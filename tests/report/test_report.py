@@ -926,7 +926,7 @@ def test_empty_and_old_run_renders(tmp_path: Path) -> None:
         MarkdownFormatter().render(data).startswith("## cascade-repro: nothing exercised: no cascade pairs\n")
     )
     summary = json.loads(JsonFormatter().render(data))
-    assert summary["pairs"] == [] and summary["detection_power"] == [] and summary["schema_version"] == 4
+    assert summary["pairs"] == [] and summary["detection_power"] == [] and summary["schema_version"] == 5
     # Nothing was tested: a CI guard must not pass.
     assert exit_status(data, "error") == (
         4,
@@ -1278,7 +1278,7 @@ def test_not_calibrated(clean_dir: Path) -> None:
 
 def test_summary_json_schema_2_fields(run_dir: Path) -> None:
     summary = json.loads(JsonFormatter().render(load_run(run_dir)))
-    assert summary["schema_version"] == 4 and summary["exit_code"] == 1 and summary["exit_reason"]
+    assert summary["schema_version"] == 5 and summary["exit_code"] == 1 and summary["exit_reason"]
     assert [p["pair_id"] for p in summary["pairs"]] == ["p01", "p02", "p03"]  # no calibration pairs
     p02 = summary["pairs"][1]
     assert {k: p02[k] for k in ("drift_ratio", "drift_ratio_lo", "drift_ratio_hi", "drift_threshold", "p_drift")} == {
