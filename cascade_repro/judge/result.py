@@ -55,12 +55,7 @@ class PairResult:
         """Build the typed result back from a pairs.parquet row (any run, old ones included)."""
 
         def text(k: str) -> str:
-            v = row.get(k)
-            try:
-                missing = v is None or bool(v != v)  # NaN and pandas NA are not equal to themselves
-            except (TypeError, ValueError):
-                missing = False
-            return "" if missing else str(v)
+            return _text(row.get(k))
 
         return cls(
             pair_id=text("pair_id"),
@@ -73,6 +68,14 @@ class PairResult:
             counts=Counts.from_row(row),
             depth=text("depth"),
         )
+
+    def number(self, column: str) -> float:
+        """A numeric column of the row, NaN where missing or not a number (an older run's row lacks some)."""
+        return number(self.row.get(column))
+
+    def text(self, column: str) -> str:
+        """A text column of the row, "" where missing."""
+        return _text(self.row.get(column))
 
     def piece(self, name: str) -> EvidencePiece:
         """The evidence piece called ``name``."""
@@ -92,3 +95,12 @@ class PairResult:
             "rule": self.rule,
             "decided_by": ",".join(self.decided_by),
         }
+
+
+def _text(v: Any) -> str:
+    """A cell as text, "" where missing."""
+    try:
+        missing = v is None or bool(v != v)  # NaN and pandas NA are not equal to themselves
+    except (TypeError, ValueError):
+        missing = False
+    return "" if missing else str(v)
