@@ -235,8 +235,7 @@ def summary_table(data: RunData, width: int | None = ISSUE_COLUMN_CHARS) -> Tabl
     status = {text_of(c.get("cell_id")): text_of(c.get("status")) for c in cells(data)}
     rows = []
     for res in cascade_results(data):
-        r = res.row
-        pair, verdict, depth = text_of(r.get("pair_id")), text_of(r.get("verdict")), res.depth or MISSING
+        pair, verdict, depth = res.pair_id or MISSING, res.verdict or MISSING, res.depth or MISSING
         room = None if width is None else width - len(pair) - len(verdict) - len(depth)
         rows.append(
             [

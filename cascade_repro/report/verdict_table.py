@@ -138,12 +138,12 @@ def verdict_table(data: RunData) -> Table:
     for r in pairs:
         res = result_of(r, th)
         c = res.counts
-        verdict = text_of(r.get("verdict"))
+        verdict = res.verdict or MISSING
         rows.append(
             [
-                text_of(r.get("pair_id")),
-                fmt_int(r.get("tp")),
-                fmt_int(r.get("batch")),
+                res.pair_id or MISSING,
+                fmt_int(res.number("tp")),
+                fmt_int(res.number("batch")),
                 *(text_of(r.get(a)) for a in axes),
                 Strong(verdict) if verdict == REGRESSION else verdict,
                 fmt_ratio(c.cascade_steps, c.total_steps),
@@ -165,7 +165,7 @@ def verdict_table(data: RunData) -> Table:
                     res.number("d_seq_rep_4_hi"),
                 ),
                 *([fmt_if_pair(res)] if show_if else []),
-                text_of(r.get("reasons")),
+                res.text("reasons") or MISSING,
             ]
         )
     return Table(headers, rows, wrap=frozenset({"reasons"}))
