@@ -19,7 +19,11 @@ More reference statistics than the chosen token's may be measured (the top-k dis
 own minimum effect from the same controls, and the pair is a regression when any of them fires
 after a Bonferroni correction over those measured: each at ``alpha / m`` for ``m`` statistics (two:
 ``alpha / 2`` each). A run whose records carry only the chosen token (an older run) has ``m = 1``
-and is judged exactly as before.
+and is judged exactly as before. The family is fixed by the number of prompts alone, never by the
+outcome: a test over ``n`` prompts cannot give a p below ``2 * 2**-n`` (sign and Wilcoxon both at
+``2**-n``, the better doubled), so where a member could not reach ``alpha / m`` even with every
+prompt against it (8 prompts: 0.0078 > 0.005), the further statistics stay out and the chosen
+token's is tested alone at ``alpha``, as before (the reasons say so).
 
 The arm-vs-arm evidence (divergence counts, top-k violations, drift, bias, repetition) stays in
 the reasons; where it disagrees with the reference, the reasons say so in words.
@@ -148,6 +152,20 @@ def level(alpha: float, measured: int) -> float:
     return alpha / max(1, measured)
 
 
+def attainable(n: int) -> float:
+    """The smallest p the decision's test can give over ``n`` prompts: every prompt leaning one way
+    (sign test and exact Wilcoxon both ``2**-n``), the better of the two doubled."""
+    return min(1.0, 2 * 0.5 ** max(0, n))
+
+
+def family(alpha: float, ns: Sequence[int]) -> int:
+    """How many of the measured reference statistics (their prompt counts ``ns``, the chosen token's
+    first) are tested together: all of them when each could reach ``alpha / len(ns)``, else the chosen
+    token's alone (a family that could never fire would silence the rule)."""
+    m = len(ns)
+    return m if m > 1 and all(attainable(n) <= alpha / m for n in ns) else min(m, 1)
+
+
 def min_effect(controls: Sequence[tuple[str, RefStats]]) -> tuple[float, str]:
     """The largest control ratio either way round, and its pair id; (1.0, "") without a control."""
     measured = [(s.symmetric_ratio, pid) for pid, s in controls if s.measured]
@@ -193,7 +211,8 @@ def decide(
     if arms.verdict not in (IDENTICAL, WITHIN_NOISE, REGRESSION, INCONCLUSIVE) or r is None or not r.measured:
         arms.rule = RULE_ARMS
         return arms
-    extra = [m for m in also if m.stats.measured]
+    measured = [m for m in also if m.stats.measured]
+    extra = measured if family(th.alpha, [r.n, *(m.stats.n for m in measured)]) > 1 else []
     at = level(th.alpha, 1 + len(extra))
     pieces = (
         reference_piece(r.ratio, floor_of, r.p, at),
@@ -208,6 +227,11 @@ def decide(
     if extra:
         text += (
             f" (Bonferroni over the {1 + len(extra)} reference statistics: each at alpha/{1 + len(extra)})"
+        )
+    elif measured:
+        text += (
+            f" ({', '.join(m.label for m in measured)} not tested: over {r.n} prompts no test could reach "
+            f"alpha/{1 + len(measured)}, so the chosen token's is tested alone at alpha)"
         )
     fired = [p.name for p in pieces if p.fired]
     if n_diverged == 0 and r.up == 0 and r.down == 0:

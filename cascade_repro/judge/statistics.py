@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cascade_repro.judge.metrics.topk import topk_error
-from cascade_repro.judge.reference_verdict import RefStats, level
+from cascade_repro.judge.reference_verdict import RefStats, family, level
 from cascade_repro.judge.verdicts import (
     ARM_VS_ARM,
     REFERENCE,
@@ -106,16 +106,24 @@ class Statistic:
     # reference's record), NaN where unmeasurable; the column holding the pair's p-value; its words.
     measure: Callable[[list[float], Any, RefRow], float] | None = None
     p_column: str = ""
+    n_column: str = ""  # its prompt count: what p it could reach (``reference_verdict.attainable``)
     label: str = ""
     short: Callable[[Shown, EvidencePiece, Formats], str] | None = None  # its words where room is short
 
 
+def reference_family(row: Mapping[str, Any], alpha: float) -> tuple[tuple[str, ...], float]:
+    """The reference statistics a row was judged on (the chosen token's, and each further one the
+    row measured where the family could reach its level: ``reference_verdict.family``) and their level."""
+    stats = [s for s in STATISTICS if s.rule == REFERENCE]
+    measured = [s for s in stats[1:] if math.isfinite(number(row.get(s.p_column)))]
+    ns = [int(v) if math.isfinite(v := number(row.get(s.n_column))) else 0 for s in (stats[0], *measured)]
+    names = (stats[0].name, *(s.name for s in measured)) if family(alpha, ns) > 1 else (stats[0].name,)
+    return names, level(alpha, len(names))
+
+
 def reference_level(row: Mapping[str, Any], alpha: float) -> float:
-    """The level each reference statistic of a row was tested at: alpha over those it measured."""
-    measured = sum(
-        1 for s in STATISTICS if s.rule == REFERENCE and math.isfinite(number(row.get(s.p_column)))
-    )
-    return level(alpha, measured)
+    """The level each reference statistic of a row was tested at."""
+    return reference_family(row, alpha)[1]
 
 
 def _ref_read(s_ratio: str, s_min: str, s_p: str, name: str) -> ReadPiece:
@@ -274,6 +282,7 @@ STATISTICS = (
         _ref_text("error", "p_ref", full=True),
         rule=REFERENCE,
         p_column="p_ref",
+        n_column="ref_n",
         label="error",
         short=_ref_text("error", "p_ref", full=False),
     ),
@@ -292,6 +301,7 @@ STATISTICS = (
         rule=REFERENCE,
         measure=_topk_measure,
         p_column="p_ref_topk",
+        n_column="ref_topk_n",
         label="top-k error",
         short=_ref_text("top-k error", "p_ref_topk", full=False),
     ),
@@ -313,12 +323,11 @@ def evidence_of(
     """A pair's evidence pieces from its pairs.parquet columns: the arm-vs-arm ones in ``decide``'s
     order, then, where the reference decided, the chosen token's piece and each other reference
     statistic the row measured (an older run's row has none)."""
-    judged = row.get("rule") == REFERENCE
+    judged = reference_family(row, alpha)[0] if row.get("rule") == REFERENCE else ()
     return tuple(
         s.read(row, alpha, rep_delta, min_topk)
         for s in STATISTICS
-        if s.rule == ARM_VS_ARM
-        or (judged and (s.name == REFERENCE or math.isfinite(number(row.get(s.p_column)))))
+        if s.rule == ARM_VS_ARM or s.name in judged
     )
 
 

@@ -46,8 +46,8 @@ def test_every_statistic_the_judge_weighs_has_its_evidence_text() -> None:
     from cascade_repro.judge.statistics import STATISTICS
     from cascade_repro.report import summary
 
-    row = {**FIRED, "rule": "reference", "ref_ratio": 1.3, "ref_min_effect": 1.1, "p_ref": 0.001,
-           "ref_topk_ratio": 1.4, "ref_topk_min_effect": 1.2, "p_ref_topk": 0.0001}  # fmt: skip
+    row = {**FIRED, "rule": "reference", "ref_n": 64, "ref_ratio": 1.3, "ref_min_effect": 1.1, "p_ref": 0.001,
+           "ref_topk_n": 64, "ref_topk_ratio": 1.4, "ref_topk_min_effect": 1.2, "p_ref_topk": 0.0001}  # fmt: skip
     res = PairResult.from_row(row, TH["alpha"], TH["rep_delta"], TH["min_topk_violations"])
     assert [p.name for p in res.evidence] == [s.name for s in STATISTICS]
     for s in STATISTICS:
