@@ -53,7 +53,8 @@ def rule_note(data: RunData) -> str:
         if has_topk(data):
             note += (
                 " Two errors are tested, the chosen token's and the top-k distribution's (every token id the arm "
-                "listed), each at alpha/2 (Bonferroni): either one flags the pair."
+                "listed), each at alpha/2 (Bonferroni): either one flags the pair; over 8 prompts or fewer no test "
+                "can reach alpha/2, and the chosen token's is tested alone at alpha."
             )
         return note
     status = str(ran.get("status") or "")
