@@ -46,7 +46,7 @@ def test_a_prompts_rows_score_as_they_do_one_by_one(tiny, own_len, monkeypatch, 
 def test_a_prefix_prefilled_in_chunks_gives_the_kv_and_scores_of_one_forward(tiny, monkeypatch, tmp_path):
     from transformers import DynamicCache
 
-    from cascade_repro.run import reference
+    from cascade_repro.run import reference_model
 
     monkeypatch.setenv("CASCADE_REPRO_CACHE", str(tmp_path))
     rng = random.Random(7)
@@ -55,7 +55,7 @@ def test_a_prefix_prefilled_in_chunks_gives_the_kv_and_scores_of_one_forward(tin
     rows = [([rng.randrange(97) for _ in range(4)], [rng.randrange(97) for _ in range(6)])]
 
     def prefill(step: int):
-        monkeypatch.setattr(reference, "TOKENS_PER_BATCH", {"cpu": step, "cuda": step})
+        monkeypatch.setattr(reference_model, "TOKENS_PER_BATCH", {"cpu": step, "cuda": step})
         cache = DynamicCache()
         model._extend(cache, 0, prefix)
         return cache, model._score(cache, len(prefix), rows)
