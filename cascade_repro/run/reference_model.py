@@ -292,13 +292,15 @@ def _gather(
     lps: Any, rows: list[tuple[list[int], list[int]]], want: Want | None
 ) -> tuple[list[list[list[int]]], list[list[list[float]]]]:
     """Per row and step, the wanted ids (sorted) and the reference's logprob of each, read from the
-    full log-softmax ``lps`` (one row per generated token, rows in order): one gather for the batch."""
+    full log-softmax ``lps`` (one row per generated token, rows in order): one gather for the batch.
+    An id outside the vocabulary (a damaged samples file) is left out rather than failing the pass."""
     if want is None:
         return [], []
     import torch
 
+    vocab = lps.shape[-1]
     ids = [
-        [sorted(step) for step in (want[r] + [set()] * len(gen))[: len(gen)]]
+        [sorted(i for i in step if i < vocab) for step in (want[r] + [set()] * len(gen))[: len(gen)]]
         for r, (_, gen) in enumerate(rows)
     ]
     flat_pos, flat_id, k = [], [], 0

@@ -99,3 +99,6 @@ def test_the_arms_top_k_ids_are_scored_exactly_from_the_full_distribution(tiny, 
                 assert all(v <= 0 for v in row.arm_lp[t])
     assert [r.arm_lp for r in together] == [r.arm_lp for r in alone]
     assert plain[0].arm_ids is None  # nothing wanted: an older record's shape
+    # an id past the vocabulary (a damaged samples file) is left out, not a failed pass
+    (odd,) = model.score(prefix, [(own, gens[1])], [[{3, 10_000}, set()]])
+    assert odd.arm_ids == [[3], []] and len(odd.arm_lp[0]) == 1
