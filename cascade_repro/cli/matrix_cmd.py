@@ -658,6 +658,12 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, refer
                 from cascade_repro.errors import UsageError
 
                 raise UsageError(cost.refusal(spec.model))
+    if run_dir is not None:
+        from cascade_repro.plan.matrix import spec_hash
+        from cascade_repro.report.power_estimate import previous_run_lines
+
+        for text in previous_run_lines(run_dir, spec_hash(spec)):
+            console.print(text, highlight=False, markup=False)
     if spec.engine_args:
         from cascade_repro.plan.engine_args import known_fields
 

@@ -10,6 +10,7 @@ re-renders it, and ``matrix --dry-run`` reads it from the run it would resume.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 from cascade_repro.judge import calibration
@@ -169,3 +170,33 @@ def statement(e: dict) -> str:
         f"{e['pair_id']}: flags {smallest_text(e)} with {e['power']:.0%} power at {fmt_int(e['n'])} prompts "
         f"(alpha {e['alpha']:g}, min effect {e['min_effect']:.3f}x); {needs}"
     )
+
+
+def previous_run_lines(run_dir: Path, spec_hash: str | None = None) -> list[str]:
+    """What ``matrix --dry-run`` says of the run it would resume: the run directory the same command
+    writes to (``--results-dir``/``--run-id``, or the spec's default run id). A scored run there
+    with errors against the reference gives one line per twin pair; none, an unscored or unreadable
+    one gives no line (the dry run plans; it does not judge an old run). Where the run there holds
+    another matrix (``spec_hash`` differs: the run itself would refuse to resume it), the lines say
+    its spread is a guide only."""
+    from cascade_repro.errors import UsageError
+    from cascade_repro.report.load import load_run
+    from cascade_repro.rundir import layout
+
+    if not all((run_dir / name).is_file() for name in (layout.RUN_JSON, *layout.TABLES)):
+        return []
+    try:
+        data = load_run(run_dir, n_examples=0)
+        with data.settled():
+            entries = estimates(data)
+    except (UsageError, OSError, ValueError):
+        return []
+    if not entries:
+        return []
+    other = spec_hash is not None and data.manifest.stored("spec_hash") not in (None, spec_hash)
+    whose = "a run of another matrix, a guide only" if other else "the previous run of this setup"
+    return [
+        f"power from {whose} ({run_dir.name}; {pw.POWER:.0%} power, estimated from its per-prompt spread, "
+        "not measured):",
+        *(f"  {statement(e)}" for e in entries),
+    ]
