@@ -144,7 +144,7 @@ def test_dry_run_vllm_toggle_starts_one_engine_per_tp_size():
 
 def test_config_file_feeds_the_matrix_and_flags_win(tmp_path):
     cfg = tmp_path / "m.toml"
-    cfg.write_text('[matrix]\nbatch = [1, 8, 16]\ncascade = "on"\nlimit = 4\n')
+    cfg.write_text('[matrix]\nbatch = [1, 8, 16]\ncascade = "on"\nlimit = 16\n')
     res = invoke("matrix", "--dry-run", "--config", str(cfg))
     assert res.exit_code == 0, res.output
     assert "3 cells, 1 engine start" in res.stdout
