@@ -36,6 +36,7 @@ from cascade_repro.judge.outcome import (
     IDENTICAL,
     INCONCLUSIVE,
     NOT_EXERCISED,
+    PREFILL_ONLY,
     REGRESSION,
     WITHIN_NOISE,
 )
@@ -182,7 +183,6 @@ def evidence_of(
     return (*(s.read(row, alpha, rep_delta, min_topk) for s in STATISTICS), *reference)
 
 
-PREFILL_ONLY = "prefill only"  # a pair's depth: cascade ran on prefill steps and no decode step
 EXACT_PERMUTATION_MAX_N = 10  # up to 2**10 sign patterns are enumerated; more are sampled
 
 

@@ -1667,3 +1667,20 @@ def test_the_reproduce_block_installs_a_vllm_pip_cannot_the_way_that_ran() -> No
     assert install == "uv pip install vllm==0.34.0 --override <(echo flashinfer-python==0.7.4)"
     overrides = Path(__file__).resolve().parents[2] / "scripts" / "vllm-0.34" / "overrides.txt"
     assert "flashinfer-python==0.7.4" in overrides.read_text().splitlines()  # the pin that ran
+
+
+def test_a_run_tested_on_prefill_only_says_so_in_headline_exit_code_and_junit(clean_dir: Path) -> None:
+    data = load_run(clean_dir)
+    exercised = data.pairs["kind"].eq("cascade") & data.pairs["verdict"].isin(["identical", "within noise", "inconclusive"])
+    data.pairs.loc[exercised, "depth"] = "prefill only"
+    assert headline(data) == (
+        "cascade-repro: not tested in decode: cascade ran on prefill steps only in 3 exercised pairs "
+        "(1 identical, 1 within noise, 1 inconclusive on prefill); 1 not exercised"
+    )
+    assert exit_status(data, "regression")[0] == 4
+    root = ET.fromstring(JunitFormatter().render(data))
+    skipped = {
+        c.get("name"): c.find("skipped").get("message") for c in root.iter("testcase") if c.find("skipped") is not None
+    }
+    assert skipped["batch8-q01"] == "not tested in decode: cascade ran on prefill steps only (identical there)"
+    assert skipped["batch16-q03"].startswith("not tested in decode")
