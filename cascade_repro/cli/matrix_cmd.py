@@ -67,6 +67,7 @@ from cascade_repro.cli.options import (
     Twin,
     option,
 )
+from cascade_repro.engines import MAX_TOPK
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import ARM_SWITCHES, FAIL_ON_DEFAULT
 from cascade_repro.rundir import layout, safety
@@ -197,7 +198,7 @@ ForceCascade = Annotated[
 Topk = Annotated[
     int | None,
     option(
-        "Top-k logprobs kept per step, for vLLM's check_logprobs_close rule (1 to 20)."
+        f"Top-k logprobs kept per step, for vLLM's check_logprobs_close rule (1 to {MAX_TOPK})."
         + spec_default("topk"),
         PROMPTS,
         metavar="K",

@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 from cascade_repro import twin as twins
 from cascade_repro import vllm_surface
+from cascade_repro.engines import DEFAULT_TOPK, MAX_TOPK
 from cascade_repro.engines import ENGINES as ENGINE_REGISTRY
 from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
@@ -82,7 +83,7 @@ class MatrixSpec:
     # prefix >= 256 tokens, >= 8 requests, no ALiBi/sliding window), overriding the decode cost
     # model, to measure what cascade costs where the heuristic would decline it (explain --measure).
     force_cascade: bool = False
-    topk: int = 5
+    topk: int = DEFAULT_TOPK
     inject: str | None = None
     calibrate: list[float] = field(default_factory=list)
     auto_controls: bool = True
@@ -272,8 +273,8 @@ class MatrixSpec:
             bad(f"{n('max_model_len')} must be a positive integer, got {show(mml)}", "max_model_len")
         if mml is not None and mml > MAX_MODEL_LEN:
             bad(f"{n('max_model_len')} must be at most {MAX_MODEL_LEN:,}, got {show(mml)}", "max_model_len")
-        if not isinstance(self.topk, int) or isinstance(self.topk, bool) or not 1 <= self.topk <= 20:
-            bad(f"{n('topk')} must be between 1 and 20, got {show(self.topk)}", "topk")
+        if not isinstance(self.topk, int) or isinstance(self.topk, bool) or not 1 <= self.topk <= MAX_TOPK:
+            bad(f"{n('topk')} must be between 1 and {MAX_TOPK}, got {show(self.topk)}", "topk")
         if self.inject is not None:
             if not isinstance(self.inject, str):
                 bad(
@@ -697,6 +698,9 @@ def parse_hf_overrides(text: str) -> dict[str, Any]:
     return value
 
 
+HASHED_TOPK = 5  # the --topk default of every run id made before DEFAULT_TOPK could change
+
+
 def spec_hash(spec: MatrixSpec) -> str:
     """Return a short stable hash of the spec: a resumed run must have the same one.
 
@@ -704,7 +708,9 @@ def spec_hash(spec: MatrixSpec) -> str:
     that keeps the old behaviour) does not change the hash, and with it the run id, of the
     matrices users already run: the same command still resumes.
     """
-    defaults = MatrixSpec().to_dict()
+    # topk against the default every hash so far was made under, not the current one: a new default
+    # (DEFAULT_TOPK) must give a new run id, never resume a run whose samples hold another top-k.
+    defaults = {**MatrixSpec().to_dict(), "topk": HASHED_TOPK}
     blob = json.dumps({k: v for k, v in spec.to_dict().items() if v != defaults.get(k, object())},
                       sort_keys=True, default=str)  # fmt: skip
     return hashlib.sha256(blob.encode()).hexdigest()[:12]

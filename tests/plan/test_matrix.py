@@ -526,3 +526,17 @@ def test_dry_run_shows_the_dropped_batch() -> None:
     assert res.exit_code == 0, res.output
     assert "warning: --batch 16: at or above the 8 prompts" in " ".join(res.stderr.split())
     assert "tp1-b16-" not in res.stdout and "tp1-b8-cascade" in res.stdout
+
+
+def test_the_topk_default_is_one_constant_and_a_new_one_never_resumes_an_old_run() -> None:
+    import inspect
+
+    from cascade_repro.engines import DEFAULT_TOPK, fake
+    from cascade_repro.plan import matrix
+
+    assert MatrixSpec().topk == DEFAULT_TOPK
+    assert inspect.signature(fake.FakeEngine).parameters["topk"].default == DEFAULT_TOPK
+    # The run id of every run made so far hashed topk 5 as "left out": it still does...
+    assert spec_hash(MatrixSpec(topk=5)) == spec_hash(MatrixSpec(topk=matrix.HASHED_TOPK))
+    # ...and top-20 (the default once switched) hashes with topk in, so it never resumes a top-5 run.
+    assert spec_hash(MatrixSpec(topk=20)) != spec_hash(MatrixSpec(topk=5))
