@@ -9,7 +9,8 @@ injecting faults; this module estimates it without one, by a normal approximatio
 - Per prompt, the log of the test arm's error over its twin's (both raised to the dtype floor, as
   the verdict does) is taken as normal with spread ``s``. ``s`` is robust (1.4826 x the median
   absolute deviation), since the sign and Wilcoxon tests are: one prompt whose answer went another
-  way does not blind them, and must not blind the estimate either.
+  way does not blind them, and must not blind the estimate either. It is the larger of the pair's
+  own and that of the flat-vs-flat control the minimum effect came from (``estimate``).
 - A fault that multiplies the test arm's error by ``R`` shifts that mean by ``log R``. The tests are
   stood in for by a one-sided z-test at ``alpha / TESTS`` on the mean, with the Wilcoxon test's
   efficiency against it under normal spread (3/pi): ``log R = (z_alpha + z_power) s / sqrt(n 3/pi)``.
@@ -38,7 +39,8 @@ TESTS = 2  # the verdict's Bonferroni: the smaller of the sign and Wilcoxon p-va
 WILCOXON_ARE = 3 / math.pi  # Wilcoxon's asymptotic efficiency against the z-test under normal spread
 MAD_TO_SD = 1.4826  # a normal's standard deviation over its median absolute deviation
 APPROXIMATION = (
-    "normal approximation on the per-prompt log error ratio (robust spread: 1.4826 x MAD), the "
+    "normal approximation on the per-prompt log error ratio (robust spread, 1.4826 x MAD, the larger of "
+    "the pair's and its minimum-effect control's), the "
     f"verdict's tests as a one-sided z-test at alpha/{TESTS} with the Wilcoxon test's efficiency 3/pi, "
     "the minimum effect taken as noise that shrinks as 1/sqrt(prompts)"
 )
@@ -143,11 +145,19 @@ def estimate(
     alpha: float,
     min_effect: float = 1.0,
     targets: Sequence[float] = TARGETS,
+    control_spread: float = math.nan,
 ) -> PowerEstimate:
     """A pair's power from its per-prompt errors against the reference (``test[i]``, ``twin[i]``: one
-    prompt's, as comparisons.parquet holds them)."""
+    prompt's, as comparisons.parquet holds them).
+
+    ``control_spread``: the spread of the flat-vs-flat control the minimum effect came from. The
+    larger of the two is used: a pair whose outputs barely moved (token-identical on most prompts:
+    spread near 0) would otherwise claim to see any ratio, while a recomputation that moves its tokens
+    as the control's did spreads its errors as widely."""
     lr = log_ratios(test, twin, floor)
     n, s = int(lr.size), spread(lr)
+    if math.isfinite(control_spread) and (not math.isfinite(s) or control_spread > s):
+        s = control_spread if n else s
     m = min_effect if math.isfinite(min_effect) else 1.0
     return PowerEstimate(
         n=n,

@@ -80,11 +80,17 @@ def estimates(data: RunData) -> list[dict]:
     dtypes = {text_of(c.get("cell_id")): c.get("dtype_effective") for c in data.rows("cells")}
     out = []
     for row in cascade_pairs(data):
+        if row.get("verdict") not in EXERCISED:  # a pair that never ran its setting has no power to state
+            continue
         pid = text_of(row.get("pair_id"))
         test, twin = errors.get(pid, ([], []))
         floor = drift_floor(_dtype(dtypes.get(text_of(row.get("test_cell")))))
         min_effect = _num(row.get("ref_min_effect"))
-        est = pw.estimate(test, twin, floor, alpha, min_effect if min_effect == min_effect else 1.0)
+        control = text_of(row.get("ref_min_effect_pair"))
+        c_test, c_twin = errors.get(control, ([], [])) if control else ([], [])
+        c_spread = pw.spread(pw.log_ratios(c_test, c_twin, floor)) if c_test else math.nan
+        est = pw.estimate(test, twin, floor, alpha, min_effect if min_effect == min_effect else 1.0,
+                          control_spread=c_spread)  # fmt: skip
         if not est.measured:
             continue
         rungs = _ladder_rungs(data, row)

@@ -120,3 +120,13 @@ def test_agreement_with_a_ladder() -> None:
     missed = pw.agreement([(est.smallest * 1.5, False), (5.0, True)], est)
     assert missed is not None and not missed.agree and "optimistic" in missed.why
     assert pw.agreement([], est) is None
+
+
+def test_the_controls_spread_stands_in_where_the_pairs_is_smaller() -> None:
+    twin = np.exp(np.linspace(-5, -3, 32))
+    identical = pw.estimate(twin, twin, floor=1e-6, alpha=0.01, min_effect=1.04, control_spread=0.2)
+    assert identical.spread == 0.2  # token-identical outputs do not claim to see any ratio
+    assert identical.smallest == pw.detectable_ratio(0.2, 32, 0.01, 1.04)
+    noisy = twin * np.exp(np.tile([-0.5, 0.5], 16))
+    own = pw.spread(np.log(noisy / twin))
+    assert pw.estimate(noisy, twin, floor=1e-6, alpha=0.01, control_spread=0.2).spread == own > 0.2

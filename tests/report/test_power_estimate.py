@@ -74,3 +74,24 @@ def test_dry_run_prints_it_from_the_run_it_would_resume(prefix_run: Path) -> Non
     assert f"{PAIR}: flags 1.126x with 80% power at 64 prompts" in res.stdout
     res = CliRunner().invoke(app, [*args[:-1], "nothing-here"])
     assert res.exit_code == 0 and "power from" not in res.stdout
+
+
+REFERENCE_RUNS = Path(__file__).resolve().parents[2] / "docs" / "evidence" / "2026-12-02-h200-reference" / "tables"
+
+
+def test_the_estimate_agrees_with_the_lse_shift_ladders_of_the_h200() -> None:
+    # --calibrate default at b8/b64/b128 on FA3 and FA2, 64 prompts, flat-vs-flat controls: every
+    # ladder's boundary lies where the estimate puts it.
+    for name in ("fa3-cal", "fa2-cal"):
+        entries = power_estimate.estimates(load_run(REFERENCE_RUNS / name, n_examples=0))
+        assert [e["pair_id"] for e in entries] == [f"tp1-b{b}-cascade~flat" for b in (8, 64, 128)]
+        for e in entries:
+            assert e["ladder"]["agree"] is True, (name, e)
+            assert e["min_effect"] > 1.0 and 1.05 < e["smallest_ratio"] < 1.15
+            assert e["prompts_for"]["1.05"] > 64  # 64 prompts do not see a 1.05x fault 80 % of the time
+
+
+def test_a_pair_that_never_ran_its_setting_states_no_power() -> None:
+    data = load_run(REFERENCE_RUNS / "readme", n_examples=0)
+    ids = [e["pair_id"] for e in power_estimate.estimates(data)]
+    assert len(ids) == 8 and not any("-b1-" in i for i in ids)  # b1: cascade never fired
