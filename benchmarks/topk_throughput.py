@@ -11,7 +11,7 @@ first round of each batch size is a warm-up and is not counted.
 
 The table gives, per batch and top-k, the generated tokens per second of the counted waves (fillers
 included: they are generated), and the ratio to the first top-k value's; ``overall`` sums every batch.
-The decision (``engines.DEFAULT_TOPK``) is the lead's, from these numbers on the GPU:
+The decision (``engines/base.py``'s ``DEFAULT_TOPK``) is the lead's, from these numbers on the GPU:
 
     python benchmarks/topk_throughput.py --engine vllm --limit 64 --batch 8,64 --max-tokens 128 \
         --ignore-eos --out $OUT/topk.json

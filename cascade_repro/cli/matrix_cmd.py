@@ -67,7 +67,7 @@ from cascade_repro.cli.options import (
     Twin,
     option,
 )
-from cascade_repro.engines import MAX_TOPK
+from cascade_repro.engines.base import MAX_TOPK
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import ARM_SWITCHES, FAIL_ON_DEFAULT
 from cascade_repro.rundir import layout, safety

@@ -17,11 +17,6 @@ from typing import Any
 
 from cascade_repro.errors import UsageError
 
-# The top-k logprobs every engine returns per generated step when the user has not chosen (--topk
-# unset): the one place that default lives (MatrixSpec, the engines' own defaults, the benchmarks).
-DEFAULT_TOPK = 5
-MAX_TOPK = 20  # vLLM's default max_logprobs: more needs that engine argument raised as well
-
 
 @dataclass(frozen=True)
 class EngineInfo:

@@ -36,8 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from cascade_repro import twin as twins
 from cascade_repro import vllm_surface
-from cascade_repro.engines import DEFAULT_TOPK
-from cascade_repro.engines.base import Completion, ModelLoader, WaveStats, completion_text
+from cascade_repro.engines.base import DEFAULT_TOPK, Completion, ModelLoader, WaveStats, completion_text
 from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.vllm_surface import inject as inj
 

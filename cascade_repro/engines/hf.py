@@ -25,9 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from cascade_repro.engines import DEFAULT_TOPK
 from cascade_repro.engines import cascade_attention as ca
-from cascade_repro.engines.base import Completion, ModelLoader, WaveStats, completion_text
+from cascade_repro.engines.base import DEFAULT_TOPK, Completion, ModelLoader, WaveStats, completion_text
 from cascade_repro.errors import UsageError
 from cascade_repro.twin import CASCADE as TWIN
 

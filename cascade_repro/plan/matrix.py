@@ -16,9 +16,9 @@ from typing import Any, NoReturn
 
 from cascade_repro import twin as twins
 from cascade_repro import vllm_surface
-from cascade_repro.engines import DEFAULT_TOPK, MAX_TOPK
 from cascade_repro.engines import ENGINES as ENGINE_REGISTRY
 from cascade_repro.engines import get as engine_info
+from cascade_repro.engines.base import DEFAULT_TOPK, MAX_TOPK
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.waves import control_batch, noise_control_batch, repeated_batches
 from cascade_repro.rundir.cells import Cell, EnginePlan, Plan

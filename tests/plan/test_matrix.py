@@ -531,7 +531,8 @@ def test_dry_run_shows_the_dropped_batch() -> None:
 def test_the_topk_default_is_one_constant_and_a_new_one_never_resumes_an_old_run() -> None:
     import inspect
 
-    from cascade_repro.engines import DEFAULT_TOPK, fake
+    from cascade_repro.engines import fake
+    from cascade_repro.engines.base import DEFAULT_TOPK
     from cascade_repro.plan import matrix
 
     assert MatrixSpec().topk == DEFAULT_TOPK
