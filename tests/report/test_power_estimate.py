@@ -8,6 +8,7 @@ import math
 import shutil
 from pathlib import Path
 
+import jsonschema
 import pytest
 from support.cli import CliRunner
 
@@ -15,7 +16,7 @@ from cascade_repro.cli import app
 from cascade_repro.judge import power as pw
 from cascade_repro.judge.metrics.drift import drift_floor
 from cascade_repro.report import power_estimate
-from cascade_repro.report.json import JsonFormatter
+from cascade_repro.report.json import JsonFormatter, summary_schema
 from cascade_repro.report.load import load_run
 from cascade_repro.report.markdown import MarkdownFormatter
 from cascade_repro.report.sections import sections
@@ -53,6 +54,7 @@ def test_report_and_summary_carry_it(prefix_run: Path) -> None:
     assert "Power without a ladder" in md and "| tp1-b64-prefix-on\\~prefix-off | 64 |" in md
     assert "agrees: smallest flagged rung 1.27x" in md
     summary = json.loads(JsonFormatter().render(data))
+    jsonschema.Draft202012Validator(summary_schema()).validate(summary)
     [e] = summary["power_estimate"]
     assert e["pair_id"] == PAIR and math.isclose(e["spread"], power_estimate.estimates(data)[0]["spread"])
 
