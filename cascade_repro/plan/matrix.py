@@ -423,7 +423,9 @@ def plan_warnings(spec: MatrixSpec, n_prompts: int) -> list[str]:
             "the plan; more prompts (--limit) test larger batches"
         )
     batches = [b for b in dict.fromkeys(spec.batch) if b not in dropped]
-    rerun_control = (engine_info(spec.engine).attention_axes and spec.arm_switch == "restart") or not tw.toggle
+    rerun_control = (
+        engine_info(spec.engine).attention_axes and spec.arm_switch == "restart"
+    ) or not tw.toggle
     arms = [tw.arm(c) for c in spec.cascade]
     if spec.auto_controls and tw.test in arms and tw.ref in arms and not rerun_control and len(batches) == 1:
         b = batches[0]

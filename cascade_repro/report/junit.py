@@ -114,7 +114,9 @@ class JunitFormatter(ReportFormatter):
                 doc.outcome(
                     case,
                     "skipped",
-                    message=one_line(f"not tested in decode: cascade ran on prefill steps only ({verdict} there)"),
+                    message=one_line(
+                        f"not tested in decode: cascade ran on prefill steps only ({verdict} there)"
+                    ),
                 )
             elif verdict == outcome.INCONCLUSIVE:
                 doc.outcome(case, "skipped", message=one_line(f"inconclusive: {text_of(r.get('reasons'))}"))
