@@ -1349,13 +1349,13 @@ def test_forest_plot_rows_and_threshold_ticks(run_dir: Path) -> None:
     ],
 )
 def test_log_ticks(lo: float, hi: float, ticks: list[float]) -> None:
-    from cascade_repro.report.svg import log_ticks
+    from cascade_repro.report.svg_draw import log_ticks
 
     assert log_ticks(lo, hi) == ticks
 
 
 def test_log_domain_is_padded_and_never_empty() -> None:
-    from cascade_repro.report.svg import log_domain
+    from cascade_repro.report.svg_draw import log_domain
 
     lo, hi = log_domain([1.0, 10.0])
     assert lo < 1.0 and 10.0 < hi and abs(lo * hi - 10.0) < 1e-9  # symmetric in log space
@@ -1374,7 +1374,7 @@ def test_log_domain_is_padded_and_never_empty() -> None:
     ],
 )
 def test_whisker_axis_fits_its_data(values: list[float], expected: tuple) -> None:
-    from cascade_repro.report.svg import y_range
+    from cascade_repro.report.svg_draw import y_range
 
     assert y_range(values) == pytest.approx(expected)
 
