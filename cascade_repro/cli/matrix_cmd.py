@@ -67,6 +67,7 @@ from cascade_repro.cli.options import (
     option,
     variant,
 )
+from cascade_repro.engines.base import MAX_TOPK
 from cascade_repro.plan.matrix import ARM_SWITCHES, FAIL_ON_DEFAULT
 from cascade_repro.rundir import layout
 from cascade_repro.userpath import display
@@ -211,7 +212,7 @@ ForceCascade = Annotated[
 Topk = Annotated[
     int | None,
     option(
-        "Top-k logprobs kept per step, for vLLM's check_logprobs_close rule (1 to 20)."
+        f"Top-k logprobs kept per step, for vLLM's check_logprobs_close rule (1 to {MAX_TOPK})."
         + spec_default("topk"),
         PROMPTS,
         metavar="K",

@@ -151,7 +151,7 @@ def _print_plan(
     from rich.table import Table
 
     from cascade_repro.plan import packing as packings
-    from cascade_repro.plan.matrix import plan
+    from cascade_repro.plan.matrix import plan, plan_warnings
     from cascade_repro.prompts.promptsets import load_prompt_set, load_system_prompt
 
     if run_dir is not None and run_dir.is_dir():  # the estimate reads it: a link or FIFO, before the table
@@ -159,7 +159,7 @@ def _print_plan(
     system_text = load_system_prompt(spec.system_prompt)  # a bad --system-prompt fails here, not hours later
     records = load_prompt_set(spec.prompts, spec.limit, spec.prompt_field, spec.key_field).records
     n = len(records)
-    matrix_plan = plan(spec)
+    matrix_plan = plan(spec, n)
     engines = matrix_plan.engines
     warning, prompt_max, model_path = _check_rendered(
         spec, system_text, records
@@ -209,8 +209,8 @@ def _print_plan(
             if narrow:
                 table.add_section()
         console.print(table)
-    if warning is not None:
-        err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+    for planned_warning in [*plan_warnings(spec, n), *([warning] if warning is not None else [])]:
+        err.print(f"[yellow]warning:[/] {escape(planned_warning)}", highlight=False)
     cells = sum(len(ep.cells) for ep in engines.values())
     added = sum(1 for cs in cells_of.values() for c in cs if c.origin == "control")
     max_batch = max([c.batch for cs in cells_of.values() for c in cs] or [1])
@@ -255,6 +255,12 @@ def _print_plan(
             console.print(cost.line(), highlight=False, markup=False)
     if cost is not None and not cost.fits:
         raise UsageError(cost.refusal(spec.model))
+    if run_dir is not None and not as_json:
+        from cascade_repro.plan.matrix import spec_hash
+        from cascade_repro.report.power_estimate import previous_run_lines
+
+        for text in previous_run_lines(run_dir, spec_hash(spec)):
+            console.print(text, highlight=False, markup=False)
     if spec.engine_args and not as_json:
         from cascade_repro.plan.engine_args import known_fields
 

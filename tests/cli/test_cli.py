@@ -67,7 +67,8 @@ def test_matrix_help_groups_options_in_panels():
         assert f"\n  {option} " not in res.stdout and f"\n  {option} " in everything.stdout
     assert (
         "Exit codes: • 0 success • 1 regression (per --fail-on), or every cascade pair errored "
-        "• 2 usage error, in one line • 4 nothing exercised (cascade never fired in any pair) "
+        "• 2 usage error, in one line • 4 nothing exercised (cascade never fired in any pair, or on prefill steps "
+        "only: not tested in decode) "
         "• 5 inconclusive (no noise control, or the run is not finished) "
         "• 6 the machine refused (a permission, a full disk, an I/O error: one line names the path) "
         "• 70 internal error (a bug: `cascade-repro --debug` shows its traceback) • 130 interrupted "
@@ -144,7 +145,7 @@ def test_dry_run_vllm_toggle_starts_one_engine_per_tp_size():
 
 def test_config_file_feeds_the_matrix_and_flags_win(tmp_path):
     cfg = tmp_path / "m.toml"
-    cfg.write_text('[matrix]\nbatch = [1, 8, 16]\ncascade = "on"\nlimit = 4\n')
+    cfg.write_text('[matrix]\nbatch = [1, 8, 16]\ncascade = "on"\nlimit = 16\n')
     res = invoke("matrix", "--dry-run", "--config", str(cfg))
     assert res.exit_code == 0, res.output
     assert "3 cells, 1 engine start" in res.stdout
