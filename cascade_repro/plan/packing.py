@@ -205,13 +205,20 @@ class Packer:
 
 
 def engine_memory(
-    model: ModelMemory, tp: int, tokens_per_seq: int, max_batch: int, kv_given: int | None = None
+    model: ModelMemory,
+    tp: int,
+    tokens_per_seq: int,
+    max_batch: int,
+    kv_given: int | None = None,
+    max_model_len: int | None = None,
 ) -> EngineMemory:
     """One engine's bytes per GPU at ``tp``: weights' share, KV budget (the user's where given),
-    overhead; ``min_kv`` is what a whole wave of ``max_batch`` sequences needs."""
+    overhead; ``min_kv`` is what a whole wave of ``max_batch`` sequences needs, and at least one
+    sequence of the user's ``--max-model-len`` (vLLM refuses to start with less)."""
     weights = math.ceil(model.weights_bytes / max(1, tp))
     seq = -(-tokens_per_seq // CONTEXT_ROUND) * CONTEXT_ROUND
-    min_kv = max(MIN_KV_BYTES, max_batch * seq * model.kv_bytes_per_token(tp))
+    per_token = model.kv_bytes_per_token(tp)
+    min_kv = max(MIN_KV_BYTES, max_batch * seq * per_token, int(max_model_len or 0) * per_token)
     if kv_given is not None:
         kv = int(kv_given)
     else:
@@ -247,6 +254,7 @@ def pack(
     max_per_gpu: int | None,
     kv_given: int | None = None,
     util_given: float | None = None,
+    max_model_len: int | None = None,
 ) -> Packing:
     """The packing of keys with these TP sizes on ``inventory``; refused in one line (UsageError)
     where a TP group is larger than the GPUs or one engine does not fit a GPU.
@@ -274,7 +282,8 @@ def pack(
         model = None
     if model is not None:
         for tp in sorted(set(tps)):
-            mem = fit_kv(engine_memory(model, tp, tokens_per_seq, max_batch, kv_given), smallest)
+            mem = engine_memory(model, tp, tokens_per_seq, max_batch, kv_given, max_model_len)
+            mem = fit_kv(mem, smallest)
             if util_given is not None:  # vLLM takes the user's fraction of each GPU
                 kv = max(0, int(util_given * smallest) - mem.weights - mem.overhead)
                 mem = EngineMemory(mem.weights, kv, mem.overhead, mem.min_kv, True)
@@ -403,6 +412,7 @@ def for_spec(
         tokens_per_seq=int(prompt_tokens_max or 0) + int(spec.max_tokens) + 1, max_batch=max_batch,
         max_per_gpu=max_per_gpu, kv_given=int(kv) if isinstance(kv, int | float) and kv else None,
         util_given=None if util == Spec.gpu_memory_utilization else float(util),
+        max_model_len=spec.max_model_len if vllm else None,
     )  # fmt: skip
 
 

@@ -97,6 +97,12 @@ def test_the_embedded_models_budget_is_what_the_evidence_passed_by_hand():
     assert mem.total == mem.weights + mem.kv + mem.overhead == 9_154_303_065
 
 
+def test_a_long_max_model_len_needs_one_whole_sequence():
+    # vLLM refuses to start without room for one --max-model-len sequence: 131,072 x 131,072 B.
+    mem = packing.engine_memory(LLAMA8B, 1, SEQ, 1, max_model_len=131_072)
+    assert mem.min_kv == 131_072 * LLAMA8B.kv_bytes_per_token(1) == 17_179_869_184
+
+
 def test_a_small_wave_still_gets_the_floor():
     mem = packing.engine_memory(SMOL, 1, 100, 1)
     assert mem.min_kv == GIB and mem.kv == 2 * GIB
