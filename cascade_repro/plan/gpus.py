@@ -3,7 +3,7 @@
 Read from ``nvidia-smi --query-gpu`` (no CUDA context is made in this process: a worker started
 after it must find the GPU untouched), restricted to ``CUDA_VISIBLE_DEVICES`` as CUDA would be.
 ``CASCADE_REPRO_GPUS`` stands in for the machine (``8x141``, ``2x80``, ``24,80``, ``none``): the
-tests fake 1, 2 and 8 GPUs of 24, 80 and 141 GB with it, and a user plans (``--dry-run``) for a
+tests fake 1, 2 and 8 GPUs of 24, 80 and 141 GiB with it, and a user plans (``--dry-run``) for a
 machine they are not on. Standard library only: ``--dry-run`` must answer fast.
 """
 
@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from cascade_repro.errors import UsageError
 
 ENV = "CASCADE_REPRO_GPUS"
-GB = 10**9  # nvidia-smi and GPU data sheets speak of GB in MiB; an override's "141" means 141 GB
+# Memory is said in GiB throughout: nvidia-smi counts MiB (an H200's 143,771 MiB are 140 GiB, the
+# "141 GB" of its data sheet), and an override's "141" means 141 GiB.
+GIB = 1 << 30
 MIB = 1 << 20
 
 
@@ -32,8 +34,8 @@ class Gpu:
     memory_bytes: int
 
     @property
-    def memory_gb(self) -> float:
-        return self.memory_bytes / GB
+    def memory_gib(self) -> float:
+        return self.memory_bytes / GIB
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class Inventory:
         return len(self.gpus)
 
     def describe(self) -> str:
-        """``1 x NVIDIA H200 (141 GB)``, ``2 x A100 (80 GB) + 1 x L4 (24 GB)``, ``no GPU``."""
+        """``1 x NVIDIA H200 (140 GiB)``, ``2 x A100 (80 GiB) + 1 x L4 (22 GiB)``, ``no GPU``."""
         if not self.gpus:
             return "no GPU"
         groups: list[tuple[str, int, int]] = []
@@ -56,27 +58,27 @@ class Inventory:
                 groups[-1] = (g.name, g.memory_bytes, groups[-1][2] + 1)
             else:
                 groups.append((g.name, g.memory_bytes, 1))
-        return " + ".join(f"{n} x {name} ({mem / GB:.0f} GB)" for name, mem, n in groups)
+        return " + ".join(f"{n} x {name} ({mem / GIB:.0f} GiB)" for name, mem, n in groups)
 
 
 def parse(text: str) -> Inventory:
     """An inventory from ``CASCADE_REPRO_GPUS``'s spelling: ``none``, or comma-separated entries
-    ``[N x]GB`` (``8x141``; ``24,80``: one of each). Refused in one line otherwise."""
+    ``[N x]GiB`` (``8x141``; ``24,80``: one of each). Refused in one line otherwise."""
     source = f"{ENV}={text}"
     text = text.strip().lower()
     if text in ("", "none", "0"):
         return Inventory((), source)
     gpus: list[Gpu] = []
     for part in text.split(","):
-        m = re.fullmatch(r"\s*(?:(\d+)\s*x\s*)?(\d+(?:\.\d+)?)\s*(?:gb)?\s*", part)
+        m = re.fullmatch(r"\s*(?:(\d+)\s*x\s*)?(\d+(?:\.\d+)?)\s*(?:gib|gb)?\s*", part)
         if m is None or float(m.group(2)) <= 0 or (m.group(1) is not None and int(m.group(1)) < 1):
             raise UsageError(
-                f"{ENV}={text!r}: give `none` or GPUs as [N x]GB, comma-separated (8x141, 24,80)"
+                f"{ENV}={text!r}: give `none` or GPUs as [N x]GiB, comma-separated (8x141, 24,80)"
             )
         for _ in range(int(m.group(1) or 1)):
             i = len(gpus)
             gb = float(m.group(2))
-            gpus.append(Gpu(i, str(i), "GPU", int(gb * GB)))
+            gpus.append(Gpu(i, str(i), "GPU", int(gb * GIB)))
     return Inventory(tuple(gpus), source)
 
 

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 
 from cascade_repro.engines import GPU_SHARE_ENV, KV_BUDGET_ENV
 from cascade_repro.errors import UsageError
-from cascade_repro.plan.gpus import GB, Inventory
+from cascade_repro.plan.gpus import Inventory
 
 if TYPE_CHECKING:
     from cascade_repro.plan.matrix import MatrixSpec
@@ -240,7 +240,7 @@ def fit_kv(mem: EngineMemory, gpu_bytes: int) -> EngineMemory:
 
 
 def gb(n: float) -> str:
-    return f"{n / GB:.1f} GB"
+    return f"{n / GIB:.1f} GiB"
 
 
 def pack(

@@ -27,8 +27,8 @@ def test_the_dry_run_shows_each_keys_gpu_turn_and_memory(cut_model):
     res = invoke(*matrix(cut_model), gpus="2x80")
     assert res.exit_code == 0, res.output
     out = res.stdout
-    assert "GPUs: 2 x GPU (80 GB) (CASCADE_REPRO_GPUS=2x80); at most 8 engines per GPU" in out
-    assert "memory per engine at tp 1, per GPU: " in out and "(passed to vLLM; a wave needs 1.1 GB)" in out
+    assert "GPUs: 2 x GPU (80 GiB) (CASCADE_REPRO_GPUS=2x80); at most 8 engines per GPU" in out
+    assert "memory per engine at tp 1, per GPU: " in out and "(passed to vLLM; a wave needs 1.0 GiB)" in out
     rows = [ln.split("│")[1:4] for ln in out.splitlines() if ln.startswith("│ vllm-")]
     assert len(rows) == 4  # two seeds x two FA versions: spread over both GPUs, all at once
     assert [g.strip() for _, g, _ in rows] == ["0", "1", "0", "1"] and {t.strip() for *_, t in rows} == {"0"}
@@ -47,7 +47,7 @@ def test_the_dry_run_as_json(cut_model):
     assert mem["total"] == mem["weights"] + mem["kv_cache"] + mem["overhead"]
     assert mem["kv_cache"] >= 2 * mem["kv_cache_minimum"] and not mem["kv_cache_yours"]
     assert plan["packing"]["side_by_side"] and plan["packing"]["kv_budget_passed"]
-    assert [g["memory_bytes"] for g in plan["packing"]["gpus"]] == [80 * 10**9] * 2
+    assert [g["memory_bytes"] for g in plan["packing"]["gpus"]] == [80 * 2**30] * 2
     assert plan["estimate"]["seconds"] < plan["estimate"]["sequential_seconds"]
     # 2 keys x 2 FA versions x (cascade, flat at b8, the b1 flat control the planner adds)
     assert len(plan["cells"]) == 12 and plan["prompts"] == 8

@@ -1,5 +1,5 @@
 """Engine keys side by side: the GPU inventory, the memory arithmetic, the placement and the schedule,
-on fake machines of 1, 2 and 8 GPUs of 24, 80 and 141 GB (plan/gpus.py, plan/packing.py)."""
+on fake machines of 1, 2 and 8 GPUs of 24, 80 and 141 GiB (plan/gpus.py, plan/packing.py)."""
 
 from __future__ import annotations
 
@@ -35,14 +35,14 @@ def pack(inv: str, tps=(1,), model=SMOL, batch=64, cap=None, **kw) -> packing.Pa
 def test_the_override_fakes_n_gpus_of_a_size(text, n, gb):
     inv = gpus.parse(text)
     assert [g.index for g in inv.gpus] == list(range(n))
-    assert {g.memory_bytes for g in inv.gpus} == {gb * 10**9}
+    assert {g.memory_bytes for g in inv.gpus} == {gb * 2**30}
     assert inv.source == f"CASCADE_REPRO_GPUS={text}"
 
 
 def test_mixed_gpus_and_none():
     inv = gpus.parse("24,80,80")
-    assert [g.memory_bytes // 10**9 for g in inv.gpus] == [24, 80, 80]
-    assert inv.describe() == "1 x GPU (24 GB) + 2 x GPU (80 GB)"
+    assert [g.memory_bytes // 2**30 for g in inv.gpus] == [24, 80, 80]
+    assert inv.describe() == "1 x GPU (24 GiB) + 2 x GPU (80 GiB)"
     assert gpus.parse("none").gpus == ()
 
 
@@ -109,8 +109,8 @@ def test_a_small_wave_still_gets_the_floor():
 
 
 def test_the_share_passed_to_vllm_covers_the_engine():
-    assert packing.share_fraction(9_154_303_065, 141 * 10**9) == 0.065
-    assert packing.share_fraction(141 * 10**9, 141 * 10**9) == 1.0
+    assert packing.share_fraction(9_154_303_065, 141 * 2**30) == 0.061
+    assert packing.share_fraction(141 * 2**30, 141 * 2**30) == 1.0
 
 
 # --- packing on fake machines ------------------------------------------------------------------
@@ -120,7 +120,7 @@ def test_the_share_passed_to_vllm_covers_the_engine():
     "inv, model, per_gpu",
     [
         ("1x141", SMOL, 8),  # 13 would fit: the default cap
-        ("1x80", SMOL, 7),  # 72 GB usable / 9.15 GB
+        ("1x80", SMOL, 8),  # 77.3 GB usable / 9.15 GB: 8, the cap
         ("1x24", SMOL, 2),
         ("1x141", LLAMA8B, 2),  # an 8B model: two engines on an H200
         ("1x80", LLAMA8B, 1),
@@ -188,18 +188,17 @@ def test_a_worker_gets_its_gpus_budget_and_share():
         "CUDA_VISIBLE_DEVICES": "0",
         "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "0",
         packing.ENV_KV_BYTES: "6174015488",
-        packing.ENV_GPU_UTIL: "0.065",
+        packing.ENV_GPU_UTIL: "0.061",
     }
 
 
 def test_the_users_kv_budget_wins():
-    p = pack("1x141", kv_given=8 * 10**9)
-    assert p.memory[1].kv == 8 * 10**9 and p.memory[1].kv_given
+    p = pack("1x141", kv_given=8 * 2**30)
+    assert p.memory[1].kv == 8 * 2**30 and p.memory[1].kv_given
     env = p.env_for(1, (0,))
-    assert (
-        packing.ENV_KV_BYTES not in env and env[packing.ENV_GPU_UTIL] == "0.078"
-    )  # (0.27 + 8 + 2.71) GB of 141
-    assert any("kv_cache_memory_bytes=8000000000 is yours" in n for n in p.notes)
+    # (0.27 + 8.59 + 2.71) GB of 141 GiB's 151.4 GB
+    assert packing.ENV_KV_BYTES not in env and env[packing.ENV_GPU_UTIL] == "0.077"
+    assert any("kv_cache_memory_bytes=8589934592 is yours" in n for n in p.notes)
 
 
 def test_the_users_memory_utilization_wins():
@@ -214,7 +213,7 @@ def test_a_budget_too_big_for_a_small_gpu_is_cut_to_what_fits():
     p = pack("2x24", tps=[2], model=LLAMA8B)
     mem = p.memory[2]
     assert mem.min_kv <= mem.kv < packing.engine_memory(LLAMA8B, 2, SEQ, 64).kv
-    assert mem.total <= 0.9 * 24 * 10**9
+    assert mem.total <= 0.9 * 24 * 2**30
 
 
 def test_memory_unknown_counts_engines():
@@ -245,7 +244,7 @@ def test_engines_without_gpu_placement_run_n_at_once():
 def test_a_tp_larger_than_the_gpus_is_refused_in_one_line():
     with pytest.raises(UsageError) as e:
         pack("1x141", tps=[1, 2])
-    assert str(e.value).startswith("--tp 2 needs 2 GPUs, 1 visible (1 x GPU (141 GB))")
+    assert str(e.value).startswith("--tp 2 needs 2 GPUs, 1 visible (1 x GPU (141 GiB))")
     assert "\n" not in str(e.value)
 
 
@@ -254,11 +253,11 @@ def test_a_model_that_does_not_fit_one_gpu_is_refused_in_one_line():
         pack("1x24", model=LLAMA8B)
     msg = str(e.value)
     assert msg.startswith(
-        "one engine at tp 1 needs 37.5 GB per GPU (16.1 GB weights, 17.2 GB KV cache for a whole wave"
+        "one engine at tp 1 needs 35.0 GiB per GPU (15.0 GiB weights, 16.0 GiB KV cache for a whole wave"
     )
-    assert "more than the 21.6 GB a 24.0 GB GPU gives it" in msg and "\n" not in msg
+    assert "more than the 21.6 GiB a 24.0 GiB GPU gives it" in msg and "\n" not in msg
     with pytest.raises(UsageError, match="KV cache \\(yours\\)"):
-        pack("1x80", model=SMOL, kv_given=100 * 10**9)
+        pack("1x80", model=SMOL, kv_given=100 * 2**30)
 
 
 def test_max_engines_per_gpu_below_one_is_refused():

@@ -70,8 +70,8 @@ def test_vllm_workers_get_their_budget_side_by_side_and_none_alone(fake_vllm, cu
 def test_a_model_too_big_for_the_gpu_is_refused_before_anything_runs(fake_vllm, cut_model, tmp_path, monkeypatch):
     from cascade_repro.errors import UsageError
 
-    monkeypatch.setenv("CASCADE_REPRO_GPUS", "1x1.5")  # the cut model and a 1 GiB KV floor do not fit 1.35 GB
-    with pytest.raises(UsageError, match=r"^one engine at tp 1 needs .* more than the 1\.4 GB a 1\.5 GB GPU"):
+    monkeypatch.setenv("CASCADE_REPRO_GPUS", "1x1.5")  # the cut model and a 1 GiB KV floor do not fit its 1.35 GiB
+    with pytest.raises(UsageError, match=r"^one engine at tp 1 needs .* more than the 1\.3 GiB a 1\.5 GiB GPU"):
         _run(tmp_path, cut_model, "big", None)
     assert not (tmp_path / "big").exists()  # refused before anything was written
     monkeypatch.setenv("CASCADE_REPRO_GPUS", "1x141")
