@@ -36,6 +36,7 @@ from typing import Any
 from cascade_repro.atomic import write_atomic
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import spec_of
+from cascade_repro.run.penalties import Penalties
 from cascade_repro.rundir import jsonl, layout, manifest, sample_scan
 from cascade_repro.rundir.reference import RECORD, START, RefRow, fingerprint, read_reference
 
@@ -322,6 +323,8 @@ class ReferenceModel:
             getattr(cfg, a, None) for a in ("final_logit_softcapping", "logit_scale", "logits_scaling")
         )
         self._head = self.model.get_output_embeddings() if plain_head else None
+        # The run's sampling penalties (run/penalties.py), applied to the logits before log_softmax.
+        self.penalties: Penalties | None = None
 
     def _prefix_cache(self, prefix: list[int]) -> Any:
         from transformers import DynamicCache
@@ -411,6 +414,8 @@ class ReferenceModel:
 
         if not own:  # the prefix's last token predicts the first generated one
             return self.score_prompt(prefix[:-1], prefix[-1:], gens)
+        if self.penalties is not None:  # the penalty needs each row's whole prompt: read it per row
+            return self.score(prefix, [(own, g) for g in gens])
         base, head = self._prefix_cache(prefix), own[:-1]
         if not head:
             return self._score(base, len(prefix), [(own, g) for g in gens])
@@ -477,6 +482,9 @@ class ReferenceModel:
                 logits = self._head(hidden[rows_i, cols_i])
             else:  # a model whose logits are more than its head's matmul (softcapping, scaling)
                 logits = self.model(**kw).logits[rows_i, cols_i]
+            if self.penalties is not None and self._prefix is not None:
+                prompts = [[*self._prefix[0], *own] for own, _ in rows]
+                logits = self.penalties.apply_rows(logits.to(self.dtype), prompts, [g for _, g in rows])
             lps = torch.log_softmax(logits.to(self.dtype), dim=-1)
             chosen = lps.gather(
                 1, torch.tensor([g for _, gen in rows for g in gen], device=self.device)[:, None]
@@ -551,6 +559,7 @@ def run_pass(run_dir: Path, precision: str, device: str, log: Callable[[str], No
     rendered, shared, hashes = measured.rendered, measured.tokens, measured.hashes()
     t0 = time.time()
     model = ReferenceModel(run.model_path, precision, device, int(spec.topk), spec.trust_remote_code)
+    model.penalties = Penalties.of(spec.sampling)
     log(f"reference: {TORCH_DTYPES[precision]} on {device}, {total} sequences to score")
     import torch
     import transformers
