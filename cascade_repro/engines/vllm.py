@@ -571,6 +571,8 @@ class VLLMEngine:
         if force_on:
             extra["forced_on"] = agg["forced_on"]
         extra["steps"] = {k: round(agg[k], 6) if k.endswith("_s") else agg[k] for k in probe.TIMING_KEYS}
+        if agg.get("preempted_reqs"):  # KV cache pressure evicted running requests (recomputed later)
+            extra["preempted_reqs"] = agg["preempted_reqs"]
         if agg["fa2_split_calls"]:  # FA2's split-KV branch ran under cascade (the field bug's)
             extra["fa2_split_calls"] = agg["fa2_split_calls"]
         if agg["fa_versions"]:

@@ -93,8 +93,8 @@ from typing import Any
 
 from cascade_repro import vllm_surface
 from cascade_repro.atomic import write_atomic  # standard library only
+from cascade_repro.vllm_surface import flashinfer_cascade, preemption, splitkv
 from cascade_repro.vllm_surface import inject as inj  # standard library only, like this module
-from cascade_repro.vllm_surface import splitkv
 
 ENV_VAR = "CASCADE_REPRO_PROBE"
 FLASH_ATTN_MODULE = vllm_surface.FLASH_ATTN_MODULE
@@ -143,6 +143,8 @@ COUNTER_KEYS = (
     "graph_full_steps",
     "graph_piecewise_steps",
     "graph_eager_steps",
+    # Requests the scheduler preempted (KV cache full: blocks freed, recomputed later; preemption.py).
+    "preempted_reqs",
 )
 # Step wall times (seconds, float) and the number of steps each sum covers; see the docstring.
 TIMING_KEYS = (
@@ -336,11 +338,12 @@ class ProbeState:
             c["fa2_split_calls"] += 1
         self._dirty = True
 
-    def record_schedule(self, chunks: int, reqs: int = 0, is_async: bool = False) -> None:
+    def record_schedule(self, chunks: int, reqs: int = 0, is_async: bool = False, preempted: int = 0) -> None:
         c = self.counters()
         if c is not None:
             c["sched_steps"] += 1
             c["prefill_chunks"] += chunks
+            c["preempted_reqs"] += preempted
             if reqs > c["max_sched_reqs"]:
                 c["max_sched_reqs"] = reqs
             if is_async:
@@ -826,9 +829,11 @@ def patch_scheduler(module: ModuleType, state: ProbeState) -> list[str]:
             return orig(self, *args, **kwargs)
         reqs = getattr(self, "requests", None) or {}
         before = {rid: getattr(r, "num_computed_tokens", None) for rid, r in reqs.items()}
+        status = preemption.statuses(reqs)
         out = orig(self, *args, **kwargs)
-        chunks = 0
+        chunks = evicted = 0
         try:
+            evicted = preemption.preempted(status, reqs)
             for rid, n in (getattr(out, "num_scheduled_tokens", None) or {}).items():
                 r, done = reqs.get(rid), before.get(rid)
                 prompt = getattr(r, "num_prompt_tokens", None)
@@ -841,7 +846,8 @@ def patch_scheduler(module: ModuleType, state: ProbeState) -> list[str]:
                     chunks += 1
         except Exception as e:  # noqa: BLE001 - never break vLLM's scheduler
             state._note_error(f"schedule: {e!r}"[:200])
-        state.record_schedule(chunks, len(getattr(out, "num_scheduled_tokens", None) or ()), _is_async(self))
+        n_reqs = len(getattr(out, "num_scheduled_tokens", None) or ())
+        state.record_schedule(chunks, n_reqs, _is_async(self), evicted)
         return out
 
     setattr(schedule, _MARK, orig)
@@ -1020,6 +1026,8 @@ def activate(directory: str | os.PathLike[str]) -> ProbeState:
         when_imported(name, lambda m: patch_worker_base(m, st))
         when_imported(name, lambda m: patch_worker_facts(m, st))
     when_imported(SCHEDULER_MODULE, lambda m: patch_scheduler(m, st))
+    # FlashInfer's own cascade path (0.10.2), counted as cascade calls like FLASH_ATTN's.
+    when_imported(flashinfer_cascade.MODULE, lambda m: flashinfer_cascade.patch(m, st))
     # Both runners' graph points: the one this vLLM runs is imported (0.34.0 has only the V2 one).
     when_imported(vllm_surface.V1_RUNNER_MODULE, lambda m: patch_v1_graphs(m, st))
     when_imported(vllm_surface.V2_GRAPHS_MODULE, lambda m: patch_v2_graphs(m, st))
