@@ -679,6 +679,15 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, refer
             f"vLLM engine arguments, both arms: {escape(shown)} (checked against {escape(known_fields().where)})",
             highlight=False,
         )
+    if spec.sampling:
+        from cascade_repro.vllm_surface import sampling
+
+        console.print(
+            f"sampling penalties, every arm: {sampling.describe(spec.sampling)} (greedy; logprobs after the "
+            "penalties, which the reference applies too)",
+            highlight=False,
+            markup=False,
+        )
 
 
 def _print_outcome(outcome: Any, console: Any) -> None:

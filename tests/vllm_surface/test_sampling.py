@@ -69,3 +69,9 @@ def test_a_bad_pair_is_one_line_exit_2():
     )
     assert res.exit_code == 2, res.output
     assert "--sampling repetition_penalty: expected a number" in res.output
+
+
+def test_the_dry_run_says_what_every_arm_carries():
+    res = invoke("matrix", "--engine", "vllm", "--batch", "8", "--dry-run", "--sampling", "repetition_penalty=1.3")
+    assert res.exit_code == 0, res.output
+    assert "sampling penalties, every arm: repetition_penalty=1.3" in " ".join(res.output.split())
