@@ -105,3 +105,12 @@ def test_flashinfer_cascade_runs_count_as_cascade_calls_and_decode_calls(tmp_pat
     c = st.sync("w")["waves"]["w"]
     assert (c["cascade_calls"], c["decode_cascade_calls"], c["max_decode_suffix"]) == (6, 4, 32)
     assert c["fa2_split_calls"] == 0 and w.ran == 6
+
+
+def test_a_fixed_kv_cache_is_an_engine_argument_the_matrix_takes():
+    from cascade_repro.plan import engine_args as eargs
+
+    # Neither is owned by the harness nor breaks the experiment: both arms get the same cache.
+    eargs.check({"num_gpu_blocks_override": 32}, 64)
+    eargs.check({"kv_cache_memory_bytes": 294_912_000}, 64)
+    assert "num_gpu_blocks_override" not in eargs.OWNED and "kv_cache_memory_bytes" not in eargs.OWNED
