@@ -17,7 +17,11 @@
 #                    per wave: preempted_reqs in STEP-waves.json)
 #         penalties  0.11.0, --twin async-scheduling with --sampling repetition_penalty=1.3
 #   good: field, preempt, penalties on the image's vLLM (0.26.0: FA2 has PR #87, async scheduling has
-#         PRs #26385 and #26467/#27910); run ids end in -good
+#         PRs #26385 and #26467/#27910; GOOD_VLLM names another version prefix); run ids end in -good
+# Device time (estimates, nothing measured yet): "old" ~10 min, so STEP_TIMEOUT=540 cuts it once and a
+# second identical call (~3-4 min) finishes the field matrix, every reference pass and the reports; FA2's
+# first engine start on a fresh machine pays the driver's JIT of its sm_80 PTX (~3-5 min; FA3 ~1 min),
+# every other engine start ~1-3 min. "good" ~8-9 min (FA2's JIT again on 0.26.0's own FA2 build).
 # Every engine gets a fixed KV cache (-E kv_cache_memory_bytes=...): vLLM then skips its free-memory
 # profiling, which engines starting side by side would break. One KV block of the embedded model is
 # 30 layers x K,V x 16 tokens x 3 KV heads x 64 x 2 bytes = 368,640 bytes: 2,000,000,000 bytes hold
@@ -87,9 +91,9 @@ for s in $steps; do
     preempt) step preempt new 0.11.0 "${asyncs[@]}" -E kv_cache_memory_bytes=$KV_TIGHT & ;;
     penalties) step penalties new 0.11.0 "${asyncs[@]}" --sampling repetition_penalty=1.3 \
                  -E kv_cache_memory_bytes=$KV_BIG & ;;
-    field-good) step field-good image 0.26 "${field[@]}" --fa-version 2 & ;;
-    preempt-good) step preempt-good image 0.26 "${asyncs[@]}" -E kv_cache_memory_bytes=$KV_TIGHT & ;;
-    penalties-good) step penalties-good image 0.26 "${asyncs[@]}" --sampling repetition_penalty=1.3 \
+    field-good) step field-good image "${GOOD_VLLM:-0.26}" "${field[@]}" --fa-version 2 & ;;
+    preempt-good) step preempt-good image "${GOOD_VLLM:-0.26}" "${asyncs[@]}" -E kv_cache_memory_bytes=$KV_TIGHT & ;;
+    penalties-good) step penalties-good image "${GOOD_VLLM:-0.26}" "${asyncs[@]}" --sampling repetition_penalty=1.3 \
                       -E kv_cache_memory_bytes=$KV_BIG & ;;
     *) echo "unknown step $s" >&2; exit 2 ;;
   esac
