@@ -40,5 +40,5 @@ def test_a_fault_from_step_312_shows_in_a_384_step_curve(cut_model, tmp_path: Pa
     assert min(test[ONSET:]) > 10 * max(twin[ONSET:])
     report = (outcome.run_dir / "report.md").read_text(encoding="utf-8")
     line = next(ln for ln in report.splitlines() if "(steps in spans of 48)" in ln)
-    spans = [float(v) for v in re.search(r": test (.*?) \| twin", line).group(1).split(", ")]
+    spans = [float(v) for v in re.search(r": test (.*?) \\?\| twin", line).group(1).split(", ")]
     assert len(spans) == 8 and spans[6] > 10 * spans[0]  # steps 288-335 hold the onset
