@@ -72,6 +72,19 @@ def test_a_bad_pair_is_one_line_exit_2():
 
 
 def test_the_dry_run_says_what_every_arm_carries():
-    res = invoke("matrix", "--engine", "vllm", "--batch", "8", "--dry-run", "--sampling", "repetition_penalty=1.3")
+    res = invoke(
+        "matrix", "--engine", "vllm", "--batch", "8", "--dry-run", "--sampling", "repetition_penalty=1.3"
+    )
     assert res.exit_code == 0, res.output
     assert "sampling penalties, every arm: repetition_penalty=1.3" in " ".join(res.output.split())
+
+
+@pytest.mark.parametrize("release", ["0.10.2", "0.26.0", "0.31.0", "0.33.0", "0.34.0"])
+def test_every_recorded_release_takes_the_penalties_and_the_logprobs_mode(release):
+    import json
+    from pathlib import Path
+
+    f = json.loads((Path(__file__).parents[1] / "data" / f"vllm-surface-{release}.json").read_text())
+    assert set(sampling.PENALTIES) <= set(f["sampling_params_fields"])
+    assert sampling.LOGPROBS_MODE[0] in f["engine_args"]
+    assert {"num_gpu_blocks_override", "kv_cache_memory_bytes"} <= set(f["engine_args"])
