@@ -83,7 +83,7 @@ class MatrixCommand(ShortHelpCommand):
             "graphs_for_batches", "load_format", "hf_overrides", "prompt_field", "key_field", "allow_mixed",
             "run_id", "reference_device", "topk", "arm_switch", "auto_controls", "rerun", "force_cascade",
             "ignore_eos", "device", "trust_remote_code", "engine_args", "seed", "system_prompt",
-            "ray_address", "retries",
+            "ray_address", "retries", "sampling",
         }
     )  # fmt: skip
     more_help = staticmethod(lambda: _foreign_help())
@@ -273,6 +273,16 @@ EngineArg = Annotated[
     ),
 ]
 
+Sampling = Annotated[
+    list[str] | None,
+    option(
+        "A sampling penalty every arm's requests carry, as key=value (repeatable): repetition_penalty, frequency_penalty or presence_penalty, e.g. --sampling repetition_penalty=1.3. Decoding stays greedy; vLLM returns the logprobs after the penalty (logprobs_mode=processed_logprobs) and the reference pass applies the same penalty to its logits, so both score what the token was chosen from. vLLM only. [default: none]",
+        ENGINE,
+        "--sampling",
+        metavar="KEY=VALUE",
+    ),
+]
+
 MaxModelLen = Annotated[
     int | None,
     option("vLLM max_model_len. [default: prompt + max tokens, rounded up]", ENGINE, metavar="N"),
@@ -380,6 +390,7 @@ def matrix(
     hf_overrides: HfOverrides = None,
     engine_args: EngineArgs = None,
     engine_arg: EngineArg = None,
+    sampling: Sampling = None,
     max_model_len: MaxModelLen = None,
     gpu_memory_utilization: GpuMemoryUtilization = None,
     trust_remote_code: TrustRemoteCode = None,

@@ -271,6 +271,15 @@ def _print_plan(
             f"vLLM engine arguments, both arms: {escape(shown)} (checked against {escape(known_fields().where)})",
             highlight=False,
         )
+    if spec.sampling and not as_json:
+        from cascade_repro.vllm_surface import sampling
+
+        console.print(
+            f"sampling penalties, every arm: {sampling.describe(spec.sampling)} (greedy; logprobs after the "
+            "penalties, which the reference applies too)",
+            highlight=False,
+            markup=False,
+        )
 
 
 def _schedule_table(packing: Any, slots: Any, engines: dict[str, Any]) -> Any:

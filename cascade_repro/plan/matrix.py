@@ -95,6 +95,9 @@ class MatrixSpec:
     # Any other vLLM engine argument (block_size, kv_cache_dtype, quantization, ...), the same for
     # both arms; checked by engine_args.py.
     engine_args: dict[str, Any] = field(default_factory=dict)
+    # Sampling penalties every arm's requests carry (repetition_penalty, frequency_penalty,
+    # presence_penalty; plan/sampling.py), applied by vLLM's sampler and by the reference pass alike.
+    sampling: dict[str, float] = field(default_factory=dict)
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.5
     trust_remote_code: bool = False
@@ -215,6 +218,15 @@ class MatrixSpec:
         if self.engine_args and not engine_info(self.engine).is_vllm:
             bad(f"{n('engine_args')} are vLLM engine arguments; the {self.engine} engine takes none "
                 f"(use {use_vllm})", "engine_args", "engine")  # fmt: skip
+        if self.sampling:
+            from cascade_repro.vllm_surface import sampling as samp
+
+            why = samp.problem(self.sampling)
+            if why is not None:
+                bad(f"{n('sampling')} {why}", "sampling")
+            if not engine_info(self.engine).is_vllm:
+                bad(f"{n('sampling')} penalties are applied by vLLM's sampler; the {self.engine} engine has "
+                    f"none to apply them (use {use_vllm})", "sampling", "engine")  # fmt: skip
         for name in LIST_FIELDS:
             val = getattr(self, name)
             if not isinstance(val, list) or not val:

@@ -645,7 +645,7 @@ def test_every_matrix_option_shows_its_default_from_the_spec():
     by_flag = {o: p for p in cmd.params for o in p.opts}
     spec = MatrixSpec()
     described = {"limit", "prompt_field", "key_field", "max_model_len", "hf_overrides", "engine_args", "calibrate",
-                 "inject"}  # fmt: skip
+                 "inject", "sampling"}  # fmt: skip
     for f in dataclasses.fields(MatrixSpec):
         p = by_flag[flag_name(f.name)]  # every field has its flag
         expect = "[default: " if f.name in described else f"[default: {as_typed(getattr(spec, f.name))}"
@@ -765,7 +765,7 @@ def test_flag_errors_name_the_flag(args, message):
          "engine, engine_args, engine_timeout, executor, fa_version, fail_on, force_cascade, gpu_memory_utilization, "
          "graphs_for_batches, hf_overrides, ignore_eos, inject, key_field, limit, load_format, max_model_len, "
          "max_tokens, min_topk_violations, model, prompt_field, prompts, quiet, ray_address, reference, "
-         "reference_device, rep_delta, rerun, results_dir, retries, run_id, seed, shard, system_prompt, topk, tp, trust_remote_code, twin"),
+         "reference_device, rep_delta, rerun, results_dir, retries, run_id, sampling, seed, shard, system_prompt, topk, tp, trust_remote_code, twin"),
     ],
 )  # fmt: skip
 def test_config_errors_name_the_file_and_its_key(tmp_path, toml, flags, message):

@@ -18,3 +18,6 @@ class EngineArgs:
     # The memory the runner hands an engine that shares a GPU (plan/packing.py).
     gpu_memory_utilization: float = 0.9
     kv_cache_memory_bytes: int | None = None
+    # KV pressure and penalized logprobs (vLLM 0.10.2 to 0.34.0 have both).
+    num_gpu_blocks_override: int | None = None
+    logprobs_mode: str = "raw_logprobs"
