@@ -763,7 +763,7 @@ def test_flag_errors_name_the_flag(args, message):
         ("batches = [1, 8]", [], "{cfg}: unknown key(s) batches (did you mean batch?); known: allow_mixed, alpha, "
          "arm_switch, auto_controls, backend, batch, calibrate, cascade, device, drift_min, dtype, enforce_eager, "
          "engine, engine_args, engine_timeout, executor, fa_version, fail_on, force_cascade, gpu_memory_utilization, "
-         "graphs_for_batches, hf_overrides, ignore_eos, inject, key_field, limit, load_format, max_model_len, "
+         "graphs_for_batches, hf_overrides, ignore_eos, inject, key_field, limit, load_format, max_engines_per_gpu, max_model_len, "
          "max_tokens, min_topk_violations, model, prompt_field, prompts, quiet, ray_address, reference, "
          "reference_device, rep_delta, rerun, results_dir, retries, run_id, sampling, seed, shard, system_prompt, topk, tp, trust_remote_code, twin"),
     ],
