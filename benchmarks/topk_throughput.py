@@ -55,6 +55,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ignore-eos", action="store_true",
                     help="every request generates --max-tokens tokens, so both top-k values do the same work")  # fmt: skip
     ap.add_argument("--graphs-for-batches", action="store_true")
+    # Beside other engines on one GPU, a fixed KV budget and a small share (vLLM's profiling would
+    # otherwise count their memory as its own).
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    ap.add_argument("--kv-cache-memory-bytes", type=int, default=0, help="vLLM's kv_cache_memory_bytes (0: vLLM's)")
     ap.add_argument("--budget-s", type=float, default=480.0, help="stop starting rounds after this")
     ap.add_argument("--out", type=Path, help="JSON with every counted wave and the summary")
     args = ap.parse_args(argv)
@@ -91,7 +95,10 @@ def prepare_run(args: argparse.Namespace, results: Path) -> tuple[Path, Any]:
         "topk": max(args.topks),
         "ignore_eos": bool(args.ignore_eos),
         "graphs_for_batches": bool(args.graphs_for_batches),
+        "gpu_memory_utilization": args.gpu_memory_utilization,
     }
+    if args.kv_cache_memory_bytes:
+        values["engine_args"] = {"kv_cache_memory_bytes": args.kv_cache_memory_bytes}
     if args.fa_version:
         values["fa_versions"] = [int(args.fa_version)]
     spec = MatrixSpec.from_dict(values, source="bench")
