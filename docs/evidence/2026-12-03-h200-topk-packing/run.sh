@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The H200 runs behind this directory's README (vLLM 0.26.0, the embedded model in bf16, a float32
+# reference, 64 prompts x 128 tokens behind the Korean system prompt). One phase per device call:
+#   cal     the top-k verdict's evidence, side by side, untimed: lse-shift ladders on cascade (FA2 and
+#           FA3, b8 and b64; the FA2 one also compiles FA2's JIT for the later phases), the out-scale
+#           ladder on prefix-caching, and top-5 against top-20 throughput in one engine
+#   readme  the README's GPU matrix (FA2 and FA3) with engine keys side by side, then one after another
+#   twins   --twin all at b64 side by side, then the same twins one after another (--max-engines-per-gpu 1)
+# A step cut at the call's deadline resumes when the phase runs again on the same warm machine
+# (same --run-id, same RES).
+#   RES=/tmp/res bash run.sh PHASE OUT_DIR
+set -u
+phase=$1; out=$2
+res=${RES:-/tmp/res}
+mkdir -p "$out" "$res"
+deadline=$(( $(date +%s) + ${BUDGET_S:-540} ))   # the call's 600 s, less packing the results
+common=(matrix --engine vllm --tp 1 --limit 64 --max-tokens 128 --system-prompt ko --quiet --results-dir "$res")
+step() {  # name, args... ; its wall and exit code appended to RES/name.stdout
+  local name=$1; shift
+  [ -f "$res/$name.done" ] && return   # finished in an earlier call of this phase
+  local left=$(( deadline - $(date +%s) ))
+  [ "$left" -gt 20 ] || { echo "$name: not started, no time left" >> "$res/$name.stdout"; return; }
+  local t0=$(date +%s)
+  timeout "$left" cascade-repro "${common[@]}" "$@" --run-id "$name" >> "$res/$name.stdout" 2>&1
+  local rc=$?
+  echo "$name: exit $rc, wall $(( $(date +%s) - t0 )) s" >> "$res/$name.stdout"
+  [ "$rc" = 124 ] || touch "$res/$name.done"
+}
+pack() {  # tgz name, run ids...: each run's small files; records.tgz: samples and reference records
+  local tgz=$1; shift
+  local small=() recs=()
+  for name in "$@"; do
+    d="$res/$name"
+    [ -d "$d" ] || continue
+    tail -c 20000 "$d"/worker-*.log > "$d/worker.log.tail" 2>/dev/null
+    small+=("$name.stdout" $(cd "$res" && ls "$name"/{run.json,prompts.jsonl,cells.parquet,pairs.parquet,comparisons.parquet,report.md,summary.json,junit.xml,report.html,worker.log.tail,reference.log} 2>/dev/null))
+    recs+=($(cd "$res" && ls -d "$name"/samples "$name"/reference 2>/dev/null))
+  done
+  tar czf "$out/$tgz.tgz" -C "$res" "${small[@]}"
+  [ ${#recs[@]} -gt 0 ] && tar czf "$out/$tgz-records.tgz" -C "$res" "${recs[@]}"
+  tail -n 2 "$res"/*.stdout > "$out/$tgz.log" 2>&1
+}
+case $phase in
+cal)
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.csv" 2>&1
+  lse=(--enforce-eager --calibrate 0.003,0.01,0.03,0.1)
+  step fa2-cal --batch 8,64 --fa-version 2 "${lse[@]}" &
+  step fa3-cal --batch 8,64 --fa-version 3 "${lse[@]}" &
+  step prefix-cal --batch 8,64 --twin prefix-caching --enforce-eager --calibrate 0.002,0.005,0.01,0.03 &
+  left=$(( deadline - $(date +%s) - 30 ))
+  timeout "$left" python3 benchmarks/topk_throughput.py --engine vllm --limit 64 --batch 8,64 --max-tokens 128 \
+    --ignore-eos --graphs-for-batches --fa-version 3 --gpu-memory-utilization 0.08 \
+    --kv-cache-memory-bytes 6000000000 --budget-s $(( left - 120 )) --out "$out/topk.json" > "$res/topk.stdout" 2>&1
+  echo "topk: exit $?" >> "$res/topk.stdout"
+  wait
+  pack cal fa2-cal fa3-cal prefix-cal topk
+  ;;
+readme)
+  # Side by side first: it pays any first compile the sequential run then finds cached, so the ratio
+  # errs against the side-by-side run.
+  m=(--batch 1,8,32,64,128 --fa-version 2,3)
+  step readme-side "${m[@]}"
+  step readme-seq "${m[@]}" --max-engines-per-gpu 1
+  pack readme readme-side readme-seq
+  ;;
+twins)
+  step twins-side --twin all --batch 64
+  step twins-seq --twin all --batch 64 --max-engines-per-gpu 1
+  pack twins twins-side twins-seq
+  ;;
+*) echo "phase: cal, readme or twins" >&2; exit 2 ;;
+esac
