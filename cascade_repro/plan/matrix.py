@@ -103,14 +103,25 @@ class MatrixSpec:
         return dataclasses.asdict(self)
 
     @property
-    def twin_axis(self) -> twins.TwinAxis:
-        """The registry's entry ``twin`` names, resolved once (``twin`` stays the text run.json keeps;
-        a spec from before --twin: cascade). A ValueError for a name the registry does not know."""
+    def twin_axes(self) -> tuple[twins.TwinAxis, ...]:
+        """The registry's entries ``twin`` names (``a,b,c``: several), resolved once (``twin`` stays
+        the text run.json keeps; a spec from before --twin: cascade). A ValueError for a name the
+        registry does not know."""
         text = self.twin or TWIN.name
-        hit = self.__dict__.get("_twin_axis")
+        hit = self.__dict__.get("_twin_axes")
         if hit is None or hit[0] != text:
-            hit = self.__dict__["_twin_axis"] = (text, twins.resolve(text))
+            hit = self.__dict__["_twin_axes"] = (text, twins.resolve_list(text))
         return hit[1]
+
+    @property
+    def twin_axis(self) -> twins.TwinAxis:
+        """The run's one twin; of a run of several, the first (each engine's worker reads its own
+        from the spec narrowed to it: :meth:`for_twin`)."""
+        return self.twin_axes[0]
+
+    def for_twin(self, name: str) -> MatrixSpec:
+        """This spec narrowed to one of its twins: what an engine of that twin is built from."""
+        return dataclasses.replace(self, twin=name)
 
     @classmethod
     def from_dict(
@@ -163,10 +174,23 @@ class MatrixSpec:
         if not isinstance(self.twin, str):
             bad(f"{n('twin')} must be a name such as prefix-caching, got {show(self.twin)}", "twin")
         try:
-            tw = self.twin_axis
+            # ``all`` that the command line did not expand with this machine's GPUs (tp left out).
+            from cascade_repro.plan.twin_set import expand
+
+            batches = self.batch if isinstance(self.batch, list) else []
+            version = vllm_surface.installed_version() if engine_info(self.engine).is_vllm else None
+            self.twin = expand(self.twin, self.engine, batches, version)[0]
+            axes = self.twin_axes
         except ValueError as e:
             bad(str(e).replace("--twin", n("twin"), 1), "twin")
-        self.twin = tw.name
+        self.twin = twins.LIST_SEP.join(t.name for t in axes)
+        for tw in axes:
+            self._check_twin(tw, n, use_vllm, bad)
+        tw = axes[0]
+        self._check_fields(tw, n, setting, use_vllm, both_arms, bad)
+
+    def _check_twin(self, tw: twins.TwinAxis, n: Any, use_vllm: str, bad: Any) -> None:
+        """What one twin asks of the rest of the spec (part of :meth:`validate`)."""
         if self.engine not in tw.engines:
             bad(f"{n('twin')} {tw.name} needs the vllm engine (the {self.engine} engine serves "
                 f"{', '.join(t.name for t in twins.all_examples() if self.engine in t.engines)}; "
@@ -185,6 +209,16 @@ class MatrixSpec:
             if getattr(self, own) not in (default, [tw.test_value]):
                 bad(f"{n('twin')} {tw.name} sets the {tw.axis} of each arm ({tw.ref_value} and "
                     f"{tw.test_value}): drop {n(own)}", "twin", own)  # fmt: skip
+        batches = self.batch if isinstance(self.batch, list) and self.batch else [0]
+        if tw.family == twins.CHUNKED_PREFILL.family and all(isinstance(b, int) for b in batches):
+            # vLLM refuses a step budget below max_num_seqs, which the twin sets to the largest batch.
+            if max(batches) > twins.CHUNK_TOKENS:
+                bad(f"{n('twin')} {tw.name} prefills in {twins.CHUNK_TOKENS}-token steps, which vLLM allows up "
+                    f"to batch {twins.CHUNK_TOKENS}: {n('batch')} {show(self.batch)}", "twin", "batch")  # fmt: skip
+
+    def _check_fields(self, tw: twins.TwinAxis, n: Any, setting: Any, use_vllm: str, both_arms: str,
+                      bad: Any) -> None:  # fmt: skip
+        """Every field's own check (part of :meth:`validate`; ``tw``: the run's first twin)."""
         # A config file can hold any TOML type: a number where a name belongs would surface as a
         # traceback, and a string "false" is truthy (trust_remote_code = "false" would trust).
         for name in ("model", "prompts", "system_prompt", "load_format", "device"):
@@ -223,12 +257,6 @@ class MatrixSpec:
         if not all(isinstance(b, str) for b in self.backends):
             bad(f"{n('backends')} must be names such as FLASH_ATTN, got {show(self.backends)}", "backends")
         self.backends = [b.upper() for b in self.backends]
-        batches = self.batch if isinstance(self.batch, list) and self.batch else [0]
-        if tw.family == twins.CHUNKED_PREFILL.family and all(isinstance(b, int) for b in batches):
-            # vLLM refuses a step budget below max_num_seqs, which the twin sets to the largest batch.
-            if max(batches) > twins.CHUNK_TOKENS:
-                bad(f"{n('twin')} {tw.name} prefills in {twins.CHUNK_TOKENS}-token steps, which vLLM allows up "
-                    f"to batch {twins.CHUNK_TOKENS}: {n('batch')} {show(self.batch)}", "twin", "batch")  # fmt: skip
         for name in ("tp", "batch"):
             for v in getattr(self, name):
                 if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -423,6 +451,65 @@ def calibration_fault(tw: twins.TwinAxis) -> str:
 def plan(spec: MatrixSpec) -> Plan:
     """Return the plan: engine plans keyed by engine key, each with its cells in run order.
 
+    A run of one twin is :func:`plan_twin`'s plan. A run of several (``--twin a,b``) plans each
+    twin as a run of its own would and merges the plans (:func:`merge_twins`): a cell whose engine
+    configuration, batch, rerun and fault another twin's cell already has is not run twice but
+    serves both (its ``twins`` map says under which arm name each twin reads it).
+    """
+    axes = spec.twin_axes
+    if len(axes) == 1:
+        return plan_twin(spec, axes[0])
+    return merge_twins([(tw, plan_twin(spec, tw, several=True)) for tw in axes])
+
+
+def arm_config(tw: twins.TwinAxis, arm: str, toggled: bool) -> tuple:
+    """What an engine serving ``arm`` of ``tw`` is started with, as far as the twin decides it: its
+    engine arguments and environment; an engine that toggles the arms per wave is the twin's own
+    (its setting switched by the engine, never another twin's)."""
+    if toggled:
+        return ("toggle", tw.name, arm)
+    args = tuple(sorted((k, repr(v)) for k, v in tw.engine_args(arm).items()))
+    return (args, tuple(sorted(tw.env(arm).items())))
+
+
+def merge_twins(plans: list[tuple[twins.TwinAxis, Plan]]) -> Plan:
+    """The plans of several twins as one: the cells and engine keys of each in the twins' order,
+    a cell another twin's cell duplicates (same engine configuration and cell axes, same batch,
+    rerun, fault and origin) dropped in favour of the first, which then serves both (its
+    ``twins``: each twin's name and the arm it reads the cell as). Every cell and engine names its
+    twins (``twins``, ``EnginePlan.twin``: the twin whose spec builds the engine)."""
+    engines: dict[str, EnginePlan] = {}
+    cells: dict[str, Cell] = {}
+    by_config: dict[tuple, Cell] = {}
+    for tw, p in plans:
+        toggled = {k for k, ep in p.engines.items() if ep.arm is None}
+        for key, ep in p.engines.items():
+            for c in p.cells_of(key):
+                sig = (arm_config(tw, c.arm, key in toggled), c.tp, c.batch, c.rerun, c.seed, c.dtype,
+                       c.fa_version, c.backend, c.inject, c.origin, key in toggled)  # fmt: skip
+                if (first := by_config.get(sig)) is not None:
+                    first.twins = {**(first.twins or {}), tw.name: c.arm}
+                    continue
+                if c.cell_id in cells:
+                    other = next(iter(cells[c.cell_id].twins or {}), "another twin")
+                    raise UsageError(
+                        f"--twin {other} and {tw.name} both name cell {c.cell_id} with other settings: "
+                        "run them apart"
+                    )
+                c.update(twins={tw.name: c.arm})
+                by_config[sig] = cells[c.cell_id] = c
+                mine = engines.get(key)
+                if mine is None:
+                    mine = engines[key] = EnginePlan.of(**{**ep.to_json(), "cells": []})
+                    mine.update(twin=tw.name)
+                mine.cells.append(c.cell_id)
+    return Plan(engines=engines, cells=[cells[i] for ep in engines.values() for i in ep.cells])
+
+
+def plan_twin(spec: MatrixSpec, tw: twins.TwinAxis, several: bool = False) -> Plan:
+    """The plan of one twin (:func:`plan`); ``several``: one of a run's several twins, whose engine
+    toggling the arms is keyed by the twin too (another toggled twin's engine is another engine).
+
     The hf engine always toggles arms inside one model; vLLM does so unless ``arm_switch`` is
     ``restart``, in which case each arm gets its own engine (the real ``disable_cascade_attn`` flag)
     and a flat rerun is its own engine start too.
@@ -439,7 +526,6 @@ def plan(spec: MatrixSpec) -> Plan:
         "fa": len(spec.fa_versions) > 1,
         "backend": len(spec.backends) > 1,
     }
-    tw = spec.twin_axis
     # An arm with engine arguments of its own is an engine start of its own; so is every arm under
     # restart (the real disable_cascade_attn flag) and a twin's rerun control.
     restart = (engine_info(spec.engine).attention_axes and spec.arm_switch == "restart") or not tw.toggle
@@ -454,6 +540,8 @@ def plan(spec: MatrixSpec) -> Plan:
         # A batch twin's reference arm has no other batch to be controlled by: its rerun is one too.
         key_arm = (arm + ("-r1" if r else "")) if restart or (r and tw.axis == "batch") else None
         key = _engine_key(spec.engine, tp, seed, dtype, fa, backend, key_arm)
+        if several and key_arm is None:
+            key += f"-{tw.test}+{tw.ref}"
         ep = engines.get(key) or engines.setdefault(
             key,
             # Built with ``of``: run.json writes every field, ``arm: null`` too.

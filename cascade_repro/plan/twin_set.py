@@ -1,0 +1,73 @@
+"""Which twins one run compares: ``--twin a,b,c``, or ``--twin all`` expanded to every twin this
+engine can test (on vLLM: the installed release's, ``tp`` only where the GPUs are there).
+
+A run of several twins keeps them as one comma-separated text in the spec (``twin``), each entry's
+own spelling, in the order given; ``all`` is never stored: a resumed run compares the twins its
+first start expanded, whatever the machine it resumes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cascade_repro import twin as twins
+from cascade_repro import vllm_surface
+from cascade_repro.engines import get as engine_info
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """What ``all`` stands for here: the twins, in the registry's order, and one line naming what
+    was left out and why (None: nothing)."""
+
+    names: tuple[str, ...]
+    left_out: str | None = None
+
+
+def expand_all(engine: str, batches: Sequence[int], version: str | None = None, gpus: int | None = None) -> Expansion:
+    """Every twin ``engine`` can test: the fixed entries and one of each parameterised family (the
+    batch twin from 1 to the largest batch, TP 1 against 2, the attention backend's example); on
+    vLLM those the installed ``version`` can test and, for ``tp``, where ``gpus`` (None: unknown)
+    are enough."""
+    info = engine_info(engine)
+    top = max((b for b in batches if isinstance(b, int) and not isinstance(b, bool)), default=8)
+    params = {
+        "attention-backend": twins.PARAMETERISED["attention-backend"][1],
+        "tp": twins.PARAMETERISED["tp"][1],
+        "batch": f"batch=1:{top if top > 1 else 8}",
+    }
+    candidates = [*twins.FIXED.values(), *(twins.resolve(params[f]) for f in twins.PARAMETERISED)]
+    kept: list[str] = []
+    dropped: dict[str, list[str]] = {}
+
+    def drop(why: str, name: str) -> None:
+        dropped.setdefault(why, []).append(name)
+
+    for tw in candidates:
+        if engine not in tw.engines:
+            drop(f"the {engine} engine cannot serve them", tw.name)
+        elif tw.axis == "tp" and not info.tensor_parallel:
+            drop(f"the {engine} engine runs on one device", tw.name)
+        elif tw.family == twins.CHUNKED_PREFILL.family and top > twins.CHUNK_TOKENS:
+            drop(f"batch {top} > the {twins.CHUNK_TOKENS}-token prefill step vLLM allows", tw.name)
+        elif info.is_vllm and vllm_surface.twin_problem(tw.family, version) is not None:
+            drop(f"vLLM {version} cannot test them", tw.name)
+        elif info.is_vllm and tw.gpus > 1 and (gpus is None or gpus < tw.gpus):
+            drop(f"{tw.gpus} GPUs needed, {'an unknown number' if gpus is None else gpus} visible", tw.name)
+        else:
+            kept.append(tw.name)
+    note = "; ".join(f"{', '.join(names)} ({why})" for why, names in dropped.items())
+    return Expansion(tuple(kept), f"--twin all leaves out {note}" if note else None)
+
+
+def expand(text: str, engine: str, batches: Sequence[int], version: str | None = None,
+           gpus: int | None = None) -> tuple[str, str | None]:
+    """``--twin``'s text with ``all`` expanded (the text unchanged otherwise), and the line naming
+    what ``all`` left out; a ValueError in one line where ``all`` leaves nothing."""
+    if text.strip() != twins.ALL:
+        return text, None
+    exp = expand_all(engine, batches, version, gpus)
+    if not exp.names:
+        raise ValueError(f"--twin all: the {engine} engine can test no twin here ({exp.left_out})")
+    return twins.LIST_SEP.join(exp.names), exp.left_out
