@@ -664,6 +664,12 @@ def resolve_list(text: str | None) -> tuple[TwinAxis, ...]:
     return tuple(out.values())
 
 
+def pair_prefix(tw: TwinAxis) -> str:
+    """What every pair id of ``tw`` begins with in a run of several twins (``prefix-caching/``);
+    a run of one twin's pair ids have none."""
+    return tw.name + "/"
+
+
 def all_examples() -> list[TwinAxis]:
     """One entry per family, the parameterised ones with their example arms (docs, doctor, tests)."""
     return [*FIXED.values(), *(resolve(ex) for _, ex in PARAMETERISED.values())]

@@ -4,7 +4,7 @@ Each twin's view of the run (``Manifest.for_twin``: its cells, each under the ar
 it as) is scored by ``compare.score_samples`` over samples read once for all of them; its pair ids
 begin with the twin's name and a slash (``prefix-caching/tp1-b8-prefix-on~prefix-off``), so the
 pairs and comparisons tables hold every twin's rows apart and a report groups them by twin
-(``twin_of_pair``). A cell two twins share is one row of the cells table, under the arm of the
+(``twin.pair_prefix``). A cell two twins share is one row of the cells table, under the arm of the
 twin that planned it. A run of one twin is scored exactly as before, with no prefix.
 """
 
@@ -18,19 +18,7 @@ import pandas as pd
 from cascade_repro.judge.compare import RunSamples, load_cell_samples, load_prompts, score_samples
 from cascade_repro.judge.verdicts import Thresholds
 from cascade_repro.rundir.manifest import Manifest
-from cascade_repro.twin import TwinAxis
-
-SEP = "/"
-
-
-def pair_prefix(tw: TwinAxis) -> str:
-    """What every pair id of ``tw`` begins with in a run of several twins."""
-    return tw.name + SEP
-
-
-def twin_of_pair(pair_id: str, twins: tuple[TwinAxis, ...]) -> TwinAxis | None:
-    """The twin a pair id of a run of several belongs to (None: none of ``twins``)."""
-    return next((tw for tw in twins if str(pair_id).startswith(pair_prefix(tw))), None)
+from cascade_repro.twin import pair_prefix
 
 
 def score_run(

@@ -20,7 +20,7 @@ from cascade_repro.report.text import as_int, is_missing
 from cascade_repro.rundir import layout, sample_scan
 from cascade_repro.rundir.manifest import Manifest, read_manifest
 from cascade_repro.twin import CASCADE as TWIN
-from cascade_repro.twin import TwinAxis
+from cascade_repro.twin import TwinAxis, pair_prefix
 
 
 @dataclass
@@ -70,8 +70,40 @@ class RunData:
 
     @property
     def twin(self) -> TwinAxis:
-        """The run's twin (run.json's text, resolved once by the manifest)."""
+        """The run's twin (run.json's text, resolved once by the manifest); of a run of several,
+        the first (:meth:`for_twin`: each one's view)."""
         return self.manifest.twin
+
+    @property
+    def twins(self) -> tuple[TwinAxis, ...]:
+        return self.manifest.twins
+
+    def for_twin(self, tw: TwinAxis) -> RunData:
+        """The run as a run of ``tw`` alone reads it: run.json's view for it (``Manifest.for_twin``),
+        its pairs and comparisons (their ids begin with ``twin.pair_prefix``), the cells it reads,
+        each under its arm for ``tw``, and its examples. Every format renders a run of several twins
+        as one such view per twin."""
+        view = self.manifest.for_twin(tw)
+        arms = {c.cell_id: c.arm for c in view.plan.cells}
+        cells = self.cells[self.cells["cell_id"].isin(list(arms))].copy()
+        if len(cells):
+            cells["arm"] = cells["cell_id"].map(arms)
+        prefix = pair_prefix(tw)
+
+        def mine(df: pd.DataFrame) -> pd.DataFrame:
+            return df[df["pair_id"].astype(str).str.startswith(prefix)].reset_index(drop=True)
+
+        return RunData(
+            self.run_dir,
+            view,
+            cells.reset_index(drop=True),
+            mine(self.pairs),
+            mine(self.comparisons),
+            [ex for ex in self.examples if ex.pair_id.startswith(prefix)],
+            self.unscorable,
+            self.samples_missing,
+            [(p, s) for p, s in self.repro_scripts if p.startswith(prefix)],
+        )
 
     def rows(self, table: str) -> list[dict]:
         """``cells``, ``pairs`` or ``comparisons`` as one dict per row (copies: a caller may change
@@ -125,7 +157,7 @@ def load_run(
         pairs["kind"] = ["noise" if v == "control" else TWIN.pair_kind for v in pairs["verdict"]]
     examples = pick_examples(pairs, comparisons, n_examples)
     for ex in examples:
-        ex.twin = manifest.twin
+        ex.twin = next((t for t in manifest.twins if ex.pair_id.startswith(pair_prefix(t))), manifest.twin)
     _attach_samples(run_dir, examples, samples)
     missing = ""
     if samples is None and examples and not layout.samples_files(run_dir):
