@@ -81,6 +81,12 @@ def _headline(data: RunData) -> str:
     )
 
 
+def twin_line(view: RunData) -> str:
+    """One twin's own line in a run of several (its view, ``RunData.for_twin``): what a run of it
+    alone would headline, without the tool's name."""
+    return _named(view, _headline(view)).split(": ", 1)[1]
+
+
 def _several(data: RunData) -> str:
     """The headline of a run of several twins: the twins that changed outputs first (a regression
     in any of their pairs), then those that could not say (never took effect, no control, errors)."""
