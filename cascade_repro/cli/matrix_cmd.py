@@ -425,6 +425,7 @@ def matrix(
             ours=_own_flags(ctx),
             results_dir_typed=getattr(ctx.get_parameter_source("results_dir"), "name", "") == "COMMANDLINE",
             on_note=lambda note: _say("note", note),
+            gpus=_gpu_count,
         )
         from cascade_repro.pipeline import RunOptions, run_matrix
 
@@ -439,6 +440,13 @@ def matrix(
     if request.json_out:
         print_summary_json(outcome.run_dir, outcome.exit_code)
     raise typer.Exit(outcome.exit_code)
+
+
+def _gpu_count() -> int | None:
+    """The GPUs a worker would see (``--twin all`` tests ``tp`` only where they are enough)."""
+    from cascade_repro.run.envinfo import visible_gpu_count
+
+    return visible_gpu_count()
 
 
 def _say(kind: str, line: str) -> None:
@@ -602,6 +610,9 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, refer
         if narrow
         else ("cell", "engine key", "tp", "batch", "arm", "waves", "why")
     )
+    several = len(spec.twin_axes) > 1
+    if several:  # which twins each cell serves (a cell two twins share runs once), and as which arm
+        cols = (*cols[:-1], "twins", cols[-1])
     for col in cols:
         table.add_column(col, no_wrap=col == "cell", overflow="fold")
     why = {"matrix": "", "control": "noise control (added)", "calibration": "calibration"}
@@ -616,10 +627,14 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, refer
             elif c.origin == "calibration":
                 role = f"calibration ({c.inject})"
             waves = str(-(-n // c.batch))
-            if narrow:
-                table.add_row(escape(c.cell_id), c.arm, waves, role)
-            else:
-                table.add_row(escape(c.cell_id), escape(key), str(c.tp), str(c.batch), c.arm, waves, role)
+            row = (
+                [escape(c.cell_id), c.arm, waves]
+                if narrow
+                else [escape(c.cell_id), escape(key), str(c.tp), str(c.batch), c.arm, waves]
+            )
+            if several:
+                row.append(escape(", ".join(f"{t} as {a}" if a != c.arm else t for t, a in (c.twins or {}).items())))
+            table.add_row(*row, role)
         if narrow:
             table.add_section()
     console.print(table)
@@ -631,6 +646,9 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, refer
     if added:
         line += f"; {added} noise-control cell{'s' if added != 1 else ''} added by the planner (--no-auto-controls to drop)"
     console.print(line, highlight=False, markup=False)
+    if several:
+        console.print(_per_twin_line(spec, [c for cs in cells_of.values() for c in cs]), highlight=False,
+                      markup=False)  # fmt: skip
     from cascade_repro.engines import get as engine_info
     from cascade_repro.plan import estimate
 
@@ -668,6 +686,17 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, refer
             f"vLLM engine arguments, both arms: {escape(shown)} (checked against {escape(known_fields().where)})",
             highlight=False,
         )
+
+
+def _per_twin_line(spec: Any, cells: list[Any]) -> str:
+    """`per twin: cascade 3 cells, prefix-caching 3 (1 shared)`: each twin's cells, and how many of
+    them another twin's run too."""
+    parts = []
+    for tw in spec.twin_axes:
+        mine = [c for c in cells if tw.name in (c.twins or {})]
+        shared = sum(1 for c in mine if len(c.twins or {}) > 1)
+        parts.append(f"{tw.name} {len(mine)}" + (f" ({shared} shared)" if shared else ""))
+    return "cells per twin: " + ", ".join(parts)
 
 
 def _print_outcome(outcome: Any, console: Any) -> None:
