@@ -633,7 +633,9 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, refer
                 else [escape(c.cell_id), escape(key), str(c.tp), str(c.batch), c.arm, waves]
             )
             if several:
-                row.append(escape(", ".join(f"{t} as {a}" if a != c.arm else t for t, a in (c.twins or {}).items())))
+                row.append(
+                    escape(", ".join(f"{t} as {a}" if a != c.arm else t for t, a in (c.twins or {}).items()))
+                )
             table.add_row(*row, role)
         if narrow:
             table.add_section()

@@ -191,11 +191,12 @@ Batch = Annotated[
 Twin = Annotated[
     str | None,
     option(
-        f"The setting each test cell differs in from its twin: {twins.help_text()} "
-        "(README: Which setting changed my outputs?)." + spec_default("twin"),
+        f"The setting each test cell differs in from its twin: {twins.help_text()}; several in one run as a "
+        "comma list (`prefix-caching,cuda-graphs`), or `all`: every twin this engine (and the installed vLLM, "
+        "and the GPUs for `tp`) can test (README: Which setting changed my outputs?)." + spec_default("twin"),
         MATRIX,
         "--twin",
-        metavar="NAME",
+        metavar="NAME[,NAME...]|all",
     ),
 ]
 

@@ -565,7 +565,9 @@ class MatrixOptions:
         from cascade_repro import vllm_surface
 
         tw = self.spec.twin_axis
-        unsupported = any(vllm_surface.twin_problem(t.family, version) is not None for t in self.spec.twin_axes)
+        unsupported = any(
+            vllm_surface.twin_problem(t.family, version) is not None for t in self.spec.twin_axes
+        )
         if not self.dry_run and (version is None or (gpus == 0 and not unsupported)):
             # What this box lacks for any vLLM run, named; not a twin's GPU count (no --twin was given).
             install = f'pip install "{vllm_surface.VLLM_REQUIREMENT}"'

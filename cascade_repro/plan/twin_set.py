@@ -25,7 +25,9 @@ class Expansion:
     left_out: str | None = None
 
 
-def expand_all(engine: str, batches: Sequence[int], version: str | None = None, gpus: int | None = None) -> Expansion:
+def expand_all(
+    engine: str, batches: Sequence[int], version: str | None = None, gpus: int | None = None
+) -> Expansion:
     """Every twin ``engine`` can test: the fixed entries and one of each parameterised family (the
     batch twin from 1 to the largest batch, TP 1 against 2, the attention backend's example); on
     vLLM those the installed ``version`` can test and, for ``tp``, where ``gpus`` (None: unknown)
@@ -61,8 +63,9 @@ def expand_all(engine: str, batches: Sequence[int], version: str | None = None, 
     return Expansion(tuple(kept), f"--twin all leaves out {note}" if note else None)
 
 
-def expand(text: str, engine: str, batches: Sequence[int], version: str | None = None,
-           gpus: int | None = None) -> tuple[str, str | None]:
+def expand(
+    text: str, engine: str, batches: Sequence[int], version: str | None = None, gpus: int | None = None
+) -> tuple[str, str | None]:
     """``--twin``'s text with ``all`` expanded (the text unchanged otherwise), and the line naming
     what ``all`` left out; a ValueError in one line where ``all`` leaves nothing."""
     if text.strip() != twins.ALL:

@@ -214,13 +214,13 @@ def _several(data: RunData) -> list[str]:
     warns = [prose.warnings(v) for v in views]
     shared = [w for w in warns[0] if all(w in ws for ws in warns[1:])]
     out = _warnings(shared)
-    for tw, view, ws in zip(data.twins, views, warns, strict=True):
+    for tw, twin_view, ws in zip(data.twins, views, warns, strict=True):
         out += [
             f"<h2>{escape(tw.name)}: {escape(tw.summary)}</h2>",
-            f'<p class="{headline.headline_tone(view)}"><b>{escape(headline.twin_line(view))}</b></p>',
+            f'<p class="{headline.headline_tone(twin_view)}"><b>{escape(headline.twin_line(twin_view))}</b></p>',
             *_warnings([w for w in ws if w not in shared]),
-            *_verdicts(view, "Verdicts", "h3"),
-            *_sections(view, run_wide=False),
+            *_verdicts(twin_view, "Verdicts", "h3"),
+            *_sections(twin_view, run_wide=False),
         ]
     return [*out, "<h2>The whole run</h2>", *_sections(data, run_wide=True)]
 

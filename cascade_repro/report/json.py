@@ -12,8 +12,8 @@ Schema, whose ``schema_version`` constant moves with ``SCHEMA_VERSION``.
 from __future__ import annotations
 
 import json
-from typing import Any
 from importlib import resources
+from typing import Any
 
 from cascade_repro.judge import outcome
 from cascade_repro.report import headline, power, prose, view

@@ -198,11 +198,11 @@ def _several(data: RunData, drop: set[str]) -> list[str]:
     warns = [prose.warnings(v) for v in views]
     shared = [w for w in warns[0] if all(w in ws for ws in warns[1:])]
     out = [*(f"- **warning:** {md_text(w)}" for w in shared), ""] if shared else []
-    for tw, view, ws in zip(data.twins, views, warns, strict=True):
+    for tw, twin_view, ws in zip(data.twins, views, warns, strict=True):
         out += [f"### {md_text(tw.name)}: {md_text(tw.summary)}", ""]
-        out += [f"**{md_text(headline.twin_line(view))}**", ""]
-        out += _verdicts(view, drop, [w for w in ws if w not in shared])
-        out += _sections(view, drop, "####", run_wide=False)
+        out += [f"**{md_text(headline.twin_line(twin_view))}**", ""]
+        out += _verdicts(twin_view, drop, [w for w in ws if w not in shared])
+        out += _sections(twin_view, drop, "####", run_wide=False)
     return out + ["### The whole run", "", *_sections(data, drop, "####", run_wide=True)]
 
 
