@@ -34,12 +34,11 @@ def expand_all(
     are enough."""
     info = engine_info(engine)
     top = max((b for b in batches if isinstance(b, int) and not isinstance(b, bool)), default=8)
-    params = {
-        "attention-backend": twins.PARAMETERISED["attention-backend"][1],
-        "tp": twins.PARAMETERISED["tp"][1],
-        "batch": f"batch=1:{top if top > 1 else 8}",
-    }
-    candidates = [*twins.FIXED.values(), *(twins.resolve(params[f]) for f in twins.PARAMETERISED)]
+    # Each parameterised family at its example arms; the batch twin up to this matrix's largest batch.
+    params = {f: ex for f, (_, ex) in twins.PARAMETERISED.items()}
+    if "batch" in params:
+        params["batch"] = f"batch=1:{top if top > 1 else 8}"
+    candidates = [*twins.FIXED.values(), *(twins.resolve(ex) for ex in params.values())]
     kept: list[str] = []
     dropped: dict[str, list[str]] = {}
 
