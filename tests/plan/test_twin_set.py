@@ -10,11 +10,10 @@ import pytest
 
 from cascade_repro import twin as twins
 from cascade_repro.errors import UsageError
+from cascade_repro.judge.verdicts import Thresholds
 from cascade_repro.plan import twin_set
 from cascade_repro.plan.flags import MatrixOptions
 from cascade_repro.plan.matrix import MatrixSpec, plan
-
-from cascade_repro.judge.verdicts import Thresholds
 
 TH = Thresholds()
 # matrix's run settings at their defaults (tests/plan/test_flags.py's).
@@ -60,7 +59,9 @@ def test_all_is_what_the_engine_can_serve_and_says_what_it_left_out():
     assert fake.left_out == "--twin all leaves out tp=1:2 (the fake engine runs on one device)"
     hf = twin_set.expand_all("hf", [8])
     assert hf.names == ("cascade", "batch=1:8")
-    assert hf.left_out is not None and hf.left_out.startswith("--twin all leaves out prefix-caching, chunked-prefill")
+    assert hf.left_out is not None and hf.left_out.startswith(
+        "--twin all leaves out prefix-caching, chunked-prefill"
+    )
     assert hf.left_out.endswith("(the hf engine cannot serve them)")
 
 
@@ -71,15 +72,22 @@ def test_all_on_vllm_follows_the_release_and_the_gpus():
     two = twin_set.expand_all("vllm", [8], "0.26.0", gpus=2)
     assert "tp=1:2" in two.names and two.left_out is None
     gone = twin_set.expand_all("vllm", [8], "0.34.0", gpus=2)
-    assert "cascade" not in gone.names and gone.left_out == "--twin all leaves out cascade (vLLM 0.34.0 cannot test them)"
+    assert (
+        "cascade" not in gone.names
+        and gone.left_out == "--twin all leaves out cascade (vLLM 0.34.0 cannot test them)"
+    )
     big = twin_set.expand_all("vllm", [256], "0.26.0", gpus=2)
-    assert "chunked-prefill" not in big.names and "batch 256 > the 128-token prefill step" in (big.left_out or "")
+    assert "chunked-prefill" not in big.names and "batch 256 > the 128-token prefill step" in (
+        big.left_out or ""
+    )
 
 
 def test_all_that_leaves_nothing_is_refused(monkeypatch):
     monkeypatch.setattr(twins, "FIXED", {"prefix-caching": twins.PREFIX_CACHING})
     monkeypatch.setattr(twins, "PARAMETERISED", {})
-    with pytest.raises(ValueError, match=r"^--twin all: the hf engine can test no twin here \(--twin all leaves out"):
+    with pytest.raises(
+        ValueError, match=r"^--twin all: the hf engine can test no twin here \(--twin all leaves out"
+    ):
         twin_set.expand("all", "hf", [8])
 
 
@@ -114,10 +122,17 @@ def test_a_cell_two_twins_share_runs_once_and_serves_both():
     # FLASH_ATTN: one cell (and its restart control) serves both.
     p = _plan("chunked-prefill,attention-backend=FLASH_ATTN:TRITON_ATTN")
     cells = {c.cell_id: c for c in p.cells}
-    assert list(cells) == ["tp1-b8-chunked", "tp1-b8-unchunked", "tp1-b8-unchunked-r1", "tp1-b8-attn-tritonattn"]
+    assert list(cells) == [
+        "tp1-b8-chunked",
+        "tp1-b8-unchunked",
+        "tp1-b8-unchunked-r1",
+        "tp1-b8-attn-tritonattn",
+    ]
     both = {"chunked-prefill": "unchunked", "attention-backend=FLASH_ATTN:TRITON_ATTN": "attn-flashattn"}
     assert cells["tp1-b8-unchunked"].twins == both and cells["tp1-b8-unchunked-r1"].twins == both
-    assert cells["tp1-b8-attn-tritonattn"].twins == {"attention-backend=FLASH_ATTN:TRITON_ATTN": "attn-tritonattn"}
+    assert cells["tp1-b8-attn-tritonattn"].twins == {
+        "attention-backend=FLASH_ATTN:TRITON_ATTN": "attn-tritonattn"
+    }
     assert {k: ep.twin for k, ep in p.engines.items()} == {
         "fake-tp1-auto-s0-chunked": "chunked-prefill",
         "fake-tp1-auto-s0-unchunked": "chunked-prefill",
@@ -141,14 +156,21 @@ def test_arms_with_other_settings_are_not_shared():
 def test_toggled_twins_each_get_their_own_engine():
     p = _plan("cascade,batch=1:8")
     keys = list(p.engines)
-    assert keys == ["fake-tp1-auto-s0-cascade+flat", "fake-tp1-auto-s0-batch8+batch1", "fake-tp1-auto-s0-batch1-r1"]
+    assert keys == [
+        "fake-tp1-auto-s0-cascade+flat",
+        "fake-tp1-auto-s0-batch8+batch1",
+        "fake-tp1-auto-s0-batch1-r1",
+    ]
     assert [c.cell_id for c in p.cells_of(keys[0])] == ["tp1-b8-cascade", "tp1-b8-flat", "tp1-b1-flat"]
 
 
 def test_calibration_ladders_and_controls_are_each_twins_own():
     p = _plan("cascade,prefix-caching", calibrate=[0.5])
     calibration = {c.cell_id: c.inject for c in p.cells if c.origin == "calibration"}
-    assert calibration == {"tp1-b8-cascade-shift0.5": "lse-shift=0.5", "tp1-b8-prefix-on-scale0.5": "out-scale=0.5"}
+    assert calibration == {
+        "tp1-b8-cascade-shift0.5": "lse-shift=0.5",
+        "tp1-b8-prefix-on-scale0.5": "out-scale=0.5",
+    }
     controls = [c.cell_id for c in p.cells if c.origin == "control"]
     assert controls == ["tp1-b1-flat", "tp1-b8-prefix-off-r1"]
 
