@@ -129,8 +129,9 @@ def pick_pair(run_dir: Path, pair_id: str | None) -> dict[str, Any]:
         raise UsageError(
             f"{run_dir} has no {layout.PAIRS}: is it a finished run? (`cascade-repro report --rescore` rebuilds it)"
         )
-    tw = read_manifest(Path(run_dir)).twin
-    if tw is not TWIN:
+    axes = read_manifest(Path(run_dir)).twins
+    tw = axes[0]
+    if TWIN not in axes:  # a run of several twins: its cascade pairs (the engine is their engine plan's)
         raise UsageError(
             f"minimize shrinks a cascade pair (both arms served by one engine); {run_dir} compares --twin {tw.name}"
         )
