@@ -690,6 +690,8 @@ def config_values(data: dict[str, Any], path: Path) -> dict[str, Any]:
             raise UsageError(f"{path}: {first} and {key} set the same setting: give one")
         if k in LIST_FIELDS and not isinstance(v, list):
             v = [v]
+        if k == "twin" and isinstance(v, list) and all(isinstance(x, str) for x in v):
+            v = twins.LIST_SEP.join(v)  # several twins, as --twin a,b spells them
         if k == TWIN.spec_field:
             v = [_parse_onoff(x, f"{path}: {TWIN.spec_field}") for x in v]
         if k == "fa_versions":

@@ -206,3 +206,13 @@ def test_all_on_this_box_leaves_tp_out_and_says_so():
     request = MatrixOptions.from_cli(given, defaulted=lambda name: True, gpus=lambda: 1, on_note=notes.append)
     assert "tp=1:2" not in request.spec.twin.split(",") and "prefix-caching" in request.spec.twin.split(",")
     assert "--twin all leaves out tp=1:2 (2 GPUs needed, 1 visible)" in notes
+
+
+def test_a_config_file_names_several_twins_as_a_list_or_a_text(tmp_path):
+    from cascade_repro.plan.matrix import load_toml
+
+    for line in ('twin = ["cascade", "prefix-caching"]', 'twin = "cascade,prefix-caching"'):
+        path = tmp_path / "m.toml"
+        path.write_text(f'engine = "fake"\n{line}\n')
+        spec = MatrixSpec.from_dict(load_toml(path), source=str(path))
+        assert spec.twin == "cascade,prefix-caching"
