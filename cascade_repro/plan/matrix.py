@@ -459,51 +459,9 @@ def plan(spec: MatrixSpec) -> Plan:
     axes = spec.twin_axes
     if len(axes) == 1:
         return plan_twin(spec, axes[0])
+    from cascade_repro.plan.twin_set import merge_twins
+
     return merge_twins([(tw, plan_twin(spec, tw, several=True)) for tw in axes])
-
-
-def arm_config(tw: twins.TwinAxis, arm: str, toggled: bool) -> tuple:
-    """What an engine serving ``arm`` of ``tw`` is started with, as far as the twin decides it: its
-    engine arguments and environment; an engine that toggles the arms per wave is the twin's own
-    (its setting switched by the engine, never another twin's)."""
-    if toggled:
-        return ("toggle", tw.name, arm)
-    args = tuple(sorted((k, repr(v)) for k, v in tw.engine_args(arm).items()))
-    return (args, tuple(sorted(tw.env(arm).items())))
-
-
-def merge_twins(plans: list[tuple[twins.TwinAxis, Plan]]) -> Plan:
-    """The plans of several twins as one: the cells and engine keys of each in the twins' order,
-    a cell another twin's cell duplicates (same engine configuration and cell axes, same batch,
-    rerun, fault and origin) dropped in favour of the first, which then serves both (its
-    ``twins``: each twin's name and the arm it reads the cell as). Every cell and engine names its
-    twins (``twins``, ``EnginePlan.twin``: the twin whose spec builds the engine)."""
-    engines: dict[str, EnginePlan] = {}
-    cells: dict[str, Cell] = {}
-    by_config: dict[tuple, Cell] = {}
-    for tw, p in plans:
-        toggled = {k for k, ep in p.engines.items() if ep.arm is None}
-        for key, ep in p.engines.items():
-            for c in p.cells_of(key):
-                sig = (arm_config(tw, c.arm, key in toggled), c.tp, c.batch, c.rerun, c.seed, c.dtype,
-                       c.fa_version, c.backend, c.inject, c.origin, key in toggled)  # fmt: skip
-                if (first := by_config.get(sig)) is not None:
-                    first.twins = {**(first.twins or {}), tw.name: c.arm}
-                    continue
-                if c.cell_id in cells:
-                    other = next(iter(cells[c.cell_id].twins or {}), "another twin")
-                    raise UsageError(
-                        f"--twin {other} and {tw.name} both name cell {c.cell_id} with other settings: "
-                        "run them apart"
-                    )
-                c.update(twins={tw.name: c.arm})
-                by_config[sig] = cells[c.cell_id] = c
-                mine = engines.get(key)
-                if mine is None:
-                    mine = engines[key] = EnginePlan.of(**{**ep.to_json(), "cells": []})
-                    mine.update(twin=tw.name)
-                mine.cells.append(c.cell_id)
-    return Plan(engines=engines, cells=[cells[i] for ep in engines.values() for i in ep.cells])
 
 
 def plan_twin(spec: MatrixSpec, tw: twins.TwinAxis, several: bool = False) -> Plan:

@@ -1,5 +1,6 @@
 """Which twins one run compares: ``--twin a,b,c``, or ``--twin all`` expanded to every twin this
-engine can test (on vLLM: the installed release's, ``tp`` only where the GPUs are there).
+engine can test (on vLLM: the installed release's, ``tp`` only where the GPUs are there); and the
+plans of several twins merged into one, a cell two twins share run once (:func:`merge_twins`).
 
 A run of several twins keeps them as one comma-separated text in the spec (``twin``), each entry's
 own spelling, in the order given; ``all`` is never stored: a resumed run compares the twins its
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from cascade_repro import twin as twins
 from cascade_repro import vllm_surface
 from cascade_repro.engines import get as engine_info
+from cascade_repro.errors import UsageError
+from cascade_repro.rundir.cells import Cell, EnginePlan, Plan
 
 
 @dataclass(frozen=True)
@@ -73,3 +76,47 @@ def expand(
     if not exp.names:
         raise ValueError(f"--twin all: the {engine} engine can test no twin here ({exp.left_out})")
     return twins.LIST_SEP.join(exp.names), exp.left_out
+
+
+def arm_config(tw: twins.TwinAxis, arm: str, toggled: bool) -> tuple:
+    """What an engine serving ``arm`` of ``tw`` is started with, as far as the twin decides it: its
+    engine arguments and environment; an engine that toggles the arms per wave is the twin's own
+    (its setting switched by the engine, never another twin's)."""
+    if toggled:
+        return ("toggle", tw.name, arm)
+    args = tuple(sorted((k, repr(v)) for k, v in tw.engine_args(arm).items()))
+    return (args, tuple(sorted(tw.env(arm).items())))
+
+
+def merge_twins(plans: list[tuple[twins.TwinAxis, Plan]]) -> Plan:
+    """The plans of several twins as one: the cells and engine keys of each in the twins' order,
+    a cell another twin's cell duplicates (same engine configuration and cell axes, same batch,
+    rerun, fault and origin) dropped in favour of the first, which then serves both (its
+    ``twins``: each twin's name and the arm it reads the cell as). Every cell and engine names its
+    twins (``twins``, ``EnginePlan.twin``: the twin whose spec builds the engine)."""
+    engines: dict[str, EnginePlan] = {}
+    cells: dict[str, Cell] = {}
+    by_config: dict[tuple, Cell] = {}
+    for tw, p in plans:
+        toggled = {k for k, ep in p.engines.items() if ep.arm is None}
+        for key, ep in p.engines.items():
+            for c in p.cells_of(key):
+                sig = (arm_config(tw, c.arm, key in toggled), c.tp, c.batch, c.rerun, c.seed, c.dtype,
+                       c.fa_version, c.backend, c.inject, c.origin, key in toggled)  # fmt: skip
+                if (first := by_config.get(sig)) is not None:
+                    first.twins = {**(first.twins or {}), tw.name: c.arm}
+                    continue
+                if c.cell_id in cells:
+                    other = next(iter(cells[c.cell_id].twins or {}), "another twin")
+                    raise UsageError(
+                        f"--twin {other} and {tw.name} both name cell {c.cell_id} with other settings: "
+                        "run them apart"
+                    )
+                c.update(twins={tw.name: c.arm})
+                by_config[sig] = cells[c.cell_id] = c
+                mine = engines.get(key)
+                if mine is None:
+                    mine = engines[key] = EnginePlan.of(**{**ep.to_json(), "cells": []})
+                    mine.update(twin=tw.name)
+                mine.cells.append(c.cell_id)
+    return Plan(engines=engines, cells=[cells[i] for ep in engines.values() for i in ep.cells])

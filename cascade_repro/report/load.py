@@ -67,6 +67,8 @@ class RunData:
     # so a reader can reproduce with vLLM alone from the pasted report.
     repro_scripts: list[tuple[str, str]] = field(default_factory=list)
     _rows: dict[str, list[dict]] | None = field(default=None, init=False, repr=False, compare=False)
+    # Each twin's view, made once inside :meth:`settled` (every format asks for them several times).
+    _views: dict[str, RunData] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def twin(self) -> TwinAxis:
@@ -82,7 +84,16 @@ class RunData:
         """The run as a run of ``tw`` alone reads it: run.json's view for it (``Manifest.for_twin``),
         its pairs and comparisons (their ids begin with ``twin.pair_prefix``), the cells it reads,
         each under its arm for ``tw``, and its examples. Every format renders a run of several twins
-        as one such view per twin."""
+        as one such view per twin; inside :meth:`settled` each view is made once and settled too."""
+        if self._rows is not None and tw.name in self._views:
+            return self._views[tw.name]
+        made = self._view(tw)
+        if self._rows is not None:
+            made._rows = {}
+            self._views[tw.name] = made
+        return made
+
+    def _view(self, tw: TwinAxis) -> RunData:
         view = self.manifest.for_twin(tw)
         arms = {c.cell_id: c.arm for c in view.plan.cells}
         cells = self.cells[self.cells["cell_id"].isin(list(arms))].copy()
@@ -126,6 +137,9 @@ class RunData:
             yield self
         finally:
             self._rows = None
+            for v in self._views.values():
+                v._rows = None
+            self._views = {}
 
 
 def load_run(
