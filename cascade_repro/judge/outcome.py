@@ -187,7 +187,9 @@ SEVERITY = (exit_codes.REGRESSION, exit_codes.INCONCLUSIVE, exit_codes.NOTHING_E
 def _worst_twin(run: Any, fail_on: str) -> tuple[int, str]:
     """The exit code of a run of several twins: each twin's view judged as a run of its own, the
     worst code wins; the reason names each twin behind it."""
-    codes = [(tw, *exit_status(run.for_twin(tw), fail_on)) for tw in run.manifest.twins]
+    # A shard may hold no cell of a twin: that twin is another shard's to judge.
+    views = [(tw, v) for tw in run.manifest.twins if (v := run.for_twin(tw)).rows("cells")]
+    codes = [(tw, *exit_status(v, fail_on)) for tw, v in views]
     rank = {c: i for i, c in enumerate(SEVERITY)}
     worst = min((c for _, c, _ in codes), key=lambda c: rank.get(c, -1))
     if worst == exit_codes.OK:

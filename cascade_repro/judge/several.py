@@ -34,8 +34,10 @@ def score_run(
     read = load_cell_samples(run_dir, m.plan.engines, wanted, load_prompts(run_dir), ref_rows, warn)
     cells, pairs, comps = [], [], []
     for tw in m.twins:
+        if not (view := m.for_twin(tw)).plan.cells:
+            continue  # a shard without this twin's cells
         _, c, p, x = score_samples(
-            m.for_twin(tw), run_dir, thresholds, warn, pair_prefix=pair_prefix(tw), read=read
+            view, run_dir, thresholds, warn, pair_prefix=pair_prefix(tw), read=read
         )
         cells.append(c)
         pairs.append(p)

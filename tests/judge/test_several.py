@@ -199,3 +199,15 @@ def test_summary_json_and_junit_keep_their_schemas(several: Path):
     )
     xsd = Path(__file__).parents[1] / "data" / "junit-10.xsd"
     xmlschema.XMLSchema(xsd).validate((several / layout.JUNIT_XML).read_text())
+
+
+def test_shards_of_several_twins_merge_to_the_whole_run(several: Path, tmp_path: Path):
+    for shard in ("1/2", "2/2"):
+        res = CliRunner().invoke(app, [*ARGV, "--results-dir", str(tmp_path / "shards"), "--shard", shard])
+        assert res.exit_code in (0, 1, 4), res.stderr  # a shard may hold one side of a twin's pairs only
+    shards = sorted(str(p) for p in (tmp_path / "shards").iterdir())
+    res = CliRunner().invoke(app, ["merge", str(tmp_path / "merged"), *shards])
+    assert res.exit_code == 1, res.stderr
+    got = pd.read_parquet(tmp_path / "merged" / layout.PAIRS).set_index("pair_id")["verdict"]
+    want = pd.read_parquet(several / layout.PAIRS).set_index("pair_id")["verdict"]
+    pd.testing.assert_series_equal(got.sort_index(), want.sort_index())
