@@ -36,9 +36,7 @@ def score_run(
     for tw in m.twins:
         if not (view := m.for_twin(tw)).plan.cells:
             continue  # a shard without this twin's cells
-        _, c, p, x = score_samples(
-            view, run_dir, thresholds, warn, pair_prefix=pair_prefix(tw), read=read
-        )
+        _, c, p, x = score_samples(view, run_dir, thresholds, warn, pair_prefix=pair_prefix(tw), read=read)
         cells.append(c)
         pairs.append(p)
         comps.append(x)

@@ -202,8 +202,10 @@ class MatrixSpec:
                 "engine_args",
                 "twin",
             )
-        if tw.axis is not None:
+        if tw.axis is not None and len(self.twin_axes) == 1:
             # The twin sets this axis itself: a list given beside it would be ignored without a word.
+            # Beside other twins the list is theirs (``--twin all --batch 8,64``: batch=1:64 and the
+            # others at 8 and 64).
             own = {"tp": "tp", "batch": "batch", "backend": "backends"}[tw.axis]
             default = getattr(MatrixSpec(), own)
             if getattr(self, own) not in (default, [tw.test_value]):

@@ -216,3 +216,14 @@ def test_a_config_file_names_several_twins_as_a_list_or_a_text(tmp_path):
         path.write_text(f'engine = "fake"\n{line}\n')
         spec = MatrixSpec.from_dict(load_toml(path), source=str(path))
         assert spec.twin == "cascade,prefix-caching"
+
+
+def test_beside_other_twins_an_axis_list_is_theirs():
+    spec = MatrixSpec(engine="fake", twin="all", batch=[8, 64])
+    spec.validate()
+    p = plan(spec)
+    batches = {c.batch for c in p.cells if (c.twins or {}).get("batch=1:64")}
+    assert batches == {1, 64}
+    assert {c.batch for c in p.cells if "prefix-caching" in (c.twins or {})} == {8, 64}
+    with pytest.raises(UsageError, match="--twin batch=1:64 sets the batch of each arm"):
+        MatrixSpec(engine="fake", twin="batch=1:64", batch=[8, 64]).validate()
