@@ -111,9 +111,9 @@ def test_the_missing_embedded_model_says_one_line_to_paste(monkeypatch):
 
 
 def test_doctors_install_line_is_the_readmes():
-    from cascade_repro import doctor
+    from cascade_repro import doctor_rules
 
-    assert f"`{doctor.INSTALL_VLLM}`" in (ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"`{doctor_rules.INSTALL_VLLM}`" in (ROOT / "README.md").read_text(encoding="utf-8")
 
 
 def test_the_metadata_is_complete():

@@ -32,9 +32,10 @@ from cascade_repro.judge.outcome import (
     TWIN_KINDS,
 )
 from cascade_repro.judge.result import Counts, PairResult
+from cascade_repro.judge.statistics import MEASURED, Judged, Measured, fill
 from cascade_repro.judge.tables import PAIR_COLUMNS
 from cascade_repro.judge.verdicts import (
-    BiasStats,
+    REFERENCE,
     DriftStats,
     Evidence,
     EvidencePiece,
@@ -71,6 +72,8 @@ class CellSamples:
     ifs: dict[int, tuple[bool, bool]] = field(default_factory=dict)
     # The error against the reference per prompt index (only prompts the reference scored).
     ref: dict[int, ArmError] = field(default_factory=dict)
+    # Each further reference statistic's per-sample error (``statistics.MEASURED``), by name then prompt.
+    ref_measures: dict[str, dict[int, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -177,11 +180,16 @@ def _add_sample(cs: CellSamples, rec: dict[str, Any], prompts: list[Any], refere
     cs.rep[i] = repetition_metrics(rec["token_ids"], rec.get("text", ""), rec.get("finish_reason", ""))
     cs.ifs.pop(i, None)
     cs.ref.pop(i, None)
+    for by_prompt in cs.ref_measures.values():
+        by_prompt.pop(i, None)
     ph = rec.get("prompt_hash")
     if reference and isinstance(ph, str) and isinstance(rec["token_ids"], list):
         row = reference.get(fingerprint(ph, rec["token_ids"]))
         if row is not None:
             cs.ref[i] = arm_error(cs.logprobs[i], row.lp, row.argmax_lp)
+            for stat in MEASURED:
+                assert stat.measure is not None
+                cs.ref_measures.setdefault(stat.name, {})[i] = stat.measure(cs.logprobs[i], cs.topk[i], row)
     if isinstance(i, int) and 0 <= i < len(prompts) and prompts[i].key == cs.keys[i]:
         sc = score_response(prompts[i], rec.get("text") or "")
         if sc["strict"] is not None:
@@ -381,6 +389,8 @@ class PairScore:
     agreeing: list[dict[str, Any]]
     # Both arms' errors against the reference, prompt by prompt (where it scored both).
     ref: list[tuple[ArmError, ArmError]]
+    # Each further reference statistic's per-prompt errors, (test, twin), by statistic name.
+    ref_measures: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
 
 def compare_pair(
@@ -479,7 +489,16 @@ def compare_pair(
         "drift_tokens": int(sum(t["drift_positions"] for t in agreeing)),
     }
     both = [(a.ref[i], b.ref[i]) for i in common if i in a.ref and i in b.ref]
-    return PairScore(row, deltas, chosen, agreeing, both), rows
+    measures = {
+        stat.name: [
+            (ta[i], tb[i])
+            for i in common
+            if i in (ta := a.ref_measures.get(stat.name, {}))
+            and i in (tb := b.ref_measures.get(stat.name, {}))
+        ]
+        for stat in MEASURED
+    }
+    return PairScore(row, deltas, chosen, agreeing, both, measures), rows
 
 
 def build_tables(
@@ -558,23 +577,37 @@ def score_samples(
     # Every pair's errors against the reference, controls included: the controls' ratios are this
     # run's measured null, the minimum effect a test pair must exceed (reference_verdict.py).
     ref_stats: dict[str, refv.RefStats] = {}
+    # The further reference statistics (statistics.MEASURED), the same way: by name, then pair id.
+    more: dict[str, dict[str, refv.RefStats]] = {stat.name: {} for stat in MEASURED}
     for score, ps in zip(scores, pair_specs, strict=True):
         agg, both = score.row, score.ref
         floor = drift_floor(by_id.get(ps.test.cell_id, {}).get("dtype_effective"))
         stats = refv.reference_stats([x for x, _ in both], [y for _, y in both], floor, thresholds)
         ref_stats[ps.pair_id] = stats
         agg.update(_ref_columns(stats, both, reference))
-    ref_controls: dict[tuple, list[tuple[str, refv.RefStats]]] = {}
+        for name, vals in score.ref_measures.items():
+            more[name][ps.pair_id] = refv.paired_errors(
+                [x for x, _ in vals], [y for _, y in vals], floor, thresholds
+            )
+    ref_controls: dict[str, dict[tuple, list[tuple[str, refv.RefStats]]]] = {}
     for ps in pair_specs:
         if ps.kind in FLOOR_KINDS:
-            ref_controls.setdefault(twin_key(ps.test), []).append((ps.pair_id, ref_stats[ps.pair_id]))
+            for name, by_pair in ((REFERENCE, ref_stats), *more.items()):
+                ref_controls.setdefault(name, {}).setdefault(twin_key(ps.test), []).append(
+                    (ps.pair_id, by_pair[ps.pair_id])
+                )
 
     evidence: dict[str, tuple[EvidencePiece, ...]] = {}
     for score, ps in zip(scores, pair_specs, strict=True):
         agg, agreeing = score.row, score.agreeing
         mean, lo, hi = paired_bootstrap_ci(score.deltas, thresholds.bootstrap, thresholds.ci, thresholds.seed)
         test_cell = by_id.get(ps.test.cell_id, {})
-        agg.update(d_seq_rep_4_mean=mean, d_seq_rep_4_lo=lo, d_seq_rep_4_hi=hi)
+        # Every statistic's columns, filled by its registry entry from what was measured (a control
+        # weighs no evidence: its reference statistics are the null, without a minimum effect).
+        measured = Measured(
+            repetition=(mean, lo, hi),
+            reference={name: Judged(by_pair[ps.pair_id]) for name, by_pair in more.items()},
+        )
         agg.update(_speed_columns(ps, progress, predicted))
         agg["cascade_steps"] = int(test_cell.get("cascade_steps", 0))
         effect = None
@@ -595,11 +628,8 @@ def score_samples(
         )
         if ps.kind not in (*TWIN_KINDS, CALIBRATION):
             agg.update(noise_pair_id="", noise_n=0, noise_n_diverged=0, noise_topk_violations=0)
-            agg.update(_drift_columns(None, None, "", None))
-            agg.update(
-                p_divergence=float("nan"), p_topk=float("nan"), verdict="control", reasons="", decided_by="",
-                rule="", ref_min_effect=float("nan"), ref_min_effect_pair="",
-            )  # fmt: skip
+            agg.update(_topk_drift_columns(None, ""), **fill(measured))
+            agg.update(verdict="control", reasons="", decided_by="", rule="")
             continue
         tk = twin_key(ps.test)
         noise = noise_div.get(tk)
@@ -625,7 +655,7 @@ def score_samples(
                 [(t["bias_control"], t["drift_control"]) for t in agreeing],
                 floor,
             )
-        agg.update(_drift_columns(drift, topk, control.pair_id if control else "", bias))
+        agg.update(_topk_drift_columns(topk, control.pair_id if control else ""))
         ok = test_cell.get("status") == "done" and by_id.get(ps.ref.cell_id, {}).get("status") == "done"
         ev = Evidence(
             n=agg["n"],
@@ -647,19 +677,30 @@ def score_samples(
         )
         has_noise = noise is not None and noise["n"] > 0
         dec = decide(ev, thresholds, has_noise=has_noise)
-        floor_of, floor_id = refv.min_effect(ref_controls.get(tk, []))
+        floor_of, floor_id = refv.min_effect(ref_controls.get(REFERENCE, {}).get(tk, []))
+        also = [
+            refv.RefMeasure(stat.name, stat.label, more[stat.name][ps.pair_id],
+                            *refv.min_effect(ref_controls.get(stat.name, {}).get(tk, [])))
+            for stat in MEASURED
+        ]  # fmt: skip
         noise_text = (
             f"diverged {ev.n_diverged}/{ev.n} vs {ev.noise_n_diverged}/{ev.noise_n} in the control"
             if has_noise
             else f"diverged {ev.n_diverged}/{ev.n}"
         )
         dec = refv.decide(dec, ref_stats[ps.pair_id], floor_of, floor_id, thresholds, reference,
-                          n_diverged=ev.n_diverged, noise_text=noise_text)  # fmt: skip
-        agg.update(
-            p_divergence=dec.p_divergence, p_topk=dec.p_topk, verdict=dec.verdict, reasons=dec.reasons,
-            decided_by=dec.decided_by, rule=dec.rule, ref_min_effect=floor_of if dec.rule == refv.RULE_REFERENCE else float("nan"),
-            ref_min_effect_pair=floor_id if dec.rule == refv.RULE_REFERENCE else "",
-        )  # fmt: skip
+                          n_diverged=ev.n_diverged, noise_text=noise_text, also=also)  # fmt: skip
+        measured.drift, measured.bias = drift, bias
+        measured.p_divergence, measured.p_topk = dec.p_divergence, dec.p_topk
+        if dec.rule == refv.RULE_REFERENCE:  # the minimum effects the reference rule judged by
+            at = {p.name: p.level for p in dec.evidence if p.rule == REFERENCE}
+            measured.reference = {
+                REFERENCE: Judged(ref_stats[ps.pair_id], floor_of, floor_id, at.get(REFERENCE, float("nan"))),
+                **{m.name: Judged(m.stats, m.min_effect, m.min_effect_pair, at.get(m.name, float("nan")))
+                   for m in also},
+            }  # fmt: skip
+        agg.update(fill(measured))
+        agg.update(verdict=dec.verdict, reasons=dec.reasons, decided_by=dec.decided_by, rule=dec.rule)
         evidence[ps.pair_id] = dec.evidence
 
     # The pairs table is written from the typed results (a control weighs no evidence).
@@ -749,30 +790,12 @@ def _ref_columns(
     }
 
 
-def _drift_columns(
-    drift: DriftStats | None, topk: DriftStats | None, control_pair_id: str, bias: BiasStats | None
-) -> dict[str, Any]:
-    """The drift columns of one pair (NaN where nothing was measured)."""
-    d, t, b = drift or DriftStats(), topk or DriftStats(), bias or BiasStats()
+def _topk_drift_columns(topk: DriftStats | None, control_pair_id: str) -> dict[str, Any]:
+    """The drift control's id and the top-k drift ratio of one pair (shown, never weighed; NaN where
+    nothing was measured). The weighed statistics' columns are their registry entries'."""
+    t = topk or DriftStats()
     return {
-        "bias_n": b.n,
-        "bias_up": b.up,
-        "bias_down": b.down,
-        "bias_mean": b.mean,
-        "p_bias": b.p,
-        "p_bias_control": b.p_control,
         "control_pair_id": control_pair_id,
-        "drift_n": d.n,
-        "drift_test": d.test,
-        "drift_control": d.control,
-        "drift_floor": d.floor,
-        "drift_ratio": d.ratio,
-        "drift_ratio_lo": d.lo,
-        "drift_ratio_hi": d.hi,
-        "drift_threshold": d.threshold,
-        "drift_null_q": d.null_q,
-        "p_drift": d.p,
-        "drift_up": d.up,
         "topk_drift_ratio": t.ratio,
         "topk_drift_ratio_lo": t.lo,
         "topk_drift_ratio_hi": t.hi,

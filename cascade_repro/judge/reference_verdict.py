@@ -14,6 +14,17 @@ Each prompt gives two numbers, the test arm's and its twin's mean error against 
 Errors at or below the arms' dtype resolution (``drift.drift_floor``) are raised to it first, so
 two arms both within rounding of the reference tie instead of one being "infinitely" worse.
 
+More reference statistics than the chosen token's may be measured (the top-k distribution error,
+``metrics/topk.py``; each declared in ``judge/statistics.py``): each is tested the same way, with its
+own minimum effect from the same controls, and the pair is a regression when any of them fires
+after a Bonferroni correction over those measured: each at ``alpha / m`` for ``m`` statistics (two:
+``alpha / 2`` each). A run whose records carry only the chosen token (an older run) has ``m = 1``
+and is judged exactly as before. The family is fixed by the number of prompts alone, never by the
+outcome: a test over ``n`` prompts cannot give a p below ``2 * 2**-n`` (sign and Wilcoxon both at
+``2**-n``, the better doubled), so where a member could not reach ``alpha / m`` even with every
+prompt against it (8 prompts: 0.0078 > 0.005), the further statistics stay out and the chosen
+token's is tested alone at ``alpha``, as before (the reasons say so).
+
 The arm-vs-arm evidence (divergence counts, top-k violations, drift, bias, repetition) stays in
 the reasons; where it disagrees with the reference, the reasons say so in words.
 """
@@ -82,15 +93,15 @@ class RefStats:
         return max(self.ratio, 1 / self.ratio) if self.measured and self.ratio > 0 else math.nan
 
 
-def reference_stats(
-    test: Sequence[ArmError], twin: Sequence[ArmError], floor: float, th: Thresholds
-) -> RefStats:
-    """Paired statistics of per-prompt errors (``test[i]`` and ``twin[i]`` are one prompt's)."""
-    pairs = [(a, b) for a, b in zip(test, twin, strict=True) if a.measured and b.measured]
+def paired_errors(test: Sequence[float], twin: Sequence[float], floor: float, th: Thresholds) -> RefStats:
+    """Paired statistics of per-prompt errors against the reference (``test[i]`` and ``twin[i]`` are
+    one prompt's; a prompt where either is not finite is left out): each raised to ``floor``, the
+    ratio of their means with its bootstrap CI, and the one-sided sign and Wilcoxon tests."""
+    pairs = [(a, b) for a, b in zip(test, twin, strict=True) if math.isfinite(a) and math.isfinite(b)]
     if not pairs:
         return RefStats(floor=floor)
-    t = np.array([max(a.mean_abs, floor) for a, _ in pairs])
-    c = np.array([max(b.mean_abs, floor) for _, b in pairs])
+    t = np.array([max(a, floor) for a, _ in pairs])
+    c = np.array([max(b, floor) for _, b in pairs])
     ratio = drift_ratio_stats(t, c, floor, th)  # floored ratio of means with its bootstrap CI
     d = t - c
     up, down = int((d > 0).sum()), int((d < 0).sum())
@@ -106,11 +117,53 @@ def reference_stats(
         down=down,
         p_sign=sign_test_greater(up, down),
         p_wilcoxon=wilcoxon_greater(d.tolist()),
-        regret_test=float(np.mean([a.regret for a, _ in pairs])),
-        regret_twin=float(np.mean([b.regret for _, b in pairs])),
-        signed_test=float(np.mean([a.mean_signed for a, _ in pairs])),
-        signed_twin=float(np.mean([b.mean_signed for _, b in pairs])),
     )
+
+
+def reference_stats(
+    test: Sequence[ArmError], twin: Sequence[ArmError], floor: float, th: Thresholds
+) -> RefStats:
+    """Paired statistics of per-prompt chosen-token errors, with the arms' regret and signed error."""
+    pairs = [(a, b) for a, b in zip(test, twin, strict=True) if a.measured and b.measured]
+    if not pairs:
+        return RefStats(floor=floor)
+    stats = paired_errors([a.mean_abs for a, _ in pairs], [b.mean_abs for _, b in pairs], floor, th)
+    stats.regret_test = float(np.mean([a.regret for a, _ in pairs]))
+    stats.regret_twin = float(np.mean([b.regret for _, b in pairs]))
+    stats.signed_test = float(np.mean([a.mean_signed for a, _ in pairs]))
+    stats.signed_twin = float(np.mean([b.mean_signed for _, b in pairs]))
+    return stats
+
+
+@dataclass(frozen=True)
+class RefMeasure:
+    """One more reference statistic of a pair, beside the chosen token's: its evidence name, its
+    words, its paired statistics and its minimum effect from the same controls (and their pair id)."""
+
+    name: str
+    label: str
+    stats: RefStats
+    min_effect: float
+    min_effect_pair: str
+
+
+def level(alpha: float, measured: int) -> float:
+    """Each reference statistic's level: Bonferroni over the ``measured`` ones (at least one)."""
+    return alpha / max(1, measured)
+
+
+def attainable(n: int) -> float:
+    """The smallest p the decision's test can give over ``n`` prompts: every prompt leaning one way
+    (sign test and exact Wilcoxon both ``2**-n``), the better of the two doubled."""
+    return min(1.0, 2 * 0.5 ** max(0, n))
+
+
+def family(alpha: float, ns: Sequence[int]) -> int:
+    """How many of the measured reference statistics (their prompt counts ``ns``, the chosen token's
+    first) are tested together: all of them when each could reach ``alpha / len(ns)``, else the chosen
+    token's alone (a family that could never fire would silence the rule)."""
+    m = len(ns)
+    return m if m > 1 and all(attainable(n) <= alpha / m for n in ns) else min(m, 1)
 
 
 def min_effect(controls: Sequence[tuple[str, RefStats]]) -> tuple[float, str]:
@@ -119,16 +172,18 @@ def min_effect(controls: Sequence[tuple[str, RefStats]]) -> tuple[float, str]:
     return max(measured, default=(1.0, ""))
 
 
-def _ref_text(r: RefStats, reference: str, floor_of: float, floor_id: str, th: Thresholds) -> str:
+def _ref_text(
+    r: RefStats, reference: str, floor_of: float, floor_id: str, at: float, what: str = "error"
+) -> str:
     control = (
         f"the largest flat-vs-flat ratio of this run, {floor_id}"
         if floor_id
         else "no flat-vs-flat control measured: the tests alone decide"
     )
     return (
-        f"vs {reference} reference: test error {r.ratio:.3g}x its twin's (CI {r.lo:.3g}..{r.hi:.3g}; "
+        f"vs {reference} reference: test {what} {r.ratio:.3g}x its twin's (CI {r.lo:.3g}..{r.hi:.3g}; "
         f"{r.test:.3g} vs {r.twin:.3g} nats/token over {r.n} prompts, larger on {r.up}, smaller on "
-        f"{r.down}; sign p={r.p_sign:.2g}, Wilcoxon p={r.p_wilcoxon:.2g}, p={r.p:.2g} vs {th.alpha:g}); "
+        f"{r.down}; sign p={r.p_sign:.2g}, Wilcoxon p={r.p_wilcoxon:.2g}, p={r.p:.2g} vs {at:g}); "
         f"minimum effect {floor_of:.3g} ({control})"
     )
 
@@ -143,24 +198,48 @@ def decide(
     *,
     n_diverged: int,
     noise_text: str,
+    also: Sequence[RefMeasure] = (),
 ) -> Decision:
     """The pair's verdict: the reference decides where it was measured, else the arm-vs-arm ``arms``.
 
     ``arms`` is the arm-vs-arm decision (``verdicts.decide``), whose ``error``/``not exercised``
     stand as they are: a cell that did not finish, or a setting that never took effect, proves
     nothing either way. ``noise_text``: the divergence counts against their control, for the words
-    when the two rules disagree.
+    when the two rules disagree. ``also``: the pair's other reference statistics; those measured
+    share alpha with the chosen token's (Bonferroni, :func:`level`), and any that fires flags the pair.
     """
     if arms.verdict not in (IDENTICAL, WITHIN_NOISE, REGRESSION, INCONCLUSIVE) or r is None or not r.measured:
         arms.rule = RULE_ARMS
         return arms
-    text = _ref_text(r, reference, floor_of, floor_id, th)
+    measured = [m for m in also if m.stats.measured]
+    extra = measured if family(th.alpha, [r.n, *(m.stats.n for m in measured)]) > 1 else []
+    at = level(th.alpha, 1 + len(extra))
+    pieces = (
+        reference_piece(r.ratio, floor_of, r.p, at),
+        *(reference_piece(m.stats.ratio, m.min_effect, m.stats.p, at, name=m.name) for m in extra),
+    )
+    text = "; ".join(
+        [
+            _ref_text(r, reference, floor_of, floor_id, at),
+            *(_ref_text(m.stats, reference, m.min_effect, m.min_effect_pair, at, m.label) for m in extra),
+        ]
+    )
+    if extra:
+        text += (
+            f" (Bonferroni over the {1 + len(extra)} reference statistics: each at alpha/{1 + len(extra)})"
+        )
+    elif measured:
+        text += (
+            f" ({', '.join(m.label for m in measured)} not tested: over {r.n} prompts no test could reach "
+            f"alpha/{1 + len(measured)}, so the chosen token's is tested alone at alpha)"
+        )
+    fired = [p.name for p in pieces if p.fired]
     if n_diverged == 0 and r.up == 0 and r.down == 0:
         verdict, why = (
             IDENTICAL,
             f"all {r.n} outputs token-identical and equally far from the reference; {text}",
         )
-    elif reference_piece(r.ratio, floor_of, r.p, th.alpha).fired:
+    elif fired:
         verdict, why = REGRESSION, text
         if arms.verdict != REGRESSION:
             why += (
@@ -182,7 +261,7 @@ def decide(
         why + supporting,
         arms.p_divergence,
         arms.p_topk,
-        RULE_REFERENCE if verdict == REGRESSION else "",
+        ",".join(fired) if verdict == REGRESSION else "",
         rule=RULE_REFERENCE,
-        evidence=(*arms.evidence, reference_piece(r.ratio, floor_of, r.p, th.alpha)),
+        evidence=(*arms.evidence, *pieces),
     )

@@ -13,13 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from cascade_repro.judge.verdicts import (
-    ARM_VS_ARM,
-    EVIDENCE_NAMES,
-    EvidencePiece,
-    evidence_of,
-    number,
-)
+from cascade_repro.judge.statistics import ARM_NAMES, evidence_of
+from cascade_repro.judge.verdicts import ARM_VS_ARM, EvidencePiece, number
 
 
 @dataclass(frozen=True)
@@ -60,12 +55,7 @@ class PairResult:
         """Build the typed result back from a pairs.parquet row (any run, old ones included)."""
 
         def text(k: str) -> str:
-            v = row.get(k)
-            try:
-                missing = v is None or bool(v != v)  # NaN and pandas NA are not equal to themselves
-            except (TypeError, ValueError):
-                missing = False
-            return "" if missing else str(v)
+            return _text(row.get(k))
 
         return cls(
             pair_id=text("pair_id"),
@@ -79,13 +69,22 @@ class PairResult:
             depth=text("depth"),
         )
 
+    def number(self, column: str) -> float:
+        """A numeric column of the row, NaN where missing or not a number (an older run's row lacks some)."""
+        return number(self.row.get(column))
+
+    def text(self, column: str) -> str:
+        """A text column of the row, "" where missing."""
+        return _text(self.row.get(column))
+
     def piece(self, name: str) -> EvidencePiece:
         """The evidence piece called ``name``."""
         return next(p for p in self.evidence if p.name == name)
 
     def fired(self) -> list[str]:
-        """What fired: ``decided_by`` as recorded, else (a run that did not record it) each piece that fired."""
-        recorded = [k for k in self.decided_by if k in EVIDENCE_NAMES]
+        """What fired under the arm-vs-arm rule: ``decided_by`` as recorded, else (a run that did not
+        record it) each arm-vs-arm piece that fired."""
+        recorded = [k for k in self.decided_by if k in ARM_NAMES]
         return recorded or [p.name for p in self.evidence if p.fired and p.rule == ARM_VS_ARM]
 
     def to_row(self) -> dict[str, Any]:
@@ -96,3 +95,12 @@ class PairResult:
             "rule": self.rule,
             "decided_by": ",".join(self.decided_by),
         }
+
+
+def _text(v: Any) -> str:
+    """A cell as text, "" where missing."""
+    try:
+        missing = v is None or bool(v != v)  # NaN and pandas NA are not equal to themselves
+    except (TypeError, ValueError):
+        missing = False
+    return "" if missing else str(v)

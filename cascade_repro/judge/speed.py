@@ -2,10 +2,10 @@
 
 Pure functions over the ``wave`` records of a run (standard library only). The probe stamps every
 ``use_cascade_attention`` decision and charges the time to the next decision of the same wave to
-the step it started (``probe.py``): ``wave["extra"]["steps"]`` holds, per wave, the summed wall time
-and the count of decode steps that ran cascade, decode steps that ran flat, and steps with prefill
-tokens. The warm-up request and the gap between waves are never counted; a wave's last step has no
-successor and is left out.
+the step it started (``vllm_surface/probe_state.py``): ``wave["extra"]["steps"]`` holds, per wave,
+the summed wall time and the count of decode steps that ran cascade, decode steps that ran flat, and
+steps with prefill tokens. The warm-up request and the gap between waves are never counted; a wave's
+last step has no successor and is left out.
 
 The cell's figure is its decode step time (milliseconds per decode step, cascade and flat steps
 together, prefill apart): what a user of that batch size pays per generated token of every request.

@@ -1,7 +1,7 @@
 """The scored tables of a run directory: one schema, written by compare and read by report/load.
 
 ``PAIR_COLUMNS`` is the whole pairs table, in order: compare builds it with exactly these columns;
-a statistic's own columns come from its entry in ``verdicts.STATISTICS``.
+a statistic's own columns come from its entry in ``judge/statistics.STATISTICS``.
 ``CELL_COLUMNS`` and ``COMPARISON_COLUMNS`` are what every reader may rely on in the other two;
 compare's rows carry them (plus a few kept for the record, e.g. ``dtype_effective``), and
 ``tests/judge/test_tables.py`` checks that. Older run directories lack some columns; report/load adds
@@ -10,7 +10,7 @@ them as empty.
 
 from __future__ import annotations
 
-from cascade_repro.judge.verdicts import STATISTICS, Statistic
+from cascade_repro.judge.statistics import STATISTICS, Statistic
 
 CELL_COLUMNS = (
     "cell_id engine_key engine model tp batch arm rerun seed dtype fa_version backend status error "
@@ -20,7 +20,7 @@ CELL_COLUMNS = (
     "decode_step_ms cascade_step_ms flat_step_ms decode_tok_s"
 ).split()
 
-# The pairs table's columns that no statistic owns; each statistic's (``verdicts.STATISTICS``) go in
+# The pairs table's columns that no statistic owns; each statistic's (``statistics.STATISTICS``) go in
 # after the column it names.
 _PAIR_BASE = [
     "pair_id", "kind", "inject", "test_cell", "ref_cell", "tp", "batch", "ref_batch", "seed", "dtype", "fa_version",

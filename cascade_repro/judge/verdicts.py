@@ -24,7 +24,7 @@ does. So a pair is only called a
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
@@ -41,7 +41,8 @@ from cascade_repro.judge.outcome import (
 )
 
 # --- evidence pieces: each statistic's value against its bar, and the one rule for whether it fired;
-# ``decide`` asks them, and so does a report through ``judge/result.PairResult``.
+# ``decide`` asks them, and so does a report through ``judge/result.PairResult`` (the statistics
+# themselves are declared in ``judge/statistics.py``).
 
 ARM_VS_ARM = "arm-vs-arm"
 REFERENCE = "reference"
@@ -61,11 +62,12 @@ def number(v: Any) -> float:
 class EvidencePiece:
     """One named piece of a pair's evidence: its value against its threshold, and whether it fired."""
 
-    name: str  # one of EVIDENCE_NAMES
+    name: str  # one of judge/statistics.EVIDENCE_NAMES
     value: float
     threshold: float
     fired: bool
     rule: str = ARM_VS_ARM
+    level: float = math.nan  # a reference statistic's: the p-value's bar (alpha shared by Bonferroni)
 
 
 def bias_piece(p_bias: Any, alpha: float) -> EvidencePiece:
@@ -98,88 +100,13 @@ def repetition_piece(d_rep_lo: Any, rep_delta: float) -> EvidencePiece:
     return EvidencePiece("repetition", lo, rep_delta, lo > rep_delta)
 
 
-def reference_piece(ratio: Any, min_effect: Any, p_ref: Any, alpha: float) -> EvidencePiece:
-    """The error ratio against the reference over the run's minimum effect, given its test's p below alpha."""
+def reference_piece(
+    ratio: Any, min_effect: Any, p_ref: Any, alpha: float, name: str = REFERENCE
+) -> EvidencePiece:
+    """An error ratio against the reference over the run's minimum effect, given its test's p below
+    ``alpha`` (the level its statistic was given: ``reference_verdict.level``)."""
     r, floor = number(ratio), number(min_effect)
-    return EvidencePiece("reference", r, floor, number(p_ref) < alpha and r > floor, rule=REFERENCE)
-
-
-@dataclass(frozen=True)
-class Statistic:
-    """One statistic a pair's verdict weighs: its evidence piece's name, its pairs.parquet columns
-    (in table order, placed right after the column ``after``: ``judge/tables.PAIR_COLUMNS`` is built
-    from these) and how its piece is read back from a row, given (alpha, rep_delta, min_topk)."""
-
-    name: str
-    columns: tuple[str, ...]
-    after: str
-    read: Callable[[Mapping[str, Any], float, float, float], EvidencePiece]
-
-
-# The evidence a regression can rest on, in the order ``decide`` weighs it.
-STATISTICS = (
-    Statistic(
-        "bias",
-        ("bias_n", "bias_up", "bias_down", "bias_mean", "p_bias", "p_bias_control"),
-        "drift_up",
-        lambda row, alpha, rep_delta, min_topk: bias_piece(row.get("p_bias"), alpha),
-    ),
-    Statistic(
-        "drift",
-        (
-            "drift_n",
-            "drift_tokens",
-            "drift_test",
-            "drift_control",
-            "drift_floor",
-            "drift_ratio",
-            "drift_ratio_lo",
-            "drift_ratio_hi",
-            "drift_threshold",
-            "drift_null_q",
-            "p_drift",
-            "drift_up",
-        ),  # fmt: skip
-        "control_pair_id",
-        lambda row, alpha, rep_delta, min_topk: drift_piece(
-            row.get("drift_ratio"), row.get("drift_threshold")
-        ),
-    ),
-    Statistic(
-        "divergence",
-        ("p_divergence",),
-        "noise_topk_violations",
-        lambda row, alpha, rep_delta, min_topk: divergence_piece(row.get("p_divergence"), alpha),
-    ),
-    Statistic(
-        "top-k",
-        ("p_topk",),
-        "p_divergence",
-        lambda row, alpha, rep_delta, min_topk: topk_piece(
-            row.get("p_topk"), row.get("topk_violations"), alpha, min_topk
-        ),
-    ),
-    Statistic(
-        "repetition",
-        ("d_seq_rep_4_mean", "d_seq_rep_4_lo", "d_seq_rep_4_hi"),
-        "dlogprob_max",
-        lambda row, alpha, rep_delta, min_topk: repetition_piece(row.get("d_seq_rep_4_lo"), rep_delta),
-    ),
-)
-EVIDENCE_NAMES = tuple(s.name for s in STATISTICS)
-
-
-def evidence_of(
-    row: Mapping[str, Any], alpha: float, rep_delta: float, min_topk: float
-) -> tuple[EvidencePiece, ...]:
-    """A pair's evidence pieces from its pairs.parquet columns: the arm-vs-arm ones in ``decide``'s
-    order, then the reference's where it decided."""
-    reference = (
-        (reference_piece(row.get("ref_ratio"), row.get("ref_min_effect"), row.get("p_ref"), alpha),)
-        if row.get("rule") == REFERENCE
-        else ()
-    )
-    return (*(s.read(row, alpha, rep_delta, min_topk) for s in STATISTICS), *reference)
+    return EvidencePiece(name, r, floor, number(p_ref) < alpha and r > floor, rule=REFERENCE, level=alpha)
 
 
 PREFILL_ONLY = "prefill only"  # a pair's depth: cascade ran on prefill steps and no decode step

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cascade_repro.errors import UsageError
-from cascade_repro.vllm_surface.engine_fields import FIELDS
+from cascade_repro.vllm_surface.fields import FIELDS
 
 RECORDED_RELEASE = "0.26.0"
 # EngineArgs fields of vLLM 0.26.0 (public names), recorded by scripts/old-vllm/record_surface.py.
@@ -283,7 +283,7 @@ def known_fields() -> Fields:
 
 
 def recorded(release: str, why: str = "") -> Fields:
-    """A recorded release's fields (``vllm_surface/engine_fields.py``)."""
+    """A recorded release's fields (``vllm_surface/fields/``)."""
     return Fields(FIELDS[release], f"vLLM {release}'s EngineArgs as recorded" + (f", {why}" if why else ""))
 
 

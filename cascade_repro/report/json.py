@@ -4,7 +4,8 @@ Schema 2 added the drift evidence per pair, `detection_power`, `warnings` and `s
 schema 3 the decode speed per pair (`speed_*`, `wall_ratio`, `predicted_speedup`, `speed_flag`) and
 per cell (`*_step_ms`, `decode_tok_s`), `invocations` and `mixed_stack`; schema 4 the verdict against
 the reference per pair (`rule`, `reference`, `ref_*`, `p_ref*`), its pass (`reference`) and
-`controls` (every flat-vs-flat pair's error ratio: the run's measured null). Every key is described in
+`controls` (every flat-vs-flat pair's error ratio: the run's measured null); schema 5 the top-k
+distribution error against the reference per pair (`ref_topk_*`, `p_ref_topk*`). Every key is described in
 docs/summary-json.md; `summary.schema.json` beside this module (shipped in the package) is its JSON
 Schema, whose ``schema_version`` constant moves with ``SCHEMA_VERSION``.
 """
@@ -12,17 +13,22 @@ Schema, whose ``schema_version`` constant moves with ``SCHEMA_VERSION``.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
 from cascade_repro.judge import outcome
+from cascade_repro.judge.result import PairResult
+from cascade_repro.judge.statistics import STATISTICS
 from cascade_repro.report import headline, power, prose, view
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import as_int, json_text, portable_json
 from cascade_repro.rundir import layout
 
-PAIR_FIELDS = (
+# The pair fields no statistic owns; each statistic's own (its ``summary`` fields in
+# judge/statistics.py) follow, so a statistic added there reaches summary.json.
+_PAIR_BASE_FIELDS = (
     "pair_id",
     "tp",
     "batch",
@@ -30,8 +36,6 @@ PAIR_FIELDS = (
     "n_diverged",
     "n",
     "noise_n_diverged",
-    "p_divergence",
-    "p_topk",
     "cascade_steps",
     "reasons",
     "if_n",
@@ -40,20 +44,6 @@ PAIR_FIELDS = (
     "if_strict_delta",
     "if_loose_delta",
     "p_if",
-    # The drift rule and what it was measured on.
-    "drift_ratio",
-    "drift_ratio_lo",
-    "drift_ratio_hi",
-    "drift_threshold",
-    "p_drift",
-    "drift_test",
-    "drift_control",
-    "drift_n",
-    "bias_up",
-    "bias_down",
-    "bias_mean",
-    "p_bias",
-    "p_bias_control",
     "control_pair_id",
     "depth",
     "cascade_decode_steps",
@@ -61,9 +51,6 @@ PAIR_FIELDS = (
     "topk_violations",
     "noise_n",
     "noise_topk_violations",
-    "d_seq_rep_4_mean",
-    "d_seq_rep_4_lo",
-    "d_seq_rep_4_hi",
     # Decode speed against the flat twin (schema 3).
     "speed_ratio",
     "speed_ratio_lo",
@@ -91,10 +78,11 @@ PAIR_FIELDS = (
     "ref_regret_test",
     "ref_regret_twin",
 )
+PAIR_FIELDS = _PAIR_BASE_FIELDS + tuple(f for s in STATISTICS for f in s.summary)
 CONTROL_FIELDS = ("pair_id", "kind", "tp", "batch", "ref_batch", "n_diverged", "n", "ref_n", "ref_err_test",
                   "ref_err_twin", "ref_ratio", "ref_ratio_lo", "ref_ratio_hi", "p_ref")  # fmt: skip
 REFERENCE_FIELDS = ("precision", "device", "status", "sequences")
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 SCHEMA_FILE = "summary.schema.json"
 CELL_FIELDS = (
     "cell_id",
@@ -121,7 +109,7 @@ CELL_FIELDS = (
 INT_FIELDS = {
     "tp", "batch", "n", "n_diverged", "noise_n_diverged", "cascade_steps", "if_n", "drift_n",
     "cascade_decode_steps", "speed_waves", "topk_violations", "noise_n", "noise_topk_violations", "bias_up", "bias_down",
-    "ref_n", "ref_up", "ref_down", "ref_batch",
+    "ref_n", "ref_up", "ref_down", "ref_batch", "ref_topk_n", "ref_topk_up", "ref_topk_down",
 }  # fmt: skip
 
 
@@ -130,8 +118,20 @@ def summary_schema() -> dict:
     return json.loads(resources.files(__package__).joinpath(SCHEMA_FILE).read_text(encoding="utf-8"))
 
 
-def _row(r: dict, fields: tuple[str, ...]) -> dict:
+def _row(r: Mapping[str, Any], fields: tuple[str, ...]) -> dict:
     return {k: as_int(r.get(k)) if k in INT_FIELDS else r.get(k) for k in fields}
+
+
+def _pair(res: PairResult) -> dict:
+    """A pair's entry: its counts as the typed result holds them, every other field as its row has it
+    (a field an older run lacks is null)."""
+    c = res.counts
+    counts = {
+        "n": c.n, "n_diverged": c.n_diverged, "noise_n": c.noise_n, "noise_n_diverged": c.noise_n_diverged,
+        "topk_violations": c.topk_violations, "noise_topk_violations": c.noise_topk_violations,
+        "cascade_steps": c.cascade_steps,
+    }  # fmt: skip
+    return {**_row(res.row, PAIR_FIELDS), **{k: as_int(v) for k, v in counts.items()}}
 
 
 class JsonFormatter(ReportFormatter):
@@ -153,7 +153,7 @@ class JsonFormatter(ReportFormatter):
             "fail_on": fail_on,
             "exit_code": code,
             "exit_reason": reason,
-            "pairs": [_row(r, PAIR_FIELDS) for r in view.cascade_pairs(data)],
+            "pairs": [_pair(res) for res in view.cascade_results(data)],
             # The flat-vs-flat controls' error ratios against the reference: this run's measured null.
             "controls": [_row(r, CONTROL_FIELDS) for r in view.control_pairs(data)],
             # What the reference pass was, not what it cost (run.json has its seconds): a resumed run's

@@ -228,9 +228,9 @@ def _read_table(path: Path, columns: list[str]) -> pd.DataFrame:
         # One line: some of pyarrow's messages run on over several.
         why = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
         raise UsageError(f"unreadable {path.name} in {path.parent}: {why}") from None
-    for col in columns:
-        if col not in df.columns:
-            df[col] = None
+    # An older run lacks some columns: added empty, all at once (one by one fragments the frame).
+    if missing := [col for col in columns if col not in df.columns]:
+        df = pd.concat([df, pd.DataFrame(dict.fromkeys(missing), index=df.index, dtype=object)], axis=1)
     return df.reset_index(drop=True)
 
 

@@ -10,18 +10,30 @@ import json
 import math
 from html import escape
 
+from cascade_repro.judge.result import PairResult
+from cascade_repro.judge.verdicts import REFERENCE
 from cascade_repro.report import view
 from cascade_repro.report.load import RunData
-from cascade_repro.report.text import fmt_int, fmt_p, fmt_sig_pair, fmt_x_ci, is_missing, text_of, truncate
+from cascade_repro.report.text import MISSING, fmt_int, fmt_p, fmt_sig_pair, fmt_x_ci, is_missing, truncate
 
 W, H = 300, 150
 LEFT, RIGHT, TOP, BOTTOM = 46, 10, 24, 30
 TEST_COLOR, TWIN_COLOR = "#d1242f", "#0969da"
 
 
+def _judged(data: RunData) -> list[PairResult]:
+    """The cascade pairs' typed results, then the calibration pairs'."""
+    return view.cascade_results(data) + view.calibration_results(data)
+
+
 def has_reference(data: RunData) -> bool:
+    return any(res.rule == REFERENCE for res in _judged(data))
+
+
+def has_topk(data: RunData) -> bool:
+    """Whether any pair measured the top-k distribution error (a run whose records carry the arms' ids)."""
     return any(
-        text_of(r.get("rule")) == "reference" for r in view.cascade_pairs(data) + view.calibration_pairs(data)
+        math.isfinite(res.number("ref_topk_ratio")) for res in _judged(data) + view.control_results(data)
     )
 
 
@@ -30,14 +42,21 @@ def rule_note(data: RunData) -> str:
     ran = data.manifest.reference if isinstance(data.manifest.reference, dict) else {}
     if has_reference(data):
         dtype = next(
-            (text_of(r.get("reference")) for r in view.cascade_pairs(data) if text_of(r.get("reference"))), ""
+            (res.text("reference") for res in view.cascade_results(data) if res.text("reference")), ""
         )
-        return (
+        note = (
             f"Verdicts decided against a {dtype} reference: every token each arm generated was read again, "
             "teacher-forced, by the same weights at more precision; a pair is a regression when the test arm's "
             "mean error exceeds its twin's beyond chance (sign and Wilcoxon tests, the better doubled, below alpha) "
             "and beyond the largest ratio this run's own flat-vs-flat controls show."
         )
+        if has_topk(data):
+            note += (
+                " Two errors are tested, the chosen token's and the top-k distribution's (every token id the arm "
+                "listed), each at alpha/2 (Bonferroni): either one flags the pair; over 8 prompts or fewer no test "
+                "can reach alpha/2, and the chosen token's is tested alone at alpha."
+            )
+        return note
     status = str(ran.get("status") or "")
     why = {
         "off": "the reference pass was turned off (--reference off)",
@@ -55,27 +74,42 @@ def _num(v: object, spec: str = ".3g") -> str:
 def reference_table(data: RunData) -> view.Table:
     """One row per pair the reference scored: cascade pairs, calibration pairs, then the controls (the null)."""
     rows = []
-    judged = view.cascade_pairs(data) + view.calibration_pairs(data)
-    for control, r in [(False, r) for r in judged] + [(True, r) for r in view.control_pairs(data)]:
-        if is_missing(r.get("ref_ratio")):
+    topk = has_topk(data)
+    for control, res in [(False, r) for r in _judged(data)] + [(True, r) for r in view.control_results(data)]:
+        n = res.number
+        if not math.isfinite(n("ref_ratio")):
             continue
         rows.append(
             [
-                text_of(r.get("pair_id")),
-                "control" if control else text_of(r.get("verdict")),
-                fmt_x_ci(r.get("ref_ratio"), r.get("ref_ratio_lo"), r.get("ref_ratio_hi")),
-                " vs ".join(fmt_sig_pair(r.get("ref_err_test"), r.get("ref_err_twin"))),
-                f"{fmt_int(r.get('ref_up'))}/{fmt_int(r.get('ref_down'))}",
-                f"{fmt_p(r.get('p_ref_sign'))} / {fmt_p(r.get('p_ref_wilcoxon'))}",
-                "—" if control else _num(r.get("ref_min_effect")),
-                " vs ".join(fmt_sig_pair(r.get("ref_regret_test"), r.get("ref_regret_twin"))),
+                res.pair_id or MISSING,
+                "control" if control else res.verdict or MISSING,
+                fmt_x_ci(n("ref_ratio"), n("ref_ratio_lo"), n("ref_ratio_hi")),
+                " vs ".join(fmt_sig_pair(n("ref_err_test"), n("ref_err_twin"))),
+                f"{fmt_int(n('ref_up'))}/{fmt_int(n('ref_down'))}",
+                f"{fmt_p(n('p_ref_sign'))} / {fmt_p(n('p_ref_wilcoxon'))}",
+                "—" if control else _num(n("ref_min_effect")),
+                " vs ".join(fmt_sig_pair(n("ref_regret_test"), n("ref_regret_twin"))),
+                *(_topk_cells(res, control) if topk else []),
             ]
         )
     headers = [
         "pair", "verdict", "error ratio [95% CI]", "error test vs twin (nats/token)", "larger/smaller",
         "p sign / Wilcoxon", "min effect", "regret test vs twin",
+        *(["top-k error ratio [95% CI]", "top-k error test vs twin", "top-k p sign / Wilcoxon", "top-k min effect"]
+          if topk else []),
     ]  # fmt: skip
     return view.Table(headers, rows)
+
+
+def _topk_cells(res: PairResult, control: bool) -> list[str]:
+    """The top-k distribution error's cells of a pair (``judge/metrics/topk.py``)."""
+    n = res.number
+    return [
+        fmt_x_ci(n("ref_topk_ratio"), n("ref_topk_ratio_lo"), n("ref_topk_ratio_hi")),
+        " vs ".join(fmt_sig_pair(n("ref_topk_test"), n("ref_topk_twin"))),
+        f"{fmt_p(n('p_ref_topk_sign'))} / {fmt_p(n('p_ref_topk_wilcoxon'))}",
+        "—" if control else _num(n("ref_topk_min_effect")),
+    ]
 
 
 REFERENCE_NOTE = (
@@ -87,6 +121,17 @@ REFERENCE_NOTE = (
     "recomputation does. regret: per prompt, the reference's logprob of its own argmax minus that of the arm's "
     "choice, summed over the answer."
 )
+TOPK_NOTE = (
+    "top-k error: per prompt, the mean over generated positions of the mean |logprob(arm) - logprob(reference)| "
+    "over every token id in the arm's own top-k list (the reference's exact logprob of each, from its full "
+    "distribution), tested like the error above with its own minimum effect; with both measured each is tested "
+    "at alpha/2 (Bonferroni) and either flags the pair."
+)
+
+
+def reference_note(data: RunData) -> str:
+    """The reference table's note: what each column is (the top-k error's where the run measured it)."""
+    return f"{REFERENCE_NOTE} {TOPK_NOTE}" if has_topk(data) else REFERENCE_NOTE
 
 
 def _curve(v: object) -> list[float]:
@@ -116,14 +161,14 @@ def binned(curve: list[float], bins: int = 8) -> list[float]:
 def by_step_lines(data: RunData) -> list[str]:
     """Per cascade pair, the binned error by decode step of both arms, one line each (report.md)."""
     out = []
-    for r in view.cascade_pairs(data) + view.calibration_pairs(data):
-        t, w = _curve(r.get("ref_by_step_test")), _curve(r.get("ref_by_step_twin"))
+    for res in _judged(data):
+        t, w = _curve(res.text("ref_by_step_test")), _curve(res.text("ref_by_step_twin"))
         if not t or not w:
             continue
         size = max(1, math.ceil(len(t) / 8))
         fmt = ", ".join
         out.append(
-            f"{text_of(r.get('pair_id'))} (steps in spans of {size}): test {fmt(_num(v, '.2g') for v in binned(t))}"
+            f"{res.pair_id or MISSING} (steps in spans of {size}): test {fmt(_num(v, '.2g') for v in binned(t))}"
             f" | twin {fmt(_num(v, '.2g') for v in binned(w))}"
         )
     return out
@@ -132,10 +177,10 @@ def by_step_lines(data: RunData) -> list[str]:
 def by_step_plots(data: RunData) -> str:
     """Small multiples: per cascade pair, the error against the reference by decode step, test and twin."""
     plots = []
-    for r in view.cascade_pairs(data) + view.calibration_pairs(data):
-        t, w = _curve(r.get("ref_by_step_test")), _curve(r.get("ref_by_step_twin"))
+    for res in _judged(data):
+        t, w = _curve(res.text("ref_by_step_test")), _curve(res.text("ref_by_step_twin"))
         if t and w:
-            plots.append(_plot(text_of(r.get("pair_id")), text_of(r.get("verdict")), t, w))
+            plots.append(_plot(res.pair_id or MISSING, res.verdict or MISSING, t, w))
     if not plots:
         return '<p class="nodata">error by decode step: no reference</p>'
     return '<div class="multiples">' + "".join(plots) + "</div>"

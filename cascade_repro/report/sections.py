@@ -117,7 +117,10 @@ def _evidence(data: RunData) -> list[Block]:
 
 
 def _reference(data: RunData) -> list[Block]:
-    out: list[Block] = [TableBlock(ref.reference_table(data), "no pair scored"), Note(ref.REFERENCE_NOTE)]
+    out: list[Block] = [
+        TableBlock(ref.reference_table(data), "no pair scored"),
+        Note(ref.reference_note(data)),
+    ]
     if lines := ref.by_step_lines(data):
         out.append(Bullets("Error against the reference by decode step:", tuple(lines)))
     return out

@@ -5,12 +5,13 @@ evidence of every pair stays in the verdict table."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from cascade_repro.judge.outcome import ERROR, IDENTICAL, INCONCLUSIVE, NOT_EXERCISED, REGRESSION
 from cascade_repro.judge.result import PairResult
-from cascade_repro.judge.verdicts import REFERENCE, EvidencePiece
+from cascade_repro.judge.statistics import statistic
+from cascade_repro.judge.verdicts import REFERENCE
 from cascade_repro.plan.matrix import spec_of
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import (
@@ -132,32 +133,32 @@ def _p_vs(p, bar: float) -> str:
     return f"{fmt_p_eq(p)} {'<' if _num(p) < bar else '≥'} {bar:g}"
 
 
-# Each piece of arm-vs-arm evidence a regression can rest on (``verdicts.decide``'s order) as its
-# numbers against its bar: the value, threshold and whether it fired are the judge's evidence
-# piece's (``judge/result.PairResult``); the counts beside them are the pair's columns.
-_EVIDENCE: dict[str, Callable[[PairResult, EvidencePiece], str]] = {
-    "bias": lambda res, e: (
-        f"bias {fmt_int(res.row.get('bias_up'))}↑ {fmt_int(res.row.get('bias_down'))}↓: {_p_vs(e.value, e.threshold)}"
-    ),
-    "drift": lambda res, e: f"drift {fmt_x(e.value)}x{_over(e.value, e.threshold)}",
-    "divergence": lambda res, e: (
-        f"diverged {fmt_ratio(res.counts.n_diverged, res.counts.n)} vs "
-        f"{fmt_ratio(res.counts.noise_n_diverged, res.counts.noise_n)}: {_p_vs(e.value, e.threshold)}"
-    ),
-    "top-k": lambda res, e: (
-        f"outside top-k {fmt_int(res.counts.topk_violations)} vs "
-        f"{fmt_int(res.counts.noise_topk_violations)}: {_p_vs(e.value, e.threshold)}"
-    ),
-    "repetition": lambda res, e: (
-        f"Δseq-rep-4 CI low {fmt_float(e.value, '+.3f')}"
-        + ("" if is_missing(e.value) else f" > {e.threshold:g}")
-    ),
-}
+class _Formats:
+    """How a statistic's words write their numbers (``judge/statistics.Formats``): this report's."""
+
+    int = staticmethod(fmt_int)
+    x = staticmethod(fmt_x)
+    ratio = staticmethod(fmt_ratio)
+    float = staticmethod(fmt_float)
+    p_vs = staticmethod(_p_vs)
+    over = staticmethod(_over)
+    missing = staticmethod(is_missing)
+
+
+FORMATS = _Formats()
+
+
+def evidence_text(res: PairResult, name: str, *, short: bool = False) -> str:
+    """The named evidence piece of the pair in words, its numbers against its bar (the statistic's
+    own words, ``judge/statistics.STATISTICS``; whether it fired, the piece says)."""
+    stat = statistic(name)
+    words = stat.short if short and stat.short is not None else stat.text
+    return words(res, res.piece(name), FORMATS)
 
 
 def _texts(res: PairResult, names: list[str]) -> list[tuple[str, str]]:
     """Each named evidence piece of the pair as (name, its numbers against its bar)."""
-    return [(k, _EVIDENCE[k](res, res.piece(k))) for k in names]
+    return [(k, evidence_text(res, k)) for k in names]
 
 
 def _pack(pieces: list[tuple[str, str]], width: int | None, *, name_rest: bool) -> str:
@@ -213,10 +214,14 @@ def deciding_evidence(
         return diverged
     if verdict == INCONCLUSIVE:
         return _pack([("", "no noise control measured"), ("", diverged)], width, name_rest=False)
-    if res.rule == REFERENCE and not is_missing((ref := res.piece(REFERENCE)).value):
-        ratio = f"error vs reference {fmt_x(ref.value)}x{_over(ref.value, ref.threshold)}"
-        full = f"{ratio}, {_p_vs(r.get('p_ref'), th['alpha'])}"
-        return full if width is None or len(full) <= width else ratio
+    if res.rule == REFERENCE and not is_missing(res.piece(REFERENCE).value):
+        # The reference rule's statistics: a regression's that fired, else every one it measured.
+        judged = [p.name for p in res.evidence if p.rule == REFERENCE]
+        names = [k for k in judged if res.piece(k).fired] if verdict == REGRESSION else judged
+        if len(names := names or judged) == 1:
+            full = evidence_text(res, names[0])
+            return full if width is None or len(full) <= width else evidence_text(res, names[0], short=True)
+        return _pack(_texts(res, names), width, name_rest=verdict == REGRESSION)
     if verdict == REGRESSION and (fired := res.fired()):
         return _pack(_texts(res, fired), width, name_rest=True)
     nearest = [
@@ -232,8 +237,7 @@ def summary_table(data: RunData, width: int | None = ISSUE_COLUMN_CHARS) -> Tabl
     status = {text_of(c.get("cell_id")): text_of(c.get("status")) for c in cells(data)}
     rows = []
     for res in cascade_results(data):
-        r = res.row
-        pair, verdict, depth = text_of(r.get("pair_id")), text_of(r.get("verdict")), res.depth or MISSING
+        pair, verdict, depth = res.pair_id or MISSING, res.verdict or MISSING, res.depth or MISSING
         room = None if width is None else width - len(pair) - len(verdict) - len(depth)
         rows.append(
             [

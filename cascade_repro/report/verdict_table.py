@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from cascade_repro.judge.outcome import REGRESSION
+from cascade_repro.judge.result import PairResult
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import (
     MISSING,
@@ -18,9 +22,9 @@ from cascade_repro.report.text import (
     fmt_x_ci,
     is_missing,
     text_of,
-    text_or_missing,
 )
 from cascade_repro.report.view import (
+    DEFAULTS,
     Table,
     cascade_pairs,
     has_if,
@@ -32,6 +36,16 @@ from cascade_repro.report.view import (
 )
 
 
+def _typed(pair: PairResult | Mapping[str, Any]) -> PairResult:
+    """A pair's typed result; a bare pairs.parquet row (the ladder's and JUnit's callers) is rebuilt at
+    the verdict's default thresholds, which none of these columns' formats reads."""
+    if isinstance(pair, PairResult):
+        return pair
+    return PairResult.from_row(
+        pair, DEFAULTS["alpha"], DEFAULTS["rep_delta"], DEFAULTS["min_topk_violations"]
+    )
+
+
 def _vs(k: str, n_k: str, p) -> str:
     """`3/4 vs 1/4, p=0.0714`: a count next to its noise count and the test's p-value."""
     if k == MISSING:
@@ -39,22 +53,26 @@ def _vs(k: str, n_k: str, p) -> str:
     return f"{k} vs {n_k}" + ("" if is_missing(p) else f", {fmt_p_eq(p)}")
 
 
-def fmt_drift(r: dict) -> str:
+def fmt_drift(pair: PairResult | Mapping[str, Any]) -> str:
     """The drift ratio with its bootstrap CI, e.g. `1.35 [1.25, 1.46]`."""
-    return fmt_x_ci(r.get("drift_ratio"), r.get("drift_ratio_lo"), r.get("drift_ratio_hi"))
+    res = _typed(pair)
+    return fmt_x_ci(res.piece("drift").value, res.number("drift_ratio_lo"), res.number("drift_ratio_hi"))
 
 
-def fmt_drift_rule(r: dict) -> str:
+def fmt_drift_rule(pair: PairResult | Mapping[str, Any]) -> str:
     """The effective drift threshold and the permutation p-value, e.g. `> 1.14, p=0.0005`."""
-    return fmt_threshold_p(r.get("drift_threshold"), r.get("p_drift"))
+    res = _typed(pair)
+    return fmt_threshold_p(res.piece("drift").threshold, res.number("p_drift"))
 
 
-def fmt_bias(r: dict) -> str:
+def fmt_bias(pair: PairResult | Mapping[str, Any]) -> str:
     """Prompts whose chosen-token logprob cascade raised / lowered, and the sign test, e.g. `18↑ 41↓, p=0.0038`."""
-    up, down = as_int(r.get("bias_up")), as_int(r.get("bias_down"))
+    res = _typed(pair)
+    up, down = as_int(res.number("bias_up")), as_int(res.number("bias_down"))
     if up is None or down is None or up + down == 0:
         return MISSING
-    return f"{up}↑ {down}↓" + ("" if is_missing(r.get("p_bias")) else f", {fmt_p_eq(r.get('p_bias'))}")
+    p = res.piece("bias").value
+    return f"{up}↑ {down}↓" + ("" if is_missing(p) else f", {fmt_p_eq(p)}")
 
 
 def _yes_no(v) -> str:
@@ -77,13 +95,15 @@ def fmt_prediction(p: dict | None) -> str:
     return s
 
 
-def fmt_if_pair(r: dict) -> str:
+def fmt_if_pair(pair: PairResult | Mapping[str, Any]) -> str:
     """Format IF strict accuracy of a pair: `test vs ref (Δ, McNemar p)`."""
-    if (as_int(r.get("if_n")) or 0) <= 0:
+    res = _typed(pair)
+    n = res.number
+    if (as_int(n("if_n")) or 0) <= 0:
         return MISSING
     return (
-        f"{fmt_float(r.get('if_strict_test'))} vs {fmt_float(r.get('if_strict_ref'))} "
-        f"({fmt_float(r.get('if_strict_delta'), '+.3f')}, p={fmt_p(r.get('p_if'))}, n={fmt_int(r.get('if_n'))})"
+        f"{fmt_float(n('if_strict_test'))} vs {fmt_float(n('if_strict_ref'))} "
+        f"({fmt_float(n('if_strict_delta'), '+.3f')}, p={fmt_p(n('p_if'))}, n={fmt_int(n('if_n'))})"
     )
 
 
@@ -118,30 +138,34 @@ def verdict_table(data: RunData) -> Table:
     for r in pairs:
         res = result_of(r, th)
         c = res.counts
-        verdict = text_of(r.get("verdict"))
+        verdict = res.verdict or MISSING
         rows.append(
             [
-                text_of(r.get("pair_id")),
-                fmt_int(r.get("tp")),
-                fmt_int(r.get("batch")),
+                res.pair_id or MISSING,
+                fmt_int(res.number("tp")),
+                fmt_int(res.number("batch")),
                 *(text_of(r.get(a)) for a in axes),
                 Strong(verdict) if verdict == REGRESSION else verdict,
                 fmt_ratio(c.cascade_steps, c.total_steps),
-                *([fmt_prediction(preds.get(text_of(r.get("test_cell"))))] if preds else []),
+                *([fmt_prediction(preds.get(res.text("test_cell") or MISSING))] if preds else []),
                 res.depth or MISSING,
-                fmt_drift(r),
-                fmt_drift_rule(r),
-                fmt_bias(r),
-                text_or_missing(r.get("control_pair_id")),
+                fmt_drift(res),
+                fmt_drift_rule(res),
+                fmt_bias(res),
+                res.text("control_pair_id") or MISSING,
                 _vs(
                     fmt_ratio(c.n_diverged, c.n),
                     fmt_ratio(c.noise_n_diverged, c.noise_n),
                     res.piece("divergence").value,
                 ),
                 _vs(fmt_int(c.topk_violations), fmt_int(c.noise_topk_violations), res.piece("top-k").value),
-                fmt_ci(r.get("d_seq_rep_4_mean"), r.get("d_seq_rep_4_lo"), r.get("d_seq_rep_4_hi")),
-                *([fmt_if_pair(r)] if show_if else []),
-                text_of(r.get("reasons")),
+                fmt_ci(
+                    res.number("d_seq_rep_4_mean"),
+                    res.piece("repetition").value,
+                    res.number("d_seq_rep_4_hi"),
+                ),
+                *([fmt_if_pair(res)] if show_if else []),
+                res.text("reasons") or MISSING,
             ]
         )
     return Table(headers, rows, wrap=frozenset({"reasons"}))

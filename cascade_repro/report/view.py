@@ -171,3 +171,15 @@ def cascade_results(data: RunData) -> list[PairResult]:
     """The typed results of the cascade pairs, in ``cascade_pairs``' order."""
     th = thresholds(data)
     return [result_of(r, th) for r in cascade_pairs(data)]
+
+
+def calibration_results(data: RunData) -> list[PairResult]:
+    """The typed results of the calibration pairs, in ``calibration_pairs``' order."""
+    th = thresholds(data)
+    return [result_of(r, th) for r in calibration_pairs(data)]
+
+
+def control_results(data: RunData) -> list[PairResult]:
+    """The typed results of the flat-vs-flat control pairs, in ``control_pairs``' order."""
+    th = thresholds(data)
+    return [result_of(r, th) for r in control_pairs(data)]

@@ -12,7 +12,10 @@ The shared system prompt is prefilled once and its KV copied into every row, so 
 per-request part. A record is keyed by the sample's content (the prompt's hash and the generated
 token ids), so a sequence two cells share is scored once, a cut pass resumes where it stopped, and a
 finished one is never recomputed. Files: ``reference/<engine key>.jsonl``, their records and reader in
-``rundir/reference.py``.
+``rundir/reference.py``; the model that scores them in ``run/reference_model.py``. Each record also
+keeps the reference's logprob of every token id the arms returning its sequence listed in their
+top-k (the judge's top-k distribution error): a stored record lacking one that a sample needs is
+scored again.
 
 It never runs inside the engine under test: the runner starts it as its own process
 (``python -m cascade_repro.run.reference RUN_DIR PRECISION DEVICE``) after every worker has exited,
@@ -21,7 +24,6 @@ so the GPU is free.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -29,33 +31,19 @@ import struct
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from cascade_repro.atomic import write_atomic
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import spec_of
+from cascade_repro.run.reference_model import TORCH_DTYPES, ReferenceModel, tokens_per_batch
 from cascade_repro.rundir import jsonl, layout, manifest, sample_scan
 from cascade_repro.rundir.reference import RECORD, START, RefRow, fingerprint, read_reference
 
+__all__ = ["ReferenceModel", "ReferenceOptions", "needed", "run_pass"]
+
 CHOICES = ("auto", "fp32", "fp64", "off")
 DEVICES = ("auto", "cpu", "cuda", "balanced")  # balanced: layers spread over GPUs and CPU (accelerate)
-TORCH_DTYPES = {"fp32": "float32", "fp64": "float64"}
-ATTN_NAME = "cascade_repro_reference"
-PREFIX_CACHE, PREFIX_CACHE_KEEP = "reference-prefix", 4  # KV files kept in the user cache
-# Logprobs are stored to 1e-9 nats: far below what separates any two arms (fp32 arms differ from
-# float64 by ~1e-6), and a third of the bytes of a full repr.
-DIGITS = 9
-# Rows of one forward: bounded by tokens. A GPU batch is large; on a CPU one row at a time: a batch's
-# float64 attention scores (~22 MB a row and layer at a 1,800-token context) above glibc's 32 MB mmap
-# threshold are mapped and faulted in afresh for every layer.
-TOKENS_PER_BATCH = {"cuda": 8192, "cpu": 256}
-
-
-def tokens_per_batch(device_type: str) -> int:
-    """TOKENS_PER_BATCH for a device type: a CPU's, or a GPU's for any other."""
-    return TOKENS_PER_BATCH["cpu" if device_type == "cpu" else "cuda"]
 
 
 # Tokens per second scored (each row's own prompt part and its generated tokens, behind a ~1,600-token
@@ -112,17 +100,42 @@ def _is_cuda_index(device: str) -> bool:
 
 @dataclass
 class Todo:
-    """One sequence the reference has not scored yet."""
+    """One sequence the reference has not scored yet (or scored without every id an arm listed)."""
 
     fp: str
     prompt_index: int
     prompt_hash: str
     token_ids: list[int]
+    # Per generated step, the token ids the arms returning this sequence listed in their top-k: the
+    # reference's logprob of each is stored with the record (the top-k distribution statistic).
+    want: list[set[int]] = field(default_factory=list)
 
 
-def needed(run_dir: Path, engine_keys: list[str], have: set[str]) -> dict[str, list[Todo]]:
-    """Per engine key, the finished cells' sequences not yet in ``have`` (each content once)."""
-    seen = set(have)
+def _topk_ids(topk: object, n: int) -> list[set[int]]:
+    """The token ids of a sample's top-k lists, per step (empty sets where a step's list is unusable)."""
+    out: list[set[int]] = [set() for _ in range(n)]
+    if not isinstance(topk, list):
+        return out
+    for i, step in enumerate(topk[:n]):
+        if isinstance(step, list):
+            out[i] = {
+                e[0]
+                for e in step
+                if isinstance(e, list | tuple)
+                and e
+                and isinstance(e[0], int)
+                and not isinstance(e[0], bool)
+                and e[0] >= 0
+            }
+    return out
+
+
+def needed(run_dir: Path, engine_keys: list[str], have: dict[str, RefRow]) -> dict[str, list[Todo]]:
+    """Per engine key, the finished cells' sequences the reference must score: each content once,
+    wanting the union of the top-k ids of every sample with that content; a stored record that covers
+    them all is not scored again, one that lacks some (an older record, or one written before another
+    arm listed other ids) is."""
+    by_fp: dict[str, Todo] = {}
     out: dict[str, list[Todo]] = {}
     for key in engine_keys:
         todo = out.setdefault(key, [])
@@ -133,9 +146,15 @@ def needed(run_dir: Path, engine_keys: list[str], have: set[str]) -> dict[str, l
             if not all(isinstance(t, int) and not isinstance(t, bool) for t in toks):
                 continue
             fp = fingerprint(ph, toks)
-            if fp not in seen:
-                seen.add(fp)
-                todo.append(Todo(fp, idx, ph, toks))
+            ids = _topk_ids(rec.get("topk"), len(toks))
+            if (t := by_fp.get(fp)) is None:
+                by_fp[fp] = t = Todo(fp, idx, ph, toks, ids)
+                todo.append(t)
+            else:
+                for mine, theirs in zip(t.want, ids, strict=True):
+                    mine |= theirs
+    for key, todo in out.items():
+        out[key] = [t for t in todo if not (t.fp in have and have[t.fp].covers(t.want))]
     return out
 
 
@@ -256,248 +275,6 @@ def cost(model_path: str, precision: str, device: str, samples: int, tokens_per_
     return Cost(precision, device, params, need, have, samples, est)
 
 
-# --- the computation -------------------------------------------------------------------------------
-
-
-def plain_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """softmax(QKᵀ·scale + mask)·V in the model's own dtype: no fused kernel, no cascade, no split.
-
-    The query heads that share a KV head are stacked along the query axis, so each KV head is read
-    once per group instead of being copied per query head (the same dot products).
-    """
-    import torch
-
-    scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
-    b, h, q, d = query.shape
-    hk = key.shape[1]
-    g = h // hk
-    qg = query.reshape(b, hk, g * q, d)
-    scores = torch.matmul(qg, key.transpose(-1, -2)) * scale  # [B, Hk, G*Q, L]
-    if attention_mask is not None:
-        m = attention_mask[:, :, None].expand(-1, -1, g, -1, -1).reshape(b, 1, g * q, -1)
-        scores.masked_fill_(~m, float("-inf"))
-    out = torch.matmul(torch.softmax(scores, dim=-1), value)  # [B, Hk, G*Q, D]
-    return out.reshape(b, h, q, d).transpose(1, 2).contiguous(), None
-
-
-class ReferenceModel:
-    """The model at the reference's precision, with the shared prefix's KV computed once."""
-
-    def __init__(self, model_path: str, precision: str, device: str, topk: int, trust_remote_code: bool):
-        import torch
-        from transformers import AttentionInterface, AutoModelForCausalLM
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
-        # TF32 would round float32 matmuls to a 10-bit mantissa: less precise than the bf16 arms' sums.
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-        torch.set_float32_matmul_precision("highest")
-        AttentionInterface.register(ATTN_NAME, plain_attention)
-        AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)  # the 4-D mask is passed ready
-        self.dtype = getattr(torch, TORCH_DTYPES[precision])
-        kwargs: dict[str, Any] = {"dtype": self.dtype, "attn_implementation": ATTN_NAME}
-        if device == "balanced":
-            kwargs["device_map"] = "auto"
-        try:
-            self.model = AutoModelForCausalLM.from_pretrained(
-                model_path, trust_remote_code=trust_remote_code, **kwargs
-            )
-        except OSError as e:
-            raise UsageError(f"could not load model {model_path!r}: {str(e).splitlines()[0]}") from None
-        if device != "balanced":
-            self.model.to(device)
-        self.model.eval()
-        self.device = next(self.model.parameters()).device
-        self.model_path = model_path
-        self.topk = topk
-        self._prefix: tuple[tuple[int, ...], Any] | None = None
-        import inspect
-
-        params = inspect.signature(self.model.forward).parameters
-        self._cache_kw = "past_key_values" if "past_key_values" in params else "cache"
-        cfg = self.model.config
-        plain_head = not any(
-            getattr(cfg, a, None) for a in ("final_logit_softcapping", "logit_scale", "logits_scaling")
-        )
-        self._head = self.model.get_output_embeddings() if plain_head else None
-
-    def _prefix_cache(self, prefix: list[int]) -> Any:
-        from transformers import DynamicCache
-
-        key = tuple(prefix)
-        if self._prefix is None or self._prefix[0] != key:
-            cache = DynamicCache()
-            stored = self._stored_prefix(prefix)
-            if stored is not None:
-                for i, (k, v) in enumerate(stored):
-                    cache.update(k.to(self.device), v.to(self.device), i)
-            elif prefix:
-                self._extend(cache, 0, prefix)
-                self._store_prefix(prefix, cache)
-            self._prefix = (key, cache)
-        return self._prefix[1]
-
-    # On a CPU the shared system prompt's float64 prefill is most of a small run's reference pass
-    # (~24 s for 1,600 tokens on 2 cores): its KV is kept in the user cache, keyed by the weights, the
-    # precision and the prefix tokens, so only the first run on a machine pays it. A GPU recomputes it
-    # in well under a second.
-    def _prefix_file(self, prefix: list[int]) -> Path | None:
-        if self.device.type != "cpu" or not prefix:
-            return None
-        from cascade_repro.plan.models import cache_root
-
-        ident = [str(self.dtype), ",".join(map(str, prefix))]
-        for f in sorted(Path(self.model_path).glob("*")) if Path(self.model_path).is_dir() else []:
-            if f.suffix in (".safetensors", ".json", ".bin"):
-                st = f.stat()
-                ident.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
-        digest = hashlib.sha256("|".join(ident).encode()).hexdigest()[:24]
-        return cache_root() / PREFIX_CACHE / f"{digest}.pt"
-
-    def _stored_prefix(self, prefix: list[int]) -> list[tuple[Any, Any]] | None:
-        import torch
-
-        path = self._prefix_file(prefix)
-        if path is None or not path.is_file():
-            return None
-        try:
-            layers = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception:  # noqa: BLE001 - a damaged cache entry is recomputed, never trusted
-            return None
-        if not isinstance(layers, list) or not all(
-            isinstance(kv, (list, tuple)) and len(kv) == 2 and kv[0].shape[-2] == len(prefix) for kv in layers
-        ):
-            return None
-        os.utime(path)  # most recently used
-        return [(k, v) for k, v in layers]
-
-    def _store_prefix(self, prefix: list[int], cache: Any) -> None:
-        import torch
-
-        path = self._prefix_file(prefix)
-        if path is None:
-            return
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            layers = [(layer.keys.contiguous(), layer.values.contiguous()) for layer in cache.layers]
-            write_atomic(path, lambda tmp: torch.save(layers, tmp))
-            old = sorted(path.parent.glob("*.pt"), key=lambda p: p.stat().st_mtime, reverse=True)
-            for stale in old[PREFIX_CACHE_KEEP:]:
-                stale.unlink(missing_ok=True)
-            for stale in path.parent.glob("*.tmp*"):  # a pass killed mid-write
-                if stale.stat().st_mtime < time.time() - 3600:
-                    stale.unlink(missing_ok=True)
-        except (OSError, AttributeError):
-            pass  # no cache is a slower run, not a failed one
-
-    def score(self, prefix: list[int], rows: list[tuple[list[int], list[int]]]) -> list[RefRow]:
-        """Score each row's generated tokens given its own prompt tokens after ``prefix``.
-
-        Rows are right-padded; a row's queries see the prefix and its own earlier tokens only.
-        """
-        return self._score(self._prefix_cache(prefix), len(prefix), rows)
-
-    def score_prompt(self, prefix: list[int], own: list[int], gens: list[list[int]]) -> list[RefRow]:
-        """Score several generations of one prompt (its arms, reruns, calibration rungs), reading the
-        prompt's own tokens once instead of once per generation.
-
-        The prompt's own tokens but the last extend a copy of the prefix's KV; each row is then that
-        last token and its generated ones, so the logits that predict a generated token are the same
-        positions :meth:`score` reads.
-        """
-        import copy
-
-        if not own:  # the prefix's last token predicts the first generated one
-            return self.score_prompt(prefix[:-1], prefix[-1:], gens)
-        base, head = self._prefix_cache(prefix), own[:-1]
-        if not head:
-            return self._score(base, len(prefix), [(own, g) for g in gens])
-        cache = copy.deepcopy(base)
-        self._extend(cache, len(prefix), head)
-        return self._score(cache, len(prefix) + len(head), [(own[-1:], g) for g in gens])
-
-    def _extend(self, cache: Any, start: int, tokens: list[int]) -> None:
-        """Append ``tokens``' KV to a batch-1 ``cache`` that holds ``start`` positions: each token sees
-        the cache and the tokens before it. Only the KV is wanted, so the decoder runs without the head.
-
-        In chunks of TOKENS_PER_BATCH tokens: each query row's attention is its own, so the KV is the
-        same, and on a CPU a 1,600-token system prompt's float64 scores in one forward (~180 MB a layer)
-        are mapped and faulted in afresh for every layer; in chunks of 256 the prefill takes half as long
-        (RESULTS.md 6b)."""
-        import torch
-
-        step = tokens_per_batch(self.device.type)
-        for at in range(0, len(tokens), step):
-            chunk = tokens[at : at + step]
-            n, past = len(chunk), start + at
-            mask = torch.ones((1, 1, n, past + n), dtype=torch.bool, device=self.device)
-            mask[..., past:] = torch.ones((n, n), dtype=torch.bool, device=self.device).tril()
-            with torch.inference_mode():
-                self.model.base_model(
-                    input_ids=torch.tensor([chunk], device=self.device),
-                    position_ids=(past + torch.arange(n, device=self.device))[None],
-                    attention_mask=mask,
-                    use_cache=True,
-                    **{self._cache_kw: cache},
-                )
-
-    def _score(self, base: Any, p: int, rows: list[tuple[list[int], list[int]]]) -> list[RefRow]:
-        """Score rows after ``p`` positions whose KV is ``base`` (a batch-1 cache)."""
-        import torch
-
-        from cascade_repro.engines.hf import _wave_cache
-
-        b = len(rows)
-        seqs = [own + gen for own, gen in rows]
-        width = max(len(s) for s in seqs)
-        lengths = torch.tensor([len(s) for s in seqs], device=self.device)
-        ids = torch.zeros((b, width), dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, : len(s)] = torch.tensor(s)
-        ids = ids.to(self.device)
-        q = torch.arange(width, device=self.device)
-        causal = (q[None, :] <= q[:, None])[None] & (q[None, None, :] < lengths[:, None, None])  # [B,Q,Q]
-        mask = torch.cat([torch.ones((b, width, p), dtype=torch.bool, device=self.device), causal], dim=-1)
-        # Padding queries see at least the row's first token, so no softmax row is empty.
-        mask[:, :, p] = True
-        with torch.inference_mode():
-            cache = _wave_cache(base, b, p + width)
-            # Only the positions that predict a generated token go through lm_head: each row's own
-            # prompt part is read for its KV alone (at ~50k vocabulary entries, the head is a fifth
-            # of a small model's work per position).
-            where = [(i, len(own) - 1 + t) for i, (own, gen) in enumerate(rows) for t in range(len(gen))]
-            rows_i = torch.tensor([i for i, _ in where], device=self.device)
-            cols_i = torch.tensor([j for _, j in where], device=self.device)
-            kw = {"input_ids": ids, "position_ids": (p + q)[None].expand(b, -1), "attention_mask": mask[:, None],
-                  "use_cache": True, self._cache_kw: cache}  # fmt: skip
-            if self._head is not None:
-                hidden = self.model.base_model(**kw).last_hidden_state
-                logits = self._head(hidden[rows_i, cols_i])
-            else:  # a model whose logits are more than its head's matmul (softcapping, scaling)
-                logits = self.model(**kw).logits[rows_i, cols_i]
-            lps = torch.log_softmax(logits.to(self.dtype), dim=-1)
-            chosen = lps.gather(
-                1, torch.tensor([g for _, gen in rows for g in gen], device=self.device)[:, None]
-            )
-            tv, ti = lps.topk(self.topk, dim=-1)
-            chosen_l, tv_l, ti_l = chosen[:, 0].tolist(), tv.tolist(), ti.tolist()
-            out, k = [], 0
-            for _, gen in rows:
-                n = len(gen)
-                out.append(
-                    RefRow(
-                        [round(v, DIGITS) for v in chosen_l[k : k + n]],
-                        ti_l[k : k + n],
-                        [[round(v, DIGITS) for v in r] for r in tv_l[k : k + n]],
-                    )
-                )
-                k += n
-        del cache, logits, lps
-        return out
-
-
 def _batches(todo: list[Todo], own_len: Callable[[Todo], int], budget: int) -> Iterator[list[Todo]]:
     """Rows in order of length (little padding), as many per batch as the token budget allows."""
     order = sorted(todo, key=lambda t: own_len(t) + len(t.token_ids))
@@ -524,11 +301,17 @@ def _scored(
         for t in todo:
             by_prompt.setdefault(t.prompt_index, []).append(t)
         for i, group in sorted(by_prompt.items()):
-            yield group, model.score_prompt(prefix, rendered[i][shared:], [t.token_ids for t in group])
+            yield (
+                group,
+                model.score_prompt(
+                    prefix, rendered[i][shared:], [t.token_ids for t in group], [t.want for t in group]
+                ),
+            )
         return
     # A GPU is bound by launches: rows of many prompts in one wide batch.
     for batch in _batches(todo, lambda t: len(rendered[t.prompt_index]) - shared, budget):
-        yield batch, model.score(prefix, [(rendered[t.prompt_index][shared:], t.token_ids) for t in batch])
+        rows = [(rendered[t.prompt_index][shared:], t.token_ids) for t in batch]
+        yield batch, model.score(prefix, rows, [t.want for t in batch])
 
 
 def run_pass(run_dir: Path, precision: str, device: str, log: Callable[[str], None] = print) -> int:
@@ -539,7 +322,7 @@ def run_pass(run_dir: Path, precision: str, device: str, log: Callable[[str], No
     run = manifest.read_manifest(run_dir)
     keys = list(run.plan.engines)
     have, _ = read_reference(run_dir)
-    todo = needed(run_dir, keys, set(have))
+    todo = needed(run_dir, keys, have)
     total = sum(len(v) for v in todo.values())
     if not total:
         return 0
@@ -595,6 +378,8 @@ def run_pass(run_dir: Path, precision: str, device: str, log: Callable[[str], No
                         "lp": row.lp,
                         "top_ids": row.top_ids,
                         "top_lp": row.top_lp,
+                        "arm_ids": row.arm_ids or [[] for _ in row.lp],
+                        "arm_lp": row.arm_lp or [[] for _ in row.lp],
                     }  # fmt: skip
                 )
             writer.flush()  # a cut pass keeps every batch it finished

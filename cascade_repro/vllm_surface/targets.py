@@ -75,7 +75,7 @@ _FA = FLASH_ATTN_MODULE
 _SCHED = SCHEDULER_MODULE
 
 TARGETS: tuple[Target, ...] = (
-    # --- the probe: cascade (vllm_surface/probe.py patch_flash_attn) ---
+    # --- the probe: cascade (vllm_surface/probe_cascade.py patch_flash_attn) ---
     _t(_FA, "use_cascade_attention", "fn", "the cascade decision, counted and forced", "has cascade",
        ("common_prefix_len", "query_lens")),
     _t(_FA, "cascade_attention", "fn", "cascade executions, fa_version and decode shapes", "has cascade",
@@ -85,7 +85,7 @@ TARGETS: tuple[Target, ...] = (
        "the model runner's call that reaches the module function", "has cascade"),
     _t(_FA, "FlashAttentionImpl.__init__", "member", "the FlashAttention version each layer uses"),
     _t(_FA, "FlashAttentionImpl.vllm_flash_attn_version", "member", "read after __init__"),
-    # --- the probe: every twin ---
+    # --- the probe: every twin (vllm_surface/probe_steps.py, probe_worker.py) ---
     _t(WORKER_BASE_MODULES, "WorkerWrapperBase", "class", "gains the sync and facts methods for collective_rpc"),
     _t(WORKER_BASE_MODULES, "WorkerWrapperBase.worker", "member", "worker_facts reaches the model runner"),
     _t("vllm.v1.worker.gpu_worker", "Worker.model_runner", "member", "worker_facts reaches the model"),

@@ -302,7 +302,7 @@ def module_facts(pkg: Path, module: str) -> dict | None:
 # takes the first rule that matches, in this order. ``engine_args_kinds`` reads the annotations with
 # ``ast`` (vLLM needs a GPU torch to import), resolves the aliases and classes they name across the
 # source tree (``CacheDType = Literal[...]``, ``@config class CacheConfig``), and applies the same
-# order. The kinds are cascade_repro's (``vllm_surface/engine_fields.py``): int, float, bool, str,
+# order. The kinds are cascade_repro's (``vllm_surface/fields/``): int, float, bool, str,
 # list, object (a JSON object), any (a union vLLM reads as two kinds, or a name not found).
 
 _BUILTINS = {"int", "float", "bool", "str", "bytes", "dict", "list", "tuple", "set", "frozenset", "type", "object"}

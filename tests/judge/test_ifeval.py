@@ -1,6 +1,6 @@
 """cascade_repro.judge.ifeval: IFEval-style verifiers on crafted Korean and English responses, scoring, IF in compare.
 
-Every expectation was worked out by hand from the rules in cascade_repro/judge/ifeval/verifiers.py
+Every expectation was worked out by hand from the rules in cascade_repro/judge/ifeval/verifiers.py and counting.py
 (Google IFEval's instructions.py, with the Korean word rule: a word is a whitespace-separated unit,
 and the deviations each verifier's docstring states).
 """
@@ -30,7 +30,8 @@ from cascade_repro.judge.ifeval import (
     unknown_instruction_ids,
     unscorable,
 )
-from cascade_repro.judge.ifeval.verifiers import is_english, loose_variants, script_of, split_sentences
+from cascade_repro.judge.ifeval.counting import is_english, script_of, split_sentences
+from cascade_repro.judge.ifeval.verifiers import loose_variants
 from cascade_repro.prompts.promptsets import load_prompt_set
 from cascade_repro.rundir import layout, manifest
 

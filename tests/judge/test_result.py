@@ -1,12 +1,14 @@
 """A pair's typed result: the evidence pieces decide() weighs are the ones a report rebuilds from a row
-(the pieces live in judge/verdicts.py, the result in judge/result.py)."""
+(the pieces live in judge/verdicts.py, the statistics' registry in judge/statistics.py, the result in
+judge/result.py)."""
 
 from __future__ import annotations
 
 import math
 
 from cascade_repro.judge.result import PairResult
-from cascade_repro.judge.verdicts import EVIDENCE_NAMES, Evidence, Thresholds, decide, evidence_of, topk_piece
+from cascade_repro.judge.statistics import ARM_NAMES, evidence_of
+from cascade_repro.judge.verdicts import Evidence, Thresholds, decide, topk_piece
 
 TH = Thresholds()
 
@@ -19,7 +21,7 @@ def test_pieces_come_in_decides_order_with_value_threshold_and_rule():
     row = {"p_bias": 0.001, "drift_ratio": 3.0, "drift_threshold": 2.5, "p_divergence": 0.5, "p_topk": 0.5,
            "topk_violations": 0, "d_seq_rep_4_lo": 0.0}  # fmt: skip
     pieces = evidence_of(row, TH.alpha, TH.rep_delta, TH.min_topk_violations)
-    assert tuple(p.name for p in pieces) == EVIDENCE_NAMES
+    assert tuple(p.name for p in pieces) == ARM_NAMES
     bias, drift = pieces[0], pieces[1]
     assert (bias.value, bias.threshold, bias.fired, bias.rule) == (0.001, TH.alpha / 2, True, "arm-vs-arm")
     assert (drift.value, drift.threshold, drift.fired) == (3.0, 2.5, True)
@@ -56,7 +58,7 @@ def test_decide_returns_its_pieces_and_decided_by_names_those_that_fired():
     ev = Evidence(n=64, n_diverged=40, topk_violations=0, noise_n=64, noise_n_diverged=2,
                   noise_topk_violations=0, d_rep_mean=0.0, d_rep_lo=-0.01, d_rep_hi=0.01, cascade_steps=100)  # fmt: skip
     dec = decide(ev, TH, has_noise=True)
-    assert tuple(p.name for p in dec.evidence) == EVIDENCE_NAMES
+    assert tuple(p.name for p in dec.evidence) == ARM_NAMES
     assert [p.name for p in dec.evidence if p.fired] == dec.decided_by.split(",") == ["divergence"]
     # Without a noise control the count tests weigh nothing, whatever their p-values.
     assert not any(p.fired for p in decide(ev, TH, has_noise=False).evidence)

@@ -8,7 +8,8 @@ from cascade_repro.judge import compare, tables
 from cascade_repro.rundir import manifest
 
 # pairs.parquet's columns, in order, as every run so far wrote them: derived from the statistics'
-# registry now, they must not move (old runs load; golden reports stay byte-identical).
+# registry now, they must not move (old runs load; golden reports stay byte-identical); a new
+# statistic's columns are appended (the reference's top-k distribution error).
 PAIR_COLUMNS_ON_DISK = [
     "pair_id", "kind", "inject", "test_cell", "ref_cell", "tp", "batch", "ref_batch", "seed", "dtype", "fa_version",
     "backend", "n", "n_identical", "n_diverged", "first_div_median", "common_prefix_ratio_mean",
@@ -24,6 +25,9 @@ PAIR_COLUMNS_ON_DISK = [
     "ref_err_twin", "ref_ratio", "ref_ratio_lo", "ref_ratio_hi", "ref_up", "ref_down", "p_ref_sign",
     "p_ref_wilcoxon", "p_ref", "ref_min_effect", "ref_min_effect_pair", "ref_regret_test", "ref_regret_twin",
     "ref_signed_test", "ref_signed_twin", "ref_by_step_test", "ref_by_step_twin",
+    "ref_topk_n", "ref_topk_test", "ref_topk_twin", "ref_topk_ratio", "ref_topk_ratio_lo", "ref_topk_ratio_hi",
+    "ref_topk_up", "ref_topk_down", "p_ref_topk_sign", "p_ref_topk_wilcoxon", "p_ref_topk", "ref_topk_min_effect",
+    "ref_topk_min_effect_pair",
 ]  # fmt: skip
 
 
@@ -34,7 +38,7 @@ def test_pair_columns_derived_from_the_statistics_are_the_ones_on_disk():
 def test_a_statistic_registered_brings_its_columns_after_the_one_it_names():
     from dataclasses import replace
 
-    from cascade_repro.judge.verdicts import STATISTICS
+    from cascade_repro.judge.statistics import STATISTICS
 
     extra = replace(STATISTICS[0], name="new", columns=("new_x", "p_new"), after="p_bias_control")
     cols = tables.pair_columns(tables._PAIR_BASE, (*STATISTICS, extra))

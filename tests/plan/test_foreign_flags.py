@@ -14,7 +14,7 @@ from cascade_repro.cli import app
 from cascade_repro.errors import UsageError
 from cascade_repro.plan import engine_args as ea
 from cascade_repro.plan.flags import read_foreign
-from cascade_repro.vllm_surface.engine_fields import FIELDS, KINDS
+from cascade_repro.vllm_surface.fields import FIELDS, KINDS
 
 DATA = Path(__file__).parents[1] / "data"
 NARROW = {"COLUMNS": "80"}

@@ -926,7 +926,7 @@ def test_empty_and_old_run_renders(tmp_path: Path) -> None:
         MarkdownFormatter().render(data).startswith("## cascade-repro: nothing exercised: no cascade pairs\n")
     )
     summary = json.loads(JsonFormatter().render(data))
-    assert summary["pairs"] == [] and summary["detection_power"] == [] and summary["schema_version"] == 4
+    assert summary["pairs"] == [] and summary["detection_power"] == [] and summary["schema_version"] == 5
     # Nothing was tested: a CI guard must not pass.
     assert exit_status(data, "error") == (
         4,
@@ -1278,7 +1278,7 @@ def test_not_calibrated(clean_dir: Path) -> None:
 
 def test_summary_json_schema_2_fields(run_dir: Path) -> None:
     summary = json.loads(JsonFormatter().render(load_run(run_dir)))
-    assert summary["schema_version"] == 4 and summary["exit_code"] == 1 and summary["exit_reason"]
+    assert summary["schema_version"] == 5 and summary["exit_code"] == 1 and summary["exit_reason"]
     assert [p["pair_id"] for p in summary["pairs"]] == ["p01", "p02", "p03"]  # no calibration pairs
     p02 = summary["pairs"][1]
     assert {k: p02[k] for k in ("drift_ratio", "drift_ratio_lo", "drift_ratio_hi", "drift_threshold", "p_drift")} == {
@@ -1349,13 +1349,13 @@ def test_forest_plot_rows_and_threshold_ticks(run_dir: Path) -> None:
     ],
 )
 def test_log_ticks(lo: float, hi: float, ticks: list[float]) -> None:
-    from cascade_repro.report.svg import log_ticks
+    from cascade_repro.report.svg_draw import log_ticks
 
     assert log_ticks(lo, hi) == ticks
 
 
 def test_log_domain_is_padded_and_never_empty() -> None:
-    from cascade_repro.report.svg import log_domain
+    from cascade_repro.report.svg_draw import log_domain
 
     lo, hi = log_domain([1.0, 10.0])
     assert lo < 1.0 and 10.0 < hi and abs(lo * hi - 10.0) < 1e-9  # symmetric in log space
@@ -1374,7 +1374,7 @@ def test_log_domain_is_padded_and_never_empty() -> None:
     ],
 )
 def test_whisker_axis_fits_its_data(values: list[float], expected: tuple) -> None:
-    from cascade_repro.report.svg import y_range
+    from cascade_repro.report.svg_draw import y_range
 
     assert y_range(values) == pytest.approx(expected)
 
@@ -1667,3 +1667,31 @@ def test_the_reproduce_block_installs_a_vllm_pip_cannot_the_way_that_ran() -> No
     assert install == "uv pip install vllm==0.34.0 --override <(echo flashinfer-python==0.7.4)"
     overrides = Path(__file__).resolve().parents[2] / "scripts" / "vllm-0.34" / "overrides.txt"
     assert "flashinfer-python==0.7.4" in overrides.read_text().splitlines()  # the pin that ran
+
+
+def test_a_pair_flagged_by_the_top_k_error_shows_it_in_every_format(tmp_path: Path) -> None:
+    """A run whose reference measured the top-k distribution error: the summary row names what fired
+    with its level (alpha/2: both reference statistics measured), the reference table gains the
+    top-k columns and note, the rule note states the correction, summary.json carries the fields."""
+    reference = dict(rule="reference", reference="float32", ref_n=64, ref_err_test=0.0102, ref_err_twin=0.01,
+                     ref_ratio=1.02, ref_ratio_lo=0.98, ref_ratio_hi=1.06, ref_up=33, ref_down=31, p_ref_sign=0.45,
+                     p_ref_wilcoxon=0.3, p_ref=0.6, ref_min_effect=1.05, ref_min_effect_pair="n01",
+                     ref_topk_n=64, ref_topk_test=0.032, ref_topk_twin=0.02, ref_topk_ratio=1.6, ref_topk_ratio_lo=1.3,
+                     ref_topk_ratio_hi=1.9, ref_topk_up=50, ref_topk_down=14, p_ref_topk_sign=3e-6,
+                     p_ref_topk_wilcoxon=5e-6, p_ref_topk=6e-6, ref_topk_min_effect=1.1, ref_topk_min_effect_pair="n01")  # fmt: skip
+    pairs = [dict(p) for p in PAIRS]
+    pairs[0].update(reference, verdict="regression", decided_by="reference-topk")
+    pairs[3].update(ref_n=64, ref_ratio=1.05, ref_topk_n=64, ref_topk_ratio=1.1, p_ref_topk=0.4)
+    data = load_run(build_run(tmp_path / "r", pairs=pairs))
+    md = MarkdownFormatter().render(data)
+    assert "top-k error vs reference 1.60x > 1.10x, p=6e-06 < 0.005" in md
+    assert "top-k error ratio \\[95% CI\\]" in md and "1.60 \\[1.30, 1.90\\]" in md
+    assert "each at alpha/2 (Bonferroni): either one flags the pair" in md
+    page = HtmlFormatter().render(data)
+    assert "top-k error vs reference 1.60x &gt; 1.10x" in page and "top-k error ratio [95% CI]" in page
+    pair = next(p for p in json.loads(JsonFormatter().render(data))["pairs"] if p["pair_id"] == "p01")
+    assert (pair["decided_by"], pair["ref_topk_ratio"], pair["ref_topk_n"], pair["p_ref_topk"]) == (
+        "reference-topk", 1.6, 64, 6e-6,
+    )
+    # the old pairs of the same run still read the chosen token's rule alone (no top-k column there)
+    assert next(p for p in json.loads(JsonFormatter().render(data))["pairs"] if p["pair_id"] == "p02")["ref_topk_ratio"] is None

@@ -42,10 +42,21 @@ FIRED = {
 
 
 def test_every_statistic_the_judge_weighs_has_its_evidence_text() -> None:
-    from cascade_repro.judge.verdicts import EVIDENCE_NAMES
+    from cascade_repro.judge.result import PairResult
+    from cascade_repro.judge.statistics import STATISTICS
     from cascade_repro.report import summary
 
-    assert tuple(summary._EVIDENCE) == EVIDENCE_NAMES
+    row = {**FIRED, "rule": "reference", "ref_n": 64, "ref_ratio": 1.3, "ref_min_effect": 1.1, "p_ref": 0.001,
+           "ref_topk_n": 64, "ref_topk_ratio": 1.4, "ref_topk_min_effect": 1.2, "p_ref_topk": 0.0001}  # fmt: skip
+    res = PairResult.from_row(row, TH["alpha"], TH["rep_delta"], TH["min_topk_violations"])
+    assert [p.name for p in res.evidence] == [s.name for s in STATISTICS]
+    for s in STATISTICS:
+        assert summary.evidence_text(res, s.name), s.name
+    # Both reference statistics measured: each at alpha/2 (Bonferroni), and the words say so.
+    assert (
+        summary.evidence_text(res, "reference-topk")
+        == "top-k error vs reference 1.40x > 1.20x, p=0.0001 < 0.005"
+    )
 
 
 def test_a_regression_shows_what_fired_with_numbers_while_it_fits() -> None:

@@ -33,7 +33,10 @@ def test_a_prompts_rows_score_as_they_do_one_by_one(tiny, own_len, monkeypatch, 
     own = [rng.randrange(97) for _ in range(own_len)]
     gens = [[rng.randrange(97) for _ in range(n)] for n in (5, 1, 8)]
     # A prompt with no tokens of its own after the prefix: the prefix's last token predicts the first.
-    alone = [model.score(prefix, [(own, g)])[0] if own else model.score(prefix[:-1], [(prefix[-1:], g)])[0] for g in gens]
+    alone = [
+        model.score(prefix, [(own, g)])[0] if own else model.score(prefix[:-1], [(prefix[-1:], g)])[0]
+        for g in gens
+    ]
     together = model.score_prompt(prefix, own, gens)
     assert [r.lp for r in together] == [r.lp for r in alone]
     assert [r.top_ids for r in together] == [r.top_ids for r in alone]
@@ -43,7 +46,7 @@ def test_a_prompts_rows_score_as_they_do_one_by_one(tiny, own_len, monkeypatch, 
 def test_a_prefix_prefilled_in_chunks_gives_the_kv_and_scores_of_one_forward(tiny, monkeypatch, tmp_path):
     from transformers import DynamicCache
 
-    from cascade_repro.run import reference
+    from cascade_repro.run import reference_model
 
     monkeypatch.setenv("CASCADE_REPRO_CACHE", str(tmp_path))
     rng = random.Random(7)
@@ -52,7 +55,7 @@ def test_a_prefix_prefilled_in_chunks_gives_the_kv_and_scores_of_one_forward(tin
     rows = [([rng.randrange(97) for _ in range(4)], [rng.randrange(97) for _ in range(6)])]
 
     def prefill(step: int):
-        monkeypatch.setattr(reference, "TOKENS_PER_BATCH", {"cpu": step, "cuda": step})
+        monkeypatch.setattr(reference_model, "TOKENS_PER_BATCH", {"cpu": step, "cuda": step})
         cache = DynamicCache()
         model._extend(cache, 0, prefix)
         return cache, model._score(cache, len(prefix), rows)
@@ -64,3 +67,38 @@ def test_a_prefix_prefilled_in_chunks_gives_the_kv_and_scores_of_one_forward(tin
         assert torch.allclose(a.keys, b.keys, rtol=0, atol=1e-12)
         assert torch.allclose(a.values, b.values, rtol=0, atol=1e-12)
     assert [r.lp for r in scored_chunked] == [r.lp for r in scored_whole]  # stored to 1e-9 nats
+
+
+def test_the_arms_top_k_ids_are_scored_exactly_from_the_full_distribution(tiny, monkeypatch, tmp_path):
+    """``want``: per row and step, ids whose reference logprob the record keeps (``arm_ids``/``arm_lp``):
+    each equals the full log-softmax's, whether or not the id is in the reference's own top-k, and
+    both ways of scoring give the same numbers."""
+    monkeypatch.setenv("CASCADE_REPRO_CACHE", str(tmp_path))
+    rng = random.Random(3)
+    model = ReferenceModel(tiny, "fp64", "cpu", 3, False)
+    prefix = [rng.randrange(97) for _ in range(20)]
+    own = [rng.randrange(97) for _ in range(5)]
+    gens = [[rng.randrange(97) for _ in range(n)] for n in (4, 2)]
+    # Each step wants its own generated token (so arm_lp must equal lp), two random ids and one
+    # id the reference ranks first (so arm_lp must equal its top-1 logprob).
+    plain = model.score_prompt(prefix, own, gens)
+    want = [
+        [{g[t], rng.randrange(97), rng.randrange(97), plain[r].top_ids[t][0]} for t in range(len(g))]
+        for r, g in enumerate(gens)
+    ]
+    together = model.score_prompt(prefix, own, gens, want)
+    alone = [model.score(prefix, [(own, g)], [w])[0] for g, w in zip(gens, want, strict=True)]
+    for rows in (together, alone):
+        for r, g in enumerate(gens):
+            row = rows[r]
+            assert row.arm_ids == [sorted(w) for w in want[r]]
+            by_id = row.arm_logprobs()
+            for t, tok in enumerate(g):
+                assert by_id[t][tok] == pytest.approx(plain[r].lp[t], abs=1e-9)
+                assert by_id[t][plain[r].top_ids[t][0]] == pytest.approx(plain[r].top_lp[t][0], abs=1e-9)
+                assert all(v <= 0 for v in row.arm_lp[t])
+    assert [r.arm_lp for r in together] == [r.arm_lp for r in alone]
+    assert plain[0].arm_ids is None  # nothing wanted: an older record's shape
+    # an id past the vocabulary (a damaged samples file) is left out, not a failed pass
+    (odd,) = model.score(prefix, [(own, gens[1])], [[{3, 10_000}, set()]])
+    assert odd.arm_ids == [[3], []] and len(odd.arm_lp[0]) == 1

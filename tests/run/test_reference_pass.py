@@ -20,8 +20,8 @@ from cascade_repro.plan.models import embedded_available
 from cascade_repro.run import reference
 from cascade_repro.run.reference import ReferenceOptions
 from cascade_repro.run.runner import run_reference
-from cascade_repro.rundir import layout, manifest
-from cascade_repro.rundir.reference import read_reference
+from cascade_repro.rundir import layout, manifest, sample_scan
+from cascade_repro.rundir.reference import fingerprint, read_reference
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow
@@ -73,6 +73,10 @@ def test_clean_pair_is_judged_by_the_reference_and_is_not_a_regression(calibrate
     assert clean["ref_n"] == 8
     # fp32 arms against float64: both within the dtype floor, so neither is worse
     assert clean["ref_ratio"] == pytest.approx(1.0)
+    # The top-k distribution error too, over every id the arms listed; 8 prompts cannot reach
+    # alpha/2, so it is measured and shown but the chosen token's error decides alone at alpha.
+    assert clean["ref_topk_n"] == 8 and clean["ref_topk_ratio"] == pytest.approx(1.0)
+    assert "top-k error not tested: over 8 prompts" in clean["reasons"]
     assert calibrated.exit_code == 0
     run = manifest.read_manifest(calibrated.run_dir)
     assert run.reference["status"] == "done" and run.reference["precision"] == "fp64"
@@ -85,6 +89,7 @@ def test_the_ladder_is_judged_by_the_reference(calibrated):
     assert [s["nats"] for s in ladder] == LADDER
     assert all(s["rule"] == "reference" for s in ladder)
     assert ladder[-1]["verdict"] == "regression" and ladder[-1]["ref_ratio"] > 10
+    assert _pairs(calibrated.run_dir).loc["tp1-b8-cascade-shift1~flat", "ref_topk_ratio"] > 10
     assert entries[0]["flags_from"] is not None and entries[0]["flags_from"] <= 0.1
     assert "reference rule" in calibration.statement(entries[0], 16)
     report = (calibrated.run_dir / layout.REPORT_MD).read_text()
@@ -135,6 +140,38 @@ def test_without_controls_the_reference_alone_judges(onset):
     assert pair["verdict"] == "regression" and pair["rule"] == "reference"
     assert "no flat-vs-flat control measured: the tests alone decide" in pair["reasons"]
     assert onset.exit_code == 1
+
+
+def test_every_record_holds_the_reference_logprob_of_every_id_its_arms_listed(calibrated):
+    rows, _ = read_reference(calibrated.run_dir)
+    keys = list(manifest.read_manifest(calibrated.run_dir).plan.engines)
+    samples = [r for k in keys for r in sample_scan.iter_samples(layout.samples_path(calibrated.run_dir, k))]
+    assert samples and len(rows) < len(samples)  # shared sequences are scored once
+    for rec in samples:
+        row = rows[fingerprint(rec["prompt_hash"], rec["token_ids"])]
+        assert row.covers([{e[0] for e in step} for step in rec["topk"]])
+        by_id = row.arm_logprobs()
+        # the chosen token is in the arm's top-k, and its stored logprob is the chosen one's
+        for t, tok in enumerate(rec["token_ids"]):
+            assert by_id[t][tok] == pytest.approx(row.lp[t], abs=1e-8)
+
+
+def test_a_record_without_the_arms_ids_is_rescored_and_then_judged_by_both(calibrated, tmp_path):
+    run_dir = tmp_path / "old"
+    shutil.copytree(calibrated.run_dir, run_dir)
+    (path,) = layout.reference_files(run_dir)
+    old = []
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        rec.pop("arm_ids", None), rec.pop("arm_lp", None)
+        old.append(json.dumps(rec))
+    path.write_text("\n".join(old) + "\n")
+    have, _ = read_reference(run_dir)
+    assert all(r.arm_ids is None for r in have.values())
+    assert reference.run_pass(run_dir, "fp64", "cpu", log=lambda s: None) == len(have)
+    again, _ = read_reference(run_dir)
+    assert all(r.arm_ids is not None for r in again.values())
+    assert [r.lp for r in again.values()] == [r.lp for r in have.values()]
 
 
 def test_a_cut_reference_pass_resumes_and_a_finished_one_is_never_recomputed(calibrated, tmp_path):

@@ -13,7 +13,7 @@ import pytest
 from cascade_repro import twin as twins
 from cascade_repro import vllm_surface
 from cascade_repro.vllm_surface import probe, targets
-from cascade_repro.vllm_surface.engine_fields import FIELDS
+from cascade_repro.vllm_surface.fields import FIELDS
 
 DATA = Path(__file__).parents[1] / "data"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cascade_repro.judge.ifeval.counting import count_sentences, count_words
 from cascade_repro.judge.ifeval.score import (
     Unscorable,
     if_accuracy,
@@ -18,8 +19,6 @@ from cascade_repro.judge.ifeval.verifiers import (
     canonical_id,
     check,
     check_loose,
-    count_sentences,
-    count_words,
     kwargs_problem,
 )
 

@@ -24,22 +24,8 @@ against these signatures by a test) for the prompt loaders: its :func:`kwargs_ty
 only that, and they refuse a record it objects to (``end_phrase: 7`` would crash the verifier;
 ``keywords: "tea"`` would be read letter by letter); a record that reaches scoring all the same is not scored, like any other unusable kwargs.
 
-Counting rules, stated once:
-
-* **Word**: a whitespace-separated unit (``str.split()``). In Korean that is an 어절 (a word with
-  its particles attached: ``녹차를`` is one word), in English an ordinary word; punctuation stays
-  attached to its word. IFEval counts ``\\w+`` runs instead, which would split ``don't`` in two and
-  make Korean counts depend on punctuation.
-* **Sentence**: a stretch of text between sentence ends that contains at least one letter. Sentence
-  ends are ``.``, ``?``, ``!``, ``。``, ``？``, ``！``, ``…`` (a run such as ``?!`` or ``...`` ends one
-  sentence) and line breaks. A period between two digits (``3.5``) is not a sentence end; a piece
-  with no letter (the ``1`` of ``1. 물을 끓입니다.``) is not a sentence. Abbreviations are not
-  recognised: ``P.S.`` splits like any other period (IFEval uses an English abbreviation list).
-* **English** (``change_case:*``, and ``language:response_language`` with ``en``): at least 90% of
-  the letters are Latin-script letters. IFEval asks ``langdetect``; a script test gives the same
-  answer for the Korean/English distinction this set needs, and the same answer on every machine.
-* **Script** of a letter: the first word of its Unicode name (``HANGUL``, ``CYRILLIC``, ``CJK``, …;
-  ``HALFWIDTH``/``FULLWIDTH`` skipped, the ideographic iteration mark ``々`` counted as ``CJK``).
+Counting rules (what a word, a sentence, English and a letter's script are) and the readers of the
+kwargs a count is compared by live in ``counting.py``.
 """
 
 from __future__ import annotations
@@ -48,9 +34,22 @@ import functools
 import inspect
 import json
 import re
-import unicodedata
 from collections.abc import Callable
 from typing import Any
+
+from cascade_repro.judge.ifeval.counting import (
+    KANA,
+    LANGUAGE_SCRIPTS,
+    checked_relation,
+    compare,
+    count_sentences,
+    count_words,
+    is_english,
+    language_code,
+    one_letter,
+    paragraph_number,
+    script_of,
+)
 
 # ALIASES and kwargs_type_problem live with the kwarg types the prompt loaders check; named here too.
 from cascade_repro.prompts.ifeval_kwargs import (  # noqa: F401
@@ -63,122 +62,8 @@ from cascade_repro.prompts.ifeval_kwargs import (  # noqa: F401
 
 Verifier = Callable[..., bool]
 
-LESS_THAN = "less than"
-AT_LEAST = "at least"
-RELATIONS = (LESS_THAN, AT_LEAST)
-ENGLISH_MIN_LATIN_SHARE = 0.9
-
 _COMMAS = (",", "\uff0c", "\u3001")  # ASCII, full-width and ideographic comma
-_SENTENCE_END = re.compile(r"[.?!\u3002\uff1f\uff01\u2026]+|\n")
-_DECIMAL_POINT = re.compile(r"(?<=\d)\.(?=\d)")
 _HANGUL = re.compile(r"[\u1100-\u11ff\u3130-\u318f\uac00-\ud7af]")
-
-
-def _compare(count: int, relation: str, n: int) -> bool:
-    if relation == LESS_THAN:
-        return count < n
-    if relation == AT_LEAST:
-        return count >= n
-    raise ValueError(f"relation must be one of {RELATIONS}, not {relation!r}")
-
-
-def count_words(text: str) -> int:
-    """Count whitespace-separated units (Korean 어절, English words)."""
-    return len(text.split())
-
-
-def split_sentences(text: str) -> list[str]:
-    """Split text into sentences by the rule in the module docstring (Korean and English alike)."""
-    protected = _DECIMAL_POINT.sub("\x00", text)
-    pieces = _SENTENCE_END.split(protected)
-    return [p.replace("\x00", ".").strip() for p in pieces if any(ch.isalpha() for ch in p)]
-
-
-def count_sentences(text: str) -> int:
-    """Count sentences by :func:`split_sentences`."""
-    return len(split_sentences(text))
-
-
-def is_english(text: str) -> bool:
-    """Return True when at least 90% of the letters are Latin-script letters (and there is a letter)."""
-    letters = [ch for ch in text if ch.isalpha()]
-    if not letters:
-        return False
-    latin = sum(1 for ch in letters if unicodedata.name(ch, "").startswith("LATIN"))
-    return latin / len(letters) >= ENGLISH_MIN_LATIN_SHARE
-
-
-def script_of(ch: str) -> str:
-    """The script of one letter by the rule in the module docstring (``""`` for an unnamed character)."""
-    words = unicodedata.name(ch, "").split()
-    if words[:1] in (["HALFWIDTH"], ["FULLWIDTH"]):
-        words = words[1:]
-    first = words[0].split("-")[0] if words else ""
-    return "CJK" if first == "IDEOGRAPHIC" else first
-
-
-# language:response_language codes decided by the script of the letters: code -> scripts that count.
-# Google's list (instructions_util.LANGUAGE_CODES) has 30 codes; those written in a script other
-# than Latin are here, plus el and zh, whose scripts are unambiguous.
-_KANA = ("HIRAGANA", "KATAKANA")
-LANGUAGE_SCRIPTS: dict[str, tuple[str, ...]] = {
-    "ko": ("HANGUL",),
-    "ja": (*_KANA, "CJK"),
-    "zh": ("CJK",),
-    "ru": ("CYRILLIC",),
-    "uk": ("CYRILLIC",),
-    "bg": ("CYRILLIC",),
-    "ar": ("ARABIC",),
-    "fa": ("ARABIC",),
-    "ur": ("ARABIC",),
-    "hi": ("DEVANAGARI",),
-    "mr": ("DEVANAGARI",),
-    "ne": ("DEVANAGARI",),
-    "bn": ("BENGALI",),
-    "pa": ("GURMUKHI",),
-    "gu": ("GUJARATI",),
-    "ta": ("TAMIL",),
-    "te": ("TELUGU",),
-    "kn": ("KANNADA",),
-    "ml": ("MALAYALAM",),
-    "th": ("THAI",),
-    "he": ("HEBREW",),
-    "el": ("GREEK",),
-}
-"""Language code -> the scripts whose letters count as that language (``en`` uses :func:`is_english`)."""
-
-# Google's codes written in Latin script: a script test cannot tell them from English.
-LATIN_SCRIPT_CODES = ("es", "pt", "fr", "de", "it", "pl", "vi", "sw", "fi")
-
-
-def _language_code(language: str) -> str:
-    """The normalised code when a script test can decide it; ValueError otherwise."""
-    code = str(language).strip().lower()
-    if code == "en" or code in LANGUAGE_SCRIPTS:
-        return code
-    if code in LATIN_SCRIPT_CODES:
-        raise ValueError(f"language {language!r} cannot be told from English by script")
-    raise ValueError(f"language {language!r} cannot be decided by script")
-
-
-def _relation(relation: str) -> str:
-    if relation not in RELATIONS:
-        raise ValueError(f"relation must be one of {RELATIONS}, not {relation!r}")
-    return relation
-
-
-def _one_letter(letter: str) -> str:
-    value = str(letter).strip().lower()
-    if len(value) != 1:
-        raise ValueError(f"letter must be one character, not {letter!r}")
-    return value
-
-
-def _paragraph_number(nth_paragraph: int) -> int:
-    n = int(nth_paragraph)
-    if n < 1:
-        raise ValueError(f"nth_paragraph counts from 1, not {nth_paragraph!r}")
-    return n
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,12 +92,12 @@ def english_capital(response: str) -> bool:
 
 def number_words(response: str, relation: str, num_words: int) -> bool:
     """length_constraints:number_words: fewer than / at least N whitespace-separated words."""
-    return _compare(count_words(response), relation, int(num_words))
+    return compare(count_words(response), relation, int(num_words))
 
 
 def number_sentences(response: str, relation: str, num_sentences: int) -> bool:
-    """length_constraints:number_sentences: fewer than / at least N sentences (module docstring rule)."""
-    return _compare(count_sentences(response), relation, int(num_sentences))
+    """length_constraints:number_sentences: fewer than / at least N sentences (``counting.py``'s rule)."""
+    return compare(count_sentences(response), relation, int(num_sentences))
 
 
 def number_paragraphs(response: str, num_paragraphs: int) -> bool:
@@ -295,7 +180,7 @@ def forbidden_words(response: str, forbidden_words: list[str]) -> bool:
 def keyword_frequency(response: str, keyword: str, frequency: int, relation: str) -> bool:
     """keywords:frequency: the keyword occurs fewer than / at least N times, case-insensitive substring count (as IFEval)."""
     n = len(re.findall(re.escape(keyword), response, flags=re.IGNORECASE))
-    return _compare(n, relation, int(frequency))
+    return compare(n, relation, int(frequency))
 
 
 def end_checker(response: str, end_phrase: str) -> bool:
@@ -336,15 +221,15 @@ def letter_frequency(response: str, letter: str, let_frequency: int, let_relatio
     Every occurrence counts, inside words too; the letter may be a Hangul syllable. IFEval picks a
     random letter when ``letter`` is not one character; here that is a ``ValueError``.
     """
-    n = response.lower().count(_one_letter(letter))
-    return _compare(n, _relation(let_relation), int(let_frequency))
+    n = response.lower().count(one_letter(letter))
+    return compare(n, checked_relation(let_relation), int(let_frequency))
 
 
 def response_language(response: str, language: str) -> bool:
     """language:response_language: the whole response is in the language, decided by script.
 
     IFEval asks ``langdetect`` and counts a text it cannot classify as following. Here the letters'
-    scripts decide (module docstring), the same way on every machine:
+    scripts decide (``counting.py``'s rule), the same way on every machine:
 
     * ``en``: :func:`is_english` (at least 90% Latin letters), as ``change_case:*``.
     * ``ko`` (Hangul), ``ru``/``uk``/``bg`` (Cyrillic), ``ar``/``fa``/``ur`` (Arabic), ``hi``/``mr``/``ne``
@@ -361,13 +246,13 @@ def response_language(response: str, language: str) -> bool:
 
     A response without letters does not follow (IFEval: followed, because ``langdetect`` fails).
     """
-    code = _language_code(language)
+    code = language_code(language)
     if code == "en":
         return is_english(response)
     scripts = [script_of(ch) for ch in response if ch.isalpha()]
     if not scripts:
         return False
-    kana = sum(1 for s in scripts if s in _KANA)
+    kana = sum(1 for s in scripts if s in KANA)
     if (code == "ja" and not kana) or (code == "zh" and kana):
         return False
     in_script = sum(1 for s in scripts if s in LANGUAGE_SCRIPTS[code])
@@ -384,7 +269,7 @@ def nth_paragraph_first_word(response: str, num_paragraphs: int, nth_paragraph: 
     only has to start the first word, because Korean attaches particles (``녹차는`` starts with
     ``녹차``), as in :func:`forbidden_words`.
     """
-    nth = _paragraph_number(nth_paragraph)
+    nth = paragraph_number(nth_paragraph)
     paragraphs = re.split(r"\n\n", response)
     count = sum(1 for p in paragraphs if p.strip())
     if nth > count:
@@ -472,7 +357,7 @@ def capital_word_frequency(response: str, capital_frequency: int, capital_relati
     (nltk: once). Korean words have no case and never count unless they carry capital Latin letters.
     """
     n = sum(1 for w in _WORD_TOKEN.findall(response) if w.isupper())
-    return _compare(n, _relation(capital_relation), int(capital_frequency))
+    return compare(n, checked_relation(capital_relation), int(capital_frequency))
 
 
 VERIFIERS: dict[str, Verifier] = {
@@ -536,9 +421,9 @@ GOOGLE_IFEVAL_IDS: tuple[str, ...] = (
 
 # Checks of kwargs that do not need the response, per verifier (beyond the generic ones in _prepare).
 _KWARG_CHECKS: dict[Verifier, Callable[[dict[str, Any]], object]] = {
-    response_language: lambda kw: _language_code(kw["language"]),
-    letter_frequency: lambda kw: _one_letter(kw["letter"]),
-    nth_paragraph_first_word: lambda kw: _paragraph_number(kw["nth_paragraph"]),
+    response_language: lambda kw: language_code(kw["language"]),
+    letter_frequency: lambda kw: one_letter(kw["letter"]),
+    nth_paragraph_first_word: lambda kw: paragraph_number(kw["nth_paragraph"]),
 }
 
 
@@ -587,7 +472,7 @@ def _prepare(
         for name, value in kw.items():
             check_type(name, params[name].annotation, value)
             if name.endswith("relation"):
-                _relation(value)
+                checked_relation(value)
         if (extra_check := _KWARG_CHECKS.get(fn)) is not None:
             extra_check(kw)
     except (TypeError, ValueError) as e:
