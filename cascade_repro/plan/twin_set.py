@@ -32,15 +32,19 @@ def expand_all(
     engine: str, batches: Sequence[int], version: str | None = None, gpus: int | None = None
 ) -> Expansion:
     """Every twin ``engine`` can test: the fixed entries and one of each parameterised family (the
-    batch twin from 1 to the largest batch, TP 1 against 2, the attention backend's example); on
+    batch twin from 1 to the largest batch, TP 1 against 2, FLASH_ATTN against TRITON_ATTN); on
     vLLM those the installed ``version`` can test and, for ``tp``, where ``gpus`` (None: unknown)
     are enough."""
     info = engine_info(engine)
     top = max((b for b in batches if isinstance(b, int) and not isinstance(b, bool)), default=8)
-    # Each parameterised family at its example arms; the batch twin up to this matrix's largest batch.
+    # Each parameterised family at its example arms; the batch twin up to this matrix's largest
+    # batch, the backend twin against Triton's, which every vLLM carries (FlashInfer is a package
+    # of its own that a box may lack: name it in a list).
     params = {f: ex for f, (_, ex) in twins.PARAMETERISED.items()}
     if "batch" in params:
         params["batch"] = f"batch=1:{top if top > 1 else 8}"
+    if "attention-backend" in params:
+        params["attention-backend"] = "attention-backend=FLASH_ATTN:TRITON_ATTN"
     candidates = [*twins.FIXED.values(), *(twins.resolve(ex) for ex in params.values())]
     kept: list[str] = []
     dropped: dict[str, list[str]] = {}

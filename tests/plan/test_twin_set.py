@@ -54,7 +54,7 @@ def test_all_is_what_the_engine_can_serve_and_says_what_it_left_out():
     fake = twin_set.expand_all("fake", [1, 8, 16])
     assert fake.names == (
         "cascade", "prefix-caching", "chunked-prefill", "cuda-graphs", "async-scheduling", "kv-cache-dtype=fp8",
-        "attention-backend=FLASH_ATTN:FLASHINFER", "batch=1:16",
+        "attention-backend=FLASH_ATTN:TRITON_ATTN", "batch=1:16",
     )  # fmt: skip
     assert fake.left_out == "--twin all leaves out tp=1:2 (the fake engine runs on one device)"
     hf = twin_set.expand_all("hf", [8])
