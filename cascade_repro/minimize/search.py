@@ -129,11 +129,12 @@ def pick_pair(run_dir: Path, pair_id: str | None) -> dict[str, Any]:
         raise UsageError(
             f"{run_dir} has no {layout.PAIRS}: is it a finished run? (`cascade-repro report --rescore` rebuilds it)"
         )
+    # A run of several twins: its cascade pairs (the engine is built from their engine plan's twin).
     axes = read_manifest(Path(run_dir)).twins
-    tw = axes[0]
-    if TWIN not in axes:  # a run of several twins: its cascade pairs (the engine is their engine plan's)
+    if TWIN not in axes:
+        named = ",".join(t.name for t in axes)
         raise UsageError(
-            f"minimize shrinks a cascade pair (both arms served by one engine); {run_dir} compares --twin {tw.name}"
+            f"minimize shrinks a cascade pair (both arms served by one engine); {run_dir} compares --twin {named}"
         )
     pairs = pd.read_parquet(path)
     pairs = pairs[pairs["kind"] == TWIN.pair_kind]

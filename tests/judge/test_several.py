@@ -211,3 +211,11 @@ def test_shards_of_several_twins_merge_to_the_whole_run(several: Path, tmp_path:
     got = pd.read_parquet(tmp_path / "merged" / layout.PAIRS).set_index("pair_id")["verdict"]
     want = pd.read_parquet(several / layout.PAIRS).set_index("pair_id")["verdict"]
     pd.testing.assert_series_equal(got.sort_index(), want.sort_index())
+
+
+def test_minimize_takes_the_cascade_pair_of_a_run_of_several(several: Path, tmp_path: Path):
+    out = tmp_path / "min"
+    r = CliRunner().invoke(app, ["minimize", str(several), "--out", str(out), "--criterion", "any"])
+    assert r.exit_code == 0, r.output
+    data = json.loads((out / "minimized.json").read_text())
+    assert data["reproduced"] and data["pair_id"] == "cascade/tp1-b8-cascade~flat"
