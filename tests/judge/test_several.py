@@ -219,3 +219,11 @@ def test_minimize_takes_the_cascade_pair_of_a_run_of_several(several: Path, tmp_
     assert r.exit_code == 0, r.output
     data = json.loads((out / "minimized.json").read_text())
     assert data["reproduced"] and data["pair_id"] == "cascade/tp1-b8-cascade~flat"
+
+
+def test_all_says_in_one_line_what_it_left_out(tmp_path: Path):
+    res = CliRunner().invoke(app, ["matrix", "--engine", "fake", "--twin", "all", "--batch", "8", "--limit", "2",
+                                   "--dry-run"])  # fmt: skip
+    assert res.exit_code == 0, res.stderr
+    assert "note: --twin all leaves out tp=1:2 (the fake engine runs on one device)\n" in res.stderr
+    assert "cells per twin: cascade 3, prefix-caching 3, chunked-prefill 3" in res.stdout.replace("\n", " ")
