@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     t_begin = time.monotonic()
     from cascade_repro import engines
     from cascade_repro.engines import vllm as vllm_engine
-    from cascade_repro.plan.matrix import waves
+    from cascade_repro.plan.waves import waves
     from cascade_repro.prompts.chat import measure_prefix
     from cascade_repro.run.worker import build_engine, wave_records
     from cascade_repro.rundir import jsonl, layout

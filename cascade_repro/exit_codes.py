@@ -75,8 +75,9 @@ TABLE: tuple[ExitCode, ...] = (
     ExitCode(
         NOTHING_EXERCISED, SCORED,
         "nothing exercised: cascade never fired in any pair (batch sizes under 8, a short prefix, or a "
-        "vLLM that leaves cascade off or has none; the line says which)",
-        "nothing exercised (cascade never fired in any pair)",
+        "vLLM that leaves cascade off or has none; the line says which), or it fired on prefill steps only in "
+        "every exercised pair: not tested in decode, where the field bug lived",
+        "nothing exercised (cascade never fired in any pair, or on prefill steps only: not tested in decode)",
     ),
     ExitCode(
         INCONCLUSIVE, SCORED,

@@ -186,7 +186,9 @@ def test_the_probe_reaches_only_standard_library_modules_of_the_package():
     assert seen - parts == {
         "cascade_repro.atomic",
         "cascade_repro.errors",
+        "cascade_repro.vllm_surface.flashinfer_cascade",
         "cascade_repro.vllm_surface.inject",
+        "cascade_repro.vllm_surface.preemption",
         "cascade_repro.vllm_surface.splitkv",
     }
 

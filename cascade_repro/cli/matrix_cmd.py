@@ -67,6 +67,7 @@ from cascade_repro.cli.options import (
     Twin,
     option,
 )
+from cascade_repro.engines.base import MAX_TOPK
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import ARM_SWITCHES, FAIL_ON_DEFAULT
 from cascade_repro.rundir import layout, safety
@@ -83,7 +84,7 @@ class MatrixCommand(ShortHelpCommand):
             "graphs_for_batches", "load_format", "hf_overrides", "prompt_field", "key_field", "allow_mixed",
             "run_id", "reference_device", "topk", "arm_switch", "auto_controls", "rerun", "force_cascade",
             "ignore_eos", "device", "trust_remote_code", "engine_args", "seed", "system_prompt",
-            "ray_address", "retries",
+            "ray_address", "retries", "sampling",
         }
     )  # fmt: skip
     more_help = staticmethod(lambda: _foreign_help())
@@ -197,7 +198,7 @@ ForceCascade = Annotated[
 Topk = Annotated[
     int | None,
     option(
-        "Top-k logprobs kept per step, for vLLM's check_logprobs_close rule (1 to 20)."
+        f"Top-k logprobs kept per step, for vLLM's check_logprobs_close rule (1 to {MAX_TOPK})."
         + spec_default("topk"),
         PROMPTS,
         metavar="K",
@@ -254,6 +255,16 @@ EngineArg = Annotated[
         ENGINE,
         "-E",
         "--engine-arg",
+        metavar="KEY=VALUE",
+    ),
+]
+
+Sampling = Annotated[
+    list[str] | None,
+    option(
+        "A sampling penalty every arm's requests carry, as key=value (repeatable): repetition_penalty, frequency_penalty or presence_penalty, e.g. --sampling repetition_penalty=1.3. Decoding stays greedy; vLLM returns the logprobs after the penalty (logprobs_mode=processed_logprobs) and the reference pass applies the same penalty to its logits, so both score what the token was chosen from. vLLM only. [default: none]",
+        ENGINE,
+        "--sampling",
         metavar="KEY=VALUE",
     ),
 ]
@@ -365,6 +376,7 @@ def matrix(
     hf_overrides: HfOverrides = None,
     engine_args: EngineArgs = None,
     engine_arg: EngineArg = None,
+    sampling: Sampling = None,
     max_model_len: MaxModelLen = None,
     gpu_memory_utilization: GpuMemoryUtilization = None,
     trust_remote_code: TrustRemoteCode = None,
@@ -580,7 +592,7 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, refer
     count and the time estimate (refined by ``run_dir``'s waves when that run already has some)."""
     from rich.table import Table
 
-    from cascade_repro.plan.matrix import plan
+    from cascade_repro.plan.matrix import plan, plan_warnings
     from cascade_repro.prompts.promptsets import load_prompt_set, load_system_prompt
 
     if run_dir is not None and run_dir.is_dir():  # the estimate reads it: a link or FIFO, before the table
@@ -588,7 +600,7 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, refer
     system_text = load_system_prompt(spec.system_prompt)  # a bad --system-prompt fails here, not hours later
     records = load_prompt_set(spec.prompts, spec.limit, spec.prompt_field, spec.key_field).records
     n = len(records)
-    matrix_plan = plan(spec)
+    matrix_plan = plan(spec, n)
     engines = matrix_plan.engines
     warning = _check_rendered(spec, system_text, records)  # a refusal comes before the table
     title = f"{spec.engine} matrix over {n} prompts"
@@ -640,8 +652,8 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, refer
         if narrow:
             table.add_section()
     console.print(table)
-    if warning is not None:
-        out_console(stderr=True).print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+    for planned_warning in [*plan_warnings(spec, n), *([warning] if warning is not None else [])]:
+        out_console(stderr=True).print(f"[yellow]warning:[/] {escape(planned_warning)}", highlight=False)
     cells = sum(len(ep.cells) for ep in engines.values())
     added = sum(1 for cs in cells_of.values() for c in cs if c.origin == "control")
     line = f"{cells} cells, {len(engines)} engine start{'s' if len(engines) != 1 else ''}"
@@ -678,6 +690,12 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, refer
                 from cascade_repro.errors import UsageError
 
                 raise UsageError(cost.refusal(spec.model))
+    if run_dir is not None:
+        from cascade_repro.plan.matrix import spec_hash
+        from cascade_repro.report.power_estimate import previous_run_lines
+
+        for text in previous_run_lines(run_dir, spec_hash(spec)):
+            console.print(text, highlight=False, markup=False)
     if spec.engine_args:
         from cascade_repro.plan.engine_args import known_fields
 
@@ -687,6 +705,15 @@ def _print_plan(spec: Any, shard: Any = None, run_dir: Path | None = None, refer
         console.print(
             f"vLLM engine arguments, both arms: {escape(shown)} (checked against {escape(known_fields().where)})",
             highlight=False,
+        )
+    if spec.sampling:
+        from cascade_repro.vllm_surface import sampling
+
+        console.print(
+            f"sampling penalties, every arm: {sampling.describe(spec.sampling)} (greedy; logprobs after the "
+            "penalties, which the reference applies too)",
+            highlight=False,
+            markup=False,
         )
 
 

@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+# The top-k logprobs every engine returns per generated step when the user has not chosen (--topk
+# unset): the one place that default lives (MatrixSpec, the engines' own defaults, the benchmarks).
+DEFAULT_TOPK = 5
+MAX_TOPK = 20  # vLLM's default max_logprobs: more needs that engine argument raised as well
+
 
 @dataclass
 class Completion:

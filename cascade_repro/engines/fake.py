@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from cascade_repro import twin as twins
 from cascade_repro import vllm_surface
-from cascade_repro.engines.base import Completion, ModelLoader, WaveStats, completion_text
+from cascade_repro.engines.base import DEFAULT_TOPK, Completion, ModelLoader, WaveStats, completion_text
 from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.vllm_surface import inject as inj
 
@@ -121,7 +121,7 @@ class FakeEngine:
 
     def __init__(
         self,
-        topk: int = 5,
+        topk: int = DEFAULT_TOPK,
         inject: str | None = None,
         ignore_eos: bool = False,
         dtype: str = "auto",

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from cascade_repro.engines import cascade_attention as ca
-from cascade_repro.engines.base import Completion, ModelLoader, WaveStats, completion_text
+from cascade_repro.engines.base import DEFAULT_TOPK, Completion, ModelLoader, WaveStats, completion_text
 from cascade_repro.errors import UsageError
 from cascade_repro.twin import CASCADE as TWIN
 
@@ -47,7 +47,7 @@ class HFEngine:
         model_path: str,
         dtype: str = "auto",
         device: str = "auto",
-        topk: int = 5,
+        topk: int = DEFAULT_TOPK,
         inject: str | None = None,
         trust_remote_code: bool = False,
         seed: int = 0,

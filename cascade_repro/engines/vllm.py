@@ -37,7 +37,7 @@ from cascade_repro.rundir import layout, manifest
 from cascade_repro.rundir.cells import EnginePlan
 from cascade_repro.rundir.manifest import Manifest
 from cascade_repro.twin import CASCADE as TWIN
-from cascade_repro.vllm_surface import probe
+from cascade_repro.vllm_surface import probe, sampling
 
 RPC_TIMEOUT_S = 120.0
 MIN_DEFAULT_MAX_NUM_SEQS = 256
@@ -203,6 +203,14 @@ class VLLMEngine:
             kwargs["compilation_config"] = {"cudagraph_capture_sizes": sizes}
         if kwargs["hf_overrides"] is None:
             kwargs.pop("hf_overrides")
+        if sampling.active(spec.sampling):
+            # A penalty moves the logits the token is chosen from: ask for those logprobs, which the
+            # reference pass computes with the same penalty (vllm_surface/sampling.py). A user's -E wins.
+            key, mode = sampling.LOGPROBS_MODE
+            if key in names:
+                kwargs[key] = mode
+            else:
+                self._env_notes[key] = "not an EngineArgs field in this vLLM: logprobs are before penalties"
         # The user's engine arguments, the same for both arms (matrix validated them: none of them
         # is one the harness sets per arm or per axis).
         kwargs.update(dict(spec.engine_args or {}))
@@ -522,6 +530,8 @@ class VLLMEngine:
         extra["prefix_cache_reset"] = reset_ok
         phases["reset_s"], t = clock() - t, clock()
         greedy = dict(temperature=0.0, seed=self.seed, ignore_eos=bool(self.spec.ignore_eos))
+        # Every arm's requests carry the run's penalties (the warm-up's single token too).
+        greedy.update(sampling.active(self.spec.sampling))
         if p > 0:
             self.llm.generate(
                 [self._TokensPrompt(prompt_token_ids=list(prompts[0][: p + 1]))],
@@ -561,6 +571,8 @@ class VLLMEngine:
         if force_on:
             extra["forced_on"] = agg["forced_on"]
         extra["steps"] = {k: round(agg[k], 6) if k.endswith("_s") else agg[k] for k in probe.TIMING_KEYS}
+        if agg.get("preempted_reqs"):  # KV cache pressure evicted running requests (recomputed later)
+            extra["preempted_reqs"] = agg["preempted_reqs"]
         if agg["fa2_split_calls"]:  # FA2's split-KV branch ran under cascade (the field bug's)
             extra["fa2_split_calls"] = agg["fa2_split_calls"]
         if agg["fa_versions"]:

@@ -34,6 +34,10 @@ VERDICTS = (REGRESSION, ERROR, NOT_EXERCISED, INCONCLUSIVE, WITHIN_NOISE, IDENTI
 # Verdicts of a pair in which cascade ran and both cells were compared: something was measured.
 EXERCISED = (IDENTICAL, WITHIN_NOISE, REGRESSION, INCONCLUSIVE)
 
+# A pair's depth (pairs.parquet's ``depth``): cascade ran on prefill steps and on no decode step. The
+# field bug lived in decode, so a run whose every exercised pair has it did not test what it claims.
+PREFILL_ONLY = "prefill only"
+
 # A pair's kind (pairs.parquet's ``kind``): the twin pair, a positive control with an injected
 # fault (never in the verdict counts or the exit code), and the flat-vs-flat noise controls.
 TWIN_KIND = TWIN.pair_kind
@@ -97,6 +101,15 @@ def has_errors(run: ScoredRun) -> bool:
     return any(e.status == "error" for e in run.manifest.engines.values())
 
 
+def prefill_only_pairs(run: ScoredRun) -> list[dict]:
+    """The exercised twin pairs when every one of them ran its twin on prefill steps only (cascade's
+    depth ``prefill only``: no decode step tested), else []: a run that tested no decode step."""
+    exercised = [r for r in twin_pairs(run) if r.get("verdict") in EXERCISED]
+    if exercised and all(r.get("depth") == PREFILL_ONLY for r in exercised):
+        return exercised
+    return []
+
+
 def never_fired_because(run: ScoredRun) -> str:
     """Why cascade never fired, from what the run recorded; the generic answer when nothing explains it."""
     why = []
@@ -129,7 +142,8 @@ def exit_status(run: ScoredRun, fail_on: str) -> tuple[int, str]:
     """Return the exit code for fail_on and a one-line reason; the one place exit codes are decided.
 
     0 clean; 1 a cascade regression, errors under fail_on=error, or every cascade pair errored;
-    4 no cascade pair exercised (a guard that passes when nothing was tested hides a broken setup);
+    4 no cascade pair exercised (a guard that passes when nothing was tested hides a broken setup),
+    or every exercised one ran cascade on prefill steps only (not tested in decode);
     5 the run is not finished (a regression among its finished pairs still gives 1), or some pair
     is inconclusive (no noise control to judge it against). Calibration pairs never count.
     """
@@ -167,6 +181,13 @@ def exit_status(run: ScoredRun, fail_on: str) -> tuple[int, str]:
         return exit_codes.REGRESSION, f"every cascade pair errored: nothing was measured (fail_on={fail_on})"
     if n_exercised(counts) == 0:
         return exit_codes.NOTHING_EXERCISED, _nothing_exercised_reason(run, counts)
+    if prefill := prefill_only_pairs(run):
+        # Cascade fired, but on no decode step, where the field bug lived: a pass would claim a test
+        # that never ran. Said as "nothing exercised" in decode, the same code.
+        return exit_codes.NOTHING_EXERCISED, (
+            f"not tested in decode: cascade ran on prefill steps only in {'its only exercised pair' if len(prefill) == 1 else f'all {len(prefill)} exercised pairs'} "
+            "(decode steps run cascade from a batch size vLLM's rule picks: see `cascade-repro explain`)"
+        )
     if counts[INCONCLUSIVE]:
         return exit_codes.INCONCLUSIVE, _inconclusive_reason(run, counts[INCONCLUSIVE])
     if expected:

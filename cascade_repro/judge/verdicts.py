@@ -36,6 +36,7 @@ from cascade_repro.judge.outcome import (
     IDENTICAL,
     INCONCLUSIVE,
     NOT_EXERCISED,
+    PREFILL_ONLY,
     REGRESSION,
     WITHIN_NOISE,
 )
@@ -109,7 +110,6 @@ def reference_piece(
     return EvidencePiece(name, r, floor, number(p_ref) < alpha and r > floor, rule=REFERENCE, level=alpha)
 
 
-PREFILL_ONLY = "prefill only"  # a pair's depth: cascade ran on prefill steps and no decode step
 EXACT_PERMUTATION_MAX_N = 10  # up to 2**10 sign patterns are enumerated; more are sampled
 
 

@@ -25,7 +25,8 @@ from cascade_repro.judge.metrics.divergence import divergence_metrics
 from cascade_repro.judge.outcome import REGRESSION
 from cascade_repro.minimize.ddmin import ddmin
 from cascade_repro.minimize.tokens import hex_bytes, token_bytes
-from cascade_repro.plan.matrix import spec_of, waves
+from cascade_repro.plan.matrix import spec_of
+from cascade_repro.plan.waves import waves
 from cascade_repro.rundir import layout, sample_scan
 from cascade_repro.rundir.manifest import Manifest, read_manifest
 from cascade_repro.twin import CASCADE as TWIN

@@ -92,6 +92,13 @@ def spec_values(given: Mapping[str, Any], foreign: Mapping[str, Any] | None = No
         merged.update(foreign or {})
         merged.update(eargs.parse_pairs(given.get("engine_arg") or []))
         out["engine_args"] = merged
+    if given.get("sampling"):
+        from cascade_repro.vllm_surface import sampling as samp
+
+        try:
+            out["sampling"] = samp.parse_pairs(given["sampling"])
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     for name in SCALAR_FLAGS:
         if given.get(name) is not None:
             out[name] = given[name]

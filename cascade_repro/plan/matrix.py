@@ -18,7 +18,9 @@ from cascade_repro import twin as twins
 from cascade_repro import vllm_surface
 from cascade_repro.engines import ENGINES as ENGINE_REGISTRY
 from cascade_repro.engines import get as engine_info
+from cascade_repro.engines.base import DEFAULT_TOPK, MAX_TOPK
 from cascade_repro.errors import UsageError
+from cascade_repro.plan.waves import control_batch, noise_control_batch, repeated_batches
 from cascade_repro.rundir.cells import Cell, EnginePlan, Plan
 from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.vllm_surface import inject as inj
@@ -81,7 +83,7 @@ class MatrixSpec:
     # prefix >= 256 tokens, >= 8 requests, no ALiBi/sliding window), overriding the decode cost
     # model, to measure what cascade costs where the heuristic would decline it (explain --measure).
     force_cascade: bool = False
-    topk: int = 5
+    topk: int = DEFAULT_TOPK
     inject: str | None = None
     calibrate: list[float] = field(default_factory=list)
     auto_controls: bool = True
@@ -93,6 +95,9 @@ class MatrixSpec:
     # Any other vLLM engine argument (block_size, kv_cache_dtype, quantization, ...), the same for
     # both arms; checked by engine_args.py.
     engine_args: dict[str, Any] = field(default_factory=dict)
+    # Sampling penalties every arm's requests carry (repetition_penalty, frequency_penalty,
+    # presence_penalty; plan/sampling.py), applied by vLLM's sampler and by the reference pass alike.
+    sampling: dict[str, float] = field(default_factory=dict)
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.5
     trust_remote_code: bool = False
@@ -249,6 +254,15 @@ class MatrixSpec:
         if self.engine_args and not engine_info(self.engine).is_vllm:
             bad(f"{n('engine_args')} are vLLM engine arguments; the {self.engine} engine takes none "
                 f"(use {use_vllm})", "engine_args", "engine")  # fmt: skip
+        if self.sampling:
+            from cascade_repro.vllm_surface import sampling as samp
+
+            why = samp.problem(self.sampling)
+            if why is not None:
+                bad(f"{n('sampling')} {why}", "sampling")
+            if not engine_info(self.engine).is_vllm:
+                bad(f"{n('sampling')} penalties are applied by vLLM's sampler; the {self.engine} engine has "
+                    f"none to apply them (use {use_vllm})", "sampling", "engine")  # fmt: skip
         for name in LIST_FIELDS:
             val = getattr(self, name)
             if not isinstance(val, list) or not val:
@@ -301,8 +315,8 @@ class MatrixSpec:
             bad(f"{n('max_model_len')} must be a positive integer, got {show(mml)}", "max_model_len")
         if mml is not None and mml > MAX_MODEL_LEN:
             bad(f"{n('max_model_len')} must be at most {MAX_MODEL_LEN:,}, got {show(mml)}", "max_model_len")
-        if not isinstance(self.topk, int) or isinstance(self.topk, bool) or not 1 <= self.topk <= 20:
-            bad(f"{n('topk')} must be between 1 and 20, got {show(self.topk)}", "topk")
+        if not isinstance(self.topk, int) or isinstance(self.topk, bool) or not 1 <= self.topk <= MAX_TOPK:
+            bad(f"{n('topk')} must be between 1 and {MAX_TOPK}, got {show(self.topk)}", "topk")
         if self.inject is not None:
             if not isinstance(self.inject, str):
                 bad(
@@ -432,15 +446,44 @@ def _engine_key(
     return "-".join(parts)
 
 
-def control_batch(batch: int) -> int:
-    """The batch size of a flat noise control the planner adds: a factor 8 away (B/8, or 8B below 8).
-
-    Another batch shape is a different-but-equivalent computation (other split-KV and tile
-    choices), which is what a control must be; a rerun inside one engine is not: it is bitwise
-    identical (the prefix cache is reset per wave), so it would measure no noise at all. Similar
-    shapes make quiet controls, so the planner's control is far from the batch it serves.
-    """
-    return batch // 8 if batch >= 8 else batch * 8
+def plan_warnings(spec: MatrixSpec, n_prompts: int) -> list[str]:
+    """What the planner changed or could not do for this prompt count, in one line each: the batch
+    sizes dropped as repeats of another's one wave, a noise control moved off its pair's wave, or no
+    control at all. ``plan(spec, n_prompts)`` acts on the same rules."""
+    tw = spec.twin_axis
+    if tw.axis == "batch":  # the twin's own batches are its arms, not the matrix's axis
+        return []
+    out = []
+    dropped = repeated_batches(spec.batch, n_prompts)
+    if dropped:
+        keep = min(b for b in spec.batch if b >= n_prompts)
+        sizes = ", ".join(map(str, dropped))
+        out.append(
+            f"--batch {sizes}: at or above the {n_prompts} prompts, {'it runs' if len(dropped) == 1 else 'each runs'} "
+            f"every prompt in one wave, as batch {keep} does (the rest of the wave repeats prompts), so "
+            f"{'its cells' if len(dropped) == 1 else 'their cells'} would repeat batch {keep}'s wave: dropped from "
+            "the plan; more prompts (--limit) test larger batches"
+        )
+    batches = [b for b in dict.fromkeys(spec.batch) if b not in dropped]
+    rerun_control = (
+        engine_info(spec.engine).attention_axes and spec.arm_switch == "restart"
+    ) or not tw.toggle
+    arms = [tw.arm(c) for c in spec.cascade]
+    if spec.auto_controls and tw.test in arms and tw.ref in arms and not rerun_control and len(batches) == 1:
+        b = batches[0]
+        c = noise_control_batch(b, n_prompts)
+        if c is None:
+            out.append(
+                f"no noise control: with {n_prompts} prompt every batch size runs the same one wave, so a "
+                "flat-vs-flat control would measure nothing; the minimum effect has no control (the tests alone decide)"
+            )
+        elif c != control_batch(b):
+            out.append(
+                f"noise control at batch {c}, not {control_batch(b)}: batch {control_batch(b)} and batch {b} both run "
+                f"all {n_prompts} prompts in one wave (the larger only adds repeats), so that control would compare "
+                "a wave with the same wave and measure nothing"
+            )
+    return out
 
 
 def calibration_fault(tw: twins.TwinAxis) -> str:
@@ -450,7 +493,7 @@ def calibration_fault(tw: twins.TwinAxis) -> str:
     return inj.LSE_SHIFT if tw.family == twins.CASCADE.family else inj.OUT_SCALE
 
 
-def plan(spec: MatrixSpec) -> Plan:
+def plan(spec: MatrixSpec, n_prompts: int | None = None) -> Plan:
     """Return the plan: engine plans keyed by engine key, each with its cells in run order.
 
     A run of one twin is :func:`plan_twin`'s plan. A run of several (``--twin a,b``) plans each
@@ -479,6 +522,10 @@ def plan_twin(spec: MatrixSpec, tw: twins.TwinAxis, several: bool = False) -> Pl
     size only; under ``restart`` (twins from two engine starts) a flat rerun in a third engine start,
     so the control spans engine starts as the pair does. ``calibrate`` adds, beside every clean
     cascade cell, one cascade cell per shift of the ladder (``lse-shift=X``).
+
+    With ``n_prompts`` (the run's prompt count), a batch that would repeat another's one wave is
+    dropped (``repeated_batches``) and the added control kept off its pair's wave
+    (``noise_control_batch``); ``plan_warnings`` says so in words. Without it, every batch is planned.
     """
     varying = {
         "seed": len(spec.seeds) > 1,
@@ -545,7 +592,8 @@ def plan_twin(spec: MatrixSpec, tw: twins.TwinAxis, several: bool = False) -> Pl
 
     tps = [tw.ref_value] if tw.axis == "tp" else spec.tp
     backends = [tw.ref_value] if tw.axis == "backend" else spec.backends
-    batches = [tw.test_value] if tw.axis == "batch" else spec.batch
+    dropped = repeated_batches(spec.batch, n_prompts)
+    batches = [tw.test_value] if tw.axis == "batch" else [b for b in spec.batch if b not in dropped]
     # A twin whose reference arm is a batch size of its own gets its control from a second engine
     # start at that batch: another batch size is what its test arm already is.
     rerun_control = restart or tw.axis == "batch"
@@ -564,28 +612,9 @@ def plan_twin(spec: MatrixSpec, tw: twins.TwinAxis, several: bool = False) -> Pl
             for batch in batches:
                 add_arm(axes, batch, tw.ref, 1, None, "control")
         elif not rerun_control and len(batches) == 1:
-            add_arm(axes, control_batch(batches[0]), tw.ref, 0, None, "control")
+            if (c := noise_control_batch(batches[0], n_prompts)) is not None:
+                add_arm(axes, c, tw.ref, 0, None, "control")
     return Plan(engines=engines, cells=[cells[i] for ep in engines.values() for i in ep.cells])
-
-
-def waves(n_prompts: int, batch: int) -> list[list[tuple[int, bool]]]:
-    """Split prompt indices into waves of exactly ``batch`` requests.
-
-    Each entry is ``(prompt_index, real)``. The last wave is topped up with filler requests taken
-    cyclically from the start, so every wave runs at the batch size it is labelled with; fillers are
-    generated but not recorded.
-    """
-    if n_prompts <= 0 or batch <= 0:
-        return []
-    out = []
-    for start in range(0, n_prompts, batch):
-        wave = [(i, True) for i in range(start, min(start + batch, n_prompts))]
-        j = 0
-        while len(wave) < batch:
-            wave.append((j % n_prompts, False))
-            j += 1
-        out.append(wave)
-    return out
 
 
 def read_config_text(path: Path) -> str:
@@ -733,6 +762,9 @@ def parse_hf_overrides(text: str) -> dict[str, Any]:
     return value
 
 
+HASHED_TOPK = 5  # the --topk default of every run id made before DEFAULT_TOPK could change
+
+
 def spec_hash(spec: MatrixSpec) -> str:
     """Return a short stable hash of the spec: a resumed run must have the same one.
 
@@ -740,7 +772,9 @@ def spec_hash(spec: MatrixSpec) -> str:
     that keeps the old behaviour) does not change the hash, and with it the run id, of the
     matrices users already run: the same command still resumes.
     """
-    defaults = MatrixSpec().to_dict()
+    # topk against the default every hash so far was made under, not the current one: a new default
+    # (DEFAULT_TOPK) must give a new run id, never resume a run whose samples hold another top-k.
+    defaults = {**MatrixSpec().to_dict(), "topk": HASHED_TOPK}
     blob = json.dumps({k: v for k, v in spec.to_dict().items() if v != defaults.get(k, object())},
                       sort_keys=True, default=str)  # fmt: skip
     return hashlib.sha256(blob.encode()).hexdigest()[:12]

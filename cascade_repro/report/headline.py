@@ -16,6 +16,7 @@ from cascade_repro.judge.outcome import (
     exit_status,
     finish_hint,
     n_exercised,
+    prefill_only_pairs,
     unfinished_cells,
 )
 from cascade_repro.judge.verdicts import PREFILL_ONLY
@@ -67,6 +68,13 @@ def _headline(data: RunData) -> str:
             return f"cascade-repro: {plural(total, 'error')} in {plural(total, 'pair')}"
         fired = f"cascade never fired in {plural(counts[NOT_EXERCISED], 'pair')}"
         return f"cascade-repro: nothing exercised: {fired}" + _extras(counts, skip=(NOT_EXERCISED,))
+    if prefill := prefill_only_pairs(data):
+        # Exit 4 (judge/outcome.py): cascade never ran a decode step, where the field bug lived.
+        where = ", ".join(f"{counts[k]} {k}" for k in (IDENTICAL, WITHIN_NOISE, INCONCLUSIVE) if counts[k])
+        return (
+            f"cascade-repro: not tested in decode: cascade ran on prefill steps only in "
+            f"{plural(len(prefill), 'exercised pair')} ({where} on prefill)"
+        ) + _extras(counts, skip=(INCONCLUSIVE,))
     clean = counts[IDENTICAL] + counts[WITHIN_NOISE]
     if clean == 0:
         head = f"cascade-repro: inconclusive in {plural(counts[INCONCLUSIVE], 'pair')}: no noise control measured"

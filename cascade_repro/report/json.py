@@ -20,7 +20,7 @@ from typing import Any
 from cascade_repro.judge import outcome
 from cascade_repro.judge.result import PairResult
 from cascade_repro.judge.statistics import STATISTICS
-from cascade_repro.report import headline, power, prose, view
+from cascade_repro.report import headline, power, power_estimate, prose, view
 from cascade_repro.report.base import ReportFormatter
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import as_int, json_text, portable_json
@@ -165,6 +165,8 @@ class JsonFormatter(ReportFormatter):
             "warnings": prose.warnings(data),
             # Calibration: the smallest injected LSE error this setup flags ([] when not calibrated).
             "detection_power": power.detection_power(data),
+            # Power without a ladder: per twin pair, estimated from its own per-prompt spread.
+            "power_estimate": power_estimate.estimates(data),
             # Informational: neither changes a verdict or the exit code.
             "predictions": view.predictions(data),
             "if_note": prose.if_note(data),

@@ -83,6 +83,8 @@ def _suite(doc: JunitDocument, data: RunData, cell_status: dict[str, dict]) -> N
     statements = [e["statement"] for e in power.detection_power(data)]
     doc.add_property("detection_power", " ".join(statements) or power.not_calibrated(data, str))
     axis = data.twin
+    # A run that ran cascade on no decode step passes no test of decode: its pairs are skipped.
+    prefill_only = {text_of(r.get("pair_id")) for r in outcome.prefill_only_pairs(data)}
     for res in view.cascade_results(data):
         r = res.row
         test_cell = cell_status.get(r.get("test_cell"), {})
@@ -122,6 +124,12 @@ def _suite(doc: JunitDocument, data: RunData, cell_status: dict[str, dict]) -> N
                 case,
                 "skipped",
                 message="cascade never fired" if axis is TWIN else f"{axis.name} never took effect",
+            )
+        elif text_of(r.get("pair_id")) in prefill_only:
+            doc.outcome(
+                case,
+                "skipped",
+                message=one_line(f"not tested in decode: cascade ran on prefill steps only ({verdict} there)"),
             )
         elif verdict == outcome.INCONCLUSIVE:
             doc.outcome(case, "skipped", message=one_line(f"inconclusive: {text_of(r.get('reasons'))}"))

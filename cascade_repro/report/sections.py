@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cascade_repro.report import environment, power, prose, speed_table, tables, verdict_table
+from cascade_repro.report import environment, power, power_estimate, prose, speed_table, tables, verdict_table
 from cascade_repro.report import reference as ref
 from cascade_repro.report.load import Example, RunData
 from cascade_repro.report.text import terminal_output
@@ -140,6 +140,11 @@ def _power(data: RunData) -> list[Block]:
     return out
 
 
+def _power_estimate(data: RunData) -> list[Block]:
+    table = power_estimate.estimate_table(power_estimate.estimates(data))
+    return [TableBlock(table, "no pair with errors against the reference"), Note(power_estimate.NOTE)]
+
+
 def _invocations(data: RunData) -> list[Block]:
     inv = tables.invocations_table(data)
     return [TableBlock(inv, "one invocation")] if inv is not None else []
@@ -164,6 +169,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("reference", "Against the reference", ref.has_reference, _reference),
     Section("speed", "Decode speed", speed_table.has_speed, _speed),
     Section("power", "Detection power", _always, _power),
+    Section("power_estimate", "Power without a ladder", power_estimate.has_estimate, _power_estimate),
     Section(
         "noise", "Noise floor", _always, lambda d: [TableBlock(tables.noise_table(d), "no control pairs")]
     ),

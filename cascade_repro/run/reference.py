@@ -36,6 +36,7 @@ from pathlib import Path
 
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import spec_of
+from cascade_repro.run.penalties import Penalties
 from cascade_repro.run.reference_model import TORCH_DTYPES, ReferenceModel, tokens_per_batch
 from cascade_repro.rundir import jsonl, layout, manifest, sample_scan
 from cascade_repro.rundir.reference import RECORD, START, RefRow, fingerprint, read_reference
@@ -334,6 +335,7 @@ def run_pass(run_dir: Path, precision: str, device: str, log: Callable[[str], No
     rendered, shared, hashes = measured.rendered, measured.tokens, measured.hashes()
     t0 = time.time()
     model = ReferenceModel(run.model_path, precision, device, int(spec.topk), spec.trust_remote_code)
+    model.penalties = Penalties.of(spec.sampling)
     log(f"reference: {TORCH_DTYPES[precision]} on {device}, {total} sequences to score")
     import torch
     import transformers

@@ -18,6 +18,7 @@ from typing import Any
 
 from cascade_repro.atomic import write_atomic
 from cascade_repro.errors import UsageError
+from cascade_repro.run.penalties import Penalties
 from cascade_repro.rundir.reference import RefRow
 
 TORCH_DTYPES = {"fp32": "float32", "fp64": "float64"}
@@ -102,6 +103,8 @@ class ReferenceModel:
             getattr(cfg, a, None) for a in ("final_logit_softcapping", "logit_scale", "logits_scaling")
         )
         self._head = self.model.get_output_embeddings() if plain_head else None
+        # The run's sampling penalties (run/penalties.py), applied to the logits before log_softmax.
+        self.penalties: Penalties | None = None
 
     def _prefix_cache(self, prefix: list[int]) -> Any:
         from transformers import DynamicCache
@@ -196,6 +199,8 @@ class ReferenceModel:
 
         if not own:  # the prefix's last token predicts the first generated one
             return self.score_prompt(prefix[:-1], prefix[-1:], gens, want)
+        if self.penalties is not None:  # the penalty needs each row's whole prompt: read it per row
+            return self.score(prefix, [(own, g) for g in gens], want)
         base, head = self._prefix_cache(prefix), own[:-1]
         if not head:
             return self._score(base, len(prefix), [(own, g) for g in gens], want)
@@ -264,6 +269,9 @@ class ReferenceModel:
                 logits = self._head(hidden[rows_i, cols_i])
             else:  # a model whose logits are more than its head's matmul (softcapping, scaling)
                 logits = self.model(**kw).logits[rows_i, cols_i]
+            if self.penalties is not None and self._prefix is not None:
+                prompts = [[*self._prefix[0], *own] for own, _ in rows]
+                logits = self.penalties.apply_rows(logits.to(self.dtype), prompts, [g for _, g in rows])
             lps = torch.log_softmax(logits.to(self.dtype), dim=-1)
             chosen = lps.gather(
                 1, torch.tensor([g for _, gen in rows for g in gen], device=self.device)[:, None]

@@ -20,7 +20,7 @@ from cascade_repro import userpath
 from cascade_repro.engines import get as engine_info
 from cascade_repro.errors import UsageError
 from cascade_repro.plan import cuda_cache
-from cascade_repro.plan.matrix import MatrixSpec, plan, spec_hash, spec_of
+from cascade_repro.plan.matrix import MatrixSpec, plan, plan_warnings, spec_hash, spec_of
 from cascade_repro.plan.shard import Shard, empty_warning, restrict
 from cascade_repro.run import supervise
 from cascade_repro.run.reference import ReferenceOptions
@@ -283,7 +283,10 @@ def prepare(spec: MatrixSpec, opts: RunSetup, console: Any = None) -> PreparedRu
         check_context(rendered, [r.key for r in pset.records], int(spec.max_tokens), *limit)
 
     run_dir = opts.results_dir / run_id
-    planned = plan(spec)
+    planned = plan(spec, len(pset.records))
+    if console is not None:
+        for warning in plan_warnings(spec, len(pset.records)):
+            console.print(f"[yellow]warning:[/] {_escape(warning)}", highlight=False)
     if opts.shard and console is not None and (warning := empty_warning(planned.engines, opts.shard)):
         console.print(f"[yellow]warning:[/] {_escape(warning)}", highlight=False)
     # Built in code, the manifest writes every field but the optional ones left unset: those set

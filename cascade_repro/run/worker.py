@@ -17,7 +17,8 @@ from typing import Any
 
 from cascade_repro import twin as twins
 from cascade_repro.errors import UsageError
-from cascade_repro.plan.matrix import MatrixSpec, spec_of, waves
+from cascade_repro.plan.matrix import MatrixSpec, spec_of
+from cascade_repro.plan.waves import waves
 from cascade_repro.rundir import codec, jsonl, layout, manifest, sample_scan
 from cascade_repro.rundir.cells import Cell, EnginePlan
 from cascade_repro.rundir.manifest import Manifest

@@ -45,6 +45,7 @@ from types import ModuleType
 from typing import Any
 
 from cascade_repro import vllm_surface
+from cascade_repro.vllm_surface import flashinfer_cascade
 
 # The probe's parts, named here for the engine and the tests (``probe.write_control``, ...).
 from cascade_repro.vllm_surface.probe_cascade import (  # noqa: F401
@@ -203,6 +204,8 @@ def activate(directory: str | os.PathLike[str]) -> ProbeState:
         when_imported(name, lambda m: patch_worker_base(m, st))
         when_imported(name, lambda m: patch_worker_facts(m, st))
     when_imported(SCHEDULER_MODULE, lambda m: patch_scheduler(m, st))
+    # FlashInfer's own cascade path (0.10.2), counted as cascade calls like FLASH_ATTN's.
+    when_imported(flashinfer_cascade.MODULE, lambda m: flashinfer_cascade.patch(m, st))
     # Both runners' graph points: the one this vLLM runs is imported (0.34.0 has only the V2 one).
     when_imported(vllm_surface.V1_RUNNER_MODULE, lambda m: patch_v1_graphs(m, st))
     when_imported(vllm_surface.V2_GRAPHS_MODULE, lambda m: patch_v2_graphs(m, st))

@@ -81,6 +81,8 @@ COUNTER_KEYS = (
     "graph_full_steps",
     "graph_piecewise_steps",
     "graph_eager_steps",
+    # Requests the scheduler preempted (KV cache full: blocks freed, recomputed later; preemption.py).
+    "preempted_reqs",
 )
 # Step wall times (seconds, float) and the number of steps each sum covers; see the docstring.
 TIMING_KEYS = (
@@ -269,11 +271,12 @@ class ProbeState:
             c["fa2_split_calls"] += 1
         self._dirty = True
 
-    def record_schedule(self, chunks: int, reqs: int = 0, is_async: bool = False) -> None:
+    def record_schedule(self, chunks: int, reqs: int = 0, is_async: bool = False, preempted: int = 0) -> None:
         c = self.counters()
         if c is not None:
             c["sched_steps"] += 1
             c["prefill_chunks"] += chunks
+            c["preempted_reqs"] += preempted
             if reqs > c["max_sched_reqs"]:
                 c["max_sched_reqs"] = reqs
             if is_async:

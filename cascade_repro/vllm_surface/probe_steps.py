@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from cascade_repro import vllm_surface
+from cascade_repro.vllm_surface import preemption
 from cascade_repro.vllm_surface.probe_state import MARK, ProbeState, original
 
 SCHEDULER_MODULE = vllm_surface.SCHEDULER_MODULE
@@ -44,9 +45,11 @@ def patch_scheduler(module: ModuleType, state: ProbeState) -> list[str]:
             return orig(self, *args, **kwargs)
         reqs = getattr(self, "requests", None) or {}
         before = {rid: getattr(r, "num_computed_tokens", None) for rid, r in reqs.items()}
+        status = preemption.statuses(reqs)
         out = orig(self, *args, **kwargs)
-        chunks = 0
+        chunks = evicted = 0
         try:
+            evicted = preemption.preempted(status, reqs)
             for rid, n in (getattr(out, "num_scheduled_tokens", None) or {}).items():
                 r, done = reqs.get(rid), before.get(rid)
                 prompt = getattr(r, "num_prompt_tokens", None)
@@ -59,7 +62,8 @@ def patch_scheduler(module: ModuleType, state: ProbeState) -> list[str]:
                     chunks += 1
         except Exception as e:  # noqa: BLE001 - never break vLLM's scheduler
             state._note_error(f"schedule: {e!r}"[:200])
-        state.record_schedule(chunks, len(getattr(out, "num_scheduled_tokens", None) or ()), _is_async(self))
+        n_reqs = len(getattr(out, "num_scheduled_tokens", None) or ())
+        state.record_schedule(chunks, n_reqs, _is_async(self), evicted)
         return out
 
     setattr(schedule, MARK, orig)

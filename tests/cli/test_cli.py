@@ -67,7 +67,8 @@ def test_matrix_help_groups_options_in_panels():
         assert f"\n  {option} " not in res.stdout and f"\n  {option} " in everything.stdout
     assert (
         "Exit codes: • 0 success • 1 regression (per --fail-on), or every cascade pair errored "
-        "• 2 usage error, in one line • 4 nothing exercised (cascade never fired in any pair) "
+        "• 2 usage error, in one line • 4 nothing exercised (cascade never fired in any pair, or on prefill steps "
+        "only: not tested in decode) "
         "• 5 inconclusive (no noise control, or the run is not finished) "
         "• 6 the machine refused (a permission, a full disk, an I/O error: one line names the path) "
         "• 70 internal error (a bug: `cascade-repro --debug` shows its traceback) • 130 interrupted "
@@ -144,7 +145,7 @@ def test_dry_run_vllm_toggle_starts_one_engine_per_tp_size():
 
 def test_config_file_feeds_the_matrix_and_flags_win(tmp_path):
     cfg = tmp_path / "m.toml"
-    cfg.write_text('[matrix]\nbatch = [1, 8, 16]\ncascade = "on"\nlimit = 4\n')
+    cfg.write_text('[matrix]\nbatch = [1, 8, 16]\ncascade = "on"\nlimit = 16\n')
     res = invoke("matrix", "--dry-run", "--config", str(cfg))
     assert res.exit_code == 0, res.output
     assert "3 cells, 1 engine start" in res.stdout
@@ -643,7 +644,7 @@ def test_every_matrix_option_shows_its_default_from_the_spec():
     by_flag = {o: p for p in cmd.params for o in p.opts}
     spec = MatrixSpec()
     described = {"limit", "prompt_field", "key_field", "max_model_len", "hf_overrides", "engine_args", "calibrate",
-                 "inject"}  # fmt: skip
+                 "inject", "sampling"}  # fmt: skip
     for f in dataclasses.fields(MatrixSpec):
         p = by_flag[flag_name(f.name)]  # every field has its flag
         expect = "[default: " if f.name in described else f"[default: {as_typed(getattr(spec, f.name))}"
@@ -763,7 +764,7 @@ def test_flag_errors_name_the_flag(args, message):
          "engine, engine_args, engine_timeout, executor, fa_version, fail_on, force_cascade, gpu_memory_utilization, "
          "graphs_for_batches, hf_overrides, ignore_eos, inject, key_field, limit, load_format, max_model_len, "
          "max_tokens, min_topk_violations, model, prompt_field, prompts, quiet, ray_address, reference, "
-         "reference_device, rep_delta, rerun, results_dir, retries, run_id, seed, shard, system_prompt, topk, tp, trust_remote_code, twin"),
+         "reference_device, rep_delta, rerun, results_dir, retries, run_id, sampling, seed, shard, system_prompt, topk, tp, trust_remote_code, twin"),
     ],
 )  # fmt: skip
 def test_config_errors_name_the_file_and_its_key(tmp_path, toml, flags, message):

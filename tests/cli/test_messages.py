@@ -159,7 +159,8 @@ CASES = [
          "m.toml: other outside [matrix]: put every setting in [matrix] or none there"),
     Case("config-other-table-alone", _config("batch = [8]\n[other]\nx = 1\n"), 2, "m.toml: unknown key(s) other"),
     Case("config-alpha-and-fail-on", _config('alpha = 0.05\nfail_on = "never"\ndrift_min = 3\n'), 0,
-         shows=["6 cells, 1 engine start"]),
+         # 2 prompts: batch 16 would repeat batch 8's one wave, and is dropped
+         shows=["4 cells, 1 engine start", "--batch 16: at or above the 2 prompts"]),
     Case("config-alpha-is-read", _config("alpha = 2\n"), 2, "m.toml: alpha must be in (0, 1), got 2"),
     Case("config-alpha-type", _config('alpha = "small"\n'), 2, "m.toml: alpha must be a number, got 'small'"),
     Case("config-fail-on-is-read", _config('fail_on = "sometimes"\n'), 2,

@@ -121,3 +121,27 @@ def test_a_refused_matrix_exits_4_only_when_this_vllm_lacks_the_setting():
 
     assert outcome.refusal_status(VllmCheck("this vLLM has no cascade", setting_missing=True)) == 4
     assert outcome.refusal_status(VllmCheck("--engine vllm needs an NVIDIA GPU")) == exit_codes.USAGE
+
+
+def _depths(*pairs: tuple[str, str]) -> Scored:
+    run = _run([v for v, _ in pairs])
+    for row, (_, d) in zip(run.tables["pairs"], pairs, strict=False):
+        row["depth"] = d
+    return run
+
+
+def test_a_run_that_ran_cascade_on_prefill_only_is_not_a_pass():
+    # Every exercised pair on prefill only: not tested in decode, where the field bug lived (exit 4).
+    run = _depths(("within noise", "prefill only"), ("identical", "prefill only"), ("not exercised", "none"))
+    assert [r["pair_id"] for r in outcome.prefill_only_pairs(run)] == ["p0", "p1"]
+    assert outcome.exit_status(run, "regression") == (
+        exit_codes.NOTHING_EXERCISED,
+        "not tested in decode: cascade ran on prefill steps only in all 2 exercised pairs (decode steps run "
+        "cascade from a batch size vLLM's rule picks: see `cascade-repro explain`)",
+    )
+    assert outcome.exit_status(run, "never")[0] == exit_codes.OK
+    # One pair in decode tests it: a pass; a regression on prefill is still one (exit 1).
+    assert outcome.exit_status(_depths(("within noise", "prefill only"), ("identical", "decode")), "regression")[0] == 0
+    assert outcome.exit_status(_depths(("regression", "prefill only")), "regression")[0] == exit_codes.REGRESSION
+    # Depth unknown (a run before the probe counted decode steps, another twin): no claim either way.
+    assert outcome.prefill_only_pairs(_depths(("within noise", "?"), ("identical", ""))) == []

@@ -181,7 +181,7 @@ def test_matrix_help_is_short_and_whole_at_80_columns():
 
 def test_dry_run_and_explain_tables_fold_at_80_columns():
     res = invoke("matrix", "--engine", "vllm", "--tp", "1,2", "--batch", "8,64", "--calibrate", "default",
-                 "--limit", "2", "--dry-run")  # fmt: skip
+                 "--limit", "64", "--dry-run")  # fmt: skip
     assert res.exit_code == 0 and "…" not in res.output
     assert "tp2-b64-cascade-shift0.01" in res.output
     res = invoke("explain", "--gpu", "A100", "--batch", "16,32,64")

@@ -25,8 +25,8 @@ from cascade_repro.plan.matrix import (
     parse_onoff_list,
     plan,
     spec_hash,
-    waves,
 )
+from cascade_repro.plan.waves import waves
 
 
 def cell_ids(spec: MatrixSpec) -> list[str]:
@@ -446,3 +446,98 @@ def test_a_field_at_its_default_does_not_change_the_hash():
     assert spec_hash(spec) == spec_hash(dataclasses.replace(spec, force_cascade=False, engine_args={}))
     assert spec_hash(spec) != spec_hash(dataclasses.replace(spec, ignore_eos=True))
     assert spec_hash(MatrixSpec()) == spec_hash(MatrixSpec(batch=[1, 8, 16]))  # the default batch, spelled out
+
+
+# --- batches at or above the prompt count, controls of the same wave -------------------------------
+
+
+def _batches(p, origin: str = "matrix") -> list[int]:
+    return sorted({c.batch for c in p.cells if c.origin == origin})
+
+
+def test_batches_at_or_above_the_prompts_repeat_the_smallest_such_wave() -> None:
+    from cascade_repro.plan.waves import repeated_batches
+
+    assert repeated_batches([8, 64, 128, 256], 64) == [128, 256]
+    assert repeated_batches([8, 100, 128], 64) == [128]  # 100 holds every prompt first: kept
+    assert repeated_batches([128], 64) == []  # at least one is kept
+    assert repeated_batches([8, 16], 64) == []
+    assert repeated_batches([8, 64, 128], None) == []  # no prompt count: nothing dropped
+
+
+def test_plan_drops_the_repeated_batch_and_says_so() -> None:
+    from cascade_repro.plan.matrix import plan_warnings
+
+    spec = MatrixSpec(engine="fake", batch=[8, 64, 128])
+    assert _batches(plan(spec)) == [8, 64, 128]  # without the prompt count nothing is dropped
+    assert _batches(plan(spec, 64)) == [8, 64]
+    [warning] = plan_warnings(spec, 64)
+    assert warning.startswith("--batch 128: at or above the 64 prompts, it runs every prompt in one wave")
+    assert "repeat batch 64's wave: dropped from the plan" in warning
+    assert plan_warnings(spec, 200) == [] and _batches(plan(spec, 200)) == [8, 64, 128]
+
+
+def test_a_dropped_batch_leaves_one_whose_control_the_planner_adds() -> None:
+    spec = MatrixSpec(engine="fake", batch=[64, 128])
+    p = plan(spec, 64)
+    assert _batches(p) == [64] and _batches(p, "control") == [8]
+
+
+def test_a_control_of_the_same_wave_moves_off_it() -> None:
+    from cascade_repro.plan.matrix import plan_warnings
+    from cascade_repro.plan.waves import noise_control_batch
+
+    # batch 4 over 4 prompts: the usual control (x8 = 32) would be the same one wave of every prompt.
+    assert noise_control_batch(4, 4) == 1 and noise_control_batch(4, 100) == 32
+    assert noise_control_batch(512, 64) == 8  # 512 and 64 both hold all 64: 64 / 8 instead
+    assert noise_control_batch(64, 64) == 8  # the usual control already splits the prompts
+    assert noise_control_batch(8, 1) is None  # one prompt: every batch is the same wave
+    spec = MatrixSpec(engine="fake", batch=[4])
+    assert _batches(plan(spec, 4), "control") == [1]
+    [warning] = plan_warnings(spec, 4)
+    assert warning.startswith("noise control at batch 1, not 32: batch 32 and batch 4 both run all 4 prompts")
+
+
+def test_one_prompt_has_no_control_and_says_the_minimum_effect_has_none() -> None:
+    from cascade_repro.plan.matrix import plan_warnings
+
+    spec = MatrixSpec(engine="fake", batch=[1, 8])
+    p = plan(spec, 1)
+    assert _batches(p) == [1] and _batches(p, "control") == []
+    assert [w.split(":")[0] for w in plan_warnings(spec, 1)] == ["--batch 8", "no noise control"]
+    assert "the minimum effect has no control" in plan_warnings(spec, 1)[1]
+    assert plan_warnings(MatrixSpec(engine="fake", batch=[1], auto_controls=False), 1) == []
+
+
+def test_a_batch_twin_keeps_its_arms() -> None:
+    from cascade_repro.plan.matrix import plan_warnings
+
+    spec = MatrixSpec(engine="fake", twin="batch=1:64")
+    assert plan_warnings(spec, 8) == []
+    assert sorted({c.batch for c in plan(spec, 8).cells}) == sorted({c.batch for c in plan(spec).cells})
+
+
+def test_dry_run_shows_the_dropped_batch() -> None:
+    from support.cli import CliRunner
+
+    from cascade_repro.cli import app
+
+    res = CliRunner().invoke(app, ["matrix", "--engine", "fake", "--limit", "8", "--batch", "1,8,16", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "warning: --batch 16: at or above the 8 prompts" in " ".join(res.stderr.split())
+    assert "tp1-b16-" not in res.stdout and "tp1-b8-cascade" in res.stdout
+
+
+def test_the_topk_default_is_one_constant_and_a_new_one_never_resumes_an_old_run() -> None:
+    import inspect
+
+    from cascade_repro.engines import fake
+    from cascade_repro.engines.base import DEFAULT_TOPK
+    from cascade_repro.plan import matrix
+
+    assert MatrixSpec().topk == DEFAULT_TOPK
+    assert inspect.signature(fake.FakeEngine).parameters["topk"].default == DEFAULT_TOPK
+    # The run id of every run made so far hashed topk 5 as "left out": it still does...
+    assert spec_hash(MatrixSpec(topk=5)) == spec_hash(MatrixSpec(topk=matrix.HASHED_TOPK))
+    # ...and top-20 (the default once switched) hashes with topk in, so it never resumes a top-5 run.
+    assert spec_hash(MatrixSpec(topk=20)) != spec_hash(MatrixSpec(topk=5))

@@ -1695,3 +1695,20 @@ def test_a_pair_flagged_by_the_top_k_error_shows_it_in_every_format(tmp_path: Pa
     )
     # the old pairs of the same run still read the chosen token's rule alone (no top-k column there)
     assert next(p for p in json.loads(JsonFormatter().render(data))["pairs"] if p["pair_id"] == "p02")["ref_topk_ratio"] is None
+
+
+def test_a_run_tested_on_prefill_only_says_so_in_headline_exit_code_and_junit(clean_dir: Path) -> None:
+    data = load_run(clean_dir)
+    exercised = data.pairs["kind"].eq("cascade") & data.pairs["verdict"].isin(["identical", "within noise", "inconclusive"])
+    data.pairs.loc[exercised, "depth"] = "prefill only"
+    assert headline(data) == (
+        "cascade-repro: not tested in decode: cascade ran on prefill steps only in 3 exercised pairs "
+        "(1 identical, 1 within noise, 1 inconclusive on prefill); 1 not exercised"
+    )
+    assert exit_status(data, "regression")[0] == 4
+    root = ET.fromstring(JunitFormatter().render(data))
+    skipped = {
+        c.get("name"): c.find("skipped").get("message") for c in root.iter("testcase") if c.find("skipped") is not None
+    }
+    assert skipped["batch8-q01"] == "not tested in decode: cascade ran on prefill steps only (identical there)"
+    assert skipped["batch16-q03"].startswith("not tested in decode")

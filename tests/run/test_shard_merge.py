@@ -147,7 +147,7 @@ def test_matrix_shard_option_is_in_the_output_panel():
 
 
 def test_matrix_dry_run_shows_only_the_shards_cells():
-    res = invoke("matrix", "--dry-run", "--seed", "0,1", "--shard", "2/2", "--limit", "4")
+    res = invoke("matrix", "--dry-run", "--seed", "0,1", "--shard", "2/2", "--limit", "16")
     assert res.exit_code == 0, res.output
     assert "hf-tp1-auto-s1" in res.stdout
     assert "hf-tp1-auto-s0" not in res.stdout

@@ -44,7 +44,8 @@ import synth  # noqa: E402
 
 from cascade_repro.judge.metrics import divergence_metrics, repetition_metrics  # noqa: E402
 from cascade_repro.judge.verdicts import Evidence, Thresholds, decide, paired_bootstrap_ci  # noqa: E402
-from cascade_repro.plan.matrix import MatrixSpec, plan, waves  # noqa: E402
+from cascade_repro.plan.matrix import MatrixSpec, plan  # noqa: E402
+from cascade_repro.plan.waves import waves  # noqa: E402
 from cascade_repro.rundir import layout  # noqa: E402
 
 LAYERS = 30  # SmolLM2-135M: cascade_calls = steps x layers

@@ -211,3 +211,14 @@ def test_the_0_33_overlay_differs_from_the_0_34_stack_in_three_pins():
 @pytest.mark.parametrize("script", ["resolve.sh", "stage.sh", "device.sh"])
 def test_the_overlay_scripts_parse(script):
     subprocess.run(["bash", "-n", str(SCRIPTS / "vllm-0.33" / script)], check=True)
+
+
+def test_the_0_11_overlay_differs_from_the_0_10_2_stack_in_vllm_and_xgrammar_only():
+    old, new = _pins(), _pins("vllm-0.11")
+    changed = {k for k in old.keys() | new.keys() if old.get(k) != new.get(k)}
+    assert changed == {"vllm", "xgrammar"}
+    assert (new["vllm"], new["xgrammar"], new["torch"]) == ("0.11.0", "0.1.25", old["torch"])
+    for script in ("stage.sh", "device.sh", "resolve.sh"):
+        subprocess.run(["bash", "-n", str(SCRIPTS / "vllm-0.11" / script)], check=True)
+    # The overlay splits into the parts the stacks' own calls carry.
+    assert "old-vllm/part_size.sh" in (SCRIPTS / "vllm-0.11" / "stage.sh").read_text()

@@ -15,3 +15,6 @@ class EngineArgs:
     enforce_eager: bool = False
     async_scheduling: bool | None = None
     kv_cache_dtype: str = "auto"
+    # KV pressure and penalized logprobs (vLLM 0.10.2 to 0.34.0 have both).
+    num_gpu_blocks_override: int | None = None
+    logprobs_mode: str = "raw_logprobs"

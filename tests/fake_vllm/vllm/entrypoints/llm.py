@@ -8,9 +8,11 @@ from vllm.logprobs import Logprob as Lp
 
 class SamplingParams:
     def __init__(self, max_tokens=16, temperature=1.0, logprobs=None, seed=None, ignore_eos=False,
-                 flat_logprobs=False, detokenize=True):
+                 flat_logprobs=False, detokenize=True, repetition_penalty=1.0, frequency_penalty=0.0,
+                 presence_penalty=0.0):
         self.max_tokens, self.temperature, self.logprobs = max_tokens, temperature, logprobs
         self.flat_logprobs, self.detokenize = flat_logprobs, detokenize
+        self.penalties = (repetition_penalty, frequency_penalty, presence_penalty)
 
 
 class Tokenizer:
@@ -72,6 +74,10 @@ class LLM:
         kwargs = {k: v for k, v in kwargs.items() if k not in ignore}
         importlib.import_module("vllm.distributed.parallel_state").TP_WORLD_SIZE = kwargs.get("tensor_parallel_size") or 1
         self.budget = kwargs.get("max_num_batched_tokens") or DEFAULT_BUDGET
+        # A fixed KV cache (num_gpu_blocks_override blocks of 16 tokens): decode steps preempt past it.
+        blocks = kwargs.get("num_gpu_blocks_override")
+        self.kv_tokens = None if blocks is None else int(blocks) * 16
+        self.params_seen = []
         self.prefix_caching = bool(kwargs.get("enable_prefix_caching"))
         self.sched_mod = importlib.import_module("vllm.v1.core.sched.scheduler")
         # async_scheduling=True installs the AsyncScheduler subclass (SchedulerConfig.get_scheduler_cls)
@@ -143,7 +149,7 @@ class LLM:
 
     def _prefill(self, prompts):
         """The scheduler's prefill steps of a call: the budget handed out prompt by prompt."""
-        sched = self.sched_cls(self.budget)
+        sched = self.sched_cls(self.budget, self.kv_tokens)
         for i, p in enumerate(prompts):
             sched.add(f"r{i}", len(p.get("prompt_token_ids", ())) if isinstance(p, dict) else 1)
         while sched.pending():
@@ -154,6 +160,7 @@ class LLM:
         import torch
 
         self.generated.append(len(prompts))
+        self.params_seen.append(params)
         n = len(prompts)
         sched = self._prefill(prompts)
         builder = self.fa.FlashAttentionMetadataBuilder()
