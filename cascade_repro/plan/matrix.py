@@ -449,7 +449,11 @@ def _engine_key(
 def plan_warnings(spec: MatrixSpec, n_prompts: int) -> list[str]:
     """What the planner changed or could not do for this prompt count, in one line each: the batch
     sizes dropped as repeats of another's one wave, a noise control moved off its pair's wave, or no
-    control at all. ``plan(spec, n_prompts)`` acts on the same rules."""
+    control at all. ``plan(spec, n_prompts)`` acts on the same rules; a run of several twins: each
+    twin's, each line once."""
+    if len(spec.twin_axes) > 1:
+        lines = [w for t in spec.twin_axes for w in plan_warnings(spec.for_twin(t.name), n_prompts)]
+        return list(dict.fromkeys(lines))
     tw = spec.twin_axis
     if tw.axis == "batch":  # the twin's own batches are its arms, not the matrix's axis
         return []
@@ -503,13 +507,15 @@ def plan(spec: MatrixSpec, n_prompts: int | None = None) -> Plan:
     """
     axes = spec.twin_axes
     if len(axes) == 1:
-        return plan_twin(spec, axes[0])
+        return plan_twin(spec, axes[0], n_prompts)
     from cascade_repro.plan.twin_set import merge_twins
 
-    return merge_twins([(tw, plan_twin(spec, tw, several=True)) for tw in axes])
+    return merge_twins([(tw, plan_twin(spec, tw, n_prompts, several=True)) for tw in axes])
 
 
-def plan_twin(spec: MatrixSpec, tw: twins.TwinAxis, several: bool = False) -> Plan:
+def plan_twin(
+    spec: MatrixSpec, tw: twins.TwinAxis, n_prompts: int | None = None, several: bool = False
+) -> Plan:
     """The plan of one twin (:func:`plan`); ``several``: one of a run's several twins, whose engine
     toggling the arms is keyed by the twin too (another toggled twin's engine is another engine).
 
