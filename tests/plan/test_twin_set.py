@@ -227,3 +227,19 @@ def test_beside_other_twins_an_axis_list_is_theirs():
     assert {c.batch for c in p.cells if "prefix-caching" in (c.twins or {})} == {8, 64}
     with pytest.raises(UsageError, match="--twin batch=1:64 sets the batch of each arm"):
         MatrixSpec(engine="fake", twin="batch=1:64", batch=[8, 64]).validate()
+
+
+def test_the_planners_warnings_of_several_twins_are_said_once():
+    from cascade_repro.plan.matrix import plan_warnings
+
+    spec = MatrixSpec(engine="fake", twin="cascade,prefix-caching", batch=[8, 16])
+    spec.validate()
+    one = plan_warnings(spec.for_twin("cascade"), 4)
+    assert one and plan_warnings(spec, 4) == list(
+        dict.fromkeys([*one, *plan_warnings(spec.for_twin("prefix-caching"), 4)])
+    )
+    assert sum("--batch 16" in w for w in plan_warnings(spec, 4)) == 1
+    assert {c.batch for c in plan(spec, 4).cells} == {
+        8,
+        1,
+    }  # 16 dropped for both twins; cascade's control at 1
