@@ -112,6 +112,10 @@ def explain_spec(
     from cascade_repro.plan.models import load_config, resolve_model
 
     spec.validate()
+    if len(spec.twin_axes) > 1:
+        raise UsageError(
+            f"explain predicts one twin at a time: give --twin one of {', '.join(t.name for t in spec.twin_axes)}"
+        )
     if dcp_world_size <= 0:
         raise UsageError(f"--dcp must be positive, got {dcp_world_size}")
     if block_size <= 0:

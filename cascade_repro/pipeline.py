@@ -131,12 +131,12 @@ def score(
 ) -> Scored:
     """Score the samples; write nothing (:func:`commit` does). ``warn`` is told each damaged sample
     line skipped."""
-    from cascade_repro.judge.compare import score_samples
+    from cascade_repro.judge.several import score_run
 
     run = manifest.read_manifest(run_dir, SCORED)
     th = thresholds or Thresholds.from_record(run.thresholds)
     scored = restrict(run)  # a shard scores its own cells; merge scores them all
-    read, cells_df, pairs_df, comp_df = score_samples(scored, run_dir, th, warn=warn)
+    read, cells_df, pairs_df, comp_df = score_run(scored, run_dir, th, warn=warn)
     engines = {}
     for key in scored.plan.engines:
         prog = read.progress[key]

@@ -24,6 +24,7 @@ Standard library only, and nothing from this package: every layer imports it.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import re
@@ -630,6 +631,43 @@ def resolve(name: str | None) -> TwinAxis:
         spelling, example = PARAMETERISED[family]
         raise ValueError(f"--twin {family} takes its arms: {spelling}, as in {example}")
     raise ValueError(f"--twin must be one of {', '.join(SPELLINGS)}; got {text!r}")
+
+
+# ``--twin all``: every twin the engine (and the installed vLLM, and the GPUs) can test, expanded by
+# the planner (plan/twin_set.py); ``--twin a,b`` names several.
+ALL = "all"
+LIST_SEP = ","
+
+
+def resolve_list(text: str | None) -> tuple[TwinAxis, ...]:
+    """The entries ``--twin a,b,c`` names, in order, each once (None or one name: one entry); a
+    ValueError in one line naming the unknown one, with the names it is close to."""
+    if text is None or LIST_SEP not in str(text):
+        return (resolve(text),)
+    names = [p.strip() for p in str(text).split(LIST_SEP)]
+    if not all(names):
+        raise ValueError(f"--twin: empty name in {str(text)!r}")
+    out: dict[str, TwinAxis] = {}
+    for name in names:
+        if name == ALL:
+            raise ValueError(f"--twin {ALL} names every twin: give it alone, not in a list")
+        try:
+            tw = resolve(name)
+        except ValueError as e:
+            close = difflib.get_close_matches(name, [*SPELLINGS, *PARAMETERISED], n=2, cutoff=0.6)
+            known = name.partition("=")[0] in PARAMETERISED  # a family's own message says how to spell it
+            hint = f" (did you mean {' or '.join(close)}?)" if close and not known else ""
+            raise ValueError(f"{e}{hint}") from None
+        if tw.name in out:
+            raise ValueError(f"--twin names {tw.name} twice in {str(text)!r}")
+        out[tw.name] = tw
+    return tuple(out.values())
+
+
+def pair_prefix(tw: TwinAxis) -> str:
+    """What every pair id of ``tw`` begins with in a run of several twins (``prefix-caching/``);
+    a run of one twin's pair ids have none."""
+    return tw.name + "/"
 
 
 def all_examples() -> list[TwinAxis]:

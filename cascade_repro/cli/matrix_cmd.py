@@ -452,6 +452,7 @@ def matrix(
             ours=_own_flags(ctx),
             results_dir_typed=getattr(ctx.get_parameter_source("results_dir"), "name", "") == "COMMANDLINE",
             on_note=lambda note: _say("note", note),
+            gpus=_gpu_count,
         )
         from cascade_repro.pipeline import RunOptions, run_matrix
 
@@ -468,6 +469,13 @@ def matrix(
     if request.json_out:
         print_summary_json(outcome.run_dir, outcome.exit_code)
     raise typer.Exit(outcome.exit_code)
+
+
+def _gpu_count() -> int | None:
+    """The GPUs a worker would see (``--twin all`` tests ``tp`` only where they are enough)."""
+    from cascade_repro.run.envinfo import visible_gpu_count
+
+    return visible_gpu_count()
 
 
 def _say(kind: str, line: str) -> None:

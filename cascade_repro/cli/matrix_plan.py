@@ -183,6 +183,7 @@ def _print_plan(
             return f"calibration ({c.inject})"
         return f"inject {c.inject}" if c.inject else why.get(c.origin, c.origin)
 
+    several = len(spec.twin_axes) > 1
     if not as_json:
         table = Table(title=title)
         # The cell id stays whole (it is what a user copies); the rest fold, never "…". Under 120
@@ -193,6 +194,8 @@ def _print_plan(
             if narrow
             else ("cell", "engine key", "tp", "batch", "arm", "waves", "why")
         )
+        if several:  # which twins each cell serves (a cell two twins share runs once), and as which arm
+            cols = (*cols[:-1], "twins", cols[-1])
         for col in cols:
             table.add_column(col, no_wrap=col == "cell", overflow="fold")
         for key, cells in cells_of.items():
@@ -200,12 +203,16 @@ def _print_plan(
                 table.add_row(f"[bold]{escape(key)}[/]")
             for c in cells:
                 waves = str(-(-n // c.batch))
-                if narrow:
-                    table.add_row(escape(c.cell_id), c.arm, waves, role(c))
-                else:
-                    table.add_row(
-                        escape(c.cell_id), escape(key), str(c.tp), str(c.batch), c.arm, waves, role(c)
+                row = (
+                    [escape(c.cell_id), c.arm, waves]
+                    if narrow
+                    else [escape(c.cell_id), escape(key), str(c.tp), str(c.batch), c.arm, waves]
+                )
+                if several:
+                    row.append(
+                        escape(", ".join(f"{t} as {a}" if a != c.arm else t for t, a in (c.twins or {}).items()))
                     )
+                table.add_row(*row, role(c))
             if narrow:
                 table.add_section()
         console.print(table)
@@ -246,6 +253,9 @@ def _print_plan(
         if added:
             line += f"; {added} noise-control cell{'s' if added != 1 else ''} added by the planner (--no-auto-controls to drop)"
         console.print(line, highlight=False, markup=False)
+        if several:
+            console.print(_per_twin_line(spec, [c for cs in cells_of.values() for c in cs]), highlight=False,
+                          markup=False)  # fmt: skip
         if packing is not None and packing.concurrent:
             for text in packings.describe(packing):
                 console.print(text, highlight=False, markup=False)
@@ -308,6 +318,17 @@ def _schedule_table(packing: Any, slots: Any, engines: dict[str, Any]) -> Any:
             times = ("at once" if s.wave == 0 else "as a running one ends", "")
         table.add_row(escape(key), where, str(s.wave), packings.gb(mem.total) if mem else "", *times)
     return table
+
+
+def _per_twin_line(spec: Any, cells: list[Any]) -> str:
+    """`cells per twin: cascade 3, prefix-caching 3 (1 shared)`: each twin's cells, and how many of
+    them another twin's run too."""
+    parts = []
+    for tw in spec.twin_axes:
+        mine = [c for c in cells if tw.name in (c.twins or {})]
+        shared = sum(1 for c in mine if len(c.twins or {}) > 1)
+        parts.append(f"{tw.name} {len(mine)}" + (f" ({shared} shared)" if shared else ""))
+    return "cells per twin: " + ", ".join(parts)
 
 
 def _as_json(spec: Any, n: int, cells_of: dict[str, list[Any]], role: Any, packing: Any, est: Any,

@@ -191,11 +191,12 @@ Batch = Annotated[
 Twin = Annotated[
     str | None,
     option(
-        f"The setting each test cell differs in from its twin: {twins.help_text()} "
-        "(README: Which setting changed my outputs?)." + spec_default("twin"),
+        f"The setting each test cell differs in from its twin: {twins.help_text()}; several in one run as a "
+        "comma list (`prefix-caching,cuda-graphs`), or `all`: every twin this engine (and the installed vLLM, "
+        "and the GPUs for `tp`) can test (README: Which setting changed my outputs?)." + spec_default("twin"),
         MATRIX,
         "--twin",
-        metavar="NAME",
+        metavar="NAME[,NAME...]|all",
     ),
 ]
 
@@ -338,11 +339,11 @@ Executor = Annotated[
 MaxEnginesPerGpu = Annotated[
     int | None,
     option(
-        "Engine keys side by side: at most N engines at once on one GPU (vLLM: each key pinned to its "
-        "GPUs with CUDA_VISIBLE_DEVICES, a TP group kept whole, and given a KV budget and its share of "
-        "the GPU from the GPU's memory and the model's size, never more than fits; -E "
-        "kv_cache_memory_bytes or a --gpu-memory-utilization other than its default of yours win over "
-        "the computed ones; where the model's or the GPUs' memory is unknown, 1). "
+        "Engine keys side by side: at most N at once on one GPU, each given a KV budget that fits. "
+        "vLLM: each key pinned to its GPUs with CUDA_VISIBLE_DEVICES, a TP group kept whole, and given "
+        "a KV budget and its share of the GPU from the GPU's memory and the model's size, never more "
+        "than fits; -E kv_cache_memory_bytes or a --gpu-memory-utilization other than its default of "
+        "yours win over the computed ones; where the model's or the GPUs' memory is unknown, 1. "
         "1: one engine per GPU, so one after another on a one-GPU machine, as before (no budget "
         "passed). The hf and fake engines are not placed on GPUs: N of them run at once (the hf "
         "engine on a CPU uses every core, so 1 by default). `--dry-run` shows where and when each "

@@ -517,19 +517,27 @@ def score_samples(
     run_dir: Path,
     thresholds: Thresholds,
     warn: Callable[[str], None] | None = None,
+    *,
+    pair_prefix: str = "",
+    read: RunSamples | None = None,
 ) -> tuple[RunSamples, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Read each samples file once and score the run: (what was read, cells, pairs, comparisons);
-    ``warn`` is told of each sample line skipped as damaged (file and line)."""
+    ``warn`` is told of each sample line skipped as damaged (file and line). One twin's view of a
+    run of several (judge/several.py): its pair ids begin with ``pair_prefix``, and ``read`` is what
+    was read for every twin."""
     cells = m.plan.cells
     twin = m.twin
     pair_specs = plan_pairs(cells, twin)
+    for ps in pair_specs:
+        ps.pair_id = pair_prefix + ps.pair_id
     candidates = control_candidates(pair_specs)
     wanted = {c.cell_id for c in cells}
     from cascade_repro.rundir.reference import read_reference
 
     ref_rows, ref_start = read_reference(run_dir)
     reference = str(ref_start.get("dtype") or "") if ref_rows else ""
-    read = load_cell_samples(run_dir, m.plan.engines, wanted, load_prompts(run_dir), ref_rows, warn)
+    if read is None:
+        read = load_cell_samples(run_dir, m.plan.engines, wanted, load_prompts(run_dir), ref_rows, warn)
     samples, progress = read.cells, read.progress
     cells_df = cell_rows(m, read)
     by_id = cells_df.set_index("cell_id").to_dict("index")

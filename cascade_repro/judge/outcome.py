@@ -152,6 +152,8 @@ def exit_status(run: ScoredRun, fail_on: str) -> tuple[int, str]:
         raise UsageError(f"unknown fail_on {fail_on!r}: expected one of {', '.join(FAIL_ON)}")
     if fail_on == "never":
         return exit_codes.OK, "fail_on=never: the run never fails"
+    if run.manifest.several and hasattr(run, "for_twin"):
+        return _worst_twin(run, fail_on)
     counts = verdict_counts(_verdict(r.get("verdict")) for r in twin_pairs(run))
     n_reg, total = counts[REGRESSION], sum(counts.values())
     tw = run.manifest.twin
@@ -196,6 +198,25 @@ def exit_status(run: ScoredRun, fail_on: str) -> tuple[int, str]:
     return exit_codes.OK, "no regression" + (
         " or error" if fail_on == "error" else ""
     ) + f" (fail_on={fail_on})"
+
+
+# A run of several twins exits with its worst twin's code, in this order: a regression, a run not
+# finished or a pair without a control, a twin never exercised, clean.
+SEVERITY = (exit_codes.REGRESSION, exit_codes.INCONCLUSIVE, exit_codes.NOTHING_EXERCISED, exit_codes.OK)
+
+
+def _worst_twin(run: Any, fail_on: str) -> tuple[int, str]:
+    """The exit code of a run of several twins: each twin's view judged as a run of its own, the
+    worst code wins; the reason names each twin behind it."""
+    # A shard may hold no cell of a twin: that twin is another shard's to judge.
+    views = [(tw, v) for tw in run.manifest.twins if (v := run.for_twin(tw)).rows("cells")]
+    codes = [(tw, *exit_status(v, fail_on)) for tw, v in views]
+    rank = {c: i for i, c in enumerate(SEVERITY)}
+    worst = min((c for _, c, _ in codes), key=lambda c: rank.get(c, -1))
+    if worst == exit_codes.OK:
+        return worst, f"no regression in {len(codes)} twins (fail_on={fail_on})"
+    behind = [f"{tw.name}: {why}" for tw, c, why in codes if c == worst]
+    return worst, "; ".join(behind)
 
 
 def refusal_status(check: VllmCheck) -> int:

@@ -130,10 +130,12 @@ def pick_pair(run_dir: Path, pair_id: str | None) -> dict[str, Any]:
         raise UsageError(
             f"{run_dir} has no {layout.PAIRS}: is it a finished run? (`cascade-repro report --rescore` rebuilds it)"
         )
-    tw = read_manifest(Path(run_dir)).twin
-    if tw is not TWIN:
+    # A run of several twins: its cascade pairs (the engine is built from their engine plan's twin).
+    axes = read_manifest(Path(run_dir)).twins
+    if TWIN not in axes:
+        named = ",".join(t.name for t in axes)
         raise UsageError(
-            f"minimize shrinks a cascade pair (both arms served by one engine); {run_dir} compares --twin {tw.name}"
+            f"minimize shrinks a cascade pair (both arms served by one engine); {run_dir} compares --twin {named}"
         )
     pairs = pd.read_parquet(path)
     pairs = pairs[pairs["kind"] == TWIN.pair_kind]

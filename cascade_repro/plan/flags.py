@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cascade_repro import twin as twins
 from cascade_repro import userpath
 from cascade_repro.errors import UsageError
 from cascade_repro.plan.matrix import (
@@ -417,6 +418,7 @@ class CliSpec:
     settings: dict[str, Any]  # the file's run settings (RUN_KEYS), each checked for its type
     config: Path | None = None
     foreign: Foreign = field(default_factory=Foreign)  # the flags of vLLM's and lm-eval's spelling
+    twin_note: str | None = None  # what ``--twin all`` left out here, and why
 
     def run_settings(self, given: Mapping[str, Any], defaulted: Callable[[str], bool]) -> RunSettings:
         """The run settings: ``given``'s (the command's parameters by name), the file's where
@@ -441,6 +443,7 @@ def spec_from_cli(
     fields: Collection[str] | None = None,
     extra: Sequence[str] = (),
     ours: Collection[str] = (),
+    gpus: Callable[[], int | None] | None = None,
 ) -> CliSpec:
     """Build and validate the spec a command line asks for: ``config``'s values (a matrix TOML
     file), the flags in ``given`` over them. ``engine``: the command's own default engine where
@@ -467,8 +470,36 @@ def spec_from_cli(
     if engine is not None and "engine" not in values:
         values["engine"] = engine
         flags["engine"] = engine
+    twin_note = _expand_all(values, gpus)
     spec = MatrixSpec.from_dict(values, source=str(config) if config else "options", flags=flags)
-    return CliSpec(spec, values, file_keys, settings, config, foreign)
+    return CliSpec(spec, values, file_keys, settings, config, foreign, twin_note)
+
+
+def _expand_all(values: dict[str, Any], gpus: Callable[[], int | None] | None) -> str | None:
+    """``--twin all`` (a flag's or the file's) expanded in ``values`` for this machine: the
+    installed vLLM's twins, ``tp`` where ``gpus()`` counts enough GPUs (no ``gpus``: left out);
+    the line that says what was left out (None: nothing, or no ``all``)."""
+    text = values.get("twin")
+    if not isinstance(text, str) or text.strip() != twins.ALL:
+        return None
+    from cascade_repro import vllm_surface
+    from cascade_repro.engines import ENGINES
+    from cascade_repro.engines import get as engine_info
+    from cascade_repro.plan.twin_set import expand
+
+    engine = values.get("engine", MatrixSpec.engine)
+    if engine not in ENGINES:
+        return None  # the spec's check names the engine
+    vllm = engine_info(engine).is_vllm
+    batch = values.get("batch")
+    try:
+        values["twin"], note = expand(
+            text, engine, batch if isinstance(batch, list) else MatrixSpec().batch,
+            vllm_surface.installed_version() if vllm else None, gpus() if vllm and gpus else None,
+        )  # fmt: skip
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return note
 
 
 @dataclass(frozen=True)
@@ -509,16 +540,18 @@ class MatrixOptions:
         ours: Collection[str] = (),
         results_dir_typed: bool = False,
         on_note: Callable[[str], None] | None = None,
+        gpus: Callable[[], int | None] | None = None,
     ) -> MatrixOptions:
         """The options ``given`` asks for (the command's parameters by name, ``config`` among them):
         the spec by :func:`spec_from_cli`, the run settings by :meth:`CliSpec.run_settings`
         (``defaulted(name)``: the command line and the option's environment variable left it, so the
         file's value counts; ``results_dir_typed``: --results-dir was typed). ``on_note`` hears each
-        note on a flag that changes nothing here as soon as the flags are read, before a refused
-        setting."""
+        note on a flag that changes nothing here (and what ``--twin all`` left out) as soon as the
+        flags are read, before a refused setting; ``gpus`` counts this machine's GPUs (``--twin
+        all`` tests ``tp`` only where they are enough)."""
         config = given.get("config")
-        asked = spec_from_cli(given, config, extra=extra, ours=ours)
-        for note in asked.foreign.notes:
+        asked = spec_from_cli(given, config, extra=extra, ours=ours, gpus=gpus)
+        for note in (*asked.foreign.notes, *filter(None, [asked.twin_note])):
             if on_note is not None:
                 on_note(note)
         settings = asked.run_settings({**given, "results_dir_typed": results_dir_typed}, defaulted)
@@ -540,7 +573,9 @@ class MatrixOptions:
         from cascade_repro import vllm_surface
 
         tw = self.spec.twin_axis
-        unsupported = vllm_surface.twin_problem(tw.family, version) is not None
+        unsupported = any(
+            vllm_surface.twin_problem(t.family, version) is not None for t in self.spec.twin_axes
+        )
         if not self.dry_run and (version is None or (gpus == 0 and not unsupported)):
             # What this box lacks for any vLLM run, named; not a twin's GPU count (no --twin was given).
             install = f'pip install "{vllm_surface.VLLM_REQUIREMENT}"'
@@ -555,12 +590,22 @@ class MatrixOptions:
             return VllmCheck(
                 f"--engine vllm needs {lacks}; --engine hf runs on the CPU, and --dry-run plans anywhere"
             )
-        why = vllm_surface.twin_refusal(tw.family, tw.name, tw.gpus, version, gpus)
+        # Each twin of a run of several checked alike: the first this box refuses refuses the run.
+        refused = [
+            (t, why)
+            for t in self.spec.twin_axes
+            if (why := vllm_surface.twin_refusal(t.family, t.name, t.gpus, version, gpus))
+        ]
+        tw, why = refused[0] if refused else (tw, None)
+        unsupported = vllm_surface.twin_problem(tw.family, version) is not None
         if unsupported and not self.twin_named:
             # The default twin (cascade) on a vLLM without it: the exact command to type instead.
             why = vllm_surface.default_twin_refusal(version, command) or why
         if why and not self.dry_run:
             return VllmCheck(why, setting_missing=unsupported)
-        warnings = (why,) if why and (unsupported or tw.gpus > 1) else ()
-        note = vllm_surface.cascade_note(version) if tw.family == TWIN.family else None
+        warnings = tuple(
+            w for t, w in refused if vllm_surface.twin_problem(t.family, version) is not None or t.gpus > 1
+        )
+        cascade = any(t.family == TWIN.family for t in self.spec.twin_axes)
+        note = vllm_surface.cascade_note(version) if cascade else None
         return VllmCheck(warnings=warnings, notes=(note,) if note else ())

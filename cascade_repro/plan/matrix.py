@@ -108,14 +108,25 @@ class MatrixSpec:
         return dataclasses.asdict(self)
 
     @property
-    def twin_axis(self) -> twins.TwinAxis:
-        """The registry's entry ``twin`` names, resolved once (``twin`` stays the text run.json keeps;
-        a spec from before --twin: cascade). A ValueError for a name the registry does not know."""
+    def twin_axes(self) -> tuple[twins.TwinAxis, ...]:
+        """The registry's entries ``twin`` names (``a,b,c``: several), resolved once (``twin`` stays
+        the text run.json keeps; a spec from before --twin: cascade). A ValueError for a name the
+        registry does not know."""
         text = self.twin or TWIN.name
-        hit = self.__dict__.get("_twin_axis")
+        hit = self.__dict__.get("_twin_axes")
         if hit is None or hit[0] != text:
-            hit = self.__dict__["_twin_axis"] = (text, twins.resolve(text))
+            hit = self.__dict__["_twin_axes"] = (text, twins.resolve_list(text))
         return hit[1]
+
+    @property
+    def twin_axis(self) -> twins.TwinAxis:
+        """The run's one twin; of a run of several, the first (each engine's worker reads its own
+        from the spec narrowed to it: :meth:`for_twin`)."""
+        return self.twin_axes[0]
+
+    def for_twin(self, name: str) -> MatrixSpec:
+        """This spec narrowed to one of its twins: what an engine of that twin is built from."""
+        return dataclasses.replace(self, twin=name)
 
     @classmethod
     def from_dict(
@@ -168,10 +179,23 @@ class MatrixSpec:
         if not isinstance(self.twin, str):
             bad(f"{n('twin')} must be a name such as prefix-caching, got {show(self.twin)}", "twin")
         try:
-            tw = self.twin_axis
+            # ``all`` that the command line did not expand with this machine's GPUs (tp left out).
+            from cascade_repro.plan.twin_set import expand
+
+            batches = self.batch if isinstance(self.batch, list) else []
+            version = vllm_surface.installed_version() if engine_info(self.engine).is_vllm else None
+            self.twin = expand(self.twin, self.engine, batches, version)[0]
+            axes = self.twin_axes
         except ValueError as e:
             bad(str(e).replace("--twin", n("twin"), 1), "twin")
-        self.twin = tw.name
+        self.twin = twins.LIST_SEP.join(t.name for t in axes)
+        for tw in axes:
+            self._check_twin(tw, n, use_vllm, bad)
+        tw = axes[0]
+        self._check_fields(tw, n, setting, use_vllm, both_arms, bad)
+
+    def _check_twin(self, tw: twins.TwinAxis, n: Any, use_vllm: str, bad: Any) -> None:
+        """What one twin asks of the rest of the spec (part of :meth:`validate`)."""
         if self.engine not in tw.engines:
             bad(f"{n('twin')} {tw.name} needs the vllm engine (the {self.engine} engine serves "
                 f"{', '.join(t.name for t in twins.all_examples() if self.engine in t.engines)}; "
@@ -183,13 +207,25 @@ class MatrixSpec:
                 "engine_args",
                 "twin",
             )
-        if tw.axis is not None:
+        if tw.axis is not None and len(self.twin_axes) == 1:
             # The twin sets this axis itself: a list given beside it would be ignored without a word.
+            # Beside other twins the list is theirs (``--twin all --batch 8,64``: batch=1:64 and the
+            # others at 8 and 64).
             own = {"tp": "tp", "batch": "batch", "backend": "backends"}[tw.axis]
             default = getattr(MatrixSpec(), own)
             if getattr(self, own) not in (default, [tw.test_value]):
                 bad(f"{n('twin')} {tw.name} sets the {tw.axis} of each arm ({tw.ref_value} and "
                     f"{tw.test_value}): drop {n(own)}", "twin", own)  # fmt: skip
+        batches = self.batch if isinstance(self.batch, list) and self.batch else [0]
+        if tw.family == twins.CHUNKED_PREFILL.family and all(isinstance(b, int) for b in batches):
+            # vLLM refuses a step budget below max_num_seqs, which the twin sets to the largest batch.
+            if max(batches) > twins.CHUNK_TOKENS:
+                bad(f"{n('twin')} {tw.name} prefills in {twins.CHUNK_TOKENS}-token steps, which vLLM allows up "
+                    f"to batch {twins.CHUNK_TOKENS}: {n('batch')} {show(self.batch)}", "twin", "batch")  # fmt: skip
+
+    def _check_fields(self, tw: twins.TwinAxis, n: Any, setting: Any, use_vllm: str, both_arms: str,
+                      bad: Any) -> None:  # fmt: skip
+        """Every field's own check (part of :meth:`validate`; ``tw``: the run's first twin)."""
         # A config file can hold any TOML type: a number where a name belongs would surface as a
         # traceback, and a string "false" is truthy (trust_remote_code = "false" would trust).
         for name in ("model", "prompts", "system_prompt", "load_format", "device"):
@@ -237,12 +273,6 @@ class MatrixSpec:
         if not all(isinstance(b, str) for b in self.backends):
             bad(f"{n('backends')} must be names such as FLASH_ATTN, got {show(self.backends)}", "backends")
         self.backends = [b.upper() for b in self.backends]
-        batches = self.batch if isinstance(self.batch, list) and self.batch else [0]
-        if tw.family == twins.CHUNKED_PREFILL.family and all(isinstance(b, int) for b in batches):
-            # vLLM refuses a step budget below max_num_seqs, which the twin sets to the largest batch.
-            if max(batches) > twins.CHUNK_TOKENS:
-                bad(f"{n('twin')} {tw.name} prefills in {twins.CHUNK_TOKENS}-token steps, which vLLM allows up "
-                    f"to batch {twins.CHUNK_TOKENS}: {n('batch')} {show(self.batch)}", "twin", "batch")  # fmt: skip
         for name in ("tp", "batch"):
             for v in getattr(self, name):
                 if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -420,7 +450,11 @@ def _engine_key(
 def plan_warnings(spec: MatrixSpec, n_prompts: int) -> list[str]:
     """What the planner changed or could not do for this prompt count, in one line each: the batch
     sizes dropped as repeats of another's one wave, a noise control moved off its pair's wave, or no
-    control at all. ``plan(spec, n_prompts)`` acts on the same rules."""
+    control at all. ``plan(spec, n_prompts)`` acts on the same rules; a run of several twins: each
+    twin's, each line once."""
+    if len(spec.twin_axes) > 1:
+        lines = [w for t in spec.twin_axes for w in plan_warnings(spec.for_twin(t.name), n_prompts)]
+        return list(dict.fromkeys(lines))
     tw = spec.twin_axis
     if tw.axis == "batch":  # the twin's own batches are its arms, not the matrix's axis
         return []
@@ -467,6 +501,25 @@ def calibration_fault(tw: twins.TwinAxis) -> str:
 def plan(spec: MatrixSpec, n_prompts: int | None = None) -> Plan:
     """Return the plan: engine plans keyed by engine key, each with its cells in run order.
 
+    A run of one twin is :func:`plan_twin`'s plan. A run of several (``--twin a,b``) plans each
+    twin as a run of its own would and merges the plans (:func:`merge_twins`): a cell whose engine
+    configuration, batch, rerun and fault another twin's cell already has is not run twice but
+    serves both (its ``twins`` map says under which arm name each twin reads it).
+    """
+    axes = spec.twin_axes
+    if len(axes) == 1:
+        return plan_twin(spec, axes[0], n_prompts)
+    from cascade_repro.plan.twin_set import merge_twins
+
+    return merge_twins([(tw, plan_twin(spec, tw, n_prompts, several=True)) for tw in axes])
+
+
+def plan_twin(
+    spec: MatrixSpec, tw: twins.TwinAxis, n_prompts: int | None = None, several: bool = False
+) -> Plan:
+    """The plan of one twin (:func:`plan`); ``several``: one of a run's several twins, whose engine
+    toggling the arms is keyed by the twin too (another toggled twin's engine is another engine).
+
     The hf engine always toggles arms inside one model; vLLM does so unless ``arm_switch`` is
     ``restart``, in which case each arm gets its own engine (the real ``disable_cascade_attn`` flag)
     and a flat rerun is its own engine start too.
@@ -487,7 +540,6 @@ def plan(spec: MatrixSpec, n_prompts: int | None = None) -> Plan:
         "fa": len(spec.fa_versions) > 1,
         "backend": len(spec.backends) > 1,
     }
-    tw = spec.twin_axis
     # An arm with engine arguments of its own is an engine start of its own; so is every arm under
     # restart (the real disable_cascade_attn flag) and a twin's rerun control.
     restart = (engine_info(spec.engine).attention_axes and spec.arm_switch == "restart") or not tw.toggle
@@ -502,6 +554,8 @@ def plan(spec: MatrixSpec, n_prompts: int | None = None) -> Plan:
         # A batch twin's reference arm has no other batch to be controlled by: its rerun is one too.
         key_arm = (arm + ("-r1" if r else "")) if restart or (r and tw.axis == "batch") else None
         key = _engine_key(spec.engine, tp, seed, dtype, fa, backend, key_arm)
+        if several and key_arm is None:
+            key += f"-{tw.test}+{tw.ref}"
         ep = engines.get(key) or engines.setdefault(
             key,
             # Built with ``of``: run.json writes every field, ``arm: null`` too.
@@ -632,6 +686,8 @@ def config_values(data: dict[str, Any], path: Path) -> dict[str, Any]:
             raise UsageError(f"{path}: {first} and {key} set the same setting: give one")
         if k in LIST_FIELDS and not isinstance(v, list):
             v = [v]
+        if k == "twin" and isinstance(v, list) and all(isinstance(x, str) for x in v):
+            v = twins.LIST_SEP.join(v)  # several twins, as --twin a,b spells them
         if k == TWIN.spec_field:
             v = [_parse_onoff(x, f"{path}: {TWIN.spec_field}") for x in v]
         if k == "fa_versions":

@@ -29,7 +29,7 @@ HEADLINE_IDS = 3
 
 def headline(data: RunData) -> str:
     """Say in plain words what the run found, e.g. `cascade-repro: regression in 2 of 6 pairs: a, b`."""
-    text = _named(data, _headline(data))
+    text = _several(data) if data.manifest.several else _named(data, _headline(data))
     pending, total = unfinished_cells(data)
     missing = [str(m) for m in data.manifest.shards_missing or []]
     if pending and missing:
@@ -87,6 +87,48 @@ def _headline(data: RunData) -> str:
     return f"cascade-repro: no cascade effect beyond noise in {plural(clean, 'pair')} ({detail})" + _extras(
         counts
     )
+
+
+def twin_line(view: RunData) -> str:
+    """One twin's own line in a run of several (its view, ``RunData.for_twin``): what a run of it
+    alone would headline, without the tool's name."""
+    return _named(view, _headline(view)).split(": ", 1)[1]
+
+
+def _several(data: RunData) -> str:
+    """The headline of a run of several twins: the twins that changed outputs first (a regression
+    in any of their pairs), then those that could not say (never took effect, no control, errors)."""
+    changed, expected, quiet, unsure = [], [], [], []
+    for tw in data.twins:
+        view = data.for_twin(tw)
+        if not view.rows("cells"):
+            continue  # a shard without this twin's cells
+        counts = verdict_counts(view)
+        total = sum(counts.values())
+        if counts[REGRESSION]:
+            part = f"{tw.name} ({counts[REGRESSION]} of {plural(total, 'pair')})"
+            (expected if tw.expected_change else changed).append(part)
+        elif total and n_exercised(counts) and counts[INCONCLUSIVE] == 0 and counts[ERROR] == 0:
+            quiet.append(tw.name)
+        else:
+            why = (
+                "never took effect" if total and n_exercised(counts) == 0 and counts[ERROR] < total
+                else "errors" if counts[ERROR] else "no control" if counts[INCONCLUSIVE] else "no pairs"
+            )  # fmt: skip
+            unsure.append(f"{tw.name} ({why})")
+    head = f"cascade-repro --twin {','.join(t.name for t in data.twins)}: "
+    parts = []
+    if changed:
+        parts.append(f"outputs changed under {', '.join(changed)}")
+    if expected:
+        parts.append(f"expected differences under {', '.join(expected)}")
+    if quiet:
+        parts.append(f"no effect beyond noise under {', '.join(quiet)}")
+    if unsure:
+        parts.append(f"nothing measured under {', '.join(unsure)}")
+    if not changed:
+        parts.insert(0, "no twin changed outputs")
+    return head + "; ".join(parts)
 
 
 def _named(data: RunData, text: str) -> str:

@@ -157,21 +157,12 @@ class HtmlFormatter(ReportFormatter):
             f'<h1 class="{headline.headline_tone(data)}">{title}</h1>',
             _stack_line(data),
         ]
-        if warns := prose.warnings(data):
-            out += ['<ul class="warn">', *(f"<li>{escape(w)}</li>" for w in warns), "</ul>"]
-        out += [
-            '<div class="summary">',
-            "<h2>Verdicts</h2>",
-            html_table(summary.summary_table(data), f"no {data.twin.family} pairs", css="summary"),
-            f'<p class="cap">{escape(ref.rule_note(data))}</p>',
-            "</div>",
-            "<h2>Evidence</h2>",
-            *_plots(data),
-        ]
-        for section in sections.sections(data):
-            out += _section(
-                section.title, [line for block in section.content(data) for line in _block(block)]
-            )
+        if data.manifest.several:
+            out += _several(data)
+        else:
+            out += _warnings(prose.warnings(data))
+            out += _verdicts(data, "Verdicts", "h2")
+            out += _sections(data)
         lines = reproduce.reproduce_lines(data)
         out += [
             "<h2>Reproduce</h2>",
@@ -186,6 +177,52 @@ class HtmlFormatter(ReportFormatter):
             ]
         out += ["</main></body>", "</html>"]
         return "\n".join(out) + "\n"
+
+
+def _warnings(warns: list[str]) -> list[str]:
+    return ['<ul class="warn">', *(f"<li>{escape(w)}</li>" for w in warns), "</ul>"] if warns else []
+
+
+def _verdicts(data: RunData, title: str, tag: str) -> list[str]:
+    """The verdict table under ``title``, the rule's note, then the evidence's plots."""
+    return [
+        '<div class="summary">',
+        f"<{tag}>{escape(title)}</{tag}>",
+        html_table(summary.summary_table(data), f"no {data.twin.family} pairs", css="summary"),
+        f'<p class="cap">{escape(ref.rule_note(data))}</p>',
+        "</div>",
+        "<h2>Evidence</h2>" if tag == "h2" else "<h3>Evidence</h3>",
+        *_plots(data),
+    ]
+
+
+def _sections(data: RunData, run_wide: bool | None = None) -> list[str]:
+    """The sections below the verdicts; ``run_wide``: only those of the run as a whole (True) or
+    only a twin's own (False)."""
+    out: list[str] = []
+    for section in sections.sections(data):
+        if run_wide is not None and (section.id in sections.RUN_WIDE) != run_wide:
+            continue
+        out += _section(section.title, [line for block in section.content(data) for line in _block(block)])
+    return out
+
+
+def _several(data: RunData) -> list[str]:
+    """A run of several twins: the warnings every twin shares once, then each twin under its own
+    heading as a run of it alone would show it, then the run's own sections (report.md's order)."""
+    views = [data.for_twin(tw) for tw in data.twins]
+    warns = [prose.warnings(v) for v in views]
+    shared = [w for w in warns[0] if all(w in ws for ws in warns[1:])]
+    out = _warnings(shared)
+    for tw, twin_view, ws in zip(data.twins, views, warns, strict=True):
+        out += [
+            f"<h2>{escape(tw.name)}: {escape(tw.summary)}</h2>",
+            f'<p class="{headline.headline_tone(twin_view)}"><b>{escape(headline.twin_line(twin_view))}</b></p>',
+            *_warnings([w for w in ws if w not in shared]),
+            *_verdicts(twin_view, "Verdicts", "h3"),
+            *_sections(twin_view, run_wide=False),
+        ]
+    return [*out, "<h2>The whole run</h2>", *_sections(data, run_wide=True)]
 
 
 def _block(block: sections.Block) -> list[str]:

@@ -184,4 +184,23 @@ class JsonFormatter(ReportFormatter):
             ],
             "mixed_stack": m.mixed_stack or [],
         }
+        if m.several:
+            # A run of several twins: each one's own outcome, as a run of it alone would give it.
+            summary["twins"] = [_twin(data.for_twin(tw), tw) for tw in data.twins]
         return json_text(summary)
+
+
+def _twin(v: RunData, tw: Any) -> dict:
+    """One twin's entry of summary.json's ``twins`` (a run of several twins only)."""
+    code, reason = outcome.exit_status(v, outcome.run_fail_on(v.manifest))
+    counts = view.verdict_counts(v)
+    return {
+        "name": tw.name,
+        "family": tw.family,
+        "line": headline.twin_line(v),
+        "counts": counts,
+        "changed_outputs": bool(counts.get(outcome.REGRESSION)),
+        "expected_change": tw.expected_change,
+        "exit_code": code,
+        "exit_reason": reason,
+    }

@@ -20,7 +20,7 @@ from cascade_repro.report.text import as_int, is_missing
 from cascade_repro.rundir import layout, sample_scan
 from cascade_repro.rundir.manifest import Manifest, read_manifest
 from cascade_repro.twin import CASCADE as TWIN
-from cascade_repro.twin import TwinAxis
+from cascade_repro.twin import TwinAxis, pair_prefix
 
 
 @dataclass
@@ -67,11 +67,54 @@ class RunData:
     # so a reader can reproduce with vLLM alone from the pasted report.
     repro_scripts: list[tuple[str, str]] = field(default_factory=list)
     _rows: dict[str, list[dict]] | None = field(default=None, init=False, repr=False, compare=False)
+    # Each twin's view, made once inside :meth:`settled` (every format asks for them several times).
+    _views: dict[str, RunData] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def twin(self) -> TwinAxis:
-        """The run's twin (run.json's text, resolved once by the manifest)."""
+        """The run's twin (run.json's text, resolved once by the manifest); of a run of several,
+        the first (:meth:`for_twin`: each one's view)."""
         return self.manifest.twin
+
+    @property
+    def twins(self) -> tuple[TwinAxis, ...]:
+        return self.manifest.twins
+
+    def for_twin(self, tw: TwinAxis) -> RunData:
+        """The run as a run of ``tw`` alone reads it: run.json's view for it (``Manifest.for_twin``),
+        its pairs and comparisons (their ids begin with ``twin.pair_prefix``), the cells it reads,
+        each under its arm for ``tw``, and its examples. Every format renders a run of several twins
+        as one such view per twin; inside :meth:`settled` each view is made once and settled too."""
+        if self._rows is not None and tw.name in self._views:
+            return self._views[tw.name]
+        made = self._view(tw)
+        if self._rows is not None:
+            made._rows = {}
+            self._views[tw.name] = made
+        return made
+
+    def _view(self, tw: TwinAxis) -> RunData:
+        view = self.manifest.for_twin(tw)
+        arms = {c.cell_id: c.arm for c in view.plan.cells}
+        cells = self.cells[self.cells["cell_id"].isin(list(arms))].copy()
+        if len(cells):
+            cells["arm"] = cells["cell_id"].map(arms)
+        prefix = pair_prefix(tw)
+
+        def mine(df: pd.DataFrame) -> pd.DataFrame:
+            return df[df["pair_id"].astype(str).str.startswith(prefix)].reset_index(drop=True)
+
+        return RunData(
+            self.run_dir,
+            view,
+            cells.reset_index(drop=True),
+            mine(self.pairs),
+            mine(self.comparisons),
+            [ex for ex in self.examples if ex.pair_id.startswith(prefix)],
+            self.unscorable,
+            self.samples_missing,
+            [(p, s) for p, s in self.repro_scripts if p.startswith(prefix)],
+        )
 
     def rows(self, table: str) -> list[dict]:
         """``cells``, ``pairs`` or ``comparisons`` as one dict per row (copies: a caller may change
@@ -94,6 +137,9 @@ class RunData:
             yield self
         finally:
             self._rows = None
+            for v in self._views.values():
+                v._rows = None
+            self._views = {}
 
 
 def load_run(
@@ -125,7 +171,7 @@ def load_run(
         pairs["kind"] = ["noise" if v == "control" else TWIN.pair_kind for v in pairs["verdict"]]
     examples = pick_examples(pairs, comparisons, n_examples)
     for ex in examples:
-        ex.twin = manifest.twin
+        ex.twin = next((t for t in manifest.twins if ex.pair_id.startswith(pair_prefix(t))), manifest.twin)
     _attach_samples(run_dir, examples, samples)
     missing = ""
     if samples is None and examples and not layout.samples_files(run_dir):

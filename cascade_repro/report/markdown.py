@@ -138,23 +138,11 @@ class MarkdownFormatter(ReportFormatter):
         # What a maintainer reads in an issue without a click: the headline, the stack in one line,
         # the verdicts in a table that fits the column, the warnings; everything else is collapsed.
         out = [f"## {md_text(headline.headline(data))}", "", facts_line(data), ""]
-        verdicts = summary.summary_table(data)
-        if "verdict rows" in drop:
-            verdicts = _worst_rows(verdicts, MAX_VERDICT_ROWS)
-        out += [*md_table(verdicts, f"no {data.twin.family} pairs"), ""]
-        if warns := prose.warnings(data):
-            out += [*(f"- **warning:** {md_text(w)}" for w in warns), ""]
-        if drop:
-            out += [f"_{md_text(shortened_note(drop))}_", ""]
-        out += [f"_{md_text(ref.rule_note(data))}_", ""]
-        for section in sections.sections(data):
-            if section.id in dropped_sections(drop):
-                continue
-            body = [line for block in section.content(data) for line in _block(block, drop)]
-            if section.id in UNFOLDED:
-                out += [f"### {section.title}", "", *body]
-            else:
-                out += _collapsed(section.title, body)
+        if data.manifest.several:
+            out += _several(data, drop)
+        else:
+            out += _verdicts(data, drop, prose.warnings(data))
+            out += _sections(data, drop, "###")
         out += ["### Reproduce", ""]
         lines = reproduce.reproduce_lines(data)
         if lines:
@@ -170,6 +158,52 @@ class MarkdownFormatter(ReportFormatter):
         else:
             out.append("_command not recorded in run.json_")
         return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _verdicts(data: RunData, drop: set[str], warns: list[str]) -> list[str]:
+    """The verdict table, the warnings, the shortening note and the rule's note."""
+    verdicts = summary.summary_table(data)
+    if "verdict rows" in drop:
+        verdicts = _worst_rows(verdicts, MAX_VERDICT_ROWS)
+    out = [*md_table(verdicts, f"no {data.twin.family} pairs"), ""]
+    if warns:
+        out += [*(f"- **warning:** {md_text(w)}" for w in warns), ""]
+    if drop:
+        out += [f"_{md_text(shortened_note(drop))}_", ""]
+    return out + [f"_{md_text(ref.rule_note(data))}_", ""]
+
+
+def _sections(data: RunData, drop: set[str], heading: str, run_wide: bool | None = None) -> list[str]:
+    """The sections below the verdicts, each folded or (``UNFOLDED``) under a ``heading``;
+    ``run_wide``: only those of the run as a whole (True) or only a twin's own (False)."""
+    out: list[str] = []
+    for section in sections.sections(data):
+        if section.id in dropped_sections(drop):
+            continue
+        if run_wide is not None and (section.id in sections.RUN_WIDE) != run_wide:
+            continue
+        body = [line for block in section.content(data) for line in _block(block, drop)]
+        if section.id in UNFOLDED:
+            out += [f"{heading} {section.title}", "", *body]
+        else:
+            out += _collapsed(section.title, body)
+    return out
+
+
+def _several(data: RunData, drop: set[str]) -> list[str]:
+    """A run of several twins: the warnings every twin shares once, then each twin under its own
+    heading (its one-line verdict, its verdict table, its own warnings and its sections), as a run
+    of that twin alone would show them."""
+    views = [data.for_twin(tw) for tw in data.twins]
+    warns = [prose.warnings(v) for v in views]
+    shared = [w for w in warns[0] if all(w in ws for ws in warns[1:])]
+    out = [*(f"- **warning:** {md_text(w)}" for w in shared), ""] if shared else []
+    for tw, twin_view, ws in zip(data.twins, views, warns, strict=True):
+        out += [f"### {md_text(tw.name)}: {md_text(tw.summary)}", ""]
+        out += [f"**{md_text(headline.twin_line(twin_view))}**", ""]
+        out += _verdicts(twin_view, drop, [w for w in ws if w not in shared])
+        out += _sections(twin_view, drop, "####", run_wide=False)
+    return out + ["### The whole run", "", *_sections(data, drop, "####", run_wide=True)]
 
 
 def facts_line(data: RunData) -> str:

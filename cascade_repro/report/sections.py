@@ -185,6 +185,10 @@ SECTIONS: tuple[Section, ...] = (
     Section("collect_env", "vLLM's collect_env", lambda d: _collected(d) is not None, _collect_env),
 )
 
+# The sections of the run as a whole, not of one twin: a run of several twins shows them once,
+# after every twin's own (report.md and report.html alike).
+RUN_WIDE = frozenset({"cells", "invocations", "environment", "collect_env"})
+
 
 def sections(data: RunData) -> list[Section]:
     """The sections that apply to this run, in report order."""

@@ -104,6 +104,8 @@ def stack_facts(data: RunData) -> list[tuple[str, str]]:
     twin = f"{axis.test} vs {axis.ref}" if axis is TWIN else f"{axis.name}: {axis.test} vs {axis.ref}"
     # One engine switching the arms (cascade's toggle) or an engine start per arm.
     out.append(("twin", f"{twin} ({switch})" if switch and axis.toggle else twin))
+    if m.several:
+        out[-1] = ("twins", ", ".join(t.name for t in m.twins))
     # A model given as a local path would name the user's machine in a public issue.
     return [(k, truncate(one_line(portable_paths(v)), FACT_MAX)) for k, v in out]
 

@@ -94,7 +94,8 @@ def cell_table(data: RunData) -> Table:
         "batch",
         "arm",
         "status",
-        data.twin.effect_label,
+        # A run of several twins: each cell's count is of the setting of the twin that planned it.
+        "effect (its twin's)" if data.manifest.several else data.twin.effect_label,
         "tokens/s",
         "seq-rep-1",
         "seq-rep-2",

@@ -50,8 +50,15 @@ def build_engine(m: Manifest, eplan: EnginePlan | dict[str, Any], run_dir: Path 
         run_dir = Path(m.extra["run_dir"])
     from cascade_repro.plan import models
 
-    spec = spec_of(m.spec_json)
+    spec = engine_spec(m, ep)
     return engine_info(spec.engine).load_builder()(m, ep, run_dir, spec, models)
+
+
+def engine_spec(m: Manifest, ep: EnginePlan) -> MatrixSpec:
+    """The spec one engine runs under: the run's, narrowed to the engine's twin in a run of several
+    (its arms' settings, its effect reader, its fault's arm)."""
+    spec = spec_of(m.spec_json)
+    return spec.for_twin(ep.twin) if ep.twin else spec
 
 
 def freeze_heap() -> int:
@@ -72,7 +79,7 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
     run = manifest.read_manifest(run_dir)
     eplan = run.plan.engines[engine_key]
     cells = run.plan.cell_map()
-    spec = spec_of(run.spec_json)
+    spec = engine_spec(run, eplan)
     out_path = layout.samples_path(run_dir, engine_key)
     prog = sample_scan.read_progress(out_path, sample_scan.prompt_ids(run_dir))
     todo = [cells[cid] for cid in eplan.cells if cid not in prog.done]

@@ -33,8 +33,18 @@ class Cell(Section):
     backend: str = ""
     inject: str | None = None
     origin: str = "matrix"
+    # A run of several twins: each twin the cell serves and the arm it reads the cell as (a cell
+    # whose engine configuration two twins' arms share runs once); None in a run of one twin.
+    twins: dict[str, str] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     keys: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
+
+    def arm_for(self, twin: str) -> str | None:
+        """The arm ``twin`` reads this cell as; None where the cell does not serve it (a run of one
+        twin: every cell serves it, under its own arm)."""
+        if self.twins is None:
+            return self.arm
+        return self.twins.get(twin)
 
 
 @dataclass
@@ -50,6 +60,8 @@ class EnginePlan(Section):
     backend: str = ""
     arm: str | None = None  # None: the engine serves both arms (toggled per cell)
     cells: list[str] = field(default_factory=list)
+    # A run of several twins: the twin whose settings this engine is built with (None: the run's one).
+    twin: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     keys: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
 
@@ -71,6 +83,15 @@ class Plan(Section):
 
     def cell_map(self) -> dict[str, Cell]:
         return {c.cell_id: c for c in self.cells}
+
+    def for_twin(self, twin: str) -> Plan:
+        """The plan as a run of ``twin`` alone reads it: the cells serving it, each under the arm
+        that twin reads it as (copies; the engines as they are)."""
+        import dataclasses
+
+        cells = [c if c.twins is None else dataclasses.replace(c, arm=c.twins[twin])
+                 for c in self.cells if c.arm_for(twin) is not None]  # fmt: skip
+        return Plan(engines=self.engines, cells=cells, extra=self.extra, keys=self.keys)
 
     def cells_of(self, key: str) -> list[Cell]:
         """The cells engine ``key`` serves, in its order (ids without a cell left out)."""

@@ -149,14 +149,36 @@ class Manifest(Section):
         return {("spec" if k == "spec_json" else k): v for k, v in out.items()}
 
     @property
-    def twin(self) -> TwinAxis:
-        """The run's twin, resolved once from the text run.json keeps (a run from before --twin:
-        cascade); resolved again only if that text changes."""
+    def twins(self) -> tuple[TwinAxis, ...]:
+        """The run's twins (``--twin a,b``: several), resolved once from the text run.json keeps (a
+        run from before --twin: cascade); resolved again only if that text changes."""
         text = self.spec_json.get("twin") if isinstance(self.spec_json, dict) else None
-        hit = self.__dict__.get("_twin")
+        hit = self.__dict__.get("_twins")
         if hit is None or hit[0] != text:
-            hit = self.__dict__["_twin"] = (text, twins.resolve(text or None))
+            hit = self.__dict__["_twins"] = (text, twins.resolve_list(text or None))
         return hit[1]
+
+    @property
+    def twin(self) -> TwinAxis:
+        """The run's twin; of a run of several, the first (:meth:`for_twin` gives each its own view)."""
+        return self.twins[0]
+
+    @property
+    def several(self) -> bool:
+        """Whether the run compares several twins."""
+        return len(self.twins) > 1
+
+    def for_twin(self, tw: TwinAxis) -> Manifest:
+        """The run as a run of ``tw`` alone reads it (a copy; the file is not touched): the spec's
+        twin is ``tw`` and the plan's cells are those serving it, each under its arm for ``tw``.
+        Judging and reporting a run of several twins take each twin's view in turn."""
+        import copy
+
+        view = copy.copy(self)
+        view.__dict__.pop("_twins", None)
+        view.spec_json = {**self.spec_json, "twin": tw.name}
+        view.plan = self.plan.for_twin(tw.name)
+        return view
 
     def stored(self, name: str) -> Any:
         return super().stored("spec_json" if name == "spec" else name)  # run.json's name for it
