@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The H200 runs behind this directory's README (vLLM 0.26.0, the embedded model in bf16, a float32
 # reference, 64 prompts x 128 tokens behind the Korean system prompt). One phase per device call:
-#   cal     the top-k verdict's evidence, side by side, untimed: lse-shift ladders on cascade (FA2 and
-#           FA3, b8 and b64; the FA2 one also compiles FA2's JIT for the later phases), the out-scale
-#           ladder on prefix-caching, and top-5 against top-20 throughput in one engine
+#   cal     the top-k verdict's evidence, side by side, untimed: lse-shift ladders on cascade (FA2 at
+#           top-20, FA3 at top-5 and top-20, b8 and b64; the FA2 one also compiles FA2's JIT for the
+#           later phases), the out-scale ladder on prefix-caching (top-20), and top-5 against top-20
+#           throughput in one engine
 #   readme  the README's GPU matrix (FA2 and FA3) with engine keys side by side, then one after another
 #   twins   --twin all at b64 side by side, then the same twins one after another (--max-engines-per-gpu 1)
 # A step cut at the call's deadline resumes when the phase runs again on the same warm machine
@@ -44,16 +45,17 @@ case $phase in
 cal)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.csv" 2>&1
   lse=(--enforce-eager --calibrate 0.003,0.01,0.03,0.1)
-  step fa2-cal --batch 8,64 --fa-version 2 "${lse[@]}" &
+  step fa2-cal --batch 8,64 --fa-version 2 --topk 20 "${lse[@]}" &
   step fa3-cal --batch 8,64 --fa-version 3 "${lse[@]}" &
-  step prefix-cal --batch 8,64 --twin prefix-caching --enforce-eager --calibrate 0.002,0.005,0.01,0.03 &
+  step fa3-cal-k20 --batch 8,64 --fa-version 3 --topk 20 "${lse[@]}" &
+  step prefix-cal --batch 8,64 --twin prefix-caching --topk 20 --enforce-eager --calibrate 0.002,0.005,0.01,0.03 &
   left=$(( deadline - $(date +%s) - 30 ))
   timeout "$left" python3 benchmarks/topk_throughput.py --engine vllm --limit 64 --batch 8,64 --max-tokens 128 \
     --ignore-eos --graphs-for-batches --fa-version 3 --gpu-memory-utilization 0.08 \
     --kv-cache-memory-bytes 6000000000 --budget-s $(( left - 120 )) --out "$out/topk.json" > "$res/topk.stdout" 2>&1
   echo "topk: exit $?" >> "$res/topk.stdout"
   wait
-  pack cal fa2-cal fa3-cal prefix-cal topk
+  pack cal fa2-cal fa3-cal fa3-cal-k20 prefix-cal topk
   ;;
 readme)
   # Side by side first: it pays any first compile the sequential run then finds cached, so the ratio
@@ -64,8 +66,8 @@ readme)
   pack readme readme-side readme-seq
   ;;
 twins)
-  step twins-side --twin all --batch 64
-  step twins-seq --twin all --batch 64 --max-engines-per-gpu 1
+  step twins-side --twin all --batch 64 --no-auto-controls
+  step twins-seq --twin all --batch 64 --no-auto-controls --max-engines-per-gpu 1
   pack twins twins-side twins-seq
   ;;
 *) echo "phase: cal, readme or twins" >&2; exit 2 ;;
