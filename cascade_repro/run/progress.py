@@ -20,6 +20,7 @@ text otherwise changes only when a wave ends.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 from cascade_repro.plan import estimate
 
 HEARTBEAT_S = 30.0
+LISTED = 3  # engines named one by one on a progress line; more are grouped by state
 
 
 class RunProgress:
@@ -138,10 +140,23 @@ class RunProgress:
             self.status = self._engines_text()
 
     def _engines_text(self) -> str:
-        """Every running engine's state, when more than one runs: ``engines k1: starting; k2: b8-cell``."""
+        """Every running engine's state, when more than one runs: ``engines k1: starting; k2: b8-cell``,
+        each key without the part every key of the plan shares (``vllm-tp1-auto-...-s0-``); past
+        :data:`LISTED` engines, grouped by state (``8 engines: starting async, sync; running graphs``),
+        so a line stays readable with eight engines on a GPU."""
         if len(self.engines) < 2:
             return ""
-        return "engines " + "; ".join(f"{k}: {v}" for k, v in self.engines.items())
+        keys = sorted({*self.key_of.values(), *self.engines})
+        shared = os.path.commonprefix(keys)
+        shared = shared[: shared.rfind("-") + 1]  # whole parts of a key only
+        short = {k: k[len(shared) :] or k for k in self.engines}
+        if len(self.engines) <= LISTED:
+            return "engines " + "; ".join(f"{short[k]}: {v}" for k, v in self.engines.items())
+        groups: dict[str, list[str]] = {}
+        for k, v in self.engines.items():
+            state = "starting" if v.startswith("starting") else "up" if v.startswith("up in") else "running"
+            groups.setdefault(state, []).append(short[k])
+        return f"{len(self.engines)} engines: " + "; ".join(f"{st} {', '.join(ks)}" for st, ks in groups.items())
 
     def _engine_at(self, cid: str) -> None:
         """A record of cell ``cid`` came in: its engine's state is that cell."""

@@ -458,3 +458,19 @@ def test_engines_side_by_side_are_each_shown_and_share_the_time_left():
     assert "engines ka: up in 3 s; kb: starting" in out.lines[2]
     # One engine left: the line is a single engine's again.
     assert "engine kb up in 4 s" in out.lines[-1] and "engines " not in out.lines[-1]
+
+
+def test_many_engines_are_grouped_by_state_without_their_shared_key_prefix():
+    keys = [f"vllm-tp1-auto-fadefault-flashattn-s0-{t}" for t in ("async", "sync", "graphs", "eager")]
+    cells = {f"tp1-b64-{t}": {"batch": 64, "engine_key": k} for t, k in zip(("async", "sync", "graphs", "eager"), keys)}
+    p = RunProgress(Lines(), show=True, cells=cells, n_prompts=64, max_tokens=8, table=HF_CPU, starts_left=4,
+                    clock=Clock(), parallel=4)  # fmt: skip
+    for k in keys:
+        p.engine_starting(k)
+    p.engine_up(keys[2], 3.0)
+    p.record({"type": "cell_start", "cell_id": "tp1-b64-eager"})
+    p.record({"type": "wave", "cell_id": "tp1-b64-eager", "batch": 64, "wall_s": 1.0, "tokens": 512})
+    assert "4 engines: starting async, sync; up graphs; running eager" in p.line()
+    p.engine_done(keys[0])
+    p.engine_done(keys[1])
+    assert "engines graphs: up in 3 s; eager: tp1-b64-eager" in p.line()
