@@ -210,7 +210,9 @@ def _print_plan(
                 )
                 if several:
                     row.append(
-                        escape(", ".join(f"{t} as {a}" if a != c.arm else t for t, a in (c.twins or {}).items()))
+                        escape(
+                            ", ".join(f"{t} as {a}" if a != c.arm else t for t, a in (c.twins or {}).items())
+                        )
                     )
                 table.add_row(*row, role(c))
             if narrow:

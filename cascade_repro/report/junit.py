@@ -129,7 +129,9 @@ def _suite(doc: JunitDocument, data: RunData, cell_status: dict[str, dict]) -> N
             doc.outcome(
                 case,
                 "skipped",
-                message=one_line(f"not tested in decode: cascade ran on prefill steps only ({verdict} there)"),
+                message=one_line(
+                    f"not tested in decode: cascade ran on prefill steps only ({verdict} there)"
+                ),
             )
         elif verdict == outcome.INCONCLUSIVE:
             doc.outcome(case, "skipped", message=one_line(f"inconclusive: {text_of(r.get('reasons'))}"))

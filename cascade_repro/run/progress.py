@@ -156,7 +156,9 @@ class RunProgress:
         for k, v in self.engines.items():
             state = "starting" if v.startswith("starting") else "up" if v.startswith("up in") else "running"
             groups.setdefault(state, []).append(short[k])
-        return f"{len(self.engines)} engines: " + "; ".join(f"{st} {', '.join(ks)}" for st, ks in groups.items())
+        return f"{len(self.engines)} engines: " + "; ".join(
+            f"{st} {', '.join(ks)}" for st, ks in groups.items()
+        )
 
     def _engine_at(self, cid: str) -> None:
         """A record of cell ``cid`` came in: its engine's state is that cell."""

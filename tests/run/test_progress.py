@@ -462,7 +462,7 @@ def test_engines_side_by_side_are_each_shown_and_share_the_time_left():
 
 def test_many_engines_are_grouped_by_state_without_their_shared_key_prefix():
     keys = [f"vllm-tp1-auto-fadefault-flashattn-s0-{t}" for t in ("async", "sync", "graphs", "eager")]
-    cells = {f"tp1-b64-{t}": {"batch": 64, "engine_key": k} for t, k in zip(("async", "sync", "graphs", "eager"), keys)}
+    cells = {f"tp1-b64-{t}": {"batch": 64, "engine_key": k} for t, k in zip(("async", "sync", "graphs", "eager"), keys, strict=True)}
     p = RunProgress(Lines(), show=True, cells=cells, n_prompts=64, max_tokens=8, table=HF_CPU, starts_left=4,
                     clock=Clock(), parallel=4)  # fmt: skip
     for k in keys:
