@@ -40,6 +40,7 @@ from cascade_repro.report.view import (
     thresholds,
 )
 from cascade_repro.twin import CASCADE as TWIN
+from cascade_repro.twin import pair_prefix
 
 # The widest summary row, in characters of cell text: GitHub's issue column is about 830 px at
 # desktop width, its 14 px text about 7 px a character, less each cell's 26 px of padding. report.md
@@ -237,7 +238,9 @@ def summary_table(data: RunData, width: int | None = ISSUE_COLUMN_CHARS) -> Tabl
     status = {text_of(c.get("cell_id")): text_of(c.get("status")) for c in cells(data)}
     rows = []
     for res in cascade_results(data):
-        pair, verdict, depth = res.pair_id or MISSING, res.verdict or MISSING, res.depth or MISSING
+        # Under its twin's heading a pair of a run of several twins is named without the twin.
+        pair = res.pair_id.removeprefix(pair_prefix(data.twin)) or MISSING
+        verdict, depth = res.verdict or MISSING, res.depth or MISSING
         room = None if width is None else width - len(pair) - len(verdict) - len(depth)
         rows.append(
             [

@@ -18,10 +18,16 @@ EVIDENCE = ROOT / "docs" / "evidence"
 
 
 def run_facts(run_json: Path) -> tuple[str, str, str]:
-    """(vLLM release, twin as --twin spells it, day) of one committed run."""
+    """(vLLM release, twin as --twin spells it, day) of one committed run of one twin."""
+    release, (twin,), day = runs_facts(run_json)
+    return release, twin, day
+
+
+def runs_facts(run_json: Path) -> tuple[str, tuple[str, ...], str]:
+    """(vLLM release, every twin it ran, day) of one committed run: a run of several twins ran each."""
     d = json.loads(run_json.read_text(encoding="utf-8"))
-    twin = twins.resolve(d["spec"].get("twin")).name  # runs from before --twin: cascade
-    return d["env"]["vllm"], twin, d["created_at"][:10]
+    names = tuple(tw.name for tw in twins.resolve_list(d["spec"].get("twin") or None))  # before --twin: cascade
+    return d["env"]["vllm"], names, d["created_at"][:10]
 
 
 @pytest.mark.parametrize("row", gpu_runs.GPU_RUNS, ids=lambda r: f"{r.release}-{r.twin}")
@@ -37,8 +43,9 @@ def test_every_row_is_a_committed_run_of_that_twin_on_that_release(row):
 def test_every_committed_gpu_run_is_in_the_table_at_its_newest_day():
     newest: dict[tuple[str, str], str] = {}
     for run_json in EVIDENCE.rglob("run.json"):
-        release, twin, day = run_facts(run_json)
-        newest[(release, twin)] = max(day, newest.get((release, twin), ""))
+        release, names, day = runs_facts(run_json)
+        for twin in names:
+            newest[(release, twin)] = max(day, newest.get((release, twin), ""))
     assert {(r.release, r.twin): r.date for r in gpu_runs.GPU_RUNS} == newest
     assert len(gpu_runs.GPU_RUNS) == len(newest)  # one row per release and twin
 
