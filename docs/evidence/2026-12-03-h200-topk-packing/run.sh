@@ -6,6 +6,7 @@
 #           later phases), the out-scale ladder on prefix-caching (top-20), and top-5 against top-20
 #           throughput in one engine
 #   readme  the README's GPU matrix (FA2 and FA3) with engine keys side by side, then one after another
+#   fa2     the FA2 ladder alone (cut in the cal phase by FA2's first-start compile)
 #   twins   --twin all at b64 side by side, then the same twins one after another (--max-engines-per-gpu 1)
 # A step cut at the call's deadline resumes when the phase runs again on the same warm machine
 # (same --run-id, same RES).
@@ -38,7 +39,10 @@ pack() {  # tgz name, run ids...: each run's small files; records.tgz: samples a
     recs+=($(cd "$res" && ls -d "$name"/samples "$name"/reference 2>/dev/null))
   done
   tar czf "$out/$tgz.tgz" -C "$res" "${small[@]}"
-  [ ${#recs[@]} -gt 0 ] && tar czf "$out/$tgz-records.tgz" -C "$res" "${recs[@]}"
+  # One records file per run: a call brings back at most 16 MB a file (the cal phase's came to 63 MB).
+  for name in "$@"; do
+    [ -d "$res/$name/samples" ] && tar cJf "$out/$name-records.txz" -C "$res" "$name/samples" $(cd "$res" && ls -d "$name/reference" 2>/dev/null)
+  done
   tail -n 2 "$res"/*.stdout > "$out/$tgz.log" 2>&1
 }
 case $phase in
@@ -57,6 +61,11 @@ cal)
   wait
   pack cal fa2-cal fa3-cal fa3-cal-k20 prefix-cal topk
   ;;
+fa2)
+  # FA2 alone (its first start compiles for minutes on a fresh machine): the ladder and clean pairs.
+  step fa2-cal --batch 8,64 --fa-version 2 --topk 20 --enforce-eager --calibrate 0.003,0.01,0.03,0.1
+  pack fa2 fa2-cal
+  ;;
 readme)
   # Side by side first: it pays any first compile the sequential run then finds cached, so the ratio
   # errs against the side-by-side run.
@@ -70,5 +79,5 @@ twins)
   step twins-seq --twin all --batch 64 --no-auto-controls --max-engines-per-gpu 1
   pack twins twins-side twins-seq
   ;;
-*) echo "phase: cal, readme or twins" >&2; exit 2 ;;
+*) echo "phase: cal, fa2, readme or twins" >&2; exit 2 ;;
 esac
