@@ -127,9 +127,9 @@ def runstore_lines(run_dir: Path) -> list[str]:
 
 @pytest.mark.slow
 def test_runs_every_arm_of_every_wave_against_the_fake_vllm(bench, fake_vllm, cut_model, tmp_path, monkeypatch):
-    from cascade_repro.run import runner
+    from cascade_repro.run import preparation
 
-    monkeypatch.setattr(runner, "visible_gpus", lambda: 1)
+    monkeypatch.setattr(preparation, "visible_gpus", lambda: 1)
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     out = tmp_path / "ab.json"
     arms = ["raw", "harness", "harness-nohold", "harness-fg", "raw-nested", "harness-nested",

@@ -840,9 +840,9 @@ def test_a_bare_group_still_shows_its_help():
 def test_a_device_the_machine_lacks_is_refused_before_the_engine_starts(
     device, message, tmp_path, monkeypatch
 ):
-    from cascade_repro.run import runner
+    from cascade_repro.run import preparation
 
-    monkeypatch.setattr(runner, "visible_gpus", lambda: 0)
+    monkeypatch.setattr(preparation, "visible_gpus", lambda: 0)
     res = invoke(
         "matrix", "--limit", "2", "--batch", "8", "--device", device, "--results-dir", str(tmp_path / "r")
     )

@@ -195,10 +195,10 @@ def test_the_worker_queues_each_waves_records_at_once(fake_vllm, cut_model, tmp_
     from cascade_repro import pipeline
     from cascade_repro.judge.verdicts import Thresholds
     from cascade_repro.plan.matrix import MatrixSpec
-    from cascade_repro.run import runner, worker
+    from cascade_repro.run import preparation, runner, worker
     from cascade_repro.rundir import jsonl, layout, manifest
 
-    monkeypatch.setattr(runner, "visible_gpus", lambda: 1)
+    monkeypatch.setattr(preparation, "visible_gpus", lambda: 1)
     # The fake vLLM generates with the model's transformers weights: conftest's two-layer cut will do.
     spec = MatrixSpec.from_dict({"engine": "vllm", "model": str(cut_model), "limit": 16, "batch": [8], "cascade": [True],
                                  "max_tokens": 3, "auto_controls": False}, source="test")  # fmt: skip

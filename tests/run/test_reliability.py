@@ -627,7 +627,7 @@ class Quiet:
     def record(self, *a, **k): pass
     def tick(self): pass
 
-runner.subprocess.Popen = worker_with_grandchild
+subprocess.Popen = worker_with_grandchild  # the worker is started through the module's Popen
 try:
     with supervise.sigterm_as_interrupt():
         runner._run_worker(run_dir, "k", 600.0, Quiet())
