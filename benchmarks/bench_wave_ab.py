@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2 if ratio is None else (0 if ratio <= TARGET else 1)
     t_begin = time.monotonic()
     from cascade_repro import engines
-    from cascade_repro.engines import vllm as vllm_engine
+    from cascade_repro.engines import vllm_logprobs
     from cascade_repro.plan.waves import waves
     from cascade_repro.prompts.chat import measure_prefix
     from cascade_repro.run.worker import build_engine, wave_records
@@ -414,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
                     replay.write(rec)
                 replay.flush()
             # harness-loop: flat_topk finds no uniform layout and goes position by position
-            loop = contextlib.nullcontext() if arm.whole_lists else mock.patch.object(vllm_engine, "uniform_topk", return_value=None)
+            loop = contextlib.nullcontext() if arm.whole_lists else mock.patch.object(vllm_logprobs, "uniform_topk", return_value=None)
             with loop:
                 comps, stats = engine.run_wave([rendered[i] for i, _ in wave], "cascade", args.max_tokens, prefix_len=shared)
             t_rec = time.perf_counter()

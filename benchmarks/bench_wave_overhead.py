@@ -186,7 +186,7 @@ def measure_batch(batch: int, a: argparse.Namespace, tok: Any = None) -> dict[st
     assert [c.topk for c in flat_comps] == [c.topk for c in comps]  # the same conversion, cheaper
     conv_flat = _timed(lambda r: convert(a.topk, flat), a.reps, a.min_reps, budget)
     # The same with the whole-list path switched off: every position through the loop.
-    with mock.patch("cascade_repro.engines.vllm.uniform_topk", return_value=None):
+    with mock.patch("cascade_repro.engines.vllm_logprobs.uniform_topk", return_value=None):
         assert [c.topk for c in convert(a.topk, flat)] == [c.topk for c in comps]
         conv_flat_loop = _timed(lambda r: convert(a.topk, flat), a.reps, a.min_reps, budget)
 

@@ -16,55 +16,58 @@ Arms: with ``arm_switch="toggle"`` one engine (cascade enabled) serves both arms
 plugin (``cascade_repro/vllm_surface/probe.py``) forces ``use_cascade_attention`` to False during flat waves;
 with ``"restart"`` each engine serves one arm and the flat one is started with
 ``disable_cascade_attn=True``.
+
+Here: the engine (environment, arguments, probe control, wave loop). Elsewhere, re-exported: ``vllm_args.py``
+(arguments not the arms', memory), ``vllm_effect.py`` (proofs of effect), ``vllm_logprobs.py`` (outputs).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import os
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cascade_repro import twin as twins
 from cascade_repro import vllm_surface
 from cascade_repro.engines.base import Completion, ModelLoader, WaveStats, completion_text
+from cascade_repro.engines.vllm_args import (
+    MIN_DEFAULT_MAX_NUM_SEQS,
+    apply_gpu_share,
+    auto_max_model_len,
+    engine_arg_names,
+)
+from cascade_repro.engines.vllm_effect import RPC_TIMEOUT_S, jsonable, read_back, wave_effect
+from cascade_repro.engines.vllm_logprobs import (
+    completion_of,
+    flat_topk,
+    topk_by_position,
+    topk_entries,
+    uniform_topk,
+    vllm_text,
+)
 from cascade_repro.errors import UsageError
-from cascade_repro.rundir import layout, manifest
+from cascade_repro.rundir import layout
 from cascade_repro.rundir.cells import EnginePlan
 from cascade_repro.rundir.manifest import Manifest
 from cascade_repro.twin import CASCADE as TWIN
 from cascade_repro.vllm_surface import probe, sampling
 
-RPC_TIMEOUT_S = 120.0
-MIN_DEFAULT_MAX_NUM_SEQS = 256
-
-
-def _jsonable(v: Any) -> Any:
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    if isinstance(v, (list, tuple, set)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    name = getattr(v, "name", None)  # enums
-    if isinstance(name, str):
-        return name
-    return str(v).replace("torch.", "")
-
-
-def _engine_arg_names() -> set[str]:
-    from vllm.engine.arg_utils import EngineArgs
-
-    try:
-        return {f.name for f in dataclasses.fields(EngineArgs)}
-    except TypeError:
-        import inspect
-
-        return set(inspect.signature(EngineArgs).parameters)
+# The moved names stay importable from here (engines/vllm_args.py, vllm_effect.py, vllm_logprobs.py).
+__all__ = [
+    "MIN_DEFAULT_MAX_NUM_SEQS",
+    "RPC_TIMEOUT_S",
+    "VLLMEngine",
+    "build",
+    "completion_of",
+    "flat_topk",
+    "topk_by_position",
+    "topk_entries",
+    "uniform_topk",
+    "vllm_text",
+    "wave_effect",
+]
 
 
 def _prepare_probe_dir(path: Path) -> None:
@@ -148,7 +151,7 @@ class VLLMEngine:
 
         backend = str(eplan.backend or "FLASH_ATTN")
         fa = eplan.fa_version
-        names = _engine_arg_names()
+        names = engine_arg_names()
         max_batch = max([int(b) for b in spec.batch] or [1])
         kwargs: dict[str, Any] = {
             "model": model_path,
@@ -245,20 +248,8 @@ class VLLMEngine:
 
     # --------------------------------------------------------------------------------------
     def _apply_gpu_share(self, kwargs: dict[str, Any], names: Any) -> None:
-        """Engines side by side on one GPU: the budget the runner computed for this one
-        (plan/packing.py), its KV cache in bytes and its share of the GPU. Absent in a run of one
-        engine per GPU, and where the user set --gpu-memory-utilization (theirs is kept)."""
-        from cascade_repro.engines import GPU_SHARE_ENV, KV_BUDGET_ENV
-
-        if share := os.environ.get(GPU_SHARE_ENV):
-            kwargs["gpu_memory_utilization"] = float(share)
-        if kv := os.environ.get(KV_BUDGET_ENV):
-            if "kv_cache_memory_bytes" in names:
-                kwargs["kv_cache_memory_bytes"] = int(kv)
-            else:
-                self._env_notes["kv_cache_memory_bytes"] = (
-                    "not an EngineArgs field in this vLLM: the GPU share alone bounds it"
-                )
+        """Engines side by side on one GPU (``vllm_args.apply_gpu_share``)."""
+        apply_gpu_share(kwargs, names, self._env_notes)
 
     def _set_model_runner_env(self, version: str | None) -> None:
         """Pin the V1 model runner where VLLM_USE_V2_MODEL_RUNNER picks one (the V2 runner has no
@@ -286,29 +277,8 @@ class VLLMEngine:
         return self._ctl_seq
 
     def _auto_max_model_len(self) -> int | None:
-        """Longest rendered prompt + max_tokens + 1, rounded up to 256 (None: vLLM's default)."""
-        try:
-            from cascade_repro.prompts.chat import measure_prefix
-
-            run = manifest.read_manifest(self.run_dir)
-            tok = self.models.load_tokenizer(self.model_path, bool(self.spec.trust_remote_code))
-            rendered = measure_prefix(
-                tok, run.prompt_set.system_prompt_text, layout.read_prompts(self.run_dir)
-            ).rendered
-            need = max(len(r) for r in rendered) + int(self.spec.max_tokens) + 1
-            need = -(-need // 256) * 256
-            limit = None
-            try:
-                cfg = self.models.load_config(self.model_path)
-                cfg.update(self.spec.hf_overrides or {})
-                limit = cfg.get("max_position_embeddings")
-            except Exception:  # noqa: BLE001 - the limit is only a cap
-                limit = None
-            if isinstance(limit, int) and limit > 0 and need > limit:
-                return None  # let vLLM use (and enforce) the model's own limit
-            return need
-        except Exception:  # noqa: BLE001 - a best-effort default; vLLM's own default is fine too
-            return None
+        """Longest rendered prompt + max_tokens + 1, rounded up to 256 (``vllm_args.auto_max_model_len``)."""
+        return auto_max_model_len(self.run_dir, self.spec, self.models, self.model_path)
 
     def _rpc(self, wave: str | None, control: dict[str, Any] | None = None) -> list[dict[str, Any]] | None:
         """Read every worker's probe counters through collective_rpc, handing ``control`` over.
@@ -370,44 +340,8 @@ class VLLMEngine:
         return facts
 
     def _read_back(self) -> dict[str, Any]:
-        """What the engine says it runs with, for a twin's proof of effect: its config (KV cache
-        dtype, async scheduling, CUDA-graph mode, the step budget, prefix caching, TP size) and,
-        from every model worker (the probe's facts RPC), the attention implementation classes its
-        layers were built with and the TP world size it joined."""
-        cfg = self.llm.llm_engine.vllm_config
-        mc, pc, cc = cfg.model_config, cfg.parallel_config, cfg.cache_config
-        sc = getattr(cfg, "scheduler_config", None)
-        comp = getattr(cfg, "compilation_config", None)
-        out: dict[str, Any] = {
-            "kv_cache_dtype": _jsonable(getattr(cc, "cache_dtype", None)),
-            "enable_prefix_caching": getattr(cc, "enable_prefix_caching", None),
-            "async_scheduling": getattr(sc, "async_scheduling", None),
-            "max_num_batched_tokens": getattr(sc, "max_num_batched_tokens", None),
-            "enforce_eager": getattr(mc, "enforce_eager", None),
-            "cudagraph_mode": _jsonable(getattr(comp, "cudagraph_mode", None)),
-            "cudagraph_capture_sizes": _jsonable(getattr(comp, "cudagraph_capture_sizes", None)),
-            "tensor_parallel_size": getattr(pc, "tensor_parallel_size", None),
-        }
-        try:
-            facts = self.llm.collective_rpc(probe.FACTS_METHOD, timeout=RPC_TIMEOUT_S)
-        except Exception as e:  # noqa: BLE001 - the facts are evidence, not a requirement to run
-            out["workers_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-            facts = []
-        facts = [f for f in facts or [] if isinstance(f, dict)]
-        out["attn_impl_classes"] = sorted({c for f in facts for c in f.get("attn_impl_classes", [])})
-        out["model_runner"] = sorted({f["model_runner"] for f in facts if f.get("model_runner")})
-        for key in ("layer_kv_cache_dtypes", "kv_cache_tensor_dtypes", "kv_cache_element_bytes"):
-            out[key] = sorted({x for f in facts for x in f.get(key, [])})
-        # Which of the probe's step hooks run in this vLLM: where one does not, its twin's proof
-        # falls back to the config read back above (wave_effect).
-        patched = self.start_facts.get("patched", [])
-        out["graph_hook"] = any(
-            vllm_surface.V1_GRAPH_DECISION in p or "CudaGraphManager." in p for p in patched
-        )
-        out["scheduler_hook"] = any(p.endswith("Scheduler.schedule") for p in patched)
-        sizes = sorted({f["tp_world_size"] for f in facts if isinstance(f.get("tp_world_size"), int)})
-        out["tp_world_size"] = sizes[0] if len(sizes) == 1 else (sizes or None)
-        return _jsonable(out)
+        """What the engine says it runs with (``vllm_effect.read_back``)."""
+        return read_back(self.llm, self.start_facts)
 
     def effect(
         self, arm: str, outs: list[Any], comps: list[Completion], agg: dict[str, Any]
@@ -454,18 +388,18 @@ class VLLMEngine:
             "vllm": self.vllm_version,
             "model_runner": "V2" if v2 else "V1",
             "model_runner_class": ran[0] if len(ran) == 1 else (ran or None),
-            "dtype": _jsonable(getattr(mc, "dtype", None)),
+            "dtype": jsonable(getattr(mc, "dtype", None)),
             "tp": getattr(pc, "tensor_parallel_size", None),
             "enable_prefix_caching": getattr(cc, "enable_prefix_caching", None),
             "block_size": getattr(cc, "block_size", None),
             "disable_cascade_attn": getattr(mc, "disable_cascade_attn", None),
-            "attention_backend": _jsonable(backend),
+            "attention_backend": jsonable(backend),
             "attention_config_via": "env (legacy vLLM)" if self.legacy_attention_env else "attention_config",
-            "flash_attn_version_requested": _jsonable(fa_req),
+            "flash_attn_version_requested": jsonable(fa_req),
             "flash_attn_version": fa_used[0] if len(fa_used) == 1 else (fa_used or None),
             "attention_impls": facts.get("attn_impls", []),
             "enforce_eager": getattr(mc, "enforce_eager", None),
-            "cudagraph_mode": _jsonable(getattr(comp, "cudagraph_mode", None)),
+            "cudagraph_mode": jsonable(getattr(comp, "cudagraph_mode", None)),
             "async_scheduling": getattr(sc, "async_scheduling", None),
             "max_num_seqs": getattr(sc, "max_num_seqs", None),
             "max_model_len": getattr(mc, "max_model_len", None),
@@ -502,7 +436,7 @@ class VLLMEngine:
             # What the proof of effect reads (wave_effect), once per engine start.
             out["twin"] = self.twin.name
             out["twin_readback"] = self.readback
-        return _jsonable(out)
+        return jsonable(out)
 
     def run_wave(
         self,
@@ -663,135 +597,3 @@ class VLLMEngine:
             destroy_distributed_environment()
         except Exception:  # noqa: BLE001 - best effort
             pass
-
-
-def wave_effect(
-    tw: twins.TwinAxis,
-    arm: str,
-    rb: dict[str, Any],
-    outs: list[Any],
-    comps: list[Completion],
-    agg: dict[str, Any],
-) -> dict[str, Any]:
-    """A wave's proof of effect for twin ``tw`` on ``arm`` (the entry's own reader, twin.py), from the
-    engine's read-back config ``rb``, vLLM's outputs and the probe's counters of the wave."""
-    facts = twins.WaveFacts(
-        arm=arm,
-        readback=rb,
-        counters=agg,
-        tokens=sum(len(c.token_ids) for c in comps),
-        batch=len(comps),
-        cached_tokens=sum(int(getattr(o, "num_cached_tokens", 0) or 0) for o in outs),
-    )
-    return tw.wave_effect(facts)
-
-
-def vllm_text(c: Any, token_ids: list[int], finish: str) -> str:
-    """The text as vLLM detokenized it (SamplingParams(detokenize=True))."""
-    return c.text
-
-
-def completion_of(out: Any, k: int, text: Callable[[Any, list[int], str], str] = vllm_text) -> Completion:
-    """One vLLM RequestOutput as a Completion: its tokens, ``text(completion, token_ids, finish)``,
-    and the chosen and top-k logprobs of each position (flat or nested, as vLLM returned them)."""
-    c = out.outputs[0]
-    token_ids = [int(t) for t in c.token_ids]
-    finish = "stop" if c.finish_reason == "stop" else "length"
-    txt = text(c, token_ids, finish)
-    steps = c.logprobs
-    if steps is not None and hasattr(steps, "start_indices"):
-        lps, topk = flat_topk(steps, token_ids, k)
-        return Completion(token_ids, txt, finish, lps, topk)
-    lps: list[float] = []
-    topk: list[list[list[float]]] = []
-    for i, tid in enumerate(token_ids):
-        d = steps[i] if steps is not None and i < len(steps) else None
-        chosen, top = topk_entries(d, tid, k)
-        lps.append(chosen)
-        topk.append(top)
-    return Completion(token_ids, txt, finish, lps, topk)
-
-
-def flat_topk(flat: Any, token_ids: list[int], k: int) -> tuple[list[float], list[list[list[float]]]]:
-    """(chosen logprobs, top-k [id, logprob] lists) of each of ``token_ids`` from a vLLM FlatLogprobs.
-
-    vLLM stores each position as the sampled token first (with its own rank), then the top-k in
-    rank order (ranks 1..k, logprobs descending): so the chosen logprob is the first entry and the
-    top-k list is the rest, as :func:`topk_entries` computes it from the dict form (which holds
-    the sampled token once; here it appears twice when it is in the top-k). A position laid out
-    otherwise (another first token, ranks not 1..k) goes through :func:`topk_entries` on its dict.
-    """
-    fast = uniform_topk(flat, token_ids, k)
-    return fast if fast is not None else topk_by_position(flat, token_ids, k)
-
-
-def _columns(flat: Any) -> tuple[Any, Any, Any, Any, Any]:
-    """A FlatLogprobs' start and end indices, token ids, logprobs and ranks."""
-    return flat.start_indices, flat.end_indices, flat.token_ids, flat.logprobs, flat.ranks
-
-
-def topk_by_position(flat: Any, token_ids: list[int], k: int) -> tuple[list[float], list[list[list[float]]]]:
-    """:func:`flat_topk` one position at a time: any layout."""
-    starts, ends, ids, vals, ranks = _columns(flat)
-    lps: list[float] = []
-    topk: list[list[list[float]]] = []
-    n = min(len(token_ids), len(starts))
-    for i in range(n):
-        s, e = starts[i], ends[i]
-        if e > s and ids[s] == token_ids[i] and e - s - 1 <= k and ranks[s + 1 : e] == list(range(1, e - s)):
-            lps.append(float(vals[s]))
-            topk.append([[t, float(v)] for t, v in zip(ids[s + 1 : e], vals[s + 1 : e], strict=True)])
-        else:
-            chosen, top = topk_entries(flat[i], token_ids[i], k)
-            lps.append(chosen)
-            topk.append(top)
-    for _ in range(len(token_ids) - n):  # positions without logprobs, as topk_entries gives them
-        lps.append(float("nan"))
-        topk.append([])
-    return lps, topk
-
-
-def uniform_topk(
-    flat: Any, token_ids: list[int], k: int
-) -> tuple[list[float], list[list[list[float]]]] | None:
-    """:func:`flat_topk` for the layout vLLM gives when every position has all k entries: k + 1
-    entries each, back to back, the sampled token first, then ranks 1..k. Whole-list slices and
-    C-level ``map``/``zip`` instead of a Python loop per position, the costlier way at large batches.
-    None when any position is laid out otherwise (the caller then goes position by position).
-    """
-    starts, ends, ids, vals, ranks = _columns(flat)
-    n, w = len(token_ids), k + 1
-    if k < 1 or n == 0 or len(starts) != n or len(ends) != n or len(ids) != n * w or len(vals) != n * w:
-        return None
-    if list(starts) != list(range(0, n * w, w)) or list(ends) != list(range(w, n * w + 1, w)):
-        return None
-    if list(ids[0::w]) != token_ids or any(list(ranks[j::w]).count(j) != n for j in range(1, w)):
-        return None
-    if set(map(type, vals)) != {float}:  # the loop writes float(v): keep the JSON the same, "0.0" not "0"
-        return None
-    top_ids, top_vals = list(ids), list(vals)
-    del top_ids[0::w], top_vals[0::w]  # drop each position's sampled entry: the top-k are left, in order
-    pairs = list(map(list, zip(top_ids, top_vals, strict=True)))
-    return list(vals[0::w]), [pairs[i : i + k] for i in range(0, len(pairs), k)]
-
-
-def topk_entries(step: Any, token_id: int, k: int) -> tuple[float, list[list[float]]]:
-    """Return (logprob of ``token_id``, the k most likely [id, logprob] sorted by logprob desc).
-
-    ``step`` is vLLM's per-position dict ``{token_id: Logprob(logprob, rank, decoded_token)}``; it
-    holds the top-k and, in addition, the sampled token when that one ranks below k.
-    """
-    if not step:
-        return float("nan"), []
-    items = []
-    for tid, lp in step.items():
-        val = float(getattr(lp, "logprob", lp))
-        rank = getattr(lp, "rank", None)
-        items.append((int(tid), val, rank if isinstance(rank, int) else None))
-    chosen = next((v for t, v, _ in items if t == token_id), float("nan"))
-    if any(r is not None for _, _, r in items):
-        ranked = [x for x in items if x[2] is not None and x[2] <= k]
-        ranked.sort(key=lambda x: (-x[1], x[2]))
-    else:
-        ranked = sorted(items, key=lambda x: -x[1])
-    return chosen, [[t, v] for t, v, _ in ranked[:k]]

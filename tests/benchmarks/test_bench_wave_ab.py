@@ -183,6 +183,6 @@ def test_runs_every_arm_of_every_wave_against_the_fake_vllm(bench, fake_vllm, cu
     # harness-detok's text, vLLM's, is the text the others decoded.
     assert len(groups) == 2 + 8 and all(len(g) == 4 * 3 and all(y == g[0] for y in g) for g in groups.values())
     assert {x["text"] for x in samples if x["prompt_index"] == 7} == {"!!!!"}  # 17 x 4; ids 10-16 are special
-    from cascade_repro.engines import vllm as vllm_engine
+    from cascade_repro.engines import vllm_logprobs
 
-    assert vllm_engine.uniform_topk.__name__ == "uniform_topk"  # the loop arm put it back
+    assert vllm_logprobs.uniform_topk.__name__ == "uniform_topk"  # the loop arm put it back
