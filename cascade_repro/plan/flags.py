@@ -18,17 +18,13 @@ from typing import Any
 from cascade_repro import twin as twins
 from cascade_repro import userpath
 from cascade_repro.errors import UsageError
-from cascade_repro.plan.matrix import (
-    CONFIG_KEYS,
-    MatrixSpec,
-    config_values,
-    load_toml,
+from cascade_repro.plan.config_file import config_values, load_toml, read_config_text, run_settings
+from cascade_repro.plan.spec import CONFIG_KEYS, MatrixSpec
+from cascade_repro.plan.values import (
     parse_fa_list,
     parse_hf_overrides,
     parse_int_list,
     parse_onoff_list,
-    read_config_text,
-    run_settings,
     split_list,
 )
 from cascade_repro.twin import CASCADE as TWIN
