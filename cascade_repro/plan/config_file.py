@@ -1,6 +1,6 @@
-"""A ``--config`` file: the one read of its bytes, a matrix TOML file's keys as MatrixSpec field
-values (:func:`load_toml`, :func:`config_values`), and the run settings (:data:`RUN_KEYS`) it may set
-beside the matrix (:func:`run_settings`)."""
+"""A ``--config`` file: the one read of its bytes, a matrix TOML file or a vLLM YAML config
+(:func:`load_config`) as MatrixSpec field values (:func:`load_toml`, :func:`config_values`), and the
+run settings (:data:`RUN_KEYS`) it may set beside the matrix (:func:`run_settings`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,17 @@ from pathlib import Path
 from typing import Any
 
 from cascade_repro import twin as twins
+from cascade_repro import userpath
 from cascade_repro.errors import UsageError
-from cascade_repro.plan.spec import LIST_FIELDS, ONE_OFF_KEYS, RUN_KEYS, TOML_ALIASES, show, toml_key
+from cascade_repro.plan.spec import (
+    CONFIG_KEYS,
+    LIST_FIELDS,
+    ONE_OFF_KEYS,
+    RUN_KEYS,
+    TOML_ALIASES,
+    show,
+    toml_key,
+)
 from cascade_repro.plan.values import parse_fa_list, parse_onoff
 from cascade_repro.twin import CASCADE as TWIN
 
@@ -113,3 +122,56 @@ def config_values(data: dict[str, Any], path: Path) -> dict[str, Any]:
                 raise UsageError(f"{path}: {e}") from None
         out[k] = v
     return out
+
+
+YAML_SUFFIXES = (".yaml", ".yml")
+# vLLM's names (a `vllm serve --config` file's keys) for the matrix's own settings.
+VLLM_CONFIG_KEYS = {"tensor_parallel_size": "tp", "attention_backend": "backend"}
+
+
+def load_config(path: Path) -> dict[str, Any]:
+    """``--config``: a matrix TOML file, or a vLLM YAML config (``vllm serve --config``'s: one
+    mapping of engine arguments, dashed or not). A YAML key that is a matrix setting (``model``,
+    ``dtype``, ``seed``, ``tensor-parallel-size`` as --tp, ...) sets it; every other key is an engine
+    argument, checked as -E's are."""
+    path = userpath.resolve(path, "--config")
+    if path.suffix.lower() not in YAML_SUFFIXES:
+        return load_toml(path)
+    import yaml
+
+    text = read_config_text(path)
+    try:
+        # An alias (*name) repeats what its anchor holds: nested ones ("billion laughs") expand to
+        # more objects than memory holds once the values are walked. No engine argument needs one.
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.AliasEvent):
+                mark = event.start_mark
+                raise UsageError(
+                    f"{path} line {mark.line + 1}: YAML alias *{event.anchor} refused (aliases can expand "
+                    "without bound); write the value out"
+                )
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise UsageError(f"{path}: invalid YAML: {' '.join(str(e).split())}") from None
+    except RecursionError:
+        raise UsageError(f"{path}: invalid YAML: nested too deeply") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: a vLLM config is one mapping of engine arguments (key: value)")
+    ours: dict[str, Any] = {}
+    engine: dict[str, Any] = {}
+    given: dict[str, str] = {}  # each setting's key as the file spelt it
+    for key, value in data.items():
+        name = VLLM_CONFIG_KEYS.get(k := str(key).replace("-", "_"), k)
+        if (first := given.setdefault(name, str(key))) != str(key):
+            raise UsageError(f"{path}: {first} and {key} set the same setting: give one")
+        if name == "engine_args" and isinstance(value, dict):
+            engine.update({str(a).replace("-", "_"): v for a, v in value.items()})
+        elif name in CONFIG_KEYS:
+            ours[name] = value
+        else:
+            engine[name] = value
+    if engine:
+        ours["engine_args"] = engine
+    return config_values(ours, path)
