@@ -64,7 +64,7 @@ class MatrixSpec:
     # else "id"); see promptsets.Columns.
     prompt_field: str | None = None
     key_field: str | None = None
-    # The setting the test arm differs in from its twin (twin.py's registry, as --twin spells it).
+    # The setting the test arm differs in from its twin (twin/'s registry, as --twin spells it).
     twin: str = TWIN.name
     tp: list[int] = field(default_factory=lambda: [1])
     batch: list[int] = field(default_factory=lambda: [1, 8, 16])
