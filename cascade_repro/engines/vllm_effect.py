@@ -77,7 +77,7 @@ def wave_effect(
     comps: list[Completion],
     agg: dict[str, Any],
 ) -> dict[str, Any]:
-    """A wave's proof of effect for twin ``tw`` on ``arm`` (the entry's own reader, twin.py), from the
+    """A wave's proof of effect for twin ``tw`` on ``arm`` (the entry's own reader, twin/entries.py), from the
     engine's read-back config ``rb``, vLLM's outputs and the probe's counters of the wave."""
     facts = twins.WaveFacts(
         arm=arm,

@@ -41,7 +41,7 @@ PREFILL_ONLY = "prefill only"
 # A pair's kind (pairs.parquet's ``kind``): the twin pair, a positive control with an injected
 # fault (never in the verdict counts or the exit code), and the flat-vs-flat noise controls.
 TWIN_KIND = TWIN.pair_kind
-# Every twin's kind (twin.py's registry: cascade, prefix-caching, ...): a test cell against its twin.
+# Every twin's kind (twin/'s registry: cascade, prefix-caching, ...): a test cell against its twin.
 TWIN_KINDS = twins.PAIR_KINDS
 CALIBRATION = "calibration"  # also the origin (cells.parquet) of the cells of such a pair
 NOISE_BATCH, NOISE_RESTART, NOISE_RERUN = "noise-batch", "noise-restart", "noise-rerun"

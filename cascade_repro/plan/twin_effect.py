@@ -1,6 +1,6 @@
 """Will a twin's setting take effect in a cell? Predicted before any GPU time, where it is knowable.
 
-Each registry entry predicts for itself (``TwinAxis.predict_effect`` in ``twin.py``: a shared prefix
+Each registry entry predicts for itself (``TwinAxis.predict_effect`` in ``twin/axis.py``: a shared prefix
 of a block for prefix caching, prompts longer than the step budget for chunked prefill, a batch
 within the captured sizes for CUDA graphs, enough GPUs for TP); an entry without a prediction is
 known once the engine starts and reads it back. Its proof after the run is ``judge/effect.py``'s

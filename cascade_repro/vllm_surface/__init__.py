@@ -164,7 +164,7 @@ CASCADE_EXTRA = "cascade-repro[cascade]"
 
 @dataclass(frozen=True)
 class TwinRelease:
-    """Which vLLM releases can test a twin family (twin.py): from ``first`` up to, not including,
+    """Which vLLM releases can test a twin family (twin/): from ``first`` up to, not including,
     ``gone`` (None: every release since), with the reason it cannot be tested past that."""
 
     first: tuple[int, ...]
