@@ -34,13 +34,13 @@ from cascade_repro.report.view import (
     Table,
     cascade_results,
     cells,
+    pair_label,
     ran_vllm,
     result_of,
     spec_field,
     thresholds,
 )
 from cascade_repro.twin import CASCADE as TWIN
-from cascade_repro.twin import pair_prefix
 
 # The widest summary row, in characters of cell text: GitHub's issue column is about 830 px at
 # desktop width, its 14 px text about 7 px a character, less each cell's 26 px of padding. report.md
@@ -238,8 +238,7 @@ def summary_table(data: RunData, width: int | None = ISSUE_COLUMN_CHARS) -> Tabl
     status = {text_of(c.get("cell_id")): text_of(c.get("status")) for c in cells(data)}
     rows = []
     for res in cascade_results(data):
-        # Under its twin's heading a pair of a run of several twins is named without the twin.
-        pair = res.pair_id.removeprefix(pair_prefix(data.twin)) or MISSING
+        pair = pair_label(data, res.pair_id) or MISSING
         verdict, depth = res.verdict or MISSING, res.depth or MISSING
         room = None if width is None else width - len(pair) - len(verdict) - len(depth)
         rows.append(

@@ -208,26 +208,29 @@ def counts_caption(data: RunData) -> str:
     )
 
 
-def _ratio_rows(data: RunData, ratio: str, threshold: str, tip: Callable[[dict, str], str]) -> list[dict]:
+def _ratio_rows(
+    data: RunData, ratio: str, threshold: str, tip: Callable[[dict, str, str], str]
+) -> list[dict]:
     """One row per twin pair, then calibration pair by shift, that has a positive ``ratio`` column:
     the ratio with its ``_lo``/``_hi`` CI, ``threshold``'s column as the red tick, and its tooltip
-    (``tip(row, ci)``)."""
+    (``tip(row, ci, label)``, ``label`` the pair as the report shows it: ``view.pair_label``)."""
     out = []
     for r in [*view.cascade_pairs(data), *view.calibration_pairs(data)]:
         value = positive(r.get(ratio))
         if value is None:
             continue
         ci = fmt_x_ci(r.get(ratio), r.get(f"{ratio}_lo"), r.get(f"{ratio}_hi"))
+        label = view.pair_label(data, text_of(r.get("pair_id")))
         out.append(
             {
-                "label": text_of(r.get("pair_id")),
+                "label": label,
                 "calibration": r.get("kind") == outcome.CALIBRATION,
                 "ratio": value,
                 "lo": positive(r.get(f"{ratio}_lo")),
                 "hi": positive(r.get(f"{ratio}_hi")),
                 "threshold": positive(r.get(threshold)),
                 "verdict": text_of(r.get("verdict")),
-                "tip": tip(r, ci),
+                "tip": tip(r, ci, label),
             }
         )
     return out
@@ -239,8 +242,8 @@ def forest_rows(data: RunData) -> list[dict]:
         data,
         "drift_ratio",
         "drift_threshold",
-        lambda r, ci: (
-            f"{text_of(r.get('pair_id'))}: drift ratio {ci}, "
+        lambda r, ci, label: (
+            f"{label}: drift ratio {ci}, "
             f"threshold {fmt_x(r.get('drift_threshold'))}, {text_of(r.get('verdict'))}"
         ),
     )
@@ -270,8 +273,8 @@ def error_ratio_rows(data: RunData) -> list[dict]:
         data,
         "ref_ratio",
         "ref_min_effect",
-        lambda r, ci: (
-            f"{text_of(r.get('pair_id'))}: error ratio {ci}, minimum effect "
+        lambda r, ci, label: (
+            f"{label}: error ratio {ci}, minimum effect "
             f"{fmt_x(r.get('ref_min_effect'))}, {text_of(r.get('verdict'))}"
         ),
     )

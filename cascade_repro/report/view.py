@@ -22,6 +22,7 @@ from cascade_repro.plan.matrix import MatrixSpec, spec_of
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import MISSING, as_int, is_missing, text_of
 from cascade_repro.rundir.manifest import Invocation, PromptSetFacts
+from cascade_repro.twin import pair_prefix
 
 AXES = ("seed", "dtype", "fa_version", "backend")
 # The thresholds a report compares against, at the verdict's defaults (for a run.json that
@@ -160,6 +161,12 @@ def thresholds(data: RunData) -> dict:
         v = _num(th.get(k))
         out[k] = default if v != v else v
     return out
+
+
+def pair_label(data: RunData, pair_id: str) -> str:
+    """A pair's id as a report shows it: in a run of several twins each twin's section shows its own
+    pairs, so without the twin every id there begins with (``prefix-caching/``); in a run of one, whole."""
+    return pair_id.removeprefix(pair_prefix(data.twin))
 
 
 def result_of(row: dict, th: dict) -> PairResult:
