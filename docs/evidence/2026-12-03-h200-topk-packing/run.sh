@@ -21,7 +21,8 @@ step() {  # name, args... ; its wall and exit code appended to RES/name.stdout
   local name=$1; shift
   [ -f "$res/$name.done" ] && return   # finished in an earlier call of this phase
   local left=$(( deadline - $(date +%s) ))
-  [ "$left" -gt 20 ] || { echo "$name: not started, no time left" >> "$res/$name.stdout"; return; }
+  # NEED_S: the least time left to start it (a timed step is not started where it would be cut)
+  [ "$left" -gt "${NEED_S:-20}" ] || { echo "$name: not started, ${left} s left" >> "$res/$name.stdout"; return; }
   local t0=$(date +%s)
   timeout "$left" cascade-repro "${common[@]}" "$@" --run-id "$name" >> "$res/$name.stdout" 2>&1
   local rc=$?
@@ -70,8 +71,11 @@ readme)
   # Side by side first: it pays any first compile the sequential run then finds cached, so the ratio
   # errs against the side-by-side run.
   m=(--batch 1,8,32,64,128 --fa-version 2,3)
-  step readme-side "${m[@]}"
-  step readme-seq "${m[@]}" --max-engines-per-gpu 1
+  NEED_S=300 step readme-side "${m[@]}"
+  NEED_S=480 step readme-seq "${m[@]}" --max-engines-per-gpu 1
+  if [ -f "$res/readme-side.done" ] && [ -f "$res/readme-seq.done" ]; then
+    python3 "$(dirname "$0")/same_samples.py" "$res/readme-side" "$res/readme-seq" > "$out/readme-same.json"
+  fi
   pack readme readme-side readme-seq
   ;;
 twins)

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# One device call of the second 0.26.0 session; every call runs this same command, and each resumes
+# what the one before cut (same RES, same warm machine):
+#   A  run.sh fa2 (the FA2 ladder and clean pairs) beside ../2026-12-03-h200-real-bugs/run.sh good (the
+#      real bugs' workloads on a good release): untimed work, side by side, FA2's first compile paid once
+#   B  run.sh readme: the README matrix side by side, then one after another, each started only when the
+#      call has the time to finish it alone on the GPU (its wall time is the measurement)
+# Then OUT gets at most 8 files of at most 15 MB: the small files of every step in one tgz, the records
+# of A where they fit (B's are compared on the machine: readme-same.json).
+#   RES=/tmp/res bash calls.sh OUT
+set -u
+out=$1
+here=$(cd "$(dirname "$0")" && pwd)
+bugs=$here/../2026-12-03-h200-real-bugs
+res=${RES:-/tmp/res}
+mkdir -p "$res" "$out"
+t_end=$(( $(date +%s) + ${BUDGET_S:-535} ))
+left() { echo $(( t_end - $(date +%s) )); }
+work=$(mktemp -d)
+call=$(date +%H%M%S)
+
+unfinished_good() {  # the good group's steps not run yet or cut by their timeout
+  for s in field-good preempt-good penalties-good; do
+    f=$res/bugs/$s.stdout
+    if [ ! -f "$f" ] || ! tail -n 1 "$f" | grep -q ": exit " || tail -n 1 "$f" | grep -q ": exit 124,"; then
+      echo "$s"
+    fi
+  done
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$work/gpu.csv" 2>&1
+good=$(unfinished_good | tr '\n' ' ')
+if [ ! -f "$res/fa2-cal.done" ] || [ -n "$good" ]; then
+  if [ ! -f "$res/fa2-cal.done" ]; then
+    mkdir -p "$work/fa2"
+    RES=$res BUDGET_S=$(( $(left) - 45 )) bash "$here/run.sh" fa2 "$work/fa2" > "$work/fa2.out" 2>&1 &
+  fi
+  if [ -n "$good" ]; then
+    mkdir -p "$work/good" "$res/bugs"
+    # shellcheck disable=SC2086
+    RES=$res/bugs STEP_TIMEOUT=$(( $(left) - 70 )) bash "$bugs/run.sh" "$work/good" good $good > "$work/good.out" 2>&1 &
+  fi
+  wait
+fi
+if [ -f "$res/fa2-cal.done" ] && [ -z "$(unfinished_good)" ]; then
+  mkdir -p "$work/readme"
+  RES=$res BUDGET_S=$(( $(left) - 30 )) bash "$here/run.sh" readme "$work/readme" > "$work/readme.out" 2>&1
+  rm -f "$work"/readme/*-records.txz
+fi
+
+# Bring back: the records first where they fit, then one tgz of everything else.
+n=0; total=0; dropped=()
+for f in "$work"/fa2/fa2-cal-records.txz "$work"/good/records-good.tgz; do
+  [ -f "$f" ] || continue
+  size=$(stat -c %s "$f")
+  parts=$(( (size + 15000000 - 1) / 15000000 ))
+  if [ $(( n + parts )) -le 7 ] && [ $(( total + size )) -le 60000000 ]; then
+    split -b 15000000 -d -a 1 "$f" "$out/$call-$(basename "$f")."
+    n=$(( n + parts )); total=$(( total + size ))
+  else
+    dropped+=("$(basename "$f") ($size bytes)")
+  fi
+  rm -f "$f"
+done
+printf '%s\n' "${dropped[@]}" > "$work/dropped.txt"
+ls -la "$res" "$res/bugs" > "$work/res-listing.txt" 2>&1
+tar czf "$out/$call-small.tgz" -C "$work" .
+ls -la "$out"
+cat "$work"/*.out 2>/dev/null | tail -n 40
+tail -n 2 "$res"/*.stdout "$res"/bugs/*.stdout 2>/dev/null
