@@ -44,7 +44,7 @@ if [ ! -f "$res/fa2-cal.done" ] || [ -n "$good" ]; then
 fi
 if [ -f "$res/fa2-cal.done" ] && [ -z "$(unfinished_good)" ] && [ ! -f "$res/readme.brought" ]; then
   mkdir -p "$work/readme"
-  RES=$res BUDGET_S=$(( $(left) - 30 )) bash "$here/run.sh" readme "$work/readme" > "$work/readme.out" 2>&1
+  NO_RECORDS=1 RES=$res BUDGET_S=$(( $(left) - 30 )) bash "$here/run.sh" readme "$work/readme" > "$work/readme.out" 2>&1
   rm -f "$work"/readme/*-records.txz
   [ -f "$work/readme/readme-same.json" ] && touch "$res/readme.brought"
 fi
