@@ -41,8 +41,8 @@ pack() {  # tgz name, run ids...: each run's small files; records.tgz: samples a
   done
   tar czf "$out/$tgz.tgz" -C "$res" "${small[@]}"
   # One records file per run: a call brings back at most 16 MB a file (the cal phase's came to 63 MB).
-  [ -n "${NO_RECORDS:-}" ] && return   # compared on the machine instead
-  for name in "$@"; do
+  # NO_RECORDS: the runs are compared on the machine instead
+  [ -n "${NO_RECORDS:-}" ] || for name in "$@"; do
     [ -d "$res/$name/samples" ] && tar cJf "$out/$name-records.txz" -C "$res" "$name/samples" $(cd "$res" && ls -d "$name/reference" 2>/dev/null)
   done
   tail -n 2 "$res"/*.stdout > "$out/$tgz.log" 2>&1
