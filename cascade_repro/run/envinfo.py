@@ -186,22 +186,40 @@ def capture(include_gpu: bool = True) -> dict[str, Any]:
 
 def visible_gpu_count() -> int | None:
     """How many GPUs a process started now would see, without initialising CUDA here (the workers
-    must own the devices): CUDA_VISIBLE_DEVICES when set, else ``nvidia-smi -L``; None: unknown."""
+    must own the devices). The one count every caller reads (``--twin all``'s tp, the TP check, the
+    reference's device, the packing's fallback): ``CASCADE_REPRO_GPUS`` where set (the machine the
+    packing plans for), else ``nvidia-smi -L``'s GPUs, no more than CUDA_VISIBLE_DEVICES names (up
+    to its first invalid entry, where CUDA stops); CUDA_VISIBLE_DEVICES alone where nvidia-smi cannot
+    answer; 0 without either; None where nvidia-smi failed and nothing else says."""
     import os
     import shutil
     import subprocess
 
-    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if vis is not None:
-        return len([d for d in vis.split(",") if d.strip() and d.strip() != "-1"])
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return 0
-    try:
-        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=30, check=False).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+    from cascade_repro.plan import gpus
+
+    if (given := os.environ.get(gpus.ENV)) is not None:
+        return len(gpus.parse(given))
+    named: int | None = None
+    if (vis := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
+        named = 0
+        for d in vis.split(","):
+            if not d.strip() or d.strip() == "-1":
+                break
+            named += 1
+    listed: int | None = None
+    if (exe := shutil.which("nvidia-smi")) is not None:
+        try:
+            out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=30, check=False).stdout
+            listed = sum(1 for line in out.splitlines() if line.startswith("GPU "))
+        except (OSError, subprocess.SubprocessError):
+            listed = None
+    if listed is not None and named is not None:
+        return min(listed, named)
+    if listed is not None:
+        return listed
+    if named is not None:
+        return named
+    return 0 if exe is None else None
 
 
 def gpu_devices() -> list[dict[str, Any]]:

@@ -7,9 +7,7 @@ GPUs: ``visible_gpus``, ``machine_gpus``; how the engine keys share them: ``pack
 from __future__ import annotations
 
 import copy
-import os
 import re
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,18 +87,10 @@ def default_run_id(spec: MatrixSpec) -> str:
 
 
 def visible_gpus() -> int:
-    """Count GPUs without initialising CUDA in this process (nvidia-smi, then CUDA_VISIBLE_DEVICES)."""
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10, check=True
-        ).stdout
-        n = sum(1 for line in out.splitlines() if line.startswith("GPU "))
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if cvd is not None:
-        n = min(n, len([d for d in cvd.split(",") if d.strip() and d.strip() != "-1"]))
-    return n
+    """The GPUs a worker would see (``envinfo.visible_gpu_count``; 0 where unknown)."""
+    from cascade_repro.run.envinfo import visible_gpu_count
+
+    return visible_gpu_count() or 0
 
 
 @dataclass

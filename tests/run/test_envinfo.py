@@ -178,3 +178,61 @@ def test_an_installed_copy_records_where_pip_got_it(monkeypatch, direct_url, exp
 
     monkeypatch.setattr(envinfo.metadata, "distribution", lambda name: Dist())
     assert envinfo._installed_from() == expected
+
+
+@pytest.mark.parametrize(("given", "count"), [("2x80", 2), ("8x141", 8), ("24,80", 2), ("none", 0)])
+def test_the_gpu_count_follows_the_machine_the_packing_plans_for(monkeypatch, given, count):
+    """``CASCADE_REPRO_GPUS`` stands in for the machine: ``--twin all``'s tp and the TP check count the
+    same GPUs the packing places engines on, whatever CUDA_VISIBLE_DEVICES or nvidia-smi say here."""
+    from cascade_repro.plan import gpus
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setenv(gpus.ENV, given)
+    assert envinfo.visible_gpu_count() == count == len(gpus.detect())
+
+
+def _nvidia_smi_listing(monkeypatch, n):
+    import shutil
+    import subprocess
+
+    listing = "".join(f"GPU {i}: NVIDIA H200 (UUID: GPU-{i})\n" for i in range(n))
+    monkeypatch.setattr(shutil, "which", lambda name: "/bin/nvidia-smi" if name == "nvidia-smi" else None)
+    monkeypatch.setattr(
+        subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=listing, stderr="")
+    )
+
+
+@pytest.mark.parametrize(
+    ("visible", "listed", "count"),
+    [
+        (None, 4, 4),  # nvidia-smi's list
+        ("0,1", 4, 2),  # no more than CUDA_VISIBLE_DEVICES names
+        ("0,1,-1,2", 4, 2),  # CUDA stops at the first invalid entry
+        ("0,1,2", 1, 1),  # nor more than the machine has
+        ("", 4, 0),  # hidden
+    ],
+)
+def test_the_gpu_count_is_nvidia_smis_within_cuda_visible_devices(monkeypatch, visible, listed, count):
+    from cascade_repro.plan import gpus
+
+    monkeypatch.delenv(gpus.ENV, raising=False)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    _nvidia_smi_listing(monkeypatch, listed)
+    assert envinfo.visible_gpu_count() == count
+
+
+def test_without_nvidia_smi_cuda_visible_devices_alone_counts(monkeypatch):
+    import shutil
+
+    from cascade_repro.plan import gpus
+    from cascade_repro.run import preparation
+
+    monkeypatch.delenv(gpus.ENV, raising=False)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert envinfo.visible_gpu_count() == 2 == preparation.visible_gpus()
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert envinfo.visible_gpu_count() == 0 == preparation.visible_gpus()
