@@ -34,8 +34,12 @@ def _details(res: PairResult, effect: str = TWIN.effect_label) -> str:
             f"top-k violations {fmt_int(c.topk_violations)} vs noise "
             f"{fmt_int(c.noise_topk_violations)} ({fmt_p_eq(res.piece('top-k').value)})",
             f"delta seq-rep-4 {fmt_ci(r.get('d_seq_rep_4_mean'), r.get('d_seq_rep_4_lo'), r.get('d_seq_rep_4_hi'))}",
-            f"{effect} {fmt_ratio(c.cascade_steps, c.total_steps)}, "
-            f"decode steps {fmt_int(r.get('cascade_decode_steps'))}, depth {text_or_missing(r.get('depth'))}",
+            f"{effect} {fmt_ratio(c.cascade_steps, c.total_steps)}"
+            + (  # decode steps and depth say where cascade ran: another twin's pairs have neither
+                f", decode steps {fmt_int(r.get('cascade_decode_steps'))}, depth {text_or_missing(r.get('depth'))}"
+                if effect == TWIN.effect_label
+                else ""
+            ),
             f"decided by {text_or_missing(r.get('decided_by'))}",
             f"test cell {text_of(r.get('test_cell'))}, ref cell {text_of(r.get('ref_cell'))}",
         ]

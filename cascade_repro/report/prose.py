@@ -183,8 +183,13 @@ def drift_note(data: RunData) -> str | None:
         "round more than a batch change without any fault: clean FA2 drifted 1.2-1.5x its flat control on an "
         f"H200) and above the {_percentile(float(th.get('alpha', 0.01)) / 2 if isinstance(th.get('alpha'), int | float) else th.get('alpha'))} "
         f"percentile of the ratio with {test} and control labels swapped at random within prompts ({n_perm} "
-        "permutations); drift threshold is the larger of the two. depth: where cascade ran (decode, prefill only, "
-        "none; ? when decode steps were not recorded); the field bug lived in decode."
+        "permutations); drift threshold is the larger of the two."
+        + (
+            " depth: where cascade ran (decode, prefill only, none; ? when decode steps were not recorded); "
+            "the field bug lived in decode."
+            if data.twin is TWIN
+            else ""
+        )
     )
 
 

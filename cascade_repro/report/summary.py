@@ -233,20 +233,24 @@ def deciding_evidence(
 
 def summary_table(data: RunData, width: int | None = ISSUE_COLUMN_CHARS) -> Table:
     """One row per cascade pair: its id, verdict, the deciding evidence with its threshold, and
-    where cascade ran; each row's evidence within ``width`` characters of cell text where it can."""
+    where cascade ran (the cascade twin only); each row's evidence within ``width`` characters of
+    cell text where it can."""
     th = thresholds(data)
     status = {text_of(c.get("cell_id")): text_of(c.get("status")) for c in cells(data)}
+    # Depth is where cascade ran: another twin's pairs have none to show.
+    with_depth = data.twin is TWIN
     rows = []
     for res in cascade_results(data):
         pair = pair_label(data, res.pair_id) or MISSING
         verdict, depth = res.verdict or MISSING, res.depth or MISSING
-        room = None if width is None else width - len(pair) - len(verdict) - len(depth)
+        room = None if width is None else width - len(pair) - len(verdict) - (len(depth) if with_depth else 0)
         rows.append(
             [
                 pair,
                 Strong(verdict) if verdict == REGRESSION else verdict,
                 deciding_evidence(res, th, room, status),
-                depth,
+                *([depth] if with_depth else []),
             ]
         )
-    return Table(list(SUMMARY_HEADERS), rows, wrap=frozenset({SUMMARY_HEADERS[2]}))
+    headers = list(SUMMARY_HEADERS if with_depth else SUMMARY_HEADERS[:-1])
+    return Table(headers, rows, wrap=frozenset({SUMMARY_HEADERS[2]}))

@@ -34,6 +34,7 @@ from cascade_repro.report.view import (
     thresholds,
     varying_axes,
 )
+from cascade_repro.twin import CASCADE as TWIN
 
 
 def _typed(pair: PairResult | Mapping[str, Any]) -> PairResult:
@@ -113,6 +114,7 @@ def verdict_table(data: RunData) -> Table:
     axes = varying_axes(pairs)
     preds = predictions(data)
     show_if = has_if(pairs)
+    with_depth = data.twin is TWIN  # where cascade ran: another twin's pairs have none
     headers = [
         "pair",
         "tp",
@@ -122,7 +124,7 @@ def verdict_table(data: RunData) -> Table:
         "verdict",
         data.twin.effect_label,
         *(["predicted (prefill/decode)"] if preds else []),
-        "depth",
+        *(["depth"] if with_depth else []),
         "drift ratio [95% CI]",
         "drift threshold / p",
         "bias (up/down, sign test)",
@@ -148,7 +150,7 @@ def verdict_table(data: RunData) -> Table:
                 Strong(verdict) if verdict == REGRESSION else verdict,
                 fmt_ratio(c.cascade_steps, c.total_steps),
                 *([fmt_prediction(preds.get(res.text("test_cell") or MISSING))] if preds else []),
-                res.depth or MISSING,
+                *([res.depth or MISSING] if with_depth else []),
                 fmt_drift(res),
                 fmt_drift_rule(res),
                 fmt_bias(res),
