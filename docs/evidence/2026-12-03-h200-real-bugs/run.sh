@@ -18,10 +18,12 @@
 #         penalties  0.11.0, --twin async-scheduling with --sampling repetition_penalty=1.3
 #   good: field, preempt, penalties on the image's vLLM (0.26.0: FA2 has PR #87, async scheduling has
 #         PRs #26385 and #26467/#27910; GOOD_VLLM names another version prefix); run ids end in -good
-# Device time (estimates, nothing measured yet): "old" ~10 min, so STEP_TIMEOUT=540 cuts it once and a
-# second identical call (~3-4 min) finishes the field matrix, every reference pass and the reports; FA2's
-# first engine start on a fresh machine pays the driver's JIT of its sm_80 PTX (~3-5 min; FA3 ~1 min),
-# every other engine start ~1-3 min. "good" ~8-9 min (FA2's JIT again on 0.26.0's own FA2 build).
+# Device time: "old" (estimated, not run yet) ~10 min, so STEP_TIMEOUT=540 cuts it once and a second
+# identical call (~3-4 min) finishes the field matrix, every reference pass and the reports; FA2's first
+# engine start on a fresh machine pays the driver's JIT of its sm_80 PTX (~3-5 min; FA3 ~1 min), every
+# other engine start ~1-3 min. "good" (measured, side by side with an FA2 ladder on one H200): preempt-good
+# 173 s and penalties-good 164 s; field-good cut at 468 s in FA2's first compile (1 of 6 cells done),
+# then 220 s on resume.
 # Every engine gets a fixed KV cache (-E kv_cache_memory_bytes=...): vLLM then skips its free-memory
 # profiling, which engines starting side by side would break. One KV block of the embedded model is
 # 30 layers x K,V x 16 tokens x 3 KV heads x 64 x 2 bytes = 368,640 bytes: 2,000,000,000 bytes hold
