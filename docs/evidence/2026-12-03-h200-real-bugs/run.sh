@@ -63,7 +63,7 @@ step() {  # name, stack, expected vLLM version prefix, args...
     got=$(python3 -c 'import importlib.metadata as m; print(m.version("vllm"))' 2>/dev/null)
     case $got in "$want"*) ;; *) echo "$name: vLLM $got here, the step wants $want"; exit 3 ;; esac
     exec timeout "${STEP_TIMEOUT:-540}" cascade-repro "${common[@]}" "$@" --run-id "$name"
-  ) > "$res/$name.stdout" 2>&1
+  ) >> "$res/$name.stdout" 2>&1   # appended: a resumed step keeps the cut call's lines
   echo "$name: exit $?, wall $(( $(date +%s) - t0 )) s" >> "$res/$name.stdout"
 }
 
