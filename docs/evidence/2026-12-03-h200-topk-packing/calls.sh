@@ -5,6 +5,9 @@
 #      real bugs' workloads on a good release): untimed work, side by side, FA2's first compile paid once
 #   B  run.sh readme: the README matrix side by side, then one after another, each started only when the
 #      call has the time to finish it alone on the GPU (its wall time is the measurement)
+#   C  run.sh twins: --twin all side by side (started only with the time to finish), then one engine at a
+#      time (cut and resumed across calls)
+# PHASES names the ones to run, in this order (default "A B", the second 0.26.0 session's).
 # Then OUT gets at most 8 files of at most 15 MB: the small files of every step in one tgz, the records
 # of A where they fit (B's are compared on the machine: readme-same.json).
 #   RES=/tmp/res bash calls.sh OUT
@@ -18,6 +21,8 @@ t_end=$(( $(date +%s) + ${BUDGET_S:-535} ))
 left() { echo $(( t_end - $(date +%s) )); }
 work=$(mktemp -d)
 call=$(date +%H%M%S)
+phases=" ${PHASES:-A B} "
+has() { case $phases in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
 unfinished_good() {  # the good group's steps not run yet or cut by their timeout
   for s in field-good preempt-good penalties-good; do
@@ -29,8 +34,9 @@ unfinished_good() {  # the good group's steps not run yet or cut by their timeou
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$work/gpu.csv" 2>&1
-good=$(unfinished_good | tr '\n' ' ')
-if [ ! -f "$res/fa2-cal.done" ] || [ -n "$good" ]; then
+good=$(has A && unfinished_good | tr '\n' ' ')
+a_done() { ! has A || { [ -f "$res/fa2-cal.done" ] && [ -z "$(unfinished_good)" ]; }; }
+if has A && { [ ! -f "$res/fa2-cal.done" ] || [ -n "$good" ]; }; then
   if [ ! -f "$res/fa2-cal.done" ]; then
     mkdir -p "$work/fa2"
     RES=$res BUDGET_S=$(( $(left) - 45 )) bash "$here/run.sh" fa2 "$work/fa2" > "$work/fa2.out" 2>&1 &
@@ -42,11 +48,16 @@ if [ ! -f "$res/fa2-cal.done" ] || [ -n "$good" ]; then
   fi
   wait
 fi
-if [ -f "$res/fa2-cal.done" ] && [ -z "$(unfinished_good)" ] && [ ! -f "$res/readme.brought" ]; then
+if has B && a_done && [ ! -f "$res/readme.brought" ]; then
   mkdir -p "$work/readme"
   NO_RECORDS=1 RES=$res BUDGET_S=$(( $(left) - 30 )) bash "$here/run.sh" readme "$work/readme" > "$work/readme.out" 2>&1
   rm -f "$work"/readme/*-records.txz
   [ -f "$work/readme/readme-same.json" ] && touch "$res/readme.brought"
+fi
+if has C && a_done && { ! has B || [ -f "$res/readme.brought" ]; } && [ ! -f "$res/twins.brought" ]; then
+  mkdir -p "$work/twins"
+  NO_RECORDS=1 RES=$res BUDGET_S=$(( $(left) - 30 )) bash "$here/run.sh" twins "$work/twins" > "$work/twins.out" 2>&1
+  [ -f "$work/twins/twins-same.json" ] && touch "$res/twins.brought"
 fi
 
 # Bring back: the records first where they fit, then one tgz of everything else.

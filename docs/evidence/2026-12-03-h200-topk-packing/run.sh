@@ -80,8 +80,13 @@ readme)
   pack readme readme-side readme-seq
   ;;
 twins)
-  step twins-side --twin all --batch 64 --no-auto-controls
-  step twins-seq --twin all --batch 64 --no-auto-controls --max-engines-per-gpu 1
+  # The side-by-side run only with the time to finish alone; the sequential one (~15 min) is cut at the
+  # call's deadline and resumed by the next call (its wall: the sum of its invocations in run.json).
+  NEED_S=300 step twins-side --twin all --batch 64 --no-auto-controls
+  [ -f "$res/twins-side.done" ] && step twins-seq --twin all --batch 64 --no-auto-controls --max-engines-per-gpu 1
+  if [ -f "$res/twins-side.done" ] && [ -f "$res/twins-seq.done" ]; then
+    python3 "$(dirname "$0")/same_samples.py" "$res/twins-side" "$res/twins-seq" > "$out/twins-same.json"
+  fi
   pack twins twins-side twins-seq
   ;;
 *) echo "phase: cal, fa2, readme or twins" >&2; exit 2 ;;
