@@ -86,7 +86,8 @@ class Release:
 # recorded by scripts/old-vllm/record_surface.py; tests/vllm_surface checks every entry against it).
 # 0.10.2: vllm/worker/worker_base.py holds WorkerWrapperBase; backend and FA version through
 # VLLM_ATTENTION_BACKEND / VLLM_FLASH_ATTN_VERSION (no attention_config); one model runner; the
-# cascade rule without dcp_world_size. 0.26.0 and 0.31.0: attention_config, both runners, the rule
+# cascade rule without dcp_world_size; 0.11.0 the same (the bad release of the async-scheduling bugs,
+# docs/real-bugs.md). 0.26.0 and 0.31.0: attention_config, both runners, the rule
 # with dcp_world_size. 0.33.0: cascade gone (flash_attn.py has neither use_cascade_attention nor
 # cascade_attention; removed in 0.32.0), both runners still. 0.34.0: the V1 model runner gone
 # (vllm/v1/worker/gpu_model_runner.py and VllmConfig.use_v2_model_runner removed; the platform's
@@ -94,6 +95,7 @@ class Release:
 # by the V2 runner's CudaGraphManager (vllm/v1/worker/gpu/cudagraph_utils.py).
 RELEASES: tuple[Release, ...] = (
     Release("0.10.2", "vllm.worker.worker_base", "env", "v1", False, False, "vLLM 0.10.2 wheel"),
+    Release("0.11.0", "vllm.worker.worker_base", "env", "v1", False, False, "vLLM 0.11.0 wheel"),
     Release("0.26.0", "vllm.v1.worker.worker_base", "attention_config", "v1+v2", True, True, "vLLM 0.26.0 wheel"),
     Release("0.31.0", "vllm.v1.worker.worker_base", "attention_config", "v1+v2", True, True, "vLLM 0.31.0 wheel"),
     Release("0.33.0", "vllm.v1.worker.worker_base", "attention_config", "v1+v2", None, True, "vLLM 0.33.0 wheel"),

@@ -26,7 +26,9 @@ def run_facts(run_json: Path) -> tuple[str, str, str]:
 def runs_facts(run_json: Path) -> tuple[str, tuple[str, ...], str]:
     """(vLLM release, every twin it ran, day) of one committed run: a run of several twins ran each."""
     d = json.loads(run_json.read_text(encoding="utf-8"))
-    names = tuple(tw.name for tw in twins.resolve_list(d["spec"].get("twin") or None))  # before --twin: cascade
+    names = tuple(
+        tw.name for tw in twins.resolve_list(d["spec"].get("twin") or None)
+    )  # before --twin: cascade
     return d["env"]["vllm"], names, d["created_at"][:10]
 
 
@@ -52,7 +54,9 @@ def test_every_committed_gpu_run_is_in_the_table_at_its_newest_day():
 
 def test_the_readme_table_is_the_package_table():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = re.search(r"<!-- vllm-release-x-twin: [^>]*-->\n(.*?)\n<!-- /vllm-release-x-twin -->", readme, re.S)
+    block = re.search(
+        r"<!-- vllm-release-x-twin: [^>]*-->\n(.*?)\n<!-- /vllm-release-x-twin -->", readme, re.S
+    )
     assert block is not None and block.group(1) == gpu_runs.readme_table()
 
 
@@ -63,11 +67,15 @@ def test_the_table_renders_blank_cells_where_a_twin_never_ran():
     assert prefix.startswith("| `prefix-caching` |  | 2026-12-03 [2026-12-03-h200-twins/prefix]")
     assert not any("tp=" in line for line in table)  # never ran on a GPU: no row
     cascade = next(line for line in table if line.startswith("| `cascade` |"))
-    assert cascade.endswith("[2026-12-03-h200-twins/cascade](docs/evidence/2026-12-03-h200-twins/cascade) |  |")
+    assert cascade.endswith(
+        "[2026-12-03-h200-twins/cascade](docs/evidence/2026-12-03-h200-twins/cascade) |  |"
+    )
 
 
 def test_ran_on_lists_the_releases_newest_first():
     assert gpu_runs.ran_on("cascade") == "0.26.0 (2026-12-03), 0.10.2 (2026-12-01)"
     assert gpu_runs.ran_on("tp") == "never on a GPU"
     assert gpu_runs.ran_on("chunked-prefill") == "0.34.0 (2026-12-03), 0.26.0 (2026-12-03)"
-    assert gpu_runs.fully_ran("0.26.0", ["prefix-caching", "batch"]) and not gpu_runs.fully_ran("0.10.2", ["batch"])
+    assert gpu_runs.fully_ran("0.26.0", ["prefix-caching", "batch"]) and not gpu_runs.fully_ran(
+        "0.10.2", ["batch"]
+    )

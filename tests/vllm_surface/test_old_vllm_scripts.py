@@ -58,7 +58,14 @@ def test_every_dropped_package_is_in_the_lock_and_says_why(stack):
         assert len(row) > 1, f"drop.txt: {row[0]} without a reason"
     dropped = {r[0] for r in _rows("drop.txt", stack)}
     # What the harness runs on must never be dropped.
-    assert not dropped & {"vllm", "torch", "triton", "transformers", "nvidia-cublas-cu12", "nvidia-cuda-runtime-cu12"}
+    assert not dropped & {
+        "vllm",
+        "torch",
+        "triton",
+        "transformers",
+        "nvidia-cublas-cu12",
+        "nvidia-cuda-runtime-cu12",
+    }
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -118,7 +125,7 @@ TREE = {
         "class Backend(enum.Enum):\n    FLASH = 'flash'\n"
     ),
     "vllm/config/quantization.py": "from .utils import config\n@config\nclass QuantizationConfigArgs:\n    pass\n",
-    "vllm/engine/arg_utils.py": '''
+    "vllm/engine/arg_utils.py": """
 import typing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional, Union
@@ -167,7 +174,7 @@ class EngineArgs:
     mystery: Missing | None = None
     undefined: NotDefinedAnywhere = None
     _api_process_count: int = 1
-''',
+""",
 }
 TREE_KINDS = {
     "max_num_seqs": "int", "enforce_eager": "bool", "enable_prefix_caching": "bool", "block_size": "int",

@@ -527,7 +527,9 @@ def test_sync_snapshots_before_the_handed_control_applies(tmp_path):
     st.apply(probe.control_data("w", False, "lse-layout", 1))
     st.record_decision(True, False, 512, 8)
     snap = st.sync("w", probe.control_data(None, False, None, 2))
-    assert snap["wave"] == "w" and snap["inject"] == "lse-layout" and snap["waves"]["w"]["decisions_true"] == 1
+    assert (
+        snap["wave"] == "w" and snap["inject"] == "lse-layout" and snap["waves"]["w"]["decisions_true"] == 1
+    )
     assert st.wave is None and st.inject is None and st.seq == 2
     st.record_decision(True, False, 512, 8)  # not counted: no wave
     assert st.waves["w"]["decisions_true"] == 1
@@ -610,7 +612,9 @@ def test_graph_steps_are_counted_from_either_model_runner(tmp_path):
     v2 = types.ModuleType("fake_cudagraph_utils")
     v2.CudaGraphManager, v2.ModelCudaGraphManager = CudaGraphManager, ModelCudaGraphManager
     st = probe.ProbeState(tmp_path)
-    assert probe.patch_v1_graphs(v1, st) == ["fake_v1_runner.GPUModelRunner._determine_batch_execution_and_padding"]
+    assert probe.patch_v1_graphs(v1, st) == [
+        "fake_v1_runner.GPUModelRunner._determine_batch_execution_and_padding"
+    ]
     assert len(probe.patch_v2_graphs(v2, st)) == 2
     runner, mgr = GPUModelRunner(), ModelCudaGraphManager()
     runner._determine_batch_execution_and_padding()  # FULL, outside a wave: not counted
@@ -629,7 +633,9 @@ def test_graph_steps_are_counted_from_either_model_runner(tmp_path):
 
 
 def test_the_scheduler_hook_counts_requests_per_step_and_async_steps(tmp_path):
-    spec = importlib.util.spec_from_file_location("fake_sched", FAKE_VLLM_ROOT / "vllm" / "v1" / "core" / "sched" / "scheduler.py")
+    spec = importlib.util.spec_from_file_location(
+        "fake_sched", FAKE_VLLM_ROOT / "vllm" / "v1" / "core" / "sched" / "scheduler.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     AsyncScheduler = type("AsyncScheduler", (mod.Scheduler,), {})
@@ -645,7 +651,12 @@ def test_the_scheduler_hook_counts_requests_per_step_and_async_steps(tmp_path):
             s.schedule()
         s.schedule()  # a decode step: all three
     w1, w2 = st.waves["w1"], st.waves["w2"]
-    assert (w1["sched_steps"], w1["max_sched_reqs"], w1["async_sched_steps"], w1["prefill_chunks"]) == (3, 3, 0, 1)
+    assert (w1["sched_steps"], w1["max_sched_reqs"], w1["async_sched_steps"], w1["prefill_chunks"]) == (
+        3,
+        3,
+        0,
+        1,
+    )
     assert (w2["sched_steps"], w2["async_sched_steps"]) == (3, 3)
 
 
@@ -666,14 +677,19 @@ def test_worker_facts_read_the_runner_and_each_layers_kv_cache(tmp_path):
         def get_model(self):
             return types.SimpleNamespace(modules=lambda: [object(), *self.layers])
 
-    layers = [Layer("fp8", torch.zeros(2, dtype=torch.uint8)), Layer("fp8", [torch.zeros(2, dtype=torch.uint8)])]
+    layers = [
+        Layer("fp8", torch.zeros(2, dtype=torch.uint8)),
+        Layer("fp8", [torch.zeros(2, dtype=torch.uint8)]),
+    ]
     worker = types.SimpleNamespace(worker=types.SimpleNamespace(model_runner=GPUModelRunner(layers)))
     st = probe.ProbeState(tmp_path)
     facts = probe.worker_facts(worker, st)
     assert facts["model_runner"].endswith(".GPUModelRunner")
-    assert (facts["layer_kv_cache_dtypes"], facts["kv_cache_tensor_dtypes"], facts["kv_cache_element_bytes"]) == (
-        ["fp8"], ["uint8"], [1]
-    )
+    assert (
+        facts["layer_kv_cache_dtypes"],
+        facts["kv_cache_tensor_dtypes"],
+        facts["kv_cache_element_bytes"],
+    ) == (["fp8"], ["uint8"], [1])
     assert facts["out_scale_wrapped"] == ["Impl"]
     st.apply({"wave": "w1", "inject": "out-scale=1", "seq": 1})
     q, out = torch.ones(3), torch.zeros(3)

@@ -47,7 +47,10 @@ def test_every_target_exists_in_every_claimed_release(release):
         # Cascade went in 0.32.0: its targets apply only where the release has it.
         ("0.33.0", "vllm.v1.attention.backends.flash_attn.use_cascade_attention"),
         ("0.34.0", "vllm.v1.attention.backends.flash_attn.cascade_attention"),
-        ("0.34.0", "vllm.v1.attention.backends.flash_attn.FlashAttentionMetadataBuilder.use_cascade_attention"),
+        (
+            "0.34.0",
+            "vllm.v1.attention.backends.flash_attn.FlashAttentionMetadataBuilder.use_cascade_attention",
+        ),
         # 0.34.0 has no V1 model runner; 0.10.2 no V2 one and no single graph decision point.
         ("0.34.0", "vllm.v1.worker.gpu_model_runner.GPUModelRunner._determine_batch_execution_and_padding"),
         ("0.34.0", "vllm.v1.worker.gpu_model_runner.GPUModelRunner.get_model"),

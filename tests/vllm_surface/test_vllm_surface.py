@@ -26,7 +26,11 @@ def facts(path: Path) -> dict:
 
 def test_every_known_release_has_recorded_facts():
     recorded = {facts(p)["version"] for p in RECORDED}
-    assert {r.version for r in vllm_surface.RELEASES} == recorded == {"0.10.2", "0.26.0", "0.31.0", "0.33.0", "0.34.0"}
+    assert (
+        {r.version for r in vllm_surface.RELEASES}
+        == recorded
+        == {"0.10.2", "0.11.0", "0.26.0", "0.31.0", "0.33.0", "0.34.0"}
+    )
 
 
 @pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)
@@ -40,7 +44,10 @@ def test_release_entry_matches_its_source(path):
     if rel.attention_via == "env":  # the engine's legacy path sets these two
         assert {"VLLM_ATTENTION_BACKEND", "VLLM_FLASH_ATTN_VERSION"} <= set(f["env_vars"])
     modules = f["modules"]
-    runners = {"v1": "vllm.v1.worker.gpu_model_runner" in modules, "v2": "vllm.v1.worker.gpu.model_runner" in modules}
+    runners = {
+        "v1": "vllm.v1.worker.gpu_model_runner" in modules,
+        "v2": "vllm.v1.worker.gpu.model_runner" in modules,
+    }
     assert rel.model_runners == "+".join(k for k, has in runners.items() if has)
     # The variable picks the runner only where both exist; 0.34.0's platform refuses it unless it is 1.
     assert ("VLLM_USE_V2_MODEL_RUNNER" in f["env_vars"]) == (rel.model_runners == "v1+v2")
@@ -78,12 +85,13 @@ def test_engine_calls_exist(path):
     assert {"timeout", "args"} <= set(f["llm_methods"]["collective_rpc"])
     assert "reset_prefix_cache" in f["llm_methods"]
     assert {"ignore_eos", "logprobs", "max_tokens", "seed", "temperature"} <= set(f["sampling_params_fields"])
-    # Both releases take detokenize; the engine asks for detokenize=False only where flat logprobs
-    # exist too (0.26.0 here, not 0.10.2), the releases whose output path was read for it.
+    # Every release takes detokenize; the engine asks for detokenize=False only where flat logprobs
+    # exist too (0.11.1 on: 0.26.0 here, not 0.10.2 or 0.11.0), the releases whose output path was read for it.
     fields = set(f["sampling_params_fields"])
     assert vllm_surface.DETOKENIZE in fields
-    assert (vllm_surface.FLAT_LOGPROBS in fields) == (f["version"] != "0.10.2")
-    want = {} if f["version"] == "0.10.2" else {vllm_surface.FLAT_LOGPROBS: True, vllm_surface.DETOKENIZE: False}
+    old = f["version"] in ("0.10.2", "0.11.0")
+    assert (vllm_surface.FLAT_LOGPROBS in fields) == (not old)
+    want = {} if old else {vllm_surface.FLAT_LOGPROBS: True, vllm_surface.DETOKENIZE: False}
     assert vllm_surface.output_asks(fields) == want
     assert vllm_surface.output_asks({vllm_surface.FLAT_LOGPROBS}) == {vllm_surface.FLAT_LOGPROBS: True}
 
@@ -105,14 +113,17 @@ def test_explain_port_decides_as_the_recorded_rule(path):
                             num_query_heads=q, num_kv_heads=kv, use_alibi=False, use_sliding_window=False,
                             use_local_attention=False, num_sms=sms, dcp_world_size=1,
                         )  # fmt: skip
-                        assert cascade_rule.call_rule(theirs, **args) == cascade_rule.use_cascade_attention(**args), args
+                        assert cascade_rule.call_rule(theirs, **args) == cascade_rule.use_cascade_attention(
+                            **args
+                        ), args
                         grid += 1
     assert grid == 5 * 7 * 4 * 2 * 2
 
 
 @pytest.mark.parametrize(
     ("version", "want", "exact"),
-    [("0.10.2", "0.10.2", True), ("0.11.0", "0.10.2", False), ("0.26.0", "0.26.0", True),
+    [("0.10.2", "0.10.2", True), ("0.10.3", "0.10.2", False), ("0.11.0", "0.11.0", True),
+     ("0.11.1", "0.11.0", False), ("0.26.0", "0.26.0", True),
      ("0.26.0+cu130", "0.26.0", True), ("0.31.1", "0.31.0", False), ("0.32.0", "0.31.0", False),
      ("0.34.0", "0.34.0", True), ("0.35.1", "0.34.0", False), ("0.9.0", "0.10.2", False),
      ("garbage", "0.34.0", False)],

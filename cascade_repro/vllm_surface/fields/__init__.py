@@ -21,12 +21,13 @@ and one line in :data:`FIELDS`.
 
 from __future__ import annotations
 
-from cascade_repro.vllm_surface.fields import v0_10_2, v0_26_0, v0_31_0, v0_33_0, v0_34_0
+from cascade_repro.vllm_surface.fields import v0_10_2, v0_11_0, v0_26_0, v0_31_0, v0_33_0, v0_34_0
 
 KINDS = ("int", "float", "bool", "str", "list", "object", "any")
 
 FIELDS: dict[str, dict[str, str]] = {
     "0.10.2": v0_10_2.FIELDS,
+    "0.11.0": v0_11_0.FIELDS,
     "0.26.0": v0_26_0.FIELDS,
     "0.31.0": v0_31_0.FIELDS,
     "0.33.0": v0_33_0.FIELDS,
