@@ -167,7 +167,9 @@ def test_command_exit_codes(monkeypatch):
     ("version", "status", "words"),
     [
         ("0.10.2", OK, ["a release the probe was written against", "cascade default on", "split-KV LSE bug"]),
-        ("0.11.0", WARN, ["between known releases, read as 0.10.2", "split-KV LSE bug"]),
+        ("0.10.3", WARN, ["between known releases, read as 0.10.2", "split-KV LSE bug"]),
+        ("0.11.0", OK, ["a release the probe was written against", "split-KV LSE bug"]),
+        ("0.11.1", WARN, ["between known releases, read as 0.11.0"]),
         ("0.26.0", OK, ["cascade opt-in"]),
         ("0.28.1", WARN, ["between known releases, read as 0.26.0", "cascade opt-in"]),
         # No cascade, but every other twin runs: a warning, not a machine that cannot run.
