@@ -14,8 +14,10 @@ on an idle box and a loaded one ran 20 times slower, so once the first wave has 
 table says, its time so far stands in for the mean (``(first wave so far)``). Without a table it is
 ``ETA measuring``. The wave under way counts down with the clock; once it has run longer than its
 batch's mean, its time so far joins that mean (it will take at least that long), so a stalled wave
-raises the estimate line by line instead of repeating it. ``tick`` redraws it on the bar too, whose
-text otherwise changes only when a wave ends.
+raises the estimate line by line instead of repeating it. The exception is an engine's first wave
+that compiles kernels (FA2's first run on a fresh machine: minutes): its time says nothing of the
+waves to come, so it neither raises the estimate while it runs nor joins the means. ``tick`` redraws
+it on the bar too, whose text otherwise changes only when a wave ends.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ class RunProgress:
         self._wave_t0: float | None = None  # when the wave under way began (None: no engine up)
         self._running: int | None = None  # its batch size (None: between cells)
         self._starts_seen: list[float] = []
+        self._cold: set[str] = set()  # engines whose first wave, still to come, compiles kernels
         is_terminal = bool(getattr(console, "is_terminal", False))
         self.plain = (not is_terminal) if plain is None else plain
         self._bar: Any = None
@@ -118,7 +121,11 @@ class RunProgress:
             self.remaining[b] -= n
             self._advance(cells=1, waves=n)
 
-    def engine_starting(self, key: str, note: str = "") -> None:
+    def engine_starting(self, key: str, note: str = "", compiles: bool = False) -> None:
+        """``compiles``: this engine's first wave compiles kernels for the GPU (FA2's first run on a
+        fresh machine): that wave's time is a one-off, kept out of the time per wave."""
+        if compiles:
+            self._cold.add(key)
         self.engines[key] = "starting" + (f" ({note})" if note else "")
         self.status = self._engines_text() or f"engine {key}: starting" + (f" ({note})" if note else "")
         self._wave_t0 = None  # an engine start is not a wave: its time is the starts' share
@@ -184,12 +191,16 @@ class RunProgress:
             self.waves_done += 1
             if b in self.remaining:
                 self.remaining[b] = max(0, self.remaining[b] - 1)
+            compiled = False
             if self.copies.get(cid):
                 self.copies[cid] -= 1  # a kept wave's copy: its time was measured by the earlier run
             else:
                 self.tokens += int(rec.get("tokens") or 0)
                 self.gen_s += float(rec.get("wall_s") or 0.0)
-            self._add_wall(rec)
+                if compiled := (key := self.key_of.get(cid, "")) in self._cold:
+                    self._cold.discard(key)  # the wave that compiled: no measure of the ones to come
+            if not compiled:
+                self._add_wall(rec)
             self._wave_t0, self._running = self.clock(), b
             self._advance(waves=1)
             self._refresh()
@@ -237,7 +248,8 @@ class RunProgress:
         walls = {b: list(v) for b, v in self.walls.items()}
         running = self._running if self._wave_t0 is not None else None
         elapsed = self.clock() - self._wave_t0 if self._wave_t0 is not None else 0.0
-        if running is not None and self.remaining.get(running):
+        compiling = self.key_of.get(self.current) in self._cold
+        if running is not None and self.remaining.get(running) and not compiling:
             expected = self._per_wave(running, walls)
             if expected is not None and elapsed > expected:
                 walls.setdefault(running, []).append(elapsed)  # overdue: it takes at least this long

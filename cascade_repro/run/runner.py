@@ -232,7 +232,7 @@ def execute(
             ep = run.plan.engines[key]
             jits[key] = cuda_cache.needs_fa2_jit(ep.fa_version, gpu) and not cuda_cache.fa2_compiled(env, gpu)
             # A silent first FA2 start on a fresh Hopper machine lasts minutes: say why.
-            progress.engine_starting(key, FA2_JIT_NOTE if jits[key] else "")
+            progress.engine_starting(key, FA2_JIT_NOTE if jits[key] else "", compiles=jits[key])
 
         def finished(key: str, rc: int, reason: str, env: dict[str, str]) -> None:
             if (

@@ -410,7 +410,10 @@ def test_an_unseen_batch_is_the_table_scaled_by_how_slow_this_machine_ran():
     assert p.eta_s() == pytest.approx(3 * 4 * table_b8 + 4 * table_b16 + 30.0)
 
 
-@pytest.mark.parametrize(("rate", "text"), [(1234.4, "1,234 tok/s"), (64.2, "64 tok/s"), (3.21, "3.2 tok/s"), (0.314, "0.31 tok/s")])
+@pytest.mark.parametrize(
+    ("rate", "text"),
+    [(1234.4, "1,234 tok/s"), (64.2, "64 tok/s"), (3.21, "3.2 tok/s"), (0.314, "0.31 tok/s")],
+)
 def test_a_slow_rate_is_not_rounded_to_zero(rate, text):
     from cascade_repro.run.progress import fmt_rate
 
@@ -462,7 +465,10 @@ def test_engines_side_by_side_are_each_shown_and_share_the_time_left():
 
 def test_many_engines_are_grouped_by_state_without_their_shared_key_prefix():
     keys = [f"vllm-tp1-auto-fadefault-flashattn-s0-{t}" for t in ("async", "sync", "graphs", "eager")]
-    cells = {f"tp1-b64-{t}": {"batch": 64, "engine_key": k} for t, k in zip(("async", "sync", "graphs", "eager"), keys, strict=True)}
+    cells = {
+        f"tp1-b64-{t}": {"batch": 64, "engine_key": k}
+        for t, k in zip(("async", "sync", "graphs", "eager"), keys, strict=True)
+    }
     p = RunProgress(Lines(), show=True, cells=cells, n_prompts=64, max_tokens=8, table=HF_CPU, starts_left=4,
                     clock=Clock(), parallel=4)  # fmt: skip
     for k in keys:
@@ -474,3 +480,36 @@ def test_many_engines_are_grouped_by_state_without_their_shared_key_prefix():
     p.engine_done(keys[0])
     p.engine_done(keys[1])
     assert "engines graphs: up in 3 s; eager: tp1-b64-eager" in p.line()
+
+
+def test_a_wave_that_compiles_kernels_neither_raises_the_eta_nor_joins_the_means():
+    """FA2's first run on a fresh H200: the engine is up, then its first wave spends minutes compiling
+    kernels. Taken as the time per wave, it read "ETA 6 h 14 min" on the GPU (a minute later the
+    second wave said 9 min). Marked as compiling, that wave leaves the table's figure alone; the next
+    wave's own time is the measure. A first wave not marked (a loaded box) still counts, as before."""
+    out, clock = Lines(), Clock()
+    cells = {f"tp1-b8-{i}": {"batch": 8, "engine_key": "k"} for i in range(3)}  # 12 waves of b8
+    p = RunProgress(out, show=True, cells=cells, n_prompts=32, max_tokens=64, table=HF_CPU,
+                    starts_left=1, clock=clock, plain=True)  # fmt: skip
+    b8 = 8 * 64 / 71.0  # the table's seconds per b8 wave
+    p.engine_starting("k", "compiling", compiles=True)
+    p.engine_up("k", 20.0)
+    p.record({"type": "cell_start", "cell_id": "tp1-b8-0"})
+    clock.t += 300
+    p.tick()
+    assert p.eta_s() == pytest.approx(12 * b8 - b8)  # the table's, its first wave counted as spent
+    assert _eta(p.line()).endswith("(speed table)")
+    p.record({"type": "wave", "cell_id": "tp1-b8-0", "batch": 8, "wall_s": 300.0, "tokens": 512})
+    assert p.eta_s() == pytest.approx(11 * b8)  # still the table's: the 300 s were the compile
+    clock.t += 9
+    p.record({"type": "wave", "cell_id": "tp1-b8-0", "batch": 8, "wall_s": 9.0, "tokens": 512})
+    assert p.eta_s() == pytest.approx(10 * 9.0)  # now this machine's own time per wave
+    assert _eta(p.line()) == "ETA 2 min"  # 90 s, rounded
+
+    plain = RunProgress(Lines(), show=True, cells=cells, n_prompts=32, max_tokens=64, table=HF_CPU,
+                        starts_left=0, clock=Clock(), plain=True)  # fmt: skip
+    plain.engine_starting("k")
+    plain.engine_up("k", 20.0)
+    plain.record({"type": "cell_start", "cell_id": "tp1-b8-0"})
+    plain.record({"type": "wave", "cell_id": "tp1-b8-0", "batch": 8, "wall_s": 300.0, "tokens": 512})
+    assert plain.eta_s() == pytest.approx(11 * 300.0)  # an unmarked slow wave is this machine's pace
