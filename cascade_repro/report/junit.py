@@ -19,11 +19,12 @@ from cascade_repro.report.text import (
 )
 from cascade_repro.rundir import layout
 from cascade_repro.twin import CASCADE as TWIN
+from cascade_repro.twin import TwinAxis
 
 SUITE = "cascade-repro"
 
 
-def _details(res: PairResult, effect: str = TWIN.effect_label) -> str:
+def _details(res: PairResult, axis: TwinAxis = TWIN) -> str:
     r, c = res.row, res.counts
     return "\n".join(
         [
@@ -34,10 +35,10 @@ def _details(res: PairResult, effect: str = TWIN.effect_label) -> str:
             f"top-k violations {fmt_int(c.topk_violations)} vs noise "
             f"{fmt_int(c.noise_topk_violations)} ({fmt_p_eq(res.piece('top-k').value)})",
             f"delta seq-rep-4 {fmt_ci(r.get('d_seq_rep_4_mean'), r.get('d_seq_rep_4_lo'), r.get('d_seq_rep_4_hi'))}",
-            f"{effect} {fmt_ratio(c.cascade_steps, c.total_steps)}"
-            + (  # decode steps and depth say where cascade ran: another twin's pairs have neither
+            f"{axis.effect_label} {fmt_ratio(c.cascade_steps, c.total_steps)}"
+            + (
                 f", decode steps {fmt_int(r.get('cascade_decode_steps'))}, depth {text_or_missing(r.get('depth'))}"
-                if effect == TWIN.effect_label
+                if view.shows_depth(axis)
                 else ""
             ),
             f"decided by {text_or_missing(r.get('decided_by'))}",
@@ -111,7 +112,7 @@ def _suite(doc: JunitDocument, data: RunData, cell_status: dict[str, dict]) -> N
             doc.outcome(
                 case,
                 "error",
-                _details(res, axis.effect_label),
+                _details(res, axis),
                 message=one_line(msg or text_of(r.get("reasons"))),
                 type="error",
             )
@@ -119,7 +120,7 @@ def _suite(doc: JunitDocument, data: RunData, cell_status: dict[str, dict]) -> N
             doc.outcome(
                 case,
                 "failure",
-                _details(res, axis.effect_label),
+                _details(res, axis),
                 message=one_line(text_of(r.get("reasons"))),
                 type="regression",
             )
@@ -140,7 +141,7 @@ def _suite(doc: JunitDocument, data: RunData, cell_status: dict[str, dict]) -> N
         elif verdict == outcome.INCONCLUSIVE:
             doc.outcome(case, "skipped", message=one_line(f"inconclusive: {text_of(r.get('reasons'))}"))
         # Every pair's evidence, passing ones too: a CI page shows why a pair passed.
-        element(case, "system-out", f"verdict {verdict}\n{_details(res, axis.effect_label)}")
+        element(case, "system-out", f"verdict {verdict}\n{_details(res, axis)}")
 
 
 def suite_seconds(data: RunData) -> float | None:

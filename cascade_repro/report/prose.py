@@ -25,6 +25,7 @@ from cascade_repro.report.view import (
     if_column,
     prompt_set,
     ran_vllm,
+    shows_depth,
     spec_field,
 )
 from cascade_repro.twin import CASCADE as TWIN
@@ -187,7 +188,7 @@ def drift_note(data: RunData) -> str | None:
         + (
             " depth: where cascade ran (decode, prefill only, none; ? when decode steps were not recorded); "
             "the field bug lived in decode."
-            if data.twin is TWIN
+            if shows_depth(data.twin)
             else ""
         )
     )

@@ -37,6 +37,7 @@ from cascade_repro.report.view import (
     pair_label,
     ran_vllm,
     result_of,
+    shows_depth,
     spec_field,
     thresholds,
 )
@@ -237,8 +238,7 @@ def summary_table(data: RunData, width: int | None = ISSUE_COLUMN_CHARS) -> Tabl
     cell text where it can."""
     th = thresholds(data)
     status = {text_of(c.get("cell_id")): text_of(c.get("status")) for c in cells(data)}
-    # Depth is where cascade ran: another twin's pairs have none to show.
-    with_depth = data.twin is TWIN
+    with_depth = shows_depth(data.twin)
     rows = []
     for res in cascade_results(data):
         pair = pair_label(data, res.pair_id) or MISSING

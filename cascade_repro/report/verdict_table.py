@@ -31,10 +31,10 @@ from cascade_repro.report.view import (
     if_column,
     predictions,
     result_of,
+    shows_depth,
     thresholds,
     varying_axes,
 )
-from cascade_repro.twin import CASCADE as TWIN
 
 
 def _typed(pair: PairResult | Mapping[str, Any]) -> PairResult:
@@ -114,7 +114,7 @@ def verdict_table(data: RunData) -> Table:
     axes = varying_axes(pairs)
     preds = predictions(data)
     show_if = has_if(pairs)
-    with_depth = data.twin is TWIN  # where cascade ran: another twin's pairs have none
+    with_depth = shows_depth(data.twin)
     headers = [
         "pair",
         "tp",

@@ -22,7 +22,7 @@ from cascade_repro.plan.matrix import MatrixSpec, spec_of
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import MISSING, as_int, is_missing, text_of
 from cascade_repro.rundir.manifest import Invocation, PromptSetFacts
-from cascade_repro.twin import pair_prefix
+from cascade_repro.twin import CASCADE, TwinAxis, pair_prefix
 
 AXES = ("seed", "dtype", "fa_version", "backend")
 # The thresholds a report compares against, at the verdict's defaults (for a run.json that
@@ -161,6 +161,12 @@ def thresholds(data: RunData) -> dict:
         v = _num(th.get(k))
         out[k] = default if v != v else v
     return out
+
+
+def shows_depth(twin: TwinAxis) -> bool:
+    """Whether a twin's pairs have a depth to show: where cascade ran (decode, prefill only, none) is
+    the cascade twin's alone; another twin's pairs would show an empty column."""
+    return twin is CASCADE
 
 
 def pair_label(data: RunData, pair_id: str) -> str:
