@@ -213,12 +213,8 @@ def visible_gpu_count() -> int | None:
             listed = sum(1 for line in out.splitlines() if line.startswith("GPU "))
         except (OSError, subprocess.SubprocessError):
             listed = None
-    if listed is not None and named is not None:
-        return min(listed, named)
-    if listed is not None:
-        return listed
-    if named is not None:
-        return named
+    if counts := [n for n in (listed, named) if n is not None]:
+        return min(counts)
     return 0 if exe is None else None
 
 
