@@ -2,6 +2,7 @@
 # One device call of the bad-release session; after the stacks are staged every call runs the same
 # command, and each resumes the steps the one before cut (same RES, same warm machine):
 #   bash scripts/old-vllm/device.sh && bash scripts/vllm-0.11/device.sh && RES=/tmp/res bash calls.sh OUT
+# STEPS names the steps this session runs (default: field prefixneg flashinfer preempt penalties).
 # It runs run.sh's "old" group, only the steps not yet finished (a step cut by STEP_TIMEOUT resumes),
 # then brings back at most 8 files of at most 15 MB: one tgz of every step's small files, then the
 # group's records in 15 MB pieces where they fit (cat OUT/*-records-old.tgz.* | tar xz).
@@ -15,7 +16,7 @@ work=$(mktemp -d)
 call=$(date +%H%M%S)
 
 unfinished() {  # steps not run yet, or cut by their timeout
-  for s in field prefixneg flashinfer preempt penalties; do
+  for s in ${STEPS:-field prefixneg flashinfer preempt penalties}; do
     f=$res/$s.stdout
     last=$(tail -n 1 "$f" 2>/dev/null)
     case $last in

@@ -16,6 +16,11 @@
 #         preempt    0.11.0, --twin async-scheduling under a fixed 800-block KV cache (preemptions counted
 #                    per wave: preempted_reqs in STEP-waves.json)
 #         penalties  0.11.0, --twin async-scheduling with --sampling repetition_penalty=1.3
+#         preempt-whole, penalties-whole: the same with a token budget that holds every prompt of the wave
+#                    in one step (-E max_num_batched_tokens=131072): no running request is ever left out
+#                    of a step by chunked prefill. On 0.11.0 preempt and penalties killed the async
+#                    engine at its first steps (a device-side assert in a scatter/gather) while chunked
+#                    prefill left running requests unscheduled, the case PR #27756 fixed after #26385.
 #   good: field, preempt, penalties on the image's vLLM (0.26.0: FA2 has PR #87, async scheduling has
 #         PRs #26385 and #26467/#27910; GOOD_VLLM names another version prefix); run ids end in -good
 # Device time: "old" (estimated, not run yet) ~10 min, so STEP_TIMEOUT=540 cuts it once and a second
@@ -41,6 +46,7 @@ KV_TIGHT=294912000     # 800 blocks: 64 requests of ~1,700 prompt tokens (1,584 
 common=(matrix --engine vllm --tp 1 --limit 64 --system-prompt ko --gpu-memory-utilization 0.08
         --engine-timeout 400 --quiet --results-dir "$res")
 field=(--batch 48,56,64 --max-tokens 384 --ignore-eos --enforce-eager -E kv_cache_memory_bytes=$KV_BIG)
+WHOLE="-E max_num_batched_tokens=131072"   # 64 prompts of <= 1,700 tokens in one step
 asyncs=(--twin async-scheduling --batch 64 --max-tokens 256 --ignore-eos --enforce-eager --no-auto-controls)
 
 env_of() {  # the stack a step runs on: old (0.10.2), new (0.11.0), image (whatever the image has)
@@ -72,7 +78,7 @@ has_flashinfer() {
 }
 
 case $group in
-  old) all="field prefixneg flashinfer preempt penalties" ;;
+  old) all="field prefixneg flashinfer preempt penalties preempt-whole penalties-whole" ;;
   good) all="field-good preempt-good penalties-good" ;;
   *) echo "unknown group $group (old or good)" >&2; exit 2 ;;
 esac
@@ -93,6 +99,9 @@ for s in $steps; do
     preempt) step preempt new 0.11.0 "${asyncs[@]}" -E kv_cache_memory_bytes=$KV_TIGHT & ;;
     penalties) step penalties new 0.11.0 "${asyncs[@]}" --sampling repetition_penalty=1.3 \
                  -E kv_cache_memory_bytes=$KV_BIG & ;;
+    preempt-whole) step preempt-whole new 0.11.0 "${asyncs[@]}" -E kv_cache_memory_bytes=$KV_TIGHT $WHOLE & ;;
+    penalties-whole) step penalties-whole new 0.11.0 "${asyncs[@]}" --sampling repetition_penalty=1.3 \
+                       -E kv_cache_memory_bytes=$KV_BIG $WHOLE & ;;
     field-good) step field-good image "${GOOD_VLLM:-0.26}" "${field[@]}" --fa-version 2 & ;;
     preempt-good) step preempt-good image "${GOOD_VLLM:-0.26}" "${asyncs[@]}" -E kv_cache_memory_bytes=$KV_TIGHT & ;;
     penalties-good) step penalties-good image "${GOOD_VLLM:-0.26}" "${asyncs[@]}" --sampling repetition_penalty=1.3 \
@@ -108,6 +117,10 @@ for s in $steps; do
   d="$res/$s"
   if [ -d "$d" ]; then
     tail -c 20000 "$d"/worker-*.log > "$d/worker.log.tail" 2>/dev/null
+    # The whole log of an engine that died: its first lines hold vLLM's dump of the failing step.
+    for w in "$d"/worker-*.log; do
+      grep -q "EngineCore encountered" "$w" 2>/dev/null && gzip -c "$w" > "$d/$(basename "$w").dead.gz"
+    done
     python3 - "$d" > "$out/$s-waves.json" <<'PY'
 import json, pathlib, sys
 d = pathlib.Path(sys.argv[1])
@@ -121,7 +134,7 @@ for f in sorted((d / "samples").glob("*.jsonl")):
                 pass
 print(json.dumps(waves, indent=1))
 PY
-    tar czf "$out/$s.tgz" -C "$res" "$s.stdout" $(cd "$res" && ls "$s"/{run.json,prompts.jsonl,cells.parquet,pairs.parquet,comparisons.parquet,report.md,summary.json,junit.xml,report.html,worker.log.tail,reference.log} 2>/dev/null)
+    tar czf "$out/$s.tgz" -C "$res" "$s.stdout" $(cd "$res" && ls "$s"/{run.json,prompts.jsonl,cells.parquet,pairs.parquet,comparisons.parquet,report.md,summary.json,junit.xml,report.html,worker.log.tail,reference.log,*.dead.gz} 2>/dev/null)
     recs+=($(cd "$res" && ls -d "$s"/samples "$s"/reference 2>/dev/null))
   elif [ -f "$res/$s.stdout" ]; then
     cp "$res/$s.stdout" "$out/$s.stdout"
