@@ -140,6 +140,25 @@ def test_cuda_oom_like_error_marks_the_rest_of_the_engine(tmp_path, monkeypatch)
     assert any("CUDA out of memory" in e for e in out.errors)
 
 
+def test_a_kernel_fault_in_the_test_arm_alone_is_a_regression(tmp_path, monkeypatch):
+    # The worker's log holds a device-side assertion, as a dying vLLM engine core prints it; the
+    # flat twin finishes the same prompts: the setting broke the engine.
+    spec = MatrixSpec(engine="fake", limit=8, batch=[8], cascade=[True, False], max_tokens=4)
+    monkeypatch.setenv("CASCADE_REPRO_FAULT", "assert:tp1-b8-cascade")
+    out = run_matrix(spec, RunOptions(results_dir=tmp_path, progress=False))
+    cells = pd.read_parquet(out.run_dir / "cells.parquet").set_index("cell_id")
+    assert cells.loc["tp1-b8-flat", "status"] == "done"
+    assert cells.loc["tp1-b8-cascade", "error"].endswith(
+        '; engine log: kernel fault: device-side assertion IndexKernelUtils.cu:16 `ind >=0 && ind < ind_dim_size '
+        '&& "vectorized gather kernel index out of bounds"`'
+    )
+    pair = _pairs(out.run_dir).loc["tp1-b8-cascade~flat"]
+    assert (pair["verdict"], pair["decided_by"]) == ("regression", "engine fault")
+    assert out.exit_code == 1
+    report = (out.run_dir / "report.md").read_text()
+    assert "the test arm's engine died of a kernel fault (device-side assertion IndexKernelUtils.cu:16" in report
+
+
 # --- the nothing-exercised guard and inconclusive pairs (the reference alone: test_reference_pass.py) ---
 
 

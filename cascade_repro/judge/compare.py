@@ -54,6 +54,7 @@ from cascade_repro.rundir import sample_scan
 from cascade_repro.rundir.cells import Cell
 from cascade_repro.rundir.manifest import Manifest
 from cascade_repro.twin import CASCADE as TWIN
+from cascade_repro.vllm_surface import faults
 
 # The moved names stay importable from here (judge/samples.py, judge/pairing.py, judge/pair_score.py).
 __all__ = [
@@ -305,7 +306,13 @@ def score_samples(
                 floor,
             )
         agg.update(_topk_drift_columns(topk, control.pair_id if control else ""))
-        ok = test_cell.get("status") == "done" and by_id.get(ps.ref.cell_id, {}).get("status") == "done"
+        ref_done = by_id.get(ps.ref.cell_id, {}).get("status") == "done"
+        ok = test_cell.get("status") == "done" and ref_done
+        test_fault = (
+            faults.kernel_fault(str(test_cell.get("error") or ""))
+            if test_cell.get("status") == "error" and ref_done
+            else ""
+        )
         ev = Evidence(
             n=agg["n"],
             n_diverged=agg["n_diverged"],
@@ -323,6 +330,7 @@ def score_samples(
             cascade_decode_steps=decode_steps,
             twin=twin.name if effect is not None else "",
             effect_why=effect.why if effect is not None else "",
+            test_fault=test_fault,
         )
         has_noise = noise is not None and noise["n"] > 0
         dec = decide(ev, thresholds, has_noise=has_noise)

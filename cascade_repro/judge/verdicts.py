@@ -40,6 +40,7 @@ from cascade_repro.judge.outcome import (
     REGRESSION,
     WITHIN_NOISE,
 )
+from cascade_repro.vllm_surface import faults
 
 # --- evidence pieces: each statistic's value against its bar, and the one rule for whether it fired;
 # ``decide`` asks them, and so does a report through ``judge/result.PairResult`` (the statistics
@@ -47,6 +48,8 @@ from cascade_repro.judge.outcome import (
 
 ARM_VS_ARM = "arm-vs-arm"
 REFERENCE = "reference"
+# ``decided_by`` of a pair whose test arm's engine died of a kernel fault (no statistic decided it).
+ENGINE_FAULT = "engine fault"
 
 
 def number(v: Any) -> float:
@@ -429,6 +432,9 @@ class Evidence:
     # then holds the steps it took effect on, judge/effect.py).
     twin: str = ""
     effect_why: str = ""
+    # The test arm's engine died of a kernel fault (vllm_surface/faults.py) where its twin finished
+    # the same prompts: what the fault was, else ''.
+    test_fault: str = ""
 
 
 @dataclass
@@ -510,6 +516,15 @@ def _arm_verdict(
     ev: Evidence, th: Thresholds, has_noise: bool, p_div: float, p_topk: float, fires: dict[str, bool]
 ) -> Decision:
     """The arm-vs-arm verdict, given what each piece of evidence says (``fires``, by name)."""
+    if ev.test_fault:
+        # Only the test arm's engine tripped a kernel fault, on prompts its twin finished: the setting
+        # broke the engine, which changes every answer it was to give. Running out of memory is not
+        # counted here (engines side by side share the GPU): that stays an error.
+        return Decision(
+            REGRESSION,
+            f"the test arm's engine died of a {faults.KERNEL} ({ev.test_fault}) on prompts its twin finished",
+            p_div, p_topk, decided_by=ENGINE_FAULT,
+        )  # fmt: skip
     if not ev.status_ok:
         return Decision(ERROR, "a cell of this pair did not finish", p_div, p_topk)
     if ev.cascade_steps == 0 and ev.twin:

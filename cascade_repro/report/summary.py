@@ -11,7 +11,7 @@ from typing import Any
 from cascade_repro.judge.outcome import ERROR, IDENTICAL, INCONCLUSIVE, NOT_EXERCISED, REGRESSION
 from cascade_repro.judge.result import PairResult
 from cascade_repro.judge.statistics import statistic
-from cascade_repro.judge.verdicts import REFERENCE
+from cascade_repro.judge.verdicts import ENGINE_FAULT, REFERENCE
 from cascade_repro.plan.matrix import spec_of
 from cascade_repro.report.load import RunData
 from cascade_repro.report.text import (
@@ -212,6 +212,8 @@ def deciding_evidence(
         return f"cascade never fired ({fmt_ratio(c.cascade_steps, c.total_steps)} steps)"
     if verdict == ERROR:
         return _unfinished(r, status or {})
+    if verdict == REGRESSION and ENGINE_FAULT in res.decided_by:
+        return text_of(r.get("reasons")) or "the test arm's engine died of a kernel fault"
     if verdict == IDENTICAL:
         return diverged
     if verdict == INCONCLUSIVE:

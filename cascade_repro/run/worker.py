@@ -23,6 +23,7 @@ from cascade_repro.rundir import codec, jsonl, layout, manifest, sample_scan
 from cascade_repro.rundir.cells import Cell, EnginePlan
 from cascade_repro.rundir.manifest import Manifest
 from cascade_repro.twin import CASCADE as TWIN
+from cascade_repro.vllm_surface import faults
 
 # Exit codes the runner understands.
 EXIT_OK = 0
@@ -154,6 +155,9 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
         except Exception as e:  # noqa: BLE001 - recorded for the report, then decide whether to go on
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]
             traceback.print_exc(file=sys.stderr)
+            sys.stderr.flush()
+            # The engine core's own words for why it died are in this worker's log, not the exception.
+            reason = faults.with_cause(reason, faults.cause_from_file(layout.worker_log(run_dir, engine_key)))
             writer.write(codec.CellError(cid, reason))
             writer.sync()
             status = EXIT_CELL_ERRORS
@@ -279,7 +283,8 @@ def _maybe_fault(cell_id: str, wave: int, writer: jsonl.JsonlWriter | None = Non
     """Test hook: CASCADE_REPRO_FAULT="KIND:CELL_ID[:WAVE]" makes the worker fail on purpose.
 
     KIND is ``exit`` (exit 9), ``hang`` (sleep forever), ``oom`` (raise a CUDA-OOM-like error),
-    ``raise`` (an ordinary exception) or ``kill-parent`` (SIGKILL the process that started this
+    ``raise`` (an ordinary exception), ``assert`` (print a kernel's device-side assertion to stderr,
+    as a dying vLLM engine core does, then raise the error vLLM's client raises) or ``kill-parent`` (SIGKILL the process that started this
     worker, then this one: a Ray task's worker or node lost). Used by the crash-isolation tests on
     CPU. The fault strikes at the start of the wave, once ``writer`` has written every earlier wave
     (a background writer would otherwise make what a test finds on disk depend on the thread's
@@ -315,6 +320,17 @@ def _maybe_fault(cell_id: str, wave: int, writer: jsonl.JsonlWriter | None = Non
         raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB (simulated)")
     if kind == "raise":
         raise RuntimeError("simulated failure")
+    if kind == "assert":
+        print(
+            "/pytorch/aten/src/ATen/native/cuda/IndexKernelUtils.cu:16: vectorized_gather_kernel: block: [19,0,0], "
+            'thread: [64,0,0] Assertion `ind >=0 && ind < ind_dim_size && "vectorized gather kernel index out of '
+            'bounds"` failed. (simulated)',
+            file=sys.stderr,
+            flush=True,
+        )
+        raise RuntimeError(
+            "EngineCore encountered an issue. See stack trace (above) for the root cause. (simulated)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

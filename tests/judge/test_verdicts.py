@@ -15,6 +15,7 @@ import pytest
 
 from cascade_repro.judge.compare import control_candidates, plan_pairs
 from cascade_repro.judge.verdicts import (
+    ENGINE_FAULT,
     ERROR,
     IDENTICAL,
     INCONCLUSIVE,
@@ -140,6 +141,15 @@ def test_not_exercised_wins_over_any_divergence():
 def test_error_wins_over_everything():
     verdict, reasons, _, _ = judge(evidence(status_ok=False, cascade_steps=0, n_diverged=0), TH, True)
     assert (verdict, reasons) == (ERROR, "a cell of this pair did not finish")
+
+
+def test_a_kernel_fault_of_the_test_arm_alone_is_a_regression_decided_by_it():
+    fault = "device-side assertion IndexKernelUtils.cu:16 `ind >=0 && ind < ind_dim_size`"
+    d = decide(evidence(status_ok=False, n=0, n_diverged=0, test_fault=fault), TH, True)
+    assert (d.verdict, d.decided_by) == (REGRESSION, ENGINE_FAULT)
+    assert d.reasons == f"the test arm's engine died of a kernel fault ({fault}) on prompts its twin finished"
+    # Without the fault named, an unfinished cell stays an error.
+    assert decide(evidence(status_ok=False, n=0, n_diverged=0), TH, True).verdict == ERROR
 
 
 def test_identical_when_nothing_diverged():
