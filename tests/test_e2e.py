@@ -159,6 +159,24 @@ def test_a_kernel_fault_in_the_test_arm_alone_is_a_regression(tmp_path, monkeypa
     assert "the test arm's engine died of a kernel fault (device-side assertion IndexKernelUtils.cu:16" in report
 
 
+def test_a_rescore_reads_the_cause_a_run_recorded_before_the_worker_did(tmp_path, monkeypatch):
+    # A run whose cell error names no cause (recorded before the worker read its log): rescoring
+    # reads the engine's log and puts the kernel fault on the first of its cells that errored.
+    from cascade_repro.pipeline import rescore
+
+    spec = MatrixSpec(engine="fake", limit=8, batch=[8], cascade=[True, False], max_tokens=4)
+    monkeypatch.setenv("CASCADE_REPRO_FAULT", "raise:tp1-b8-cascade")
+    out = run_matrix(spec, RunOptions(results_dir=tmp_path, progress=False))
+    assert _pairs(out.run_dir).loc["tp1-b8-cascade~flat", "verdict"] == "error"
+    key = next(iter(json.loads((out.run_dir / "run.json").read_text())["plan"]["engines"]))
+    with layout.worker_log(out.run_dir, key).open("a") as f:
+        f.write("/x/ScatterGatherKernel.cu:163: operator(): Assertion `idx_dim >= 0` failed.\n")
+    rescore(out.run_dir, "report --rescore")
+    pair = _pairs(out.run_dir).loc["tp1-b8-cascade~flat"]
+    assert (pair["verdict"], pair["decided_by"]) == ("regression", "engine fault")
+    assert "device-side assertion ScatterGatherKernel.cu:163 `idx_dim >= 0`" in pair["reasons"]
+
+
 # --- the nothing-exercised guard and inconclusive pairs (the reference alone: test_reference_pass.py) ---
 
 

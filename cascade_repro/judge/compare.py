@@ -50,7 +50,7 @@ from cascade_repro.judge.verdicts import (
     paired_bootstrap_ci,
 )
 from cascade_repro.plan.matrix import spec_of
-from cascade_repro.rundir import sample_scan
+from cascade_repro.rundir import layout, sample_scan
 from cascade_repro.rundir.cells import Cell
 from cascade_repro.rundir.manifest import Manifest
 from cascade_repro.twin import CASCADE as TWIN
@@ -78,6 +78,21 @@ __all__ = [
 ]
 
 REP_KEYS = [f"seq_rep_{n}" for n in range(1, 5)] + [f"distinct_{n}" for n in range(1, 5)]
+
+
+def causes_from_logs(cells_df: pd.DataFrame, run_dir: Path) -> None:
+    """Name the cause of an engine's death where a cell's error does not (a run recorded before the
+    worker read it from its log): from the engine's worker log, on the first of its cells that
+    errored, the one that was running when it died (the later ones only found it dead)."""
+    if cells_df.empty:
+        return
+    for key, group in cells_df[cells_df["status"] == "error"].groupby("engine_key", sort=False):
+        first = group.index[0]
+        if faults.SUFFIX in str(cells_df.at[first, "error"]):
+            continue
+        fault = faults.cause_from_file(layout.worker_log(run_dir, str(key)))
+        if fault is not None:
+            cells_df.at[first, "error"] = faults.with_cause(str(cells_df.at[first, "error"]), fault)
 
 
 def cell_rows(m: Manifest, read: RunSamples) -> pd.DataFrame:
@@ -190,6 +205,7 @@ def score_samples(
         read = load_cell_samples(run_dir, m.plan.engines, wanted, load_prompts(run_dir), ref_rows, warn)
     samples, progress = read.cells, read.progress
     cells_df = cell_rows(m, read)
+    causes_from_logs(cells_df, run_dir)
     by_id = cells_df.set_index("cell_id").to_dict("index")
     preds = m.predictions if isinstance(m.predictions, dict) else {}
     predicted = preds.get("cells") if isinstance(preds.get("cells"), dict) else {}

@@ -30,9 +30,12 @@ class GpuRun:
 
 _TWINS_0_26 = "docs/evidence/2026-12-03-h200-twins"
 _TWINS_0_34 = "docs/evidence/2026-12-03-h200-vllm0.34"
+_REAL_BUGS = "docs/evidence/2026-12-03-h200-real-bugs"
 
 GPU_RUNS: tuple[GpuRun, ...] = (
-    GpuRun("0.10.2", CASCADE.name, "2026-12-01", "docs/evidence/2026-12-01-h200-vllm0.10.2/band"),
+    GpuRun("0.10.2", CASCADE.name, "2026-12-04", f"{_REAL_BUGS}/field"),
+    GpuRun("0.10.2", "prefix-caching", "2026-12-04", f"{_REAL_BUGS}/prefixneg"),
+    GpuRun("0.11.0", "async-scheduling", "2026-12-04", f"{_REAL_BUGS}/preempt"),
     GpuRun("0.26.0", CASCADE.name, "2026-12-03", f"{_TWINS_0_26}/cascade"),
     GpuRun("0.26.0", "prefix-caching", "2026-12-03", f"{_TWINS_0_26}/prefix"),
     GpuRun("0.26.0", "chunked-prefill", "2026-12-03", f"{_TWINS_0_26}/chunked"),

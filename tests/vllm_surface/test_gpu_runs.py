@@ -62,9 +62,9 @@ def test_the_readme_table_is_the_package_table():
 
 def test_the_table_renders_blank_cells_where_a_twin_never_ran():
     table = gpu_runs.readme_table().splitlines()
-    assert table[0] == "| twin | vLLM 0.10.2 | vLLM 0.26.0 | vLLM 0.34.0 |"
-    prefix = next(line for line in table if line.startswith("| `prefix-caching` |"))
-    assert prefix.startswith("| `prefix-caching` |  | 2026-12-03 [2026-12-03-h200-twins/prefix]")
+    assert table[0] == "| twin | vLLM 0.10.2 | vLLM 0.11.0 | vLLM 0.26.0 | vLLM 0.34.0 |"
+    chunked = next(line for line in table if line.startswith("| `chunked-prefill` |"))
+    assert chunked.startswith("| `chunked-prefill` |  |  | 2026-12-03 [2026-12-03-h200-twins/chunked]")
     assert not any("tp=" in line for line in table)  # never ran on a GPU: no row
     cascade = next(line for line in table if line.startswith("| `cascade` |"))
     assert cascade.endswith(
@@ -73,7 +73,7 @@ def test_the_table_renders_blank_cells_where_a_twin_never_ran():
 
 
 def test_ran_on_lists_the_releases_newest_first():
-    assert gpu_runs.ran_on("cascade") == "0.26.0 (2026-12-03), 0.10.2 (2026-12-01)"
+    assert gpu_runs.ran_on("cascade") == "0.26.0 (2026-12-03), 0.10.2 (2026-12-04)"
     assert gpu_runs.ran_on("tp") == "never on a GPU"
     assert gpu_runs.ran_on("chunked-prefill") == "0.34.0 (2026-12-03), 0.26.0 (2026-12-03)"
     assert gpu_runs.fully_ran("0.26.0", ["prefix-caching", "batch"]) and not gpu_runs.fully_ran(
