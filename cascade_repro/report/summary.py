@@ -5,6 +5,7 @@ evidence of every pair stays in the verdict table."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,6 +43,7 @@ from cascade_repro.report.view import (
     thresholds,
 )
 from cascade_repro.twin import CASCADE as TWIN
+from cascade_repro.vllm_surface import faults
 
 # The widest summary row, in characters of cell text: GitHub's issue column is about 830 px at
 # desktop width, its 14 px text about 7 px a character, less each cell's 26 px of padding. report.md
@@ -158,9 +160,18 @@ def evidence_text(res: PairResult, name: str, *, short: bool = False) -> str:
     return words(res, res.piece(name), FORMATS)
 
 
-def _texts(res: PairResult, names: list[str]) -> list[tuple[str, str]]:
+def _texts(res: PairResult, names: list[str], *, short: bool = False) -> list[tuple[str, str]]:
     """Each named evidence piece of the pair as (name, its numbers against its bar)."""
-    return [(k, evidence_text(res, k)) for k in names]
+    return [(k, evidence_text(res, k, short=short)) for k in names]
+
+
+def _pack_fitting(res: PairResult, names: list[str], width: int | None, *, name_rest: bool) -> str:
+    """:func:`_pack` of the pieces' full texts, or of their short ones where the full first piece
+    and the names after it do not fit ``width``."""
+    text = _pack(_texts(res, names), width, name_rest=name_rest)
+    if width is not None and len(text) > width:
+        text = _pack(_texts(res, names, short=True), width, name_rest=name_rest)
+    return text
 
 
 def _pack(pieces: list[tuple[str, str]], width: int | None, *, name_rest: bool) -> str:
@@ -213,7 +224,13 @@ def deciding_evidence(
     if verdict == ERROR:
         return _unfinished(r, status or {})
     if verdict == REGRESSION and ENGINE_FAULT in res.decided_by:
-        return text_of(r.get("reasons")) or "the test arm's engine died of a kernel fault"
+        # Where it does not fit: the assertion by file and line (its condition is in the reasons).
+        full = text_of(r.get("reasons")) or "the test arm's engine died of a kernel fault"
+        if width is None or len(full) <= width:
+            return full
+        where = re.search(r"device-side assertion (\S+)", full)
+        short = f"test arm's engine died: {where.group(1) if where else faults.KERNEL}; twin finished"
+        return short if len(short) <= width else "test arm's engine died; twin finished"
     if verdict == IDENTICAL:
         return diverged
     if verdict == INCONCLUSIVE:
@@ -225,9 +242,9 @@ def deciding_evidence(
         if len(names := names or judged) == 1:
             full = evidence_text(res, names[0])
             return full if width is None or len(full) <= width else evidence_text(res, names[0], short=True)
-        return _pack(_texts(res, names), width, name_rest=verdict == REGRESSION)
+        return _pack_fitting(res, names, width, name_rest=verdict == REGRESSION)
     if verdict == REGRESSION and (fired := res.fired()):
-        return _pack(_texts(res, fired), width, name_rest=True)
+        return _pack_fitting(res, fired, width, name_rest=True)
     nearest = [
         k for k, v in (("divergence", c.noise_n), ("drift", res.piece("drift").value)) if not is_missing(v)
     ]
