@@ -95,6 +95,9 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
     kept_lines = sample_scan.kept_wave_lines(out_path, keep)
 
     prompts = load_prompts(run_dir)
+    # Earlier attempts appended to the same log: a cause of death is looked for in this one's lines only.
+    log_path = layout.worker_log(run_dir, engine_key)
+    log_start = faults.log_size(log_path)
     writer = jsonl.JsonlWriter(out_path, background=info.background_writes)
     t0 = time.time()
     engine = build_engine(run, eplan, run_dir)
@@ -157,7 +160,7 @@ def run_engine(run_dir: Path, engine_key: str) -> int:
             traceback.print_exc(file=sys.stderr)
             sys.stderr.flush()
             # The engine core's own words for why it died are in this worker's log, not the exception.
-            reason = faults.with_cause(reason, faults.cause_from_file(layout.worker_log(run_dir, engine_key)))
+            reason = faults.with_cause(reason, faults.cause_from_file(log_path, log_start))
             writer.write(codec.CellError(cid, reason))
             writer.sync()
             status = EXIT_CELL_ERRORS

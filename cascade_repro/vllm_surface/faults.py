@@ -15,6 +15,7 @@ stays one line for the reports and the judge reads the kind back from it (judge/
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,18 +64,28 @@ def cause_from_log(text: str) -> Fault | None:
     return None
 
 
-def cause_from_file(path: Path) -> Fault | None:
-    """:func:`cause_from_log` over the last :data:`TAIL_BYTES` of ``path``; None where it cannot be
-    read or is a link (a run directory is untrusted: nothing in it is followed out of it)."""
-    if path.is_symlink():
-        return None
+def cause_from_file(path: Path, start: int = 0) -> Fault | None:
+    """:func:`cause_from_log` over what ``path`` holds from byte ``start`` on (its last
+    :data:`TAIL_BYTES` at most); None where it cannot be read or is a link (a run directory is
+    untrusted: nothing in it is followed out of it). ``start``: where this attempt's lines begin in a
+    log that earlier attempts appended to."""
     try:
-        with path.open("rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - TAIL_BYTES))
-            return cause_from_log(f.read().decode("utf-8", "replace"))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None
+    with os.fdopen(fd, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(start, f.tell() - TAIL_BYTES))
+        return cause_from_log(f.read().decode("utf-8", "replace"))
+
+
+def log_size(path: Path) -> int:
+    """How many bytes ``path`` holds now (0 where it cannot be read): the ``start`` of the lines an
+    attempt appends after it, for :func:`cause_from_file`."""
+    try:
+        return os.lstat(path).st_size
+    except OSError:
+        return 0
 
 
 def with_cause(reason: str, fault: Fault | None) -> str:

@@ -60,3 +60,15 @@ def test_a_log_is_read_from_its_end_and_never_through_a_link(tmp_path):
     link.symlink_to(log)
     assert faults.cause_from_file(link) is None
     assert faults.cause_from_file(tmp_path / "missing.log") is None
+
+
+def test_only_the_lines_after_start_are_read(tmp_path):
+    # An earlier attempt's fault, appended to the same log, is not this attempt's cause.
+    log = tmp_path / "worker-k.log"
+    log.write_text(GATHER + "\n")
+    start = faults.log_size(log)
+    assert faults.cause_from_file(log, start) is None
+    with log.open("a") as f:
+        f.write("torch.OutOfMemoryError: CUDA out of memory.\n")
+    assert faults.cause_from_file(log, start) == faults.Fault(faults.MEMORY, "")
+    assert faults.log_size(tmp_path / "missing.log") == 0
