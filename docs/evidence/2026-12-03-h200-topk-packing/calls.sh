@@ -7,7 +7,8 @@
 #      call has the time to finish it alone on the GPU (its wall time is the measurement)
 #   C  run.sh twins: --twin all side by side (started only with the time to finish), then one engine at a
 #      time (cut and resumed across calls)
-# PHASES names the ones to run, in this order (default "A B", the second 0.26.0 session's).
+# PHASES names the ones to run, in this order (default "A B", the second 0.26.0 session's; the third
+# ran PHASES=B: its A had run).
 # Then OUT gets at most 8 files of at most 15 MB: the small files of every step in one tgz, the records
 # of A where they fit (B's are compared on the machine: readme-same.json).
 #   RES=/tmp/res bash calls.sh OUT
