@@ -10,7 +10,10 @@
 # PHASES names the ones to run, in this order (default "A B", the second 0.26.0 session's; the third
 # ran PHASES=B: its A had run).
 # Then OUT gets at most 8 files of at most 15 MB: the small files of every step in one tgz, the records
-# of A where they fit (B's are compared on the machine: readme-same.json).
+# of A where they fit (B's are compared on the machine: readme-same.json), and the timed runs of B and C
+# whole (their samples included: resume.txz.N), so a run cut by the loss of the machine resumes on the
+# next one: unpack them into results/resume/ and carry that folder (SEED), which seeds RES where RES
+# lacks a run (a fresh machine).
 #   RES=/tmp/res bash calls.sh OUT
 set -u
 out=$1
@@ -35,6 +38,14 @@ unfinished_good() {  # the good group's steps not run yet or cut by their timeou
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$work/gpu.csv" 2>&1
+timed="readme-side readme-seq twins-side twins-seq"   # what a fresh machine resumes (never a warm-up)
+seed=${SEED:-results/resume}
+for name in $timed; do
+  if [ -d "$seed/$name" ] && [ ! -e "$res/$name" ]; then
+    cp -r "$seed/$name" "$res/" && cp "$seed/$name".stdout "$seed/$name".done "$res/" 2>/dev/null
+    echo "$name: seeded from an earlier machine's copy" >> "$res/$name.stdout"
+  fi
+done
 good=$(has A && unfinished_good | tr '\n' ' ')
 a_done() { ! has A || { [ -f "$res/fa2-cal.done" ] && [ -z "$(unfinished_good)" ]; }; }
 if has A && { [ ! -f "$res/fa2-cal.done" ] || [ -n "$good" ]; }; then
@@ -76,6 +87,23 @@ for f in "$work"/fa2/fa2-cal-records.txz "$work"/good/records-good.tgz; do
   rm -f "$f"
 done
 printf '%s\n' "${dropped[@]}" > "$work/dropped.txt"
+# The timed runs whole, in the pieces left (worker logs out: their tails are in the small tgz).
+keep=()
+for name in $timed; do
+  [ -d "$res/$name" ] || continue
+  keep+=("$name")
+  for f in "$name.stdout" "$name.done"; do [ -f "$res/$f" ] && keep+=("$f"); done
+done
+if [ ${#keep[@]} -gt 0 ]; then
+  XZ_OPT=-T0 tar cJf "$work/resume.txz" --exclude='worker-*.log' -C "$res" "${keep[@]}"
+  size=$(stat -c %s "$work/resume.txz"); parts=$(( (size + 15000000 - 1) / 15000000 ))
+  if [ $(( n + parts )) -le 7 ]; then
+    split -b 15000000 -d -a 1 "$work/resume.txz" "$out/$call-resume.txz."
+  else
+    echo "resume.txz ($size bytes)" >> "$work/dropped.txt"
+  fi
+  rm -f "$work/resume.txz"
+fi
 ls -la "$res" "$res/bugs" > "$work/res-listing.txt" 2>&1
 tar czf "$out/$call-small.tgz" -C "$work" .
 ls -la "$out"
