@@ -75,9 +75,13 @@ SPEEDS: dict[tuple[str, str], SpeedTable] = {
     ),
 }  # fmt: skip
 
-# A first FA2 engine start on a Hopper GPU compiles FA2's kernels (its wheel has sm_80 code and
-# PTX only): 249.8 s cold against 64.6 s warm on the H200.
-FA2_JIT_S = 185.0
+# FA2's first run on a Hopper GPU compiles its kernels (its wheel has sm_80 code and PTX only), once
+# per machine: the engine start takes this much longer (249.8 s cold against 64.6 s warm on the H200;
+# 241 s cold on another fresh one), and its first waves this much more (a b1 cell of 64 short waves,
+# 87 s against its 9-s twin after it). Nothing of it persists in the driver's compute cache.
+FA2_JIT_START_S = 185.0
+FA2_JIT_WAVES_S = 75.0
+FA2_JIT_S = FA2_JIT_START_S + FA2_JIT_WAVES_S
 # Above this on a CPU, a run says how long it will take before it starts.
 CPU_WARN_S = 15 * 60
 

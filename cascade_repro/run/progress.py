@@ -16,8 +16,11 @@ table says, its time so far stands in for the mean (``(first wave so far)``). Wi
 batch's mean, its time so far joins that mean (it will take at least that long), so a stalled wave
 raises the estimate line by line instead of repeating it. The exception is an engine's first wave
 that compiles kernels (FA2's first run on a fresh machine: minutes): its time says nothing of the
-waves to come, so it neither raises the estimate while it runs nor joins the means. ``tick`` redraws
-it on the bar too, whose text otherwise changes only when a wave ends.
+waves to come, so it neither raises the estimate while it runs nor joins the means. An engine start
+under way counts down from the expected start (the mean of the starts seen, else the table's), FA2's
+compile added to it and then to that engine's first waves (``estimate.FA2_JIT_START_S``,
+``FA2_JIT_WAVES_S``). ``tick`` redraws it on the bar too, whose text otherwise changes only when a
+wave ends.
 """
 
 from __future__ import annotations
@@ -82,6 +85,8 @@ class RunProgress:
         self._running: int | None = None  # its batch size (None: between cells)
         self._starts_seen: list[float] = []
         self._cold: set[str] = set()  # engines whose first wave, still to come, compiles kernels
+        self._starting: dict[str, tuple[float, bool]] = {}  # key -> (when it began, compiles kernels)
+        self._cold_up: dict[str, float] = {}  # a compiling engine that is up -> when it came up
         is_terminal = bool(getattr(console, "is_terminal", False))
         self.plain = (not is_terminal) if plain is None else plain
         self._bar: Any = None
@@ -126,6 +131,7 @@ class RunProgress:
         fresh machine): that wave's time is a one-off, kept out of the time per wave."""
         if compiles:
             self._cold.add(key)
+        self._starting[key] = (self.clock(), compiles)
         self.engines[key] = "starting" + (f" ({note})" if note else "")
         self.status = self._engines_text() or f"engine {key}: starting" + (f" ({note})" if note else "")
         self._wave_t0 = None  # an engine start is not a wave: its time is the starts' share
@@ -133,8 +139,11 @@ class RunProgress:
 
     def engine_up(self, key: str, start_s: float) -> None:
         self.starts_left = max(0, self.starts_left - 1)
-        if start_s > 0:
-            self._starts_seen.append(float(start_s))
+        _, compiled = self._starting.pop(key, (0.0, False))
+        if compiled:
+            self._cold_up[key] = self.clock()  # its first waves compile the rest
+        elif start_s > 0:
+            self._starts_seen.append(float(start_s))  # a compiling start says nothing of the next ones
         self.engines[key] = f"up in {start_s:.0f} s"
         self.status = self._engines_text() or f"engine {key} up in {start_s:.0f} s"
         self._wave_t0 = self.clock()
@@ -143,6 +152,8 @@ class RunProgress:
     def engine_done(self, key: str) -> None:
         """A key's worker has ended (finished, failed or killed): no longer shown as running."""
         self.engines.pop(key, None)
+        self._starting.pop(key, None)
+        self._cold_up.pop(key, None)
         if len(self.engines) > 1 or self.status.startswith("engines "):
             self.status = self._engines_text()
 
@@ -199,6 +210,7 @@ class RunProgress:
                 self.gen_s += float(rec.get("wall_s") or 0.0)
                 if compiled := (key := self.key_of.get(cid, "")) in self._cold:
                     self._cold.discard(key)  # the wave that compiled: no measure of the ones to come
+                    self._cold_up.pop(key, None)
             if not compiled:
                 self._add_wall(rec)
             self._wave_t0, self._running = self.clock(), b
@@ -265,7 +277,19 @@ class RunProgress:
             if batch == running:
                 total -= min(elapsed, per)  # the wave under way: the part already spent
         # Engines side by side share the work: the waves and starts left, over how many run at once.
-        return (total + self.starts_left * self._start_seconds()) / self.parallel, basis
+        return (total + self._starts_left_s()) / self.parallel, basis
+
+    def _starts_left_s(self) -> float:
+        """Seconds of engine starts still to come: one under way counts down with the clock, and one
+        that compiles FA2's kernels adds their time to its start and then to its first waves."""
+        now, per = self.clock(), self._start_seconds()
+        under_way = list(self._starting.values())[: self.starts_left]
+        left = (self.starts_left - len(under_way)) * per
+        for t0, compiles in under_way:
+            left += max(per + (estimate.FA2_JIT_START_S if compiles else 0.0) - (now - t0), 0.0)
+        for t_up in self._cold_up.values():
+            left += max(estimate.FA2_JIT_WAVES_S - (now - t_up), 0.0)
+        return left
 
     def _per_wave(self, batch: int, walls: Mapping[int, list[float]]) -> float | None:
         """One wave's seconds at ``batch``: its mean here, else the table's scaled by how much slower

@@ -84,7 +84,7 @@ __all__ = [
 ]
 
 POLL_S = pool.POLL_S
-FA2_JIT_NOTE = "compiling FlashAttention 2 kernels for this GPU, first run only: about 3 min"
+FA2_JIT_NOTE = "compiling FlashAttention 2 kernels for this GPU, first run only: about 4 min"
 
 
 _Tail = pool.Tail  # the one reader of a worker's new records (tests wrap its poll)

@@ -513,3 +513,33 @@ def test_a_wave_that_compiles_kernels_neither_raises_the_eta_nor_joins_the_means
     plain.record({"type": "cell_start", "cell_id": "tp1-b8-0"})
     plain.record({"type": "wave", "cell_id": "tp1-b8-0", "batch": 8, "wall_s": 300.0, "tokens": 512})
     assert plain.eta_s() == pytest.approx(11 * 300.0)  # an unmarked slow wave is this machine's pace
+
+
+def test_a_start_under_way_counts_down_and_fa2s_compile_is_in_it_then_in_the_first_wave():
+    """FA2's first start on a fresh H200 took 241 s and its first waves 78 s more, while the line read
+    "ETA 83 s" throughout. A start under way now counts down from the expected start (the compile
+    added where the engine compiles), the compile's rest rides on the first wave, and that start does
+    not become the expected time of the starts to come."""
+    out, clock = Lines(), Clock()
+    cells = {f"tp1-b8-{i}": {"batch": 8, "engine_key": "k"} for i in range(3)}  # 12 waves of b8
+    cells |= {"tp1-b8-x": {"batch": 8, "engine_key": "k2"}}  # 4 more, on a second engine
+    p = RunProgress(out, show=True, cells=cells, n_prompts=32, max_tokens=64, table=HF_CPU,
+                    starts_left=2, clock=clock, plain=True)  # fmt: skip
+    b8, start = 8 * 64 / 71.0, HF_CPU.start_s
+    p.engine_starting("k", "compiling", compiles=True)
+    assert p.eta_s() == pytest.approx(16 * b8 + 2 * start + estimate.FA2_JIT_START_S)
+    clock.t += 100
+    assert p.eta_s() == pytest.approx(16 * b8 + 2 * start + estimate.FA2_JIT_START_S - 100)
+    clock.t += 200  # past what it should have taken: the start under way adds nothing more
+    assert p.eta_s() == pytest.approx(16 * b8 + start)
+    p.engine_up("k", 300.0)
+    # the compile's rest on its first wave; the next start the table's, not this one's 300 s
+    assert p.eta_s() == pytest.approx(16 * b8 + start + estimate.FA2_JIT_WAVES_S)
+    p.record({"type": "cell_start", "cell_id": "tp1-b8-0"})
+    clock.t += 30
+    assert p.eta_s() == pytest.approx(15 * b8 + start + estimate.FA2_JIT_WAVES_S - 30)
+    p.record({"type": "wave", "cell_id": "tp1-b8-0", "batch": 8, "wall_s": 30.0, "tokens": 512})
+    assert p.eta_s() == pytest.approx(15 * b8 + start)  # compiled: the table's waves and one start
+    p.engine_starting("k2")
+    clock.t += 2
+    assert p.eta_s() == pytest.approx(15 * b8 + start - 2)
