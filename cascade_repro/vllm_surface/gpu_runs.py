@@ -2,7 +2,7 @@
 
 One row per (vLLM release, twin as ``--twin`` spells it): the day of the newest run of that twin
 on that release and the run directory under ``docs/evidence/`` that holds it (its ``run.json``
-names both). Only what ran: a twin that never ran on a release has no row. ``doctor`` lists these
+names both; a run of several twins is the row of each). Only what ran: a twin that never ran on a release has no row. ``doctor`` lists these
 per twin, the README's "vLLM release x twin" table is rendered from them (:func:`readme_table`),
 and ``tests/vllm_surface/test_gpu_runs.py`` checks every row against its folder's ``run.json`` and keeps the
 README equal to the table.
@@ -31,20 +31,21 @@ class GpuRun:
 _TWINS_0_26 = "docs/evidence/2026-12-03-h200-twins"
 _TWINS_0_34 = "docs/evidence/2026-12-03-h200-vllm0.34"
 _REAL_BUGS = "docs/evidence/2026-12-03-h200-real-bugs"
+_TWIN_ALL_0_26 = "docs/evidence/2026-12-03-h200-topk-packing/twins-side-2"  # --twin all, one run
 
 GPU_RUNS: tuple[GpuRun, ...] = (
     GpuRun("0.10.2", CASCADE.name, "2026-12-04", f"{_REAL_BUGS}/field"),
     GpuRun("0.10.2", "prefix-caching", "2026-12-04", f"{_REAL_BUGS}/prefixneg"),
     GpuRun("0.11.0", "async-scheduling", "2026-12-04", f"{_REAL_BUGS}/preempt"),
-    GpuRun("0.26.0", CASCADE.name, "2026-12-03", f"{_TWINS_0_26}/cascade"),
-    GpuRun("0.26.0", "prefix-caching", "2026-12-03", f"{_TWINS_0_26}/prefix"),
-    GpuRun("0.26.0", "chunked-prefill", "2026-12-03", f"{_TWINS_0_26}/chunked"),
-    GpuRun("0.26.0", "cuda-graphs", "2026-12-03", f"{_TWINS_0_26}/graphs"),
-    GpuRun("0.26.0", "async-scheduling", "2026-12-03", f"{_TWINS_0_26}/async"),
-    GpuRun("0.26.0", "kv-cache-dtype=fp8", "2026-12-03", f"{_TWINS_0_26}/fp8"),
-    GpuRun("0.26.0", "attention-backend=FLASH_ATTN:TRITON_ATTN", "2026-12-03", f"{_TWINS_0_26}/triton"),
+    GpuRun("0.26.0", CASCADE.name, "2026-12-04", _TWIN_ALL_0_26),
+    GpuRun("0.26.0", "prefix-caching", "2026-12-04", _TWIN_ALL_0_26),
+    GpuRun("0.26.0", "chunked-prefill", "2026-12-04", _TWIN_ALL_0_26),
+    GpuRun("0.26.0", "cuda-graphs", "2026-12-04", _TWIN_ALL_0_26),
+    GpuRun("0.26.0", "async-scheduling", "2026-12-04", _TWIN_ALL_0_26),
+    GpuRun("0.26.0", "kv-cache-dtype=fp8", "2026-12-04", _TWIN_ALL_0_26),
+    GpuRun("0.26.0", "attention-backend=FLASH_ATTN:TRITON_ATTN", "2026-12-04", _TWIN_ALL_0_26),
     GpuRun("0.26.0", "attention-backend=FLASH_ATTN:FLASHINFER", "2026-12-03", f"{_TWINS_0_26}/flashinfer"),
-    GpuRun("0.26.0", "batch=1:64", "2026-12-03", f"{_TWINS_0_26}/batch"),
+    GpuRun("0.26.0", "batch=1:64", "2026-12-04", _TWIN_ALL_0_26),
     GpuRun("0.34.0", "prefix-caching", "2026-12-03", f"{_TWINS_0_34}/prefix"),
     GpuRun("0.34.0", "chunked-prefill", "2026-12-03", f"{_TWINS_0_34}/chunked"),
     GpuRun("0.34.0", "cuda-graphs", "2026-12-03", f"{_TWINS_0_34}/graphs"),

@@ -17,12 +17,6 @@ ROOT = Path(__file__).resolve().parents[2]
 EVIDENCE = ROOT / "docs" / "evidence"
 
 
-def run_facts(run_json: Path) -> tuple[str, str, str]:
-    """(vLLM release, twin as --twin spells it, day) of one committed run of one twin."""
-    release, (twin,), day = runs_facts(run_json)
-    return release, twin, day
-
-
 def runs_facts(run_json: Path) -> tuple[str, tuple[str, ...], str]:
     """(vLLM release, every twin it ran, day) of one committed run: a run of several twins ran each."""
     d = json.loads(run_json.read_text(encoding="utf-8"))
@@ -36,7 +30,8 @@ def runs_facts(run_json: Path) -> tuple[str, tuple[str, ...], str]:
 def test_every_row_is_a_committed_run_of_that_twin_on_that_release(row):
     folder = ROOT / row.folder
     assert folder.is_dir() and row.folder.startswith("docs/evidence/")
-    assert run_facts(folder / "run.json") == (row.release, row.twin, row.date)
+    release, names, day = runs_facts(folder / "run.json")
+    assert (release, day) == (row.release, row.date) and row.twin in names
     assert vllm_surface.release_for(row.release) == (vllm_surface.release_for(row.release)[0], True)
     # The run holds the twin's cells, not only its plan.
     assert (folder / "cells.parquet").is_file() or (folder / "pairs.parquet").is_file()
@@ -64,18 +59,24 @@ def test_the_table_renders_blank_cells_where_a_twin_never_ran():
     table = gpu_runs.readme_table().splitlines()
     assert table[0] == "| twin | vLLM 0.10.2 | vLLM 0.11.0 | vLLM 0.26.0 | vLLM 0.34.0 |"
     chunked = next(line for line in table if line.startswith("| `chunked-prefill` |"))
-    assert chunked.startswith("| `chunked-prefill` |  |  | 2026-12-03 [2026-12-03-h200-twins/chunked]")
+    assert chunked.startswith(
+        "| `chunked-prefill` |  |  | 2026-12-04 [2026-12-03-h200-topk-packing/twins-side-2]"
+    )
     assert not any("tp=" in line for line in table)  # never ran on a GPU: no row
     cascade = next(line for line in table if line.startswith("| `cascade` |"))
     assert cascade.endswith(
-        "[2026-12-03-h200-twins/cascade](docs/evidence/2026-12-03-h200-twins/cascade) |  |"
+        "[2026-12-03-h200-topk-packing/twins-side-2](docs/evidence/2026-12-03-h200-topk-packing/twins-side-2) |  |"
     )
+    flashinfer = next(
+        line for line in table if line.startswith("| `attention-backend=FLASH_ATTN:FLASHINFER` |")
+    )
+    assert "| 2026-12-03 [2026-12-03-h200-twins/flashinfer]" in flashinfer  # not among --twin all's
 
 
 def test_ran_on_lists_the_releases_newest_first():
-    assert gpu_runs.ran_on("cascade") == "0.26.0 (2026-12-03), 0.10.2 (2026-12-04)"
+    assert gpu_runs.ran_on("cascade") == "0.26.0 (2026-12-04), 0.10.2 (2026-12-04)"
     assert gpu_runs.ran_on("tp") == "never on a GPU"
-    assert gpu_runs.ran_on("chunked-prefill") == "0.34.0 (2026-12-03), 0.26.0 (2026-12-03)"
+    assert gpu_runs.ran_on("chunked-prefill") == "0.34.0 (2026-12-03), 0.26.0 (2026-12-04)"
     assert gpu_runs.fully_ran("0.26.0", ["prefix-caching", "batch"]) and not gpu_runs.fully_ran(
         "0.10.2", ["batch"]
     )
