@@ -237,18 +237,18 @@ def test_doctor_says_where_each_testable_twin_last_ran_on_a_gpu():
     assert twin_rows == ["twin prefix-caching", "twin chunked-prefill", "twin cuda-graphs", "twin async-scheduling",
                          "twin kv-cache-dtype", "twin attention-backend", "twin tp", "twin batch"]  # fmt: skip
     assert lines["twin prefix-caching"] == (
-        OK, "ran on a GPU with vLLM 0.34.0 (2026-12-03), 0.26.0 (2026-12-03), 0.10.2 (2026-12-04)"
+        OK, "ran on a GPU with vLLM 0.34.0 (2026-12-03), 0.26.0 (2026-12-04), 0.10.2 (2026-12-04)"
     )
     assert lines["twin attention-backend"][1] == (
         "ran on a GPU with vLLM 0.34.0 FLASH_ATTN:TRITON_ATTN (2026-12-03), 0.34.0 FLASH_ATTN:FLASHINFER "
-        "(2026-12-03), 0.26.0 FLASH_ATTN:TRITON_ATTN (2026-12-03), 0.26.0 FLASH_ATTN:FLASHINFER (2026-12-03)"
+        "(2026-12-03), 0.26.0 FLASH_ATTN:TRITON_ATTN (2026-12-04), 0.26.0 FLASH_ATTN:FLASHINFER (2026-12-03)"
     )
     # A release between two with GPU runs is "not yet" with itself.
     on_033 = {c.name: c.detail for c in doctor.run_checks(healthy(vllm_version="0.33.0"))}
-    assert on_033["twin batch"] == "ran on a GPU with vLLM 0.34.0 (2026-12-03), 0.26.0 (2026-12-03); not yet with 0.33.0"
+    assert on_033["twin batch"] == "ran on a GPU with vLLM 0.34.0 (2026-12-03), 0.26.0 (2026-12-04); not yet with 0.33.0"
     assert lines["twin tp"] == (OK, "never run on a GPU")
     on_026 = {c.name: c.detail for c in doctor.run_checks(healthy(vllm_version="0.26.0"))}
-    assert on_026["twin cascade"] == "ran on a GPU with vLLM 0.26.0 (2026-12-03), 0.10.2 (2026-12-04)"
+    assert on_026["twin cascade"] == "ran on a GPU with vLLM 0.26.0 (2026-12-04), 0.10.2 (2026-12-04)"
     assert on_026["vLLM"].endswith("; 9 twins ran on a GPU with it")
     assert not [c for c in doctor.run_checks(healthy(vllm_error="ImportError: x")) if c.name.startswith("twin ")]
 
