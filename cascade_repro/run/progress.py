@@ -84,9 +84,10 @@ class RunProgress:
         self._wave_t0: float | None = None  # when the wave under way began (None: no engine up)
         self._running: int | None = None  # its batch size (None: between cells)
         self._starts_seen: list[float] = []
-        self._cold: set[str] = set()  # engines whose first wave, still to come, compiles kernels
-        self._starting: dict[str, tuple[float, bool]] = {}  # key -> (when it began, compiles kernels)
-        self._cold_up: dict[str, float] = {}  # a compiling engine that is up -> when it came up
+        # Engines whose first wave, still to come, compiles kernels -> when the engine came up (None:
+        # not up, or no longer running).
+        self._cold: dict[str, float | None] = {}
+        self._starting: dict[str, float] = {}  # an engine start under way -> when it began
         is_terminal = bool(getattr(console, "is_terminal", False))
         self.plain = (not is_terminal) if plain is None else plain
         self._bar: Any = None
@@ -130,8 +131,8 @@ class RunProgress:
         """``compiles``: this engine's first wave compiles kernels for the GPU (FA2's first run on a
         fresh machine): that wave's time is a one-off, kept out of the time per wave."""
         if compiles:
-            self._cold.add(key)
-        self._starting[key] = (self.clock(), compiles)
+            self._cold[key] = None
+        self._starting[key] = self.clock()
         self.engines[key] = "starting" + (f" ({note})" if note else "")
         self.status = self._engines_text() or f"engine {key}: starting" + (f" ({note})" if note else "")
         self._wave_t0 = None  # an engine start is not a wave: its time is the starts' share
@@ -139,9 +140,9 @@ class RunProgress:
 
     def engine_up(self, key: str, start_s: float) -> None:
         self.starts_left = max(0, self.starts_left - 1)
-        _, compiled = self._starting.pop(key, (0.0, False))
-        if compiled:
-            self._cold_up[key] = self.clock()  # its first waves compile the rest
+        self._starting.pop(key, None)
+        if key in self._cold:
+            self._cold[key] = self.clock()  # its first waves compile the rest
         elif start_s > 0:
             self._starts_seen.append(float(start_s))  # a compiling start says nothing of the next ones
         self.engines[key] = f"up in {start_s:.0f} s"
@@ -153,7 +154,8 @@ class RunProgress:
         """A key's worker has ended (finished, failed or killed): no longer shown as running."""
         self.engines.pop(key, None)
         self._starting.pop(key, None)
-        self._cold_up.pop(key, None)
+        if self._cold.get(key) is not None:
+            self._cold[key] = None  # its compile no longer counts down
         if len(self.engines) > 1 or self.status.startswith("engines "):
             self.status = self._engines_text()
 
@@ -209,8 +211,7 @@ class RunProgress:
                 self.tokens += int(rec.get("tokens") or 0)
                 self.gen_s += float(rec.get("wall_s") or 0.0)
                 if compiled := (key := self.key_of.get(cid, "")) in self._cold:
-                    self._cold.discard(key)  # the wave that compiled: no measure of the ones to come
-                    self._cold_up.pop(key, None)
+                    del self._cold[key]  # the wave that compiled: no measure of the ones to come
             if not compiled:
                 self._add_wall(rec)
             self._wave_t0, self._running = self.clock(), b
@@ -283,12 +284,14 @@ class RunProgress:
         """Seconds of engine starts still to come: one under way counts down with the clock, and one
         that compiles FA2's kernels adds their time to its start and then to its first waves."""
         now, per = self.clock(), self._start_seconds()
-        under_way = list(self._starting.values())[: self.starts_left]
+        under_way = list(self._starting.items())[: self.starts_left]
         left = (self.starts_left - len(under_way)) * per
-        for t0, compiles in under_way:
-            left += max(per + (estimate.FA2_JIT_START_S if compiles else 0.0) - (now - t0), 0.0)
-        for t_up in self._cold_up.values():
-            left += max(estimate.FA2_JIT_WAVES_S - (now - t_up), 0.0)
+        for key, t0 in under_way:
+            jit = estimate.FA2_JIT_START_S if key in self._cold else 0.0
+            left += max(per + jit - (now - t0), 0.0)
+        for t_up in self._cold.values():
+            if t_up is not None:
+                left += max(estimate.FA2_JIT_WAVES_S - (now - t_up), 0.0)
         return left
 
     def _per_wave(self, batch: int, walls: Mapping[int, list[float]]) -> float | None:

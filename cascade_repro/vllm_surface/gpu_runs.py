@@ -2,10 +2,10 @@
 
 One row per (vLLM release, twin as ``--twin`` spells it): the day of the newest run of that twin
 on that release and the run directory under ``docs/evidence/`` that holds it (its ``run.json``
-names both; a run of several twins is the row of each). Only what ran: a twin that never ran on a release has no row. ``doctor`` lists these
-per twin, the README's "vLLM release x twin" table is rendered from them (:func:`readme_table`),
-and ``tests/vllm_surface/test_gpu_runs.py`` checks every row against its folder's ``run.json`` and keeps the
-README equal to the table.
+names both; a run of several twins is the row of each). Only what ran: a twin that never ran on a
+release has no row. ``doctor`` lists these per twin, the README's "vLLM release x twin" table is
+rendered from them (:func:`readme_table`), and ``tests/vllm_surface/test_gpu_runs.py`` checks every
+row against its folder's ``run.json`` and keeps the README equal to the table.
 
 Standard library only.
 """

@@ -72,9 +72,17 @@ if has C && a_done && { ! has B || [ -f "$res/readme.brought" ]; } && [ ! -f "$r
   [ -f "$work/twins/twins-same.json" ] && touch "$res/twins.brought"
 fi
 
-# Bring back: the records first where they fit, then one tgz of everything else.
+# The timed runs whole (worker logs out: their tails are in the small tgz).
+keep=()
+for name in $timed; do
+  [ -d "$res/$name" ] || continue
+  keep+=("$name")
+  for f in "$name.stdout" "$name.done"; do [ -f "$res/$f" ] && keep+=("$f"); done
+done
+[ ${#keep[@]} -gt 0 ] && XZ_OPT=-T0 tar cJf "$work/resume.txz" --exclude='worker-*.log' -C "$res" "${keep[@]}"
+# Bring back: the records first where they fit, then the timed runs, then one tgz of everything else.
 n=0; total=0; dropped=()
-for f in "$work"/fa2/fa2-cal-records.txz "$work"/good/records-good.tgz; do
+for f in "$work"/fa2/fa2-cal-records.txz "$work"/good/records-good.tgz "$work"/resume.txz; do
   [ -f "$f" ] || continue
   size=$(stat -c %s "$f")
   parts=$(( (size + 15000000 - 1) / 15000000 ))
@@ -87,23 +95,6 @@ for f in "$work"/fa2/fa2-cal-records.txz "$work"/good/records-good.tgz; do
   rm -f "$f"
 done
 printf '%s\n' "${dropped[@]}" > "$work/dropped.txt"
-# The timed runs whole, in the pieces left (worker logs out: their tails are in the small tgz).
-keep=()
-for name in $timed; do
-  [ -d "$res/$name" ] || continue
-  keep+=("$name")
-  for f in "$name.stdout" "$name.done"; do [ -f "$res/$f" ] && keep+=("$f"); done
-done
-if [ ${#keep[@]} -gt 0 ]; then
-  XZ_OPT=-T0 tar cJf "$work/resume.txz" --exclude='worker-*.log' -C "$res" "${keep[@]}"
-  size=$(stat -c %s "$work/resume.txz"); parts=$(( (size + 15000000 - 1) / 15000000 ))
-  if [ $(( n + parts )) -le 7 ]; then
-    split -b 15000000 -d -a 1 "$work/resume.txz" "$out/$call-resume.txz."
-  else
-    echo "resume.txz ($size bytes)" >> "$work/dropped.txt"
-  fi
-  rm -f "$work/resume.txz"
-fi
 ls -la "$res" "$res/bugs" > "$work/res-listing.txt" 2>&1
 tar czf "$out/$call-small.tgz" -C "$work" .
 ls -la "$out"
