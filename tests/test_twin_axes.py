@@ -53,6 +53,8 @@ def test_each_entry_names_its_arms_kind_and_how_they_differ(name, arms, family, 
     assert t.expected_change is (family == "kv-cache-dtype")
     # Every arm of every twin keeps cascade out of the comparison (it is on by default before 0.18).
     assert t.engine_args(t.test)["disable_cascade_attn"] is True
+    # ... the one engine that switches a toggled twin's arms per wave too.
+    assert t.engine_args(None) == {"disable_cascade_attn": True}
 
 
 def test_the_engine_arguments_each_twin_sets_exist_in_every_recorded_release():

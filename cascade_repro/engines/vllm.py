@@ -178,11 +178,14 @@ class VLLMEngine:
             names = names - {"disable_cascade_attn"}
             self._env_notes["disable_cascade_attn"] = "not passed: this vLLM has no cascade attention"
         elif "disable_cascade_attn" in names:
+            # On in the cascade twin's test arm and in its engine that switches it off per wave; any
+            # other twin's arms set it themselves below (off), its one engine for both arms included.
             kwargs["disable_cascade_attn"] = self.engine_arm == TWIN.ref
         else:
             self._env_notes["disable_cascade_attn"] = "not an EngineArgs field in this vLLM"
-        if self.twin is not TWIN and self.engine_arm is not None:
-            # The twin's own arguments for this arm (matrix refused a user's -E that sets one).
+        if self.twin is not TWIN:
+            # The twin's own arguments for this arm, or those both arms share where one engine serves
+            # both (matrix refused a user's -E that sets one).
             own = self.twin.engine_args(self.engine_arm)
             if "max_num_batched_tokens" in own:
                 # vLLM wants the step budget >= max_num_seqs: the waves' size for both arms.
@@ -457,7 +460,8 @@ class VLLMEngine:
             )
         self._wave_seq += 1
         wave_id = f"{self.key}/w{self._wave_seq:05d}-{arm}"
-        # Only cascade is toggled inside one engine: every other twin's arm is its own engine start.
+        # The plugin forces cascade off in the cascade twin's reference arm; another twin's engine has
+        # it off already (its arms' arguments), the batch twin's one engine for both arms included.
         force_off = arm == TWIN.ref
         inject = self.inject if arm == tw.test else None
         p = common_prefix_len(prompts) if prefix_len is None else prefix_len

@@ -133,8 +133,11 @@ class TwinAxis:
         """The arm name of the setting's value ``on``."""
         return self.test if on else self.ref
 
-    def engine_args(self, arm: str) -> dict[str, Any]:
-        """The vLLM engine arguments an engine started for ``arm`` takes from this twin."""
+    def engine_args(self, arm: str | None) -> dict[str, Any]:
+        """The vLLM engine arguments an engine started for ``arm`` takes from this twin; ``None`` (one
+        engine that switches the arms per wave): the arguments both arms declare alike."""
+        if arm is None:
+            return {k: v for k, v in self.test_args if (k, v) in self.ref_args}
         return dict(self.test_args if arm == self.test else self.ref_args if arm == self.ref else ())
 
     def env(self, arm: str) -> dict[str, str]:

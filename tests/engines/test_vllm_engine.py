@@ -283,3 +283,27 @@ def test_a_vllm_without_cascade_is_not_handed_disable_cascade_attn(fake_vllm, tm
         assert "twin_args_missing" not in notes
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize(
+    "twin_name, arm, cascade_off",
+    [("cascade", None, False), ("cascade", "cascade", False), ("cascade", "flat", True),
+     ("batch=1:64", None, True), ("prefix-caching", "prefix-on", True)],
+)  # fmt: skip
+def test_cascade_is_on_only_in_the_cascade_twins_engines(fake_vllm, tmp_path: Path, twin_name, arm, cascade_off):
+    """The batch twin's one engine for both arms keeps cascade off as its arms declare: on 0.26.0 it
+    had run batch 64 with cascade firing on 128 of 129 steps (a batch verdict that was cascade's)."""
+    from cascade_repro import twin as twins
+    from cascade_repro.engines.vllm import VLLMEngine
+    from cascade_repro.plan.matrix import MatrixSpec
+
+    tw = twins.resolve(twin_name)
+    spec = MatrixSpec(engine="vllm", twin=tw.name, batch=[8], max_tokens=2, topk=2)
+    eplan = {"key": "k", "tp": 1, "seed": 0, "dtype": "auto", "fa_version": None, "backend": "FLASH_ATTN",
+             "arm": arm}  # fmt: skip
+    eng = VLLMEngine("/models/m", spec, eplan, run_dir=tmp_path / "run", models=plan_models)
+    try:
+        assert eng.llm.kwargs["disable_cascade_attn"] is cascade_off
+        assert eng.effective()["disable_cascade_attn"] is cascade_off
+    finally:
+        eng.close()
