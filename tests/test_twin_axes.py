@@ -340,6 +340,28 @@ def test_fake_engine_run_names_the_twin_and_says_when_it_never_took_effect(tmp_p
     )
 
 
+def test_cascade_run_in_another_twins_arms_is_named_in_the_pairs_reasons(tmp_path):
+    """Every twin but cascade keeps cascade off in both arms; an engine that ran it anyway (the batch
+    twin's one engine on vLLM 0.26.0 did) mixes its effect in, and the pair says so."""
+    import pandas as pd
+
+    res, run = _matrix(tmp_path, "mixed", "--twin", "prefix-caching", env={"CASCADE_REPRO_FAKE_EFFECT": "cascade"})
+    assert res.exit_code == 0, res.stderr
+    cells = pd.read_parquet(run / "cells.parquet").set_index("cell_id")
+    row = pd.read_parquet(run / "pairs.parquet").iloc[0]
+    steps = {"prefix-on": int(cells.loc[row["test_cell"], "cascade_steps"]),
+             "prefix-off": int(cells.loc[row["ref_cell"], "cascade_steps"])}  # fmt: skip
+    assert min(steps.values()) > 0
+    assert row["verdict"] == "identical"  # the fake's arms are equal: the note, not the verdict, says it
+    assert row["reasons"].endswith(
+        f"; cascade attention ran on {steps['prefix-on']} steps of the prefix-on arm and "
+        f"{steps['prefix-off']} steps of the prefix-off arm, though prefix-caching keeps it off in both "
+        "arms: its effect is mixed into this comparison"
+    )
+    res, run = _matrix(tmp_path, "clean", "--twin", "prefix-caching")
+    assert "cascade attention ran" not in pd.read_parquet(run / "pairs.parquet").iloc[0]["reasons"]
+
+
 def test_a_positive_control_is_flagged_on_any_twin_and_an_expected_change_does_not_fail(tmp_path):
     import pandas as pd
 

@@ -18,7 +18,8 @@ fault would, and a fault where cascade cannot fire changes nothing (``not exerci
 Any other twin (``--twin``) is simulated: its arms generate the same answers, and each wave of the
 test arm reports the setting as taken effect on every step (``extra["effect"]``), or, with
 ``CASCADE_REPRO_FAKE_EFFECT=off`` in the worker's environment, as never taken effect, so the
-harness's ``not exercised`` path is tested too. ``out-scale=E`` (the positive control of a twin
+harness's ``not exercised`` path is tested too; with ``=cascade``, cascade is counted in both of its
+arms by the rule above (as an engine started with cascade on would), which no twin but cascade may. ``out-scale=E`` (the positive control of a twin
 that runs no cascade merge) moves the logprobs on every step of the test arm, by ``8 * E`` nats
 at most.
 
@@ -167,6 +168,7 @@ class FakeEngine:
         aligned = (p // BLOCK_SIZE) * BLOCK_SIZE
         tw = self.twin
         fault = inj.try_parse(self.inject) if arm == tw.test else None
+        mixed = tw is not TWIN and _effect_env() == "cascade"
         # The positive control of a twin without cascade: on every step of the test arm.
         scaled = fault is not None and fault.kind == inj.OUT_SCALE
         stop_at = [MIN_ANSWER + int(_unit(_seed(x), 7) * ANSWER_SPREAD) for x in prompts]
@@ -177,7 +179,7 @@ class FakeEngine:
             if not live:
                 break
             cascade = (
-                arm == TWIN.test
+                (arm == TWIN.test or mixed)
                 and aligned >= vllm_surface.MIN_COMMON_PREFIX
                 and len(live) >= vllm_surface.MIN_REQUESTS
             )
@@ -203,16 +205,20 @@ class FakeEngine:
 
     def _effect(self, arm: str, steps: int) -> dict[str, Any]:
         """The simulated proof of effect of a wave (see the module's docstring)."""
-        import os
-
         tw = self.twin
         if arm != tw.test:
             return twins.effect_record(tw, 0, {"simulated": "reference arm"})
-        if os.environ.get(EFFECT_ENV, "").strip().lower() == "off":
+        if _effect_env() == "off":
             return twins.effect_record(
                 tw, 0, {"simulated": "off"}, f"the fake engine was told to ignore it ({EFFECT_ENV}=off)"
             )
         return twins.effect_record(tw, steps, {"simulated": "on"})
+
+
+def _effect_env() -> str:
+    import os
+
+    return os.environ.get(EFFECT_ENV, "").strip().lower()
 
 
 def _seed(prompt: list[int]) -> bytes:

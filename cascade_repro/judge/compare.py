@@ -16,7 +16,7 @@ import pandas as pd
 
 from cascade_repro.judge import reference_verdict as refv
 from cascade_repro.judge import speed
-from cascade_repro.judge.effect import cell_effect
+from cascade_repro.judge.effect import cascade_mixed_in, cell_effect
 from cascade_repro.judge.metrics.drift import drift_floor
 from cascade_repro.judge.metrics.reference import ArmError, by_step_mean
 from cascade_repro.judge.outcome import (
@@ -374,6 +374,9 @@ def score_samples(
             }  # fmt: skip
         agg.update(fill(measured))
         agg.update(verdict=dec.verdict, reasons=dec.reasons, decided_by=dec.decided_by, rule=dec.rule)
+        if effect is not None:
+            ref_cell = by_id.get(ps.ref.cell_id, {})
+            agg["reasons"] += cascade_mixed_in(twin.name, ((ps.test.arm, test_cell), (ps.ref.arm, ref_cell)))
         evidence[ps.pair_id] = dec.evidence
 
     # The pairs table is written from the typed results (a control weighs no evidence).

@@ -3,8 +3,11 @@
 Each wave record of a run with a twin other than cascade carries ``extra["effect"]``
 (``twin.effect_record``: the count of steps, or prefix-cache hit tokens, on which the setting took
 effect, what the engine read, and why the count is 0). A test cell whose count is 0 on every wave
-never had the setting: its pair is ``not exercised``, with the first reason a wave gave. Pure
-functions over the wave records (what ``sample_scan.SampleScan`` gives back).
+never had the setting: its pair is ``not exercised``, with the first reason a wave gave. And the
+other way round: every twin but cascade keeps cascade off in both arms, so cascade steps counted in
+either arm's cell mean an engine ran it anyway, its effect mixed into the comparison
+(:func:`cascade_mixed_in`). Pure functions over the wave records (what ``sample_scan.SampleScan``
+gives back) and the cells table's rows.
 """
 
 from __future__ import annotations
@@ -39,3 +42,19 @@ def cell_effect(waves: Iterable[dict[str, Any]]) -> Effect:
     if n == 0:
         why = "no wave reported it"
     return Effect(count, n, "" if count else why)
+
+
+def cascade_mixed_in(twin: str, arms: Iterable[tuple[str, dict[str, Any]]]) -> str:
+    """The note a pair of ``twin`` (not cascade) takes where cascade ran in an arm's cell anyway
+    (``arms``: each arm's name and cells-table row; their ``cascade_steps``), else ''."""
+    ran = [
+        f"{n} steps of the {arm} arm"
+        for arm, row in arms
+        if (n := int(row.get("cascade_steps") or 0)) > 0
+    ]
+    if not ran:
+        return ""
+    return (
+        f"; cascade attention ran on {' and '.join(ran)}, though {twin} keeps it off in both arms: "
+        "its effect is mixed into this comparison"
+    )
