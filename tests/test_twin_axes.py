@@ -13,7 +13,7 @@ from cascade_repro import twin as twins
 from cascade_repro import vllm_surface
 from cascade_repro.errors import UsageError
 from cascade_repro.judge.compare import plan_pairs
-from cascade_repro.judge.effect import cell_effect
+from cascade_repro.judge.effect import cascade_mixed_in, cell_effect
 from cascade_repro.plan import models as plan_models
 from cascade_repro.plan.matrix import MatrixSpec, plan
 
@@ -225,6 +225,14 @@ def test_cell_effect_sums_waves_and_keeps_the_first_reason():
     waves.append({"extra": {"effect": rec(t, 320, {})}})
     assert (cell_effect(waves).count, cell_effect(waves).waves, cell_effect(waves).why) == (320, 3, "")
     assert cell_effect([{"extra": {}}]).why == "no wave reported it"
+
+
+def test_cascade_mixed_in_names_the_arms_that_ran_it_and_is_empty_otherwise():
+    assert cascade_mixed_in("batch=1:64", [("batch64", {"cascade_steps": 128}), ("batch1", {"cascade_steps": 0})]) == (
+        "; cascade attention ran on 128 steps of the batch64 arm, though batch=1:64 keeps it off in both "
+        "arms: its effect is mixed into this comparison"
+    )
+    assert cascade_mixed_in("tp=1:2", [("tp2", {"cascade_steps": float("nan")}), ("tp1", {})]) == ""
 
 
 def _fake_vllm_wave(tmp_path: Path, twin: str, arm: str, batch: int = 8, prompt_len: int = 301):

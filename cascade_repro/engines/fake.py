@@ -19,9 +19,9 @@ Any other twin (``--twin``) is simulated: its arms generate the same answers, an
 test arm reports the setting as taken effect on every step (``extra["effect"]``), or, with
 ``CASCADE_REPRO_FAKE_EFFECT=off`` in the worker's environment, as never taken effect, so the
 harness's ``not exercised`` path is tested too; with ``=cascade``, cascade is counted in both of its
-arms by the rule above (as an engine started with cascade on would), which no twin but cascade may. ``out-scale=E`` (the positive control of a twin
-that runs no cascade merge) moves the logprobs on every step of the test arm, by ``8 * E`` nats
-at most.
+arms by the rule above, as in an engine started with cascade on, which no twin but cascade may be.
+``out-scale=E`` (the positive control of a twin that runs no cascade merge) moves the logprobs on
+every step of the test arm, by ``8 * E`` nats at most.
 
 It has no reference pass (there are no weights to teacher-force): its runs are judged by the
 arm-vs-arm rule, as a run with ``--reference off`` is, and the report says so. Its numbers mean

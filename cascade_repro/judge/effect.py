@@ -47,14 +47,18 @@ def cell_effect(waves: Iterable[dict[str, Any]]) -> Effect:
 def cascade_mixed_in(twin: str, arms: Iterable[tuple[str, dict[str, Any]]]) -> str:
     """The note a pair of ``twin`` (not cascade) takes where cascade ran in an arm's cell anyway
     (``arms``: each arm's name and cells-table row; their ``cascade_steps``), else ''."""
-    ran = [
-        f"{n} steps of the {arm} arm"
-        for arm, row in arms
-        if (n := int(row.get("cascade_steps") or 0)) > 0
-    ]
+    ran = [f"{n} steps of the {arm} arm" for arm, row in arms if (n := _count(row.get("cascade_steps"))) > 0]
     if not ran:
         return ""
     return (
         f"; cascade attention ran on {' and '.join(ran)}, though {twin} keeps it off in both arms: "
         "its effect is mixed into this comparison"
     )
+
+
+def _count(value: Any) -> int:
+    """A cells-table count as an int; 0 where it is missing or not a number (NaN)."""
+    try:
+        return max(int(value), 0)
+    except (TypeError, ValueError, OverflowError):
+        return 0
