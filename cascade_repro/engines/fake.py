@@ -168,7 +168,7 @@ class FakeEngine:
         aligned = (p // BLOCK_SIZE) * BLOCK_SIZE
         tw = self.twin
         fault = inj.try_parse(self.inject) if arm == tw.test else None
-        mixed = tw is not TWIN and _effect_env() == "cascade"
+        mixed = tw is not TWIN and _effect_env() == TWIN.name  # cascade run in both arms anyway
         # The positive control of a twin without cascade: on every step of the test arm.
         scaled = fault is not None and fault.kind == inj.OUT_SCALE
         stop_at = [MIN_ANSWER + int(_unit(_seed(x), 7) * ANSWER_SPREAD) for x in prompts]
