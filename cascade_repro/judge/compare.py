@@ -322,7 +322,8 @@ def score_samples(
                 floor,
             )
         agg.update(_topk_drift_columns(topk, control.pair_id if control else ""))
-        ref_done = by_id.get(ps.ref.cell_id, {}).get("status") == "done"
+        ref_cell = by_id.get(ps.ref.cell_id, {})
+        ref_done = ref_cell.get("status") == "done"
         ok = test_cell.get("status") == "done" and ref_done
         test_fault = (
             faults.kernel_fault(str(test_cell.get("error") or ""))
@@ -375,7 +376,6 @@ def score_samples(
         agg.update(fill(measured))
         agg.update(verdict=dec.verdict, reasons=dec.reasons, decided_by=dec.decided_by, rule=dec.rule)
         if effect is not None:
-            ref_cell = by_id.get(ps.ref.cell_id, {})
             agg["reasons"] += cascade_mixed_in(twin.name, ((ps.test.arm, test_cell), (ps.ref.arm, ref_cell)))
         evidence[ps.pair_id] = dec.evidence
 
