@@ -31,7 +31,7 @@ class GpuRun:
 _TWINS_0_26 = "docs/evidence/2026-12-03-h200-twins"
 _TWINS_0_34 = "docs/evidence/2026-12-03-h200-vllm0.34"
 _REAL_BUGS = "docs/evidence/2026-12-03-h200-real-bugs"
-_TWIN_ALL_0_26 = "docs/evidence/2026-12-03-h200-topk-packing/twins-side-2"  # --twin all, one run
+_TWIN_ALL_0_26 = "docs/evidence/2026-12-03-h200-topk-packing/twins-side-4"  # --twin all, one run
 
 GPU_RUNS: tuple[GpuRun, ...] = (
     GpuRun("0.10.2", CASCADE.name, "2026-12-04", f"{_REAL_BUGS}/field"),

@@ -60,12 +60,12 @@ def test_the_table_renders_blank_cells_where_a_twin_never_ran():
     assert table[0] == "| twin | vLLM 0.10.2 | vLLM 0.11.0 | vLLM 0.26.0 | vLLM 0.34.0 |"
     chunked = next(line for line in table if line.startswith("| `chunked-prefill` |"))
     assert chunked.startswith(
-        "| `chunked-prefill` |  |  | 2026-12-04 [2026-12-03-h200-topk-packing/twins-side-2]"
+        "| `chunked-prefill` |  |  | 2026-12-04 [2026-12-03-h200-topk-packing/twins-side-4]"
     )
     assert not any("tp=" in line for line in table)  # never ran on a GPU: no row
     cascade = next(line for line in table if line.startswith("| `cascade` |"))
     assert cascade.endswith(
-        "[2026-12-03-h200-topk-packing/twins-side-2](docs/evidence/2026-12-03-h200-topk-packing/twins-side-2) |  |"
+        "[2026-12-03-h200-topk-packing/twins-side-4](docs/evidence/2026-12-03-h200-topk-packing/twins-side-4) |  |"
     )
     flashinfer = next(
         line for line in table if line.startswith("| `attention-backend=FLASH_ATTN:FLASHINFER` |")
