@@ -12,9 +12,12 @@ gives back) and the cells table's rows.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from cascade_repro.judge.verdicts import number
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,5 @@ def cascade_mixed_in(twin: str, arms: Iterable[tuple[str, dict[str, Any]]]) -> s
 
 def _count(value: Any) -> int:
     """A cells-table count as an int; 0 where it is missing or not a number (NaN)."""
-    try:
-        return max(int(value), 0)
-    except (TypeError, ValueError, OverflowError):
-        return 0
+    n = number(value)
+    return max(int(n), 0) if math.isfinite(n) else 0
